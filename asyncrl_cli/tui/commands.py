@@ -1,0 +1,56 @@
+"""Command palette provider: the dashboard's actions, without the mutating ones in read-only mode."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Callable
+
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+if TYPE_CHECKING:
+    from asyncrl_cli.tui.app import DashboardApp
+
+TABS = (("overview", "Overview"), ("distributions", "Distributions"), ("workers", "Workers"),
+        ("events", "Events"), ("config", "Config"))
+
+
+def palette_commands(app: DashboardApp) -> list[tuple[str, str, Callable[[], object]]]:
+    """`(name, help, callback)` for every command that makes sense for this session."""
+    commands: list[tuple[str, str, Callable[[], object]]] = []
+    if not app.read_only:
+        paused = bool(app.model.knob("paused").get("value"))
+        commands += [
+            ("Set sync interval…", "trigger_parameter_sync_step, applied at the next local step",
+             app.action_set_sync_interval),
+            ("Set staleness threshold…", "applied at the next weight sync", app.action_set_staleness),
+            ("Resume generation" if paused else "Pause generation", "rollouter pause/resume",
+             app.action_toggle_pause),
+            ("Checkpoint now", "taken at the trainer's next local step", app.action_checkpoint),
+            ("Stop the run gracefully…", "checkpoint and finish at the next local step", app.action_stop_run),
+        ]
+    commands += [(f"Show {label}", f"switch to the {label.lower()} tab", partial(app.action_show_tab, tab))
+                 for tab, label in TABS]
+    commands += [
+        ("Poll now", "refresh the data immediately", app.action_refresh),
+        ("Help", "keys and knobs", app.action_help),
+        ("Detach", "leave the dashboard; the run goes on", app.action_detach),
+    ]
+    return commands
+
+
+class DashboardCommands(Provider):
+    """Offers `palette_commands(app)`; fuzzy-matched on the name."""
+
+    def _app(self) -> DashboardApp:
+        return self.app  # type: ignore[return-value]
+
+    async def discover(self) -> Hits:
+        for name, help_text, callback in palette_commands(self._app()):
+            yield DiscoveryHit(name, callback, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for name, help_text, callback in palette_commands(self._app()):
+            score = matcher.match(name)
+            if score > 0:
+                yield Hit(score, matcher.highlight(name), callback, text=name, help=help_text)

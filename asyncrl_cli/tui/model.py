@@ -1,0 +1,182 @@
+"""The dashboard's data model: folds `snapshot(since)` deltas into bounded history (pure, no Textual).
+
+Series use the local step `training/global_step` as x. Sync fields (`asyncrl/sync/*`) only appear on steps
+that synced, so `latest(key)` looks back for the most recent record that has the key.
+ETA = (total − step) × elapsed / step (mean wall time per local step so far).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from asyncrl_cli.tui.format import is_number
+
+STEP = "training/global_step"
+VERSION = "fully_async/count/current_param_version"
+TRAINER_TPS = "asyncrl/trainer/tokens_per_s"
+ROLLOUT_TPS = "asyncrl/rollout/tokens_per_s"
+QUEUE = "fully_async/monitor/queue/mq_queue_size"
+STALE_MEAN = "asyncrl/staleness/mean"
+STALE_MAX = "asyncrl/staleness/max"
+STALE_BOUND = "asyncrl/staleness/bound"
+IS_MEAN = "rollout_corr/rollout_is_mean"
+IS_MIN = "rollout_corr/rollout_is_min"
+IS_MAX = "rollout_corr/rollout_is_max"
+IS_CLIP = "rollout_corr/rollout_is_ratio_fraction_high"
+RS_MASK = "rollout_corr/rollout_rs_masked_fraction"
+ESS = "rollout_corr/rollout_is_eff_sample_size"
+REWARD = "critic/rewards/mean"
+SCORE = "critic/score/mean"
+SYNC_PAUSE = "asyncrl/sync/pause_s"
+SYNC_TRANSFER = "asyncrl/sync/transfer_s"
+IS_HIST = "asyncrl/is_hist"
+STALE_HIST = "asyncrl/staleness_hist"
+SYNC_KNOB = "trigger_parameter_sync_step"
+
+
+class DashboardModel:
+    """Everything the widgets render, rebuilt incrementally from snapshots."""
+
+    def __init__(self, history: int = 400, max_events: int = 2000) -> None:
+        self.history = history
+        self.cursor = 0
+        self.received = False
+        self.metrics: deque[dict[str, Any]] = deque(maxlen=history)
+        self.events: deque[dict[str, Any]] = deque(maxlen=max_events)
+        self.knobs: dict[str, dict[str, Any]] = {}
+        self.workers: dict[str, dict[str, Any]] = {}
+        self.run: dict[str, Any] = {}
+        self.state = "connecting"
+        self.now: float | None = None
+        self.connected = True
+        self.error: str | None = None
+        self.failures = 0
+
+    def reset(self) -> None:
+        """Forget all history (the controller restarted: its cursor went backwards)."""
+        self.__init__(self.history, self.events.maxlen or 2000)  # type: ignore[misc]
+
+    def apply(self, snap: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Fold one (possibly merged) snapshot delta in; returns the new `(metrics, events)`."""
+        new_metrics = list(snap.get("metrics") or [])
+        new_events = list(snap.get("events") or [])
+        self.metrics.extend(new_metrics)
+        self.events.extend(new_events)
+        self.cursor = int(snap.get("cursor", self.cursor))
+        self.knobs = dict(snap.get("knobs") or {})
+        self.workers = dict(snap.get("workers") or {})
+        self.run = dict(snap.get("run") or {})
+        self.state = str(snap.get("state", self.state))
+        self.now = snap.get("now", self.now)
+        self.received = True
+        self.connected, self.error, self.failures = True, None, 0
+        return new_metrics, new_events
+
+    def mark_failed(self, error: str) -> None:
+        """The last poll raised: keep the data, flag the disconnection."""
+        self.connected, self.error = False, error
+        self.failures += 1
+
+    # ------------------------------------------------------------------------------------ reads
+
+    def latest(self, key: str) -> Any:
+        """The value of `key` in the most recent record that has a non-null one (None if none)."""
+        for record in reversed(self.metrics):
+            value = record.get(key)
+            if value is not None:
+                return value
+        return None
+
+    def series(self, key: str) -> tuple[list[float], list[float]]:
+        """`(steps, values)` of `key` over the kept history, skipping records without a number."""
+        xs: list[float] = []
+        ys: list[float] = []
+        for record in self.metrics:
+            x, y = record.get(STEP), record.get(key)
+            if is_number(x) and is_number(y):
+                xs.append(float(x))
+                ys.append(float(y))
+        return xs, ys
+
+    def histogram(self, key: str, window: int = 5) -> tuple[list[float], list[float]] | None:
+        """Bin edges and counts summed over the latest `window` records whose histogram has the same edges."""
+        edges: list[float] | None = None
+        counts: list[float] = []
+        seen = 0
+        for record in reversed(self.metrics):
+            hist = record.get(key)
+            if not isinstance(hist, dict) or "edges" not in hist or "counts" not in hist:
+                continue
+            if edges is None:
+                edges, counts = list(hist["edges"]), [float(c) for c in hist["counts"]]
+            elif list(hist["edges"]) == edges:
+                counts = [a + float(b) for a, b in zip(counts, hist["counts"])]
+            else:
+                break
+            seen += 1
+            if seen >= window:
+                break
+        if edges is None or len(edges) != len(counts) + 1:
+            return None
+        return edges, counts
+
+    @property
+    def step(self) -> int | None:
+        value = self.latest(STEP)
+        return int(value) if is_number(value) else None
+
+    @property
+    def policy_version(self) -> int | None:
+        """The newest policy version: from the metrics, or the latest `sync` event if newer."""
+        candidates = [self.latest(VERSION)]
+        candidates += [e.get("version") for e in reversed(self.events) if e.get("kind") == "sync"][:1]
+        numbers = [int(v) for v in candidates if is_number(v)]
+        return max(numbers) if numbers else None
+
+    @property
+    def total_steps(self) -> int | None:
+        """From the run info, else the engine's `asyncrl/total_steps` metric."""
+        value = self.run.get("total_steps")
+        if not is_number(value):
+            value = self.latest("asyncrl/total_steps")
+        return int(value) if is_number(value) else None
+
+    @property
+    def elapsed(self) -> float | None:
+        start = self.run.get("started_at")
+        if is_number(start) and is_number(self.now):
+            return max(0.0, float(self.now) - float(start))
+        return None
+
+    @property
+    def eta(self) -> float | None:
+        """Seconds left at the mean pace so far; 0 once the step count is reached."""
+        step, total, elapsed = self.step, self.total_steps, self.elapsed
+        if step is None or total is None or elapsed is None or step <= 0:
+            return None
+        return max(0, total - step) * elapsed / step
+
+    def worker_rows(self) -> list[dict[str, Any]]:
+        """Workers with canonical fields, trainer ranks first: `role` (or the engine's `kind`),
+        `weight_version` (or `version`), and `lag = policy_version − weight_version` when not reported."""
+        policy = self.policy_version
+        rows = []
+        for row in self.workers.values():
+            out = dict(row)
+            out["role"] = row.get("role") or row.get("kind")
+            version = row.get("weight_version", row.get("version"))
+            out["weight_version"] = version
+            if out.get("lag") is None and is_number(version) and policy is not None:
+                out["lag"] = max(0, policy - int(version))
+            rows.append(out)
+        return sorted(rows, key=lambda r: (r.get("role") != "trainer", str(r.get("id"))))
+
+    def knob(self, name: str) -> dict[str, Any]:
+        return self.knobs.get(name, {})
+
+    def sync_interval(self) -> tuple[Any, bool, Any]:
+        """`(applied value, pending?, requested value)` of `trigger_parameter_sync_step`."""
+        knob = self.knob(SYNC_KNOB)
+        applied = knob.get("applied_value", self.latest("asyncrl/sync_interval"))
+        return applied, bool(knob.get("pending")), knob.get("value")

@@ -1,0 +1,1 @@
+"""Modal screens: knob input, confirmation, help."""

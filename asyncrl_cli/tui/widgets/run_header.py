@@ -1,0 +1,54 @@
+"""The one-line run header: run, address, state, policy version, step of total, elapsed, ETA."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from asyncrl_cli.tui.format import MISSING, fmt_duration
+from asyncrl_cli.tui.model import DashboardModel
+
+STATE_STYLES = {
+    "running": "bold green",
+    "paused": "bold yellow",
+    "finished": "bold cyan",
+    "failed": "bold red",
+    "stopped": "bold magenta",
+    "disconnected": "bold white on red",
+    "connecting": "dim",
+}
+
+
+def header_text(model: DashboardModel, label: str, read_only: bool) -> Text:
+    """`asyncrl · RUN · ADDRESS · STATE · policy vN · step S/T · elapsed E · ETA R [read-only]`."""
+    state = model.state if model.connected else "disconnected"
+    version = model.policy_version
+    step, total = model.step, model.total_steps
+    eta = "done" if state == "finished" else fmt_duration(model.eta)
+    parts: list[str | tuple[str, str]] = [
+        ("asyncrl ", "bold"),
+        (str(model.run.get("name") or MISSING), "bold"),
+        f" · {label} · ",
+        (f" {state.upper()} ", STATE_STYLES.get(state, "bold")),
+        f" · policy v{version if version is not None else MISSING}",
+        f" · step {step if step is not None else MISSING}/{total if total is not None else MISSING}",
+        f" · elapsed {fmt_duration(model.elapsed)} · ETA {eta}",
+    ]
+    if read_only:
+        parts.append(("  [read-only]", "bold yellow"))
+    return Text.assemble(*parts)
+
+
+class RunHeader(Static):
+    """Header line, refreshed on every snapshot."""
+
+    DEFAULT_CSS = """
+    RunHeader {
+        height: 1;
+        padding: 0 1;
+        background: $panel;
+    }
+    """
+
+    def show(self, model: DashboardModel, label: str, read_only: bool) -> None:
+        self.update(header_text(model, label, read_only))

@@ -1,0 +1,1 @@
+"""Convert verl fully-async launch scripts into asyncrl run files (`asyncrl import verl`)."""

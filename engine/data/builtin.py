@@ -1,0 +1,214 @@
+"""Built-in tasks, generated deterministically from a seed, in verl's parquet row layout.
+
+Tasks:
+- `copy`: prompt `copy 381=` → ground truth `381` (3 digits, `000`–`999`).
+- `reverse`: prompt `rev 381=` → ground truth `183`.
+- `arith`: single-digit +/− word problems for SmolLM2-135M-Instruct (addition: a, b ∈ 1..9; subtraction:
+  a ∈ 5..19, b ∈ 1..9, b < a; 8 names × 8 items), asked with a one-shot gsm8k-style chat prompt
+  (system message + one example user/assistant turn + the question); ground truth the number.
+
+`copy`/`reverse` prompts are a single user message whose content is the plain text; a tokenizer without a
+chat template renders it unchanged, so the tiny model sees exactly `copy 381=`.
+
+Splits are disjoint by construction: each task's item pool is permuted with a seeded RNG, the first
+`VAL_RESERVE[task]` items are reserved for validation (a val split of size k is the first k of them), and the
+train split draws only from the rest. A train split larger than its pool cycles through fresh seeded
+permutations of the pool (items repeat, never leak from val).
+
+Row layout (one dict per row, as verl's preprocessed datasets):
+`data_source: str`, `prompt: list[{"role", "content"}]`, `ability: str`,
+`reward_model: {"style": "rule", "ground_truth": str}`, `extra_info: {"split": str, "index": int}`.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+BUILTIN_TASKS: tuple[str, ...] = ("copy", "reverse", "arith")
+DATA_SOURCES: dict[str, str] = {name: f"asyncrl/{name}" for name in BUILTIN_TASKS}
+ABILITY: dict[str, str] = {"copy": "copy", "reverse": "reverse", "arith": "math"}
+VAL_RESERVE: dict[str, int] = {"copy": 100, "reverse": 100, "arith": 512}
+"""Items set aside for validation (upper bound on `val_size`)."""
+DEFAULT_SIZES: dict[str, tuple[int, int]] = {"copy": (900, 64), "reverse": (900, 64), "arith": (2048, 64)}
+"""(train_size, val_size) used when the config leaves them unset."""
+
+COPY_PREFIX = "copy"
+REVERSE_PREFIX = "rev"
+N_DIGITS = 3
+
+ARITH_SYSTEM = "Solve the math problem. Think briefly, then end your reply with '#### <number>'."
+ARITH_EXAMPLE_USER = "Sara has 12 pens and buys 5 more. How many pens does Sara have now?"
+ARITH_EXAMPLE_ASSISTANT = "Sara has 12 + 5 = 17 pens.\n#### 17"
+ARITH_NAMES: tuple[str, ...] = ("Tom", "Anna", "Ben", "Lily", "Max", "Emma", "Sam", "Mia")
+ARITH_ITEMS: tuple[tuple[str, str], ...] = (
+    ("apple", "apples"),
+    ("book", "books"),
+    ("marble", "marbles"),
+    ("card", "cards"),
+    ("cookie", "cookies"),
+    ("pencil", "pencils"),
+    ("sticker", "stickers"),
+    ("toy car", "toy cars"),
+)
+
+Row = dict[str, Any]
+
+
+def copy_prompt(digits: str) -> str:
+    """The plain-text copy prompt, e.g. `copy 381=`."""
+    return f"{COPY_PREFIX} {digits}="
+
+
+def reverse_prompt(digits: str) -> str:
+    """The plain-text reverse prompt, e.g. `rev 381=` (answer `183`)."""
+    return f"{REVERSE_PREFIX} {digits}="
+
+
+def arith_question(name: str, item: tuple[str, str], a: int, b: int, op: str) -> str:
+    """One word problem: `op` is "+" (buys b more) or "-" (gives away b)."""
+    singular, plural = item
+    noun = singular if a == 1 else plural
+    if op == "+":
+        return f"{name} has {a} {noun} and buys {b} more. How many {plural} does {name} have now?"
+    return f"{name} has {a} {noun} and gives away {b}. How many {plural} does {name} have left?"
+
+
+def arith_messages(question: str) -> list[dict[str, str]]:
+    """The one-shot chat prompt: our system message, the example turn, then the question."""
+    return [
+        {"role": "system", "content": ARITH_SYSTEM},
+        {"role": "user", "content": ARITH_EXAMPLE_USER},
+        {"role": "assistant", "content": ARITH_EXAMPLE_ASSISTANT},
+        {"role": "user", "content": question},
+    ]
+
+
+def _digit_items(task: str) -> list[tuple[list[dict[str, str]], str]]:
+    items = []
+    for k in range(10**N_DIGITS):
+        digits = f"{k:0{N_DIGITS}d}"
+        if task == "copy":
+            items.append(([{"role": "user", "content": copy_prompt(digits)}], digits))
+        else:
+            items.append(([{"role": "user", "content": reverse_prompt(digits)}], digits[::-1]))
+    return items
+
+
+def _arith_facts() -> list[tuple[int, int, str]]:
+    """All (a, b, op) operand pairs: 81 additions and 120 subtractions."""
+    facts = [(a, b, "+") for a in range(1, 10) for b in range(1, 10)]
+    facts += [(a, b, "-") for a in range(5, 20) for b in range(1, 10) if b < a]
+    return facts
+
+
+def _arith_items() -> list[tuple[list[dict[str, str]], str]]:
+    items = []
+    for a, b, op in _arith_facts():
+        answer = a + b if op == "+" else a - b
+        for name in ARITH_NAMES:
+            for item in ARITH_ITEMS:
+                items.append((arith_messages(arith_question(name, item, a, b, op)), str(answer)))
+    return items
+
+
+def _pool(name: str) -> list[tuple[list[dict[str, str]], str]]:
+    if name == "arith":
+        return _arith_items()
+    return _digit_items(name)
+
+
+def _check_name(name: str) -> None:
+    if name not in BUILTIN_TASKS:
+        raise ValueError(f"unknown built-in dataset {name!r}; choose one of {', '.join(BUILTIN_TASKS)}")
+
+
+def default_size(name: str, split: str) -> int:
+    """The number of rows of `split` ("train" | "val") when the config does not set a size."""
+    _check_name(name)
+    train, val = DEFAULT_SIZES[name]
+    return train if split == "train" else val
+
+
+def builtin_rows(name: str, split: str, seed: int = 0, size: int | None = None) -> list[Row]:
+    """The rows of built-in dataset `name`, split "train" or "val", for `seed`; `size` None = default.
+
+    Deterministic: the same (name, split, seed, size) always gives the same rows; train and val of the same
+    seed never share a prompt.
+    """
+    _check_name(name)
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    n = default_size(name, split) if size is None else size
+    if n < 0:
+        raise ValueError(f"size must be >= 0, got {n}")
+    items = _pool(name)
+    rng = random.Random(f"asyncrl:{name}:{seed}")
+    rng.shuffle(items)
+    reserve = VAL_RESERVE[name]
+    if split == "val":
+        if n > reserve:
+            raise ValueError(f"val_size {n} exceeds the {reserve} validation items of {name!r}")
+        chosen = items[:n]
+    else:
+        pool = items[reserve:]
+        chosen = []
+        while len(chosen) < n:  # more rows than the pool: continue with a fresh permutation of it
+            chosen.extend(pool[: n - len(chosen)])
+            rng.shuffle(pool)
+    return [_row(name, split, i, messages, truth) for i, (messages, truth) in enumerate(chosen)]
+
+
+def _row(name: str, split: str, index: int, messages: list[dict[str, str]], truth: str) -> Row:
+    return {
+        "data_source": DATA_SOURCES[name],
+        "prompt": [dict(m) for m in messages],
+        "ability": ABILITY[name],
+        "reward_model": {"style": "rule", "ground_truth": truth},
+        "extra_info": {"split": split, "index": index},
+    }
+
+
+def write_dataset(
+    name: str,
+    out_dir: str | Path,
+    seed: int = 0,
+    train_size: int | None = None,
+    val_size: int | None = None,
+) -> dict[str, Path]:
+    """Write `train.parquet` and `val.parquet` for built-in dataset `name` under `out_dir`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    for split, size in (("train", train_size), ("val", val_size)):
+        rows = builtin_rows(name, split, seed=seed, size=size)
+        path = out / f"{split}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        paths[split] = path
+    return paths
+
+
+def corpus_texts(tasks: tuple[str, ...] = BUILTIN_TASKS) -> list[str]:
+    """Every distinct piece of text the built-in prompts and answers of `tasks` are made of, sorted.
+
+    Used to train the tiny tokenizer, so that it encodes every built-in prompt without `<unk>`.
+    """
+    texts: set[str] = set()
+    for name in tasks:
+        _check_name(name)
+        if name == "arith":
+            texts.update((ARITH_SYSTEM, ARITH_EXAMPLE_USER, ARITH_EXAMPLE_ASSISTANT))
+            for a, b, op in _arith_facts():
+                for person in ARITH_NAMES:
+                    for item in ARITH_ITEMS:
+                        texts.add(arith_question(person, item, a, b, op))
+                texts.add(f"#### {a + b if op == '+' else a - b}")
+        else:
+            for messages, truth in _digit_items(name):
+                texts.update(m["content"] for m in messages)
+                texts.add(truth)
+    return sorted(texts)

@@ -1,0 +1,154 @@
+"""Turn `data.train_files` / `data.val_files` into the tokenised prompt stream (`engine.types.Prompt`).
+
+Rendering: chat messages go through the tokenizer's chat template (`add_generation_prompt=True`, then
+tokenised without adding special tokens: the template already has them). Rows keep their own system
+message, so a template that injects a default one (SmolLM2's "You are a helpful AI assistant named
+SmolLM…") never does for our built-in `arith` prompts. A tokenizer without a chat template gets the message
+contents joined by newlines (the tiny model sees exactly `copy 381=`), tokenised with its special tokens; a
+plain-string prompt is used verbatim the same way.
+
+Filtering: prompts that render to no tokens (`filtered_empty`) or to more than `data.max_prompt_length`
+tokens (`filtered_overlong`) are dropped and counted when `data.filter_overlong_prompts`, else they raise.
+
+Order: each row's `index` is its position in the concatenated files (stable across epochs) and its uid is
+`"{epoch}:{index}"`. The train split is shuffled per epoch with a generator seeded by (data.seed, epoch)
+when `data.shuffle`; validation keeps file order and is cut to `data.val_max_samples`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from engine.data.builtin import builtin_rows
+from engine.data.parquet import DataError, DataRow, normalize_row, read_parquet
+from engine.data.rewards import get_reward_fn
+from engine.types import Prompt
+
+BUILTIN_PREFIX = "builtin:"
+
+
+def _get(cfg: Any, name: str, default: Any) -> Any:
+    if isinstance(cfg, Mapping):
+        return cfg.get(name, default)
+    return getattr(cfg, name, default)
+
+
+def load_rows(data_cfg: Any, split: str = "train") -> list[DataRow]:
+    """The raw rows of a split: parquet files and `builtin:NAME` entries, in the order listed."""
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    specs = list(_get(data_cfg, "train_files" if split == "train" else "val_files", []) or [])
+    prompt_key = _get(data_cfg, "prompt_key", "prompt")
+    seed = int(_get(data_cfg, "seed", 0))
+    size = _get(data_cfg, "train_size" if split == "train" else "val_size", None)
+    rows: list[DataRow] = []
+    files: list[str] = []
+
+    def flush() -> None:
+        if files:
+            rows.extend(read_parquet(list(files), prompt_key))
+            files.clear()
+
+    for spec in specs:
+        spec = str(spec)
+        if spec.startswith(BUILTIN_PREFIX):
+            flush()
+            name = spec[len(BUILTIN_PREFIX) :]
+            raw = builtin_rows(name, split, seed=seed, size=size)
+            rows.extend(normalize_row(r, f"{spec}#{i}") for i, r in enumerate(raw))
+        else:
+            files.append(spec)
+    flush()
+    return rows
+
+
+def render_prompt(prompt: list[dict[str, str]] | str, tokenizer: Any) -> tuple[str, bool]:
+    """(text, uses_template): the chat template's rendering with the generation prompt when the
+    tokenizer has one, else the contents joined by newlines (a string prompt is returned as is)."""
+    if isinstance(prompt, str):
+        return prompt, False
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        return str(text), True
+    return "\n".join(m["content"] for m in prompt), False
+
+
+def _check_rewards(rows: list[DataRow], reward: str) -> None:
+    """Fail at load time, not per sample, when the reward cannot be resolved for some data_source."""
+    for source in sorted({r.data_source for r in rows}):
+        try:
+            get_reward_fn(reward, source)
+        except ValueError as exc:
+            raise DataError(f"data.reward = {reward!r}: {exc}") from exc
+
+
+def load_prompts(
+    data_cfg: Any, tokenizer: Any, split: str = "train", epoch: int = 0
+) -> tuple[list[Prompt], dict[str, int]]:
+    """The prompts of `split` for `epoch`, and counters `rows`, `kept`, `filtered_empty`,
+    `filtered_overlong`, `cut_val_max_samples`, `with_unk` (kept prompts containing the unknown token: the
+    tokenizer cannot represent them; worth a warning).
+
+    `data_cfg` is the config's `data` section (or a mapping with the same keys)."""
+    rows = load_rows(data_cfg, split)
+    _check_rewards(rows, str(_get(data_cfg, "reward", "auto")))
+    max_len = int(_get(data_cfg, "max_prompt_length", 512))
+    filter_bad = bool(_get(data_cfg, "filter_overlong_prompts", True))
+    counters = {"rows": len(rows), "kept": 0, "filtered_empty": 0, "filtered_overlong": 0,
+                "cut_val_max_samples": 0, "with_unk": 0}
+    unk_id = getattr(tokenizer, "unk_token_id", None)
+
+    rendered = [render_prompt(r.prompt, tokenizer) for r in rows]
+    templated = [i for i, (_, t) in enumerate(rendered) if t]
+    plain = [i for i, (_, t) in enumerate(rendered) if not t]
+    ids: list[list[int]] = [[] for _ in rows]
+    for group, special in ((templated, False), (plain, True)):
+        texts = [rendered[i][0] for i in group]
+        if texts:
+            encoded = tokenizer(texts, add_special_tokens=special)["input_ids"]
+            for i, seq in zip(group, encoded):
+                ids[i] = list(seq)
+
+    prompts: list[Prompt] = []
+    for index, (row, prompt_ids) in enumerate(zip(rows, ids)):
+        text = rendered[index][0]
+        if not text.strip() or not prompt_ids:
+            if not filter_bad:
+                raise DataError(
+                    f"{row.origin}: empty prompt (set data.filter_overlong_prompts = true to skip it)"
+                )
+            counters["filtered_empty"] += 1
+            continue
+        if len(prompt_ids) > max_len:
+            if not filter_bad:
+                raise DataError(
+                    f"{row.origin}: prompt has {len(prompt_ids)} tokens > data.max_prompt_length = {max_len} "
+                    "(raise it, or set data.filter_overlong_prompts = true)"
+                )
+            counters["filtered_overlong"] += 1
+            continue
+        if unk_id is not None and unk_id in prompt_ids:
+            counters["with_unk"] += 1
+        prompts.append(
+            Prompt(
+                uid=f"{epoch}:{index}",
+                index=index,
+                epoch=epoch,
+                prompt_ids=prompt_ids,
+                ground_truth=row.ground_truth,
+                data_source=row.data_source,
+                extra_info=row.extra_info,
+            )
+        )
+
+    if split == "train" and bool(_get(data_cfg, "shuffle", True)):
+        random.Random(f"asyncrl:shuffle:{int(_get(data_cfg, 'seed', 0))}:{epoch}").shuffle(prompts)
+    if split == "val":
+        cap = _get(data_cfg, "val_max_samples", None)
+        if cap is not None and len(prompts) > int(cap):
+            counters["cut_val_max_samples"] = len(prompts) - int(cap)
+            prompts = prompts[: int(cap)]
+    counters["kept"] = len(prompts)
+    return prompts, counters

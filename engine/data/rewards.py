@@ -1,0 +1,260 @@
+"""Reward functions: built-in scorers, user functions, and a safe caller.
+
+Every reward function has the signature
+
+    fn(response_text: str, ground_truth: str, *, data_source: str, extra_info: dict, finished: bool)
+        -> float | dict  (a dict carries the reward under "score"; its other numeric entries are metrics)
+
+where `response_text` is the decoded response (special tokens skipped) and `finished` is True when the
+response ended with EOS (False when it hit the token budget).
+
+Built-in scorers (`get_reward_fn(name)`):
+- `gsm8k` (verl's strict scorer): the last `#### N` in the final 300 characters, commas and `$` removed;
+  score 1.0 if it equals the ground truth string, else 0.0 (verl's `format_score`, default 0).
+- `math`: the last `\\boxed{...}`; 1.0 if it equals the ground truth after Hendrycks-MATH normalisation
+  (`engine.data.math_answer.normalize_math_answer`), else 0.0.
+- `geo3k` (verl's geo3k scorer): score = 0.9 · acc + 0.1 · fmt, with acc = 1 if the last boxed answer matches
+  (normalised string, or numeric within rel. 1e-4) and fmt = 1 if the response is
+  `<think>…</think>…\\boxed{…}…`.
+- `copy` / `reverse`: with t the 3-character target and r the stripped response text,
+  score = (1/3) Σ_{i<3} [r_i = t_i], times 0.9 when all 3 match but the response is not exactly t followed by
+  EOS (an incentive to stop).
+- `arith`: acc = 1 if the last `#### N` equals the ground truth numerically; fmt = 1 if a `#### N` is present;
+  score = acc + 0.1 · fmt on training rows and acc alone on validation rows (`extra_info["split"]` in
+  val / validation / test).
+
+`auto` picks by data_source (verl's dataset names, then substrings `gsm8k`, `geo3k`/`geometry3k`, `math`, and
+the built-in task names). A user function is named `module:function` (importable module) or
+`path/to/file.py:function`; functions written for verl's `compute_score(data_source, solution_str,
+ground_truth, extra_info)` are recognised by their parameter names and adapted.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import inspect
+import math as pymath
+import numbers
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from engine.data.math_answer import answers_match, last_boxed, normalize_math_answer
+
+RewardFn = Callable[..., Any]
+"""`fn(response_text, ground_truth, *, data_source, extra_info, finished) -> float | dict(score=...)`."""
+
+GSM8K_CLIP_CHARS = 300
+_GSM8K_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
+_GEO3K_FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
+
+
+def gsm8k(response_text: str, ground_truth: str, *, data_source: str = "", extra_info: dict | None = None,
+          finished: bool = True, format_score: float = 0.0, score: float = 1.0) -> float:
+    """verl's strict gsm8k score: `score` if the last `#### N` equals the ground truth, `format_score` if a
+    `#### N` is present but wrong, 0 if absent."""
+    tail = response_text[-GSM8K_CLIP_CHARS:]
+    found = _GSM8K_ANSWER.findall(tail)
+    if not found:
+        return 0.0
+    answer = found[-1].replace(",", "").replace("$", "")
+    return score if answer == str(ground_truth).strip() else format_score
+
+
+def math(response_text: str, ground_truth: str, *, data_source: str = "", extra_info: dict | None = None,
+         finished: bool = True) -> float:
+    """1.0 if the last `\\boxed{}` equals the ground truth after MATH normalisation, else 0.0."""
+    boxed = last_boxed(response_text)
+    if boxed is None:
+        return 0.0
+    truth = str(ground_truth)
+    truth = last_boxed(truth) if last_boxed(truth) is not None else truth
+    return 1.0 if normalize_math_answer(boxed) == normalize_math_answer(truth) else 0.0
+
+
+def geo3k(response_text: str, ground_truth: str, *, data_source: str = "", extra_info: dict | None = None,
+          finished: bool = True, format_weight: float = 0.1, rel_tol: float = 1e-4) -> dict[str, float]:
+    """score = (1 − w) · acc + w · fmt with w = `format_weight` (verl's geo3k: w = 0.1)."""
+    boxed = last_boxed(response_text)
+    acc = 1.0 if boxed is not None and answers_match(boxed, str(ground_truth), rel_tol=rel_tol) else 0.0
+    fmt = 1.0 if _GEO3K_FORMAT.fullmatch(response_text) else 0.0
+    return {"score": (1.0 - format_weight) * acc + format_weight * fmt, "acc": acc, "format": fmt}
+
+
+def _positional(response_text: str, target: str, finished: bool) -> dict[str, float]:
+    text = response_text.strip()
+    hits = sum(1 for i, ch in enumerate(target) if i < len(text) and text[i] == ch)
+    frac = hits / len(target) if target else 0.0
+    exact = finished and text == target
+    score = frac * 0.9 if frac == 1.0 and not exact else frac
+    return {"score": score, "acc": 1.0 if exact else 0.0}
+
+
+def copy(response_text: str, ground_truth: str, *, data_source: str = "", extra_info: dict | None = None,
+         finished: bool = True) -> dict[str, float]:
+    """Fraction of target positions right; ×0.9 when all right but not exactly the target + EOS."""
+    return _positional(response_text, str(ground_truth), finished)
+
+
+def reverse(response_text: str, ground_truth: str, *, data_source: str = "", extra_info: dict | None = None,
+            finished: bool = True) -> dict[str, float]:
+    """Same as `copy`; the ground truth is already the reversed digits."""
+    return _positional(response_text, str(ground_truth), finished)
+
+
+ARITH_FORMAT_BONUS = 0.1
+VALIDATION_SPLITS = frozenset({"val", "validation", "test"})
+
+
+def arith(response_text: str, ground_truth: str, *, data_source: str = "", extra_info: dict | None = None,
+          finished: bool = True) -> dict[str, float]:
+    """acc + 0.1 · fmt on training rows, acc on validation rows (see the module docstring)."""
+    found = _GSM8K_ANSWER.findall(response_text)
+    fmt = 1.0 if found else 0.0
+    acc = 0.0
+    if found:
+        try:
+            acc = 1.0 if float(found[-1].replace(",", "")) == float(str(ground_truth)) else 0.0
+        except ValueError:
+            acc = 0.0
+    is_val = (extra_info or {}).get("split") in VALIDATION_SPLITS
+    score = acc if is_val else acc + ARITH_FORMAT_BONUS * fmt
+    return {"score": score, "acc": acc, "format": fmt}
+
+
+BUILTIN_REWARDS: dict[str, RewardFn] = {
+    "gsm8k": gsm8k, "math": math, "geo3k": geo3k, "copy": copy, "reverse": reverse, "arith": arith,
+}
+_EXACT_SOURCES = {
+    "openai/gsm8k": "gsm8k",
+    "lighteval/MATH": "math",
+    "DigitalLearningGmbH/MATH-lighteval": "math",
+    "HuggingFaceH4/MATH-500": "math",
+    "hiyouga/geometry3k": "geo3k",
+    "asyncrl/copy": "copy",
+    "asyncrl/reverse": "reverse",
+    "asyncrl/arith": "arith",
+}
+
+
+def reward_name_for_source(data_source: str) -> str | None:
+    """The built-in reward `auto` uses for `data_source`, or None."""
+    if data_source in _EXACT_SOURCES:
+        return _EXACT_SOURCES[data_source]
+    low = data_source.lower()
+    for key, name in (("gsm8k", "gsm8k"), ("geo3k", "geo3k"), ("geometry3k", "geo3k"), ("math", "math")):
+        if key in low:
+            return name
+    tail = low.rsplit("/", 1)[-1]
+    return tail if tail in ("copy", "reverse", "arith") else None
+
+
+def _adapt(fn: Callable[..., Any]) -> RewardFn:
+    """Wrap a user function so it can be called with our keyword set (verl signatures included)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return fn
+    names = set(params)
+    if "solution_str" in names:
+
+        @functools.wraps(fn)
+        def verl_style(response_text: str, ground_truth: str, *, data_source: str = "",
+                       extra_info: dict | None = None, finished: bool = True) -> Any:
+            kwargs: dict[str, Any] = {"data_source": data_source, "solution_str": response_text,
+                                      "ground_truth": ground_truth}
+            if "extra_info" in names or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+                kwargs["extra_info"] = extra_info
+            return fn(**kwargs)
+
+        return verl_style
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return fn
+
+    @functools.wraps(fn)
+    def filtered(response_text: str, ground_truth: str, **kwargs: Any) -> Any:
+        return fn(response_text, ground_truth, **{k: v for k, v in kwargs.items() if k in names})
+
+    return filtered
+
+
+@functools.lru_cache(maxsize=32)
+def load_user_reward(spec: str) -> RewardFn:
+    """Import `module:function` or `path/to/file.py:function`; ValueError with the reason if it fails."""
+    target, _, attr = spec.rpartition(":")
+    if not target or not attr:
+        raise ValueError(f"reward {spec!r} is not of the form module:function")
+    try:
+        if target.endswith(".py"):
+            path = Path(target).expanduser().resolve()
+            if not path.is_file():
+                raise FileNotFoundError(f"no such file {path}")
+            mod_name = f"asyncrl_user_reward_{abs(hash(str(path)))}"
+            mod_spec = importlib.util.spec_from_file_location(mod_name, path)
+            assert mod_spec is not None and mod_spec.loader is not None
+            module = importlib.util.module_from_spec(mod_spec)
+            sys.modules[mod_name] = module
+            mod_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except Exception as exc:  # noqa: BLE001 - any import failure becomes one clear message
+        raise ValueError(f"cannot import reward module {target!r} ({type(exc).__name__}: {exc})") from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"reward {spec!r}: module {target!r} has no function {attr!r}")
+    return _adapt(fn)
+
+
+def get_reward_fn(name: str, data_source: str = "") -> RewardFn:
+    """The reward function for config value `name` (a built-in name, `auto`, or `module:function`)."""
+    if name == "auto":
+        chosen = reward_name_for_source(data_source)
+        if chosen is None:
+            raise ValueError(
+                f"no built-in reward for data_source {data_source!r}; set data.reward to one of "
+                f"{', '.join(BUILTIN_REWARDS)} or module:function"
+            )
+        return BUILTIN_REWARDS[chosen]
+    if name in BUILTIN_REWARDS:
+        return BUILTIN_REWARDS[name]
+    if ":" in name:
+        return load_user_reward(name)
+    raise ValueError(f"unknown reward {name!r}; use auto, {', '.join(BUILTIN_REWARDS)} or module:function")
+
+
+def safe_score(
+    fn: RewardFn,
+    response_text: str,
+    ground_truth: str,
+    *,
+    data_source: str = "",
+    extra_info: dict | None = None,
+    finished: bool = True,
+) -> tuple[float, dict[str, float], str | None]:
+    """Call `fn`; returns (score, info, error). A raise, a non-number or a non-finite score gives
+    (0.0, {}, "one-line reason") so the caller can count it and go on."""
+    try:
+        out = fn(response_text, ground_truth, data_source=data_source, extra_info=dict(extra_info or {}),
+                 finished=finished)
+    except Exception as exc:  # noqa: BLE001 - a user reward may raise anything
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return 0.0, {}, f"{type(exc).__name__}: {first}"[:500]
+    info: dict[str, float] = {}
+    if isinstance(out, dict):
+        if "score" not in out:
+            return 0.0, {}, f"reward returned a dict without 'score' (keys: {sorted(out)[:8]})"
+        info = {str(k): float(v) for k, v in out.items()
+                if k != "score" and isinstance(v, numbers.Real) and pymath.isfinite(float(v))}
+        out = out["score"]
+    if not isinstance(out, numbers.Real) and getattr(out, "ndim", None) == 0 and hasattr(out, "item"):
+        out = out.item()  # a numpy / torch scalar
+    if not isinstance(out, numbers.Real):
+        return 0.0, {}, f"reward returned {type(out).__name__}, expected a number or a dict with 'score'"
+    value = float(out)
+    if not pymath.isfinite(value):
+        return 0.0, {}, f"reward returned a non-finite score {value}"
+    return value, info, None

@@ -1,0 +1,59 @@
+"""The seam where rollout engines plug in (`hf` — the embedded default — and `vllm`).
+
+A backend lives inside one rollout replica (a Ray actor, see `engine.runtime.replica`). It is synchronous:
+the replica calls `generate` from its worker thread and flips the abort flag from another thread.
+
+Partial rollout follows verl's mechanism: at a weight sync the replica aborts in-flight sequences, which
+come back with `finish_reason="abort"` and the tokens generated so far; the rollouter resubmits them as
+`GenRequest(prefix_ids=..., max_new_tokens=remaining)` under the new weights. Any backend that can stop at a
+token boundary and continue from a prefix (HF, vLLM) therefore supports partial rollout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from engine.types import GenRequest, GenResult
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling distribution. Log-probs are reported under exactly this distribution:
+    log softmax(logits / temperature) restricted by top-k / top-p (0 / 1.0 = off). temperature 0 = greedy
+    (log-probs then reported under temperature 1)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+
+@runtime_checkable
+class RolloutBackend(Protocol):
+    """A generation engine for one replica."""
+
+    version: int
+    """The weight version currently loaded (0 = initial weights)."""
+
+    def generate(
+        self,
+        requests: list[GenRequest],
+        sampling: SamplingParams,
+        should_abort: Callable[[], bool] = lambda: False,
+    ) -> list[GenResult]:
+        """Generate every request to EOS or its budget. `should_abort` is polled at every token boundary;
+        when it returns True the unfinished requests are returned with `finish_reason="abort"` and their
+        partial tokens. Results are in the order of `requests`."""
+        ...
+
+    def update_weights(self, buckets: Iterable[dict[str, np.ndarray]], version: int) -> None:
+        """Load HF-named weights in place (tied `lm_head.weight` included) and set `version`."""
+        ...
+
+    def stats(self) -> dict[str, float]:
+        """Counters since start: `tokens_generated`, `gen_seconds`, ..."""
+        ...

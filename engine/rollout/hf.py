@@ -1,0 +1,175 @@
+"""The `hf` rollout backend: the project's own batched sampler over a transformers causal LM.
+
+`generate` turns requests into rows (context = prompt + resumed prefix, budget = `max_new_tokens`), sorts
+them so identical contexts (the `n` samples of a prompt) and similar lengths share a chunk, and decodes
+chunks of at most `max_batch_size` rows with `engine.rollout.decode.decode_rows` (one prefill per
+distinct context, a preallocated KV cache, finished rows leave the batch). Results come back in request
+order as the *whole* response: `prefix_ids + new tokens`, `prefix_log_probs + new log-probs`.
+
+Version stamps: `max_version` is the version loaded now; `min_version` is the request's when it resumes a
+non-empty prefix, else the current version. Weights are replaced in place by `update_weights`, which
+the replica calls between `generate` calls (generation paused).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.rollout.base import SamplingParams
+from engine.rollout.decode import DecodeCounters, ForwardAdapter, RowOutput, RowSpec, decode_rows
+from engine.sync.apply import load_buckets_into
+from engine.types import FinishReason, GenRequest, GenResult
+
+
+def _never() -> bool:
+    return False
+
+
+class HFRolloutBackend:
+    """`RolloutBackend` over any transformers `*ForCausalLM` (eval mode, no grad)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        eos_token_id: int | Iterable[int],
+        pad_token_id: int,
+        max_batch_size: int = 256,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | str | None = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        self.device = torch.device(device)
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        self.model = model.to(device=self.device, dtype=dtype) if dtype is not None else model.to(self.device)
+        self.model.eval()
+        self.eos_ids = {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
+        if not self.eos_ids:
+            raise ValueError("at least one eos_token_id is required")
+        self._eos_tensor = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=self.device)
+        self.pad_token_id = int(pad_token_id)
+        self.max_batch_size = int(max_batch_size)
+        self.version = 0
+        self._forward = ForwardAdapter(self.model)
+        self._counters = DecodeCounters()
+        self._stats: dict[str, float] = {
+            "calls": 0.0,
+            "requests": 0.0,
+            "tokens_generated": 0.0,
+            "gen_seconds": 0.0,
+            "finished_stop": 0.0,
+            "finished_length": 0.0,
+            "aborted": 0.0,
+            "weight_updates": 0.0,
+            "weight_update_seconds": 0.0,
+            "weight_update_bytes": 0.0,
+        }
+
+    # --- generation -------------------------------------------------------------------------------------
+    def generate(
+        self,
+        requests: list[GenRequest],
+        sampling: SamplingParams,
+        should_abort: Callable[[], bool] = _never,
+    ) -> list[GenResult]:
+        """Generate every request to EOS or its remaining budget; see `RolloutBackend.generate`."""
+        start = time.perf_counter()
+        outputs: list[RowOutput | None] = [None] * len(requests)
+        pending: list[int] = []
+        for i, req in enumerate(requests):
+            self._check(req)
+            if req.prefix_ids and req.prefix_ids[-1] in self.eos_ids:
+                outputs[i] = RowOutput(finish_reason="stop")
+            elif req.max_new_tokens <= 0:
+                outputs[i] = RowOutput(finish_reason="length")
+            else:
+                pending.append(i)
+        pending.sort(key=lambda i: (len(requests[i].prompt_ids) + len(requests[i].prefix_ids),
+                                    requests[i].prompt_ids + requests[i].prefix_ids))
+        generator = self._generator(sampling.seed)
+        aborted = False
+        with torch.inference_mode():
+            for lo in range(0, len(pending), self.max_batch_size):
+                chunk = pending[lo : lo + self.max_batch_size]
+                if aborted:
+                    for i in chunk:
+                        outputs[i] = RowOutput(finish_reason="abort")
+                    continue
+                rows = [RowSpec(requests[i].prompt_ids + requests[i].prefix_ids, requests[i].max_new_tokens) for i in chunk]
+                for i, out in zip(chunk, decode_rows(
+                    self._forward, rows, sampling, eos_ids=self._eos_tensor, pad_id=self.pad_token_id,
+                    generator=generator, should_abort=should_abort, device=self.device, counters=self._counters,
+                )):
+                    outputs[i] = out
+                    aborted = aborted or out.finish_reason == "abort"
+        results = [self._result(req, out) for req, out in zip(requests, outputs)]
+        self._account(results, time.perf_counter() - start)
+        return results
+
+    def _check(self, req: GenRequest) -> None:
+        if not req.prompt_ids:
+            raise ValueError(f"request {req.request_id!r} has an empty prompt")
+        if len(req.prefix_log_probs) != len(req.prefix_ids):
+            raise ValueError(
+                f"request {req.request_id!r}: {len(req.prefix_ids)} prefix tokens but "
+                f"{len(req.prefix_log_probs)} prefix log-probs"
+            )
+
+    def _generator(self, seed: int | None) -> torch.Generator:
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(seed if seed is not None else random.SystemRandom().getrandbits(63))
+        return generator
+
+    def _result(self, req: GenRequest, out: RowOutput | None) -> GenResult:
+        assert out is not None
+        resumed = bool(req.prefix_ids) and req.min_version is not None
+        return GenResult(
+            request_id=req.request_id,
+            response_ids=list(req.prefix_ids) + out.tokens,
+            log_probs=list(req.prefix_log_probs) + out.log_probs,
+            finish_reason=out.finish_reason,
+            min_version=int(req.min_version) if resumed else self.version,
+            max_version=self.version,
+            new_tokens=len(out.tokens),
+        )
+
+    def _account(self, results: list[GenResult], seconds: float) -> None:
+        s = self._stats
+        s["calls"] += 1
+        s["requests"] += len(results)
+        s["tokens_generated"] += sum(r.new_tokens for r in results)
+        s["gen_seconds"] += seconds
+        reasons: dict[FinishReason, str] = {"stop": "finished_stop", "length": "finished_length", "abort": "aborted"}
+        for r in results:
+            s[reasons[r.finish_reason]] += 1
+
+    # --- weights ----------------------------------------------------------------------------------------
+    def update_weights(self, buckets: Iterable[dict[str, np.ndarray]], version: int) -> None:
+        """Copy HF-named arrays into the parameters in place (tied `lm_head.weight` writes the shared
+        embedding) and set `version`."""
+        start = time.perf_counter()
+        copied = load_buckets_into(self.model, buckets)
+        self.version = int(version)
+        self._stats["weight_updates"] += 1
+        self._stats["weight_update_seconds"] += time.perf_counter() - start
+        self._stats["weight_update_bytes"] += copied
+
+    # --- telemetry --------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, float]:
+        """Counters since start, plus `tokens_per_s` (generated tokens / generation seconds), `prefill_tokens`
+        (distinct context tokens prefilled), `decode_row_steps` and `version`."""
+        out: dict[str, Any] = dict(self._stats)
+        out["prefill_tokens"] = float(self._counters.prefill_tokens)
+        out["decode_steps"] = float(self._counters.decode_steps)
+        out["decode_row_steps"] = float(self._counters.row_steps)
+        out["tokens_per_s"] = out["tokens_generated"] / out["gen_seconds"] if out["gen_seconds"] > 0 else 0.0
+        out["version"] = float(self.version)
+        return out

@@ -1,0 +1,125 @@
+"""A KV cache with preallocated storage, for the `hf` sampler's decode loop.
+
+transformers' `DynamicLayer` appends by `torch.cat`, copying the whole cache of every layer at every
+decode step (quadratic in the response length). Here each layer owns buffers of shape
+[rows, kv_heads, capacity, head_dim]; a step writes one column in place and attention reads the view
+[..., :length, :]. Capacity is sized by the caller (context + budget) and doubles if ever exceeded.
+Dropping finished rows (`select_rows`) gathers only the live part of each buffer.
+
+Only full-attention layers are supported; `make_cache` falls back to transformers' `DynamicCache` for
+models with sliding-window or other layer types.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+
+class PreallocatedLayer(DynamicLayer):
+    """One layer's keys/values in preallocated buffers; `keys`/`values` are views of the filled part."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = max(int(capacity), 1)
+        self.length = 0
+        self._key_buf: torch.Tensor | None = None
+        self._value_buf: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        rows, heads, _, dim = key_states.shape
+        self.device = key_states.device
+        self._key_buf = key_states.new_empty((rows, heads, self.capacity, dim))
+        self._value_buf = value_states.new_empty((rows, value_states.shape[1], self.capacity, value_states.shape[-1]))
+        self.length = 0
+        self.is_initialized = True
+
+    def _grow(self, needed: int) -> None:
+        new_capacity = max(needed, 2 * self.capacity)
+        for name in ("_key_buf", "_value_buf"):
+            old = getattr(self, name)
+            new = old.new_empty((*old.shape[:2], new_capacity, old.shape[-1]))
+            new[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, new)
+        self.capacity = new_capacity
+
+    def _refresh_views(self) -> None:
+        self.keys = self._key_buf[:, :, : self.length]
+        self.values = self._value_buf[:, :, : self.length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        new = key_states.shape[-2]
+        if self.length + new > self.capacity:
+            self._grow(self.length + new)
+        self._key_buf[:, :, self.length : self.length + new] = key_states
+        self._value_buf[:, :, self.length : self.length + new] = value_states
+        self.length += new
+        self._refresh_views()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length if self.is_initialized else 0
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if not self.is_initialized:
+            return
+        for name in ("_key_buf", "_value_buf"):
+            old = getattr(self, name)
+            new = old.new_empty((indices.numel(), *old.shape[1:]))
+            new[:, :, : self.length] = old[indices, :, : self.length]
+            setattr(self, name, new)
+        self._refresh_views()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self.batch_select_indices(torch.arange(self._key_buf.shape[0], device=self.device).repeat_interleave(repeats))
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.batch_select_indices(beam_idx)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative count of tokens to remove")
+        if self.is_initialized and tokens_to_remove < 0:
+            self.length = max(self.length + tokens_to_remove, 0)
+            self._refresh_views()
+
+
+def _full_attention_only(config: object | None) -> bool:
+    if config is None:
+        return True
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    layer_types = getattr(text, "layer_types", None) or []
+    return all(t == "full_attention" for t in layer_types) and not getattr(text, "use_sliding_window", False)
+
+
+class GrowableKVCache(DynamicCache):
+    """`DynamicCache` whose layers are `PreallocatedLayer`s of the given capacity (tokens per row)."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.layers = []
+        self.layer_class_to_replicate = partial(PreallocatedLayer, capacity)
+
+    def select_rows(self, indices: torch.Tensor) -> None:
+        """Keep (or repeat) cache rows `indices`, in that order."""
+        for layer in self.layers:
+            layer.batch_select_indices(indices)
+
+
+class FallbackCache(DynamicCache):
+    """transformers' own cache (any layer type), with the same `select_rows` call."""
+
+    def select_rows(self, indices: torch.Tensor) -> None:
+        for layer in self.layers:
+            layer.batch_select_indices(indices)
+
+
+def make_cache(config: object | None, capacity: int) -> DynamicCache:
+    """The preallocated cache when every layer is full attention, else transformers' `DynamicCache`."""
+    if _full_attention_only(config):
+        return GrowableKVCache(capacity)
+    return FallbackCache(config=config)

@@ -1,0 +1,558 @@
+"""The run's control plane: metric/event ring buffers, worker table, and versioned knobs.
+
+`ControllerCore` is pure Python (no Ray) so it can be unit-tested and embedded in-process. `RunController`
+is the thin Ray actor around it, created once per run as a named actor (`name = run name`, namespace
+`asyncrl`). Workers push with fire-and-forget `.remote()` calls; dashboards and `asyncrl ctl` pull with
+`snapshot(since=cursor)` and change knobs with compare-and-set.
+
+Cursor. Every metric record and event gets the next integer of one shared sequence. `snapshot(since=c)`
+returns the records and events with sequence number > c and the new cursor (the largest number issued), so
+a poller that passes back the cursor it got sees every item exactly once, as long as it polls before the
+ring buffer evicts it (`truncated` is then True).
+
+Knobs. Each knob has a desired `value` and `version` (incremented on every accepted change) and an
+`applied_value` acknowledged by its consumer. `set_knob(..., expected_version=v)` succeeds only if the
+knob is still at version `v` (compare-and-set: two operators cannot overwrite each other unknowingly).
+The consumer polls `pending_knobs(consumer)` at its boundary (the trainer at each local step, the rollouter
+at each sync), applies the value, and calls `ack_knob(name, version, step)`; the controller then writes a
+`knob` event with old → new, who, when, the step of the request and the step at which it took effect.
+"""
+
+from __future__ import annotations
+
+import getpass
+import math
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from engine.telemetry.sinks import Sink, build_sinks
+
+NAMESPACE = "asyncrl"
+RUN_STATES = ("running", "paused", "finished", "failed")
+TERMINAL_STATES = ("finished", "failed")
+STEP_KEY = "training/global_step"
+VERSION_KEY = "fully_async/count/current_param_version"
+TIME_KEY = "asyncrl/time"
+
+
+def default_who() -> str:
+    """`user@host` of the calling process (recorded with every knob change)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+# --------------------------------------------------------------------------------------------- knobs
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    """A runtime-tunable setting: type, inclusive range, who applies it and when."""
+
+    name: str
+    kind: type
+    low: float | None
+    high: float | None
+    consumer: str
+    applies: str
+    default: Any
+    config_path: tuple[str, ...] | None = None
+    description: str = ""
+
+    def range_text(self) -> str:
+        """Human form of the accepted values, e.g. `an integer in [1, 1000]`."""
+        if self.kind is bool:
+            return "true or false"
+        noun = "an integer" if self.kind is int else "a number"
+        return f"{noun} in [{self.low:g}, {self.high:g}]"
+
+
+KNOB_SPECS: dict[str, KnobSpec] = {
+    spec.name: spec
+    for spec in (
+        KnobSpec(
+            "trigger_parameter_sync_step", int, 1, 1000, "trainer",
+            "at the trainer's next local-step boundary", 4, ("async_training", "trigger_parameter_sync_step"),
+            "local trainer steps between weight syncs (one policy version per sync)",
+        ),
+        KnobSpec(
+            "staleness_threshold", float, 0.0, 10.0, "rollouter",
+            "at the rollouter's next weight sync", 0.1, ("async_training", "staleness_threshold"),
+            "extra fraction of samples the rollouter may generate ahead of the trainer per sync",
+        ),
+        KnobSpec(
+            "paused", bool, None, None, "rollouter", "by the rollouter within one generation step", False,
+            None, "pause (true) or resume (false) generation; the trainer drains the queue",
+        ),
+    )
+}
+
+ACTIONS: dict[str, str] = {"checkpoint": "trainer", "stop": "trainer"}
+"""One-shot actions and their consumer (taken at the trainer's next local-step boundary)."""
+
+
+class KnobError(ValueError):
+    """A knob value that cannot be accepted; the message says why."""
+
+
+def validate_knob_value(name: str, value: Any) -> Any:
+    """Check `value` against the knob's type and inclusive range; returns the normalised value.
+
+    Raises `KnobError` with a reason (unknown knob, wrong type, out of range).
+    """
+    spec = KNOB_SPECS.get(name)
+    if spec is None:
+        raise KnobError(f"unknown knob {name!r}; known knobs: {', '.join(KNOB_SPECS)}")
+    if spec.kind is bool:
+        if not isinstance(value, bool):
+            raise KnobError(f"{name} must be true or false, got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise KnobError(f"{name} must be {spec.range_text()}, got {type(value).__name__} {value!r}")
+    if spec.kind is int:
+        if isinstance(value, float) and not value.is_integer():
+            raise KnobError(f"{name} must be an integer, got {value!r}")
+        value = int(value)
+    else:
+        value = float(value)
+        if not math.isfinite(value):
+            raise KnobError(f"{name} must be finite, got {value!r}")
+    assert spec.low is not None and spec.high is not None
+    if not spec.low <= value <= spec.high:
+        raise KnobError(f"{name}={value:g} is out of range: must be {spec.range_text()}")
+    return value
+
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def parse_knob_value(name: str, text: str) -> Any:
+    """Parse user text (CLI argument, TUI input) into a validated knob value; raises `KnobError`."""
+    spec = KNOB_SPECS.get(name)
+    if spec is None:
+        raise KnobError(f"unknown knob {name!r}; known knobs: {', '.join(KNOB_SPECS)}")
+    raw = text.strip()
+    if spec.kind is bool:
+        if raw.lower() in _TRUE:
+            return True
+        if raw.lower() in _FALSE:
+            return False
+        raise KnobError(f"{name} must be true or false, got {raw!r}")
+    try:
+        number: int | float = int(raw) if spec.kind is int else float(raw)
+    except ValueError:
+        raise KnobError(f"{name} must be {spec.range_text()}, got {raw!r}") from None
+    return validate_knob_value(name, number)
+
+
+@dataclass
+class KnobRequest:
+    value: Any
+    who: str
+    time: float
+    step: int | None
+
+
+@dataclass
+class KnobState:
+    """Desired and applied value of one knob, plus the unacknowledged requests by version."""
+
+    value: Any
+    applied_value: Any
+    version: int = 0
+    applied_version: int = 0
+    applied_at_step: int | None = None
+    requests: dict[int, KnobRequest] = field(default_factory=dict)
+
+    @property
+    def pending(self) -> bool:
+        return self.version > self.applied_version
+
+
+def initial_knobs(config: dict[str, Any]) -> dict[str, KnobState]:
+    """Knob states at the start of a run: values from the config where it sets them, else the defaults."""
+    states: dict[str, KnobState] = {}
+    for name, spec in KNOB_SPECS.items():
+        value: Any = spec.default
+        node: Any = config
+        for key in spec.config_path or ():
+            node = node.get(key) if isinstance(node, dict) else None
+        if spec.config_path and node is not None:
+            try:
+                value = validate_knob_value(name, node)
+            except KnobError:
+                value = spec.default
+        states[name] = KnobState(value=value, applied_value=value)
+    return states
+
+
+def knob_view(name: str, st: KnobState, last: KnobRequest | None) -> dict[str, Any]:
+    """The public view of one knob, as returned by `get_knobs()` and in snapshots."""
+    spec = KNOB_SPECS[name]
+    return {
+        "value": st.value,
+        "version": st.version,
+        "pending": st.pending,
+        "applied_value": st.applied_value,
+        "applied_version": st.applied_version,
+        "applied_at_step": st.applied_at_step,
+        "requested_by": last.who if last else None,
+        "requested_at": last.time if last else None,
+        "requested_step": last.step if last else None,
+        "type": spec.kind.__name__,
+        "min": spec.low,
+        "max": spec.high,
+        "consumer": spec.consumer,
+    }
+
+
+# --------------------------------------------------------------------------------------- ring buffer
+
+
+class _Ring:
+    """A bounded buffer of `(seq, item)` in increasing `seq` order."""
+
+    def __init__(self, capacity: int) -> None:
+        self._items: deque[tuple[int, dict[str, Any]]] = deque(maxlen=max(1, capacity))
+        self.evicted_upto = 0  # largest seq pushed out of the buffer
+
+    def append(self, seq: int, item: dict[str, Any]) -> None:
+        if len(self._items) == self._items.maxlen:
+            self.evicted_upto = self._items[0][0]
+        self._items.append((seq, item))
+
+    def since(self, cursor: int, limit: int | None = None) -> list[dict[str, Any]]:
+        """Items with seq > cursor (the newest `limit` of them when limit is set), oldest first."""
+        out: list[dict[str, Any]] = []
+        for seq, item in reversed(self._items):
+            if seq <= cursor or (limit is not None and len(out) >= limit):
+                break
+            out.append(item)
+        out.reverse()
+        return out
+
+
+# ------------------------------------------------------------------------------------------- core
+
+
+class ControllerCore:
+    """Pure-Python control plane of one run (see the module docstring for the cursor and knob rules)."""
+
+    def __init__(
+        self,
+        run_name: str,
+        run_dir: str | None = None,
+        config: dict[str, Any] | None = None,
+        provenance: dict[str, Any] | None = None,
+        total_steps: int | None = None,
+        address: str | None = None,
+        sinks: list[Sink] | None = None,
+        clock: Callable[[], float] = time.time,
+        max_metrics: int = 10_000,
+        max_events: int = 10_000,
+    ) -> None:
+        self._lock = threading.RLock()
+        self._clock = clock
+        self._config = dict(config or {})
+        self._run: dict[str, Any] = {
+            "name": run_name,
+            "run_dir": run_dir,
+            "started_at": clock(),
+            "total_steps": total_steps,
+            "address": address,
+            "config": self._config,
+            "provenance": dict(provenance or {}),
+        }
+        if sinks is None:
+            logging_cfg = self._config.get("logging", {}) if isinstance(self._config.get("logging"), dict) else {}
+            sinks = build_sinks(
+                run_dir, list(logging_cfg.get("sinks", ["jsonl"])), run_name=run_name,
+                project=str(logging_cfg.get("project", "asyncrl")), config=self._config,
+            )
+        self._sinks = sinks
+        self._seq = 0
+        self._metrics = _Ring(max_metrics)
+        self._events = _Ring(max_events)
+        self._workers: dict[str, dict[str, Any]] = {}
+        self._state = "running"
+        self._step: int | None = None
+        self._policy_version: int | None = None
+        self._knobs = initial_knobs(self._config)
+        self._last_request: dict[str, KnobRequest] = {}
+        self._actions: dict[str, dict[str, KnobRequest]] = {consumer: {} for consumer in set(ACTIONS.values())}
+
+    # ---------------------------------------------------------------- recording (workers → controller)
+
+    @property
+    def run_name(self) -> str:
+        return str(self._run["name"])
+
+    def record_metrics(self, record: dict[str, Any]) -> int:
+        """Store one metric record (adds `asyncrl/time` if missing) and write it to the sinks; returns its seq."""
+        with self._lock:
+            rec = dict(record)
+            rec.setdefault(TIME_KEY, self._clock() - self._run["started_at"])
+            if isinstance(rec.get(STEP_KEY), (int, float)):
+                self._step = int(rec[STEP_KEY])
+            if isinstance(rec.get(VERSION_KEY), (int, float)):
+                self._policy_version = int(rec[VERSION_KEY])
+            self._seq += 1
+            self._metrics.append(self._seq, rec)
+            for sink in self._sinks:
+                sink.write_metrics(rec)
+            return self._seq
+
+    def record_event(self, event: dict[str, Any]) -> int:
+        """Store one event, filling `time`, `step`, `version`, `level`, `message` defaults; returns its seq."""
+        with self._lock:
+            ev = dict(event)
+            ev.setdefault("time", self._clock())
+            ev.setdefault("kind", "info")
+            ev.setdefault("step", self._step)
+            ev.setdefault("version", self._policy_version)
+            ev.setdefault("message", "")
+            ev.setdefault("level", "info")
+            self._seq += 1
+            self._events.append(self._seq, ev)
+            for sink in self._sinks:
+                sink.write_event(ev)
+            return self._seq
+
+    def _emit(self, kind: str, message: str, level: str = "info", **extra: Any) -> None:
+        self.record_event({"kind": kind, "message": message, "level": level, **extra})
+
+    def update_worker(self, worker_id: str, info: dict[str, Any]) -> None:
+        """Merge `info` (role, state, tokens_per_s, weight_version, lag, ...) into a worker row; sets last_seen."""
+        with self._lock:
+            row = self._workers.setdefault(worker_id, {"id": worker_id})
+            row.update(info)
+            row["last_seen"] = self._clock()
+
+    def set_state(self, state: str) -> None:
+        """Set the run state (running, paused, finished, failed)."""
+        if state not in RUN_STATES:
+            raise ValueError(f"unknown run state {state!r}; expected one of {', '.join(RUN_STATES)}")
+        with self._lock:
+            self._state = state
+
+    def update_run_info(self, **fields: Any) -> None:
+        """Update run info fields (for example `total_steps`, `address`) after creation."""
+        with self._lock:
+            self._run.update(fields)
+
+    # ------------------------------------------------------------------------------- knobs (operators)
+
+    def get_knobs(self) -> dict[str, dict[str, Any]]:
+        """Every knob: desired value, version, pending flag, applied value/step, last requester, range."""
+        with self._lock:
+            return {name: knob_view(name, st, self._last_request.get(name)) for name, st in self._knobs.items()}
+
+    def set_knob(
+        self, name: str, value: Any, expected_version: int | None = None, who: str | None = None
+    ) -> dict[str, Any]:
+        """Request a knob change (compare-and-set when `expected_version` is given).
+
+        Returns `{"ok": bool, "reason": str, "version": int}`; `version` is the knob's version after the call.
+        Rejections (unknown knob, wrong type, out of range, stale version, run over) are also logged as
+        warning-level `knob` events so the audit trail shows attempted changes.
+        """
+        who = who or default_who()
+        with self._lock:
+            st = self._knobs.get(name)
+            current_version = st.version if st else 0
+            reason = self._reject_reason(name, value, expected_version, st)
+            if reason is not None:
+                self._emit("knob", f"rejected {name}={value!r} from {who}: {reason}", level="warning",
+                           knob=name, phase="rejected", who=who, requested=_plain(value), reason=reason)
+                return {"ok": False, "reason": reason, "version": current_version}
+            assert st is not None
+            new = validate_knob_value(name, value)
+            if new == st.value:
+                return {"ok": True, "reason": f"unchanged: {name} is already {new!r}", "version": st.version}
+            old = st.value
+            st.version += 1
+            st.value = new
+            req = KnobRequest(value=new, who=who, time=self._clock(), step=self._step)
+            st.requests[st.version] = req
+            self._last_request[name] = req
+            spec = KNOB_SPECS[name]
+            self._emit("knob", f"{name} {old!r} → {new!r} requested by {who}; applies {spec.applies}",
+                       knob=name, phase="requested", old=_plain(old), new=_plain(new), who=who,
+                       knob_version=st.version, requested_at=req.time, requested_step=req.step)
+            return {"ok": True, "reason": f"pending: applies {spec.applies}", "version": st.version}
+
+    def _reject_reason(
+        self, name: str, value: Any, expected_version: int | None, st: KnobState | None
+    ) -> str | None:
+        if st is None:
+            return f"unknown knob {name!r}; known knobs: {', '.join(KNOB_SPECS)}"
+        if self._state in TERMINAL_STATES:
+            return f"the run is {self._state}; knobs can no longer change"
+        try:
+            validate_knob_value(name, value)
+        except KnobError as err:
+            return str(err)
+        if expected_version is not None and expected_version != st.version:
+            last = self._last_request.get(name)
+            by = f" (set to {st.value!r} by {last.who})" if last else ""
+            return (f"version conflict: you expected version {expected_version} but {name} is at version "
+                    f"{st.version}{by}; re-read the knob and retry")
+        return None
+
+    def pending_knobs(self, consumer: str) -> dict[str, dict[str, Any]]:
+        """Knobs of `consumer` whose latest version is not yet acknowledged: `{name: {value, version}}`."""
+        with self._lock:
+            return {
+                name: {"value": st.value, "version": st.version}
+                for name, st in self._knobs.items()
+                if st.pending and KNOB_SPECS[name].consumer == consumer
+            }
+
+    def ack_knob(self, name: str, version: int, step: int | None) -> dict[str, Any]:
+        """Mark `version` of a knob as applied at `step` and write the `knob` applied event.
+
+        Acknowledging an older version than the latest is allowed (the consumer applied what it saw); the
+        knob then stays pending for the newer version.
+        """
+        with self._lock:
+            st = self._knobs.get(name)
+            if st is None:
+                return {"ok": False, "reason": f"unknown knob {name!r}"}
+            req = st.requests.get(version)
+            if req is None:
+                return {"ok": False, "reason": f"{name} version {version} is not pending (applied: "
+                                               f"{st.applied_version}, latest: {st.version})"}
+            old = st.applied_value
+            st.applied_value = req.value
+            st.applied_version = version
+            st.applied_at_step = step
+            st.requests = {v: r for v, r in st.requests.items() if v > version}
+            if name == "paused" and self._state in ("running", "paused"):
+                self._state = "paused" if req.value else "running"
+            self._emit("knob", f"{name} {old!r} → {req.value!r} applied at step {step} "
+                               f"(requested by {req.who} at step {req.step})",
+                       step=step, knob=name, phase="applied", old=_plain(old), new=_plain(req.value),
+                       who=req.who, knob_version=version, requested_at=req.time, requested_step=req.step,
+                       applied_step=step, applied_at=self._clock())
+            return {"ok": True, "reason": "applied"}
+
+    # ----------------------------------------------------------------------------- one-shot actions
+
+    def request_action(self, name: str, who: str | None = None) -> dict[str, Any]:
+        """Queue a one-shot action (`checkpoint`, `stop`) for its consumer; repeated requests collapse."""
+        who = who or default_who()
+        with self._lock:
+            consumer = ACTIONS.get(name)
+            if consumer is None:
+                reason = f"unknown action {name!r}; known actions: {', '.join(ACTIONS)}"
+            elif self._state in TERMINAL_STATES:
+                reason = f"the run is {self._state}; actions are no longer accepted"
+            else:
+                reason = None
+            if reason is not None:
+                self._emit("knob", f"rejected action {name} from {who}: {reason}", level="warning",
+                           action=name, phase="rejected", who=who, reason=reason)
+                return {"ok": False, "reason": reason}
+            assert consumer is not None
+            queued = self._actions[consumer]
+            if name in queued:
+                return {"ok": True, "reason": f"{name} already requested by {queued[name].who}"}
+            queued[name] = KnobRequest(value=True, who=who, time=self._clock(), step=self._step)
+            self._emit("knob", f"{name} requested by {who}; taken at the {consumer}'s next step boundary",
+                       action=name, phase="requested", who=who, requested_at=queued[name].time,
+                       requested_step=self._step)
+            return {"ok": True, "reason": f"queued for the {consumer}"}
+
+    def take_actions(self, consumer: str, step: int | None = None) -> list[str]:
+        """Return and clear the actions queued for `consumer`, logging when each was taken."""
+        with self._lock:
+            queued = self._actions.get(consumer, {})
+            names = list(queued)
+            for name in names:
+                req = queued.pop(name)
+                self._emit("knob", f"{name} (requested by {req.who}) taken by the {consumer} at step {step}",
+                           step=step if step is not None else self._step, action=name, phase="applied",
+                           who=req.who, requested_at=req.time, requested_step=req.step, applied_step=step)
+            return names
+
+    # --------------------------------------------------------------------------------------- reading
+
+    def snapshot(self, since: int = 0, limit: int | None = None) -> dict[str, Any]:
+        """Everything a dashboard needs, with the metrics and events newer than cursor `since`.
+
+        Returns `{cursor, truncated, now, state, run, knobs, workers, metrics, events}`; `limit` keeps only
+        the newest `limit` records/events (for a first attach to a long run).
+        """
+        with self._lock:
+            return {
+                "cursor": self._seq,
+                "truncated": since < max(self._metrics.evicted_upto, self._events.evicted_upto),
+                "now": self._clock(),
+                "state": self._state,
+                "run": dict(self._run),
+                "knobs": self.get_knobs(),
+                "workers": {wid: dict(row) for wid, row in self._workers.items()},
+                "metrics": self._metrics.since(since, limit),
+                "events": self._events.since(since, limit),
+            }
+
+    def close(self) -> None:
+        """Close the sinks (files are line-buffered, so nothing is lost if this is never called)."""
+        with self._lock:
+            for sink in self._sinks:
+                sink.close()
+            self._sinks = []
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-friendly form of a knob value for event fields."""
+    return value if isinstance(value, (bool, int, float, str)) or value is None else repr(value)
+
+
+# ------------------------------------------------------------------------------------------ actor
+
+
+class RunController(ControllerCore):
+    """The Ray actor body: `ControllerCore` plus a liveness probe. Create it with `create_run_controller`."""
+
+    def ping(self) -> str:
+        """Cheap liveness check used by clients; returns the run name."""
+        return self.run_name
+
+
+def create_run_controller(
+    run_name: str,
+    *,
+    namespace: str = NAMESPACE,
+    detached: bool = False,
+    **core_kwargs: Any,
+) -> Any:
+    """Start the named `RunController` actor (`name=run_name`, `namespace`) and return its handle.
+
+    The actor needs no CPU slot (`num_cpus=0`) and lives as long as the driver unless `detached`.
+    Raises `ValueError` (from Ray) if a live actor already has that name in the namespace.
+    """
+    import ray
+
+    if "address" not in core_kwargs:
+        core_kwargs["address"] = ray.get_runtime_context().gcs_address
+    options: dict[str, Any] = {"name": run_name, "namespace": namespace}
+    if detached:
+        options["lifetime"] = "detached"
+    actor_cls = ray.remote(num_cpus=0, max_restarts=0)(RunController)
+    return actor_cls.options(**options).remote(run_name, **core_kwargs)
+
+
+def live_run_names(namespace: str = NAMESPACE) -> list[str]:
+    """Names of the named actors in `namespace` on the connected cluster (the live runs), sorted."""
+    import ray
+
+    actors: Iterable[dict[str, str]] = ray.util.list_named_actors(all_namespaces=True)
+    return sorted(a["name"] for a in actors if a.get("namespace") == namespace)

@@ -1,0 +1,105 @@
+"""A rollout replica: a thin Ray actor around one `RolloutBackend`.
+
+It is threaded (`max_concurrency=2`) so that `abort()` can land while `generate()` runs: the backend polls the
+abort flag at every token boundary and returns the unfinished sequences with `finish_reason="abort"`. The
+flag stays set until the next `update_weights` or `resume`, so a request dispatched during a sync cannot slip
+through.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import ray
+
+from engine.rollout.base import SamplingParams
+from engine.types import GenRequest, GenResult
+
+
+def build_backend(cfg: Any, model_dir: str, device: str = "cpu"):
+    """Instantiate the configured rollout backend for `model_dir` (backends imported lazily)."""
+    from engine.models.loader import load_causal_lm, load_tokenizer
+
+    if cfg.rollout.backend == "vllm":
+        from engine.rollout.vllm_backend import VLLMRolloutBackend
+
+        max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+        return VLLMRolloutBackend(
+            model_dir,
+            tensor_parallel_size=cfg.rollout.tensor_parallel_size,
+            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+            max_num_seqs=cfg.rollout.max_num_seqs,
+            max_model_len=max_len,
+            dtype=cfg.model.dtype,
+            seed=cfg.trainer.seed,
+        )
+    from engine.rollout.hf import HFRolloutBackend
+
+    tok = load_tokenizer(model_dir)
+    model = load_causal_lm(model_dir, dtype=cfg.model.dtype)
+    return HFRolloutBackend(
+        model,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+        max_batch_size=cfg.rollout.max_num_seqs,
+        device=device,
+    )
+
+
+@ray.remote(max_concurrency=2)
+class RolloutReplica:
+    """One generation engine; `replica_id` names it in the dashboard's workers table."""
+
+    def __init__(self, cfg: Any, model_dir: str, replica_id: int, num_threads: int = 1) -> None:
+        import torch
+
+        torch.set_num_threads(max(1, num_threads))
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        self.replica_id = replica_id
+        self.backend = build_backend(cfg, model_dir)
+        self._abort = threading.Event()
+        self._busy_s = 0.0
+        self._tokens = 0
+        self._started = time.monotonic()
+
+    def ready(self) -> int:
+        """Returns the replica's pid once the model is loaded."""
+        return os.getpid()
+
+    def generate(self, requests: list[GenRequest], sampling: SamplingParams) -> list[GenResult]:
+        t0 = time.monotonic()
+        out = self.backend.generate(requests, sampling, should_abort=self._abort.is_set)
+        self._busy_s += time.monotonic() - t0
+        self._tokens += sum(r.new_tokens for r in out)
+        return out
+
+    def abort(self) -> None:
+        """Interrupt the running `generate` at the next token boundary (and any before `resume`)."""
+        self._abort.set()
+
+    def resume(self) -> None:
+        self._abort.clear()
+
+    def update_weights(self, bucket_refs: list, version: int) -> float:
+        """Load weights from object-store buckets (refs are resolved by Ray, zero-copy numpy). Returns seconds."""
+        t0 = time.monotonic()
+        buckets = [ray.get(r) if isinstance(r, ray.ObjectRef) else r for r in bucket_refs]
+        self.backend.update_weights(buckets, version)
+        self._abort.clear()
+        return time.monotonic() - t0
+
+    def version(self) -> int:
+        return self.backend.version
+
+    def stats(self) -> dict[str, float]:
+        up = max(1e-9, time.monotonic() - self._started)
+        return {
+            "replica_id": self.replica_id,
+            "version": self.backend.version,
+            "tokens": self._tokens,
+            "busy_ratio": self._busy_s / up,
+            "tokens_per_s": self._tokens / max(1e-9, self._busy_s),
+        }

@@ -1,0 +1,332 @@
+"""The Trainer: pulls `required_samples` prompt groups per local step from the MessageQueue, computes the
+proximal / old log-probs and rollout correction, takes one optimizer step, and every
+`trigger_parameter_sync_step` local steps bumps the parameter version and pushes the weights to the
+rollouter (verl's `FullyAsyncTrainer.fit_step`). The algorithm lives in `engine.algo`; this module only
+sequences it and reports.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+from typing import Any
+
+import ray
+
+from engine.runtime.batching import prepare_batch, staleness_of
+from engine.runtime.ledger import Ledger
+
+
+def build_trainer_backend(cfg: Any, model_dir: str):
+    """The configured training backend for `model_dir` (backends imported lazily)."""
+    temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
+    optim = cfg.trainer.optim.model_dump()
+    if cfg.trainer.backend == "megatron":
+        from engine.trainer.megatron.backend import MegatronTrainerBackend
+
+        return MegatronTrainerBackend(
+            model_dir, tp=cfg.trainer.tp, pp=cfg.trainer.pp, cp=cfg.trainer.cp, ep=cfg.trainer.ep,
+            optim_cfg=optim, grad_clip=cfg.trainer.grad_clip,
+            micro_batch_size=cfg.trainer.ppo_micro_batch_size_per_gpu, temperature=temperature,
+        )
+    from engine.models.loader import load_causal_lm
+    from engine.trainer.torch_trainer import TorchTrainerBackend
+
+    model = load_causal_lm(model_dir, dtype=cfg.model.dtype)
+    return TorchTrainerBackend(model, optim_cfg=optim, grad_clip=cfg.trainer.grad_clip,
+                               micro_batch_size=cfg.trainer.ppo_micro_batch_size_per_gpu,
+                               temperature=temperature)
+
+
+class TrainerCore:
+    """The training loop of rank 0."""
+
+    def __init__(self, cfg: Any, model_dir: str, run_dir: str, queue: Any, rollouter: Any, controller: Any,
+                 resume: dict | None = None) -> None:
+        import torch
+
+        from asyncrl_cli.config.derived import required_samples, total_train_steps
+        from engine.algo.loss import build_loss_fn
+        from engine.models.loader import load_tokenizer
+
+        torch.manual_seed(cfg.trainer.seed)
+        self.cfg = cfg
+        self.queue, self.rollouter, self.controller = queue, rollouter, controller
+        self.backend = build_trainer_backend(cfg, model_dir)
+        self.ref_backend = build_trainer_backend(cfg, model_dir) if cfg.trainer.use_kl_loss else None
+        tok = load_tokenizer(model_dir)
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        self.rc = cfg.algorithm.rollout_correction
+        self.loss_fn = build_loss_fn(cfg.trainer, self.rc)
+        self.required = required_samples(cfg)
+        self.trigger = cfg.async_training.trigger_parameter_sync_step
+        self.total_local_steps = total_train_steps(cfg) * self.trigger
+        self.sync_mode = cfg.async_training.mode == "sync"
+        self.cap = cfg.async_training.max_staleness_versions
+        self.stale_policy = cfg.async_training.stale_policy
+        self.bucket_bytes = cfg.rollout.weight_sync_bucket_mb * 2**20
+        self.run_dir = run_dir
+        self.ledger = Ledger(run_dir)
+        self.version = 0
+        self.local_step = 0
+        self.since_sync = 0
+        self.stale_processed = 0
+        self.dropped_stale = 0
+        self._buffer: list = []
+        self._closed = False
+        self._stop = False
+        self._postponed = False
+        self.t0 = time.time()
+        if resume:
+            self.version, self.local_step = resume["version"], resume["local_step"]
+        if not self.rc.bypass_mode:
+            self.backend.snapshot_params()
+
+    # ------------------------------------------------------------------ loop
+    def fit(self) -> dict[str, Any]:
+        who = f"trainer@{socket.gethostname()}"
+        self.controller.update_worker.remote("trainer-0", {"kind": "trainer", "state": "running",
+                                                           "version": self.version, "pid": os.getpid(), "host": who})
+        try:
+            while self.local_step < self.total_local_steps and not self._stop:
+                self._apply_knobs()
+                if self._stop:
+                    break
+                if not self._step():
+                    break
+        except Exception:
+            self.controller.record_event.remote(self._ev("error", "error", traceback.format_exc(limit=8)))
+            raise
+        finally:
+            self._finish()
+        return {"local_step": self.local_step, "version": self.version}
+
+    def _step(self) -> bool:
+        import torch
+
+        t_start = time.monotonic()
+        groups = self._pull(self.required)
+        wait_s = time.monotonic() - t_start
+        if not groups:
+            return False
+        groups = self._filter_stale(groups)
+        if not groups:
+            return True
+        prep = prepare_batch(groups, self.cfg, self.pad_id, self.version)
+        rec: dict[str, Any] = dict(prep.metrics)
+        self.stale_processed += rec["asyncrl/stale_trajectories"]
+        batch = prep.batch
+        t_lp = time.monotonic()
+        if len(batch) > 0:
+            if self.rc.bypass_mode:
+                batch.old_log_probs = batch.rollout_log_probs
+            else:
+                from engine.algo.loss import prepare_decoupled
+
+                batch.old_log_probs = self.backend.proximal_log_probs(batch)
+                batch, rc_metrics = prepare_decoupled(batch, self.rc)
+                rec.update(rc_metrics)
+            if self.ref_backend is not None:
+                batch.ref_log_probs, _ = self.ref_backend.compute_log_probs(batch)
+        lp_s = time.monotonic() - t_lp
+        t_up = time.monotonic()
+        if len(batch) > 0 and batch.response_mask.sum() > 0:
+            rec.update(self.backend.train_step(batch, self.loss_fn))
+        else:
+            rec["asyncrl/skipped_update"] = 1
+            self.controller.record_event.remote(self._ev("warning", "warning",
+                                                         "no trainable tokens in this batch; update skipped"))
+        up_s = time.monotonic() - t_up
+        self.local_step += 1
+        self.since_sync += 1
+        self.ledger.record(prep.uids, "trained", step=self.local_step, version=self.version)
+        rec.update(self._alarms(rec))
+        if self._should_sync():
+            rec.update(self._sync())
+        step_s = time.monotonic() - t_start
+        compute_s = max(1e-9, lp_s + up_s)
+        rec.update({
+            "training/global_step": self.local_step,
+            "training/epoch": max(int(g.prompt.epoch) for g in groups),
+            "fully_async/count/current_param_version": self.version,
+            "fully_async/count/stale_trajectory_processed": self.stale_processed,
+            "fully_async/trainer/idle_ratio": wait_s / max(1e-9, step_s),
+            "timing_s/gen": wait_s,
+            "timing_s/old_log_prob": lp_s,
+            "timing_s/update_actor": up_s,
+            "timing_s/step": step_s,
+            "asyncrl/trainer/tokens_per_s": prep.num_tokens / compute_s,
+            "asyncrl/sync_interval": self.trigger,
+            "asyncrl/staleness/bound": self._staleness_bound(),
+            "asyncrl/time": time.time() - self.t0,
+            "asyncrl/total_steps": self.total_local_steps,
+        })
+        rep = ray.get(self.rollouter.report.remote())
+        rep["fully_async/count/dropped_stale_samples"] = rep.get("fully_async/count/dropped_stale_samples", 0) \
+            + self.dropped_stale
+        rec.update(rep)
+        rec["fully_async/monitor/queue/mq_queue_size"] = ray.get(self.queue.size.remote())
+        self.controller.record_metrics.remote(_jsonable(rec))
+        self.controller.update_worker.remote("trainer-0", {"kind": "trainer", "state": "running",
+                                                           "version": self.version,
+                                                           "tokens_per_s": rec["asyncrl/trainer/tokens_per_s"],
+                                                           "step": self.local_step})
+        if self._wants_checkpoint():
+            self.save_checkpoint()
+        return True
+
+    # ------------------------------------------------------------------ data
+    def _pull(self, n: int) -> list:
+        """`n` groups from the queue (in sync mode a whole cycle is generated before training starts)."""
+        if self.sync_mode and not self._buffer and self.since_sync == 0:
+            want = n * self.trigger
+        else:
+            want = max(0, n - len(self._buffer))
+        while want > 0 and not self._closed and not self._stop:
+            got, closed = ray.get(self.queue.get_batch.remote(want, 1.0))
+            self._buffer.extend(got)
+            want -= len(got)
+            self._closed = closed
+            if not got:
+                self._apply_knobs()
+        out, self._buffer = self._buffer[:n], self._buffer[n:]
+        return out
+
+    def _filter_stale(self, groups: list) -> list:
+        """Hard version cap: with `stale_policy = "drop"` groups older than the cap are dropped and logged."""
+        if self.cap is None or self.stale_policy != "drop":
+            return groups
+        keep, drop = [], []
+        for g in groups:
+            (drop if staleness_of(g, self.version) > self.cap else keep).append(g)
+        if drop:
+            self.dropped_stale += len(drop)
+            uids = [g.prompt.uid for g in drop]
+            self.ledger.record(uids, "dropped", step=self.local_step, version=self.version, reason="stale")
+            self.controller.record_event.remote(self._ev(
+                "warning", "drop", f"dropped {len(drop)} prompt(s) older than max_staleness_versions={self.cap}",
+                uids=uids, reason="stale"))
+        return keep
+
+    def _staleness_bound(self) -> float:
+        if self.cap is not None:
+            return float(self.cap)
+        return 0.0 if self.sync_mode else float(1 + int(self.cfg.async_training.staleness_threshold) + 1)
+
+    # ------------------------------------------------------------------ sync
+    def _should_sync(self) -> bool:
+        if self.since_sync < self.trigger:
+            return False
+        if self.cap is not None and self.stale_policy == "wait":
+            oldest = [v for v in (ray.get(self.rollouter.outstanding_min_version.remote()),
+                                  ray.get(self.queue.min_version.remote())) if v is not None]
+            if oldest and self.version + 1 - min(oldest) > self.cap:
+                if not self._postponed:
+                    self.controller.record_event.remote(self._ev(
+                        "info", "sync", "sync postponed: outstanding work would exceed max_staleness_versions"))
+                self._postponed = True
+                return False
+        self._postponed = False
+        return True
+
+    def _sync(self) -> dict[str, float]:
+        """version += 1; push the weights (bucketed, through the object store) to every replica."""
+        t0 = time.monotonic()
+        self.version += 1
+        self.since_sync = 0
+        refs, nbytes = [], 0
+        for bucket in self.backend.export_weights(self.bucket_bytes):
+            nbytes += sum(a.nbytes for a in bucket.values())
+            refs.append(ray.put(bucket))
+        export_s = time.monotonic() - t0
+        out = ray.get(self.rollouter.update_weights.remote(self.version, refs, self.local_step))
+        if not self.rc.bypass_mode:
+            t_snap = time.monotonic()
+            self.backend.snapshot_params()
+            out["asyncrl/prox_snapshot_s"] = time.monotonic() - t_snap
+        total = time.monotonic() - t0
+        out.update({"timing_s/param_sync": total, "asyncrl/sync/bytes": nbytes, "asyncrl/sync/export_s": export_s})
+        self.controller.record_event.remote(self._ev(
+            "info", "sync", f"weights v{self.version} pushed: {nbytes / 2**20:.1f} MiB in {total:.2f}s "
+            f"(pause {out['asyncrl/sync/pause_s']:.2f}s, transfer {out['asyncrl/sync/transfer_s']:.2f}s)",
+            bytes=nbytes, seconds=total, pause_s=out["asyncrl/sync/pause_s"],
+            transfer_s=out["asyncrl/sync/transfer_s"], interval=self.trigger))
+        return out
+
+    # ------------------------------------------------------------------ control plane
+    def _apply_knobs(self) -> None:
+        knobs = ray.get(self.controller.get_knobs.remote())
+        k = knobs.get("trigger_parameter_sync_step")
+        if k and k.get("pending"):
+            self.trigger = int(k["value"])
+            self.rollouter.set_trigger.remote(self.trigger)
+            self.controller.ack_knob.remote("trigger_parameter_sync_step", k["version"], self.local_step)
+        for action in ray.get(self.controller.take_actions.remote("trainer")):
+            if action == "stop":
+                self._stop = True
+                self.controller.record_event.remote(self._ev("info", "knob", "graceful stop requested"))
+            elif action == "checkpoint":
+                self.save_checkpoint()
+
+    def _alarms(self, rec: dict[str, Any]) -> dict[str, Any]:
+        from engine.algo.rc_diagnostics import mismatch_alarm
+
+        msgs = mismatch_alarm(rec, self.rc.mismatch_kl_bound, self.rc.mismatch_ppl_ratio_bound,
+                              self.rc.mismatch_chi2_bound)
+        for m in msgs:
+            self.controller.record_event.remote(self._ev("warning", "warning", m, alarm="mismatch"))
+        return {"asyncrl/mismatch_alarm": float(bool(msgs))}
+
+    def _wants_checkpoint(self) -> bool:
+        every = self.cfg.checkpoint.every_versions
+        return bool(every) and self.since_sync == 0 and self.version > 0 and self.version % every == 0
+
+    def save_checkpoint(self) -> str:
+        from engine.runtime.checkpoint import save_trainer_checkpoint
+
+        path = save_trainer_checkpoint(self)
+        self.controller.record_event.remote(self._ev("info", "checkpoint", f"checkpoint saved: {path}", path=path))
+        return path
+
+    def _finish(self) -> None:
+        """Stop the rollouter and account for every prompt still in flight or queued."""
+        try:
+            left = ray.get(self.rollouter.stop.remote())
+            queued = [g.prompt.uid for g in ray.get(self.queue.drain.remote())] + [g.prompt.uid for g in self._buffer]
+            self.ledger.record(left["in_flight"] + queued, "in_flight_at_end", step=self.local_step,
+                               version=self.version)
+            self.ledger.record(left["evicted"], "dropped", step=self.local_step, version=self.version,
+                               reason="queue_overflow")
+        finally:
+            self.ledger.close()
+
+    def _ev(self, level: str, kind: str, message: str, **extra: Any) -> dict[str, Any]:
+        return {"time": time.time(), "kind": kind, "level": level, "step": self.local_step,
+                "version": self.version, "message": message, **extra}
+
+
+def _jsonable(rec: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in rec.items():
+        if hasattr(v, "item"):
+            v = v.item()
+        out[k] = v
+    return out
+
+
+@ray.remote(max_concurrency=2)
+class Trainer:
+    """Thin actor around `TrainerCore`."""
+
+    def __init__(self, cfg: Any, model_dir: str, run_dir: str, queue: Any, rollouter: Any, controller: Any,
+                 num_threads: int = 1, resume: dict | None = None) -> None:
+        import torch
+
+        torch.set_num_threads(max(1, num_threads))
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        self.core = TrainerCore(cfg, model_dir, run_dir, queue, rollouter, controller, resume)
+
+    def fit(self) -> dict[str, Any]:
+        return self.core.fit()

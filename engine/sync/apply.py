@@ -1,0 +1,44 @@
+"""The receiving end of a weight sync: copy HF-named numpy arrays into a torch model's parameters."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+
+from engine.sync.buckets import Bucket
+
+
+def named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every persistent tensor of `model` by its state-dict (HF) name — tied weights appear under each of
+    their names (`lm_head.weight` and `model.embed_tokens.weight` are then the same tensor)."""
+    return dict(model.state_dict(keep_vars=True))
+
+
+def load_buckets_into(model: torch.nn.Module, buckets: Iterable[Bucket], strict: bool = True) -> int:
+    """Copy each array into the model tensor of the same name, in place, and return the bytes copied.
+
+    The arrays may be read-only (zero-copy views of Ray's object store): they are wrapped with
+    `torch.from_numpy` without a copy and then copied into the parameter (dtype cast and device move
+    included), so nothing outside `model` is written. With `strict`, an unknown name or a shape mismatch
+    raises `KeyError` / `ValueError`; unknown names are skipped otherwise.
+    """
+    targets = named_tensors(model)
+    copied = 0
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        for bucket in buckets:
+            for name, array in bucket.items():
+                target = targets.get(name)
+                if target is None:
+                    if strict:
+                        raise KeyError(f"weight {name!r} is not a tensor of the model")
+                    continue
+                if tuple(target.shape) != tuple(array.shape):
+                    raise ValueError(f"shape mismatch for {name!r}: model {tuple(target.shape)}, got {array.shape}")
+                source = torch.from_numpy(np.ascontiguousarray(array))
+                target.detach().copy_(source, non_blocking=False)
+                copied += int(array.nbytes)
+    return copied

@@ -1,0 +1,87 @@
+"""The seam where training backends plug in (`torch` — the embedded default, FSDP2 with >1 rank — and
+`megatron`). A backend owns the policy weights and the optimizer of one trainer rank; the algorithm (loss,
+advantages, rollout correction) stays in `engine.algo` and is handed in as a function."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+
+@dataclass
+class TrainBatch:
+    """A padded batch of trajectories, `B` rows.
+
+    input_ids = [left-padded prompt (P) | right-padded response (R)], so `input_ids.shape == [B, P + R]`.
+    All `[B, R]` tensors are aligned with the response part; `response_mask` is 1 on real response tokens
+    (up to and including the first EOS) and 0 on padding.
+    """
+
+    input_ids: torch.Tensor  # [B, P+R] long
+    attention_mask: torch.Tensor  # [B, P+R] long
+    position_ids: torch.Tensor  # [B, P+R] long, cumsum(attention_mask) - 1 (clamped at 0)
+    responses: torch.Tensor  # [B, R] long
+    response_mask: torch.Tensor  # [B, R] float 0/1
+    rollout_log_probs: torch.Tensor  # [B, R] float
+    advantages: torch.Tensor | None = None  # [B, R]
+    old_log_probs: torch.Tensor | None = None  # [B, R] π_old (π_prox in decoupled mode, π_rollout in bypass)
+    ref_log_probs: torch.Tensor | None = None  # [B, R]
+    is_weights: torch.Tensor | None = None  # [B, R] rollout-correction IS weights (decoupled mode)
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def prompt_len(self) -> int:
+        return self.input_ids.shape[1] - self.responses.shape[1]
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, idx: torch.Tensor | slice) -> "TrainBatch":
+        """Rows `idx` of every tensor (meta is shared)."""
+        kw = {}
+        for name in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask",
+                     "rollout_log_probs", "advantages", "old_log_probs", "ref_log_probs", "is_weights"):
+            t = getattr(self, name)
+            kw[name] = None if t is None else t[idx]
+        return TrainBatch(**kw, meta=self.meta)
+
+
+LossFn = Callable[[torch.Tensor, torch.Tensor | None, TrainBatch], tuple[torch.Tensor, dict[str, float]]]
+"""loss_fn(log_probs [b, R], entropy [b, R] or None, micro_batch) -> (scalar loss, metrics)."""
+
+
+@runtime_checkable
+class TrainerBackend(Protocol):
+    """Policy weights + optimizer of one trainer rank."""
+
+    def compute_log_probs(self, batch: TrainBatch, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """log π_θ(response token) [B, R] (no grad), at the rollout temperature; entropy [B, R] if asked."""
+        ...
+
+    def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer update over `batch`, split into micro-batches with gradient accumulation, then
+        gradient clipping. Returns metrics (`actor/grad_norm`, `actor/lr`, averaged loss metrics ...)."""
+        ...
+
+    def snapshot_params(self) -> None:
+        """Copy the current parameters to (pinned) CPU memory: the proximal policy π_prox of decoupled mode."""
+        ...
+
+    def proximal_log_probs(self, batch: TrainBatch) -> torch.Tensor:
+        """log π_prox [B, R]: swap the snapshot in, compute log-probs, swap the live weights back bit-exactly."""
+        ...
+
+    def export_weights(self, bucket_bytes: int) -> Iterator[dict[str, np.ndarray]]:
+        """The policy weights in HF names (tied `lm_head.weight` included), in buckets of ~bucket_bytes."""
+        ...
+
+    def save(self, path: str) -> None:
+        """Weights + optimizer + RNG states to directory `path`."""
+        ...
+
+    def load(self, path: str) -> None:
+        ...

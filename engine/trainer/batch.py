@@ -1,0 +1,136 @@
+"""From trajectory groups to the padded `TrainBatch` the trainer consumes, and micro-batch splitting.
+
+Row layout (one row per trajectory), with P = longest prompt and R = longest response of the batch:
+
+    input_ids      = [pad … pad, prompt | response, pad … pad]          shape [B, P + R]
+    attention_mask = [0 … 0,     1 … 1  | 1 … 1,    0 … 0]
+    position_ids   = clamp(cumsum(attention_mask) − 1, 0)
+    response_mask  = 1 on the real response tokens (EOS included: responses end at their first EOS), else 0
+
+`rollout_log_probs` is aligned with `responses` (0 on padding). The response mask is built from the
+response *lengths*, never from `!= pad`, so a pad id equal to the EOS id still counts the EOS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Union
+
+import torch
+
+from engine.trainer.base import TrainBatch
+from engine.types import Trajectory, TrajectoryGroup
+
+Row = tuple[list[int], Trajectory]
+"""A prompt's token ids with one of its trajectories."""
+
+
+def _rows(items: Sequence[Union[TrajectoryGroup, Row]]) -> tuple[list[Row], list[int], list[str]]:
+    rows: list[Row] = []
+    group_index: list[int] = []
+    uids: list[str] = []
+    for g, item in enumerate(items):
+        if isinstance(item, TrajectoryGroup):
+            for traj in item.trajectories:
+                rows.append((item.prompt.prompt_ids, traj))
+                group_index.append(g)
+                uids.append(item.prompt.uid)
+        else:
+            prompt_ids, traj = item
+            rows.append((list(prompt_ids), traj))
+            group_index.append(g)
+            uids.append(str(g))
+    return rows, group_index, uids
+
+
+def collate(
+    items: Sequence[Union[TrajectoryGroup, Row]],
+    pad_token_id: int,
+    max_prompt_len: int | None = None,
+    max_response_len: int | None = None,
+) -> TrainBatch:
+    """Pad trajectories into a `TrainBatch` (see the module docstring for the layout).
+
+    `items` are `TrajectoryGroup`s (each contributes one row per trajectory, in order) or `(prompt_ids,
+    trajectory)` rows (each its own group). Prompts longer than `max_prompt_len` keep their *last* tokens;
+    responses longer than `max_response_len` keep their first. `meta` carries per-row lists aligned with
+    the rows: `group_index` (long tensor, which item a row came from), `uids`, `rewards` (float tensor),
+    `min_versions`, `max_versions` (long tensors) and `finish_reasons`.
+    """
+    rows, group_index, uids = _rows(items)
+    if not rows:
+        raise ValueError("collate needs at least one trajectory")
+    prompts = [p[-max_prompt_len:] if max_prompt_len else list(p) for p, _ in rows]
+    responses = [t.response_ids[:max_response_len] if max_response_len else list(t.response_ids) for _, t in rows]
+    log_probs = [t.rollout_log_probs[: len(r)] for (_, t), r in zip(rows, responses)]
+    if any(len(lp) != len(r) for lp, r in zip(log_probs, responses)):
+        raise ValueError("every response token needs a rollout log-prob")
+    if any(not p for p in prompts):
+        raise ValueError("empty prompt")
+    n, p_len, r_len = len(rows), max(len(p) for p in prompts), max(max(len(r) for r in responses), 1)
+    input_ids = torch.full((n, p_len + r_len), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, p_len + r_len), dtype=torch.long)
+    rollout_log_probs = torch.zeros((n, r_len), dtype=torch.float32)
+    for i, (prompt, response, lp) in enumerate(zip(prompts, responses, log_probs)):
+        input_ids[i, p_len - len(prompt) : p_len] = torch.tensor(prompt, dtype=torch.long)
+        attention_mask[i, p_len - len(prompt) : p_len + len(response)] = 1
+        if response:
+            input_ids[i, p_len : p_len + len(response)] = torch.tensor(response, dtype=torch.long)
+            rollout_log_probs[i, : len(response)] = torch.tensor(lp, dtype=torch.float32)
+    response_mask = attention_mask[:, p_len:].to(torch.float32)
+    trajs = [t for _, t in rows]
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0),
+        responses=input_ids[:, p_len:].clone(),
+        response_mask=response_mask,
+        rollout_log_probs=rollout_log_probs,
+        meta={
+            "group_index": torch.tensor(group_index, dtype=torch.long),
+            "uids": uids,
+            "rewards": torch.tensor([t.reward for t in trajs], dtype=torch.float32),
+            "min_versions": torch.tensor([t.min_version for t in trajs], dtype=torch.long),
+            "max_versions": torch.tensor([t.max_version for t in trajs], dtype=torch.long),
+            "finish_reasons": [t.finish_reason for t in trajs],
+        },
+    )
+
+
+def split_micro_batches(batch: TrainBatch, micro_size: int) -> list[TrainBatch]:
+    """Consecutive row slices of at most `micro_size` rows (the last may be smaller); meta is shared."""
+    if micro_size < 1:
+        raise ValueError("micro_size must be >= 1")
+    return [batch.select(slice(lo, lo + micro_size)) for lo in range(0, len(batch), micro_size)]
+
+
+def trim_padding(batch: TrainBatch) -> tuple[TrainBatch, int]:
+    """Drop prompt columns that are padding in every row and response columns past the longest response.
+
+    Returns the trimmed batch and the original response width R, so [b, r] outputs computed on it can be
+    right-padded back to [b, R]. Log-probs are unchanged: dropped columns are masked out of attention and
+    RoPE positions come from `position_ids`.
+    """
+    r_full = batch.responses.shape[1]
+    p_full = batch.prompt_len
+    prompt_real = batch.attention_mask[:, :p_full].any(dim=0).nonzero()
+    first = int(prompt_real[0]) if prompt_real.numel() else p_full - 1
+    resp_real = batch.response_mask.any(dim=0).nonzero()
+    r_keep = int(resp_real[-1]) + 1 if resp_real.numel() else 1
+    if first == 0 and r_keep == r_full:
+        return batch, r_full
+    cols = slice(first, p_full + r_keep)
+    trimmed = TrainBatch(
+        input_ids=batch.input_ids[:, cols],
+        attention_mask=batch.attention_mask[:, cols],
+        position_ids=batch.position_ids[:, cols],
+        responses=batch.responses[:, :r_keep],
+        response_mask=batch.response_mask[:, :r_keep],
+        rollout_log_probs=batch.rollout_log_probs[:, :r_keep],
+        advantages=None if batch.advantages is None else batch.advantages[:, :r_keep],
+        old_log_probs=None if batch.old_log_probs is None else batch.old_log_probs[:, :r_keep],
+        ref_log_probs=None if batch.ref_log_probs is None else batch.ref_log_probs[:, :r_keep],
+        is_weights=None if batch.is_weights is None else batch.is_weights[:, :r_keep],
+        meta=batch.meta,
+    )
+    return trimmed, r_full

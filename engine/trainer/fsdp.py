@@ -1,0 +1,115 @@
+"""The `torch` trainer across M > 1 ranks: FSDP2 (`fully_shard`) over gloo (CPU) or NCCL (CUDA).
+
+Each decoder layer is its own FSDP unit, plus the root (embeddings, final norm, tied `lm_head`). Every
+rank trains on its own rows; FSDP's reduce-scatter *averages* gradients over the M ranks, so each rank
+scales its micro-batch weights by M and normalises by the *global* mass:
+
+    g = (1/M) Σ_ranks M Σ_i (m_i / Σ_all-ranks m) ∇L_i = Σ_all micro-batches (m_i / Σ m) ∇L_i
+
+— the gradient of one process training on all rows. Ranks run the same number of micro-batches
+(the short ones repeat their last micro-batch with weight 0), because each forward is collective.
+Weights leave rank 0 as a full state dict (`get_model_state_dict(full_state_dict=True,
+cpu_offload=True)`); checkpoints are full state dicts written by rank 0 and broadcast on load.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from engine.trainer.torch_trainer import TorchTrainerBackend
+
+
+def free_port() -> int:
+    """A currently free TCP port on localhost (for `MASTER_PORT`)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_distributed(rank: int, world_size: int, master_port: int, master_addr: str = "127.0.0.1",
+                     backend: str | None = None, timeout_s: float = 300.0) -> None:
+    """Join the default process group (gloo on CPU, NCCL when CUDA is available, unless `backend` says)."""
+    os.environ["MASTER_ADDR"] = master_addr
+    os.environ["MASTER_PORT"] = str(master_port)
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated transformer blocks of an HF causal LM (`model.get_decoder().layers`)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise ValueError(f"cannot find decoder layers on {type(model).__name__}")
+    return list(layers)
+
+
+def shard_model(model: torch.nn.Module, device_type: str) -> torch.nn.Module:
+    """`fully_shard` every decoder layer, then the root, over a 1-D mesh of all ranks."""
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+class FSDPTrainerBackend(TorchTrainerBackend):
+    """`TrainerBackend` for one rank of an FSDP2 group; the default process group must exist."""
+
+    def __init__(self, model: torch.nn.Module, **kwargs) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("FSDPTrainerBackend needs torch.distributed initialised (see init_distributed)")
+        self._rank = dist.get_rank()
+        self._world = dist.get_world_size()
+        super().__init__(model, **kwargs)
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world
+
+    def _prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return shard_model(model, self.device.type)
+
+    def _reduce(self, values: list[float], op: dist.ReduceOp) -> list[float]:
+        device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=op)
+        return t.tolist()
+
+    def _sum_across_ranks(self, values: list[float]) -> list[float]:
+        return self._reduce(values, dist.ReduceOp.SUM) if values else values
+
+    def _max_across_ranks(self, value: int) -> int:
+        return int(self._reduce([float(value)], dist.ReduceOp.MAX)[0])
+
+    def _grad_scale(self) -> float:
+        return float(self._world)
+
+    def _set_grad_sync(self, enabled: bool) -> None:
+        self.model.set_requires_gradient_sync(enabled)
+
+    def _local_params(self) -> list[torch.Tensor]:
+        return [p.to_local().detach() if isinstance(p, DTensor) else p.detach() for p in self.model.parameters()]
+
+    def _barrier(self) -> None:
+        dist.barrier()
+
+    def _state_dict_options(self, loading: bool = False) -> StateDictOptions:
+        if loading:
+            return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        return StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -1,0 +1,78 @@
+"""Per-token log-probs (and entropy) of the response tokens under a causal LM, vocab work on responses only.
+
+For a row with prompt width P and response width R, the logits that predict response token j sit at
+sequence position P − 1 + j, so only positions P − 1 … P + R − 2 go through `lm_head`:
+
+    log π(y_j) = log_softmax(z_{P−1+j} / T)[y_j],      H_j = −Σ_v π_v log π_v   (same tempered π)
+
+computed in fp32. The model is called through its own `forward` with `logits_to_keep = R + 1` (the last
+R + 1 positions, of which the final one is dropped), so FSDP's root hooks run and no [B, P + R, V] logits
+are ever materialised. Models whose forward lacks `logits_to_keep` fall back to the decoder +
+output embeddings (`get_decoder()` / `get_output_embeddings()`).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+
+def _keeps_logits(model: torch.nn.Module) -> bool:
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+def response_logits(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_len: int,
+) -> torch.Tensor:
+    """Logits [B, R, V] (model dtype) predicting each of the last `response_len` tokens of `input_ids`."""
+    if _keeps_logits(model):
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            logits_to_keep=response_len + 1,
+        )
+        return out.logits[:, :-1]
+    hidden = model.get_decoder()(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state
+    return model.get_output_embeddings()(hidden[:, -response_len - 1 : -1])
+
+
+def token_log_probs(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`log_softmax(logits / T)` gathered at `tokens` (fp32, [B, R]); entropy of the same distribution
+    (outside autograd when `entropy_grad` is False: a metric only)."""
+    log_p = torch.log_softmax(logits.float() / temperature, dim=-1)
+    picked = log_p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = -(log_p.exp() * log_p).sum(-1)
+    return picked, entropy
+
+
+def response_log_probs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    responses: torch.Tensor,
+    temperature: float,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log π_θ(response token) [B, R] at `temperature` (and entropy [B, R] if asked); differentiable."""
+    logits = response_logits(model, input_ids, attention_mask, position_ids, responses.shape[1])
+    return token_log_probs(logits, responses, temperature, with_entropy, entropy_grad)

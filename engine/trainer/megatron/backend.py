@@ -1,0 +1,388 @@
+"""`MegatronTrainerBackend`: the `TrainerBackend` protocol on Megatron-core (`trainer.backend = "megatron"`).
+
+One instance per trainer process (rank). The world is TP × DP (× EP inside DP); every rank of a TP group
+must be given the same batch, and each DP rank its own rows (as with the torch backend). Per call:
+
+* log-probs: `pack_batch` (left padding removed, so Megatron's RoPE positions equal HF's), a GPTModel
+  forward giving vocab-parallel logits, then `vocab_parallel_log_probs` at the rollout temperature.
+* `train_step`: micro-batches b_k of `micro_batch_size` rows with mass m_k (`batch.meta["micro_weight_fn"]`,
+  default the response-token count) and loss L_k; each rank backpropagates (m_k / Σ_all ranks m) · dp · L_k
+  and Megatron DDP averages over DP, so the update follows ∇ Σ_k (m_k / Σm) L_k over the global batch.
+  `finalize_model_grads` then reduces DP grads and sums the TP-replicated norm grads (q/k-norm, sequence
+  parallel); AdamW on `main_grad` (CPU) or Megatron's distributed optimizer (GPU) steps with clipping.
+  Every rank runs the same number of micro-batches (shorter ranks repeat their last one with weight 0),
+  so expert-parallel collectives line up.
+* the proximal snapshot (`snapshot.py`) and checkpoints (`checkpointing.py`) as documented there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+from engine.trainer import checkpoint as ckpt
+from engine.trainer.base import LossFn, TrainBatch
+from engine.trainer.batch import split_micro_batches, trim_padding
+from engine.trainer.megatron import checkpointing as mckpt
+from engine.trainer.megatron.convert import SafetensorsSource, TensorGetter, hf_to_megatron, state_dict_getter
+from engine.trainer.megatron.export import current_shard_info, export_hf, iter_hf_tensors
+from engine.trainer.megatron.hf_config import load_arch
+from engine.trainer.megatron.inputs import pack_batch
+from engine.trainer.megatron.model import build_gpt_model
+from engine.trainer.megatron.optim import MainGradAdamW, MegatronDistOptimizer, OptimSettings
+from engine.trainer.megatron.parallel import ParallelLayout, init_model_parallel, init_process_group
+from engine.trainer.megatron.shims import apply_cpu_shims, seed_model_parallel_rng
+from engine.trainer.megatron.snapshot import ParamSnapshot, snapshot_targets
+from engine.trainer.megatron.vocab_parallel import vocab_parallel_log_probs
+
+log = logging.getLogger(__name__)
+
+EntropyMode = Literal["none", "metric", "grad"]
+_TENSOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask",
+                  "rollout_log_probs", "advantages", "old_log_probs", "ref_log_probs", "is_weights")
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def token_mass(micro: TrainBatch) -> float:
+    """Default micro-batch mass: its number of response tokens."""
+    return float(micro.response_mask.sum())
+
+
+def _resolve_dtype(dtype: str | torch.dtype | None, on_gpu: bool) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if on_gpu else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported (float32 | bfloat16)")
+    return _DTYPES[dtype]
+
+
+class MegatronTrainerBackend:
+    """Policy weights + optimizer of one Megatron trainer rank (see the module docstring)."""
+
+    def __init__(
+        self,
+        hf_model_dir: str,
+        *,
+        tp: int = 1,
+        pp: int = 1,
+        cp: int = 1,
+        ep: int = 1,
+        optim_cfg: Mapping[str, Any] | OptimSettings | None = None,
+        grad_clip: float = 1.0,
+        micro_batch_size: int = 8,
+        temperature: float = 1.0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        master_addr: str = "127.0.0.1",
+        master_port: int | None = None,
+        dtype: str | torch.dtype | None = None,
+        seed: int = 0,
+        entropy: EntropyMode = "metric",
+    ) -> None:
+        if micro_batch_size < 1:
+            raise ValueError("micro_batch_size must be >= 1")
+        if temperature <= 0:
+            raise ValueError("temperature must be > 0 (log-probs are taken at the rollout temperature)")
+        self.on_gpu = torch.cuda.is_available()
+        apply_cpu_shims()
+        self.hf_model_dir = str(hf_model_dir)
+        self.arch = load_arch(hf_model_dir)
+        rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+        world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+        self.layout = ParallelLayout(tp=tp, pp=pp, cp=cp, ep=ep, world_size=world_size)
+        self.layout.validate(on_gpu=self.on_gpu, num_experts=self.arch.num_experts,
+                             num_layers=self.arch.num_layers, num_query_groups=self.arch.num_query_groups)
+        if master_port is None:
+            env_port = os.environ.get("MASTER_PORT")
+            if env_port is None and world_size > 1:
+                raise ValueError("world_size > 1 needs master_port (or MASTER_PORT) shared by all ranks")
+            master_port = int(env_port) if env_port else free_port()
+        init_process_group(rank, world_size, master_addr, master_port)
+        init_model_parallel(self.layout)
+        seed_model_parallel_rng(seed)
+        self.rank = rank
+        self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
+        self.dtype = _resolve_dtype(dtype, self.on_gpu)
+        self.micro_batch_size = int(micro_batch_size)
+        self.temperature = float(temperature)
+        self.grad_clip = float(grad_clip)
+        self.entropy_mode: EntropyMode = entropy
+        self.optim_settings = OptimSettings.from_any(optim_cfg)
+        self.base_lr = self.optim_settings.lr
+        self.global_step = 0
+        self.extra_metrics: dict[str, float] = {}
+
+        self.model = build_gpt_model(self.arch, self.layout, self.dtype, self.on_gpu)
+        self.load_hf_weights(SafetensorsSource(hf_model_dir))
+        self.ddp = self._wrap_ddp(self.model)
+        if self.on_gpu:
+            self.optimizer: MainGradAdamW | MegatronDistOptimizer = MegatronDistOptimizer(
+                self.ddp, self.optim_settings, self.grad_clip, self.dtype)
+        else:
+            self.optimizer = MainGradAdamW(list(self.ddp.parameters()), self.optim_settings, self.grad_clip)
+        self.snapshot = ParamSnapshot(snapshot_targets(self.ddp))
+
+    # --- construction ----------------------------------------------------------------------------------
+    def _wrap_ddp(self, model: torch.nn.Module) -> torch.nn.Module:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+        cfg = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=self.on_gpu)
+        return DistributedDataParallel(model.config, cfg, module=model)
+
+    @torch.no_grad()
+    def load_hf_weights(self, source: TensorGetter | Mapping[str, torch.Tensor]) -> None:
+        """Copy HF weights (a tensor getter, e.g. `SafetensorsSource`, or an HF state dict) into this rank."""
+        get = state_dict_getter(source) if isinstance(source, Mapping) else source
+        params = dict(self.model.named_parameters())
+        seen: set[str] = set()
+        for name, tensor in hf_to_megatron(get, self.arch, current_shard_info()):
+            p = params.get(name)
+            if p is None:
+                raise KeyError(f"converted tensor {name!r} has no parameter in the Megatron model")
+            if tuple(p.shape) != tuple(tensor.shape):
+                raise ValueError(f"{name}: model shape {tuple(p.shape)} != converted {tuple(tensor.shape)}")
+            p.data.copy_(tensor.to(device=p.device, dtype=p.dtype))
+            seen.add(name)
+        missing = set(params) - seen
+        if missing:
+            raise KeyError(f"Megatron parameters without an HF source: {sorted(missing)[:5]}")
+
+    # --- collectives over ranks ------------------------------------------------------------------------
+    def _dp_group(self) -> Any:
+        from megatron.core import parallel_state as ps
+
+        return ps.get_data_parallel_group()
+
+    @property
+    def dp_size(self) -> int:
+        return self.layout.dp
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def _sum_over_dp(self, values: list[float]) -> list[float]:
+        if self.dp_size == 1 or not values:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, group=self._dp_group())
+        return t.tolist()
+
+    def _max_over_world(self, value: int) -> int:
+        if dist.get_world_size() == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.long, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def _barrier(self) -> None:
+        if dist.get_world_size() > 1:
+            dist.barrier()
+
+    # --- learning rate ---------------------------------------------------------------------------------
+    def set_lr(self, lr: float) -> None:
+        """Change the base learning rate (warm-up still applies) from the next step on."""
+        if not lr > 0:
+            raise ValueError("lr must be > 0")
+        self.base_lr = float(lr)
+
+    def current_lr(self) -> float:
+        return self.optim_settings.lr_at(self.global_step, self.base_lr)
+
+    # --- forward ---------------------------------------------------------------------------------------
+    def _to_device(self, batch: TrainBatch) -> TrainBatch:
+        kw = {n: None if getattr(batch, n) is None else getattr(batch, n).to(self.device) for n in _TENSOR_FIELDS}
+        return TrainBatch(**kw, meta=batch.meta)
+
+    def _forward(self, micro: TrainBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """log π(responses) [b, r] (fp32, differentiable) and entropy, for a trimmed micro-batch."""
+        inp = pack_batch(micro, multiple_of=self.layout.tp).to(self.device)
+        logits = self.ddp(inp.tokens, inp.position_ids, inp.attention_mask)  # [b, S, V/tp]
+        index = inp.response_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+        z = logits.gather(1, index).float() / self.temperature
+        return vocab_parallel_log_probs(z, micro.responses.to(self.device), self.arch.vocab_size, with_entropy)
+
+    @staticmethod
+    def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, width - t.shape[1])) if t.shape[1] < width else t
+
+    def compute_log_probs(self, batch: TrainBatch, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """log π_θ(response token) [B, R] in fp32 on CPU at the trainer temperature (0 on padding)."""
+        self.ddp.eval()
+        micros = split_micro_batches(batch, self.micro_batch_size)
+        steps = self._max_over_world(len(micros))
+        log_probs, entropies = [], []
+        with torch.no_grad():
+            for k in range(steps):
+                micro, width = trim_padding(micros[min(k, len(micros) - 1)])
+                lp, ent = self._forward(micro, with_entropy)
+                if k < len(micros):
+                    log_probs.append(self._pad_to(lp, width).cpu())
+                    if ent is not None:
+                        entropies.append(self._pad_to(ent, width).cpu())
+        mask = batch.response_mask.to(torch.float32)
+        return torch.cat(log_probs) * mask, (torch.cat(entropies) * mask if with_entropy else None)
+
+    # --- update ----------------------------------------------------------------------------------------
+    def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer update over `batch` (see the module docstring for the accumulation weights)."""
+        from megatron.core.distributed import finalize_model_grads
+
+        start = time.perf_counter()
+        self.ddp.train()
+        micros = split_micro_batches(batch, self.micro_batch_size)
+        mass_fn: Callable[[TrainBatch], float] = batch.meta.get("micro_weight_fn") or token_mass
+        masses = [float(mass_fn(m)) for m in micros]
+        total_mass, total_tokens = self._sum_over_dp([sum(masses), float(batch.response_mask.sum())])
+        steps = self._max_over_world(len(micros))
+        needs_entropy = bool(getattr(loss_fn, "needs_entropy", False))
+        with_entropy = needs_entropy or self.entropy_mode != "none"
+        entropy_grad = needs_entropy or self.entropy_mode == "grad"
+        self.ddp.zero_grad_buffer()
+        sums: dict[str, float] = defaultdict(float)
+        for k in range(steps):
+            real = k < len(micros)
+            micro, _ = trim_padding(micros[min(k, len(micros) - 1)])
+            micro = self._to_device(micro)
+            weight = masses[k] / total_mass if real and total_mass > 0 else 0.0
+            log_probs, entropy = self._forward(micro, with_entropy)
+            if entropy is not None and not entropy_grad:
+                entropy = entropy.detach()
+            loss, metrics = loss_fn(log_probs, entropy, micro)
+            (loss * (weight * self.dp_size)).backward()
+            sums["actor/loss"] += weight * float(loss.detach())
+            for name, value in metrics.items():
+                sums[name] += weight * float(value)
+        finalize_model_grads([self.ddp])
+        lr = self.current_lr()
+        grad_norm, applied = (0.0, False) if total_mass <= 0 else self.optimizer.step(lr)
+        skipped = not applied
+        if not skipped:
+            self.global_step += 1
+        self.ddp.zero_grad_buffer()
+        names = sorted(sums)
+        out = dict(zip(names, self._sum_over_dp([sums[n] for n in names])))
+        out.update({
+            "actor/grad_norm": grad_norm,
+            "actor/lr": lr,
+            "actor/skipped_step": float(skipped),
+            "actor/micro_batches": float(steps),
+            "actor/response_tokens": total_tokens,
+            "actor/optimizer_step": float(self.global_step),
+            "timing_s/update_actor": time.perf_counter() - start,
+        })
+        out.update(self.extra_metrics)
+        self.extra_metrics = {}
+        return out
+
+    # --- proximal policy snapshot ----------------------------------------------------------------------
+    def snapshot_params(self) -> None:
+        """Copy every parameter (dense and expert-parallel DDP buffers) to host memory (pinned on GPU hosts)."""
+        seconds = self.snapshot.take()
+        self.extra_metrics["timing_s/prox_snapshot"] = seconds
+        self.extra_metrics["asyncrl/prox_snapshot_bytes"] = float(self.snapshot.nbytes)
+        log.debug("proximal snapshot v%d: %.1f MiB in %.4fs", self.snapshot.version,
+                  self.snapshot.nbytes / 2**20, seconds)
+
+    def proximal_log_probs(self, batch: TrainBatch) -> torch.Tensor:
+        """log π_prox [B, R]: swap the snapshot in, compute, swap the live weights back bit-exactly.
+        The swap and forward times appear in the next `train_step`'s metrics."""
+        start = time.perf_counter()
+        with self.snapshot.swapped_in():
+            log_probs, _ = self.compute_log_probs(batch)
+        stats = self.snapshot.stats
+        self.extra_metrics["timing_s/prox_swap"] = stats.get("swap_in_s", 0.0) + stats.get("swap_back_s", 0.0)
+        self.extra_metrics["timing_s/prox_log_probs"] = time.perf_counter() - start
+        log.debug("proximal log-probs: swap %.4fs, total %.4fs", self.extra_metrics["timing_s/prox_swap"],
+                  self.extra_metrics["timing_s/prox_log_probs"])
+        return log_probs
+
+    # --- weights out -----------------------------------------------------------------------------------
+    def export_weights(self, bucket_bytes: int) -> Iterator[dict[str, np.ndarray]]:
+        """HF-named numpy buckets (tied `lm_head.weight` included). Every rank must iterate it (the gathers
+        are collective); only rank 0 yields buckets."""
+        for bucket in export_hf(self.model, self.arch, bucket_bytes):
+            if self.is_main:
+                yield bucket
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full HF-named weights on CPU (collective; every rank gets them)."""
+        return {name: t.detach().cpu().clone() for name, t in iter_hf_tensors(self.model, self.arch)}
+
+    # --- checkpoints -----------------------------------------------------------------------------------
+    def save(self, path: str) -> None:
+        """Write weights (HF names), optimizer, proximal snapshot and RNG states to directory `path`."""
+        weights = self.hf_state_dict()
+        if self.arch.tie_word_embeddings:
+            weights.pop("lm_head.weight", None)
+        staging = ckpt.staging_dir(path, f"step{self.global_step}") if self.is_main else None
+        self._barrier()
+        staging = staging or mckpt.staging_path(path, self.global_step)
+        if self.is_main:
+            save_file({k: v.contiguous() for k, v in weights.items()}, str(staging / ckpt.MODEL_FILE),
+                      metadata={"format": "pt"})
+            state = {"global_step": self.global_step, "base_lr": self.base_lr, "backend": "megatron",
+                     "layout": [self.layout.tp, self.layout.pp, self.layout.cp, self.layout.ep,
+                                self.layout.world_size]}
+            (staging / ckpt.STATE_FILE).write_text(json.dumps(state))
+        torch.save(self.optimizer.state_dict(), staging / mckpt.optimizer_file(self.rank))
+        self.optimizer.save_extra(str(staging / f"optimizer_params_rank{self.rank}.pt"))
+        if self.snapshot.taken:
+            torch.save({"version": self.snapshot.version, "tensors": self.snapshot.state()},
+                       staging / mckpt.prox_file(self.rank))
+        torch.save(mckpt.capture_rng_with_tracker(), staging / ckpt.rng_file(self.rank))
+        self._barrier()
+        if self.is_main:
+            ckpt.publish(staging, path)
+        self._barrier()
+
+    def load(self, path: str) -> None:
+        """Restore what `save` wrote. Weights re-shard to any layout; the optimizer needs the same layout."""
+        root = Path(path)
+        state = json.loads((root / ckpt.STATE_FILE).read_text())
+        layout = [self.layout.tp, self.layout.pp, self.layout.cp, self.layout.ep, self.layout.world_size]
+        if state.get("layout") != layout:
+            raise ValueError(f"checkpoint layout (tp, pp, cp, ep, world) {state.get('layout')} != {layout}")
+        self.load_hf_weights(SafetensorsSource(root))
+        self.optimizer.load_state_dict(
+            torch.load(root / mckpt.optimizer_file(self.rank), map_location="cpu", weights_only=False))
+        self.optimizer.load_extra(str(root / f"optimizer_params_rank{self.rank}.pt"))
+        prox = root / mckpt.prox_file(self.rank)
+        if prox.exists():
+            saved = torch.load(prox, map_location="cpu", weights_only=False)
+            self.snapshot.restore_state(saved["tensors"])
+            self.snapshot.version = int(saved["version"])
+        else:
+            self.snapshot.clear()
+        self.global_step = int(state["global_step"])
+        self.base_lr = float(state["base_lr"])
+        rng = root / ckpt.rng_file(self.rank)
+        if rng.exists():
+            mckpt.restore_rng_with_tracker(torch.load(rng, map_location="cpu", weights_only=False))
+        self._barrier()
+
+    def __repr__(self) -> str:
+        l = self.layout
+        return (f"MegatronTrainerBackend({self.arch.model_type}, tp={l.tp}, ep={l.ep}, dp={l.dp}, "
+                f"dtype={self.dtype}, rank={self.rank})")

@@ -1,0 +1,91 @@
+"""Megatron parameters → full HF-named tensors (weight sync to the rollout, and checkpoint export).
+
+Each TP-split tensor is all-gathered over its split group (TP, or expert-TP for experts) and merged by
+`convert.megatron_to_hf`; routed experts are then all-gathered over the EP group, local expert j of EP
+rank e being global expert e·E/ep + j. Every rank takes part in the collectives and every rank yields the
+same full tensors (the caller keeps one rank's output). `lm_head.weight` is always included — for tied
+embeddings it is the embedding matrix — because vLLM leaves the LM head stale otherwise.
+
+Numpy export: numpy has no bfloat16, so bf16 tensors are exported as float32 arrays (exact widening).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from engine.sync.buckets import Bucket, bucketize
+from engine.trainer.megatron.convert import ShardInfo, megatron_rules, megatron_to_hf
+from engine.trainer.megatron.hf_config import ArchSpec
+
+_EXPERT = re.compile(r"\.experts\.(\d+)\.")
+
+
+def _all_gather(t: torch.Tensor, group: object, size: int) -> list[torch.Tensor]:
+    if size == 1:
+        return [t]
+    t = t.contiguous()
+    out = [torch.empty_like(t) for _ in range(size)]
+    dist.all_gather(out, t, group=group)
+    return out
+
+
+def current_shard_info() -> ShardInfo:
+    """This rank's TP / expert-TP / EP coordinates from Megatron's parallel state."""
+    from megatron.core import parallel_state as ps
+
+    return ShardInfo(
+        tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=ps.get_tensor_model_parallel_world_size(),
+        etp_rank=ps.get_expert_tensor_parallel_rank(), etp_size=ps.get_expert_tensor_parallel_world_size(),
+        ep_rank=ps.get_expert_model_parallel_rank(), ep_size=ps.get_expert_model_parallel_world_size(),
+    )
+
+
+@torch.no_grad()
+def iter_hf_tensors(model: torch.nn.Module, arch: ArchSpec) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, full tensor) for every HF weight, gathered from all TP / EP ranks (`model`: a GPTModel)."""
+    from megatron.core import parallel_state as ps
+
+    info = current_shard_info()
+    params = dict(model.named_parameters())
+    tp_group, etp_group, ep_group = (ps.get_tensor_model_parallel_group(), ps.get_expert_tensor_parallel_group(),
+                                     ps.get_expert_model_parallel_group())
+    per_rank = arch.num_experts // info.ep_size if arch.num_experts else 0
+    embed: torch.Tensor | None = None
+    for rule in megatron_rules(arch, info.ep_rank, info.ep_size):
+        local = params[rule.megatron].detach()
+        if rule.kind == "replicated":
+            shards = [local]
+        elif rule.expert:
+            shards = _all_gather(local, etp_group, info.etp_size)
+        else:
+            shards = _all_gather(local, tp_group, info.tp_size)
+        for name, tensor in megatron_to_hf(rule, shards, arch):
+            if rule.expert and info.ep_size > 1:
+                j = int(_EXPERT.search(name).group(1)) - info.ep_rank * per_rank
+                for e, t in enumerate(_all_gather(tensor, ep_group, info.ep_size)):
+                    yield _EXPERT.sub(f".experts.{e * per_rank + j}.", name, count=1), t
+            else:
+                if name == "model.embed_tokens.weight":
+                    embed = tensor
+                yield name, tensor
+    if arch.tie_word_embeddings:
+        assert embed is not None
+        yield "lm_head.weight", embed
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A host numpy copy (bf16/fp16-bf16 widened to float32 where numpy lacks the dtype)."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        t = t.float()
+    return t.cpu().contiguous().numpy().copy()
+
+
+def export_hf(model: torch.nn.Module, arch: ArchSpec, bucket_bytes: int) -> Iterator[Bucket]:
+    """HF-named numpy buckets of ~`bucket_bytes` (see `engine.sync.buckets.bucketize`)."""
+    return bucketize(((n, to_numpy(t)) for n, t in iter_hf_tensors(model, arch)), bucket_bytes)

@@ -1,0 +1,102 @@
+"""Process groups for the Megatron backend: torch.distributed (gloo on CPU, nccl on GPU) and Megatron's
+model-parallel groups.
+
+World layout (Megatron's): world = TP × CP × PP × DP, and expert parallelism is carved out of DP × CP
+(EP must divide DP × CP; the expert-data-parallel size is DP × CP / EP). On CPU only TP, EP and DP are
+available: pipeline parallelism needs Megatron's CUDA p2p schedule and context parallelism needs
+Transformer Engine's attention, so PP > 1 or CP > 1 on CPU is rejected up front with a clear error.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+class ParallelConfigError(ValueError):
+    """The requested parallel layout is invalid or not available on this device."""
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """Sizes of each parallel dimension; `dp` is derived from the world size."""
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    world_size: int = 1
+
+    @property
+    def dp(self) -> int:
+        return self.world_size // (self.tp * self.pp * self.cp)
+
+    def validate(self, *, on_gpu: bool, num_experts: int = 0, num_layers: int = 0,
+                 num_query_groups: int = 0) -> None:
+        """Raise `ParallelConfigError` if this layout cannot run (here, or at all)."""
+        for name in ("tp", "pp", "cp", "ep", "world_size"):
+            if getattr(self, name) < 1:
+                raise ParallelConfigError(f"{name} must be >= 1")
+        if self.world_size % (self.tp * self.pp * self.cp):
+            raise ParallelConfigError(
+                f"world_size {self.world_size} is not divisible by tp×pp×cp = {self.tp * self.pp * self.cp}")
+        if not on_gpu and self.pp > 1:
+            raise ParallelConfigError("pipeline parallelism (pp > 1) needs CUDA; on CPU use pp = 1")
+        if self.pp > 1:
+            raise ParallelConfigError("pipeline parallelism (pp > 1) is not implemented by this backend yet")
+        if self.cp > 1:
+            raise ParallelConfigError(
+                "context parallelism (cp > 1) needs Transformer Engine attention; this backend uses "
+                "Megatron's local attention, so use cp = 1")
+        if (self.dp * self.cp) % self.ep:
+            raise ParallelConfigError(f"ep {self.ep} must divide dp×cp = {self.dp * self.cp}")
+        if self.ep > 1 and not num_experts:
+            raise ParallelConfigError("ep > 1 needs a mixture-of-experts model")
+        if num_experts and num_experts % self.ep:
+            raise ParallelConfigError(f"num_experts {num_experts} is not divisible by ep {self.ep}")
+        if num_query_groups and num_query_groups % self.tp:
+            raise ParallelConfigError(f"num_key_value_heads {num_query_groups} is not divisible by tp {self.tp}")
+        if num_layers and num_layers % self.pp:
+            raise ParallelConfigError(f"num_layers {num_layers} is not divisible by pp {self.pp}")
+
+
+def collective_backend() -> str:
+    """nccl when CUDA is usable, gloo otherwise."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int) -> None:
+    """Initialise torch.distributed once per process (a no-op when already initialised with this world)."""
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size or dist.get_rank() != rank:
+            raise ParallelConfigError(
+                f"torch.distributed is already initialised as rank {dist.get_rank()}/{dist.get_world_size()}, "
+                f"not {rank}/{world_size}")
+        return
+    if torch.cuda.is_available():
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    os.environ.setdefault("MASTER_ADDR", master_addr)
+    os.environ.setdefault("MASTER_PORT", str(master_port))
+    dist.init_process_group(
+        collective_backend(), init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size)
+
+
+def init_model_parallel(layout: ParallelLayout) -> None:
+    """Create Megatron's TP/PP/CP/EP/DP groups for `layout`, reusing them if they already match."""
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        current = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+                   ps.get_context_parallel_world_size(), ps.get_expert_model_parallel_world_size())
+        if current == (layout.tp, layout.pp, layout.cp, layout.ep):
+            return
+        ps.destroy_model_parallel()
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        context_parallel_size=layout.cp,
+        expert_model_parallel_size=layout.ep,
+    )

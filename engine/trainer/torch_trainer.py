@@ -1,0 +1,347 @@
+"""The `torch` trainer backend: a transformers causal LM, AdamW, micro-batched gradient accumulation.
+
+One `train_step(batch, loss_fn)` is one optimizer update. The batch is split into micro-batches
+b_1 … b_k of `micro_batch_size` rows; `loss_fn` returns a loss L_i normalised *within* b_i (token-mean,
+seq-mean, …). Each micro-batch gets a mass m_i — `batch.meta["micro_weight_fn"](b_i)` if the loss supplies
+one, else its count of response tokens Σ response_mask — and the accumulated gradient is
+
+    g = Σ_i (m_i / Σ_j m_j) ∇L_i
+
+which equals the gradient of the same loss computed over the whole batch at once (for token-mean use
+token counts, for seq-mean-* use row counts). Then the pre-clip global norm ‖g‖ is logged as
+`actor/grad_norm`, g is clipped to `grad_clip`, and AdamW steps at the warmup-scheduled lr (`optim.py`).
+A step whose gradient is non-finite, or whose total mass is 0, is skipped (`actor/skipped_step` = 1).
+
+The distributed subclass (`fsdp.py`) only overrides the hooks marked "distributed hook".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from engine.sync.buckets import bucketize
+from engine.trainer import checkpoint as ckpt
+from engine.trainer.base import LossFn, TrainBatch
+from engine.trainer.batch import split_micro_batches, trim_padding
+from engine.trainer.logprobs import response_log_probs
+from engine.trainer.optim import OptimConfig, build_optimizer, set_lr, warmup_lr
+
+EntropyMode = Literal["none", "metric", "grad"]
+MicroWeightFn = Callable[[TrainBatch], float]
+
+_TENSOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask",
+                  "rollout_log_probs", "advantages", "old_log_probs", "ref_log_probs", "is_weights")
+
+
+def token_mass(micro: TrainBatch) -> float:
+    """Default micro-batch mass: its number of response tokens."""
+    return float(micro.response_mask.sum())
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A CPU numpy copy (bf16 is widened to fp32: numpy has no bfloat16; the receiver casts back)."""
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        t = t.float()
+    return t.numpy().copy()
+
+
+def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
+    """alias → canonical name for parameters registered under several names (tied embeddings)."""
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            aliases[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return aliases
+
+
+class TorchTrainerBackend:
+    """`TrainerBackend` for one process (the FSDP2 subclass handles several)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        optim_cfg: Mapping[str, Any],
+        grad_clip: float = 1.0,
+        micro_batch_size: int = 8,
+        temperature: float = 1.0,
+        device: str | torch.device = "cpu",
+        entropy: EntropyMode = "metric",
+    ) -> None:
+        if micro_batch_size < 1:
+            raise ValueError("micro_batch_size must be >= 1")
+        if temperature <= 0:
+            raise ValueError("temperature must be > 0 (log-probs are taken at the rollout temperature)")
+        self.device = torch.device(device)
+        self.optim_cfg = OptimConfig.from_dict(optim_cfg)
+        self.grad_clip = float(grad_clip)
+        self.micro_batch_size = int(micro_batch_size)
+        self.temperature = float(temperature)
+        self.entropy_mode: EntropyMode = entropy
+        self.aliases = tied_aliases(model)
+        self.model = self._prepare_model(model.to(self.device))
+        self.optimizer = build_optimizer(self.model.parameters(), self.optim_cfg)
+        self.base_lr = self.optim_cfg.lr
+        self.global_step = 0
+        self.extra_metrics: dict[str, float] = {}
+        self._snapshot: list[torch.Tensor] | None = None
+        self._live: list[torch.Tensor] | None = None
+
+    # --- distributed hooks (identity for one process) --------------------------------------------------
+    def _prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
+
+    def _sum_across_ranks(self, values: list[float]) -> list[float]:
+        return values
+
+    def _max_across_ranks(self, value: int) -> int:
+        return value
+
+    def _grad_scale(self) -> float:
+        """Factor that turns the ranks' gradient reduction into a sum (FSDP averages over ranks)."""
+        return 1.0
+
+    def _set_grad_sync(self, enabled: bool) -> None:
+        pass
+
+    def _local_params(self) -> list[torch.Tensor]:
+        return [p.detach() for p in self.model.parameters()]
+
+    def _barrier(self) -> None:
+        pass
+
+    @property
+    def rank(self) -> int:
+        return 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def _state_dict_options(self, loading: bool = False) -> StateDictOptions:
+        return StateDictOptions(full_state_dict=True, cpu_offload=not loading)
+
+    # --- learning rate ----------------------------------------------------------------------------------
+    def set_lr(self, lr: float) -> None:
+        """Change the base learning rate (the warmup factor still applies) from the next step on."""
+        if not lr > 0:
+            raise ValueError("lr must be > 0")
+        self.base_lr = float(lr)
+
+    def current_lr(self) -> float:
+        return warmup_lr(self.base_lr, self.global_step, self.optim_cfg.warmup_steps)
+
+    # --- forward ----------------------------------------------------------------------------------------
+    def _to_device(self, batch: TrainBatch) -> TrainBatch:
+        kw = {name: None if getattr(batch, name) is None else getattr(batch, name).to(self.device) for name in _TENSOR_FIELDS}
+        return TrainBatch(**kw, meta=batch.meta)
+
+    def _prepare(self, micro: TrainBatch) -> tuple[TrainBatch, int]:
+        """Trim all-padding columns and move to the device; returns the batch and the original width R."""
+        trimmed, r_full = trim_padding(micro)
+        return self._to_device(trimmed), r_full
+
+    def _log_probs(self, micro: TrainBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return response_log_probs(
+            self.model, micro.input_ids, micro.attention_mask, micro.position_ids, micro.responses,
+            self.temperature, with_entropy, entropy_grad=self.entropy_mode == "grad",
+        )
+
+    @staticmethod
+    def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, width - t.shape[1])) if t.shape[1] < width else t
+
+    def compute_log_probs(self, batch: TrainBatch, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """log π_θ(response token) [B, R] in fp32 on CPU, at the trainer temperature (0 on padding)."""
+        self.model.eval()
+        micros = split_micro_batches(batch, self.micro_batch_size)
+        steps = self._max_across_ranks(len(micros))
+        log_probs, entropies = [], []
+        with torch.no_grad():
+            for k in range(steps):
+                micro, width = self._prepare(micros[min(k, len(micros) - 1)])
+                lp, ent = self._log_probs(micro, with_entropy)
+                if k < len(micros):
+                    log_probs.append(self._pad_to(lp, width).cpu())
+                    if ent is not None:
+                        entropies.append(self._pad_to(ent, width).cpu())
+        mask = batch.response_mask.to(torch.float32)
+        out = torch.cat(log_probs) * mask
+        return out, (torch.cat(entropies) * mask if with_entropy else None)
+
+    # --- update -----------------------------------------------------------------------------------------
+    def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer update over `batch` (see the module docstring for the accumulation weights)."""
+        start = time.perf_counter()
+        self.model.train()
+        micros = split_micro_batches(batch, self.micro_batch_size)
+        mass_fn: MicroWeightFn = batch.meta.get("micro_weight_fn") or token_mass
+        masses = [float(mass_fn(m)) for m in micros]
+        total_mass, total_tokens = self._sum_across_ranks([sum(masses), float(batch.response_mask.sum())])
+        steps = self._max_across_ranks(len(micros))
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = defaultdict(float)
+        for k in range(steps):
+            real = k < len(micros)
+            micro, _ = self._prepare(micros[min(k, len(micros) - 1)])
+            weight = masses[k] / total_mass if real and total_mass > 0 else 0.0
+            self._set_grad_sync(k == steps - 1)
+            log_probs, entropy = self._log_probs(micro, self.entropy_mode != "none")
+            loss, metrics = loss_fn(log_probs, entropy, micro)
+            (loss * (weight * self._grad_scale())).backward()
+            sums["actor/loss"] += weight * float(loss.detach())
+            for name, value in metrics.items():
+                sums[name] += weight * float(value)
+        grad_norm = self._clip_gradients()
+        skipped = total_mass <= 0 or not math.isfinite(grad_norm)
+        lr = self.current_lr()
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            set_lr(self.optimizer, lr)
+            self.optimizer.step()
+            self.global_step += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        names = sorted(sums)
+        reduced = dict(zip(names, self._sum_across_ranks([sums[n] for n in names])))
+        reduced.update({
+            "actor/grad_norm": grad_norm,
+            "actor/lr": lr,
+            "actor/skipped_step": float(skipped),
+            "actor/micro_batches": float(steps),
+            "actor/response_tokens": total_tokens,
+            "actor/optimizer_step": float(self.global_step),
+            "timing_s/update_actor": time.perf_counter() - start,
+        })
+        reduced.update(self.extra_metrics)
+        self.extra_metrics = {}
+        return reduced
+
+    def _clip_gradients(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    # --- proximal policy snapshot ----------------------------------------------------------------------
+    def _cpu_buffers(self) -> list[torch.Tensor]:
+        pin = torch.cuda.is_available()
+        return [torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=pin) for p in self._local_params()]
+
+    def snapshot_params(self) -> None:
+        """Copy the current parameters (this rank's shards) to CPU — pinned when CUDA is available."""
+        params = self._local_params()
+        if self._snapshot is None:
+            self._snapshot = self._cpu_buffers()
+        with torch.no_grad():
+            for dst, src in zip(self._snapshot, params):
+                dst.copy_(src)
+
+    def proximal_log_probs(self, batch: TrainBatch) -> torch.Tensor:
+        """log π_prox [B, R] under the snapshot; the live weights are copied aside and restored bit-exactly.
+        The copy time is stored as `timing_s/prox_swap` in the next `train_step`'s metrics."""
+        if self._snapshot is None:
+            raise RuntimeError("proximal_log_probs needs snapshot_params() first")
+        start = time.perf_counter()
+        params = self._local_params()
+        if self._live is None:
+            self._live = self._cpu_buffers()
+        with torch.no_grad():
+            for live, p, snap in zip(self._live, params, self._snapshot):
+                live.copy_(p)
+                p.copy_(snap)
+        swap_seconds = time.perf_counter() - start
+        try:
+            log_probs, _ = self.compute_log_probs(batch)
+        finally:
+            restore_start = time.perf_counter()
+            with torch.no_grad():
+                for live, p in zip(self._live, params):
+                    p.copy_(live)
+            swap_seconds += time.perf_counter() - restore_start
+        self.extra_metrics["timing_s/prox_swap"] = swap_seconds
+        self.extra_metrics["timing_s/prox_log_probs"] = time.perf_counter() - start
+        return log_probs
+
+    # --- weights out ------------------------------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) weights in HF names on CPU, tied aliases included; empty on ranks ≠ 0."""
+        state = get_model_state_dict(self.model, options=self._state_dict_options())
+        if not self.is_main:
+            return {}
+        for alias, canonical in self.aliases.items():
+            if alias not in state and canonical in state:
+                state[alias] = state[canonical]
+        return state
+
+    def export_weights(self, bucket_bytes: int) -> Iterator[dict[str, np.ndarray]]:
+        """HF-named numpy copies of the weights (tied `lm_head.weight` included) in ~`bucket_bytes` buckets.
+        Every rank must iterate it (the gather is collective); only rank 0 yields buckets."""
+        state = self.full_state_dict()
+        yield from bucketize(((name, to_numpy(t)) for name, t in state.items()), bucket_bytes)
+
+    # --- checkpoints ------------------------------------------------------------------------------------
+    def save(self, path: str) -> None:
+        """Write weights, optimizer and RNG states to directory `path` atomically (see `checkpoint.py`)."""
+        weights = self.full_state_dict()
+        optim_state = get_optimizer_state_dict(self.model, self.optimizer, options=self._state_dict_options())
+        staging = ckpt.staging_dir(path, f"step{self.global_step}") if self.is_main else None
+        self._barrier()
+        staging = staging or Path(f"{str(path).rstrip('/')}.tmp-step{self.global_step}")
+        if self.is_main:
+            unique = {k: v.detach().contiguous().clone() for k, v in weights.items() if k not in self.aliases}
+            save_file(unique, str(staging / ckpt.MODEL_FILE), metadata={"format": "pt"})
+            torch.save(optim_state, staging / ckpt.OPTIMIZER_FILE)
+            (staging / ckpt.STATE_FILE).write_text(json.dumps({"global_step": self.global_step, "base_lr": self.base_lr}))
+        torch.save(ckpt.capture_rng(), staging / ckpt.rng_file(self.rank))
+        self._barrier()
+        if self.is_main:
+            ckpt.publish(staging, path)
+        self._barrier()
+
+    def load(self, path: str) -> None:
+        """Restore what `save` wrote (same model architecture; the world size may differ for the weights
+        and optimizer, RNG states are restored for ranks that have a file)."""
+        root = Path(path)
+        options = self._state_dict_options(loading=True)
+        weights: dict[str, torch.Tensor] = {}
+        optim_state: dict[str, Any] = {}
+        if self.is_main or not options.broadcast_from_rank0:
+            weights = load_file(str(root / ckpt.MODEL_FILE))
+            for alias, canonical in self.aliases.items():
+                weights.setdefault(alias, weights[canonical])
+            optim_state = torch.load(root / ckpt.OPTIMIZER_FILE, map_location="cpu", weights_only=False)
+        set_model_state_dict(self.model, weights, options=options)
+        set_optimizer_state_dict(self.model, self.optimizer, optim_state, options=options)
+        state = json.loads((root / ckpt.STATE_FILE).read_text())
+        self.global_step = int(state["global_step"])
+        self.base_lr = float(state["base_lr"])
+        rng_path = root / ckpt.rng_file(self.rank)
+        if rng_path.exists():
+            ckpt.restore_rng(torch.load(rng_path, map_location="cpu", weights_only=False))
+        self._snapshot = None

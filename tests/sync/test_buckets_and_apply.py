@@ -1,0 +1,54 @@
+"""Bucketing of named arrays and the receiving copy into a model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.sync import bucket_nbytes, bucketize, load_buckets_into
+
+
+def arrays(sizes: list[int]) -> list[tuple[str, np.ndarray]]:
+    return [(f"w{i}", np.full(n, i, dtype=np.float32)) for i, n in enumerate(sizes)]
+
+
+def test_buckets_respect_the_bound_keep_order_and_lose_nothing() -> None:
+    named = arrays([10, 20, 5, 100, 1, 1, 30])
+    buckets = list(bucketize(named, bucket_bytes=120))
+    assert [list(b) for b in buckets] == [["w0", "w1"], ["w2"], ["w3"], ["w4", "w5", "w6"]]
+    for b in buckets:
+        assert bucket_nbytes(b) <= 120 or len(b) == 1
+    flat = [(n, a) for b in buckets for n, a in b.items()]
+    assert [n for n, _ in flat] == [n for n, _ in named]
+    assert all(a is b for (_, a), (_, b) in zip(flat, named))
+
+
+def test_oversized_array_travels_alone_and_zero_means_one_bucket() -> None:
+    assert [list(b) for b in bucketize(arrays([1, 1000, 1]), 16)] == [["w0"], ["w1"], ["w2"]]
+    assert len(list(bucketize(arrays([1, 1000, 1]), 0))) == 1
+    with pytest.raises(ValueError):
+        list(bucketize([("a", np.zeros(1)), ("a", np.zeros(1))], 100))
+
+
+def test_load_buckets_into_copies_read_only_arrays_and_tied_weights(tiny_lm) -> None:
+    src, dst = tiny_lm(seed=1), tiny_lm(seed=2)
+    named = []
+    for name, t in src.state_dict().items():
+        a = t.numpy().copy()
+        a.setflags(write=False)  # as returned by Ray's object store
+        named.append((name, a))
+    copied = load_buckets_into(dst, bucketize(named, 50_000))
+    assert copied == sum(a.nbytes for _, a in named)
+    for (name, a), (_, b) in zip(src.state_dict().items(), dst.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert dst.lm_head.weight is dst.model.embed_tokens.weight
+
+
+def test_load_buckets_into_rejects_unknown_names_and_shapes(tiny_lm) -> None:
+    model = tiny_lm()
+    with pytest.raises(KeyError):
+        load_buckets_into(model, [{"nope.weight": np.zeros(3, dtype=np.float32)}])
+    assert load_buckets_into(model, [{"nope.weight": np.zeros(3, dtype=np.float32)}], strict=False) == 0
+    with pytest.raises(ValueError):
+        load_buckets_into(model, [{"model.norm.weight": np.zeros(3, dtype=np.float32)}])

@@ -1,0 +1,60 @@
+"""Shared helpers for the trainer tests: random padded batches and simple policy-gradient losses."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.trainer.base import TrainBatch
+from engine.trainer.batch import collate
+from engine.types import Trajectory
+
+PAD, EOS, VOCAB = 0, 1, 32
+
+
+def build_tiny_lm(seed: int = 0, layers: int = 2) -> torch.nn.Module:
+    """Qwen2 with hidden 128, 2 heads of dim 64, 1 KV head, tied embeddings, deterministic in `seed`."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=512, num_hidden_layers=layers,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
+        tie_word_embeddings=True, initializer_range=0.1, pad_token_id=PAD, eos_token_id=EOS,
+        bos_token_id=EOS,
+    )
+    return Qwen2ForCausalLM(config).eval()
+
+
+def random_batch(rows: int = 10, seed: int = 0, max_prompt: int = 7, max_response: int = 6) -> TrainBatch:
+    """Random prompts/responses of varied lengths (some ending in EOS) with random advantages."""
+    gen = torch.Generator().manual_seed(seed)
+    items = []
+    for _ in range(rows):
+        p = int(torch.randint(2, max_prompt + 1, (1,), generator=gen))
+        r = int(torch.randint(1, max_response + 1, (1,), generator=gen))
+        response = torch.randint(2, 32, (r,), generator=gen).tolist()
+        if bool(torch.rand(1, generator=gen) < 0.5):
+            response[-1] = EOS
+        items.append((torch.randint(2, 32, (p,), generator=gen).tolist(),
+                      Trajectory(response, [-1.0] * r, "stop", 0, 0)))
+    batch = collate(items, pad_token_id=PAD)
+    batch.advantages = torch.randn(batch.responses.shape, generator=gen) * batch.response_mask
+    return batch
+
+
+def token_mean_pg_loss(log_probs: torch.Tensor, entropy: torch.Tensor | None, mb: TrainBatch):
+    """REINFORCE, token-mean within the micro-batch: −Σ A·log π·m / Σ m."""
+    mask = mb.response_mask
+    loss = -(mb.advantages * log_probs * mask).sum() / mask.sum().clamp(min=1.0)
+    metrics = {"actor/pg_loss": float(loss.detach())}
+    if entropy is not None:
+        metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1.0))
+    return loss, metrics
+
+
+def seq_mean_pg_loss(log_probs: torch.Tensor, entropy: torch.Tensor | None, mb: TrainBatch):
+    """REINFORCE, seq-mean-token-mean within the micro-batch: −mean_rows(Σ_t A·log π·m / Σ_t m)."""
+    mask = mb.response_mask
+    per_row = (mb.advantages * log_probs * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    loss = -per_row.mean()
+    return loss, {"actor/pg_loss": float(loss.detach())}
