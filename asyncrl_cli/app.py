@@ -96,7 +96,7 @@ _register_optional()
 
 
 def main() -> None:
-    """Console-script entry: run the app; unexpected errors become one line (ASYNCRL_DEBUG=1 for the trace)."""
+    """Console-script entry; unexpected errors become one line (ASYNCRL_DEBUG=1 shows the trace)."""
     try:
         app()
     except AsyncrlError as e:
@@ -107,6 +107,10 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001 - the last line of defence: never a traceback for users
         if debug_enabled():
             raise
-        report_error(AsyncrlError(f"internal error: {type(e).__name__}: {e}",
-                                  "set ASYNCRL_DEBUG=1 to see the traceback, and please report it"))
+        report_error(
+            AsyncrlError(
+                f"internal error: {type(e).__name__}: {e}",
+                "set ASYNCRL_DEBUG=1 to see the traceback, and please report it",
+            )
+        )
         raise SystemExit(1) from None

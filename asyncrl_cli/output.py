@@ -18,8 +18,9 @@ PIPE_WIDTH = 160
 def _console(stderr: bool) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     tty = stream.isatty()
-    return Console(file=stream, stderr=stderr, width=None if tty else PIPE_WIDTH, soft_wrap=not tty,
-                   highlight=False)
+    return Console(
+        file=stream, stderr=stderr, width=None if tty else PIPE_WIDTH, soft_wrap=not tty, highlight=False
+    )
 
 
 def stdout_console() -> Console:
@@ -36,5 +37,3 @@ def emit_json(obj: Any) -> None:
     """Write one JSON document to stdout."""
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
     sys.stdout.flush()
-
-

@@ -1,4 +1,4 @@
-"""Human-readable rendering of an `Analysis`: problems, model, derived sizes, memory, provenance, placement."""
+"""Human-readable rendering of an `Analysis`: problems, model, sizes, memory, provenance, placement."""
 
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ def render_problems(con: Console, problems: list[Problem]) -> None:
     for p in problems:
         key = f"  [bold]{escape(p.key)}[/]" if p.key else ""
         hint = f"  [dim]— {escape(p.hint)}[/]" if p.hint else ""
-        con.print(f"[{_STYLE[p.severity]}]{p.severity:<7}[/] {escape(p.where)}{key}  {escape(p.message)}{hint}")
+        con.print(
+            f"[{_STYLE[p.severity]}]{p.severity:<7}[/] {escape(p.where)}{key}  {escape(p.message)}{hint}"
+        )
 
 
 def render_headline(con: Console, an: Analysis) -> None:
@@ -49,9 +51,11 @@ def render_model(con: Console, an: Analysis) -> None:
         return
     moe = f", {m.experts} experts ({m.experts_per_token} active)" if m.is_moe else ""
     vis = f", vision tower {_billions(m.params_vision)}" if m.params_vision else ""
-    con.print(f"[bold]model[/] {escape(m.model_type)}: {_billions(m.params_total)} parameters, "
-              f"{_billions(m.params_active)} active; {m.layers} layers, hidden {m.hidden}, "
-              f"{m.heads}/{m.kv_heads} heads{moe}{vis}  [dim]({escape(m.source)})[/]")
+    con.print(
+        f"[bold]model[/] {escape(m.model_type)}: {_billions(m.params_total)} parameters, "
+        f"{_billions(m.params_active)} active; {m.layers} layers, hidden {m.hidden}, "
+        f"{m.heads}/{m.kv_heads} heads{moe}{vis}  [dim]({escape(m.source)})[/]"
+    )
 
 
 def render_derived(con: Console, an: Analysis) -> None:
@@ -59,8 +63,13 @@ def render_derived(con: Console, an: Analysis) -> None:
     d = an.derived
     if d is None:
         return
-    t = Table(title="derived (prompts; × rollout.n for sequences)", title_justify="left", show_header=False,
-              box=None, pad_edge=False)
+    t = Table(
+        title="derived (prompts; × rollout.n for sequences)",
+        title_justify="left",
+        show_header=False,
+        box=None,
+        pad_edge=False,
+    )
     t.add_column(style="bold")
     t.add_column(justify="right")
     rows: list[tuple[str, Any]] = [
@@ -93,12 +102,19 @@ def render_fit(con: Console, an: Analysis) -> None:
     t.add_column("fits")
     for rf in (an.fit.trainer, an.fit.rollout):
         comps = ", ".join(f"{k} {v:.1f}" for k, v in rf.components_gb.items())
-        t.add_row(rf.role, comps, f"{rf.total_gb:.1f}", f"{rf.capacity_gb:.1f}",
-                  "[green]yes[/]" if rf.fits else "[red]no[/]")
+        t.add_row(
+            rf.role,
+            comps,
+            f"{rf.total_gb:.1f}",
+            f"{rf.capacity_gb:.1f}",
+            "[green]yes[/]" if rf.fits else "[red]no[/]",
+        )
     con.print(t)
     det = an.fit.rollout.details
-    con.print(f"[dim]rollout KV cache: {det['kv_gb_available']} GB per GPU holds {det['seqs_at_full_length']} "
-              f"sequences of {det['max_sequence_tokens']} tokens (max_num_seqs {det['max_num_seqs']})[/]")
+    con.print(
+        f"[dim]rollout KV cache: {det['kv_gb_available']} GB per GPU holds {det['seqs_at_full_length']} "
+        f"sequences of {det['max_sequence_tokens']} tokens (max_num_seqs {det['max_num_seqs']})[/]"
+    )
 
 
 def _value(cfg_json: dict[str, Any], key: str) -> Any:

@@ -27,15 +27,23 @@ def _paths(result: Any) -> list[tuple[str, str]]:
 @handle_errors
 def make(
     name: Annotated[str, typer.Argument(help=f"One of {', '.join(BUILTIN_DATASETS)}.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write train/val parquet files into.")],
-    train_size: Annotated[int | None, typer.Option("--train-size", min=1, help="Training rows (default: the task's).")] = None,
-    val_size: Annotated[int | None, typer.Option("--val-size", min=1, help="Validation rows (default: the task's).")] = None,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Directory to write train/val parquet files into.")
+    ],
+    train_size: Annotated[
+        int | None, typer.Option("--train-size", min=1, help="Training rows (default: the task's).")
+    ] = None,
+    val_size: Annotated[
+        int | None, typer.Option("--val-size", min=1, help="Validation rows (default: the task's).")
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Generation seed.")] = 0,
     json_: Annotated[bool, typer.Option("--json", help="Print the written paths as JSON.")] = False,
 ) -> None:
     """Generate a built-in task deterministically from the seed and print the written paths."""
     if name not in BUILTIN_DATASETS:
-        raise UsageProblem(f"unknown built-in dataset {name!r}", f"choose one of {', '.join(BUILTIN_DATASETS)}")
+        raise UsageProblem(
+            f"unknown built-in dataset {name!r}", f"choose one of {', '.join(BUILTIN_DATASETS)}"
+        )
     try:
         from engine.data.builtin import write_dataset
     except ImportError as e:

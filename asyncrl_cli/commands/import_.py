@@ -24,7 +24,9 @@ app = typer.Typer(no_args_is_help=True, help="Convert other frameworks' run scri
 def verl(
     script: Annotated[Path, typer.Argument(metavar="SCRIPT.sh", help="A verl fully-async launch script.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Run file to write.")],
-    hardware: Annotated[str | None, typer.Option("--hardware", help="Hardware preset (default: guessed).")] = None,
+    hardware: Annotated[
+        str | None, typer.Option("--hardware", help="Hardware preset (default: guessed).")
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
     """Map the Hydra overrides (DATA_CONFIG … ASYNC_CONFIG blocks, n_gpus_* / n_nodes_* variables) to
@@ -45,8 +47,10 @@ def verl(
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(render(conv, script, output, hardware, note), encoding="utf-8")
     con = stdout_console()
-    con.print(f"wrote {escape(str(output))}: {len(conv.values)} keys mapped, {len(conv.unmapped)} overrides "
-              f"not mapped, {len(conv.consumed)} not needed")
+    con.print(
+        f"wrote {escape(str(output))}: {len(conv.values)} keys mapped, {len(conv.unmapped)} overrides "
+        f"not mapped, {len(conv.consumed)} not needed"
+    )
     for n in conv.notes:
         con.print(f"[cyan]note[/]  {escape(n)}")
     if note:

@@ -68,7 +68,7 @@ def render_run_file(
     doc = tomlkit.document()
     doc.add("name", name)
     doc.add("extends", [f"datasets/{dataset}", f"hardware/{hw.name}"])
-    values = {**plan.values, "model.path": _model_ref(model)}
+    values = {"model.path": _model_ref(model), **plan.values}
     reasons = dict(plan.reasons)
     moe = f", {facts.params_active / 1e9:.2f}B active" if facts.is_moe else ""
     reasons["model.path"] = f"{facts.model_type}: {facts.params_total / 1e9:.2f}B parameters{moe}"
@@ -94,18 +94,30 @@ def render_run_file(
 
 @handle_errors
 def command(
-    model: Annotated[str | None, typer.Option("--model", "-m", help="Local HF model dir or hub id (read offline).")] = None,
-    dataset: Annotated[str | None, typer.Option("--dataset", "-d", help="A dataset preset, e.g. dapo-math, geo3k, copy.")] = None,
-    hardware: Annotated[str | None, typer.Option("--hardware", help="A hardware preset, e.g. h100, ascend-910b, cpu.")] = None,
-    gpus: Annotated[int | None, typer.Option("--gpus", min=1, help="Accelerators in total (default: one node).")] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Local HF model dir or hub id (read offline).")
+    ] = None,
+    dataset: Annotated[
+        str | None, typer.Option("--dataset", "-d", help="A dataset preset, e.g. dapo-math, geo3k, copy.")
+    ] = None,
+    hardware: Annotated[
+        str | None, typer.Option("--hardware", help="A hardware preset, e.g. h100, ascend-910b, cpu.")
+    ] = None,
+    gpus: Annotated[
+        int | None, typer.Option("--gpus", min=1, help="Accelerators in total (default: one node).")
+    ] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="File to write.")] = Path("run.toml"),
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
     """Write a commented run file that [bold]validate[/] accepts: backend, parallelism, GPU split, batches."""
     tty = sys.stdin.isatty()
-    missing = [f for f, v in (("--model", model), ("--dataset", dataset), ("--hardware", hardware)) if v is None]
+    missing = [
+        f for f, v in (("--model", model), ("--dataset", dataset), ("--hardware", hardware)) if v is None
+    ]
     if missing and not tty:
-        raise UsageProblem(f"missing {', '.join(missing)}", "pass them as flags, or run in a terminal to be asked")
+        raise UsageProblem(
+            f"missing {', '.join(missing)}", "pass them as flags, or run in a terminal to be asked"
+        )
     model = model or _ask("model (local dir or hub id)", None)
     dataset = dataset or _ask("dataset", [r.name for r in list_presets("datasets")])
     hardware = hardware or _ask("hardware", hardware_names())

@@ -36,9 +36,23 @@ def write_artifacts(an: Analysis) -> dict[str, str]:
 def command(
     run_file: Annotated[Path, typer.Argument(metavar="RUN.toml", help="The run file.")],
     set_: SetOpt = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the resolved config and placement; start nothing.")] = False,
-    address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (auto, ray://host:port); default: a local cluster.")] = None,
-    resume: Annotated[str | None, typer.Option("--resume", metavar="auto|PATH", help="Resume from the latest checkpoint (auto) or a checkpoint directory.")] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the resolved config and placement; start nothing.")
+    ] = False,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            "--address", help="Ray cluster address (auto, ray://host:port); default: a local cluster."
+        ),
+    ] = None,
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            "--resume",
+            metavar="auto|PATH",
+            help="Resume from the latest checkpoint (auto) or a checkpoint directory.",
+        ),
+    ] = None,
     tui: Annotated[bool, typer.Option("--tui", help="Open the live dashboard while the run goes.")] = False,
     json_: JsonOpt = False,
 ) -> None:
@@ -54,13 +68,25 @@ def command(
     if dry_run:
         files = write_artifacts(an)
         if json_:
-            emit_json({"config": an.config.model_dump(mode="json"), "placement": plan.to_json(),
-                       "derived": an.derived.to_json(), "files": files,
-                       "problems": [p.to_json() for p in an.problems]})
+            emit_json(
+                {
+                    "config": an.config.model_dump(mode="json"),
+                    "placement": plan.to_json(),
+                    "derived": an.derived.to_json(),
+                    "files": files,
+                    "problems": [p.to_json() for p in an.problems],
+                }
+            )
             return
         con = stdout_console()
-        con.print(Syntax(json.dumps(an.config.model_dump(mode="json"), indent=2), "json",
-                         theme="ansi_dark", background_color="default"))
+        con.print(
+            Syntax(
+                json.dumps(an.config.model_dump(mode="json"), indent=2),
+                "json",
+                theme="ansi_dark",
+                background_color="default",
+            )
+        )
         render_derived(con, an)
         render_placement(con, plan)
         render_problems(con, [p for p in an.problems if p.severity == "warning"])
@@ -70,7 +96,9 @@ def command(
     try:
         from engine.runtime.driver import run
     except ImportError as e:
-        raise AsyncrlError(f"the engine driver cannot be imported: {e}",
-                           "install asyncrl with its engine dependencies (torch, ray), or use --dry-run") from None
-    rc = run(an.config, provenance=an.provenance, address=address, resume=resume, tui=tui)
+        raise AsyncrlError(
+            f"the engine driver cannot be imported: {e}",
+            "install asyncrl with its engine dependencies (torch, ray), or use --dry-run",
+        ) from None
+    rc = run(an.config, provenance=an.provenance.to_json(), address=address, resume=resume, tui=tui)
     raise typer.Exit(int(rc or 0))

@@ -24,7 +24,9 @@ app = typer.Typer(no_args_is_help=True, help="List and show presets (runs, model
 @app.command("list")
 @handle_errors
 def list_(
-    kind: Annotated[str | None, typer.Argument(help=f"Only this kind: {', '.join(KINDS)} or {RC_KIND}.")] = None,
+    kind: Annotated[
+        str | None, typer.Argument(help=f"Only this kind: {', '.join(KINDS)} or {RC_KIND}.")
+    ] = None,
     json_: JsonOpt = False,
 ) -> None:
     """List presets with their one-line descriptions."""
@@ -48,13 +50,17 @@ def list_(
         t.add_row(k, n, escape(d))
     con = stdout_console()
     con.print(t)
-    con.print("[dim]use a preset with extends = [\"kind/name\"]; show one with `asyncrl presets show kind/name`[/]")
+    con.print(
+        '[dim]use a preset with extends = ["kind/name"]; show one with `asyncrl presets show kind/name`[/]'
+    )
 
 
 @app.command("show")
 @handle_errors
 def show(
-    name: Annotated[str, typer.Argument(help="kind/name or name, e.g. runs/tiny-cpu, h100, rollout-correction.")],
+    name: Annotated[
+        str, typer.Argument(help="kind/name or name, e.g. runs/tiny-cpu, h100, rollout-correction.")
+    ],
 ) -> None:
     """Print a preset file (or the rollout-correction preset table)."""
     con = stdout_console()
@@ -71,9 +77,13 @@ def show(
         return
     matches = find_preset(name)
     if not matches:
-        close = difflib.get_close_matches(name, preset_names() + [n.split("/")[1] for n in preset_names()], n=3)
-        raise UsageProblem(f"unknown preset {name!r}",
-                           f"did you mean {', '.join(close)}?" if close else "see `asyncrl presets list`")
+        close = difflib.get_close_matches(
+            name, preset_names() + [n.split("/")[1] for n in preset_names()], n=3
+        )
+        raise UsageProblem(
+            f"unknown preset {name!r}",
+            f"did you mean {', '.join(close)}?" if close else "see `asyncrl presets list`",
+        )
     if len(matches) > 1:
         raise UsageProblem(f"{name!r} is ambiguous: {', '.join(m.ref for m in matches)}", "write kind/name")
     text = matches[0].path.read_text(encoding="utf-8")

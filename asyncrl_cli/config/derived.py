@@ -64,6 +64,11 @@ def max_required_samples(cfg: RunConfig) -> int:
     return int(required_samples(cfg) * (1 + effective_staleness(cfg)) * a.trigger_parameter_sync_step)
 
 
+def max_queue_size(cfg: RunConfig) -> int:
+    """Bound of the message queue in prompt groups: max_required_samples."""
+    return max_required_samples(cfg)
+
+
 def builtin_train_size(cfg: RunConfig) -> int | None:
     """`data.train_size`, or the built-in task's default size, for a `builtin:NAME` training set."""
     files = cfg.data.train_files
@@ -136,3 +141,35 @@ def derive(cfg: RunConfig, train_size: int | None = None) -> Derived:
         rollout_replicas=r.replicas or max(1, rw // r.tensor_parallel_size),
         trainer_dp=max(1, tw // model_par),
     )
+
+
+def dataset_train_size(cfg: RunConfig, base_dir: Path | None = None) -> int | None:
+    """Training prompts: the built-in task's size, or the rows of local parquet files (None if unknown)."""
+    size = builtin_train_size(cfg)
+    if size is None and not cfg.data.train_files[0].startswith("builtin:"):
+        size = parquet_rows(cfg.data.train_files, base_dir)
+    return size
+
+
+def _known(value: int | None, what: str) -> int:
+    if value is None:
+        raise ValueError(
+            f"{what} cannot be derived: the training data is not available locally; "
+            "set trainer.total_steps or rollout.total_rollout_steps"
+        )
+    return value
+
+
+def total_rollout_steps(cfg: RunConfig) -> int:
+    """Prompts to generate over the run: min(rollout.total_rollout_steps, train_size × total_epochs)."""
+    return _known(derive(cfg, dataset_train_size(cfg)).total_rollout_steps, "total_rollout_steps")
+
+
+def total_train_steps(cfg: RunConfig) -> int:
+    """Policy versions to train: trainer.total_steps or total_rollout_steps / (required_samples × trigger)."""
+    return _known(derive(cfg, dataset_train_size(cfg)).total_train_steps, "total_train_steps")
+
+
+def total_local_steps(cfg: RunConfig) -> int:
+    """Trainer local steps: total_train_steps × trigger_parameter_sync_step."""
+    return total_train_steps(cfg) * cfg.async_training.trigger_parameter_sync_step

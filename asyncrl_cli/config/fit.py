@@ -103,8 +103,14 @@ def trainer_fit(cfg: RunConfig, f: ModelFacts, hw: HardwarePreset) -> RoleFit:
     overhead = ACCEL_OVERHEAD_GB if hw.device != "cpu" else 0.5
     comp["runtime_overhead"] = overhead
     total = sum(comp.values())
-    return RoleFit("trainer", comp, total, hw.memory_gb, total <= hw.memory_gb,
-                   {"tokens_per_micro_batch": int(tokens), "world": world})
+    return RoleFit(
+        "trainer",
+        comp,
+        total,
+        hw.memory_gb,
+        total <= hw.memory_gb,
+        {"tokens_per_micro_batch": int(tokens), "world": world},
+    )
 
 
 def rollout_fit(cfg: RunConfig, f: ModelFacts, hw: HardwarePreset) -> RoleFit:
@@ -126,7 +132,11 @@ def rollout_fit(cfg: RunConfig, f: ModelFacts, hw: HardwarePreset) -> RoleFit:
     total = weights + reserve + kv_used
     fits = weights + reserve < budget and seqs_full >= 1
     return RoleFit(
-        "rollout", comp, total, budget, fits,
+        "rollout",
+        comp,
+        total,
+        budget,
+        fits,
         {
             "kv_bytes_per_token": kv_tok,
             "max_sequence_tokens": max_len,

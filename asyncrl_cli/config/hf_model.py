@@ -64,7 +64,7 @@ class ModelFacts:
     counted_as: str | None = None
     """Set when the architecture is unknown and was counted as a generic dense decoder."""
     moe_layers: int = 0
-    """Layers with routed experts (all of them unless `mlp_only_layers`/`decoder_sparse_step` say otherwise)."""
+    """Layers with routed experts (all unless `mlp_only_layers`/`decoder_sparse_step` say otherwise)."""
 
     @property
     def is_moe(self) -> bool:

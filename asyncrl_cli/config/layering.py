@@ -95,16 +95,26 @@ def _expand_tree(
 ) -> Any:
     """Expand every string below `node`; record the variables used per key; collect errors."""
     if isinstance(node, dict):
-        return {k: _expand_tree(v, f"{prefix}{k}" if not prefix else f"{prefix}.{k}", layer, env, problems)
-                for k, v in node.items()}
+        return {
+            k: _expand_tree(v, f"{prefix}{k}" if not prefix else f"{prefix}.{k}", layer, env, problems)
+            for k, v in node.items()
+        }
     if isinstance(node, list):
         return [_expand_tree(v, prefix, layer, env, problems) for v in node]
     if isinstance(node, str) and "$" in node:
         try:
             value, used = expand(node, env)
         except EnvExpansionError as e:
-            problems.append(Problem("error", "env-unset" if e.var else "env-syntax", str(e), prefix,
-                                    layer.source, layer.line_of(prefix)))
+            problems.append(
+                Problem(
+                    "error",
+                    "env-unset" if e.var else "env-syntax",
+                    str(e),
+                    prefix,
+                    layer.source,
+                    layer.line_of(prefix),
+                )
+            )
             return node
         if used:
             prior = layer.env.get(prefix, ())
@@ -113,7 +123,9 @@ def _expand_tree(
     return node
 
 
-def _merge(base: dict[str, Any], top: dict[str, Any], layer: Layer, prov: Provenance, prefix: str = "") -> None:
+def _merge(
+    base: dict[str, Any], top: dict[str, Any], layer: Layer, prov: Provenance, prefix: str = ""
+) -> None:
     """Deep-merge `top` into `base` in place, recording the origin of every leaf that `top` sets."""
     for k, v in top.items():
         key = f"{prefix}{k}"
@@ -143,8 +155,9 @@ class _Resolver:
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as e:
-            self.problems.append(Problem("error", "read-error", f"cannot read file: {e.strerror or e}",
-                                         None, source, None))
+            self.problems.append(
+                Problem("error", "read-error", f"cannot read file: {e.strerror or e}", None, source, None)
+            )
             return None
         lines = key_lines(text)
         try:
@@ -157,7 +170,9 @@ class _Resolver:
                 before = [(ln, k) for k, ln in lines.items() if ln <= line]
                 key = max(before)[1] if before else None
             msg = _LINE_RE.split(str(e))[0].rstrip(" (") or str(e)
-            self.problems.append(Problem("error", "toml-syntax", f"TOML syntax error: {msg}", key, source, line))
+            self.problems.append(
+                Problem("error", "toml-syntax", f"TOML syntax error: {msg}", key, source, line)
+            )
             return None
         layer = Layer({}, source, "preset" if _is_preset(path) else "file", lines)
         extends_raw = data.pop("extends", [])
@@ -167,10 +182,21 @@ class _Resolver:
             target = self._resolve_ref(ref, path, layer)
             if target is None:
                 continue
-            if target.resolve() in [p.resolve() for p in stack]:
-                chain = " → ".join(display_path(p) for p in [*stack, target])
-                self.problems.append(Problem("error", "extends-cycle", f"extends cycle: {chain}", "extends",
-                                             source, lines.get("extends")))
+            resolved = [p.resolve() for p in stack]
+            if target.resolve() in resolved:
+                loop = [*stack[resolved.index(target.resolve()) :], target]
+                base = loop[0].resolve().parent
+                chain = " → ".join(os.path.relpath(p.resolve(), base) for p in loop)
+                self.problems.append(
+                    Problem(
+                        "error",
+                        "extends-cycle",
+                        f"extends cycle: {chain}",
+                        "extends",
+                        source,
+                        lines.get("extends"),
+                    )
+                )
                 continue
             if _kind_of(target) == "hardware":
                 hw = Layer({"resources": {"hardware": target.stem}}, display_path(target), "preset", {})
@@ -185,16 +211,25 @@ class _Resolver:
         if isinstance(raw, str):
             raw = [raw]
         if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
-            self.problems.append(Problem("error", "extends-type", "extends must be a list of strings",
-                                         "extends", layer.source, layer.lines.get("extends")))
+            self.problems.append(
+                Problem(
+                    "error",
+                    "extends-type",
+                    "extends must be a list of strings",
+                    "extends",
+                    layer.source,
+                    layer.lines.get("extends"),
+                )
+            )
             return []
         out: list[str] = []
         for item in raw:
             try:
                 out.append(expand(item, self.env)[0])
             except EnvExpansionError as e:
-                self.problems.append(Problem("error", "env-unset", str(e), "extends", layer.source,
-                                             layer.lines.get("extends")))
+                self.problems.append(
+                    Problem("error", "env-unset", str(e), "extends", layer.source, layer.lines.get("extends"))
+                )
         return out
 
     def _resolve_ref(self, ref: str, parent: Path, layer: Layer) -> Path | None:
@@ -203,8 +238,17 @@ class _Resolver:
             p = Path(os.path.expanduser(ref))
             p = p if p.is_absolute() else parent.parent / p
             if not p.is_file():
-                self.problems.append(Problem("error", "extends-missing", f"extended file not found: {ref}",
-                                             "extends", layer.source, line, hint=f"looked at {p}"))
+                self.problems.append(
+                    Problem(
+                        "error",
+                        "extends-missing",
+                        f"extended file not found: {ref}",
+                        "extends",
+                        layer.source,
+                        line,
+                        hint=f"looked at {p}",
+                    )
+                )
                 return None
             return p
         matches = find_preset(ref)
@@ -212,14 +256,33 @@ class _Resolver:
             return matches[0].path
         if len(matches) > 1:
             names = ", ".join(m.ref for m in matches)
-            self.problems.append(Problem("error", "extends-ambiguous", f"preset {ref!r} is ambiguous: {names}",
-                                         "extends", layer.source, line, hint="write kind/name"))
+            self.problems.append(
+                Problem(
+                    "error",
+                    "extends-ambiguous",
+                    f"preset {ref!r} is ambiguous: {names}",
+                    "extends",
+                    layer.source,
+                    line,
+                    hint="write kind/name",
+                )
+            )
             return None
-        close = difflib.get_close_matches(ref, preset_names() + [n.split("/")[1] for n in preset_names()],
-                                          n=3, cutoff=0.6)
+        close = difflib.get_close_matches(
+            ref, preset_names() + [n.split("/")[1] for n in preset_names()], n=3, cutoff=0.6
+        )
         hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else "see `asyncrl presets list`"
-        self.problems.append(Problem("error", "extends-unknown", f"unknown preset {ref!r}", "extends",
-                                     layer.source, line, hint=hint))
+        self.problems.append(
+            Problem(
+                "error",
+                "extends-unknown",
+                f"unknown preset {ref!r}",
+                "extends",
+                layer.source,
+                line,
+                hint=hint,
+            )
+        )
         return None
 
 
@@ -271,7 +334,9 @@ def _apply_rc_preset(merged: dict[str, Any], prov: Provenance) -> None:
         if k in rc:
             continue
         rc[k] = v
-        prov.origins[f"{RC_KEY}.{k}"] = Origin("preset", src.source, src.line, (), f"rollout-correction preset {name}")
+        prov.origins[f"{RC_KEY}.{k}"] = Origin(
+            "preset", src.source, src.line, (), f"rollout-correction preset {name}"
+        )
 
 
 def resolve_layers(

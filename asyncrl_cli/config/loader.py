@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from pydantic import ValidationError
 
 from asyncrl_cli.config import checks
-from asyncrl_cli.config.derived import Derived, derive, parquet_rows
+from asyncrl_cli.config.derived import Derived, dataset_train_size, derive
 from asyncrl_cli.config.fit import FitReport, estimate_fit
 from asyncrl_cli.config.hardware import HardwareInvalid, HardwareNotFound, HardwarePreset, load_hardware
 from asyncrl_cli.config.hf_model import ModelConfigError, ModelFacts, read_model_facts
@@ -57,8 +57,12 @@ class Analysis:
     def to_json(self) -> dict[str, Any]:
         """The `validate --json` object."""
         cfg = self.config
-        model: dict[str, Any] = {"path": cfg.model.path if cfg else None, "params_total": None,
-                                 "params_active": None, "note": self.model_note}
+        model: dict[str, Any] = {
+            "path": cfg.model.path if cfg else None,
+            "params_total": None,
+            "params_active": None,
+            "note": self.model_note,
+        }
         if self.model is not None:
             model.update(self.model.to_json())
         return {
@@ -112,10 +116,7 @@ def analyze_config(cfg: RunConfig, prov: Provenance, base_dir: Path | None = Non
         problems.append(Problem("error", "hardware-unknown", str(e), "resources.hardware"))
     except HardwareInvalid as e:
         problems.append(Problem("error", "hardware-invalid", str(e), "resources.hardware"))
-    train_size = None
-    if not cfg.data.train_files[0].startswith("builtin:"):
-        train_size = parquet_rows(cfg.data.train_files, base_dir)
-    an.derived = derive(cfg, train_size)
+    an.derived = derive(cfg, dataset_train_size(cfg, base_dir))
     problems += checks.async_rules(cfg, prov)
     problems += checks.correction_rules(cfg, prov)
     problems += checks.trainer_rules(cfg, prov, an.derived)
@@ -124,12 +125,24 @@ def analyze_config(cfg: RunConfig, prov: Provenance, base_dir: Path | None = Non
         an.model = read_model_facts(cfg.model.path, base_dir)
     except ModelConfigError as e:
         an.model_note = str(e)
-        problems.append(Problem("info", "model-facts-unavailable",
-                                f"parameter counts and memory fit skipped: {e}", "model.path"))
+        problems.append(
+            Problem(
+                "info",
+                "model-facts-unavailable",
+                f"parameter counts and memory fit skipped: {e}",
+                "model.path",
+            )
+        )
     if an.model is not None:
         if an.model.counted_as:
-            problems.append(Problem("info", "model-generic", f"{an.model.model_type!r}: counted as a "
-                                    f"{an.model.counted_as}", "model.path"))
+            problems.append(
+                Problem(
+                    "info",
+                    "model-generic",
+                    f"{an.model.model_type!r}: counted as a {an.model.counted_as}",
+                    "model.path",
+                )
+            )
         problems += checks.model_rules(cfg, an.model)
     if an.hardware is not None:
         problems += checks.resource_rules(cfg, an.hardware, an.derived)

@@ -42,8 +42,12 @@ class Placement:
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict for JSON output."""
-        return {"device": self.device, "nodes": self.nodes, "total_gpus": self.total_gpus,
-                "actors": [asdict(a) for a in self.actors]}
+        return {
+            "device": self.device,
+            "nodes": self.nodes,
+            "total_gpus": self.total_gpus,
+            "actors": [asdict(a) for a in self.actors],
+        }
 
 
 def plan_placement(cfg: RunConfig, d: Derived, hw: HardwarePreset | None) -> Placement:
@@ -69,8 +73,9 @@ def plan_placement(cfg: RunConfig, d: Derived, hw: HardwarePreset | None) -> Pla
         ActorGroup("RunController", 1, 0, ["head"], "metrics, events, knobs"),
         ActorGroup("MessageQueue", 1, 0, ["head"], f"bounded at {d.max_queue_size} prompt groups"),
         ActorGroup("Rollouter", 1, 0, ["head"], f"admits ≤ {d.max_required_samples} prompts per version"),
-        ActorGroup("RolloutReplica", d.rollout_replicas, tp, sorted(set(replica_nodes)),
-                   f"{r.backend} tp{tp}"),
+        ActorGroup(
+            "RolloutReplica", d.rollout_replicas, tp, sorted(set(replica_nodes)), f"{r.backend} tp{tp}"
+        ),
         ActorGroup("TrainerWorker", d.trainer_world, 1, trainer_nodes, layout),
     ]
     return Placement(hw.device if hw else "unknown", nodes, actors)

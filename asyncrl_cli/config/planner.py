@@ -105,12 +105,16 @@ def _batches(plan: Plan, n: int, dp: int, total_len: int, cpu: bool) -> None:
     mini = 8 if cpu else max(8, 512 // n)
     while (mini * n) % dp:
         mini += 1
-    plan.set("trainer.ppo_mini_batch_size", mini, f"{mini} prompts × n {n} = {mini * n} sequences per local step")
+    plan.set(
+        "trainer.ppo_mini_batch_size", mini, f"{mini} prompts × n {n} = {mini * n} sequences per local step"
+    )
     per_rank = mini * n // dp
     micro = max(1, min(8, 16384 // total_len))
     while per_rank % micro:
         micro -= 1
-    plan.set("trainer.ppo_micro_batch_size_per_gpu", micro, f"≤ 16k tokens per forward ({total_len} per sequence)")
+    plan.set(
+        "trainer.ppo_micro_batch_size_per_gpu", micro, f"≤ 16k tokens per forward ({total_len} per sequence)"
+    )
 
 
 def plan_run(f: ModelFacts, hw: HardwarePreset, data: dict[str, Any], gpus: int | None) -> Plan:
@@ -139,7 +143,11 @@ def plan_run(f: ModelFacts, hw: HardwarePreset, data: dict[str, Any], gpus: int 
     plan.set("async_training.require_batches", 1)
     plan.set("async_training.partial_rollout", True, "resume generations interrupted by a sync")
     per_version = plan.get("trainer.ppo_mini_batch_size") * trigger
-    plan.set("rollout.total_rollout_steps", per_version * VERSIONS, f"{per_version} prompts per version × {VERSIONS}")
+    plan.set(
+        "rollout.total_rollout_steps",
+        per_version * VERSIONS,
+        f"{per_version} prompts per version × {VERSIONS}",
+    )
     return plan
 
 
@@ -153,10 +161,15 @@ def _plan_accelerators(
     util = 0.8
     tp_r = rollout_tp(f, hw, util)
     megatron = (f.is_moe and f.params_total > 20e9) or f.params_total > 40e9
-    plan.set("trainer.backend", "megatron" if megatron else "torch",
-             "Megatron-core for large MoE/dense models" if megatron else "FSDP2 data parallel")
+    plan.set(
+        "trainer.backend",
+        "megatron" if megatron else "torch",
+        "Megatron-core for large MoE/dense models" if megatron else "FSDP2 data parallel",
+    )
     plan.set("rollout.backend", "vllm")
-    plan.set("rollout.tensor_parallel_size", tp_r, f"weights {f.params_total * 2 / 1e9 / tp_r:.1f} GB per GPU")
+    plan.set(
+        "rollout.tensor_parallel_size", tp_r, f"weights {f.params_total * 2 / 1e9 / tp_r:.1f} GB per GPU"
+    )
     plan.set("rollout.gpu_memory_utilization", util)
     share = gpus // 4 if f.is_moe else gpus // 2
     candidates = sorted({_round_pool(t, gpn) for t in range(1, gpus)})
@@ -167,18 +180,29 @@ def _plan_accelerators(
         if gpus - t < tp_r:
             continue
         _parallel(plan, f, t, total_len, megatron)
-        dp = t // (plan.get("trainer.tp") * plan.get("trainer.pp") * plan.get("trainer.cp")) if megatron else t
+        dp = (
+            t // (plan.get("trainer.tp") * plan.get("trainer.pp") * plan.get("trainer.cp")) if megatron else t
+        )
         _batches(plan, n, dp, total_len, cpu=False)
-        cfg = _config({**plan.values, "model.path": "x", "resources.trainer.nnodes": _layout(t, gpn)[0],
-                       "resources.trainer.gpus_per_node": _layout(t, gpn)[1]}, data)
+        cfg = _config(
+            {
+                **plan.values,
+                "model.path": "x",
+                "resources.trainer.nnodes": _layout(t, gpn)[0],
+                "resources.trainer.gpus_per_node": _layout(t, gpn)[1],
+            },
+            data,
+        )
         fit = trainer_fit(cfg, f, hw)
         if fit.total_gb <= (1 - HEADROOM) * hw.memory_gb:
             chosen = t
             break
     if chosen is None:
         need = f.params_total * (DTYPE_BYTES["bfloat16"] * 2 + 12) / 1e9
-        raise PlanError(f"no split of {gpus} {hw.name} accelerators fits the trainer (model states alone "
-                        f"~{need:.0f} GB); use more GPUs (--gpus) or bigger hardware")
+        raise PlanError(
+            f"no split of {gpus} {hw.name} accelerators fits the trainer (model states alone "
+            f"~{need:.0f} GB); use more GPUs (--gpus) or bigger hardware"
+        )
     rollout = ((gpus - chosen) // tp_r) * tp_r
     if rollout >= gpn:
         rollout = (rollout // gpn) * gpn

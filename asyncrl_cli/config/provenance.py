@@ -26,8 +26,14 @@ class Origin:
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict for JSON output."""
-        return {"kind": self.kind, "source": self.source, "line": self.line, "where": self.where,
-                "env_vars": list(self.env_vars), "note": self.note}
+        return {
+            "kind": self.kind,
+            "source": self.source,
+            "line": self.line,
+            "where": self.where,
+            "env_vars": list(self.env_vars),
+            "note": self.note,
+        }
 
 
 DEFAULT = Origin("default", "default")
@@ -68,5 +74,8 @@ class Provenance:
 
     def to_json(self) -> dict[str, Any]:
         """`{"files": [...], "keys": {path: origin}}`."""
-        return {"root": self.root, "files": self.files,
-                "keys": {k: o.to_json() for k, o in sorted(self.origins.items())}}
+        return {
+            "root": self.root,
+            "files": self.files,
+            "keys": {k: o.to_json() for k, o in sorted(self.origins.items())},
+        }

@@ -66,7 +66,7 @@ def parse_rs_options(value: str) -> list[str]:
             example = '"0.999_1.001"' if new.endswith("k1") else "2.0"
             raise ValueError(
                 f"rollout_rs={opt!r} was removed from verl; use {new!r} with rollout_rs_threshold like "
-                f"{example} (k1 options take a \"lower_upper\" band; rollout_rs_threshold_lower is gone)"
+                f'{example} (k1 options take a "lower_upper" band; rollout_rs_threshold_lower is gone)'
             )
         if opt not in RS_OPTIONS:
             raise ValueError(f"unknown rollout_rs option {opt!r}; choose from {', '.join(RS_OPTIONS)}")
@@ -88,7 +88,7 @@ def parse_rs_thresholds(options: list[str], value: float | str) -> list[tuple[fl
             "give one per option or a single one"
         )
     out: list[tuple[float | None, float]] = []
-    for opt, spec in zip(options, specs):
+    for opt, spec in zip(options, specs, strict=True):
         what = f"rollout_rs_threshold for {opt}"
         if opt.endswith("k1"):
             if "_" in spec:

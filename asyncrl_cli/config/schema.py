@@ -102,7 +102,9 @@ class DataConfig(Section):
         builtin = [f for f in v if f.startswith("builtin:")]
         for f in builtin:
             if f.removeprefix("builtin:") not in BUILTIN_DATASETS:
-                raise ValueError(f"unknown built-in dataset {f!r}; choose one of {', '.join(BUILTIN_DATASETS)}")
+                raise ValueError(
+                    f"unknown built-in dataset {f!r}; choose one of {', '.join(BUILTIN_DATASETS)}"
+                )
         if builtin and len(v) > 1:
             raise ValueError("a builtin: dataset cannot be mixed with other files")
         return v
@@ -326,7 +328,10 @@ class RolloutCorrectionConfig(Section):
         opts = parse_rs_options(self.rollout_rs)
         if self.rollout_rs_threshold is None:
             return []
-        return [(o, lo, hi) for o, (lo, hi) in zip(opts, parse_rs_thresholds(opts, self.rollout_rs_threshold))]
+        return [
+            (o, lo, hi)
+            for o, (lo, hi) in zip(opts, parse_rs_thresholds(opts, self.rollout_rs_threshold), strict=True)
+        ]
 
 
 class AlgorithmConfig(Section):
@@ -444,8 +449,15 @@ def runtime_knobs() -> dict[str, Knob]:
                         if hasattr(m, b):
                             bounds[b] = getattr(m, b)
                 tname = getattr(ann, "__name__", str(ann))
-                out[path] = Knob(path, tname, bounds["ge"], bounds["gt"], bounds["le"], bounds["lt"],
-                                 info.description or "")
+                out[path] = Knob(
+                    path,
+                    tname,
+                    bounds["ge"],
+                    bounds["gt"],
+                    bounds["le"],
+                    bounds["lt"],
+                    info.description or "",
+                )
 
     walk(RunConfig, "")
     return out

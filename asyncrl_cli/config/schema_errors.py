@@ -15,7 +15,9 @@ KNOWN_MISTAKES: dict[str, str] = {
     "n_gpus_per_node": "asyncrl calls it gpus_per_node (resources.trainer / resources.rollout)",
     "n_gpus_training": "write resources.trainer.gpus_per_node",
     "n_gpus_rollout": "write resources.rollout.gpus_per_node",
-    "rollout_rs_threshold_lower": 'removed in verl: write rollout_rs_threshold = "lower_upper", e.g. "0.999_1.001"',
+    "rollout_rs_threshold_lower": (
+        'removed in verl: write rollout_rs_threshold = "lower_upper", e.g. "0.999_1.001"'
+    ),
     "rollout_token_veto_threshold": "removed in verl (#4544); there is no veto any more",
     "use_rollout_log_probs": "removed in verl; bypass_mode decides which log-probs act as π_old",
     "compute_prox_log_prob": "removed in verl; write algorithm.rollout_correction.bypass_mode = false",
@@ -24,7 +26,7 @@ KNOWN_MISTAKES: dict[str, str] = {
     "train_batch_size": "unused in fully async (verl asserts 0); the unit is trainer.ppo_mini_batch_size",
     "gen_batch_size": "unused: prompts stream one at a time",
     "actor_rollout_ref": "a verl key: convert a verl script with `asyncrl import verl SCRIPT.sh`",
-    "strategy": "write trainer.backend = \"torch\" (FSDP2) or \"megatron\"",
+    "strategy": 'write trainer.backend = "torch" (FSDP2) or "megatron"',
 }
 """verl spellings and removed keys → what to write instead."""
 
@@ -94,7 +96,6 @@ def problems_from_validation(exc: ValidationError, prov: Provenance) -> list[Pro
                 hint = f"did you mean '{guess}'?" + (f" ({hint})" if hint else "")
         elif kind == "missing":
             msg = "required key is not set"
-            origin = prov.get("") if prov.root is None else origin
         elif "input" in err and kind not in ("value_error",):
             msg = f"{msg} (got {_short(err['input'])})"
         file = origin.source if origin.kind != "default" else prov.root
@@ -102,8 +103,9 @@ def problems_from_validation(exc: ValidationError, prov: Provenance) -> list[Pro
         if dotted in by_key:
             prev = by_key[dotted]
             if msg not in prev.message:
-                by_key[dotted] = Problem("error", prev.code, f"{prev.message}; or {msg}", prev.key, prev.file,
-                                         prev.line, prev.hint)
+                by_key[dotted] = Problem(
+                    "error", prev.code, f"{prev.message}; or {msg}", prev.key, prev.file, prev.line, prev.hint
+                )
             continue
         by_key[dotted] = Problem("error", f"schema-{kind}", msg, shown or dotted, file, line, hint)
     return list(by_key.values())

@@ -91,7 +91,7 @@ class DashboardApp(App[int]):
                                                        Line(m.ROLLOUT_TPS, "rollout", "magenta")],
                                 id="chart-throughput")
                 yield TimeChart("staleness (versions)", [Line(m.STALE_MEAN, "mean", "green"),
-                                                         Line(m.STALE_MAX, "max", "yellow"),
+                                                         Line(m.STALE_MAX, "max", "orange"),
                                                          Line(m.STALE_BOUND, "bound", "red")],
                                 id="chart-staleness")
                 yield TimeChart("IS weights", [Line(m.IS_MEAN, "mean", "green"), Line(m.IS_MIN, "min", "blue"),
@@ -158,14 +158,15 @@ class DashboardApp(App[int]):
             self.model.reset()
             for log in self.logs:
                 log.clear()
-        new_metrics, new_events = self.model.apply(snap)
+        new_metrics, new_events, changed = self.model.apply(snap)
         self._last_data_at = self.model.now
         self.banner.clear()
-        self._render_all(new_events, charts=bool(new_metrics) or reset)
+        if changed or reset:
+            self._render_all(new_events, charts=bool(new_metrics) or reset)
 
     def on_source_failed(self, message: SourceFailed) -> None:
         self.model.mark_failed(message.error)
-        self.banner.show_error(message.error, self.model.failures, self._last_data_at, self.poll_interval)
+        self.banner.show_error(message.error, self._last_data_at, self.poll_interval)
         self.header.show(self.model, self.source.label, self.read_only)
 
     def _render_all(self, new_events: list[dict[str, Any]], charts: bool = True) -> None:

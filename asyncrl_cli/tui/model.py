@@ -57,21 +57,28 @@ class DashboardModel:
         """Forget all history (the controller restarted: its cursor went backwards)."""
         self.__init__(self.history, self.events.maxlen or 2000)  # type: ignore[misc]
 
-    def apply(self, snap: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Fold one (possibly merged) snapshot delta in; returns the new `(metrics, events)`."""
+    def apply(self, snap: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
+        """Fold one (possibly merged) snapshot delta in.
+
+        Returns `(new metrics, new events, changed)`; `changed` is False when the snapshot carried nothing
+        new (same knobs, workers, state, run info and clock), so the UI can skip redrawing.
+        """
         new_metrics = list(snap.get("metrics") or [])
         new_events = list(snap.get("events") or [])
+        knobs = dict(snap.get("knobs") or {})
+        workers = dict(snap.get("workers") or {})
+        run = dict(snap.get("run") or {})
+        state = str(snap.get("state", self.state))
+        now = snap.get("now", self.now)
+        changed = bool(new_metrics or new_events) or not self.received or not self.connected or (
+            (knobs, workers, run, state, now) != (self.knobs, self.workers, self.run, self.state, self.now))
         self.metrics.extend(new_metrics)
         self.events.extend(new_events)
         self.cursor = int(snap.get("cursor", self.cursor))
-        self.knobs = dict(snap.get("knobs") or {})
-        self.workers = dict(snap.get("workers") or {})
-        self.run = dict(snap.get("run") or {})
-        self.state = str(snap.get("state", self.state))
-        self.now = snap.get("now", self.now)
+        self.knobs, self.workers, self.run, self.state, self.now = knobs, workers, run, state, now
         self.received = True
         self.connected, self.error, self.failures = True, None, 0
-        return new_metrics, new_events
+        return new_metrics, new_events, changed
 
     def mark_failed(self, error: str) -> None:
         """The last poll raised: keep the data, flag the disconnection."""

@@ -210,7 +210,7 @@ CONSUMED: dict[str, str] = {
 
 REMOVED: dict[str, str] = {
     f"{RC}.rollout_token_veto_threshold": "removed in verl (#4544): there is no veto any more",
-    f"{RC}.rollout_rs_threshold_lower": "removed in verl: k1 thresholds are one \"lower_upper\" spec",
+    f"{RC}.rollout_rs_threshold_lower": 'removed in verl: k1 thresholds are one "lower_upper" spec',
     f"{RC}.bypass_old_logprob_for_rollout": "removed in verl: use bypass_mode",
     f"{RC}.use_pure_rollout_correction": "removed in verl: use bypass_mode + loss_type",
 }
@@ -249,8 +249,10 @@ class Conversion:
 def overrides_of(script: Script) -> tuple[list[str], list[str]]:
     """(Hydra overrides, --config-name values) of the verl launch command (or of the *_CONFIG blocks)."""
     for cmd in script.commands:
-        if any(w.endswith("fully_async_main") or "main_ppo" in w or (w.startswith("verl.") and "main" in w)
-               for w in cmd):
+        if any(
+            w.endswith("fully_async_main") or "main_ppo" in w or (w.startswith("verl.") and "main" in w)
+            for w in cmd
+        ):
             names = [w.split("=", 1)[1] for w in cmd if w.startswith("--config-name=")]
             return [w for w in cmd if "=" in w and not w.startswith("-")], names
     blocks = [v for k, v in script.variables.items() if k.endswith("_CONFIG")]

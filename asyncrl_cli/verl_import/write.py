@@ -22,8 +22,10 @@ ORDER = (
 def guess_hardware(conv: Conversion, script_name: str) -> str:
     """Ascend when the script says NPU (910C for 16 per node), else H100."""
     per_node = max(int(conv.values.get(f"resources.{r}.gpus_per_node", 8)) for r in ("trainer", "rollout"))
-    npu = "npu" in script_name.lower() or any("ascend" in v.lower() or "npu" in v.lower()
-                                              for v in (conv.script.variables.values() if conv.script else []))
+    npu = "npu" in script_name.lower() or any(
+        "ascend" in v.lower() or "npu" in v.lower()
+        for v in (conv.script.variables.values() if conv.script else [])
+    )
     if npu:
         return "ascend-910c" if per_node > 8 else "ascend-910b"
     return "h100"

@@ -17,8 +17,9 @@ so that log-prob is taken after temperature and top-k / top-p, i.e. the `hf` bac
 Abort. `should_abort` is polled every `abort_poll_s` while requests are in flight; once it returns True
 the call's unfinished requests are aborted in the engine, and come back with `finish_reason="abort"` and
 the tokens (and log-probs) streamed so far — a token boundary. `pause("abort")` does the same to every
-in-flight request of every call. A resumed request carries its prefix: the result is the whole response
-`prefix_ids + new tokens`, `prefix_log_probs + new log-probs`.
+in-flight request of every call. If `should_abort` is already True when `generate` is called, nothing is
+submitted (each request returns "abort" with its prefix only). A resumed request carries its prefix: the
+result is the whole response `prefix_ids + new tokens`, `prefix_log_probs + new log-probs`.
 
 Version stamps (as the `hf` backend): `min_version` is the request's own when it resumes a non-empty
 prefix, else the version that produced its first new token; `max_version` is the version that produced
@@ -37,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -79,16 +81,30 @@ class _Flight:
 
 @dataclass(frozen=True)
 class ResumeContinuityReport:
-    """Outcome of `self_test_resume_continuity`: `ok` iff the stitched greedy sequence equals the
-    uninterrupted one token for token and its log-probs agree within `tolerance`."""
+    """Outcome of `self_test_resume_continuity`: `ok` iff both interrupted sequences equal the
+    uninterrupted one token for token and their log-probs agree within `tolerance`."""
 
     ok: bool
     reference: list[int]
-    stitched: list[int]
+    resumed_after_abort: list[int]  # partial tokens + continuation submitted with them as prefix
+    continued_after_keep: list[int]  # one request frozen, preempted and resumed
     aborted_after: int
+    kept_after: int
     first_mismatch: int | None
     max_log_prob_diff: float
     tolerance: float
+
+
+def _first_mismatch(reference: list[int], tokens: list[int]) -> int | None:
+    """First index where the sequences differ (or the shorter length if one is a strict prefix)."""
+    index = next((i for i, (a, b) in enumerate(zip(reference, tokens)) if a != b), None)
+    if index is None and len(reference) != len(tokens):
+        index = min(len(reference), len(tokens))
+    return index
+
+
+def _max_abs_diff(a: list[float], b: list[float]) -> float:
+    return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
 
 
 def tie_lm_head(bucket: dict[str, np.ndarray], tied: bool) -> dict[str, np.ndarray]:
@@ -124,7 +140,7 @@ class VLLMRolloutBackend:
         enable_prefix_caching: bool = True,
         release_kv_cache_on_sync: bool | None = None,
         weight_transport: WeightTransport | None = None,
-        abort_poll_s: float = 0.002,
+        abort_poll_s: float = 0.005,
     ) -> None:
         """`device` defaults to "cuda" when torch sees one, else "cpu". On CPU `kv_cache_gib` (default 1)
         sizes the KV cache and `gpu_memory_utilization` is ignored. `release_kv_cache_on_sync` (default:
@@ -143,7 +159,7 @@ class VLLMRolloutBackend:
         )
         self.tied_embeddings = _tied_embeddings(self.model_dir)
         self._flights: dict[str, _Flight] = {}
-        self._paused_by: str | None = None
+        self._paused_by_caller = False
         self._stats: dict[str, float] = {
             "calls": 0.0, "requests": 0.0, "tokens_generated": 0.0, "gen_seconds": 0.0,
             "finished_stop": 0.0, "finished_length": 0.0, "aborted": 0.0, "weight_updates": 0.0,
@@ -240,15 +256,18 @@ class VLLMRolloutBackend:
     ) -> list[_Flight]:  # fmt: skip
         flights = [_Flight(req, f"{req.request_id}#{uuid.uuid4().hex[:12]}") for req in requests]
         tasks: list[asyncio.Task[None]] = []
+        abort_now = should_abort()
         for i, flight in enumerate(flights):
             req = flight.request
-            context = list(req.prompt_ids) + list(req.prefix_ids)
             _check(req)
+            context = list(req.prompt_ids) + list(req.prefix_ids)
             budget = min(req.max_new_tokens, self.max_model_len - len(context))
             if req.prefix_ids and req.prefix_ids[-1] in self.eos_ids:
                 flight.finish_reason = "stop"
             elif budget <= 0:
                 flight.finish_reason = "length"
+            elif abort_now:  # a sync is under way: nothing new may start
+                flight.finish_reason = "abort"
             else:
                 params = self._vllm_params(sampling, budget, i, ignore_eos)
                 tasks.append(asyncio.create_task(self._stream(flight, context, params)))
@@ -268,7 +287,7 @@ class VLLMRolloutBackend:
     async def _stream(self, flight: _Flight, context: list[int], params: Any) -> None:
         self._flights[flight.engine_id] = flight
         try:
-            prompt = {"prompt_token_ids": context}
+            prompt = self._engine_prompt(context)
             async for out in self._engine.generate(prompt, params, request_id=flight.engine_id):
                 completion = out.outputs[0]
                 if completion.token_ids:
@@ -285,6 +304,15 @@ class VLLMRolloutBackend:
             self._flights.pop(flight.engine_id, None)
             if flight.finish_reason is None:
                 flight.finish_reason = "abort"
+
+    def _engine_prompt(self, token_ids: list[int]) -> Any:
+        """Token ids rendered for the engine (vLLM ≥ 0.32 deprecates passing raw prompt dicts)."""
+        raw = {"prompt_token_ids": token_ids}
+        renderer = getattr(self._engine, "renderer", None)
+        if renderer is None or not hasattr(renderer, "render_cmpl"):
+            return raw
+        (rendered,) = renderer.render_cmpl([raw])
+        return rendered
 
     def _vllm_params(self, sampling: SamplingParams, budget: int, index: int, ignore_eos: bool) -> Any:
         from vllm import SamplingParams as VLLMSamplingParams
@@ -333,12 +361,12 @@ class VLLMRolloutBackend:
         """Stop scheduling. "keep" freezes in-flight requests (they continue after `resume`); "abort" ends
         them with `finish_reason="abort"` and their partial tokens. New requests wait for `resume`."""
         self._run(self._engine.pause_generation(mode=mode, clear_cache=False))
-        self._paused_by = "user"
+        self._paused_by_caller = True
 
     def resume(self) -> None:
         """Resume scheduling after `pause`."""
         self._run(self._engine.resume_generation())
-        self._paused_by = None
+        self._paused_by_caller = False
 
     # --- weights ------------------------------------------------------------------------------------------
     def update_weights(self, buckets: Iterable[dict[str, np.ndarray]], version: int) -> None:
@@ -353,13 +381,13 @@ class VLLMRolloutBackend:
 
     async def _update(self, buckets: Iterable[dict[str, np.ndarray]], version: int) -> int:
         engine = self._engine
-        paused_here = self._paused_by is None
+        paused_here = not self._paused_by_caller
         if paused_here:
             await engine.pause_generation(mode="keep", clear_cache=False)
         released = False
         try:
-            if self.release_kv_cache_on_sync and not self._flights:
-                await engine.release_kv_cache_memory()
+            if self.release_kv_cache_on_sync and not self._flights and hasattr(engine, "release_kv_cache_memory"):
+                await engine.release_kv_cache_memory()  # needs a completed pause with nothing in flight
                 released = True
                 self._stats["kv_cache_releases"] += 1
             await engine.collective_rpc("asyncrl_begin_update")
@@ -371,7 +399,9 @@ class VLLMRolloutBackend:
             self.version = version
         finally:
             if released:
-                await engine.wake_up(tags=["kv_cache"])
+                await engine.wake_up(tags=["kv_cache"])  # also resumes the scheduler once fully awake
+                if not paused_here:
+                    await engine.pause_generation(mode="keep", clear_cache=False)
             if paused_here:
                 await engine.resume_generation()
         return sent
@@ -381,7 +411,7 @@ class VLLMRolloutBackend:
 
         arrays = {name: np.ascontiguousarray(a) for name, a in bucket.items()}
         nbytes = sum(a.nbytes for a in arrays.values())
-        if self.weight_transport == "bytes":
+        if self.weight_transport == "bytes" or shutil.disk_usage("/dev/shm").free < 2 * nbytes:
             await self._engine.collective_rpc("asyncrl_load_bytes", args=(save(arrays),))
             return nbytes
         fd, path = tempfile.mkstemp(prefix="asyncrl-weights-", suffix=".safetensors", dir="/dev/shm")
@@ -395,51 +425,65 @@ class VLLMRolloutBackend:
 
     # --- self-test ----------------------------------------------------------------------------------------
     def self_test_resume_continuity(
-        self, prompt_ids: list[int] | None = None, n_tokens: int = 64, abort_after: int = 8,
+        self, prompt_ids: list[int] | None = None, n_tokens: int = 64, interrupt_after: int = 8,
         tolerance: float = 1e-3,
     ) -> ResumeContinuityReport:  # fmt: skip
         """Check that partial rollout loses no token (a known vLLM bug class: the first token after a
-        resume dropped or duplicated). Greedy, EOS ignored: generate `n_tokens` uninterrupted; generate
-        again and `pause("abort")` once `abort_after` tokens have streamed; resume; continue from the
-        partial prefix with the remaining budget. The stitched sequence must equal the uninterrupted one
-        and its log-probs must agree within `tolerance`. Run it on an idle engine (the pause aborts every
-        in-flight request)."""
+        resume dropped or duplicated). Greedy with EOS ignored, on the current weights:
+
+        1. reference: `n_tokens` generated uninterrupted;
+        2. abort path: the same request, `pause("abort")` once `interrupt_after` tokens have streamed,
+           `resume`, then continue from the partial prefix with the remaining budget;
+        3. keep path: the same request, `pause("keep")` after `interrupt_after` tokens, the in-flight
+           request preempted (KV cache dropped, exactly as `update_weights` does), `resume`.
+
+        Both sequences must equal the reference token for token, with log-probs within `tolerance`.
+        Run it on an idle engine: the pauses affect every in-flight request."""
         prompt = list(prompt_ids) if prompt_ids else [1, 2, 3, 4, 5, 6, 7, 8]
         greedy = SamplingParams(temperature=0.0)
-        full = GenRequest("selftest-reference", prompt, max_new_tokens=n_tokens)
-        (ref,) = self._run(self._generate([full], greedy, _never, ignore_eos=True))
-        cut = self._run(self._interrupted(GenRequest("selftest-cut", prompt, max_new_tokens=n_tokens), abort_after))
+        (ref,) = self._run(self._generate([GenRequest("selftest-reference", prompt, max_new_tokens=n_tokens)],
+                                          greedy, _never, ignore_eos=True))  # fmt: skip
+        cut, cut_at = self._run(self._interrupted(GenRequest("selftest-abort", prompt, max_new_tokens=n_tokens),
+                                                  interrupt_after, "abort"))  # fmt: skip
         rest = GenRequest(
             "selftest-resume", prompt, prefix_ids=cut.tokens, prefix_log_probs=cut.log_probs,
             max_new_tokens=n_tokens - len(cut.tokens), min_version=self.version,
         )  # fmt: skip
         (tail,) = self._run(self._generate([rest], greedy, _never, ignore_eos=True))
-        stitched, log_probs = cut.tokens + tail.tokens, cut.log_probs + tail.log_probs
-        mismatch = next((i for i, (a, b) in enumerate(zip(ref.tokens, stitched)) if a != b), None)
-        if mismatch is None and len(ref.tokens) != len(stitched):
-            mismatch = min(len(ref.tokens), len(stitched))
-        diff = max((abs(a - b) for a, b in zip(ref.log_probs, log_probs)), default=0.0)
+        kept, kept_at = self._run(self._interrupted(GenRequest("selftest-keep", prompt, max_new_tokens=n_tokens),
+                                                    interrupt_after, "keep"))  # fmt: skip
+        candidates = [(cut.tokens + tail.tokens, cut.log_probs + tail.log_probs), (kept.tokens, kept.log_probs)]
+        mismatches = [_first_mismatch(ref.tokens, tokens) for tokens, _ in candidates]
+        diff = max(_max_abs_diff(ref.log_probs, lps) for _, lps in candidates)
+        first = min((m for m in mismatches if m is not None), default=None)
         return ResumeContinuityReport(
-            ok=mismatch is None and diff <= tolerance, reference=ref.tokens, stitched=stitched,
-            aborted_after=len(cut.tokens), first_mismatch=mismatch, max_log_prob_diff=diff, tolerance=tolerance,
+            ok=first is None and diff <= tolerance, reference=ref.tokens, resumed_after_abort=candidates[0][0],
+            continued_after_keep=candidates[1][0], aborted_after=cut_at, kept_after=kept_at,
+            first_mismatch=first, max_log_prob_diff=diff, tolerance=tolerance,
         )  # fmt: skip
 
-    async def _interrupted(self, request: GenRequest, abort_after: int) -> _Flight:
-        """Run `request` greedily and `pause_generation("abort")` once it has `abort_after` tokens."""
+    async def _interrupted(self, request: GenRequest, after: int, mode: PauseMode) -> tuple[_Flight, int]:
+        """Run `request` greedily (EOS ignored) and pause the engine in `mode` once it has `after` tokens;
+        in "keep" mode also preempt it (drop its KV cache) before resuming. Returns the flight and the
+        token count at the pause."""
         task = asyncio.create_task(
             self._generate([request], SamplingParams(temperature=0.0), _never, ignore_eos=True)
         )
-        while not task.done():
-            flight = next((f for f in self._flights.values() if f.request is request), None)
-            if flight is not None and len(flight.tokens) >= abort_after:
-                await self._engine.pause_generation(mode="abort", clear_cache=False)
-                break
-            await asyncio.sleep(0.001)
+        at = 0
         try:
-            (flight,) = await task
+            while not task.done():
+                flight = next((f for f in self._flights.values() if f.request is request), None)
+                if flight is not None and len(flight.tokens) >= after:
+                    await self._engine.pause_generation(mode=mode, clear_cache=False)
+                    at = len(flight.tokens)
+                    if mode == "keep":
+                        await self._engine.reset_prefix_cache(reset_running_requests=True)
+                    break
+                await asyncio.sleep(0.001)
         finally:
             await self._engine.resume_generation()
-        return flight
+        (flight,) = await task
+        return flight, at
 
     # --- telemetry ----------------------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:

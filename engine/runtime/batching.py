@@ -40,7 +40,6 @@ def prepare_batch(groups: list[TrajectoryGroup], cfg: Any, pad_token_id: int, tr
 
     trajs = [t for g in groups for t in g.trajectories]
     lengths = batch.response_mask.sum(-1)
-    max_len = cfg.data.max_response_length
     stal = [trainer_version - t.min_version for t in trajs]
     spans = [t.version_span for t in trajs]
     partial = [s for s in spans if s > 0]
@@ -55,7 +54,7 @@ def prepare_batch(groups: list[TrajectoryGroup], cfg: Any, pad_token_id: int, tr
         "response_length/mean": lengths.float().mean().item(),
         "response_length/max": lengths.max().item(),
         "response_length/min": lengths.min().item(),
-        "response_length/clip_ratio": (lengths >= max_len).float().mean().item(),
+        "response_length/clip_ratio": sum(t.finish_reason == "length" for t in trajs) / len(trajs),
         "asyncrl/staleness/mean": sum(stal) / len(stal),
         "asyncrl/staleness/max": max(stal),
         "asyncrl/staleness_hist": staleness_histogram(stal),

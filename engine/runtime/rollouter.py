@@ -10,7 +10,6 @@ weights first. Each trajectory keeps the min and max weight version that generat
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 import traceback
@@ -44,14 +43,13 @@ class _Dispatch:
 
 
 class PromptStream:
-    """Epoch-ordered prompts (reshuffled per epoch with a seeded RNG), capped at `total` prompts."""
+    """The prompts of epoch 0, 1, ... in the order `load_prompts` gives (it shuffles per epoch, seeded), capped
+    at `total` prompts. The order is a pure function of (seed, epoch), so a position restores exactly."""
 
-    def __init__(self, prompts_for_epoch, total_epochs: int, total: int, shuffle: bool, seed: int) -> None:
+    def __init__(self, prompts_for_epoch, total_epochs: int, total: int) -> None:
         self._for_epoch = prompts_for_epoch
         self.total_epochs = total_epochs
         self.total = total
-        self.shuffle = shuffle
-        self.seed = seed
         self.emitted = 0
         self._epoch = -1
         self._order: list[Prompt] = []
@@ -65,8 +63,6 @@ class PromptStream:
             if self._epoch >= self.total_epochs:
                 return None
             self._order = list(self._for_epoch(self._epoch))
-            if self.shuffle:
-                random.Random(self.seed + self._epoch).shuffle(self._order)
             self._pos = 0
             if not self._order:
                 return None
@@ -83,8 +79,6 @@ class PromptStream:
         self._epoch = state["epoch"]
         if self._epoch >= 0:
             self._order = list(self._for_epoch(self._epoch))
-            if self.shuffle:
-                random.Random(self.seed + self._epoch).shuffle(self._order)
         self._pos = state["pos"]
         self.emitted = state["emitted"]
 
@@ -128,8 +122,7 @@ class RolloutCore:
                 train_cache[epoch] = prompts
             return train_cache[epoch]
 
-        self.stream = PromptStream(prompts_for_epoch, cfg.trainer.total_epochs, total_rollout_steps(cfg),
-                                   cfg.data.shuffle, cfg.data.seed)
+        self.stream = PromptStream(prompts_for_epoch, cfg.trainer.total_epochs, total_rollout_steps(cfg))
         self.val_prompts: list[Prompt] = []
         if cfg.data.val_files and cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train:
             if cfg.data.val_files:
@@ -320,7 +313,7 @@ class RolloutCore:
         for src, xs in per_source.items():
             rec[f"val-core/{src}/reward/mean@1"] = sum(xs) / len(xs)
         self.controller.record_metrics.remote(rec)
-        summary = ", ".join(f"{k.split('/')[1]}={v:.3f}" for k, v in rec.items() if k.startswith("val-core"))
+        summary = ", ".join(f"{src}={sum(xs) / len(xs):.3f}" for src, xs in per_source.items())
         self._event("info", "validation", f"validation at version {self._val_version}: {summary}")
 
     def _queue_validation(self, version: int) -> None:

@@ -7,6 +7,7 @@ sequences it and reports.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -23,6 +24,8 @@ def build_trainer_backend(cfg: Any, model_dir: str):
     """The configured training backend for `model_dir` (backends imported lazily)."""
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
     optim = cfg.trainer.optim.model_dump()
+    if optim.pop("name", "adamw") != "adamw":
+        raise ValueError(f"trainer.optim.name = {cfg.trainer.optim.name!r}: only 'adamw' is supported")
     if cfg.trainer.backend == "megatron":
         from engine.trainer.megatron.backend import MegatronTrainerBackend
 
@@ -141,6 +144,8 @@ class TrainerCore:
         up_s = time.monotonic() - t_up
         self.local_step += 1
         self.since_sync += 1
+        if self.cfg.debug.kill_trainer_at_step == self.local_step:
+            os._exit(17)  # fault injection ([debug] kill_trainer_at_step): the process dies mid-run
         self.ledger.record(prep.uids, "trained", step=self.local_step, version=self.version)
         rec.update(self._alarms(rec))
         if self._should_sync():
@@ -211,9 +216,10 @@ class TrainerCore:
         return keep
 
     def _staleness_bound(self) -> float:
+        """The hard cap when set, else verl's nominal bound ceil(staleness_threshold) (0 in sync mode)."""
         if self.cap is not None:
             return float(self.cap)
-        return 0.0 if self.sync_mode else float(1 + int(self.cfg.async_training.staleness_threshold) + 1)
+        return 0.0 if self.sync_mode else float(math.ceil(self.cfg.async_training.staleness_threshold))
 
     # ------------------------------------------------------------------ sync
     def _should_sync(self) -> bool:

@@ -7,7 +7,7 @@ import math
 import torch
 
 from engine.rollout.base import SamplingParams
-from engine.rollout.sampling import filter_logits, select_tokens
+from engine.rollout.sampling import filter_logits, sample_from_cdf, select_tokens
 
 
 def test_top_k_keeps_exactly_k_highest() -> None:
@@ -56,3 +56,10 @@ def test_sampling_frequencies_follow_the_distribution() -> None:
     tokens, _ = select_tokens(logits, SamplingParams(temperature=1.0), torch.Generator().manual_seed(3))
     freq = torch.bincount(tokens, minlength=3).float() / tokens.numel()
     assert torch.allclose(freq, torch.tensor([0.7, 0.2, 0.1]), atol=0.015)
+
+
+def test_cdf_sampling_never_returns_zero_probability_tokens() -> None:
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]]).repeat(5000, 1)
+    tokens = sample_from_cdf(probs, torch.Generator().manual_seed(0))
+    assert set(tokens.tolist()) == {1, 3}
+    assert abs(float((tokens == 1).float().mean()) - 0.5) < 0.03

@@ -36,12 +36,9 @@ def test_object_store_sync_updates_a_remote_replica(local_ray, tiny_lm) -> None:
 
     @ray.remote(num_cpus=1)
     class Replica:
-        def __init__(self, seed: int) -> None:
-            import sys
-
-            sys.path.insert(0, __file__.rsplit("/", 1)[0])
+        def __init__(self, model: torch.nn.Module) -> None:
             torch.set_num_threads(1)
-            self.backend = HFRolloutBackend(tiny_lm(seed=seed), eos_token_id=EOS, pad_token_id=PAD)
+            self.backend = HFRolloutBackend(model, eos_token_id=EOS, pad_token_id=PAD)
             self.sync = ObjectStoreSync()
 
         def apply(self, handle) -> dict:
@@ -57,7 +54,7 @@ def test_object_store_sync_updates_a_remote_replica(local_ray, tiny_lm) -> None:
     assert isinstance(sync, WeightSync)
     policy = tiny_lm(seed=3)
     trainer = TorchTrainerBackend(copy.deepcopy(policy), optim_cfg={"lr": 1e-3})
-    replica = Replica.remote(seed=4)
+    replica = Replica.remote(tiny_lm(seed=4))
     before = ray.get(replica.greedy.remote())
     handle = sync.push(7, trainer.export_weights(bucket_bytes=64 * 1024))
     assert handle.num_buckets > 1
@@ -69,6 +66,8 @@ def test_object_store_sync_updates_a_remote_replica(local_ray, tiny_lm) -> None:
     after = ray.get(replica.greedy.remote())
     assert after == [r.response_ids for r in expected] and after != before
     pulled = list(sync.pull(handle))
-    assert np.array_equal(pulled[0][next(iter(pulled[0]))], next(iter(trainer.export_weights(1 << 30)))[next(iter(pulled[0]))])
+    exported = list(trainer.export_weights(bucket_bytes=64 * 1024))
+    assert [list(b) for b in pulled] == [list(b) for b in exported]
+    assert all(np.array_equal(p[k], e[k]) for p, e in zip(pulled, exported) for k in e)
     sync.release(handle)
     assert handle.refs == []

@@ -17,11 +17,13 @@ def rank_slice(batch, rank: int, world: int):
     return batch.select(slice(rank * per, (rank + 1) * per))
 
 
-def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
+def run_rank(rank: int, world: int, port: int, out_dir: str, backend: str = "gloo") -> None:
     torch.set_num_threads(1)
-    init_distributed(rank, world, port, backend="gloo")
+    init_distributed(rank, world, port, backend=backend)
+    device = f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
     try:
-        trainer = FSDPTrainerBackend(build_tiny_lm(seed=0), optim_cfg=OPTIM, grad_clip=1e6, micro_batch_size=MICRO)
+        trainer = FSDPTrainerBackend(build_tiny_lm(seed=0), optim_cfg=OPTIM, grad_clip=1e6, micro_batch_size=MICRO,
+                                     device=device)
         result: dict = {"tied": trainer.model.lm_head.weight is trainer.model.model.embed_tokens.weight}
         # step 1: the same global batch as the single-process reference, split across ranks
         local = rank_slice(random_batch(rows=ROWS, seed=0), rank, world)
@@ -35,7 +37,7 @@ def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
         sft = rank_slice(random_batch(rows=ROWS, seed=1), rank, world)
         sft.advantages = sft.response_mask.clone()
         # uneven work: rank 1 gets one extra micro-batch (the other rank pads with a zero-weight repeat)
-        if rank == 1:
+        if rank == 1 and world > 1:
             sft = random_batch(rows=ROWS // world + MICRO, seed=2)
             sft.advantages = sft.response_mask.clone()
         result["losses"] = [trainer.train_step(sft, token_mean_pg_loss)["actor/pg_loss"] for _ in range(6)]

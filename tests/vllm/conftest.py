@@ -58,12 +58,13 @@ _versions = itertools.count(1)
 
 @pytest.fixture
 def load_weights(backend: Any, tiny: Tiny) -> Callable[..., Any]:
-    """`load_weights(seed, n_buckets=3, transport=None) -> (model, version)`: a new random weight set, sent
-    to the engine in `n_buckets` buckets without `lm_head.weight` (the backend must add the tied head)."""
+    """`load_weights(seed, n_buckets=3, transport=None, quiet_eos=False) -> (model, version)`: a new random
+    weight set, sent to the engine in `n_buckets` buckets without `lm_head.weight` (the backend must add the
+    tied head). `quiet_eos` makes greedy decoding run to its budget (see `make_model`)."""
     from vllm_tiny_model import hf_buckets, make_model
 
-    def load(seed: int, n_buckets: int = 3, transport: str | None = None) -> tuple[Any, int]:
-        model = make_model(tiny.vocab_size, tiny.eos_id, tiny.pad_id, seed=seed)
+    def load(seed: int, n_buckets: int = 3, transport: str | None = None, quiet_eos: bool = False) -> tuple[Any, int]:
+        model = make_model(tiny.vocab_size, tiny.eos_id, tiny.pad_id, seed=seed, quiet_eos=quiet_eos)
         version = next(_versions)
         if transport is not None:
             backend.weight_transport = transport

@@ -46,7 +46,7 @@ def _in_thread(backend, requests: list[GenRequest]) -> tuple[threading.Thread, l
 
 
 def test_should_abort_returns_partial_tokens_and_resume_from_prefix_completes(backend, load_weights) -> None:
-    model, version = load_weights(seed=31)
+    model, version = load_weights(seed=31, quiet_eos=True)
     prompt = PROMPTS[0]
     reference = greedy(model, prompt, BUDGET, backend.eos_ids)
     assert len(reference) > 40, "precondition: the reference must run long enough to be interrupted"
@@ -68,8 +68,16 @@ def test_should_abort_returns_partial_tokens_and_resume_from_prefix_completes(ba
     assert full.min_version == full.max_version == version
 
 
+def test_generate_during_a_sync_submits_nothing(backend) -> None:
+    req = GenRequest("late", PROMPTS[0], prefix_ids=[9, 10], prefix_log_probs=[-0.5, -0.25], max_new_tokens=8,
+                     min_version=0)
+    (res,) = backend.generate([req], GREEDY, should_abort=lambda: True)
+    assert (res.finish_reason, res.response_ids, res.log_probs, res.new_tokens) == ("abort", [9, 10], [-0.5, -0.25], 0)
+    assert (res.min_version, res.max_version) == (0, backend.version)
+
+
 def test_pause_keep_update_resume_continues_in_flight_requests_under_new_weights(backend, load_weights) -> None:
-    old, v_old = load_weights(seed=41)
+    old, v_old = load_weights(seed=41, quiet_eos=True)
     requests = [GenRequest(f"keep{i}", p, max_new_tokens=BUDGET) for i, p in enumerate(PROMPTS)]
     thread, out = _in_thread(backend, requests)
     _wait_for_tokens(backend, [r.request_id for r in requests], 8)
@@ -78,7 +86,7 @@ def test_pause_keep_update_resume_continues_in_flight_requests_under_new_weights
     frozen = backend.inflight()
     time.sleep(0.3)
     assert backend.inflight() == frozen, "paused requests kept generating"
-    new, v_new = load_weights(seed=42)
+    new, v_new = load_weights(seed=42, quiet_eos=True)
     backend.resume()
     thread.join(timeout=120)
     assert not thread.is_alive()
@@ -97,14 +105,14 @@ def test_pause_keep_update_resume_continues_in_flight_requests_under_new_weights
 
 
 def test_pause_abort_update_resume_from_prefix(backend, load_weights) -> None:
-    old, v_old = load_weights(seed=51)
+    old, v_old = load_weights(seed=51, quiet_eos=True)
     requests = [GenRequest(f"ab{i}", p, max_new_tokens=BUDGET) for i, p in enumerate(PROMPTS)]
     thread, out = _in_thread(backend, requests)
     _wait_for_tokens(backend, [r.request_id for r in requests], 5)
     backend.pause("abort")
     thread.join(timeout=60)
     partials = out[0]
-    new, v_new = load_weights(seed=52)  # while paused: the update must not resume the engine
+    new, v_new = load_weights(seed=52, quiet_eos=True)  # while paused: the update must not resume the engine
     backend.resume()
 
     resumed = [
@@ -126,7 +134,9 @@ def test_pause_abort_update_resume_from_prefix(backend, load_weights) -> None:
 
 
 def test_resume_continuity_self_test_passes(backend, load_weights) -> None:
-    load_weights(seed=61)
-    report = backend.self_test_resume_continuity(n_tokens=48, abort_after=8)
+    load_weights(seed=71)
+    report = backend.self_test_resume_continuity(n_tokens=48, interrupt_after=8)
     assert report.ok, report
-    assert 8 <= report.aborted_after < 48 and len(report.stitched) == 48
+    assert 8 <= report.aborted_after < 48 and 8 <= report.kept_after < 48
+    assert report.resumed_after_abort == report.continued_after_keep == report.reference
+    assert len(report.reference) == 48

@@ -38,8 +38,10 @@ def build_tokenizer(out_dir: Path):  # -> PreTrainedTokenizerFast
     return fast
 
 
-def make_model(vocab_size: int, eos_id: int, pad_id: int, seed: int, init_range: float = 0.3):
-    """A random tied-embedding Qwen2ForCausalLM in fp32 (`init_range` 0.3 keeps greedy outputs varied)."""
+def make_model(vocab_size: int, eos_id: int, pad_id: int, seed: int, init_range: float = 0.3, quiet_eos: bool = False):
+    """A random tied-embedding Qwen2ForCausalLM in fp32 (`init_range` 0.3 keeps greedy outputs varied).
+    `quiet_eos` zeroes the EOS row of the tied embedding/head: its logit is then 0 while the best other
+    logit is ~10, so greedy decoding never stops early."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
@@ -49,7 +51,11 @@ def make_model(vocab_size: int, eos_id: int, pad_id: int, seed: int, init_range:
         bos_token_id=None, torch_dtype="float32", architectures=["Qwen2ForCausalLM"],
     )  # fmt: skip
     torch.manual_seed(seed)
-    return Qwen2ForCausalLM(config).float().eval()
+    model = Qwen2ForCausalLM(config).float().eval()
+    if quiet_eos:
+        with torch.no_grad():
+            model.get_input_embeddings().weight[eos_id].zero_()
+    return model
 
 
 def write_checkpoint(out_dir: Path, seed: int = 0):

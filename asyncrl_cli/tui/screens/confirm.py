@@ -41,8 +41,8 @@ class ConfirmScreen(ModalScreen[bool]):
             if self.warnings:
                 yield Static("\n".join(f"! {w}" for w in self.warnings), id="confirm-warnings")
             with Horizontal():
-                yield Button("Cancel [n]", id="cancel")
-                yield Button("Confirm [y]", id="confirm", variant="warning")
+                yield Button("Cancel (n)", id="cancel")
+                yield Button("Confirm (y)", id="confirm", variant="warning")
 
     def on_mount(self) -> None:
         self.query_one("#confirm", Button).focus()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
 from asyncrl_cli.tui.model import DashboardModel
+from asyncrl_cli.tui.widgets.ticks import thin_ticks
 
 
 def bin_labels(edges: list[float]) -> list[str]:
@@ -24,6 +26,7 @@ class HistogramChart(PlotextPlot):
 
     def __init__(self, key: str, title: str, *, xlabel: str, window: int = 5, id: str | None = None) -> None:
         super().__init__(id=id)
+        self._ticks: tuple[list[float], list[str]] = ([], [])
         self.key = key
         self.window = window
         self.border_title = f"{title} (last {window} steps)"
@@ -38,12 +41,23 @@ class HistogramChart(PlotextPlot):
         hist = model.histogram(self.key, self.window)
         plt = self.plt
         plt.clear_data()
+        self._ticks = ([], [])
         if hist is None:
             self.total = 0.0
             plt.title("no histogram recorded")
         else:
             edges, counts = hist
             self.total = sum(counts)
-            plt.bar(bin_labels(edges), counts, color="cyan", width=0.8)
+            # numeric positions with explicit tick labels: plotext orders string categories by hash
+            positions = [float(i) for i in range(1, len(counts) + 1)]
+            plt.bar(positions, counts, color="cyan", width=0.8)
+            self._ticks = (positions, bin_labels(edges))
             plt.title("")
         self.refresh()
+
+    def render(self) -> RenderResult:
+        """Set tick labels that fit the current width, then let plotext draw."""
+        positions, labels = self._ticks
+        if positions:
+            self.plt.xticks(*thin_ticks(positions, labels, max(1, self.size.width - 8)))
+        return super().render()

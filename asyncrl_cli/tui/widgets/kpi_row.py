@@ -11,7 +11,11 @@ from asyncrl_cli.tui.format import MISSING, fmt_num, fmt_pct, fmt_rate, is_numbe
 
 
 class Kpi(Static):
-    """One labelled value; classes `-warn` / `-alert` colour it."""
+    """One labelled value (the label is the border title); classes `-warn` / `-alert` colour it.
+
+    Labels: train/gen tok/s = trainer and rollout throughput; staleness = `mean / max ≤ bound` in policy
+    versions; IS clip/mask = share of IS weights above the threshold / tokens masked by rejection sampling.
+    """
 
     DEFAULT_CSS = """
     Kpi {
@@ -53,7 +57,7 @@ def sync_kpi(model: m.DashboardModel) -> tuple[str, str]:
     applied, pending, requested = model.sync_interval()
     if pending:
         return f"{fmt_num(applied)} → {fmt_num(requested)} pending", "warn"
-    return f"every {fmt_num(applied)} steps", ""
+    return f"{fmt_num(applied)} steps", ""
 
 
 class KpiRow(Horizontal):
@@ -69,9 +73,9 @@ class KpiRow(Horizontal):
         super().__init__(id=id)
         self.boxes = {
             key: Kpi(label, id=f"kpi-{key}")
-            for key, label in (("trainer", "trainer tok/s"), ("rollout", "rollout tok/s"), ("queue", "queue"),
-                               ("staleness", "stale mean/max"), ("is", "IS clip/mask"), ("ess", "ESS"),
-                               ("sync", "sync interval"))
+            for key, label in (("trainer", "train tok/s"), ("rollout", "gen tok/s"), ("queue", "queue"),
+                               ("staleness", "staleness"), ("is", "clip/mask"), ("ess", "IS ESS"),
+                               ("sync", "sync every"))
         }
 
     def compose(self) -> ComposeResult:

@@ -20,22 +20,23 @@ STATE_STYLES = {
 
 
 def header_text(model: DashboardModel, label: str, read_only: bool) -> Text:
-    """`asyncrl · RUN · ADDRESS · STATE · policy vN · step S/T · elapsed E · ETA R [read-only]`."""
+    """`RUN  STATE  [read-only] · policy vN · step S/T · elapsed E · ETA R · ADDRESS` (most important first)."""
     state = model.state if model.connected else "disconnected"
     version = model.policy_version
     step, total = model.step, model.total_steps
     eta = "done" if state == "finished" else fmt_duration(model.eta)
     parts: list[str | tuple[str, str]] = [
-        ("asyncrl ", "bold"),
         (str(model.run.get("name") or MISSING), "bold"),
-        f" · {label} · ",
+        " ",
         (f" {state.upper()} ", STATE_STYLES.get(state, "bold")),
-        f" · policy v{version if version is not None else MISSING}",
-        f" · step {step if step is not None else MISSING}/{total if total is not None else MISSING}",
-        f" · elapsed {fmt_duration(model.elapsed)} · ETA {eta}",
     ]
     if read_only:
-        parts.append(("  [read-only]", "bold yellow"))
+        parts.append((" read-only", "bold yellow"))
+    parts += [
+        f" · policy v{version if version is not None else MISSING}",
+        f" · step {step if step is not None else MISSING}/{total if total is not None else MISSING}",
+        f" · elapsed {fmt_duration(model.elapsed)} · ETA {eta} · {label}",
+    ]
     return Text.assemble(*parts)
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
 from asyncrl_cli.tui.format import is_number
 from asyncrl_cli.tui.model import SYNC_PAUSE, SYNC_TRANSFER, DashboardModel
+from asyncrl_cli.tui.widgets.ticks import thin_ticks
 
 
 class SyncChart(PlotextPlot):
@@ -20,6 +22,7 @@ class SyncChart(PlotextPlot):
 
     def __init__(self, *, max_bars: int = 12, id: str | None = None) -> None:
         super().__init__(id=id)
+        self._ticks: tuple[list[float], list[str]] = ([], [])
         self.border_title = "sync time (s): pause vs transfer"
         self.max_bars = max_bars
         self.bars = 0
@@ -37,10 +40,22 @@ class SyncChart(PlotextPlot):
         steps, pause, transfer = steps[-self.max_bars:], pause[-self.max_bars:], transfer[-self.max_bars:]
         plt = self.plt
         plt.clear_data()
+        self._ticks = ([], [])
         self.bars = len(steps)
         if steps:
-            plt.stacked_bar(steps, [pause, transfer], labels=["pause", "transfer"], color=["yellow", "cyan"], width=0.6)
+            # numeric positions with explicit tick labels: plotext orders string categories by hash
+            positions = [float(i) for i in range(1, len(steps) + 1)]
+            plt.stacked_bar(positions, [pause, transfer], labels=["pause", "transfer"], color=["orange", "cyan"],
+                            width=0.6)
+            self._ticks = (positions, steps)
             plt.title("")
         else:
             plt.title("no sync yet")
         self.refresh()
+
+    def render(self) -> RenderResult:
+        """Set tick labels that fit the current width, then let plotext draw."""
+        positions, labels = self._ticks
+        if positions:
+            self.plt.xticks(*thin_ticks(positions, labels, max(1, self.size.width - 8)))
+        return super().render()

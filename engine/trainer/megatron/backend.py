@@ -36,8 +36,15 @@ from engine.trainer import checkpoint as ckpt
 from engine.trainer.base import LossFn, TrainBatch
 from engine.trainer.batch import split_micro_batches, trim_padding
 from engine.trainer.megatron import checkpointing as mckpt
-from engine.trainer.megatron.convert import SafetensorsSource, TensorGetter, hf_to_megatron, state_dict_getter
-from engine.trainer.megatron.export import current_shard_info, export_hf, iter_hf_tensors
+from engine.trainer.megatron.convert import (
+    SafetensorsSource,
+    TensorGetter,
+    hf_to_megatron,
+    is_tp_sharded,
+    megatron_rules,
+    state_dict_getter,
+)
+from engine.trainer.megatron.export import current_ep, current_shard_info, export_hf, iter_hf_tensors
 from engine.trainer.megatron.hf_config import load_arch
 from engine.trainer.megatron.inputs import pack_batch
 from engine.trainer.megatron.model import build_gpt_model
@@ -156,12 +163,16 @@ class MegatronTrainerBackend:
         get = state_dict_getter(source) if isinstance(source, Mapping) else source
         params = dict(self.model.named_parameters())
         seen: set[str] = set()
+        sharded = {r.megatron for r in megatron_rules(self.arch, *current_ep()) if is_tp_sharded(r)}
         for name, tensor in hf_to_megatron(get, self.arch, current_shard_info()):
             p = params.get(name)
             if p is None:
                 raise KeyError(f"converted tensor {name!r} has no parameter in the Megatron model")
             if tuple(p.shape) != tuple(tensor.shape):
                 raise ValueError(f"{name}: model shape {tuple(p.shape)} != converted {tuple(tensor.shape)}")
+            if (name in sharded) != bool(getattr(p, "tensor_model_parallel", False)):
+                raise RuntimeError(f"{name}: Megatron's tensor_model_parallel attribute disagrees with the "
+                                   "conversion rule (gradient norms would be wrong)")
             p.data.copy_(tensor.to(device=p.device, dtype=p.dtype))
             seen.add(name)
         missing = set(params) - seen
@@ -196,6 +207,16 @@ class MegatronTrainerBackend:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())
 
+    @property
+    def _uniform_shapes(self) -> bool:
+        """Megatron's all-gather MoE dispatcher (used on CPU) needs the same [B, S] on every EP rank."""
+        return self.layout.ep > 1 and not self.on_gpu
+
+    def _max_shape_over_world(self, shape: tuple[int, int]) -> tuple[int, int]:
+        t = torch.tensor(shape, dtype=torch.long, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t[0]), int(t[1])
+
     def _barrier(self) -> None:
         if dist.get_world_size() > 1:
             dist.barrier()
@@ -217,8 +238,13 @@ class MegatronTrainerBackend:
 
     def _forward(self, micro: TrainBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log π(responses) [b, r] (fp32, differentiable) and entropy, for a trimmed micro-batch."""
-        inp = pack_batch(micro, multiple_of=self.layout.tp).to(self.device)
-        logits = self.ddp(inp.tokens, inp.position_ids, inp.attention_mask)  # [b, S, V/tp]
+        inp = pack_batch(micro, multiple_of=self.layout.tp)
+        rows = inp.shape[0]
+        if self._uniform_shapes:
+            inp = inp.pad_to(*self._max_shape_over_world(inp.shape))
+        inp = inp.to(self.device)
+        logits = self.ddp(inp.tokens, inp.position_ids, inp.attention_mask)[:rows]  # [b, S, V/tp]
+        inp.response_index = inp.response_index[:rows]
         index = inp.response_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
         z = logits.gather(1, index).float() / self.temperature
         return vocab_parallel_log_probs(z, micro.responses.to(self.device), self.arch.vocab_size, with_entropy)

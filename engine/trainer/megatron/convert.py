@@ -186,6 +186,11 @@ def hf_to_megatron(get: TensorGetter, arch: ArchSpec, info: ShardInfo,
         yield rule.megatron, shard(rule, full, rank, size, arch, info.tp_size)
 
 
+def is_tp_sharded(rule: Rule) -> bool:
+    """Whether the tensor is split over (expert-)TP ranks rather than replicated."""
+    return rule.kind != "replicated"
+
+
 def megatron_to_hf(rule: Rule, shards: list[torch.Tensor], arch: ArchSpec) -> list[tuple[str, torch.Tensor]]:
     """HF (name, tensor) pairs of one Megatron tensor given its shards over its split group."""
     return list(zip(rule.hf, split_hf(rule, merge_shards(rule, shards, arch), arch)))

@@ -45,6 +45,12 @@ def current_shard_info() -> ShardInfo:
     )
 
 
+def current_ep() -> tuple[int, int]:
+    """(EP rank, EP size) of this rank."""
+    info = current_shard_info()
+    return info.ep_rank, info.ep_size
+
+
 @torch.no_grad()
 def iter_hf_tensors(model: torch.nn.Module, arch: ArchSpec) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, full tensor) for every HF weight, gathered from all TP / EP ranks (`model`: a GPTModel)."""
@@ -79,7 +85,7 @@ def iter_hf_tensors(model: torch.nn.Module, arch: ArchSpec) -> Iterator[tuple[st
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A host numpy copy (bf16/fp16-bf16 widened to float32 where numpy lacks the dtype)."""
+    """A host numpy copy (bfloat16, which numpy lacks, is widened to float32 exactly)."""
     t = t.detach()
     if t.dtype == torch.bfloat16:
         t = t.float()

@@ -10,7 +10,9 @@ position j. Then
     logits predicting response token t of row b sit at index P − 1 − k_b + t
 
 The sequence is padded to a multiple of TP (sequence parallelism splits it across TP ranks). Rows must
-hold one contiguous run of real tokens (what `engine.trainer.batch.collate` builds).
+hold one contiguous run of real tokens (what `engine.trainer.batch.collate` builds). `pad_to` appends
+all-padding rows and columns, for collectives that need the same [B, S] on every rank (Megatron's
+all-gather MoE token dispatcher).
 """
 
 from __future__ import annotations
@@ -25,13 +27,42 @@ from engine.trainer.base import TrainBatch
 @dataclass
 class MegatronInputs:
     tokens: torch.Tensor  # [B, S] long
-    position_ids: torch.Tensor  # [B, S] long
-    attention_mask: torch.Tensor  # [B, 1, S, S] bool, True = masked
+    valid: torch.Tensor  # [B, S] bool: a real token
     response_index: torch.Tensor  # [B, R] long: sequence index of the logits predicting each response token
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.tokens.shape[0]), int(self.tokens.shape[1])
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        n, seq = self.shape
+        return torch.arange(seq, device=self.tokens.device)[None, :].expand(n, seq)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """[B, 1, S, S] bool, True = masked: causal, and padding keys."""
+        seq = self.shape[1]
+        causal = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=self.tokens.device), diagonal=1)
+        return causal[None, None] | ~self.valid[:, None, None, :]
+
     def to(self, device: torch.device | str) -> "MegatronInputs":
-        return MegatronInputs(self.tokens.to(device), self.position_ids.to(device),
-                              self.attention_mask.to(device), self.response_index.to(device))
+        return MegatronInputs(self.tokens.to(device), self.valid.to(device), self.response_index.to(device))
+
+    def pad_to(self, rows: int, seq: int) -> "MegatronInputs":
+        """Append padding rows/columns up to [rows, seq] (real rows and their indices are unchanged)."""
+        n, s = self.shape
+        if (rows, seq) == (n, s):
+            return self
+        if rows < n or seq < s:
+            raise ValueError(f"cannot pad [{n}, {s}] down to [{rows}, {seq}]")
+        tokens = self.tokens.new_zeros((rows, seq))
+        tokens[:n, :s] = self.tokens
+        valid = self.valid.new_zeros((rows, seq))
+        valid[:n, :s] = self.valid
+        index = self.response_index.new_zeros((rows, self.response_index.shape[1]))
+        index[:n] = self.response_index
+        return MegatronInputs(tokens, valid, index)
 
 
 def pack_batch(batch: TrainBatch, multiple_of: int = 1) -> MegatronInputs:
@@ -52,12 +83,5 @@ def pack_batch(batch: TrainBatch, multiple_of: int = 1) -> MegatronInputs:
     tokens = torch.where(inside, batch.input_ids.gather(1, src.clamp(max=length - 1)), torch.zeros_like(src))
     valid = inside & torch.arange(seq)[None, :].lt(count[:, None])
     tokens = torch.where(valid, tokens, torch.zeros_like(tokens))
-    causal = torch.triu(torch.ones(seq, seq, dtype=torch.bool), diagonal=1)
-    mask = causal[None, None] | ~valid[:, None, None, :]
     index = (batch.prompt_len - 1 - lead)[:, None] + torch.arange(width)[None, :]
-    return MegatronInputs(
-        tokens=tokens,
-        position_ids=torch.arange(seq)[None, :].expand(n, seq).contiguous(),
-        attention_mask=mask,
-        response_index=index.clamp(0, seq - 1),
-    )
+    return MegatronInputs(tokens=tokens, valid=valid, response_index=index.clamp(0, seq - 1))

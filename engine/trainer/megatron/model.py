@@ -84,7 +84,8 @@ def transformer_config(arch: ArchSpec, layout: ParallelLayout, dtype: torch.dtyp
         params_dtype=dtype,
         bf16=dtype == torch.bfloat16,
         use_cpu_initialization=not on_gpu,
-        perform_initialization=False,  # every weight is loaded from the HF checkpoint
+        perform_initialization=True,  # weights are then overwritten from HF, but only Megatron's init sets
+        # the `tensor_model_parallel` attributes that grad-norm and the optimizer rely on
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,

@@ -1,0 +1,94 @@
+"""`asyncrl import verl`: named override blocks, resource variables, legacy keys, the unmapped list."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from asyncrl_cli.verl_import.convert import convert_script
+from asyncrl_cli.verl_import.shell import parse_script
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GEO3K = FIXTURES / "verl_geo3k_qwen3vl_8b_fsdp2_16_16_npu.sh"
+LEGACY = FIXTURES / "verl_grpo_30b_a3b_base_megatron_96_32_mis_legacy.sh"
+
+
+def test_shell_reader_expands_blocks_defaults_and_arithmetic() -> None:
+    sc = parse_script(LEGACY.read_text())
+    assert sc.variables["max_response_length"] == "8192"
+    assert (
+        sc.variables["MODEL_PATH"]
+        == "${MODEL_PATH:-${RAY_DATA_HOME:-${HOME}/verl}/models/Qwen3-30B-A3B-Base}"
+    )
+    assert "NNODES_TRAIN" in sc.env_defaults
+    geo = parse_script(GEO3K.read_text())
+    (cmd,) = [c for c in geo.commands if "verl.experimental.fully_async_policy.fully_async_main" in c]
+    assert "data.image_key=images" in cmd and "async_training.require_batches=2" in cmd  # $BLOCKS were split
+
+
+def test_geo3k_script_maps_every_block(cli, tmp_path: Path) -> None:
+    r = cli("import", "verl", GEO3K, "-o", "geo3k.toml")
+    assert r.exit_code == 0, r.output
+    data = tomllib.loads((tmp_path / "geo3k.toml").read_text())
+    assert data["resources"]["hardware"] == "ascend-910c"  # 16 NPUs per node → 910C, as guessed
+    assert data["resources"]["trainer"] == {"nnodes": 1, "gpus_per_node": 16}
+    assert data["data"]["train_files"] == ["${train_path:-${HOME}/data/geo3k/train.parquet}"]
+    assert data["data"]["image_key"] == "images" and data["data"]["shuffle"] is False
+    assert data["trainer"]["backend"] == "torch" and data["trainer"]["kl_loss_coef"] == 0.01
+    assert data["rollout"]["n"] == 4 and data["rollout"]["total_rollout_steps"] == 51200
+    assert data["async_training"] == {
+        "staleness_threshold": 0.1,
+        "trigger_parameter_sync_step": 4,
+        "require_batches": 2,
+        "partial_rollout": True,
+    }
+    rc = data["algorithm"]["rollout_correction"]
+    assert rc["rollout_rs"] == "token_k1" and rc["rollout_rs_threshold"] == "0.6_1.6"
+    assert data["logging"]["sinks"] == ["jsonl", "console", "wandb"]
+    # every override that has no asyncrl key is listed, on screen and in the file
+    for unmapped in (
+        "data.truncation='error'",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        "actor_rollout_ref.rollout.max_model_len=32768",
+        "actor_rollout_ref.rollout.engine_kwargs.vllm.mm_processor_cache_gb=0",
+    ):
+        assert unmapped in r.stdout
+        assert unmapped in (tmp_path / "geo3k.toml").read_text()
+    assert "data.train_batch_size=0" not in r.stdout  # required by verl: noted in the file, not a failure
+
+
+def test_geo3k_import_on_8_per_node_hardware_exits_3(cli) -> None:
+    r = cli("import", "verl", GEO3K, "-o", "geo3k.toml", "--hardware", "ascend-910b")
+    assert r.exit_code == 3
+    assert "resources.trainer.gpus_per_node" in r.stdout
+
+
+def test_legacy_keys_are_converted(cli, tmp_path: Path) -> None:
+    r = cli("import", "verl", LEGACY, "-o", "moe.toml", "--hardware", "h20")
+    assert r.exit_code == 0, r.output
+    data = tomllib.loads((tmp_path / "moe.toml").read_text())
+    rc = data["algorithm"]["rollout_correction"]
+    assert rc == {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.999_1.001", "bypass_mode": False}
+    assert data["trainer"]["backend"] == "megatron"  # from --config-name=…megatron…
+    assert (data["trainer"]["tp"], data["trainer"]["cp"], data["trainer"]["ep"]) == (2, 2, 8)
+    assert data["resources"]["rollout"] == {"nnodes": 12, "gpus_per_node": 8}
+    assert data["rollout"]["top_k"] == 0 and data["rollout"]["backend"] == "vllm"
+    assert "rollout_token_veto_threshold=1e-4" in r.stdout and "removed in verl" in r.stdout
+    assert "geometric" in r.stdout  # the conversion is announced
+
+
+def test_resource_variables_are_a_fallback() -> None:
+    conv = convert_script(
+        "n_gpus_rollout=4\nn_gpus_training=12\nn_nodes_rollout=1\nn_nodes_train=1\n"
+        "python3 -m verl.experimental.fully_async_policy.fully_async_main data.max_prompt_length=64\n"
+    )
+    assert conv.values["resources.rollout.gpus_per_node"] == 4
+    assert conv.values["resources.trainer.gpus_per_node"] == 12
+    assert conv.values["data.max_prompt_length"] == 64
+
+
+def test_import_usage_errors(cli, tmp_path: Path) -> None:
+    assert cli("import", "verl", "nope.sh", "-o", "x.toml").exit_code == 2
+    (tmp_path / "x.toml").write_text("")
+    assert cli("import", "verl", GEO3K, "-o", "x.toml").exit_code == 2
+    assert cli("import", "verl", GEO3K, "-o", "y.toml", "--hardware", "tpu").exit_code == 2

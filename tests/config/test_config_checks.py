@@ -1,0 +1,144 @@
+"""Cross-field rules, resource fit, memory fit and pitfalls, each located at file:line and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from asyncrl_cli.config.loader import analyze_run_config
+from asyncrl_cli.config.problems import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK
+
+RUNS = Path(__file__).resolve().parents[2] / "presets" / "runs"
+VL16 = RUNS / "qwen3-vl-8b-geo3k-fsdp2-npu-16-16.toml"
+MOE = RUNS / "qwen3-30b-a3b-base-dapo-megatron-96-32.toml"
+
+
+def by_code(an, code: str):
+    found = [p for p in an.problems if p.code == code]
+    assert found, [p.render() for p in an.problems]
+    return found[0]
+
+
+def test_16_per_node_on_8_per_node_hardware_exits_3_naming_gpus_per_node() -> None:
+    an = analyze_run_config(VL16, ["resources.hardware=ascend-910b"])
+    assert an.exit_code == EXIT_DOES_NOT_FIT
+    errs = [p for p in an.problems if p.severity == "error"]
+    assert {p.key for p in errs} == {"resources.trainer.gpus_per_node", "resources.rollout.gpus_per_node"}
+    p = errs[0]
+    assert p.file.endswith("qwen3-vl-8b-geo3k-fsdp2-npu-16-16.toml") and p.line is not None
+    assert "nnodes = 2, gpus_per_node = 8" in (p.hint or "")
+
+
+def test_is_weights_unused_in_bypass_ppo_clip_is_a_warning_at_its_line() -> None:
+    an = analyze_run_config(VL16)
+    assert an.exit_code == EXIT_OK
+    p = by_code(an, "is-weights-unused")
+    assert p.severity == "warning" and p.key == "algorithm.rollout_correction.rollout_is"
+    assert p.file.endswith("16-16.toml") and p.line == 52
+    an2 = analyze_run_config(VL16, ["algorithm.rollout_correction.bypass_mode=false"])
+    assert "is-weights-unused" not in [q.code for q in an2.problems]
+
+
+def test_qwen3_30b_a3b_non_base_pitfall() -> None:
+    an = analyze_run_config(MOE, ["model.path=Qwen/Qwen3-30B-A3B"])
+    p = by_code(an, "pitfall-qwen3-30b-a3b")
+    assert p.severity == "warning" and "-Base" in p.message
+    assert "pitfall-qwen3-30b-a3b" not in [q.code for q in analyze_run_config(MOE).problems]
+
+
+def test_npu_note_and_missing_data_names_the_env_var() -> None:
+    an = analyze_run_config(VL16)
+    assert by_code(an, "npu-untested").severity == "info"
+    p = [q for q in an.problems if q.code == "path-not-found" and q.key == "data.train_files"][0]
+    assert "GEO3K_TRAIN" in (p.hint or "")
+    assert p.file.endswith("presets/datasets/geo3k.toml") and p.line == 5
+
+
+def test_env_var_redirects_data_paths(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "train.parquet").write_bytes(b"")
+    monkeypatch.setenv("GEO3K_TRAIN", str(tmp_path / "train.parquet"))
+    an = analyze_run_config(VL16)
+    assert not [q for q in an.problems if q.code == "path-not-found" and q.key == "data.train_files"]
+
+
+def test_parallel_layout_and_batch_divisibility(write, minimal) -> None:
+    an = analyze_run_config(MOE, ["trainer.pp=3"])
+    assert an.exit_code == EXIT_DOES_NOT_FIT
+    assert by_code(an, "megatron-layout").key == "trainer.tp"
+    an = analyze_run_config(MOE, ["trainer.ppo_micro_batch_size_per_gpu=3"])
+    assert an.exit_code == EXIT_INVALID
+    assert by_code(an, "batch-micro").key == "trainer.ppo_micro_batch_size_per_gpu"
+    an = analyze_run_config(MOE, ["rollout.tensor_parallel_size=16"])
+    assert by_code(an, "rollout-tp-node").category == "fit"
+
+
+def test_torch_backend_rejects_model_parallel_and_grpo_needs_groups(write, minimal) -> None:
+    run = write("run.toml", minimal + "[trainer]\ntp = 2\n[rollout]\nn = 1\n")
+    an = analyze_run_config(run)
+    assert an.exit_code == EXIT_INVALID
+    assert by_code(an, "torch-parallel").line == 7
+    assert by_code(an, "grpo-group-size").key == "rollout.n"
+
+
+def test_settings_that_do_nothing_warn(write, minimal) -> None:
+    run = write(
+        "run.toml",
+        minimal + '[trainer]\nkl_loss_coef = 0.1\n[async_training]\nmode = "sync"\n'
+        'staleness_threshold = 0.3\nstale_policy = "wait"\n[algorithm.rollout_correction]\n'
+        'rollout_rs_threshold = "0.9_1.1"\n',
+    )
+    codes = {p.code for p in analyze_run_config(run).problems if p.severity == "warning"}
+    assert {"kl-noop", "sync-staleness", "stale-policy-noop", "rs-threshold-noop"} <= codes
+
+
+def test_rs_without_threshold_is_an_error(write, minimal) -> None:
+    run = write("run.toml", minimal + '[algorithm.rollout_correction]\nrollout_rs = "seq_mean_k3"\n')
+    an = analyze_run_config(run)
+    assert by_code(an, "rs-threshold-missing").severity == "error"
+
+
+def test_memory_does_not_fit_exits_3_with_numbers() -> None:
+    an = analyze_run_config(
+        MOE,
+        [
+            "resources.trainer.nnodes=1",
+            "resources.trainer.gpus_per_node=8",
+            "trainer.tp=1",
+            "trainer.cp=1",
+            "trainer.ep=8",
+        ],
+    )
+    assert an.exit_code == EXIT_DOES_NOT_FIT
+    p = by_code(an, "trainer-memory")
+    assert "GB per GPU" in p.message and "h20" in p.message
+    assert an.fit is not None and not an.fit.trainer.fits
+
+
+def test_rollout_weights_that_do_not_fit(write, minimal) -> None:
+    an = analyze_run_config(MOE, ["rollout.tensor_parallel_size=1", "resources.hardware=h100"])
+    p = by_code(an, "rollout-weights")
+    assert p.category == "fit" and an.exit_code == EXIT_DOES_NOT_FIT
+
+
+def test_unknown_keys_get_suggestions_and_lines(write, minimal) -> None:
+    run = write("run.toml", minimal + "[trainer]\nlr = 1e-5\nppo_mini_batch_sise = 4\n[optim]\nlr = 1\n")
+    an = analyze_run_config(run)
+    assert an.exit_code == EXIT_INVALID
+    hints = {p.key: (p.hint, p.line) for p in an.problems}
+    assert hints["trainer.lr"] == ("did you mean 'trainer.optim.lr'?", 7)
+    assert hints["trainer.ppo_mini_batch_sise"][0] == "did you mean 'trainer.ppo_mini_batch_size'?"
+    assert hints["optim"][0] == "did you mean 'trainer.optim'?"
+
+
+def test_wrong_types_and_negative_sizes(write, minimal) -> None:
+    run = write("run.toml", minimal + 'max_response_length = -5\n[trainer]\nppo_epochs = "two"\n')
+    an = analyze_run_config(run)
+    got = {p.key: p for p in an.problems}
+    assert "greater than 0" in got["data.max_response_length"].message
+    assert got["data.max_response_length"].line == 6
+    assert got["trainer.ppo_epochs"].line == 8
+
+
+def test_unknown_hardware_is_invalid_with_suggestion(write, minimal) -> None:
+    run = write("run.toml", minimal + '[resources]\nhardware = "h10"\n')
+    p = by_code(analyze_run_config(run), "hardware-unknown")
+    assert "h100" in p.message and p.line == 7

@@ -1,0 +1,107 @@
+"""Schema: forbidden extras, docstrings, verl's rollout-correction spec strings, knobs, JSON Schema sync."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from asyncrl_cli.config.jsonschema import dumps, hardware_schema, run_schema
+from asyncrl_cli.config.rc_options import parse_is_threshold, parse_rs_options, parse_rs_thresholds
+from asyncrl_cli.config.rc_presets import RC_PRESETS
+from asyncrl_cli.config.schema import RolloutCorrectionConfig, RunConfig, Section, runtime_knobs
+
+PRESETS = Path(__file__).resolve().parents[2] / "presets"
+BASE = {"model": {"path": "builtin:tiny-qwen"}, "data": {"train_files": ["builtin:copy"]}}
+
+
+def test_every_field_has_a_description() -> None:
+    def walk(model: type[Section], prefix: str) -> list[str]:
+        missing = []
+        for name, info in model.model_fields.items():
+            if not info.description:
+                missing.append(prefix + name)
+            ann = info.annotation
+            if isinstance(ann, type) and issubclass(ann, Section):
+                missing += walk(ann, f"{prefix}{name}.")
+        return missing
+
+    assert walk(RunConfig, "") == []
+
+
+def test_unknown_keys_are_rejected() -> None:
+    with pytest.raises(ValidationError, match="extra_forbidden|Extra inputs"):
+        RunConfig.model_validate({**BASE, "trainer": {"lrr": 1}})
+
+
+@pytest.mark.parametrize(
+    ("legacy", "canonical"), [("geometric", "seq_mean_k1"), ("sequence", "seq_sum_k1"), ("token", "token_k1")]
+)
+def test_legacy_rs_values_are_rejected_naming_the_replacement(legacy: str, canonical: str) -> None:
+    with pytest.raises(ValidationError, match=canonical):
+        RolloutCorrectionConfig(rollout_rs=legacy)
+
+
+def test_rs_options_and_thresholds_follow_verl() -> None:
+    assert parse_rs_options("seq_mean_k1, token_k2,seq_mean_k1") == ["seq_mean_k1", "token_k2"]
+    assert parse_rs_thresholds(["seq_mean_k1"], "0.999_1.001") == [(0.999, 1.001)]
+    lo, hi = parse_rs_thresholds(["token_k1"], 2.0)[0]
+    assert (lo, hi) == (0.5, 2.0)  # a single k1 bound u means [1/u, u]
+    assert parse_rs_thresholds(["seq_mean_k1", "seq_max_k3"], "0.9_1.1,0.01") == [(0.9, 1.1), (None, 0.01)]
+    with pytest.raises(ValueError, match="upper bound only"):
+        parse_rs_thresholds(["seq_mean_k3"], "0.1_0.2")
+    with pytest.raises(ValueError, match="2 specs for 3"):
+        parse_rs_thresholds(["token_k1", "token_k2", "token_k3"], "2.0,3.0")
+    with pytest.raises(ValueError, match="unknown rollout_rs option"):
+        parse_rs_options("seq_k1")
+    assert parse_is_threshold(2.0) == (None, 2.0)
+    assert parse_is_threshold("0.5_5.0") == (0.5, 5.0)
+    with pytest.raises(ValueError):
+        parse_is_threshold("5.0_0.5")
+
+
+def test_every_rc_preset_validates() -> None:
+    for name, keys in RC_PRESETS.items():
+        RolloutCorrectionConfig.model_validate({**keys, "preset": name})
+
+
+def test_runtime_knobs_are_marked_with_bounds() -> None:
+    knobs = runtime_knobs()
+    assert {
+        "trainer.optim.lr",
+        "async_training.staleness_threshold",
+        "rollout.temperature",
+        "async_training.trigger_parameter_sync_step",
+    } <= set(knobs)
+    assert "model.path" not in knobs and "trainer.backend" not in knobs
+    assert knobs["async_training.staleness_threshold"].ge == 0
+    assert knobs["trainer.optim.lr"].gt == 0
+
+
+def test_run_dir_default_and_name_pattern() -> None:
+    assert RunConfig.model_validate(BASE).logging.run_dir == "runs/${name}"
+    with pytest.raises(ValidationError, match="name"):
+        RunConfig.model_validate({**BASE, "name": "bad name/x"})
+
+
+def test_committed_json_schemas_are_in_sync() -> None:
+    """`asyncrl schema --write` regenerates them; this fails when the models changed without it."""
+    assert (PRESETS / "asyncrl.schema.json").read_text(encoding="utf-8") == dumps(run_schema())
+    assert (PRESETS / "hardware.schema.json").read_text(encoding="utf-8") == dumps(hardware_schema())
+
+
+def test_json_schema_is_flat_and_layer_friendly() -> None:
+    text = dumps(run_schema())
+    assert "$ref" not in text and '"required"' not in text
+    s = run_schema()
+    assert s["additionalProperties"] is False
+    lr = s["properties"]["trainer"]["properties"]["optim"]["properties"]["lr"]
+    assert lr["x-runtime-mutable"] is True and lr["description"]
+
+
+def test_presets_carry_a_schema_header() -> None:
+    for path in PRESETS.glob("*/*.toml"):
+        first = path.read_text(encoding="utf-8").splitlines()[0]
+        expected = "hardware.schema.json" if path.parent.name == "hardware" else "asyncrl.schema.json"
+        assert first == f"#:schema ../{expected}", path
