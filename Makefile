@@ -44,7 +44,7 @@ $(VSTAMP): pyproject.toml Makefile
 	@touch $(VSTAMP)
 
 test-vllm: $(VSTAMP)
-	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VPY) -m pytest $(PYTEST_FLAGS) -m vllm -p no:cacheprovider tests/vllm
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VPY) -m pytest $(PYTEST_FLAGS) -m vllm -p no:cacheprovider tests/vllm_rollout
 
 test-all: test test-slow
 

@@ -27,38 +27,43 @@ its last token (the current version if none). With `update_weights` during `gene
 a sequence can span two versions.
 
 Weight update (`update_weights`): pause the engine ("keep": in-flight requests are frozen), on GPU
-release the KV cache when nothing is in flight, stream each bucket to the workers (safetensors bytes,
-or a file in /dev/shm), reset the prefix cache — preempting kept requests so their KV cache is recomputed
-under the new weights — wake the KV cache, set `version`, resume. Tied-embedding models always get
-`lm_head.weight` (= `model.embed_tokens.weight`): vLLM keeps a separate processed copy of the head.
+release the KV cache when nothing is in flight, stream each bucket to the workers (`vllm_weights`:
+safetensors bytes or a /dev/shm file, tied `lm_head.weight` always included; `vllm_worker_ext` loads
+them layer-wise), reset the prefix cache — preempting kept requests so their KV cache is recomputed
+under the new weights — wake the KV cache, set `version`, resume. `self_test_resume_continuity` (from
+`vllm_selftest`) checks that an abort or a keep-pause loses no token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
-import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 import numpy as np
 
 from engine.rollout.base import SamplingParams
+from engine.rollout.loop_thread import LoopThread
+from engine.rollout.vllm_selftest import ResumeContinuityReport, ResumeContinuitySelfTest
+from engine.rollout.vllm_weights import (
+    WeightTransport,
+    default_transport,
+    send_bucket,
+    tie_lm_head,
+    tied_embeddings,
+)
 from engine.types import FinishReason, GenRequest, GenResult
 
+__all__ = ["PauseMode", "ResumeContinuityReport", "VLLMRolloutBackend"]
+
 PauseMode = Literal["keep", "abort"]
-WeightTransport = Literal["bytes", "file"]
 
 EXTENSION_CLS = "engine.rollout.vllm_worker_ext.WeightSyncExtension"
-EMBED_NAME = "model.embed_tokens.weight"
-HEAD_NAME = "lm_head.weight"
 _T = TypeVar("_T")
 
 
@@ -79,49 +84,13 @@ class _Flight:
     last_version: int | None = None
 
 
-@dataclass(frozen=True)
-class ResumeContinuityReport:
-    """Outcome of `self_test_resume_continuity`: `ok` iff both interrupted sequences equal the
-    uninterrupted one token for token and their log-probs agree within `tolerance`."""
-
-    ok: bool
-    reference: list[int]
-    resumed_after_abort: list[int]  # partial tokens + continuation submitted with them as prefix
-    continued_after_keep: list[int]  # one request frozen, preempted and resumed
-    aborted_after: int
-    kept_after: int
-    first_mismatch: int | None
-    max_log_prob_diff: float
-    tolerance: float
-
-
-def _first_mismatch(reference: list[int], tokens: list[int]) -> int | None:
-    """First index where the sequences differ (or the shorter length if one is a strict prefix)."""
-    index = next((i for i, (a, b) in enumerate(zip(reference, tokens)) if a != b), None)
-    if index is None and len(reference) != len(tokens):
-        index = min(len(reference), len(tokens))
-    return index
-
-
-def _max_abs_diff(a: list[float], b: list[float]) -> float:
-    return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
-
-
-def tie_lm_head(bucket: dict[str, np.ndarray], tied: bool) -> dict[str, np.ndarray]:
-    """Return `bucket` with `lm_head.weight` added (= the embedding) when the model ties them and the
-    bucket carries the embedding but not the head."""
-    if tied and EMBED_NAME in bucket and HEAD_NAME not in bucket:
-        return {**bucket, HEAD_NAME: bucket[EMBED_NAME]}
-    return bucket
-
-
 def _finish_reason(vllm_reason: str | None) -> FinishReason:
     if vllm_reason in ("stop", "length"):
         return vllm_reason  # type: ignore[return-value]
     return "abort"
 
 
-class VLLMRolloutBackend:
+class VLLMRolloutBackend(ResumeContinuitySelfTest):
     """`RolloutBackend` over a vLLM `AsyncLLM` (one replica; tensor parallel inside it on GPU)."""
 
     def __init__(
@@ -154,51 +123,53 @@ class VLLMRolloutBackend:
         self.release_kv_cache_on_sync = (
             self.device == "cuda" if release_kv_cache_on_sync is None else release_kv_cache_on_sync
         )
-        self.weight_transport: WeightTransport = weight_transport or (
-            "file" if os.path.isdir("/dev/shm") else "bytes"
-        )
-        self.tied_embeddings = _tied_embeddings(self.model_dir)
+        self.weight_transport: WeightTransport = weight_transport or default_transport()
+        self.tied_embeddings = tied_embeddings(self.model_dir)
         self._flights: dict[str, _Flight] = {}
         self._paused_by_caller = False
         self._stats: dict[str, float] = {
-            "calls": 0.0, "requests": 0.0, "tokens_generated": 0.0, "gen_seconds": 0.0,
-            "finished_stop": 0.0, "finished_length": 0.0, "aborted": 0.0, "weight_updates": 0.0,
-            "weight_update_seconds": 0.0, "weight_update_bytes": 0.0, "kv_cache_releases": 0.0,
-        }  # fmt: skip
-        engine_kwargs: dict[str, Any] = dict(
-            model=self.model_dir,
-            tokenizer=self.model_dir,
-            dtype=dtype,
-            seed=seed,
-            tensor_parallel_size=tensor_parallel_size,
-            max_num_seqs=max_num_seqs,
-            max_model_len=self.max_model_len,
-            enforce_eager=(self.device == "cpu") if enforce_eager is None else enforce_eager,
-            enable_prefix_caching=enable_prefix_caching,
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls=EXTENSION_CLS,
-            disable_log_stats=True,
-        )
+            "calls": 0.0,
+            "requests": 0.0,
+            "tokens_generated": 0.0,
+            "gen_seconds": 0.0,
+            "finished_stop": 0.0,
+            "finished_length": 0.0,
+            "aborted": 0.0,
+            "weight_updates": 0.0,
+            "weight_update_seconds": 0.0,
+            "weight_update_bytes": 0.0,
+            "kv_cache_releases": 0.0,
+        }
+        engine_kwargs: dict[str, Any] = {
+            "model": self.model_dir,
+            "tokenizer": self.model_dir,
+            "dtype": dtype,
+            "seed": seed,
+            "tensor_parallel_size": tensor_parallel_size,
+            "max_num_seqs": max_num_seqs,
+            "max_model_len": self.max_model_len,
+            "enforce_eager": (self.device == "cpu") if enforce_eager is None else enforce_eager,
+            "enable_prefix_caching": enable_prefix_caching,
+            "logprobs_mode": "processed_logprobs",
+            "worker_extension_cls": EXTENSION_CLS,
+            "disable_log_stats": True,
+        }
         if self.device == "cpu":
             engine_kwargs["kv_cache_memory_bytes"] = int((kv_cache_gib or 1.0) * (1 << 30))
         else:
             engine_kwargs["gpu_memory_utilization"] = gpu_memory_utilization
             engine_kwargs["enable_sleep_mode"] = self.release_kv_cache_on_sync
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-rollout-loop", daemon=True)
-        self._thread.start()
+        self._loop = LoopThread("vllm-rollout-loop")
         try:
             self._engine: Any = self._run(self._start(engine_kwargs))
         except BaseException:
-            self._stop_loop()
+            self._loop.close()
             raise
         self.eos_ids = _eos_ids(self.model_dir, self._engine)
 
-    # --- loop plumbing ------------------------------------------------------------------------------------
+    # --- lifecycle --------------------------------------------------------------------------------------
     def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("VLLMRolloutBackend methods must not be called from its own event loop")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        return self._loop.run(coro)
 
     @staticmethod
     async def _start(engine_kwargs: dict[str, Any]) -> Any:
@@ -207,26 +178,18 @@ class VLLMRolloutBackend:
 
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs))
 
-    def close(self) -> None:
-        """Shut the engine down and stop the loop thread (idempotent)."""
-        if not self._loop.is_closed() and self._thread.is_alive():
-            engine, self._engine = self._engine, None
-            if engine is not None:
-                self._run(self._shutdown(engine))
-        self._stop_loop()
-
     @staticmethod
     async def _shutdown(engine: Any) -> None:
         engine.shutdown()
 
-    def _stop_loop(self) -> None:
-        if self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=30)
-        if not self._loop.is_closed() and not self._loop.is_running():
-            self._loop.close()
+    def close(self) -> None:
+        """Shut the engine down and stop the loop thread (idempotent)."""
+        engine, self._engine = self._engine, None
+        if engine is not None and self._loop.alive:
+            self._run(self._shutdown(engine))
+        self._loop.close()
 
-    def __enter__(self) -> "VLLMRolloutBackend":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -251,9 +214,13 @@ class VLLMRolloutBackend:
         return {f.request.request_id: len(f.tokens) for f in list(self._flights.values())}
 
     async def _generate(
-        self, requests: list[GenRequest], sampling: SamplingParams, should_abort: Callable[[], bool],
-        *, ignore_eos: bool,
-    ) -> list[_Flight]:  # fmt: skip
+        self,
+        requests: list[GenRequest],
+        sampling: SamplingParams,
+        should_abort: Callable[[], bool],
+        *,
+        ignore_eos: bool,
+    ) -> list[_Flight]:
         flights = [_Flight(req, f"{req.request_id}#{uuid.uuid4().hex[:12]}") for req in requests]
         tasks: list[asyncio.Task[None]] = []
         abort_now = should_abort()
@@ -352,7 +319,11 @@ class VLLMRolloutBackend:
         s["requests"] += len(results)
         s["tokens_generated"] += sum(r.new_tokens for r in results)
         s["gen_seconds"] += seconds
-        reasons: dict[FinishReason, str] = {"stop": "finished_stop", "length": "finished_length", "abort": "aborted"}
+        reasons: dict[FinishReason, str] = {
+            "stop": "finished_stop",
+            "length": "finished_length",
+            "abort": "aborted",
+        }
         for r in results:
             s[reasons[r.finish_reason]] += 1
 
@@ -386,14 +357,20 @@ class VLLMRolloutBackend:
             await engine.pause_generation(mode="keep", clear_cache=False)
         released = False
         try:
-            if self.release_kv_cache_on_sync and not self._flights and hasattr(engine, "release_kv_cache_memory"):
+            if (
+                self.release_kv_cache_on_sync
+                and not self._flights
+                and hasattr(engine, "release_kv_cache_memory")
+            ):
                 await engine.release_kv_cache_memory()  # needs a completed pause with nothing in flight
                 released = True
                 self._stats["kv_cache_releases"] += 1
             await engine.collective_rpc("asyncrl_begin_update")
             sent = 0
             for bucket in buckets:
-                sent += await self._send_bucket(tie_lm_head(bucket, self.tied_embeddings))
+                sent += await send_bucket(
+                    engine, tie_lm_head(bucket, self.tied_embeddings), self.weight_transport
+                )
             await engine.collective_rpc("asyncrl_finish_update")
             await engine.reset_prefix_cache(reset_running_requests=True)
             self.version = version
@@ -405,85 +382,6 @@ class VLLMRolloutBackend:
             if paused_here:
                 await engine.resume_generation()
         return sent
-
-    async def _send_bucket(self, bucket: dict[str, np.ndarray]) -> int:
-        from safetensors.numpy import save, save_file
-
-        arrays = {name: np.ascontiguousarray(a) for name, a in bucket.items()}
-        nbytes = sum(a.nbytes for a in arrays.values())
-        if self.weight_transport == "bytes" or shutil.disk_usage("/dev/shm").free < 2 * nbytes:
-            await self._engine.collective_rpc("asyncrl_load_bytes", args=(save(arrays),))
-            return nbytes
-        fd, path = tempfile.mkstemp(prefix="asyncrl-weights-", suffix=".safetensors", dir="/dev/shm")
-        os.close(fd)
-        try:
-            save_file(arrays, path)
-            await self._engine.collective_rpc("asyncrl_load_file", args=(path,))
-        finally:
-            os.remove(path)
-        return nbytes
-
-    # --- self-test ----------------------------------------------------------------------------------------
-    def self_test_resume_continuity(
-        self, prompt_ids: list[int] | None = None, n_tokens: int = 64, interrupt_after: int = 8,
-        tolerance: float = 1e-3,
-    ) -> ResumeContinuityReport:  # fmt: skip
-        """Check that partial rollout loses no token (a known vLLM bug class: the first token after a
-        resume dropped or duplicated). Greedy with EOS ignored, on the current weights:
-
-        1. reference: `n_tokens` generated uninterrupted;
-        2. abort path: the same request, `pause("abort")` once `interrupt_after` tokens have streamed,
-           `resume`, then continue from the partial prefix with the remaining budget;
-        3. keep path: the same request, `pause("keep")` after `interrupt_after` tokens, the in-flight
-           request preempted (KV cache dropped, exactly as `update_weights` does), `resume`.
-
-        Both sequences must equal the reference token for token, with log-probs within `tolerance`.
-        Run it on an idle engine: the pauses affect every in-flight request."""
-        prompt = list(prompt_ids) if prompt_ids else [1, 2, 3, 4, 5, 6, 7, 8]
-        greedy = SamplingParams(temperature=0.0)
-        (ref,) = self._run(self._generate([GenRequest("selftest-reference", prompt, max_new_tokens=n_tokens)],
-                                          greedy, _never, ignore_eos=True))  # fmt: skip
-        cut, cut_at = self._run(self._interrupted(GenRequest("selftest-abort", prompt, max_new_tokens=n_tokens),
-                                                  interrupt_after, "abort"))  # fmt: skip
-        rest = GenRequest(
-            "selftest-resume", prompt, prefix_ids=cut.tokens, prefix_log_probs=cut.log_probs,
-            max_new_tokens=n_tokens - len(cut.tokens), min_version=self.version,
-        )  # fmt: skip
-        (tail,) = self._run(self._generate([rest], greedy, _never, ignore_eos=True))
-        kept, kept_at = self._run(self._interrupted(GenRequest("selftest-keep", prompt, max_new_tokens=n_tokens),
-                                                    interrupt_after, "keep"))  # fmt: skip
-        candidates = [(cut.tokens + tail.tokens, cut.log_probs + tail.log_probs), (kept.tokens, kept.log_probs)]
-        mismatches = [_first_mismatch(ref.tokens, tokens) for tokens, _ in candidates]
-        diff = max(_max_abs_diff(ref.log_probs, lps) for _, lps in candidates)
-        first = min((m for m in mismatches if m is not None), default=None)
-        return ResumeContinuityReport(
-            ok=first is None and diff <= tolerance, reference=ref.tokens, resumed_after_abort=candidates[0][0],
-            continued_after_keep=candidates[1][0], aborted_after=cut_at, kept_after=kept_at,
-            first_mismatch=first, max_log_prob_diff=diff, tolerance=tolerance,
-        )  # fmt: skip
-
-    async def _interrupted(self, request: GenRequest, after: int, mode: PauseMode) -> tuple[_Flight, int]:
-        """Run `request` greedily (EOS ignored) and pause the engine in `mode` once it has `after` tokens;
-        in "keep" mode also preempt it (drop its KV cache) before resuming. Returns the flight and the
-        token count at the pause."""
-        task = asyncio.create_task(
-            self._generate([request], SamplingParams(temperature=0.0), _never, ignore_eos=True)
-        )
-        at = 0
-        try:
-            while not task.done():
-                flight = next((f for f in self._flights.values() if f.request is request), None)
-                if flight is not None and len(flight.tokens) >= after:
-                    await self._engine.pause_generation(mode=mode, clear_cache=False)
-                    at = len(flight.tokens)
-                    if mode == "keep":
-                        await self._engine.reset_prefix_cache(reset_running_requests=True)
-                    break
-                await asyncio.sleep(0.001)
-        finally:
-            await self._engine.resume_generation()
-        (flight,) = await task
-        return flight, at
 
     # --- telemetry ----------------------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:
@@ -508,12 +406,6 @@ def _default_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _tied_embeddings(model_dir: str) -> bool:
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    text = config.get("text_config") or {}
-    return bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
 
 
 def _eos_ids(model_dir: str, engine: Any) -> set[int]:

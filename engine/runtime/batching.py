@@ -31,7 +31,12 @@ def prepare_batch(groups: list[TrajectoryGroup], cfg: Any, pad_token_id: int, tr
     from engine.algo.rc_diagnostics import staleness_histogram
     from engine.trainer.batch import collate
 
+    from engine.algo.policy_loss import agg_denominator
+
     batch = collate(groups, pad_token_id)
+    mode = cfg.trainer.loss_agg_mode
+    # micro-batch mass for gradient accumulation: the loss's own denominator (tokens or non-empty rows)
+    batch.meta["micro_weight_fn"] = lambda mb: agg_denominator(mb.response_mask, mode)
     n_per = [len(g.trajectories) for g in groups]
     rewards = torch.tensor([t.reward for g in groups for t in g.trajectories], dtype=torch.float32)
     group_ids = torch.repeat_interleave(torch.arange(len(groups)), torch.tensor(n_per))
@@ -72,3 +77,35 @@ def prepare_batch(groups: list[TrajectoryGroup], cfg: Any, pad_token_id: int, tr
             batch = batch.select(keep)
             num_tokens = int(batch.attention_mask.sum().item())
     return PreparedBatch(batch, metrics, [g.prompt.uid for g in groups], num_tokens)
+
+
+class LogRatioObserver:
+    """Wraps a LossFn and keeps log(π_θ/π_rollout) of every valid token it sees (bypass mode), so the step can
+    report the importance-ratio histogram without an extra forward pass."""
+
+    def __init__(self, loss_fn: Any) -> None:
+        self.loss_fn = loss_fn
+        self.values: list[torch.Tensor] = []
+
+    @property
+    def needs_entropy(self) -> bool:
+        return bool(getattr(self.loss_fn, "needs_entropy", False))
+
+    def __call__(self, log_probs: torch.Tensor, entropy: torch.Tensor | None, batch: Any):
+        with torch.no_grad():
+            delta = log_probs.detach() - batch.rollout_log_probs
+            self.values.append(delta[batch.response_mask.bool()].flatten())
+        return self.loss_fn(log_probs, entropy, batch)
+
+    def take(self) -> torch.Tensor:
+        out = torch.cat(self.values) if self.values else torch.zeros(0)
+        self.values = []
+        return out
+
+
+def is_ratio_histogram(log_ratio: torch.Tensor) -> dict[str, list[float]]:
+    """Log-spaced histogram of the token importance ratios π_train/π_rollout = exp(log_ratio)."""
+    from engine.algo.rc_diagnostics import is_weight_histogram
+
+    w = torch.exp(log_ratio.clamp(-20, 20))
+    return is_weight_histogram(w, torch.ones_like(w))

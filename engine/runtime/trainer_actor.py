@@ -16,7 +16,7 @@ from typing import Any
 
 import ray
 
-from engine.runtime.batching import prepare_batch, staleness_of
+from engine.runtime.batching import LogRatioObserver, is_ratio_histogram, prepare_batch, staleness_of
 from engine.runtime.ledger import Ledger
 
 
@@ -62,7 +62,7 @@ class TrainerCore:
         tok = load_tokenizer(model_dir)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.rc = cfg.algorithm.rollout_correction
-        self.loss_fn = build_loss_fn(cfg.trainer, self.rc)
+        self.loss_fn = LogRatioObserver(build_loss_fn(cfg.trainer, self.rc))
         self.required = required_samples(cfg)
         self.trigger = cfg.async_training.trigger_parameter_sync_step
         self.total_local_steps = total_train_steps(cfg) * self.trigger
@@ -77,6 +77,7 @@ class TrainerCore:
         self.since_sync = 0
         self.stale_processed = 0
         self.dropped_stale = 0
+        self.skipped_updates = 0
         self._buffer: list = []
         self._closed = False
         self._stop = False
@@ -137,8 +138,14 @@ class TrainerCore:
         t_up = time.monotonic()
         if len(batch) > 0 and batch.response_mask.sum() > 0:
             rec.update(self.backend.train_step(batch, self.loss_fn))
+            seen = self.loss_fn.take()
+            if self.rc.bypass_mode:
+                rec["asyncrl/is_hist"] = is_ratio_histogram(seen)
+            else:
+                valid = batch.response_mask.bool()
+                rec["asyncrl/is_hist"] = is_ratio_histogram((batch.old_log_probs - batch.rollout_log_probs)[valid])
         else:
-            rec["asyncrl/skipped_update"] = 1
+            self.skipped_updates += 1
             self.controller.record_event.remote(self._ev("warning", "warning",
                                                          "no trainable tokens in this batch; update skipped"))
         up_s = time.monotonic() - t_up
@@ -164,6 +171,7 @@ class TrainerCore:
             "timing_s/step": step_s,
             "asyncrl/trainer/tokens_per_s": prep.num_tokens / compute_s,
             "asyncrl/sync_interval": self.trigger,
+            "asyncrl/count/skipped_updates": self.skipped_updates,
             "asyncrl/staleness/bound": self._staleness_bound(),
             "asyncrl/time": time.time() - self.t0,
             "asyncrl/total_steps": self.total_local_steps,

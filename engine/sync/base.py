@@ -6,7 +6,8 @@ picklable object) to every replica; each replica calls `pull(handle)` and feeds 
 (`engine.sync.object_store`); an NCCL broadcast implementation plugs in behind the same two calls.
 
 Timing is split by the caller (the rollouter), which knows when generation was paused:
-`pause_s` = generation stopped → weights loaded, `transfer_s` = time inside push + pull + load.
+`pause_s` = generation stopped → weights loaded and generation resumed (the whole sync as the replicas
+see it, reported as `timing_s/param_sync`), `transfer_s` = the part spent inside push + pull + load.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ response *lengths*, never from `!= pad`, so a pad id equal to the EOS id still c
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Union
 
 import torch
 
@@ -25,7 +24,7 @@ Row = tuple[list[int], Trajectory]
 """A prompt's token ids with one of its trajectories."""
 
 
-def _rows(items: Sequence[Union[TrajectoryGroup, Row]]) -> tuple[list[Row], list[int], list[str]]:
+def _rows(items: Sequence[TrajectoryGroup | Row]) -> tuple[list[Row], list[int], list[str]]:
     rows: list[Row] = []
     group_index: list[int] = []
     uids: list[str] = []
@@ -44,7 +43,7 @@ def _rows(items: Sequence[Union[TrajectoryGroup, Row]]) -> tuple[list[Row], list
 
 
 def collate(
-    items: Sequence[Union[TrajectoryGroup, Row]],
+    items: Sequence[TrajectoryGroup | Row],
     pad_token_id: int,
     max_prompt_len: int | None = None,
     max_response_len: int | None = None,

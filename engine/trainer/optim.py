@@ -22,7 +22,7 @@ class OptimConfig:
     warmup_steps: int = 0
 
     @staticmethod
-    def from_dict(cfg: Mapping[str, Any]) -> "OptimConfig":
+    def from_dict(cfg: Mapping[str, Any]) -> OptimConfig:
         known = {"lr", "betas", "weight_decay", "eps", "warmup_steps"}
         unknown = set(cfg) - known
         if unknown:

@@ -76,7 +76,12 @@ def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
 
 
 class TorchTrainerBackend:
-    """`TrainerBackend` for one process (the FSDP2 subclass handles several)."""
+    """`TrainerBackend` for one process (the FSDP2 subclass handles several).
+
+    `entropy`: what `train_step` hands the loss as entropy — "none" (None), "metric" (detached, for the
+    `actor/entropy` metric) or "grad" (differentiable, for an entropy bonus). A loss function with a truthy
+    `needs_entropy` attribute always gets the differentiable entropy.
+    """
 
     def __init__(
         self,
@@ -162,10 +167,12 @@ class TorchTrainerBackend:
         trimmed, r_full = trim_padding(micro)
         return self._to_device(trimmed), r_full
 
-    def _log_probs(self, micro: TrainBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _log_probs(
+        self, micro: TrainBatch, with_entropy: bool, entropy_grad: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return response_log_probs(
             self.model, micro.input_ids, micro.attention_mask, micro.position_ids, micro.responses,
-            self.temperature, with_entropy, entropy_grad=self.entropy_mode == "grad",
+            self.temperature, with_entropy, entropy_grad=entropy_grad,
         )
 
     @staticmethod
@@ -200,6 +207,9 @@ class TorchTrainerBackend:
         masses = [float(mass_fn(m)) for m in micros]
         total_mass, total_tokens = self._sum_across_ranks([sum(masses), float(batch.response_mask.sum())])
         steps = self._max_across_ranks(len(micros))
+        # a loss with an entropy bonus says so (`needs_entropy`): its entropy must carry gradient
+        entropy_grad = self.entropy_mode == "grad" or bool(getattr(loss_fn, "needs_entropy", False))
+        with_entropy = self.entropy_mode != "none" or entropy_grad
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
         for k in range(steps):
@@ -207,7 +217,7 @@ class TorchTrainerBackend:
             micro, _ = self._prepare(micros[min(k, len(micros) - 1)])
             weight = masses[k] / total_mass if real and total_mass > 0 else 0.0
             self._set_grad_sync(k == steps - 1)
-            log_probs, entropy = self._log_probs(micro, self.entropy_mode != "none")
+            log_probs, entropy = self._log_probs(micro, with_entropy, entropy_grad)
             loss, metrics = loss_fn(log_probs, entropy, micro)
             (loss * (weight * self._grad_scale())).backward()
             sums["actor/loss"] += weight * float(loss.detach())

@@ -7,7 +7,7 @@ import collections
 import pytest
 
 from engine.runtime.driver import run
-from integration.runs import read_jsonl, tiny_config, train_records
+from run_helpers import read_jsonl, tiny_config, train_records
 
 pytestmark = pytest.mark.integration
 

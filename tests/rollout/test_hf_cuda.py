@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -63,7 +64,7 @@ def test_cuda_bf16_sampling_runs_and_updates_weights(tiny_lm) -> None:
     backend = HFRolloutBackend(tiny_lm(), eos_token_id=EOS, pad_token_id=PAD, device="cuda", dtype=torch.bfloat16)
     results = backend.generate(reqs(n=4), SamplingParams(temperature=1.0, top_p=0.9, top_k=20, seed=0))
     assert all(len(r.response_ids) == len(r.log_probs) > 0 for r in results)
-    assert all(lp <= 0 and lp == lp for r in results for lp in r.log_probs)
+    assert all(math.isfinite(lp) and lp <= 0 for r in results for lp in r.log_probs)
     trainer = TorchTrainerBackend(tiny_lm(seed=5), optim_cfg={"lr": 1e-3})
     backend.update_weights(trainer.export_weights(1 << 16), version=1)
     assert backend.model.lm_head.weight.dtype == torch.bfloat16

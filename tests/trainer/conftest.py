@@ -6,7 +6,6 @@ from collections.abc import Callable
 
 import pytest
 import torch
-
 from trainer_helpers import build_tiny_lm
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from trainer_helpers import build_tiny_lm, random_batch, token_mean_pg_loss
 
 from engine.trainer.fsdp import FSDPTrainerBackend, init_distributed
-from trainer_helpers import build_tiny_lm, random_batch, token_mean_pg_loss
 
 OPTIM = {"lr": 1e-3, "weight_decay": 0.0, "eps": 1e-4}
 ROWS, MICRO = 8, 2

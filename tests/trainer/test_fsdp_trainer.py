@@ -3,14 +3,16 @@ state dict export on rank 0, checkpoints readable by the single-process trainer.
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 import torch
 import torch.multiprocessing as mp
+from fsdp_worker import MICRO, OPTIM, ROWS, run_rank
+from trainer_helpers import build_tiny_lm, random_batch, token_mean_pg_loss
 
 from engine.trainer.fsdp import free_port
 from engine.trainer.torch_trainer import TorchTrainerBackend
-from fsdp_worker import MICRO, OPTIM, ROWS, run_rank
-from trainer_helpers import build_tiny_lm, random_batch, token_mean_pg_loss
 
 WORLD = 2
 
@@ -36,7 +38,7 @@ def test_two_rank_fsdp_matches_single_process(tmp_path) -> None:
         assert abs(r["metrics_step1"]["actor/pg_loss"] - reference["actor/pg_loss"]) < 1e-5
         assert r["prox_max_diff"] < 1e-6
         losses = r["losses"]
-        assert losses[-1] < losses[0] - 0.05 and all(b < a for a, b in zip(losses, losses[1:]))
+        assert losses[-1] < losses[0] - 0.05 and all(b < a for a, b in pairwise(losses))
 
     restored = TorchTrainerBackend(build_tiny_lm(seed=9), optim_cfg=OPTIM, micro_batch_size=MICRO)
     restored.load(str(tmp_path / "ckpt"))

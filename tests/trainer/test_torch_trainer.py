@@ -8,6 +8,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from trainer_helpers import EOS, PAD, random_batch, seq_mean_pg_loss, token_mean_pg_loss
 
 from engine.rollout.base import SamplingParams
 from engine.rollout.hf import HFRolloutBackend
@@ -15,7 +16,6 @@ from engine.trainer.base import TrainerBackend
 from engine.trainer.batch import collate
 from engine.trainer.torch_trainer import TorchTrainerBackend
 from engine.types import GenRequest, Trajectory
-from trainer_helpers import EOS, PAD, random_batch, seq_mean_pg_loss, token_mean_pg_loss
 
 
 def capture_grads(trainer: TorchTrainerBackend) -> dict[str, torch.Tensor]:
@@ -163,3 +163,29 @@ def test_export_weights_buckets_are_hf_named_copies(tiny_lm) -> None:
     with torch.no_grad():
         trainer.model.model.embed_tokens.weight.add_(1.0)
     assert not np.array_equal(exported["model.embed_tokens.weight"], state["model.embed_tokens.weight"].numpy())
+
+
+class EntropyBonusLoss:
+    """−mean entropy: only the entropy term carries gradient; flags itself with `needs_entropy`."""
+
+    needs_entropy = True
+
+    def __call__(self, log_probs, entropy, mb):
+        mask = mb.response_mask
+        return -(entropy * mask).sum() / mask.sum(), {}
+
+
+def test_entropy_mode_controls_what_the_loss_receives(tiny_lm) -> None:
+    seen = {}
+
+    def probe(log_probs, entropy, mb):
+        seen["entropy"] = entropy
+        return token_mean_pg_loss(log_probs, entropy, mb)
+
+    make_trainer(tiny_lm(), 16, entropy="none").train_step(random_batch(), probe)
+    assert seen["entropy"] is None
+    make_trainer(tiny_lm(), 16).train_step(random_batch(), probe)
+    assert seen["entropy"] is not None and not seen["entropy"].requires_grad
+    trainer = make_trainer(tiny_lm(), 16)
+    metrics = trainer.train_step(random_batch(), EntropyBonusLoss())
+    assert metrics["actor/grad_norm"] > 0 and metrics["actor/skipped_step"] == 0.0

@@ -7,9 +7,9 @@ import json
 
 import torch
 from safetensors.torch import load_file
+from trainer_helpers import random_batch, token_mean_pg_loss
 
 from engine.trainer.torch_trainer import TorchTrainerBackend
-from trainer_helpers import random_batch, token_mean_pg_loss
 
 
 def trainer_for(model: torch.nn.Module) -> TorchTrainerBackend:

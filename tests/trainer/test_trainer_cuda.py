@@ -7,11 +7,11 @@ import copy
 import pytest
 import torch
 import torch.multiprocessing as mp
+from fsdp_worker import MICRO, OPTIM, ROWS, run_rank
+from trainer_helpers import build_tiny_lm, random_batch, token_mean_pg_loss
 
 from engine.trainer.fsdp import free_port
 from engine.trainer.torch_trainer import TorchTrainerBackend
-from fsdp_worker import MICRO, OPTIM, ROWS, run_rank
-from trainer_helpers import build_tiny_lm, random_batch, token_mean_pg_loss
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -126,7 +126,6 @@ class MegatronTrainerBackend:
             master_port = int(env_port) if env_port else free_port()
         init_process_group(rank, world_size, master_addr, master_port)
         init_model_parallel(self.layout)
-        seed_model_parallel_rng(seed)
         self.rank = rank
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
         self.dtype = _resolve_dtype(dtype, self.on_gpu)
@@ -139,7 +138,12 @@ class MegatronTrainerBackend:
         self.global_step = 0
         self.extra_metrics: dict[str, float] = {}
 
-        self.model = build_gpt_model(self.arch, self.layout, self.dtype, self.on_gpu)
+        # Megatron's init draws from the global RNGs; fork them so building a backend leaves the caller's
+        # random streams untouched (the weights are overwritten from the checkpoint anyway).
+        with torch.random.fork_rng(devices=[torch.cuda.current_device()] if self.on_gpu else []):
+            torch.manual_seed(seed)
+            seed_model_parallel_rng(seed)
+            self.model = build_gpt_model(self.arch, self.layout, self.dtype, self.on_gpu)
         self.load_hf_weights(SafetensorsSource(hf_model_dir))
         self.ddp = self._wrap_ddp(self.model)
         if self.on_gpu:

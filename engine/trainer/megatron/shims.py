@@ -17,6 +17,7 @@ On a GPU `seed_model_parallel_rng` is exactly Megatron's `model_parallel_cuda_ma
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -55,7 +56,8 @@ def apply_cpu_shims() -> bool:
     return True
 
 
-def _cpu_tracker_class() -> type:
+@functools.cache
+def cpu_tracker_class() -> type:
     """A `CudaRNGStatesTracker` whose named states are CPU generator states (built lazily: imports Megatron)."""
     from megatron.core.tensor_parallel import random as mpu_random
 
@@ -97,20 +99,9 @@ def seed_model_parallel_rng(seed: int) -> None:
     """
     from megatron.core.tensor_parallel import random as mpu_random
 
-    torch.manual_seed(seed)
     if cpu_shims_needed():
         apply_cpu_shims()
-        if not isinstance(mpu_random._CUDA_RNG_STATE_TRACKER, _cpu_tracker_class_cached()):
-            mpu_random._CUDA_RNG_STATE_TRACKER = _cpu_tracker_class_cached()()
+        if not isinstance(mpu_random._CUDA_RNG_STATE_TRACKER, cpu_tracker_class()):
+            mpu_random._CUDA_RNG_STATE_TRACKER = cpu_tracker_class()()
             mpu_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     mpu_random.model_parallel_cuda_manual_seed(seed)
-
-
-_TRACKER_CLASS: type | None = None
-
-
-def _cpu_tracker_class_cached() -> type:
-    global _TRACKER_CLASS
-    if _TRACKER_CLASS is None:
-        _TRACKER_CLASS = _cpu_tracker_class()
-    return _TRACKER_CLASS

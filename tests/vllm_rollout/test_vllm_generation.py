@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from vllm_tiny_model import have_vllm
 
-from conftest import HAVE_VLLM
-
-if not HAVE_VLLM:
+if not have_vllm():
     pytest.skip("vllm is not installed (run `make test-vllm`)", allow_module_level=True)
 
-from engine.rollout.base import RolloutBackend, SamplingParams  # noqa: E402
-from engine.types import GenRequest  # noqa: E402
-from vllm_tiny_model import greedy, reference_log_probs  # noqa: E402
+from vllm_tiny_model import greedy, reference_log_probs
+
+from engine.rollout.base import RolloutBackend, SamplingParams
+from engine.types import GenRequest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 
@@ -31,7 +31,11 @@ def test_backend_satisfies_the_protocol(backend) -> None:
 def test_log_probs_match_an_fp32_torch_forward(backend, load_weights, temperature, top_k, top_p) -> None:
     model, version = load_weights(seed=11)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=3)
-    requests = [GenRequest(f"p{p}-s{s}", prompt, max_new_tokens=24) for p, prompt in enumerate(PROMPTS) for s in range(4)]
+    requests = [
+        GenRequest(f"p{p}-s{s}", prompt, max_new_tokens=24)
+        for p, prompt in enumerate(PROMPTS)
+        for s in range(4)
+    ]
     results = backend.generate(requests, sampling)
 
     assert [r.request_id for r in results] == [q.request_id for q in requests]
@@ -52,7 +56,9 @@ def test_log_probs_match_an_fp32_torch_forward(backend, load_weights, temperatur
 @pytest.mark.parametrize("transport", ["bytes", "file"])
 def test_greedy_after_weight_update_equals_transformers(backend, load_weights, transport) -> None:
     old, _ = load_weights(seed=21, transport=transport)
-    new, version = load_weights(seed=61, n_buckets=4, transport=transport)  # PROMPTS[0] hits EOS after 3 tokens
+    new, version = load_weights(
+        seed=61, n_buckets=4, transport=transport
+    )  # PROMPTS[0] hits EOS after 3 tokens
     requests = [GenRequest(f"g{i}", prompt, max_new_tokens=32) for i, prompt in enumerate(PROMPTS)]
     results = backend.generate(requests, SamplingParams(temperature=0.0))
 
@@ -71,9 +77,22 @@ def test_greedy_after_weight_update_equals_transformers(backend, load_weights, t
 
 def test_prefix_ending_in_eos_and_exhausted_budget_return_without_generating(backend) -> None:
     eos = min(backend.eos_ids)
-    done = GenRequest("done", PROMPTS[0], prefix_ids=[11, eos], prefix_log_probs=[-1.0, -2.0], max_new_tokens=5,
-                      min_version=0)
-    spent = GenRequest("spent", PROMPTS[0], prefix_ids=[11], prefix_log_probs=[-1.0], max_new_tokens=0, min_version=0)
+    done = GenRequest(
+        "done",
+        PROMPTS[0],
+        prefix_ids=[11, eos],
+        prefix_log_probs=[-1.0, -2.0],
+        max_new_tokens=5,
+        min_version=0,
+    )
+    spent = GenRequest(
+        "spent", PROMPTS[0], prefix_ids=[11], prefix_log_probs=[-1.0], max_new_tokens=0, min_version=0
+    )
     a, b = backend.generate([done, spent], SamplingParams())
-    assert (a.finish_reason, a.response_ids, a.log_probs, a.new_tokens) == ("stop", [11, eos], [-1.0, -2.0], 0)
+    assert (a.finish_reason, a.response_ids, a.log_probs, a.new_tokens) == (
+        "stop",
+        [11, eos],
+        [-1.0, -2.0],
+        0,
+    )
     assert (b.finish_reason, b.response_ids, b.new_tokens, b.min_version) == ("length", [11], 0, 0)

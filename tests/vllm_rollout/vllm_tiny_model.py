@@ -4,6 +4,8 @@ greedy decoding. Nothing here imports vLLM or other project modules."""
 
 from __future__ import annotations
 
+import importlib.util
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +18,36 @@ LAYERS = 2
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
+def have_vllm() -> bool:
+    """True when a real vLLM package is installed. With `pythonpath = ["tests"]` the test directory
+    `tests/vllm` is itself a namespace package called `vllm`, so a bare `find_spec` is not enough: a real
+    package has an origin (its `__init__.py`)."""
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and spec.origin is not None
+
+
 def _corpus() -> list[str]:
-    words = "the cat sat on a mat and then two plus three is five while seven minus four gives three".split()
+    words = [
+        "the",
+        "cat",
+        "sat",
+        "on",
+        "a",
+        "mat",
+        "and",
+        "then",
+        "two",
+        "plus",
+        "three",
+        "is",
+        "five",
+        "while",
+        "seven",
+        "minus",
+        "four",
+        "gives",
+        "three",
+    ]
     rng = np.random.default_rng(0)
     return [" ".join(rng.choice(words, size=12)) + f" {i} + {i * 3} = {i * 4}" for i in range(400)]
 
@@ -38,18 +68,30 @@ def build_tokenizer(out_dir: Path):  # -> PreTrainedTokenizerFast
     return fast
 
 
-def make_model(vocab_size: int, eos_id: int, pad_id: int, seed: int, init_range: float = 0.3, quiet_eos: bool = False):
+def make_model(
+    vocab_size: int, eos_id: int, pad_id: int, seed: int, init_range: float = 0.3, quiet_eos: bool = False
+):
     """A random tied-embedding Qwen2ForCausalLM in fp32 (`init_range` 0.3 keeps greedy outputs varied).
     `quiet_eos` zeroes the EOS row of the tied embedding/head: its logit is then 0 while the best other
     logit is ~10, so greedy decoding never stops early."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
-        vocab_size=vocab_size, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=512,
-        tie_word_embeddings=True, initializer_range=init_range, eos_token_id=eos_id, pad_token_id=pad_id,
-        bos_token_id=None, torch_dtype="float32", architectures=["Qwen2ForCausalLM"],
-    )  # fmt: skip
+        vocab_size=vocab_size,
+        hidden_size=HIDDEN,
+        intermediate_size=2 * HIDDEN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        initializer_range=init_range,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        bos_token_id=None,
+        torch_dtype="float32",
+        architectures=["Qwen2ForCausalLM"],
+    )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).float().eval()
     if quiet_eos:
@@ -75,7 +117,7 @@ def hf_buckets(model: torch.nn.Module, n_buckets: int, drop_head: bool = True) -
     if drop_head:
         items = [(k, v) for k, v in items if k != "lm_head.weight"]
     bounds = np.linspace(0, len(items), n_buckets + 1).astype(int)
-    return [dict(items[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+    return [dict(items[lo:hi]) for lo, hi in itertools.pairwise(bounds) if hi > lo]
 
 
 def filtered_log_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
@@ -101,7 +143,12 @@ def filtered_log_probs(logits: torch.Tensor, temperature: float, top_k: int, top
 
 @torch.no_grad()
 def reference_log_probs(
-    model: torch.nn.Module, prompt: list[int], response: list[int], temperature: float, top_k: int, top_p: float
+    model: torch.nn.Module,
+    prompt: list[int],
+    response: list[int],
+    temperature: float,
+    top_k: int,
+    top_p: float,
 ) -> list[float]:
     """Per-token log q(response_t | prompt, response_<t) from one fp32 forward over the whole sequence."""
     ids = torch.tensor([prompt + response])

@@ -8,15 +8,15 @@ import time
 from typing import Any
 
 import pytest
+from vllm_tiny_model import have_vllm
 
-from conftest import HAVE_VLLM
-
-if not HAVE_VLLM:
+if not have_vllm():
     pytest.skip("vllm is not installed (run `make test-vllm`)", allow_module_level=True)
 
-from engine.rollout.base import SamplingParams  # noqa: E402
-from engine.types import GenRequest  # noqa: E402
-from vllm_tiny_model import greedy, hf_buckets, make_model  # noqa: E402
+from vllm_tiny_model import greedy, hf_buckets, make_model
+
+from engine.rollout.base import SamplingParams
+from engine.types import GenRequest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -59,8 +59,13 @@ def _replica_class() -> type:
 def test_backend_in_a_ray_actor_updates_from_object_refs_and_aborts_from_another_thread(tiny) -> None:
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024,
-             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}}, log_to_driver=False)  # fmt: skip
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=200 * 1024 * 1024,
+        runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}},
+        log_to_driver=False,
+    )
     try:
         actor = ray.remote(num_cpus=1, max_concurrency=2)(_replica_class()).remote(str(tiny.path))
         model = make_model(tiny.vocab_size, tiny.eos_id, tiny.pad_id, seed=81, quiet_eos=True)
@@ -69,10 +74,16 @@ def test_backend_in_a_ray_actor_updates_from_object_refs_and_aborts_from_another
 
         prompt = [5, 17, 33, 90, 120]
         expected = greedy(model, prompt, 200, {tiny.eos_id})
-        (res,) = ray.get(actor.generate.remote([GenRequest("a", prompt, max_new_tokens=24)], SamplingParams(temperature=0.0)))
+        (res,) = ray.get(
+            actor.generate.remote(
+                [GenRequest("a", prompt, max_new_tokens=24)], SamplingParams(temperature=0.0)
+            )
+        )
         assert res.response_ids == expected[:24] and (res.min_version, res.max_version) == (5, 5)
 
-        pending = actor.generate.remote([GenRequest("b", prompt, max_new_tokens=200)], SamplingParams(temperature=0.0))
+        pending = actor.generate.remote(
+            [GenRequest("b", prompt, max_new_tokens=200)], SamplingParams(temperature=0.0)
+        )
         deadline = time.monotonic() + 60
         while ray.get(actor.progress.remote()).get("b", 0) < 4 and time.monotonic() < deadline:
             time.sleep(0.01)

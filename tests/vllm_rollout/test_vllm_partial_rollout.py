@@ -7,15 +7,15 @@ import threading
 import time
 
 import pytest
+from vllm_tiny_model import have_vllm
 
-from conftest import HAVE_VLLM
-
-if not HAVE_VLLM:
+if not have_vllm():
     pytest.skip("vllm is not installed (run `make test-vllm`)", allow_module_level=True)
 
-from engine.rollout.base import SamplingParams  # noqa: E402
-from engine.types import GenRequest, GenResult  # noqa: E402
-from vllm_tiny_model import greedy, reference_log_probs  # noqa: E402
+from vllm_tiny_model import greedy, reference_log_probs
+
+from engine.rollout.base import SamplingParams
+from engine.types import GenRequest, GenResult
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 
@@ -58,8 +58,14 @@ def test_should_abort_returns_partial_tokens_and_resume_from_prefix_completes(ba
     assert part.response_ids == reference[:k] and len(part.log_probs) == k == part.new_tokens
     assert part.min_version == part.max_version == version
 
-    rest = GenRequest("cut", prompt, prefix_ids=part.response_ids, prefix_log_probs=part.log_probs,
-                      max_new_tokens=BUDGET - k, min_version=part.min_version)
+    rest = GenRequest(
+        "cut",
+        prompt,
+        prefix_ids=part.response_ids,
+        prefix_log_probs=part.log_probs,
+        max_new_tokens=BUDGET - k,
+        min_version=part.min_version,
+    )
     (full,) = backend.generate([rest], GREEDY)
     assert full.response_ids == reference, "resumed sequence differs from the uninterrupted one"
     assert full.new_tokens == len(reference) - k
@@ -69,14 +75,27 @@ def test_should_abort_returns_partial_tokens_and_resume_from_prefix_completes(ba
 
 
 def test_generate_during_a_sync_submits_nothing(backend) -> None:
-    req = GenRequest("late", PROMPTS[0], prefix_ids=[9, 10], prefix_log_probs=[-0.5, -0.25], max_new_tokens=8,
-                     min_version=0)
+    req = GenRequest(
+        "late",
+        PROMPTS[0],
+        prefix_ids=[9, 10],
+        prefix_log_probs=[-0.5, -0.25],
+        max_new_tokens=8,
+        min_version=0,
+    )
     (res,) = backend.generate([req], GREEDY, should_abort=lambda: True)
-    assert (res.finish_reason, res.response_ids, res.log_probs, res.new_tokens) == ("abort", [9, 10], [-0.5, -0.25], 0)
+    assert (res.finish_reason, res.response_ids, res.log_probs, res.new_tokens) == (
+        "abort",
+        [9, 10],
+        [-0.5, -0.25],
+        0,
+    )
     assert (res.min_version, res.max_version) == (0, backend.version)
 
 
-def test_pause_keep_update_resume_continues_in_flight_requests_under_new_weights(backend, load_weights) -> None:
+def test_pause_keep_update_resume_continues_in_flight_requests_under_new_weights(
+    backend, load_weights
+) -> None:
     old, v_old = load_weights(seed=41, quiet_eos=True)
     requests = [GenRequest(f"keep{i}", p, max_new_tokens=BUDGET) for i, p in enumerate(PROMPTS)]
     thread, out = _in_thread(backend, requests)
@@ -101,7 +120,12 @@ def test_pause_keep_update_resume_continues_in_flight_requests_under_new_weights
         assert tokens[:j] == greedy(old, prompt, j, backend.eos_ids)
         assert tokens[j:] == greedy(new, prompt + tokens[:j], BUDGET - j, backend.eos_ids)
         assert _max_diff(res.log_probs[:j], reference_log_probs(old, prompt, tokens[:j], 0.0, 0, 1.0)) < 1e-4
-        assert _max_diff(res.log_probs[j:], reference_log_probs(new, prompt + tokens[:j], tokens[j:], 0.0, 0, 1.0)) < 1e-4
+        assert (
+            _max_diff(
+                res.log_probs[j:], reference_log_probs(new, prompt + tokens[:j], tokens[j:], 0.0, 0, 1.0)
+            )
+            < 1e-4
+        )
 
 
 def test_pause_abort_update_resume_from_prefix(backend, load_weights) -> None:
@@ -116,10 +140,16 @@ def test_pause_abort_update_resume_from_prefix(backend, load_weights) -> None:
     backend.resume()
 
     resumed = [
-        GenRequest(p.request_id, q.prompt_ids, prefix_ids=p.response_ids, prefix_log_probs=p.log_probs,
-                   max_new_tokens=BUDGET - len(p.response_ids), min_version=p.min_version)
+        GenRequest(
+            p.request_id,
+            q.prompt_ids,
+            prefix_ids=p.response_ids,
+            prefix_log_probs=p.log_probs,
+            max_new_tokens=BUDGET - len(p.response_ids),
+            min_version=p.min_version,
+        )
         for q, p in zip(requests, partials)
-    ]  # fmt: skip
+    ]
     finals = backend.generate(resumed, GREEDY)
     for req, part, res in zip(requests, partials, finals):
         k = len(part.response_ids)

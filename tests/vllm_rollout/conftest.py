@@ -3,7 +3,6 @@ engine start costs 15–50 s on this CPU), plus a helper that loads a fresh rand
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import os
 from collections.abc import Callable, Iterator
@@ -15,8 +14,6 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 @dataclass
@@ -33,7 +30,6 @@ class Tiny:
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
     import torch
-
     from vllm_tiny_model import write_checkpoint
 
     torch.set_num_threads(1)
@@ -63,7 +59,9 @@ def load_weights(backend: Any, tiny: Tiny) -> Callable[..., Any]:
     tied head). `quiet_eos` makes greedy decoding run to its budget (see `make_model`)."""
     from vllm_tiny_model import hf_buckets, make_model
 
-    def load(seed: int, n_buckets: int = 3, transport: str | None = None, quiet_eos: bool = False) -> tuple[Any, int]:
+    def load(
+        seed: int, n_buckets: int = 3, transport: str | None = None, quiet_eos: bool = False
+    ) -> tuple[Any, int]:
         model = make_model(tiny.vocab_size, tiny.eos_id, tiny.pad_id, seed=seed, quiet_eos=quiet_eos)
         version = next(_versions)
         if transport is not None:
