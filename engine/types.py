@@ -18,6 +18,11 @@ class Prompt:
     """One prompt of the stream, already tokenised.
 
     `uid` is unique across the epoch (`"{epoch}:{index}"`), so the ledger can account for it exactly once.
+
+    `images` (multimodal prompts): the prompt's images in placeholder order, each the base64 text of its
+    encoded file (PNG/JPEG bytes) — compact to pickle and JSON-ready. `prompt_ids` then already holds each
+    image's placeholder expanded to its vision-token count; pixel values are a pure function of the image and
+    the model's image processor, recomputed where needed (`engine.multimodal`).
     """
 
     uid: str
@@ -27,6 +32,7 @@ class Prompt:
     ground_truth: str = ""
     data_source: str = ""
     extra_info: dict[str, Any] = field(default_factory=dict)
+    images: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -34,6 +40,7 @@ class GenRequest:
     """One sequence to generate: a prompt plus (on resume) the prefix already generated.
 
     `max_new_tokens` is the *remaining* budget: a resumed request never gets a fresh full budget (verl #7207).
+    `images` are the prompt's (`Prompt.images`), carried again with a resumed prefix.
     """
 
     request_id: str
@@ -42,6 +49,7 @@ class GenRequest:
     prefix_log_probs: list[float] = field(default_factory=list)
     max_new_tokens: int = 64
     min_version: int | None = None  # version that produced the first prefix token, if any
+    images: list[str] = field(default_factory=list)  # base64 encoded images of a multimodal prompt
 
 
 @dataclass

@@ -52,7 +52,7 @@ def _report(what: str, result: dict[str, Any], as_json: bool) -> None:
         stdout_console().print(f"{what}: {result.get('reason')}{version}")
 
 
-@app.command("set")
+@app.command("set", context_settings={"ignore_unknown_options": True})
 @handle_errors
 def set_knob(
     ctx: typer.Context,

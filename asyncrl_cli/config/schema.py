@@ -242,6 +242,10 @@ class RolloutConfig(Section):
     """Rollout replicas (None = rollout GPUs / `tensor_parallel_size`)."""
     weight_sync_bucket_mb: int = Field(512, gt=0)
     """Size of one weight-sync bucket in MiB."""
+    max_replica_restarts: int = Field(3, ge=0)
+    """Replacement replicas the rollouter may start over the whole run after replica processes die (their
+    in-flight prompts are re-queued and the replacement gets the current weights). One failure more stops
+    the run cleanly: a checkpoint, exit code 1 and a message; resume it with `--resume auto`."""
 
 
 class AsyncTrainingConfig(Section):
@@ -349,11 +353,14 @@ class CheckpointConfig(Section):
     """Checkpoints (`[checkpoint]`)."""
 
     every_versions: int = Field(0, ge=0, json_schema_extra=MUTABLE)
-    """Save every N policy versions (0 = only at the end and on demand)."""
+    """Save every N policy versions (0 = only on demand and at a graceful stop). A checkpoint holds the
+    trainer's weights, optimizer and RNG states, the version and step, the prompt stream's position, the
+    queued groups and the in-flight prompts with their partial responses; `asyncrl launch RUN.toml
+    --resume auto` continues from the newest intact one."""
     keep_last: int = Field(2, gt=0)
-    """Checkpoints kept on disk."""
+    """Checkpoints kept on disk (older ones are deleted after a new one is complete)."""
     dir: str | None = None
-    """Checkpoint directory (None = `<run_dir>/checkpoints`)."""
+    """Checkpoint directory (None = `<run_dir>/checkpoints`); one `global_step_<step>/` per checkpoint."""
 
 
 class LoggingConfig(Section):
@@ -373,10 +380,14 @@ class LoggingConfig(Section):
 class DebugConfig(Section):
     """Fault injection for tests (`[debug]`)."""
 
-    kill_replica_at_step: int | None = Field(None, gt=0)
-    """Kill one rollout replica at this local step (tests recovery)."""
-    kill_trainer_at_step: int | None = Field(None, gt=0)
-    """Kill the trainer at this local step (tests resume)."""
+    kill_replica_at_step: int | None = Field(None, ge=0)
+    """Kill rollout replica 0's process (`os._exit`) once the rollouter learns that the trainer reached this
+    local step (tests replica recovery; None or 0 = off). Fires once per launch, and not on a resume from a
+    checkpoint at or after this step."""
+    kill_trainer_at_step: int | None = Field(None, ge=0)
+    """Kill the trainer's process (`os._exit`) right after this local step (tests failure reporting and
+    resume; None or 0 = off). A resume from an earlier checkpoint reaches the step again: pass
+    `--set debug.kill_trainer_at_step=0` to resume past it."""
 
 
 class RunConfig(Section):

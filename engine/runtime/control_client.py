@@ -14,6 +14,7 @@ ambiguous run choice (a usage error).
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any, Protocol, runtime_checkable
 
 from engine.runtime.controller import NAMESPACE, ControllerCore, default_who
@@ -175,15 +176,47 @@ def connect_cluster(address: str | None = None, namespace: str = NAMESPACE) -> N
 
     if ray.is_initialized():
         return
+    where = address or "auto (this machine)"
+    hint = "is a run started (asyncrl launch)? pass --address HOST:PORT for a remote cluster"
+    problem = _unreachable(address)
+    if problem is not None:
+        raise NoClusterError(f"no Ray cluster reachable at {where}: {problem} — {hint}")
     try:
         ray.init(address=address or "auto", namespace=namespace, ignore_reinit_error=True,
                  logging_level=logging.ERROR, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as err:
-        where = address or "auto (this machine)"
-        raise NoClusterError(
-            f"no Ray cluster reachable at {where}: {_first_line(err)} — is a run started (asyncrl launch)? "
-            f"pass --address HOST:PORT for a remote cluster"
-        ) from None
+        raise NoClusterError(f"no Ray cluster reachable at {where}: {_first_line(err)} — {hint}") from None
+
+
+def _unreachable(address: str | None, timeout_s: float = 3.0) -> str | None:
+    """Why the cluster's GCS cannot be reached by TCP (None when it can, or when this cannot be told).
+
+    `ray.init` retries an unreachable address for minutes; this check fails in `timeout_s` instead.
+    """
+    target = address
+    if target is None or target == "auto":
+        try:
+            from ray._private.services import canonicalize_bootstrap_address  # private: guarded
+        except ImportError:
+            return None
+        try:
+            target = canonicalize_bootstrap_address("auto")
+        except ConnectionError as err:
+            return _first_line(err)
+        except Exception:  # noqa: BLE001 — unknown private-API behaviour: let ray.init decide
+            return None
+        if target is None:
+            return "no running Ray cluster found"
+    if target.startswith("ray://"):
+        target = target[len("ray://"):]
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return None
+    except OSError as err:
+        return f"cannot connect to {host}:{port} ({err.strerror or err})"
 
 
 def _named_actors(namespace: str) -> list[str]:

@@ -17,22 +17,18 @@ must be given the same batch, and each DP rank its own rows (as with the torch b
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from safetensors.torch import save_file
 
-from engine.trainer import checkpoint as ckpt
 from engine.trainer.base import LossFn, TrainBatch
 from engine.trainer.batch import split_micro_batches, trim_padding
 from engine.trainer.megatron import checkpointing as mckpt
@@ -114,8 +110,8 @@ class MegatronTrainerBackend:
         apply_cpu_shims()
         self.hf_model_dir = str(hf_model_dir)
         self.arch = load_arch(hf_model_dir)
-        rank = int(os.environ.get("RANK", 0)) if rank is None else rank
-        world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+        rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+        world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
         self.layout = ParallelLayout(tp=tp, pp=pp, cp=cp, ep=ep, world_size=world_size)
         self.layout.validate(on_gpu=self.on_gpu, num_experts=self.arch.num_experts,
                              num_layers=self.arch.num_layers, num_query_groups=self.arch.num_query_groups)
@@ -221,7 +217,7 @@ class MegatronTrainerBackend:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t[0]), int(t[1])
 
-    def _barrier(self) -> None:
+    def barrier(self) -> None:
         if dist.get_world_size() > 1:
             dist.barrier()
 
@@ -330,8 +326,6 @@ class MegatronTrainerBackend:
     def snapshot_params(self) -> None:
         """Copy every parameter (dense and expert-parallel DDP buffers) to host memory (pinned on GPU hosts)."""
         seconds = self.snapshot.take()
-        self.extra_metrics["timing_s/prox_snapshot"] = seconds
-        self.extra_metrics["asyncrl/prox_snapshot_bytes"] = float(self.snapshot.nbytes)
         log.debug("proximal snapshot v%d: %.1f MiB in %.4fs", self.snapshot.version,
                   self.snapshot.nbytes / 2**20, seconds)
 
@@ -344,6 +338,7 @@ class MegatronTrainerBackend:
         stats = self.snapshot.stats
         self.extra_metrics["timing_s/prox_swap"] = stats.get("swap_in_s", 0.0) + stats.get("swap_back_s", 0.0)
         self.extra_metrics["timing_s/prox_log_probs"] = time.perf_counter() - start
+        self.extra_metrics["asyncrl/prox_snapshot_bytes"] = float(self.snapshot.nbytes)
         log.debug("proximal log-probs: swap %.4fs, total %.4fs", self.extra_metrics["timing_s/prox_swap"],
                   self.extra_metrics["timing_s/prox_log_probs"])
         return log_probs
@@ -360,57 +355,14 @@ class MegatronTrainerBackend:
         """Full HF-named weights on CPU (collective; every rank gets them)."""
         return {name: t.detach().cpu().clone() for name, t in iter_hf_tensors(self.model, self.arch)}
 
-    # --- checkpoints -----------------------------------------------------------------------------------
+    # --- checkpoints ---------------------------------------------------------------------------------
     def save(self, path: str) -> None:
         """Write weights (HF names), optimizer, proximal snapshot and RNG states to directory `path`."""
-        weights = self.hf_state_dict()
-        if self.arch.tie_word_embeddings:
-            weights.pop("lm_head.weight", None)
-        staging = ckpt.staging_dir(path, f"step{self.global_step}") if self.is_main else None
-        self._barrier()
-        staging = staging or mckpt.staging_path(path, self.global_step)
-        if self.is_main:
-            save_file({k: v.contiguous() for k, v in weights.items()}, str(staging / ckpt.MODEL_FILE),
-                      metadata={"format": "pt"})
-            state = {"global_step": self.global_step, "base_lr": self.base_lr, "backend": "megatron",
-                     "layout": [self.layout.tp, self.layout.pp, self.layout.cp, self.layout.ep,
-                                self.layout.world_size]}
-            (staging / ckpt.STATE_FILE).write_text(json.dumps(state))
-        torch.save(self.optimizer.state_dict(), staging / mckpt.optimizer_file(self.rank))
-        self.optimizer.save_extra(str(staging / f"optimizer_params_rank{self.rank}.pt"))
-        if self.snapshot.taken:
-            torch.save({"version": self.snapshot.version, "tensors": self.snapshot.state()},
-                       staging / mckpt.prox_file(self.rank))
-        torch.save(mckpt.capture_rng_with_tracker(), staging / ckpt.rng_file(self.rank))
-        self._barrier()
-        if self.is_main:
-            ckpt.publish(staging, path)
-        self._barrier()
+        mckpt.save_backend(self, path)
 
     def load(self, path: str) -> None:
         """Restore what `save` wrote. Weights re-shard to any layout; the optimizer needs the same layout."""
-        root = Path(path)
-        state = json.loads((root / ckpt.STATE_FILE).read_text())
-        layout = [self.layout.tp, self.layout.pp, self.layout.cp, self.layout.ep, self.layout.world_size]
-        if state.get("layout") != layout:
-            raise ValueError(f"checkpoint layout (tp, pp, cp, ep, world) {state.get('layout')} != {layout}")
-        self.load_hf_weights(SafetensorsSource(root))
-        self.optimizer.load_state_dict(
-            torch.load(root / mckpt.optimizer_file(self.rank), map_location="cpu", weights_only=False))
-        self.optimizer.load_extra(str(root / f"optimizer_params_rank{self.rank}.pt"))
-        prox = root / mckpt.prox_file(self.rank)
-        if prox.exists():
-            saved = torch.load(prox, map_location="cpu", weights_only=False)
-            self.snapshot.restore_state(saved["tensors"])
-            self.snapshot.version = int(saved["version"])
-        else:
-            self.snapshot.clear()
-        self.global_step = int(state["global_step"])
-        self.base_lr = float(state["base_lr"])
-        rng = root / ckpt.rng_file(self.rank)
-        if rng.exists():
-            mckpt.restore_rng_with_tracker(torch.load(rng, map_location="cpu", weights_only=False))
-        self._barrier()
+        mckpt.load_backend(self, path)
 
     def __repr__(self) -> str:
         l = self.layout

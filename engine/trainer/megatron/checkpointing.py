@@ -14,12 +14,18 @@ snapshot buffers, so it works in decoupled mode at any point (verl #6026 broke e
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from safetensors.torch import save_file
 
 from engine.trainer import checkpoint as ckpt
+from engine.trainer.megatron.convert import SafetensorsSource
+
+if TYPE_CHECKING:
+    from engine.trainer.megatron.backend import MegatronTrainerBackend
 
 
 def optimizer_file(rank: int) -> str:
@@ -50,3 +56,60 @@ def restore_rng_with_tracker(state: dict[str, Any]) -> None:
 
 def staging_path(path: str | Path, step: int) -> Path:
     return Path(f"{str(path).rstrip('/')}.tmp-step{step}")
+
+
+def _layout(backend: MegatronTrainerBackend) -> list[int]:
+    lay = backend.layout
+    return [lay.tp, lay.pp, lay.cp, lay.ep, lay.world_size]
+
+
+def save_backend(backend: MegatronTrainerBackend, path: str) -> None:
+    """Write the checkpoint directory `path` (collective: every rank calls it)."""
+    weights = backend.hf_state_dict()  # gathered from the live parameters on every rank
+    if backend.arch.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    rank = backend.rank
+    staging = ckpt.staging_dir(path, f"step{backend.global_step}") if backend.is_main else None
+    backend.barrier()
+    staging = staging or staging_path(path, backend.global_step)
+    if backend.is_main:
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(staging / ckpt.MODEL_FILE),
+                  metadata={"format": "pt"})
+        state = {"global_step": backend.global_step, "base_lr": backend.base_lr, "backend": "megatron",
+                 "layout": _layout(backend)}
+        (staging / ckpt.STATE_FILE).write_text(json.dumps(state))
+    torch.save(backend.optimizer.state_dict(), staging / optimizer_file(rank))
+    backend.optimizer.save_extra(str(staging / f"optimizer_params_rank{rank}.pt"))
+    if backend.snapshot.taken:
+        torch.save({"version": backend.snapshot.version, "tensors": backend.snapshot.state()},
+                   staging / prox_file(rank))
+    torch.save(capture_rng_with_tracker(), staging / ckpt.rng_file(rank))
+    backend.barrier()
+    if backend.is_main:
+        ckpt.publish(staging, path)
+    backend.barrier()
+
+
+def load_backend(backend: MegatronTrainerBackend, path: str) -> None:
+    """Restore a directory written by `save_backend` into `backend` (collective)."""
+    root = Path(path)
+    rank = backend.rank
+    state = json.loads((root / ckpt.STATE_FILE).read_text())
+    if state.get("layout") != _layout(backend):
+        raise ValueError(f"checkpoint layout (tp, pp, cp, ep, world) {state.get('layout')} != {_layout(backend)}")
+    backend.load_hf_weights(SafetensorsSource(root))
+    backend.optimizer.load_state_dict(torch.load(root / optimizer_file(rank), map_location="cpu", weights_only=False))
+    backend.optimizer.load_extra(str(root / f"optimizer_params_rank{rank}.pt"))
+    prox = root / prox_file(rank)
+    if prox.exists():
+        saved = torch.load(prox, map_location="cpu", weights_only=False)
+        backend.snapshot.restore_state(saved["tensors"])
+        backend.snapshot.version = int(saved["version"])
+    else:
+        backend.snapshot.clear()
+    backend.global_step = int(state["global_step"])
+    backend.base_lr = float(state["base_lr"])
+    rng = root / ckpt.rng_file(rank)
+    if rng.exists():
+        restore_rng_with_tracker(torch.load(rng, map_location="cpu", weights_only=False))
+    backend.barrier()

@@ -137,7 +137,7 @@ def split_hf(rule: Rule, fused: torch.Tensor, arch: ArchSpec) -> list[torch.Tens
 
 def shard(rule: Rule, full: torch.Tensor, rank: int, size: int, arch: ArchSpec, tp_for_vocab: int) -> torch.Tensor:
     """This rank's piece of the unsharded Megatron tensor `full` (a contiguous copy)."""
-    if rule.kind == "replicated" or size == 1 and rule.kind != "vocab":
+    if rule.kind == "replicated" or (size == 1 and rule.kind != "vocab"):
         return full.clone()
     if rule.kind == "rows":
         return full.chunk(size, dim=0)[rank].clone()
@@ -156,7 +156,7 @@ def shard(rule: Rule, full: torch.Tensor, rank: int, size: int, arch: ArchSpec, 
 
 def merge_shards(rule: Rule, shards: list[torch.Tensor], arch: ArchSpec) -> torch.Tensor:
     """Inverse of `shard`: the unsharded Megatron tensor from the shards of ranks 0 … size − 1."""
-    if rule.kind == "replicated" or len(shards) == 1 and rule.kind != "vocab":
+    if rule.kind == "replicated" or (len(shards) == 1 and rule.kind != "vocab"):
         return shards[0]
     if rule.kind == "rows":
         return torch.cat(shards, dim=0)
@@ -241,11 +241,20 @@ class SafetensorsSource:
         if not files:
             raise FileNotFoundError(f"no *.safetensors in {root}")
         self._handles = [safe_open(str(root / f), framework="pt") for f in files]
-        self._where = {k: h for h in self._handles for k in h.keys()}
+        self._where = {k: h for h in self._handles for k in h.keys()}  # noqa: SIM118 (safe_open is no dict)
         self._fused = _LazyMapping(self)
 
     def keys(self) -> list[str]:
         return list(self._where)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._where
+
+    def __len__(self) -> int:
+        return len(self._where)
 
     def raw(self, name: str) -> torch.Tensor:
         return self._where[name].get_tensor(name)

@@ -26,6 +26,8 @@ from engine.trainer.base import TrainBatch
 
 @dataclass
 class MegatronInputs:
+    """Left-aligned rows; `position_ids` and the causal + padding `attention_mask` are derived on demand."""
+
     tokens: torch.Tensor  # [B, S] long
     valid: torch.Tensor  # [B, S] bool: a real token
     response_index: torch.Tensor  # [B, R] long: sequence index of the logits predicting each response token
@@ -46,10 +48,10 @@ class MegatronInputs:
         causal = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=self.tokens.device), diagonal=1)
         return causal[None, None] | ~self.valid[:, None, None, :]
 
-    def to(self, device: torch.device | str) -> "MegatronInputs":
+    def to(self, device: torch.device | str) -> MegatronInputs:
         return MegatronInputs(self.tokens.to(device), self.valid.to(device), self.response_index.to(device))
 
-    def pad_to(self, rows: int, seq: int) -> "MegatronInputs":
+    def pad_to(self, rows: int, seq: int) -> MegatronInputs:
         """Append padding rows/columns up to [rows, seq] (real rows and their indices are unchanged)."""
         n, s = self.shape
         if (rows, seq) == (n, s):

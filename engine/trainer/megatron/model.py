@@ -33,7 +33,7 @@ class SPRMSNorm(torch.nn.RMSNorm):
 
     def __init__(self, config: object, hidden_size: int, eps: float = 1e-5, **_: object) -> None:
         super().__init__(hidden_size, eps=eps, dtype=getattr(config, "params_dtype", None))
-        setattr(self.weight, "sequence_parallel", bool(getattr(config, "sequence_parallel", False)))
+        self.weight.sequence_parallel = bool(getattr(config, "sequence_parallel", False))
 
 
 def padded_vocab_size(vocab_size: int, tp: int) -> int:
@@ -47,19 +47,20 @@ def transformer_config(arch: ArchSpec, layout: ParallelLayout, dtype: torch.dtyp
 
     moe: dict[str, object] = {}
     if arch.is_moe:
-        moe = dict(
-            num_moe_experts=arch.num_experts,
-            moe_router_topk=arch.moe_top_k,
-            moe_ffn_hidden_size=arch.moe_ffn_hidden_size,
-            moe_layer_freq=[1 if m else 0 for m in arch.moe_layers],
-            moe_router_score_function="softmax",
-            moe_router_pre_softmax=not arch.moe_norm_topk_prob,
-            moe_router_load_balancing_type="none",
-            moe_aux_loss_coeff=0.0,
-            moe_router_dtype="fp32",
-            moe_token_dispatcher_type="alltoall" if (on_gpu and layout.ep > 1) else "allgather",
-            moe_grouped_gemm=False,
-        )
+        moe = {
+            "num_moe_experts": arch.num_experts,
+            "moe_router_topk": arch.moe_top_k,
+            "moe_ffn_hidden_size": arch.moe_ffn_hidden_size,
+            "moe_layer_freq": [1 if m else 0 for m in arch.moe_layers],
+            "moe_router_score_function": "softmax",
+            "moe_router_pre_softmax": not arch.moe_norm_topk_prob,
+            "moe_router_load_balancing_type": "none",
+            "moe_aux_loss_coeff": 0.0,
+            "moe_router_dtype": "fp32",
+            # all-to-all needs CUDA streams; the all-gather dispatcher runs on gloo
+            "moe_token_dispatcher_type": "alltoall" if (on_gpu and layout.ep > 1) else "allgather",
+            "moe_grouped_gemm": False,
+        }
     return TransformerConfig(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,

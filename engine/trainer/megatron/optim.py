@@ -41,7 +41,7 @@ class OptimSettings:
     warmup_steps: int = 0
 
     @staticmethod
-    def from_any(cfg: Mapping[str, Any] | "OptimSettings" | None) -> "OptimSettings":
+    def from_any(cfg: Mapping[str, Any] | OptimSettings | None) -> OptimSettings:
         """From a mapping (e.g. `OptimConfig.model_dump()`; unknown keys such as `name` are ignored)."""
         if cfg is None:
             return OptimSettings()

@@ -9,7 +9,6 @@ Transformer Engine's attention, so PP > 1 or CP > 1 on CPU is rejected up front 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -78,8 +77,6 @@ def init_process_group(rank: int, world_size: int, master_addr: str, master_port
         return
     if torch.cuda.is_available():
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    os.environ.setdefault("MASTER_ADDR", master_addr)
-    os.environ.setdefault("MASTER_PORT", str(master_port))
     dist.init_process_group(
         collective_backend(), init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size)
 

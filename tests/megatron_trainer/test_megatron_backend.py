@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from megatron_helpers import KINDS, hf_grad_norm, hf_log_probs, make_batch, nll_loss, tiny_hf_model
 
+from engine.trainer.base import TrainerBackend
 from engine.trainer.megatron.backend import MegatronTrainerBackend
 from engine.trainer.megatron.parallel import ParallelConfigError
-from megatron_helpers import KINDS, hf_grad_norm, hf_log_probs, make_batch, nll_loss, tiny_hf_model
 
 pytestmark = pytest.mark.usefixtures("process_group")
 
@@ -35,6 +36,7 @@ def _params(backend: MegatronTrainerBackend) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("kind", KINDS)
 def test_log_probs_and_entropy_match_transformers(build: Build, kind: str) -> None:
     backend = build(kind)
+    assert isinstance(backend, TrainerBackend)
     batch = make_batch()
     log_probs, entropy = backend.compute_log_probs(batch, with_entropy=True)
     ref_lp, ref_ent = hf_log_probs(tiny_hf_model(kind), batch, TEMPERATURE)
@@ -57,7 +59,7 @@ def test_export_weights_gives_back_the_checkpoint_bit_exactly(build: Build, hf_d
     exported = {k: torch.from_numpy(v) for b in buckets for k, v in b.items()}
     source = SafetensorsSource(hf_dirs[kind])
     assert set(exported) == set(source.keys()) | {"lm_head.weight"}
-    for name in source.keys():
+    for name in source:
         assert torch.equal(exported[name], source(name)), name
     if kind == "qwen2":  # tied: lm_head is the embedding, and it must be sent
         assert torch.equal(exported["lm_head.weight"], exported["model.embed_tokens.weight"])
@@ -122,6 +124,7 @@ def test_proximal_snapshot_swap_restores_live_weights_bit_exactly(build: Build) 
     assert torch.equal(backend.compute_log_probs(batch)[0], current)
     metrics = backend.train_step(batch, nll_loss)
     assert metrics["timing_s/prox_swap"] >= 0 and metrics["timing_s/prox_log_probs"] > 0
+    assert metrics["asyncrl/prox_snapshot_bytes"] == backend.snapshot.nbytes
 
 
 def test_failed_proximal_forward_still_restores_the_live_weights(build: Build) -> None:

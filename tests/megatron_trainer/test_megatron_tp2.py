@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from megatron_helpers import as_tensor, hf_grad_norm, hf_log_probs, make_batch, spawn, tiny_hf_model
 from megatron_workers import TEMPERATURE, tensor_parallel_rank
 
@@ -52,7 +51,7 @@ def test_tp2_export_gathers_the_checkpoint_bit_exactly(tp2: list[dict], hf_dirs:
     source = SafetensorsSource(hf_dirs[kind])
     exported = tp2[0][kind]["export"]
     assert set(exported) == set(source.keys())
-    for name in source.keys():
+    for name in source:
         assert torch.equal(as_tensor(exported[name]), source(name)), name
 
 

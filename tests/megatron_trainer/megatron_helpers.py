@@ -26,9 +26,9 @@ def tiny_hf_model(kind: str, seed: int = 0) -> torch.nn.Module:
     """
     import transformers as tf
 
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, initializer_range=0.2,
-                  max_position_embeddings=128)
+    common = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "initializer_range": 0.2,
+              "max_position_embeddings": 128}
     torch.manual_seed(seed)
     if kind == "qwen2":
         model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**common, tie_word_embeddings=True))

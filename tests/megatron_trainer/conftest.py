@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from megatron_helpers import save_tiny  # noqa: E402
+from megatron_helpers import save_tiny
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from megatron_helpers import as_tensor, hf_grad_norm, hf_log_probs, make_batch, spawn, tiny_hf_model
 from megatron_workers import TEMPERATURE, expert_parallel_rank
 
@@ -43,7 +42,7 @@ def test_ep2_export_collects_every_expert(ep2: list[dict], hf_dirs: dict[str, Pa
     source = SafetensorsSource(hf_dirs["qwen3_moe"])
     for rank in ep2:
         assert set(rank["export"]) == set(source.keys())
-        for name in source.keys():
+        for name in source:
             assert np.array_equal(rank["export"][name], source(name).numpy()), name
 
 

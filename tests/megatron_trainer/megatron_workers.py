@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
 from megatron_helpers import make_batch, nll_loss
 
 TEMPERATURE = 0.7

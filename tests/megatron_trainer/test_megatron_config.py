@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from megatron_helpers import tiny_hf_model
 
 from engine.trainer.megatron.hf_config import UnsupportedModelError, arch_from_hf_config
 from engine.trainer.megatron.model import padded_vocab_size
 from engine.trainer.megatron.parallel import ParallelConfigError, ParallelLayout
-from megatron_helpers import tiny_hf_model
 
 
 def _cfg(kind: str) -> dict:

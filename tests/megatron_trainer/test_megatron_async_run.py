@@ -15,8 +15,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
 
 def test_tiny_async_run_with_megatron_trainer_in_decoupled_mode(tmp_path: Path) -> None:
-    from engine.runtime.driver import run
     from run_helpers import tiny_config, train_records
+
+    from engine.runtime.driver import run
 
     run_dir = tmp_path / "run"
     cfg = tiny_config(run_dir, 'trainer.backend="megatron"', "trainer.ppo_mini_batch_size=8",

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from megatron_helpers import KINDS, tiny_hf_model
 
 from engine.trainer.megatron.convert import (
     Rule,
@@ -20,7 +21,6 @@ from engine.trainer.megatron.convert import (
     state_dict_getter,
 )
 from engine.trainer.megatron.hf_config import load_arch
-from megatron_helpers import KINDS, tiny_hf_model
 
 
 def _round_trip(directory: Path, tp: int, ep: int) -> dict[str, torch.Tensor]:
@@ -104,7 +104,7 @@ def test_transformers_fused_expert_layout_is_accepted(hf_dirs: dict[str, Path]) 
     assert "model.layers.0.mlp.experts.gate_up_proj" in live
     get = state_dict_getter(live)
     disk = SafetensorsSource(hf_dirs["qwen3_moe"])
-    for name in disk.keys():
+    for name in disk:
         assert torch.equal(get(name), disk(name)), name
 
 

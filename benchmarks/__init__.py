@@ -1,0 +1,20 @@
+"""asyncrl's benchmark studies: one module per study, each writing `<name>.json` and `<name>.png`.
+
+Run one with `python -m benchmarks NAME` (or `asyncrl bench NAME`); `python -m benchmarks report` turns the
+JSON results into `docs/benchmarks.md`. Study modules are imported lazily, so listing them is cheap.
+"""
+
+from __future__ import annotations
+
+STUDIES: dict[str, str] = {
+    "async-vs-sync": "benchmarks.async_vs_sync",
+    "rollout-throughput": "benchmarks.rollout_throughput",
+    "weight-sync": "benchmarks.weight_sync",
+    "trainer-throughput": "benchmarks.trainer_throughput",
+    "cli-latency": "benchmarks.cli_latency",
+    "staleness": "benchmarks.staleness",
+}
+"""Study name → module; each module exposes `run(size: str, out_dir: Path) -> dict`."""
+
+SIZES = ("toy", "full")
+"""`toy`: seconds, for the smoke test; `full`: the numbers published in docs/benchmarks.md."""

@@ -1,0 +1,91 @@
+"""Study 6 — staleness vs speed (verl's ablation): the async-vs-sync comparison repeated for
+`staleness_threshold` ∈ {0, 0.1, 0.5} × `partial_rollout` ∈ {off, on} on the tiny preset, against one sync
+baseline. Per configuration: trained prompts/s, speedup over sync, final reward, mean/max staleness of the
+trained samples and the share of partial (resumed) trajectories.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import PRESETS, finish_result, new_result, table, write_json
+from benchmarks.engine_runs import SYNC_OVERRIDES, RunSummary, launch, ray_session
+from benchmarks.plots import bars, pyplot, save
+
+STUDY = "staleness"
+PRESET = "tiny-cpu.toml"
+COMMON = ("trainer.test_freq=0", "trainer.val_before_train=false")
+SIZES: dict[str, dict[str, Any]] = {
+    "full": {"overrides": ["rollout.total_rollout_steps=3200"],
+             "grid": [(s, p) for s in (0.0, 0.1, 0.5) for p in (False, True)]},
+    "toy": {"overrides": ["trainer.ppo_mini_batch_size=4", "trainer.ppo_micro_batch_size_per_gpu=16",
+                          "rollout.n=4", "rollout.total_rollout_steps=8"],
+            "grid": [(0.5, True)]},
+}
+
+
+def label(staleness: float, partial: bool) -> str:
+    return f"s={staleness:g} partial={'on' if partial else 'off'}"
+
+
+def async_overrides(staleness: float, partial: bool) -> list[str]:
+    return ['async_training.mode="fully_async"', f"async_training.staleness_threshold={staleness}",
+            f"async_training.partial_rollout={'true' if partial else 'false'}"]
+
+
+def row_of(name: str, s: RunSummary, sync: RunSummary) -> dict[str, Any]:
+    return {"config": name, "speedup": sync.train_wall_s / s.train_wall_s, **s.to_json()}
+
+
+def run(size: str, out_dir: Path) -> dict[str, Any]:
+    started = time.monotonic()
+    spec = SIZES[size]
+    result = new_result(STUDY, size, {"preset": PRESET, "overrides": [*COMMON, *spec["overrides"]],
+                                      "grid": [list(g) for g in spec["grid"]]})
+    base = [*COMMON, *spec["overrides"]]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as tmp, ray_session():
+        sync = launch(PRESETS / PRESET, [*base, *SYNC_OVERRIDES], Path(tmp), "sync")
+        rows.append(row_of("sync", sync, sync))
+        for staleness, partial in spec["grid"]:
+            tag = f"s{staleness:g}-p{int(partial)}"
+            summary = launch(PRESETS / PRESET, [*base, *async_overrides(staleness, partial)], Path(tmp), tag)
+            rows.append(row_of(label(staleness, partial), summary, sync))
+    result["rows"] = rows
+    result["tables"] = [table(
+        "Staleness × partial rollout (tiny preset)",
+        ["config", "prompts/s", "async ÷ sync", "final reward", "staleness mean", "staleness max",
+         "partial ratio", "train wall (s)"],
+        [[r["config"], round(r["prompts_per_s"], 2), round(r["speedup"], 2),
+          f"{r['final_reward']:.3f} ± {r['final_reward_se']:.3f}", round(r["staleness_mean"], 2),
+          int(r["staleness_max"]), round(r["partial_ratio"], 3), round(r["train_wall_s"], 2)] for r in rows],
+    )]
+    result["notes"] = [
+        "Same preset, same number of trained prompts, same cores; only `staleness_threshold` and "
+        "`partial_rollout` change (verl's ablation). The sync row is the baseline of the speedup column.",
+        "Staleness is `trainer_version − min_version` of the trained trajectories; the partial ratio is the "
+        "share of trajectories resumed across a weight sync.",
+    ]
+    write_json(finish_result(result, started), out_dir)
+    plot(rows, out_dir)
+    return result
+
+
+def plot(rows: list[dict[str, Any]], out_dir: Path) -> Path:
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.2))
+    colors = ["tab:blue" if r["config"] == "sync" else
+              ("tab:orange" if r["config"].endswith("on") else "tab:green") for r in rows]
+    bars(left, [r["config"] for r in rows], [r["speedup"] for r in rows], ylabel="speedup over sync (×)",
+         title="speedup by staleness_threshold / partial_rollout", colors=colors, hline=1.6,
+         hline_label="target 1.6×")
+    for r in rows:
+        right.plot(r["curve"]["time"], r["curve"]["reward"], label=r["config"],
+                   linewidth=2 if r["config"] == "sync" else 1)
+    right.set(xlabel="trainer wall time (s)", ylabel="mean reward", title="reward vs wall time")
+    right.title.set_fontsize(10)
+    right.legend(fontsize=7)
+    return save(fig, out_dir, STUDY)
