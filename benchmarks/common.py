@@ -85,8 +85,13 @@ def vllm_version() -> str | None:
 
 def git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10, check=False)
+        out = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
@@ -108,7 +113,7 @@ def machine_info() -> dict[str, Any]:
 
 
 def now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    return _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
 
 
 def new_result(study: str, size: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -176,8 +181,15 @@ def subprocess_env(threads: int) -> dict[str, str]:
 def run_json_subprocess(argv: list[str], threads: int, timeout_s: float) -> dict[str, Any]:
     """Run a worker that prints one JSON object as its last stdout line; failures become `{"error": ...}`."""
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=subprocess_env(threads),
-                              cwd=str(REPO), check=False)
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=subprocess_env(threads),
+            cwd=str(REPO),
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f}s"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -189,3 +201,10 @@ def run_json_subprocess(argv: list[str], threads: int, timeout_s: float) -> dict
 
 def python_exe() -> str:
     return sys.executable
+
+
+def annotate_json(path: Path, extra: dict[str, Any]) -> None:
+    """Merge `extra` into a written result file (the CLI adds how long it waited for a quiet machine)."""
+    data = json.loads(path.read_text())
+    data.update(extra)
+    path.write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")

@@ -14,8 +14,11 @@ from typing import Any
 
 from benchmarks.metrics import final_stats
 
-SYNC_OVERRIDES = ('async_training.mode="sync"', "async_training.staleness_threshold=0.0",
-                  "async_training.partial_rollout=false")
+SYNC_OVERRIDES = (
+    'async_training.mode="sync"',
+    "async_training.staleness_threshold=0.0",
+    "async_training.partial_rollout=false",
+)
 """What turns a fully async preset into its synchronous baseline (exactly `presets/runs/tiny-cpu-sync.toml`)."""
 
 
@@ -23,15 +26,23 @@ SYNC_OVERRIDES = ('async_training.mode="sync"', "async_training.staleness_thresh
 class RunSummary:
     """One run, reduced. Times in seconds.
 
-    `train_wall_s` is the trainer's clock at its last step (`asyncrl/time`: from the trainer's start, so
-    Ray and model start-up are excluded; `wall_s` includes them). T_gen = Σ `timing_s/gen` (the trainer
-    waiting for rollouts), T_train = Σ (`timing_s/step` − `timing_s/gen`) (log-probs, update, weight sync,
-    bookkeeping)."""
+    `wall_s` is the whole `run()` (Ray actors and model start-up included); `train_wall_s` the trainer's
+    clock at its last step (`asyncrl/time`, from the trainer's start). The comparison uses the steady
+    state, steps 2…K, which drops the first step: the rollouter starts generating while the trainer is
+    still loading its model, a head start that differs between modes and would dominate short runs.
+
+        steady_wall_s       = asyncrl/time[K] − asyncrl/time[1]
+        steady_prompts_per_s = trained_prompts · (K − 1)/K ÷ steady_wall_s
+        T_gen   = Σ_{k≥2} timing_s/gen_k                        (the trainer waiting for rollouts)
+        T_train = Σ_{k≥2} (timing_s/step_k − timing_s/gen_k)    (log-probs, update, sync, bookkeeping)
+
+    With a single step the steady state is that step (time from the trainer's start)."""
 
     label: str
     overrides: list[str]
     wall_s: float
     train_wall_s: float
+    steady_wall_s: float
     steps: int
     trained_prompts: int
     prompts_per_s: float
@@ -56,8 +67,13 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def summarize(label: str, overrides: Sequence[str], records: list[dict[str, Any]], ledger: list[dict[str, Any]],
-              wall_s: float) -> RunSummary:
+def summarize(
+    label: str,
+    overrides: Sequence[str],
+    records: list[dict[str, Any]],
+    ledger: list[dict[str, Any]],
+    wall_s: float,
+) -> RunSummary:
     """Reduce one run's per-step records (training records only) and ledger to a `RunSummary`."""
     train = [r for r in records if "critic/rewards/mean" in r]
     if not train:
@@ -66,8 +82,11 @@ def summarize(label: str, overrides: Sequence[str], records: list[dict[str, Any]
     final, se = final_stats(rewards)
     trained = sum(1 for e in ledger if e.get("status") == "trained")
     train_wall = float(train[-1]["asyncrl/time"])
-    t_gen = sum(float(r.get("timing_s/gen", 0.0)) for r in train)
-    t_step = sum(float(r.get("timing_s/step", 0.0)) for r in train)
+    steady = train[1:] if len(train) > 1 else train
+    steady_wall = train_wall - (float(train[0]["asyncrl/time"]) if len(train) > 1 else 0.0)
+    steady_prompts = trained * len(steady) / len(train)
+    t_gen = sum(float(r.get("timing_s/gen", 0.0)) for r in steady)
+    t_step = sum(float(r.get("timing_s/step", 0.0)) for r in steady)
 
     def mean_of(key: str) -> float:
         vals = [float(r[key]) for r in train if key in r]
@@ -78,9 +97,10 @@ def summarize(label: str, overrides: Sequence[str], records: list[dict[str, Any]
         overrides=list(overrides),
         wall_s=round(wall_s, 3),
         train_wall_s=train_wall,
+        steady_wall_s=steady_wall,
         steps=len(train),
         trained_prompts=trained,
-        prompts_per_s=trained / train_wall if train_wall > 0 else 0.0,
+        prompts_per_s=steady_prompts / steady_wall if steady_wall > 0 else 0.0,
         t_gen=t_gen,
         t_train=max(0.0, t_step - t_gen),
         final_reward=final,
@@ -90,9 +110,11 @@ def summarize(label: str, overrides: Sequence[str], records: list[dict[str, Any]
         partial_ratio=mean_of("fully_async/partial/partial_ratio"),
         trainer_tokens_per_s=mean_of("asyncrl/trainer/tokens_per_s"),
         rollout_tokens_per_s=mean_of("asyncrl/rollout/tokens_per_s"),
-        curve={"step": [int(r["training/global_step"]) for r in train],
-               "time": [float(r["asyncrl/time"]) for r in train],
-               "reward": rewards},
+        curve={
+            "step": [int(r["training/global_step"]) for r in train],
+            "time": [float(r["asyncrl/time"]) for r in train],
+            "reward": rewards,
+        },
     )
 
 
@@ -106,8 +128,14 @@ def ray_session(object_store_bytes: int = 1 << 30) -> Iterator[None]:
         yield
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=max(os.cpu_count() or 2, 2), include_dashboard=False, namespace="asyncrl",
-             log_to_driver=False, logging_level="ERROR", object_store_memory=object_store_bytes)
+    ray.init(
+        num_cpus=max(os.cpu_count() or 2, 2),
+        include_dashboard=False,
+        namespace="asyncrl",
+        log_to_driver=False,
+        logging_level="ERROR",
+        object_store_memory=object_store_bytes,
+    )
     try:
         yield
     finally:
@@ -137,6 +165,9 @@ def launch(preset: Path, overrides: Sequence[str], run_root: Path, label: str) -
     code = run(cfg, progress=False)
     wall = time.perf_counter() - start
     if code != 0:
-        raise RuntimeError(f"run {label!r} ({preset.name} {list(overrides)}) exited with {code}; see {run_dir}")
-    return summarize(label, overrides, read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(run_dir / "ledger.jsonl"),
-                     wall)
+        raise RuntimeError(
+            f"run {label!r} ({preset.name} {list(overrides)}) exited with {code}; see {run_dir}"
+        )
+    return summarize(
+        label, overrides, read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(run_dir / "ledger.jsonl"), wall
+    )

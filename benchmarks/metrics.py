@@ -24,7 +24,9 @@ def overlap_efficiency(achieved: float, ideal: float) -> float:
     return achieved / ideal
 
 
-def final_stats(values: Sequence[float], tail_fraction: float = 0.2, min_points: int = 3) -> tuple[float, float]:
+def final_stats(
+    values: Sequence[float], tail_fraction: float = 0.2, min_points: int = 3
+) -> tuple[float, float]:
     """(mean, standard error) of the last `tail_fraction` of a curve (at least `min_points` points):
     mean = Σ v_i / k, se = stdev(v) / √k over those k points (se = 0 for one point)."""
     if not values:
@@ -45,6 +47,6 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
-def gb_per_s(nbytes: int | float, seconds: float) -> float:
+def gb_per_s(nbytes: float, seconds: float) -> float:
     """Bandwidth in GB/s (10⁹ bytes per second)."""
     return float(nbytes) / seconds / 1e9 if seconds > 0 else float("inf")

@@ -26,15 +26,29 @@ def save(fig: Any, out_dir: Path, study: str) -> Path:
     return path
 
 
-def bars(ax: Any, labels: Sequence[str], values: Sequence[float], *, ylabel: str, title: str,
-         fmt: str = "{:.2f}", colors: Sequence[str] | None = None, hline: float | None = None,
-         hline_label: str = "") -> None:
+def bars(
+    ax: Any,
+    labels: Sequence[str],
+    values: Sequence[float],
+    *,
+    ylabel: str,
+    title: str,
+    fmt: str = "{:.2f}",
+    colors: Sequence[str] | None = None,
+    hline: float | None = None,
+    hline_label: str = "",
+) -> None:
     """A labelled bar chart (value printed on each bar), with an optional horizontal target line."""
     xs = range(len(labels))
     drawn = ax.bar(xs, values, color=colors)
     for rect, v in zip(drawn, values):
-        ax.annotate(fmt.format(v), (rect.get_x() + rect.get_width() / 2, rect.get_height()), ha="center",
-                    va="bottom", fontsize=8)
+        ax.annotate(
+            fmt.format(v),
+            (rect.get_x() + rect.get_width() / 2, rect.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     ax.set_xticks(list(xs), labels, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)

@@ -7,8 +7,14 @@ from typing import Any, Literal
 Op = Literal[">=", "<=", "true"]
 
 
-def evaluate(name: str, measured: float | bool | None, goal: float | bool, op: Op, unit: str = "",
-             why_missing: str = "") -> dict[str, Any]:
+def evaluate(
+    name: str,
+    measured: float | bool | None,
+    goal: float | bool,
+    op: Op,
+    unit: str = "",
+    why_missing: str = "",
+) -> dict[str, Any]:
     """One target row: `status` is met / missed / not measured, and `missed_by_pct` how far off, relative
     to the goal:
 
@@ -16,8 +22,14 @@ def evaluate(name: str, measured: float | bool | None, goal: float | bool, op: O
         op "<=":  missed_by = (measured − goal) / goal      (measured above a ceiling)
 
     `op = "true"` is a yes/no target (no percentage)."""
-    row: dict[str, Any] = {"target": name, "goal": goal, "op": op, "unit": unit, "measured": measured,
-                           "missed_by_pct": None}
+    row: dict[str, Any] = {
+        "target": name,
+        "goal": goal,
+        "op": op,
+        "unit": unit,
+        "measured": measured,
+        "missed_by_pct": None,
+    }
     if measured is None:
         row["status"] = "not measured"
         row["why"] = why_missing

@@ -18,7 +18,7 @@ EXIT_NO_RUN = 4
 def control_errors() -> Iterator[None]:
     """Turn `ControlError` / `KnobError` raised inside into an `AsyncrlError` with the right exit code."""
     from engine.runtime.control_errors import ControlError
-    from engine.runtime.controller import KnobError
+    from engine.runtime.knobs import KnobError
 
     try:
         yield

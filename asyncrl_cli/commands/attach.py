@@ -12,7 +12,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -40,26 +40,42 @@ def _stream_json(source: Any, interval: float) -> None:
         return
 
 
-def _check_usage(run: str | None, address: str | None, replay: Path | None, as_json: bool, once: bool) -> None:
+def _check_usage(
+    run: str | None, address: str | None, replay: Path | None, as_json: bool, once: bool
+) -> None:
     if replay is not None and (run or address):
         raise UsageProblem("--replay reads a run directory: do not also pass RUN or --address")
     if once and not as_json:
         raise UsageProblem("--once prints one JSON snapshot: use it with --json")
     if not as_json and not (sys.stdin.isatty() and sys.stdout.isatty()):
-        raise UsageProblem("the dashboard needs an interactive terminal",
-                           hint="use `asyncrl attach RUN --json --once` (or `asyncrl status RUN`) in scripts")
+        raise UsageProblem(
+            "the dashboard needs an interactive terminal",
+            hint="use `asyncrl attach RUN --json --once` (or `asyncrl status RUN`) in scripts",
+        )
 
 
 @handle_errors
 def command(
-    run: Annotated[Optional[str], typer.Argument(help="Run name; omit when exactly one run is live.")] = None,
-    address: Annotated[Optional[str], typer.Option(
-        "--address", help="Ray cluster address (default: the cluster on this machine).")] = None,
-    read_only: Annotated[bool, typer.Option(
-        "--read-only", help="Watch only: no knob, pause, checkpoint or stop action is available.")] = False,
-    replay: Annotated[Optional[Path], typer.Option(
-        "--replay", help="Replay a run directory (metrics.jsonl, events.jsonl, config.resolved.json).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print snapshots as JSON instead of the dashboard.")] = False,
+    run: Annotated[str | None, typer.Argument(help="Run name; omit when exactly one run is live.")] = None,
+    address: Annotated[
+        str | None,
+        typer.Option("--address", help="Ray cluster address (default: the cluster on this machine)."),
+    ] = None,
+    read_only: Annotated[
+        bool,
+        typer.Option(
+            "--read-only", help="Watch only: no knob, pause, checkpoint or stop action is available."
+        ),
+    ] = False,
+    replay: Annotated[
+        Path | None,
+        typer.Option(
+            "--replay", help="Replay a run directory (metrics.jsonl, events.jsonl, config.resolved.json)."
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print snapshots as JSON instead of the dashboard.")
+    ] = False,
     once: Annotated[bool, typer.Option("--once", help="With --json: print one snapshot and exit.")] = False,
     interval: Annotated[float, typer.Option("--interval", min=0.1, help="Seconds between polls.")] = 1.0,
 ) -> None:
@@ -81,4 +97,5 @@ def command(
     run_dashboard(source, read_only=read_only, poll_interval=interval)
     if replay is None:
         name = getattr(source, "run_name", None) or getattr(getattr(source, "inner", None), "run_name", run)
-        stderr_console().print(f"detached from {name!r}; it keeps running (re-attach: asyncrl attach {name})")
+        again = f"asyncrl attach {name}" + (f" --address {address}" if address else "")
+        stderr_console().print(f"detached from {name!r}; it keeps running (re-attach: {again})")

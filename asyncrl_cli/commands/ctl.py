@@ -8,7 +8,7 @@ with who and when; the trainer/rollouter acknowledge it with the step at which i
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -21,7 +21,9 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-AddressOpt = Annotated[Optional[str], typer.Option("--address", help="Ray cluster address (default: this machine).")]
+AddressOpt = Annotated[
+    str | None, typer.Option("--address", help="Ray cluster address (default: this machine).")
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the controller's answer as JSON.")]
 
 
@@ -58,13 +60,17 @@ def set_knob(
     ctx: typer.Context,
     knob: Annotated[str, typer.Argument(help="trigger_parameter_sync_step | staleness_threshold | paused")],
     value: Annotated[str, typer.Argument(help="New value (validated against the knob's range).")],
-    expect_version: Annotated[Optional[int], typer.Option(
-        "--expect-version", help="Only apply if the knob is still at this version (compare-and-set).")] = None,
+    expect_version: Annotated[
+        int | None,
+        typer.Option(
+            "--expect-version", help="Only apply if the knob is still at this version (compare-and-set)."
+        ),
+    ] = None,
     address: AddressOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Set a knob; it shows as pending until the consumer applies it at its next boundary."""
-    from engine.runtime.controller import parse_knob_value
+    from engine.runtime.knobs import parse_knob_value
 
     with control_errors():
         parsed = parse_knob_value(knob, value)

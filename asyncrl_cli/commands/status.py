@@ -1,4 +1,4 @@
-"""`asyncrl status [RUN] [--json] [--address ADDR] [--replay RUN_DIR]` — one look at a run, for humans or scripts.
+"""`asyncrl status [RUN] [--json] [--address ADDR] [--replay RUN_DIR]`: one look at a run.
 
 Without RUN it lists the live runs (or shows the only one). The summary is computed by the dashboard's
 pure `DashboardModel` from one `snapshot()`, so the numbers match what `asyncrl attach` shows.
@@ -7,7 +7,7 @@ pure `DashboardModel` from one `snapshot()`, so the numbers match what `asyncrl 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -24,9 +24,21 @@ def summarize(snap: dict[str, Any]) -> dict[str, Any]:
 
     model = m.DashboardModel()
     model.apply(snap)
-    kpis = {key: model.latest(key) for key in (
-        m.TRAINER_TPS, m.ROLLOUT_TPS, m.QUEUE, m.STALE_MEAN, m.STALE_MAX, m.STALE_BOUND, m.IS_CLIP, m.RS_MASK,
-        m.ESS, m.REWARD)}
+    kpis = {
+        key: model.latest(key)
+        for key in (
+            m.TRAINER_TPS,
+            m.ROLLOUT_TPS,
+            m.QUEUE,
+            m.STALE_MEAN,
+            m.STALE_MAX,
+            m.STALE_BOUND,
+            m.IS_CLIP,
+            m.RS_MASK,
+            m.ESS,
+            m.REWARD,
+        )
+    }
     return {
         "run": model.run.get("name"),
         "state": model.state,
@@ -52,28 +64,46 @@ def _print_human(doc: dict[str, Any]) -> None:
 
     con = stdout_console()
     k = doc["kpis"]
-    con.print(f"[bold]{doc['run']}[/] · {str(doc['state']).upper()} · policy v{fmt_num(doc['policy_version'])} · "
-              f"step {fmt_num(doc['step'])}/{fmt_num(doc['total_steps'])} · elapsed {fmt_duration(doc['elapsed_s'])}"
-              f" · ETA {'done' if doc['state'] == 'finished' else fmt_duration(doc['eta_s'])}")
+    con.print(
+        f"[bold]{doc['run']}[/] · {str(doc['state']).upper()} · policy v{fmt_num(doc['policy_version'])} · "
+        f"step {fmt_num(doc['step'])}/{fmt_num(doc['total_steps'])}"
+        f" · elapsed {fmt_duration(doc['elapsed_s'])}"
+        f" · ETA {'done' if doc['state'] == 'finished' else fmt_duration(doc['eta_s'])}"
+    )
     con.print(f"address {doc['address'] or MISSING} · run dir {doc['run_dir'] or MISSING}")
-    con.print(f"throughput  trainer {fmt_rate(k[m.TRAINER_TPS])} tok/s · rollout {fmt_rate(k[m.ROLLOUT_TPS])} "
-              f"tok/s · queue {fmt_num(k[m.QUEUE])}")
-    con.print(f"staleness   mean {fmt_num(k[m.STALE_MEAN], 2)} · max {fmt_num(k[m.STALE_MAX])} · bound "
-              f"{fmt_num(k[m.STALE_BOUND])}     IS clip {fmt_pct(k[m.IS_CLIP])} · mask {fmt_pct(k[m.RS_MASK])} · "
-              f"ESS {fmt_num(k[m.ESS])}     reward {fmt_num(k[m.REWARD])}")
+    con.print(
+        f"throughput  trainer {fmt_rate(k[m.TRAINER_TPS])} tok/s · rollout {fmt_rate(k[m.ROLLOUT_TPS])} "
+        f"tok/s · queue {fmt_num(k[m.QUEUE])}"
+    )
+    con.print(
+        f"staleness   mean {fmt_num(k[m.STALE_MEAN], 2)} · max {fmt_num(k[m.STALE_MAX])} · bound "
+        f"{fmt_num(k[m.STALE_BOUND])}     IS clip {fmt_pct(k[m.IS_CLIP])} · mask {fmt_pct(k[m.RS_MASK])} · "
+        f"ESS {fmt_num(k[m.ESS])}     reward {fmt_num(k[m.REWARD])}"
+    )
     knobs = Table("knob", "value", "version", "status", title="knobs", title_justify="left", box=None)
     for name, kn in doc["knobs"].items():
-        status = (f"pending → {fmt_value(kn['value'])}" if kn.get("pending")
-                  else f"applied at step {kn['applied_at_step']}" if kn.get("applied_at_step") is not None
-                  else "initial")
+        status = (
+            f"pending → {fmt_value(kn['value'])}"
+            if kn.get("pending")
+            else f"applied at step {kn['applied_at_step']}"
+            if kn.get("applied_at_step") is not None
+            else "initial"
+        )
         who = f" by {kn['requested_by']}" if kn.get("requested_by") else ""
         knobs.add_row(name, fmt_value(kn.get("applied_value")), str(kn.get("version")), status + who)
     con.print(knobs)
-    workers = Table("worker", "role", "state", "tok/s", "weights", "lag", title="workers", title_justify="left",
-                    box=None)
+    workers = Table(
+        "worker", "role", "state", "tok/s", "weights", "lag", title="workers", title_justify="left", box=None
+    )
     for w in doc["workers"]:
-        workers.add_row(str(w["id"]), str(w.get("role") or MISSING), str(w.get("state") or MISSING),
-                        fmt_rate(w.get("tokens_per_s")), fmt_num(w.get("weight_version")), fmt_num(w.get("lag")))
+        workers.add_row(
+            str(w["id"]),
+            str(w.get("role") or MISSING),
+            str(w.get("state") or MISSING),
+            fmt_rate(w.get("tokens_per_s")),
+            fmt_num(w.get("weight_version")),
+            fmt_num(w.get("lag")),
+        )
     con.print(workers)
     con.print("[bold]recent events[/]")
     for ev in doc["recent_events"]:
@@ -99,11 +129,12 @@ def _list_runs(address: str | None, as_json: bool) -> None:
 
 @handle_errors
 def command(
-    run: Annotated[Optional[str], typer.Argument(help="Run name; omit to list the live runs.")] = None,
+    run: Annotated[str | None, typer.Argument(help="Run name; omit to list the live runs.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
-    address: Annotated[Optional[str], typer.Option("--address", help="Ray cluster address.")] = None,
-    replay: Annotated[Optional[Path], typer.Option(
-        "--replay", help="Summarize a run directory instead of a live run.")] = None,
+    address: Annotated[str | None, typer.Option("--address", help="Ray cluster address.")] = None,
+    replay: Annotated[
+        Path | None, typer.Option("--replay", help="Summarize a run directory instead of a live run.")
+    ] = None,
 ) -> None:
     """Show a run's state, progress, KPIs, knobs (with pending changes), workers and latest events."""
     from engine.runtime.control_client import ControlClient, ReplaySource

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Callable, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from asyncrl_cli.tui.app import DashboardApp
@@ -24,13 +25,19 @@ def run_dashboard(source: MetricsSource, read_only: bool = False, poll_interval:
 
     Returns the app's exit code (0 on detach). Called by `asyncrl attach` and `asyncrl launch --tui`.
     """
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError(
+            "run_dashboard must run on the main thread (Textual installs signal handlers); "
+            "run the work beside it with run_dashboard_with(source, work)"
+        )
     app = make_app(source, read_only=read_only, poll_interval=poll_interval)
     code = app.run()
     return int(code or 0)
 
 
-def run_dashboard_with(source: MetricsSource, work: Callable[[], T], read_only: bool = False,
-                       poll_interval: float = 1.0) -> T:
+def run_dashboard_with(
+    source: MetricsSource, work: Callable[[], T], read_only: bool = False, poll_interval: float = 1.0
+) -> T:
     """Run `work` (the driver loop) in a thread while the dashboard owns this, the main, thread.
 
     Textual's terminal driver installs signal handlers, which Python allows only on the main thread, so

@@ -10,7 +10,9 @@ thread worker; in read-only mode they are neither bound nor executed.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+import time
+from collections.abc import Callable
+from typing import Any
 
 from textual import work
 from textual.app import App, ComposeResult
@@ -61,12 +63,20 @@ class DashboardApp(App[int]):
         Binding("question_mark", "help", "Help", id="help"),
         Binding("q", "detach", "Detach", id="detach"),
         Binding("ctrl+r", "refresh", "Poll now", show=False, id="refresh"),
-        *(Binding(str(i), f"show_tab('{tab}')", tab.title(), show=False, id=f"tab-{tab}")
-          for i, tab in enumerate(("overview", "distributions", "workers", "events", "config"), start=1)),
+        *(
+            Binding(str(i), f"show_tab('{tab}')", tab.title(), show=False, id=f"tab-{tab}")
+            for i, tab in enumerate(("overview", "distributions", "workers", "events", "config"), start=1)
+        ),
     ]
 
-    def __init__(self, source: MetricsSource, *, read_only: bool = False, poll_interval: float = 1.0,
-                 history: int = 400) -> None:
+    def __init__(
+        self,
+        source: MetricsSource,
+        *,
+        read_only: bool = False,
+        poll_interval: float = 1.0,
+        history: int = 400,
+    ) -> None:
         super().__init__()
         self.source = source
         self.read_only = bool(read_only or getattr(source, "read_only", False))
@@ -78,6 +88,10 @@ class DashboardApp(App[int]):
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._last_data_at: float | None = None
+        self._dirty_charts: set[Any] = set()
+        self.chart_interval = 2 * poll_interval
+        self._last_chart_draw = -float("inf")
+        self._chart_timer: Any = None
 
     # ------------------------------------------------------------------------------------ layout
 
@@ -87,23 +101,41 @@ class DashboardApp(App[int]):
         yield KpiRow(id="kpis")
         with TabbedContent(initial="overview", id="tabs"):
             with TabPane("1 Overview", id="overview"), Grid(id="charts"):
-                yield TimeChart("throughput (tok/s)", [Line(m.TRAINER_TPS, "trainer", "cyan"),
-                                                       Line(m.ROLLOUT_TPS, "rollout", "magenta")],
-                                id="chart-throughput")
-                yield TimeChart("staleness (versions)", [Line(m.STALE_MEAN, "mean", "green"),
-                                                         Line(m.STALE_MAX, "max", "orange"),
-                                                         Line(m.STALE_BOUND, "bound", "red")],
-                                id="chart-staleness")
-                yield TimeChart("IS weights", [Line(m.IS_MEAN, "mean", "green"), Line(m.IS_MIN, "min", "blue"),
-                                               Line(m.IS_MAX, "max", "red")], id="chart-is")
-                yield TimeChart("reward", [Line(m.REWARD, "reward", "green"), Line(m.SCORE, "score", "cyan")],
-                                id="chart-reward")
+                yield TimeChart(
+                    "throughput (tok/s)",
+                    [Line(m.TRAINER_TPS, "trainer", "cyan"), Line(m.ROLLOUT_TPS, "rollout", "magenta")],
+                    id="chart-throughput",
+                )
+                yield TimeChart(
+                    "staleness (versions)",
+                    [
+                        Line(m.STALE_MEAN, "mean", "green"),
+                        Line(m.STALE_MAX, "max", "orange"),
+                        Line(m.STALE_BOUND, "bound", "red"),
+                    ],
+                    id="chart-staleness",
+                )
+                yield TimeChart(
+                    "IS weights",
+                    [
+                        Line(m.IS_MEAN, "mean", "green"),
+                        Line(m.IS_MIN, "min", "blue"),
+                        Line(m.IS_MAX, "max", "red"),
+                    ],
+                    id="chart-is",
+                )
+                yield TimeChart(
+                    "reward",
+                    [Line(m.REWARD, "reward", "green"), Line(m.SCORE, "score", "cyan")],
+                    id="chart-reward",
+                )
                 yield SyncChart(id="chart-sync")
                 yield EventsLog(id="events-tail", max_lines=200, compact=True)
             with TabPane("2 Distributions", id="distributions"), Horizontal(id="histograms"):
                 yield HistogramChart(m.IS_HIST, "IS weights", xlabel="weight", id="hist-is")
-                yield HistogramChart(m.STALE_HIST, "trajectory staleness", xlabel="versions behind",
-                                     id="hist-staleness")
+                yield HistogramChart(
+                    m.STALE_HIST, "trajectory staleness", xlabel="versions behind", id="hist-staleness"
+                )
             with TabPane("3 Workers", id="workers"):
                 yield WorkersTable(id="workers-table")
             with TabPane("4 Events", id="events"):
@@ -173,12 +205,38 @@ class DashboardApp(App[int]):
         self.header.show(self.model, self.source.label, self.read_only)
         self.kpis.show(self.model)
         if charts:
-            for chart in self.charts:
-                chart.redraw(self.model)
+            self._dirty_charts.update(self.charts)
+        self._redraw_visible_charts()
         self.workers_table.show(self.model.worker_rows(), self.model.now)
         for log in self.logs:
             log.add_events(new_events)
         self.config_view.show(self.model.run.get("config") or {}, self.model.run.get("provenance") or {})
+
+    def _redraw_visible_charts(self, force: bool = False) -> None:
+        """Rebuild dirty charts that are on screen, at most once per `chart_interval` seconds.
+
+        Plotext rendering is the dashboard's main cost; hidden charts stay dirty until their tab shows, and
+        a burst of records within the interval costs one redraw (a timer picks up the rest).
+        """
+        wait = self._last_chart_draw + self.chart_interval - time.monotonic()
+        if wait > 0 and not force:
+            if self._chart_timer is None:
+                self._chart_timer = self.set_timer(wait, self._chart_timer_fired)
+            return
+        active = self.screen_stack[0].query_one(TabbedContent).active
+        for chart in list(self._dirty_charts):
+            pane = next((a for a in chart.ancestors if isinstance(a, TabPane)), None)
+            if pane is None or pane.id == active:
+                chart.redraw(self.model)
+                self._dirty_charts.discard(chart)
+        self._last_chart_draw = time.monotonic()
+
+    def _chart_timer_fired(self) -> None:
+        self._chart_timer = None
+        self._redraw_visible_charts()
+
+    def on_tabbed_content_tab_activated(self, _event: TabbedContent.TabActivated) -> None:
+        self._redraw_visible_charts(force=True)
 
     # ---------------------------------------------------------------------------------- actions
 
@@ -211,7 +269,7 @@ class DashboardApp(App[int]):
         self._edit_knob("staleness_threshold", "Staleness threshold")
 
     def _edit_knob(self, name: str, title: str) -> None:
-        """Input (validated) → confirmation (old → new, warnings) → compare-and-set at the version seen now."""
+        """Input (validated) → confirmation (old → new, warnings) → compare-and-set at the version seen."""
         if self._refused():
             return
         knob = self.model.knob(name)
@@ -244,25 +302,40 @@ class DashboardApp(App[int]):
             return
         new, expected = not bool(knob.get("value")), knob.get("version")
         plan = plan_knob_change("paused", not new, new, self.model.run.get("config") or {}, self.model.knobs)
-        self._confirm_then(plan.title, plan.body, plan.warnings, "pause" if new else "resume",
-                           lambda: self.source.set_knob("paused", new, expected))
+        self._confirm_then(
+            plan.title,
+            plan.body,
+            plan.warnings,
+            "pause" if new else "resume",
+            lambda: self.source.set_knob("paused", new, expected),
+        )
 
     def action_checkpoint(self) -> None:
         if self._refused():
             return
-        self._confirm_then("Checkpoint now?", "The trainer writes a checkpoint at its next local-step boundary.",
-                           [], "checkpoint", lambda: self.source.request_action("checkpoint"))
+        self._confirm_then(
+            "Checkpoint now?",
+            "The trainer writes a checkpoint at its next local-step boundary.",
+            [],
+            "checkpoint",
+            lambda: self.source.request_action("checkpoint"),
+        )
 
     def action_stop_run(self) -> None:
         if self._refused():
             return
-        self._confirm_then("Stop the run?", "The trainer checkpoints and finishes at its next local-step "
-                           "boundary. This ends the run for everyone (q only detaches).",
-                           ["this cannot be undone from the dashboard; resume with `asyncrl launch --resume`"],
-                           "stop", lambda: self.source.request_action("stop"))
+        self._confirm_then(
+            "Stop the run?",
+            "The trainer checkpoints and finishes at its next local-step "
+            "boundary. This ends the run for everyone (q only detaches).",
+            ["this cannot be undone from the dashboard; resume with `asyncrl launch --resume`"],
+            "stop",
+            lambda: self.source.request_action("stop"),
+        )
 
-    def _confirm_then(self, title: str, body: str, warnings: list[str], what: str,
-                      call: Callable[[], dict[str, Any]]) -> None:
+    def _confirm_then(
+        self, title: str, body: str, warnings: list[str], what: str, call: Callable[[], dict[str, Any]]
+    ) -> None:
         def confirmed(ok: bool | None) -> None:
             if ok:
                 self._mutate(what, call)
@@ -282,6 +355,10 @@ class DashboardApp(App[int]):
         if result.get("ok"):
             self.notify(f"{what}: {result.get('reason', 'ok')}", title="requested")
         else:
-            self.notify(f"{what} rejected: {result.get('reason', 'unknown reason')}", title="rejected",
-                        severity="error", timeout=8)
+            self.notify(
+                f"{what} rejected: {result.get('reason', 'unknown reason')}",
+                title="rejected",
+                severity="error",
+                timeout=8,
+            )
         self._wake.set()

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 if TYPE_CHECKING:
     from asyncrl_cli.tui.app import DashboardApp
 
-TABS = (("overview", "Overview"), ("distributions", "Distributions"), ("workers", "Workers"),
-        ("events", "Events"), ("config", "Config"))
+TABS = (
+    ("overview", "Overview"),
+    ("distributions", "Distributions"),
+    ("workers", "Workers"),
+    ("events", "Events"),
+    ("config", "Config"),
+)
 
 
 def palette_commands(app: DashboardApp) -> list[tuple[str, str, Callable[[], object]]]:
@@ -20,16 +26,24 @@ def palette_commands(app: DashboardApp) -> list[tuple[str, str, Callable[[], obj
     if not app.read_only:
         paused = bool(app.model.knob("paused").get("value"))
         commands += [
-            ("Set sync interval…", "trigger_parameter_sync_step, applied at the next local step",
-             app.action_set_sync_interval),
+            (
+                "Set sync interval…",
+                "trigger_parameter_sync_step, applied at the next local step",
+                app.action_set_sync_interval,
+            ),
             ("Set staleness threshold…", "applied at the next weight sync", app.action_set_staleness),
-            ("Resume generation" if paused else "Pause generation", "rollouter pause/resume",
-             app.action_toggle_pause),
+            (
+                "Resume generation" if paused else "Pause generation",
+                "rollouter pause/resume",
+                app.action_toggle_pause,
+            ),
             ("Checkpoint now", "taken at the trainer's next local step", app.action_checkpoint),
             ("Stop the run gracefully…", "checkpoint and finish at the next local step", app.action_stop_run),
         ]
-    commands += [(f"Show {label}", f"switch to the {label.lower()} tab", partial(app.action_show_tab, tab))
-                 for tab, label in TABS]
+    commands += [
+        (f"Show {label}", f"switch to the {label.lower()} tab", partial(app.action_show_tab, tab))
+        for tab, label in TABS
+    ]
     commands += [
         ("Poll now", "refresh the data immediately", app.action_refresh),
         ("Help", "keys and knobs", app.action_help),

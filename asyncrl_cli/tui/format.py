@@ -17,8 +17,8 @@ def is_number(value: Any) -> bool:
 def fmt_num(value: Any, digits: int = 3) -> str:
     """Compact number: integers as-is, floats to `digits` significant digits, `—` when missing."""
     if not is_number(value):
-        return MISSING if value is None else str(value)
-    if isinstance(value, int) or float(value).is_integer() and abs(value) < 1e6:
+        return MISSING if value is None or isinstance(value, float) else str(value)
+    if isinstance(value, int) or (float(value).is_integer() and abs(value) < 1e6):
         return f"{int(value):d}"
     return f"{value:.{digits}g}"
 

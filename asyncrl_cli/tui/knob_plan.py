@@ -1,8 +1,8 @@
 """What a knob change will do, in words, for the confirmation modal (pure; no Textual).
 
 The budget follows verl's fully-async sizing: `required = ppo_mini_batch_size × require_batches` and
-`max_required_samples = ⌊required × (1 + staleness_threshold) × trigger_parameter_sync_step⌋`, the most prompts
-the rollouter may start per policy version (also the queue bound).
+`max_required_samples = ⌊required × (1 + staleness_threshold) × trigger_parameter_sync_step⌋`,
+the most prompts the rollouter may start per policy version (also the queue bound).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl_cli.tui.format import fmt_value
-from engine.runtime.controller import KNOB_SPECS
+from engine.runtime.knobs import KNOB_SPECS
 
 
 @dataclass
@@ -37,22 +37,30 @@ def max_queue(config: dict[str, Any], staleness: float, trigger: int) -> int | N
     return int(mini * batches * (1 + staleness) * trigger)
 
 
-def plan_knob_change(name: str, old: Any, new: Any, config: dict[str, Any],
-                     knobs: dict[str, dict[str, Any]] | None = None) -> ChangePlan:
+def plan_knob_change(
+    name: str, old: Any, new: Any, config: dict[str, Any], knobs: dict[str, dict[str, Any]] | None = None
+) -> ChangePlan:
     """Describe `name: old → new`, when it applies, its effect on the queue bound, and warnings."""
     spec = KNOB_SPECS[name]
     knobs = knobs or {}
-    body = f"{name}: {fmt_value(old)} → {fmt_value(new)}\nApplies {spec.applies}; shown as pending until then."
+    body = (
+        f"{name}: {fmt_value(old)} → {fmt_value(new)}\nApplies {spec.applies}; shown as pending until then."
+    )
     warnings: list[str] = []
     trigger = knobs.get("trigger_parameter_sync_step", {}).get("value")
     staleness = knobs.get("staleness_threshold", {}).get("value")
     if name == "trigger_parameter_sync_step" and isinstance(staleness, (int, float)):
-        before, after = max_queue(config, float(staleness), int(old)), max_queue(config, float(staleness), int(new))
+        before, after = (
+            max_queue(config, float(staleness), int(old)),
+            max_queue(config, float(staleness), int(new)),
+        )
         if before is not None and after is not None:
             body += f"\nPrompts per policy version (and queue bound): {before} → {after}."
         if new > old:
-            warnings.append(f"syncs become rarer (every {new} local steps): each policy version trains on "
-                            f"rollouts from older weights, so off-policy drift and IS corrections grow")
+            warnings.append(
+                f"syncs become rarer (every {new} local steps): each policy version trains on "
+                f"rollouts from older weights, so off-policy drift and IS corrections grow"
+            )
     if name == "staleness_threshold" and isinstance(trigger, int):
         before, after = max_queue(config, float(old), trigger), max_queue(config, float(new), trigger)
         if before is not None and after is not None:

@@ -70,8 +70,15 @@ class DashboardModel:
         run = dict(snap.get("run") or {})
         state = str(snap.get("state", self.state))
         now = snap.get("now", self.now)
-        changed = bool(new_metrics or new_events) or not self.received or not self.connected or (
-            (knobs, workers, run, state, now) != (self.knobs, self.workers, self.run, self.state, self.now))
+        changed = (
+            bool(new_metrics or new_events)
+            or not self.received
+            or not self.connected
+            or (
+                (knobs, workers, run, state, now)
+                != (self.knobs, self.workers, self.run, self.state, self.now)
+            )
+        )
         self.metrics.extend(new_metrics)
         self.events.extend(new_events)
         self.cursor = int(snap.get("cursor", self.cursor))
@@ -117,8 +124,8 @@ class DashboardModel:
                 continue
             if edges is None:
                 edges, counts = list(hist["edges"]), [float(c) for c in hist["counts"]]
-            elif list(hist["edges"]) == edges:
-                counts = [a + float(b) for a, b in zip(counts, hist["counts"])]
+            elif list(hist["edges"]) == edges and len(hist["counts"]) == len(counts):
+                counts = [a + float(b) for a, b in zip(counts, hist["counts"], strict=True)]
             else:
                 break
             seen += 1

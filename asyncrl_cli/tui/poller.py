@@ -24,8 +24,11 @@ class SnapshotBuffer:
         """Add a delta; `reset=True` discards anything older (the source restarted its cursor)."""
         with self._lock:
             if reset or self._pending is None:
-                self._pending = {**snap, "metrics": list(snap.get("metrics") or []),
-                                 "events": list(snap.get("events") or [])}
+                self._pending = {
+                    **snap,
+                    "metrics": list(snap.get("metrics") or []),
+                    "events": list(snap.get("events") or []),
+                }
                 self._reset = self._reset or reset
                 return
             merged = {**self._pending, **{k: v for k, v in snap.items() if k not in ("metrics", "events")}}

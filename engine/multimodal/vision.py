@@ -69,6 +69,25 @@ class VisionSpec:
         return t * h * w // (self.merge_size**2)
 
 
+def placeholder_token_ids(config: Any) -> list[int]:
+    """The image and video placeholder ids of a VL config: input-only tokens, never sampled (see
+    `suppress_tokens`); [] for a text-only model."""
+    if VisionSpec.from_config(config) is None:
+        return []
+    get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+    return sorted({int(v) for v in (get("image_token_id"), get("video_token_id")) if v is not None})
+
+
+def suppress_tokens(logits: torch.Tensor, token_ids: Sequence[int]) -> torch.Tensor:
+    """`logits` [..., V] with the given token ids set to −∞ (a copy; the input is untouched):
+    the distribution π(v) ∝ exp(z_v) · 1[v ∉ token_ids]."""
+    if not token_ids:
+        return logits
+    out = logits.clone()
+    out[..., list(token_ids)] = float("-inf")
+    return out
+
+
 def model_dir_of(model: torch.nn.Module) -> str | None:
     """The directory a transformers model was loaded from (`name_or_path`), if it is a local directory."""
     path = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
@@ -87,6 +106,20 @@ def load_image_processor(model_dir: str) -> Any:
         return AutoImageProcessor.from_pretrained(model_dir, local_files_only=True, backend="pil")
     except (TypeError, ValueError):  # transformers without `backend=`: use_fast=False is the PIL one
         return AutoImageProcessor.from_pretrained(model_dir, local_files_only=True, use_fast=False)
+
+
+def processor_chat_template(model_dir: str) -> str | None:
+    """The processor's chat template of a model directory (`chat_template.jinja`, or the `chat_template` of
+    `chat_template.json`), for tokenizers saved without one; None if there is none."""
+    root = Path(model_dir)
+    jinja = root / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    as_json = root / "chat_template.json"
+    if as_json.is_file():
+        template = json.loads(as_json.read_text()).get("chat_template")
+        return str(template) if template else None
+    return None
 
 
 class ImageEncoder:

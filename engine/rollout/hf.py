@@ -9,6 +9,12 @@ order as the *whole* response: `prefix_ids + new tokens`, `prefix_log_probs + ne
 Version stamps: `max_version` is the version loaded now; `min_version` is the request's when it resumes a
 non-empty prefix, else the current version. Weights are replaced in place by `update_weights`, which
 the replica calls between `generate` calls (generation paused).
+
+Images: a vision-language model (Qwen3-VL, `engine.multimodal`) takes `GenRequest.images` with the prompt —
+a resumed request carries them again with its prefix. The pixel values come from the model directory's
+image processor (`image_encoder`, loaded on first use from `model.name_or_path` when not given). A request
+whose image tokens do not match its images is refused with `ValueError` (counted as `image_mismatch`);
+a request with images on a text-only model likewise.
 """
 
 from __future__ import annotations
@@ -21,8 +27,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.multimodal.placeholders import PlaceholderMismatch, check_image_tokens
+from engine.multimodal.vision import ImageEncoder, VisionSpec, model_dir_of
 from engine.rollout.base import SamplingParams
-from engine.rollout.decode import DecodeCounters, ForwardAdapter, RowOutput, RowSpec, decode_rows
+from engine.rollout.decode import (
+    DecodeCounters,
+    ForwardAdapter,
+    MultimodalForward,
+    RowOutput,
+    RowSpec,
+    decode_rows,
+)
 from engine.sync.apply import load_buckets_into
 from engine.types import FinishReason, GenRequest, GenResult
 
@@ -43,6 +58,7 @@ class HFRolloutBackend:
         max_batch_size: int = 256,
         device: str | torch.device = "cpu",
         dtype: torch.dtype | str | None = None,
+        image_encoder: ImageEncoder | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
@@ -58,7 +74,9 @@ class HFRolloutBackend:
         self.pad_token_id = int(pad_token_id)
         self.max_batch_size = int(max_batch_size)
         self.version = 0
-        self._forward = ForwardAdapter(self.model)
+        self.vision = VisionSpec.from_config(getattr(self.model, "config", None))
+        self._encoder = image_encoder
+        self._forward = ForwardAdapter(self.model) if self.vision is None else MultimodalForward(self.model, image_encoder)
         self._counters = DecodeCounters()
         self._stats: dict[str, float] = {
             "calls": 0.0,
@@ -71,6 +89,8 @@ class HFRolloutBackend:
             "weight_updates": 0.0,
             "weight_update_seconds": 0.0,
             "weight_update_bytes": 0.0,
+            "images": 0.0,
+            "image_mismatch": 0.0,
         }
 
     # --- generation -------------------------------------------------------------------------------------
@@ -93,7 +113,7 @@ class HFRolloutBackend:
             else:
                 pending.append(i)
         pending.sort(key=lambda i: (len(requests[i].prompt_ids) + len(requests[i].prefix_ids),
-                                    requests[i].prompt_ids + requests[i].prefix_ids))
+                                    requests[i].prompt_ids + requests[i].prefix_ids, requests[i].images))
         generator = self._generator(sampling.seed)
         aborted = False
         with torch.inference_mode():
@@ -103,7 +123,8 @@ class HFRolloutBackend:
                     for i in chunk:
                         outputs[i] = RowOutput(finish_reason="abort")
                     continue
-                rows = [RowSpec(requests[i].prompt_ids + requests[i].prefix_ids, requests[i].max_new_tokens) for i in chunk]
+                rows = [RowSpec(requests[i].prompt_ids + requests[i].prefix_ids, requests[i].max_new_tokens,
+                                tuple(requests[i].images)) for i in chunk]
                 for i, out in zip(chunk, decode_rows(
                     self._forward, rows, sampling, eos_ids=self._eos_tensor, pad_id=self.pad_token_id,
                     generator=generator, should_abort=should_abort, device=self.device, counters=self._counters,
@@ -122,6 +143,33 @@ class HFRolloutBackend:
                 f"request {req.request_id!r}: {len(req.prefix_ids)} prefix tokens but "
                 f"{len(req.prefix_log_probs)} prefix log-probs"
             )
+        if self.vision is None:
+            if req.images:
+                raise ValueError(f"request {req.request_id!r} has {len(req.images)} image(s) but the model is "
+                                 "text-only")
+            return
+        encoder = self.image_encoder if req.images or self.vision.image_token_id in req.prompt_ids else None
+        counts = [encoder.tokens(img) for img in req.images] if encoder is not None else []
+        try:
+            check_image_tokens(req.prompt_ids + req.prefix_ids, self.vision.image_token_id, counts,
+                               f"request {req.request_id!r}")
+        except PlaceholderMismatch:
+            self._stats["image_mismatch"] += 1
+            raise
+        self._stats["images"] += len(req.images)
+
+    @property
+    def image_encoder(self) -> ImageEncoder:
+        """The encoder of the model's image processor (from the model directory on first use)."""
+        if self._encoder is None:
+            model_dir = model_dir_of(self.model)
+            if model_dir is None:
+                raise ValueError("a vision-language model needs `image_encoder` when it was not loaded from a "
+                                 "local directory")
+            self._encoder = ImageEncoder.for_model_dir(model_dir)
+        assert isinstance(self._forward, MultimodalForward)
+        self._forward.encoder = self._encoder
+        return self._encoder
 
     def _generator(self, seed: int | None) -> torch.Generator:
         generator = torch.Generator(device=self.device)

@@ -21,6 +21,13 @@ in-flight request of every call. If `should_abort` is already True when `generat
 submitted (each request returns "abort" with its prefix only). A resumed request carries its prefix: the
 result is the whole response `prefix_ids + new tokens`, `prefix_log_probs + new log-probs`.
 
+Images (vision-language models, e.g. Qwen3-VL). A request's `images` go to the engine as
+`multi_modal_data={"image": [PIL images]}` with the prompt tokens, whose image placeholders are already
+expanded to each image's vision-token count (`engine.multimodal`): vLLM's processor finds them in place and
+does not expand them again. A resumed request sends its images again with prompt + prefix. The image and
+video placeholder ids get a −∞ logit bias — with `processed_logprobs` the reported log-probs are then those
+of π(v) ∝ exp(z_v / T) · 1[v ∉ placeholders], the `hf` sampler's and the trainer's distribution.
+
 Version stamps (as the `hf` backend): `min_version` is the request's own when it resumes a non-empty
 prefix, else the version that produced its first new token; `max_version` is the version that produced
 its last token (the current version if none). With `update_weights` during `generate` (pause "keep")
@@ -47,6 +54,8 @@ from typing import Any, Literal, Self, TypeVar
 
 import numpy as np
 
+from engine.multimodal.images import open_b64
+from engine.multimodal.vision import placeholder_token_ids
 from engine.rollout.base import SamplingParams
 from engine.rollout.loop_thread import LoopThread
 from engine.rollout.vllm_selftest import ResumeContinuityReport, ResumeContinuitySelfTest
@@ -125,6 +134,7 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         )
         self.weight_transport: WeightTransport = weight_transport or default_transport()
         self.tied_embeddings = tied_embeddings(self.model_dir)
+        self.suppressed_ids = placeholder_token_ids(json.loads((Path(self.model_dir) / "config.json").read_text()))
         self._flights: dict[str, _Flight] = {}
         self._paused_by_caller = False
         self._stats: dict[str, float] = {
@@ -139,6 +149,7 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
             "weight_update_seconds": 0.0,
             "weight_update_bytes": 0.0,
             "kv_cache_releases": 0.0,
+            "images": 0.0,
         }
         engine_kwargs: dict[str, Any] = {
             "model": self.model_dir,
@@ -254,7 +265,7 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
     async def _stream(self, flight: _Flight, context: list[int], params: Any) -> None:
         self._flights[flight.engine_id] = flight
         try:
-            prompt = self._engine_prompt(context)
+            prompt = self._engine_prompt(context, flight.request.images)
             async for out in self._engine.generate(prompt, params, request_id=flight.engine_id):
                 completion = out.outputs[0]
                 if completion.token_ids:
@@ -272,9 +283,12 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
             if flight.finish_reason is None:
                 flight.finish_reason = "abort"
 
-    def _engine_prompt(self, token_ids: list[int]) -> Any:
-        """Token ids rendered for the engine (vLLM ≥ 0.32 deprecates passing raw prompt dicts)."""
-        raw = {"prompt_token_ids": token_ids}
+    def _engine_prompt(self, token_ids: list[int], images: list[str] | None = None) -> Any:
+        """Token ids (and images) rendered for the engine (vLLM ≥ 0.32 deprecates passing raw prompt dicts)."""
+        raw: dict[str, Any] = {"prompt_token_ids": token_ids}
+        if images:
+            raw["multi_modal_data"] = {"image": [open_b64(img) for img in images]}
+            self._stats["images"] += len(images)
         renderer = getattr(self._engine, "renderer", None)
         if renderer is None or not hasattr(renderer, "render_cmpl"):
             return raw
@@ -295,6 +309,7 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
             max_tokens=budget,
             logprobs=0,
             ignore_eos=ignore_eos,
+            logit_bias={i: float("-inf") for i in self.suppressed_ids} or None,
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
         )

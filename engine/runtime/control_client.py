@@ -17,7 +17,6 @@ import logging
 import socket
 from typing import Any, Protocol, runtime_checkable
 
-from engine.runtime.controller import NAMESPACE, ControllerCore, default_who
 from engine.runtime.control_errors import (
     AmbiguousRunError,
     ControlError,
@@ -25,12 +24,24 @@ from engine.runtime.control_errors import (
     RunNotFoundError,
     SourceUnavailable,
 )
+from engine.runtime.controller import NAMESPACE, ControllerCore, default_who
 from engine.runtime.replay_source import ReplaySource
 
 __all__ = [
-    "ActorSource", "AmbiguousRunError", "ControlClient", "ControlError", "LocalSource", "MetricsSource", "NoClusterError",
-    "ReadOnlySource", "ReplaySource", "RunNotFoundError", "SourceUnavailable", "connect_cluster",
-    "list_live_runs", "open_source",
+    "ActorSource",
+    "AmbiguousRunError",
+    "ControlClient",
+    "ControlError",
+    "LocalSource",
+    "MetricsSource",
+    "NoClusterError",
+    "ReadOnlySource",
+    "ReplaySource",
+    "RunNotFoundError",
+    "SourceUnavailable",
+    "connect_cluster",
+    "list_live_runs",
+    "open_source",
 ]
 
 READ_ONLY_REASON = "read-only attach: changes are disabled"
@@ -44,7 +55,7 @@ class MetricsSource(Protocol):
     label: str
 
     def snapshot(self, since: int = 0, limit: int | None = None) -> dict[str, Any]:
-        """`{cursor, truncated, now, state, run, knobs, workers, metrics, events}` (items newer than since)."""
+        """`{cursor, truncated, now, state, run, knobs, workers, metrics, events}` (items after `since`)."""
         ...
 
     def set_knob(self, name: str, value: Any, expected_version: int | None = None) -> dict[str, Any]:
@@ -64,8 +75,15 @@ class ActorSource:
 
     read_only = False
 
-    def __init__(self, handle: Any, *, who: str | None = None, label: str = "local", run_name: str = "",
-                 timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        handle: Any,
+        *,
+        who: str | None = None,
+        label: str = "local",
+        run_name: str = "",
+        timeout_s: float = 10.0,
+    ) -> None:
         self._handle = handle
         self.who = who or default_who()
         self.label = label
@@ -87,7 +105,8 @@ class ActorSource:
             raise SourceUnavailable(f"run {self.run_name!r} is gone ({err})") from None
         except GetTimeoutError:
             raise SourceUnavailable(
-                f"controller of {self.run_name!r} did not answer within {self.timeout_s:g} s") from None
+                f"controller of {self.run_name!r} did not answer within {self.timeout_s:g} s"
+            ) from None
         except (RayActorError, RaySystemError, ConnectionError) as err:
             self._handle = None
             raise SourceUnavailable(f"lost the controller of {self.run_name!r}: {_first_line(err)}") from None
@@ -150,8 +169,19 @@ class ControlClient(ActorSource):
         if len(runs) == 1:
             return runs[0]
         if not runs:
-            raise RunNotFoundError("no live asyncrl run on this cluster (start one with `asyncrl launch`)")
+            hint = "start one with `asyncrl launch`"
+            raise RunNotFoundError(f"no live asyncrl run on this cluster ({hint}){self._other_clusters()}")
         raise AmbiguousRunError(f"several runs are live, name one: {', '.join(runs)}")
+
+    def _other_clusters(self) -> str:
+        """A hint naming the other Ray clusters on this machine when `auto` picked one of several."""
+        if self.address not in (None, "auto"):
+            return ""
+        here = self._cluster_address()
+        others = sorted(a for a in _local_clusters() if a != here)
+        if not others:
+            return ""
+        return f"; other Ray clusters on this machine: {', '.join(others)} (pick one with --address)"
 
     def _lookup(self) -> Any:
         import ray
@@ -161,7 +191,7 @@ class ControlClient(ActorSource):
         except ValueError:
             live = self.list_runs()
             hint = f"; live runs: {', '.join(live)}" if live else "; no run is live on this cluster"
-            raise RunNotFoundError(f"no run named {self.run_name!r}{hint}") from None
+            raise RunNotFoundError(f"no run named {self.run_name!r}{hint}{self._other_clusters()}") from None
 
     def _get_handle(self) -> Any:
         return self._lookup()
@@ -181,9 +211,16 @@ def connect_cluster(address: str | None = None, namespace: str = NAMESPACE) -> N
     problem = _unreachable(address)
     if problem is not None:
         raise NoClusterError(f"no Ray cluster reachable at {where}: {problem} — {hint}")
+    if address not in (None, "auto") and _is_this_machine(address):
+        _use_local_token()
     try:
-        ray.init(address=address or "auto", namespace=namespace, ignore_reinit_error=True,
-                 logging_level=logging.ERROR, log_to_driver=False)
+        ray.init(
+            address=address or "auto",
+            namespace=namespace,
+            ignore_reinit_error=True,
+            logging_level=logging.ERROR,
+            log_to_driver=False,
+        )
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise NoClusterError(f"no Ray cluster reachable at {where}: {_first_line(err)} — {hint}") from None
 
@@ -208,7 +245,7 @@ def _unreachable(address: str | None, timeout_s: float = 3.0) -> str | None:
         if target is None:
             return "no running Ray cluster found"
     if target.startswith("ray://"):
-        target = target[len("ray://"):]
+        target = target[len("ray://") :]
     host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
         return None
@@ -224,6 +261,51 @@ def _named_actors(namespace: str) -> list[str]:
 
     actors = ray.util.list_named_actors(all_namespaces=True)
     return sorted(a["name"] for a in actors if a.get("namespace") == namespace)
+
+
+def _is_this_machine(address: str) -> bool:
+    """True when `address` (host:port, optionally ray://) names an interface of this machine."""
+    host = address.removeprefix("ray://").rpartition(":")[0].strip("[]")
+    try:
+        import ray
+
+        own = {"localhost", "127.0.0.1", "::1", socket.gethostname(), ray.util.get_node_ip_address()}
+        return host in own or socket.gethostbyname(host) in own
+    except (OSError, ValueError):
+        return False
+
+
+def _use_local_token() -> None:
+    """Turn on Ray token auth when a local token exists and RAY_AUTH_MODE is unset.
+
+    Ray does this itself for `address="auto"` but never for an explicit address; for an address of this
+    very machine the local token is the cluster's, so `--address` behaves like `auto`. Remote clusters
+    need `RAY_AUTH_MODE=token` plus the cluster's token (`RAY_AUTH_TOKEN` / `RAY_AUTH_TOKEN_PATH`).
+    """
+    try:
+        from ray._private.authentication.authentication_token_setup import (  # private: guarded
+            maybe_enable_token_auth_if_token_available,
+        )
+
+        quiet = logging.getLogger("ray._private.authentication.authentication_token_setup")
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)  # Ray's "token auth is enabled" notice is noise for a client
+        try:
+            maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        finally:
+            quiet.setLevel(level)
+    except Exception:  # noqa: BLE001 — best effort; ray.init reports auth problems itself
+        return
+
+
+def _local_clusters() -> list[str]:
+    """GCS addresses of the Ray clusters running on this machine (empty when this cannot be told)."""
+    try:
+        from ray._private.services import find_gcs_addresses  # private: guarded
+
+        return sorted(find_gcs_addresses())
+    except Exception:  # noqa: BLE001 — only used for a hint
+        return []
 
 
 def list_live_runs(address: str | None = None, namespace: str = NAMESPACE) -> list[str]:

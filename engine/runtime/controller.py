@@ -21,15 +21,32 @@ at each sync), applies the value, and calls `ack_knob(name, version, step)`; the
 from __future__ import annotations
 
 import getpass
-import math
 import socket
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
+from engine.runtime.knobs import (
+    ACTIONS,
+    KNOB_SPECS,
+    KnobError,
+    KnobRequest,
+    KnobSpec,
+    KnobState,
+    initial_knobs,
+    knob_view,
+    parse_knob_value,
+    validate_knob_value,
+)
 from engine.telemetry.sinks import Sink, build_sinks
+
+__all__ = [
+    "ACTIONS", "KNOB_SPECS", "NAMESPACE", "ControllerCore", "KnobError", "KnobRequest", "KnobSpec",
+    "KnobState", "RunController", "create_run_controller", "default_who", "initial_knobs", "knob_view",
+    "live_run_names", "parse_knob_value", "validate_knob_value",
+]  # fmt: skip
 
 NAMESPACE = "asyncrl"
 RUN_STATES = ("running", "paused", "finished", "failed")
@@ -46,171 +63,6 @@ def default_who() -> str:
     except (KeyError, OSError):
         user = "unknown"
     return f"{user}@{socket.gethostname()}"
-
-
-# --------------------------------------------------------------------------------------------- knobs
-
-
-@dataclass(frozen=True)
-class KnobSpec:
-    """A runtime-tunable setting: type, inclusive range, who applies it and when."""
-
-    name: str
-    kind: type
-    low: float | None
-    high: float | None
-    consumer: str
-    applies: str
-    default: Any
-    config_path: tuple[str, ...] | None = None
-    description: str = ""
-
-    def range_text(self) -> str:
-        """Human form of the accepted values, e.g. `an integer in [1, 1000]`."""
-        if self.kind is bool:
-            return "true or false"
-        noun = "an integer" if self.kind is int else "a number"
-        return f"{noun} in [{self.low:g}, {self.high:g}]"
-
-
-KNOB_SPECS: dict[str, KnobSpec] = {
-    spec.name: spec
-    for spec in (
-        KnobSpec(
-            "trigger_parameter_sync_step", int, 1, 1000, "trainer",
-            "at the trainer's next local-step boundary", 4, ("async_training", "trigger_parameter_sync_step"),
-            "local trainer steps between weight syncs (one policy version per sync)",
-        ),
-        KnobSpec(
-            "staleness_threshold", float, 0.0, 10.0, "rollouter",
-            "at the rollouter's next weight sync", 0.1, ("async_training", "staleness_threshold"),
-            "extra fraction of samples the rollouter may generate ahead of the trainer per sync",
-        ),
-        KnobSpec(
-            "paused", bool, None, None, "rollouter", "by the rollouter within one generation step", False,
-            None, "pause (true) or resume (false) generation; the trainer drains the queue",
-        ),
-    )
-}
-
-ACTIONS: dict[str, str] = {"checkpoint": "trainer", "stop": "trainer"}
-"""One-shot actions and their consumer (taken at the trainer's next local-step boundary)."""
-
-
-class KnobError(ValueError):
-    """A knob value that cannot be accepted; the message says why."""
-
-
-def validate_knob_value(name: str, value: Any) -> Any:
-    """Check `value` against the knob's type and inclusive range; returns the normalised value.
-
-    Raises `KnobError` with a reason (unknown knob, wrong type, out of range).
-    """
-    spec = KNOB_SPECS.get(name)
-    if spec is None:
-        raise KnobError(f"unknown knob {name!r}; known knobs: {', '.join(KNOB_SPECS)}")
-    if spec.kind is bool:
-        if not isinstance(value, bool):
-            raise KnobError(f"{name} must be true or false, got {value!r}")
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise KnobError(f"{name} must be {spec.range_text()}, got {type(value).__name__} {value!r}")
-    if spec.kind is int:
-        if isinstance(value, float) and not value.is_integer():
-            raise KnobError(f"{name} must be an integer, got {value!r}")
-        value = int(value)
-    else:
-        value = float(value)
-        if not math.isfinite(value):
-            raise KnobError(f"{name} must be finite, got {value!r}")
-    assert spec.low is not None and spec.high is not None
-    if not spec.low <= value <= spec.high:
-        raise KnobError(f"{name}={value:g} is out of range: must be {spec.range_text()}")
-    return value
-
-
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
-
-
-def parse_knob_value(name: str, text: str) -> Any:
-    """Parse user text (CLI argument, TUI input) into a validated knob value; raises `KnobError`."""
-    spec = KNOB_SPECS.get(name)
-    if spec is None:
-        raise KnobError(f"unknown knob {name!r}; known knobs: {', '.join(KNOB_SPECS)}")
-    raw = text.strip()
-    if spec.kind is bool:
-        if raw.lower() in _TRUE:
-            return True
-        if raw.lower() in _FALSE:
-            return False
-        raise KnobError(f"{name} must be true or false, got {raw!r}")
-    try:
-        number: int | float = int(raw) if spec.kind is int else float(raw)
-    except ValueError:
-        raise KnobError(f"{name} must be {spec.range_text()}, got {raw!r}") from None
-    return validate_knob_value(name, number)
-
-
-@dataclass
-class KnobRequest:
-    value: Any
-    who: str
-    time: float
-    step: int | None
-
-
-@dataclass
-class KnobState:
-    """Desired and applied value of one knob, plus the unacknowledged requests by version."""
-
-    value: Any
-    applied_value: Any
-    version: int = 0
-    applied_version: int = 0
-    applied_at_step: int | None = None
-    requests: dict[int, KnobRequest] = field(default_factory=dict)
-
-    @property
-    def pending(self) -> bool:
-        return self.version > self.applied_version
-
-
-def initial_knobs(config: dict[str, Any]) -> dict[str, KnobState]:
-    """Knob states at the start of a run: values from the config where it sets them, else the defaults."""
-    states: dict[str, KnobState] = {}
-    for name, spec in KNOB_SPECS.items():
-        value: Any = spec.default
-        node: Any = config
-        for key in spec.config_path or ():
-            node = node.get(key) if isinstance(node, dict) else None
-        if spec.config_path and node is not None:
-            try:
-                value = validate_knob_value(name, node)
-            except KnobError:
-                value = spec.default
-        states[name] = KnobState(value=value, applied_value=value)
-    return states
-
-
-def knob_view(name: str, st: KnobState, last: KnobRequest | None) -> dict[str, Any]:
-    """The public view of one knob, as returned by `get_knobs()` and in snapshots."""
-    spec = KNOB_SPECS[name]
-    return {
-        "value": st.value,
-        "version": st.version,
-        "pending": st.pending,
-        "applied_value": st.applied_value,
-        "applied_version": st.applied_version,
-        "applied_at_step": st.applied_at_step,
-        "requested_by": last.who if last else None,
-        "requested_at": last.time if last else None,
-        "requested_step": last.step if last else None,
-        "type": spec.kind.__name__,
-        "min": spec.low,
-        "max": spec.high,
-        "consumer": spec.consumer,
-    }
 
 
 # --------------------------------------------------------------------------------------- ring buffer
@@ -271,10 +123,15 @@ class ControllerCore:
             "provenance": dict(provenance or {}),
         }
         if sinks is None:
-            logging_cfg = self._config.get("logging", {}) if isinstance(self._config.get("logging"), dict) else {}
+            logging_cfg = (
+                self._config.get("logging", {}) if isinstance(self._config.get("logging"), dict) else {}
+            )
             sinks = build_sinks(
-                run_dir, list(logging_cfg.get("sinks", ["jsonl"])), run_name=run_name,
-                project=str(logging_cfg.get("project", "asyncrl")), config=self._config,
+                run_dir,
+                list(logging_cfg.get("sinks", ["jsonl"])),
+                run_name=run_name,
+                project=str(logging_cfg.get("project", "asyncrl")),
+                config=self._config,
             )
         self._sinks = sinks
         self._seq = 0
@@ -286,7 +143,9 @@ class ControllerCore:
         self._policy_version: int | None = None
         self._knobs = initial_knobs(self._config)
         self._last_request: dict[str, KnobRequest] = {}
-        self._actions: dict[str, dict[str, KnobRequest]] = {consumer: {} for consumer in set(ACTIONS.values())}
+        self._actions: dict[str, dict[str, KnobRequest]] = {
+            consumer: {} for consumer in set(ACTIONS.values())
+        }
 
     # ---------------------------------------------------------------- recording (workers → controller)
 
@@ -295,7 +154,7 @@ class ControllerCore:
         return str(self._run["name"])
 
     def record_metrics(self, record: dict[str, Any]) -> int:
-        """Store one metric record (adds `asyncrl/time` if missing) and write it to the sinks; returns its seq."""
+        """Store one metric record (adds `asyncrl/time` if missing), write it to the sinks; return its seq."""
         with self._lock:
             rec = dict(record)
             rec.setdefault(TIME_KEY, self._clock() - self._run["started_at"])
@@ -310,7 +169,7 @@ class ControllerCore:
             return self._seq
 
     def record_event(self, event: dict[str, Any]) -> int:
-        """Store one event, filling `time`, `step`, `version`, `level`, `message` defaults; returns its seq."""
+        """Store one event (defaults for `time`, `step`, `version`, `level`, `message`); return its seq."""
         with self._lock:
             ev = dict(event)
             ev.setdefault("time", self._clock())
@@ -329,7 +188,7 @@ class ControllerCore:
         self.record_event({"kind": kind, "message": message, "level": level, **extra})
 
     def update_worker(self, worker_id: str, info: dict[str, Any]) -> None:
-        """Merge `info` (role, state, tokens_per_s, weight_version, lag, ...) into a worker row; sets last_seen."""
+        """Merge `info` (role, state, tokens_per_s, weight_version, lag, ...) into a row; sets last_seen."""
         with self._lock:
             row = self._workers.setdefault(worker_id, {"id": worker_id})
             row.update(info)
@@ -352,7 +211,9 @@ class ControllerCore:
     def get_knobs(self) -> dict[str, dict[str, Any]]:
         """Every knob: desired value, version, pending flag, applied value/step, last requester, range."""
         with self._lock:
-            return {name: knob_view(name, st, self._last_request.get(name)) for name, st in self._knobs.items()}
+            return {
+                name: knob_view(name, st, self._last_request.get(name)) for name, st in self._knobs.items()
+            }
 
     def set_knob(
         self, name: str, value: Any, expected_version: int | None = None, who: str | None = None
@@ -369,8 +230,16 @@ class ControllerCore:
             current_version = st.version if st else 0
             reason = self._reject_reason(name, value, expected_version, st)
             if reason is not None:
-                self._emit("knob", f"rejected {name}={value!r} from {who}: {reason}", level="warning",
-                           knob=name, phase="rejected", who=who, requested=_plain(value), reason=reason)
+                self._emit(
+                    "knob",
+                    f"rejected {name}={value!r} from {who}: {reason}",
+                    level="warning",
+                    knob=name,
+                    phase="rejected",
+                    who=who,
+                    requested=_plain(value),
+                    reason=reason,
+                )
                 return {"ok": False, "reason": reason, "version": current_version}
             assert st is not None
             new = validate_knob_value(name, value)
@@ -383,9 +252,18 @@ class ControllerCore:
             st.requests[st.version] = req
             self._last_request[name] = req
             spec = KNOB_SPECS[name]
-            self._emit("knob", f"{name} {old!r} → {new!r} requested by {who}; applies {spec.applies}",
-                       knob=name, phase="requested", old=_plain(old), new=_plain(new), who=who,
-                       knob_version=st.version, requested_at=req.time, requested_step=req.step)
+            self._emit(
+                "knob",
+                f"{name} {old!r} → {new!r} requested by {who}; applies {spec.applies}",
+                knob=name,
+                phase="requested",
+                old=_plain(old),
+                new=_plain(new),
+                who=who,
+                knob_version=st.version,
+                requested_at=req.time,
+                requested_step=req.step,
+            )
             return {"ok": True, "reason": f"pending: applies {spec.applies}", "version": st.version}
 
     def _reject_reason(
@@ -402,8 +280,10 @@ class ControllerCore:
         if expected_version is not None and expected_version != st.version:
             last = self._last_request.get(name)
             by = f" (set to {st.value!r} by {last.who})" if last else ""
-            return (f"version conflict: you expected version {expected_version} but {name} is at version "
-                    f"{st.version}{by}; re-read the knob and retry")
+            return (
+                f"version conflict: you expected version {expected_version} but {name} is at version "
+                f"{st.version}{by}; re-read the knob and retry"
+            )
         return None
 
     def pending_knobs(self, consumer: str) -> dict[str, dict[str, Any]]:
@@ -427,8 +307,11 @@ class ControllerCore:
                 return {"ok": False, "reason": f"unknown knob {name!r}"}
             req = st.requests.get(version)
             if req is None:
-                return {"ok": False, "reason": f"{name} version {version} is not pending (applied: "
-                                               f"{st.applied_version}, latest: {st.version})"}
+                return {
+                    "ok": False,
+                    "reason": f"{name} version {version} is not pending (applied: "
+                    f"{st.applied_version}, latest: {st.version})",
+                }
             old = st.applied_value
             st.applied_value = req.value
             st.applied_version = version
@@ -436,11 +319,22 @@ class ControllerCore:
             st.requests = {v: r for v, r in st.requests.items() if v > version}
             if name == "paused" and self._state in ("running", "paused"):
                 self._state = "paused" if req.value else "running"
-            self._emit("knob", f"{name} {old!r} → {req.value!r} applied at step {step} "
-                               f"(requested by {req.who} at step {req.step})",
-                       step=step, knob=name, phase="applied", old=_plain(old), new=_plain(req.value),
-                       who=req.who, knob_version=version, requested_at=req.time, requested_step=req.step,
-                       applied_step=step, applied_at=self._clock())
+            self._emit(
+                "knob",
+                f"{name} {old!r} → {req.value!r} applied at step {step} "
+                f"(requested by {req.who} at step {req.step})",
+                step=step,
+                knob=name,
+                phase="applied",
+                old=_plain(old),
+                new=_plain(req.value),
+                who=req.who,
+                knob_version=version,
+                requested_at=req.time,
+                requested_step=req.step,
+                applied_step=step,
+                applied_at=self._clock(),
+            )
             return {"ok": True, "reason": "applied"}
 
     # ----------------------------------------------------------------------------- one-shot actions
@@ -457,17 +351,30 @@ class ControllerCore:
             else:
                 reason = None
             if reason is not None:
-                self._emit("knob", f"rejected action {name} from {who}: {reason}", level="warning",
-                           action=name, phase="rejected", who=who, reason=reason)
+                self._emit(
+                    "knob",
+                    f"rejected action {name} from {who}: {reason}",
+                    level="warning",
+                    action=name,
+                    phase="rejected",
+                    who=who,
+                    reason=reason,
+                )
                 return {"ok": False, "reason": reason}
             assert consumer is not None
             queued = self._actions[consumer]
             if name in queued:
                 return {"ok": True, "reason": f"{name} already requested by {queued[name].who}"}
             queued[name] = KnobRequest(value=True, who=who, time=self._clock(), step=self._step)
-            self._emit("knob", f"{name} requested by {who}; taken at the {consumer}'s next step boundary",
-                       action=name, phase="requested", who=who, requested_at=queued[name].time,
-                       requested_step=self._step)
+            self._emit(
+                "knob",
+                f"{name} requested by {who}; taken at the {consumer}'s next step boundary",
+                action=name,
+                phase="requested",
+                who=who,
+                requested_at=queued[name].time,
+                requested_step=self._step,
+            )
             return {"ok": True, "reason": f"queued for the {consumer}"}
 
     def take_actions(self, consumer: str, step: int | None = None) -> list[str]:
@@ -477,9 +384,17 @@ class ControllerCore:
             names = list(queued)
             for name in names:
                 req = queued.pop(name)
-                self._emit("knob", f"{name} (requested by {req.who}) taken by the {consumer} at step {step}",
-                           step=step if step is not None else self._step, action=name, phase="applied",
-                           who=req.who, requested_at=req.time, requested_step=req.step, applied_step=step)
+                self._emit(
+                    "knob",
+                    f"{name} (requested by {req.who}) taken by the {consumer} at step {step}",
+                    step=step if step is not None else self._step,
+                    action=name,
+                    phase="applied",
+                    who=req.who,
+                    requested_at=req.time,
+                    requested_step=req.step,
+                    applied_step=step,
+                )
             return names
 
     # --------------------------------------------------------------------------------------- reading

@@ -1,9 +1,17 @@
 """The driver: the one entry point the CLI uses to run a job (`engine.runtime.driver.run`).
 
-It resolves the model once, starts (or joins) Ray, creates the named RunController, the MessageQueue, the
-rollout replicas, the Rollouter and the Trainer, runs both loops to the end, prints progress, and returns an
-exit code: 0 only when the trainer finished its steps and no actor failed; 1 with a clear message naming the
-failed actor otherwise; 130 on Ctrl-C. Every actor is killed on the way out, so no orphan processes remain.
+It checks the model and the data (`preflight`, before the run directory is touched or Ray starts), picks
+the checkpoint to continue from with `--resume` (`resume.py`: chosen, checked, run directory rewound),
+starts (or joins) Ray, creates the named RunController, the MessageQueue, the rollout replicas, the
+Rollouter and the Trainer (on resume the trainer restores its checkpoint and pushes the weights to the
+replicas before generation starts), runs both loops to the end, prints progress, and returns an exit code:
+
+* 0 when the trainer finished its steps, or stopped gracefully on request (with a checkpoint);
+* 1 with one line naming the cause otherwise: bad input found by the preflight, a failed actor, the replica
+  restart budget spent (after a checkpoint); the line says which checkpoint a `--resume auto` would use;
+* 130 on Ctrl-C or SIGTERM, after asking the trainer for a stop checkpoint (a second Ctrl-C abandons it).
+
+Every actor is killed on the way out, so no orphan processes remain.
 """
 
 from __future__ import annotations
@@ -11,12 +19,16 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 NAMESPACE = "asyncrl"
+STOP_TIMEOUT_S = 120.0
+"""How long an interrupted driver waits for the trainer's stop checkpoint."""
 
 
 class RunFailed(RuntimeError):
@@ -74,31 +86,61 @@ def _init_ray(address: str | None, placement: dict[str, Any]) -> bool:
 def run(cfg: Any, *, provenance: dict | None = None, address: str | None = None, resume: str | None = None,
         tui: bool = False, progress: bool = True) -> int:
     """Run the job described by `cfg` to the end. Returns the process exit code."""
+    from engine.runtime.preflight import PreflightError
+    from engine.runtime.resume import ResumeError
+
+    restore = _sigterm_as_interrupt()
     try:
         return _run(cfg, provenance or {}, address, resume, tui, progress)
+    except (PreflightError, ResumeError) as e:
+        print(f"asyncrl: cannot start: {e}", file=sys.stderr)
+        return 1
     except RunFailed as e:
         print(f"asyncrl: run failed: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\nasyncrl: interrupted; actors stopped.", file=sys.stderr)
         return 130
+    finally:
+        restore()
+
+
+def _sigterm_as_interrupt():
+    """SIGTERM (a preemption, `kill`) is handled like Ctrl-C: stop with a checkpoint. Returns the undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tui: bool, progress: bool) -> int:
-    from engine.models.loader import resolve_model_path
+    from engine.runtime.preflight import preflight
+    from engine.runtime.resume import plan_resume, resume_message, rewind_run_dir
 
-    run_dir = prepare_run_dir(cfg, resume)
+    model_dir = preflight(cfg)  # nothing is written before the inputs are known to be usable
+    plan = plan_resume(cfg, resume) if resume else None
+    for path, why in plan.skipped if plan else []:
+        print(f"asyncrl: checkpoint {path} is corrupt ({why}); skipped, using an older one", file=sys.stderr)
+    if plan is None and resume:
+        print("asyncrl: no checkpoint to resume from; starting a new run", file=sys.stderr)
+    run_dir = plan.run_dir if plan else prepare_run_dir(cfg, None)
+    run_dir.mkdir(parents=True, exist_ok=True)
     cfg_dict = json.loads(cfg.model_dump_json())
     cfg_dict["logging"]["run_dir"] = str(run_dir)
     (run_dir / "config.resolved.json").write_text(json.dumps(cfg_dict, indent=2))
-    try:
-        model_dir = str(resolve_model_path(cfg.model.path, seed=cfg.trainer.seed))
-    except (FileNotFoundError, ValueError, ImportError) as e:
-        raise RunFailed(str(e)) from None
+    resumed: dict[str, Any] | None = None
+    if plan is not None:
+        message = resume_message(plan, rewind_run_dir(plan), cfg.async_training.partial_rollout)
+        print(f"asyncrl: {message}", file=sys.stderr)
+        resumed = {"plan": plan, "message": message}
     placement = _placement(cfg)
     started_ray = _init_ray(address, placement)
     try:
-        return _run_actors(cfg, cfg_dict, provenance, run_dir, model_dir, placement, resume, tui, progress)
+        return _run_actors(cfg, cfg_dict, provenance, run_dir, model_dir, placement, resumed, tui, progress)
     finally:
         if started_ray:
             import ray
@@ -106,7 +148,7 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
             ray.shutdown()
 
 
-def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placement, resume, tui, progress) -> int:
+def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placement, resumed, tui, progress) -> int:
     import ray
 
     from asyncrl_cli.config.derived import max_queue_size, total_train_steps
@@ -132,14 +174,25 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
             cfg, model_dir, i, placement["replica_threads"]) for i in range(placement["replicas"])]
         actors += [queue, *replicas]
         _wait_ready([r.ready.remote() for r in replicas], "rollout replica")
-        rollouter = Rollouter.remote(cfg, model_dir, queue, controller, replicas)
+        plan = resumed["plan"] if resumed else None
+        spec = {"options": placement["replica_res"], "threads": placement["replica_threads"]}
+        rollouter = Rollouter.remote(cfg, model_dir, queue, controller, replicas,
+                                     plan.rollout_resume() if plan else None, spec)
         trainer = Trainer.options(**placement["trainer_res"]).remote(
-            cfg, model_dir, str(run_dir), queue, rollouter, controller, placement["trainer_threads"])
+            cfg, model_dir, str(run_dir), queue, rollouter, controller, placement["trainer_threads"],
+            plan.trainer_resume() if plan else None)
         actors += [rollouter, trainer]
-        controller.record_event.remote({"time": time.time(), "kind": "start", "level": "info", "step": 0,
-                                        "version": 0, "message": f"run {cfg.name} started in {run_dir}"})
+        step, version = (plan.step, plan.version) if plan else (0, 0)
+        if plan is not None:
+            _wait_ready([trainer.push_weights.remote()], "trainer (restoring the checkpoint)")
+            for path, why in plan.skipped:
+                controller.record_event.remote(_event("warning", "checkpoint", f"checkpoint {path} is corrupt "
+                                                      f"({why}); skipped", step, version, path=path))
+            controller.record_event.remote(_event("info", "resume", resumed["message"], step, version,
+                                                  path=plan.ckpt["path"]))
+        controller.record_event.remote(_event("info", "start", f"run {cfg.name} started in {run_dir}", step, version))
         print(f"asyncrl: run {cfg.name!r} → {run_dir}  (attach: asyncrl attach {cfg.name})", file=sys.stderr)
-        ok = _supervise(trainer, rollouter, controller, console, tui)
+        ok = _supervise(trainer, rollouter, controller, console, tui, _checkpoint_root(cfg, run_dir))
         return 0 if ok else 1
     finally:
         console.close()
@@ -155,6 +208,29 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
                 pass
 
 
+def _event(level: str, kind: str, message: str, step: int | None, version: int | None, **extra: Any) -> dict:
+    return {"time": time.time(), "kind": kind, "level": level, "step": step, "version": version,
+            "message": message, **extra}
+
+
+def _checkpoint_root(cfg: Any, run_dir: Path) -> Path:
+    from engine.runtime.checkpoint import checkpoint_root
+
+    return checkpoint_root(cfg, run_dir)
+
+
+def resume_hint(root: Path, trainer_died: bool = False) -> str:
+    """What a `--resume auto` would continue from, for the failure message."""
+    from engine.runtime.checkpoint import latest_valid, step_of
+
+    lost = "the trainer's process is gone, so its weights could not be saved at the failure; " if trainer_died \
+        else ""
+    latest = latest_valid(root)
+    if latest is None:
+        return f"{lost}no checkpoint exists, so the run cannot be resumed (set checkpoint.every_versions)"
+    return f"{lost}resume from {latest} (step {step_of(latest)}) with `asyncrl launch RUN.toml --resume auto`"
+
+
 def _wait_ready(refs: list, what: str) -> None:
     import ray
 
@@ -167,49 +243,88 @@ def _wait_ready(refs: list, what: str) -> None:
 
 
 def _root_cause(e: BaseException) -> str:
-    cause = getattr(e, "cause", None) or e
-    text = str(cause).strip().splitlines()
-    tail = [ln for ln in text if ln.strip()]
-    return tail[-1] if tail else type(cause).__name__
+    from engine.runtime.replica_pool import describe_failure
+
+    return describe_failure(e)
 
 
-def _supervise(trainer, rollouter, controller, console, tui: bool) -> bool:
-    """Wait for both loops; poll the controller for the progress line. True iff the trainer finished cleanly."""
+def _supervise(trainer, rollouter, controller, console, tui: bool, ckpt_root: Path) -> bool:
+    """Wait for both loops; poll the controller for the progress line. True iff the trainer finished or
+    stopped gracefully; raises RunFailed (after the trainer's stop checkpoint where possible) otherwise."""
     import ray
 
     t_ref, r_ref = trainer.fit.remote(), rollouter.fit.remote()
     pending = {t_ref: "trainer", r_ref: "rollouter"}
     cursor = 0
-    trainer_done = False
+    failure: str | None = None  # the rollout side gave up; the trainer is stopping with a checkpoint
+    trainer_result: dict[str, Any] | None = None
     if tui:
         _start_tui_thread(controller)
-    while True:
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+
+    def poll() -> None:
+        nonlocal cursor
         snap = ray.get(controller.snapshot.remote(cursor))
         cursor = snap["cursor"]
         console.update(snap.get("metrics", []), snap.get("events", []))
-        for ref in ready:
-            name = pending.pop(ref)
-            try:
-                ray.get(ref)
-            except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
-                msg = f"{name} failed: {_root_cause(e)}"
-                controller.record_event.remote({"time": time.time(), "kind": "error", "level": "error",
-                                                "step": None, "version": None, "message": msg})
-                raise RunFailed(msg) from None
-            if name == "trainer":
-                trainer_done = True
-        if trainer_done and not pending:
-            snap = ray.get(controller.snapshot.remote(cursor))
-            console.update(snap.get("metrics", []), snap.get("events", []))
-            return True
-        if trainer_done and r_ref in pending:
-            # the trainer stopped the rollouter; give its loop a moment to return
-            try:
-                ray.get(r_ref, timeout=30)
-            except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
-                raise RunFailed(f"rollouter failed: {_root_cause(e)}") from None
-            pending.pop(r_ref, None)
+
+    try:
+        while True:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            poll()
+            for ref in ready:
+                name = pending.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
+                    msg = f"{name} failed: {_root_cause(e)}"
+                    controller.record_event.remote(_event("error", "error", msg, None, None))
+                    if name == "trainer":
+                        died = isinstance(e, ray.exceptions.RayActorError)
+                        raise RunFailed(f"{msg}; {resume_hint(ckpt_root, trainer_died=died)}") from None
+                    raise RunFailed(f"{msg}; {resume_hint(ckpt_root)}") from None
+                if name == "rollouter" and result.get("failure") and failure is None:
+                    failure = result["failure"]
+                    trainer.request_stop.remote(f"stopping: {failure}")
+                if name == "trainer":
+                    trainer_result = result
+            if trainer_result is not None and failure is not None and trainer_result.get("stopped"):
+                poll()  # the trainer stopped early because of the failure, after its stop checkpoint
+                raise RunFailed(f"{failure}; {resume_hint(ckpt_root)}")
+            if trainer_result is not None and not pending:
+                poll()
+                _report_stop(trainer_result, ckpt_root)
+                return True
+            if trainer_result is not None and r_ref in pending:
+                # the trainer stopped the rollouter; give its loop a moment to return
+                try:
+                    result = ray.get(r_ref, timeout=30)
+                except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
+                    raise RunFailed(f"rollouter failed: {_root_cause(e)}") from None
+                pending.pop(r_ref, None)
+    except KeyboardInterrupt:
+        if "trainer" in pending.values():
+            _stop_with_checkpoint(trainer, t_ref)
+        raise
+
+
+def _report_stop(result: dict[str, Any], ckpt_root: Path) -> None:
+    if result.get("stopped"):
+        print(f"asyncrl: run stopped at step {result.get('local_step')} ({result['stopped']}); "
+              f"{resume_hint(ckpt_root)}", file=sys.stderr)
+
+
+def _stop_with_checkpoint(trainer: Any, t_ref: Any) -> None:
+    """Ctrl-C / SIGTERM: ask the trainer for a graceful stop (it checkpoints) and wait a bounded time."""
+    import ray
+
+    print("\nasyncrl: interrupted; stopping with a checkpoint (interrupt again to abandon it)...", file=sys.stderr)
+    try:
+        trainer.request_stop.remote("interrupted")
+        ray.get(t_ref, timeout=STOP_TIMEOUT_S)
+    except KeyboardInterrupt:
+        return
+    except Exception:  # noqa: BLE001 - best effort: the previous checkpoint stays usable
+        return
 
 
 def _start_tui_thread(controller) -> None:  # the dashboard in the launching terminal (`launch --tui`)

@@ -11,23 +11,19 @@ from __future__ import annotations
 import bisect
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from engine.runtime.control_errors import RunNotFoundError
-from engine.runtime.controller import (
-    STEP_KEY,
-    TIME_KEY,
-    VERSION_KEY,
-    KnobRequest,
-    KnobState,
-    initial_knobs,
-    knob_view,
-)
+from engine.runtime.controller import STEP_KEY, TIME_KEY, VERSION_KEY
+from engine.runtime.knobs import KnobRequest, KnobState, initial_knobs, knob_view
 from engine.telemetry.sinks import CONFIG_FILE, EVENTS_FILE, METRICS_FILE
 
 REPLAY_REASON = "replay is read-only: changes are disabled"
 _EVENT_FIELDS = ("kind", "message", "level", "time", "worker", "step", "version")
+_PHASE_STATE = {"restart": "restarting", "replaced": "running", "exhausted": "failed"}
+"""Worker state implied by the `phase` of the engine's `replica` events (when they carry no `state`)."""
 
 
 def load_resolved_config(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -98,14 +94,16 @@ class ReplaySource:
 
     read_only = True
 
-    def __init__(self, run_dir: str | Path, *, clock: Callable[[], float] = time.time,
-                 live_window_s: float = 60.0) -> None:
+    def __init__(
+        self, run_dir: str | Path, *, clock: Callable[[], float] = time.time, live_window_s: float = 60.0
+    ) -> None:
         self.run_dir = Path(run_dir)
         if not self.run_dir.is_dir():
             raise RunNotFoundError(f"run directory {str(run_dir)!r} does not exist")
         if not (self.run_dir / METRICS_FILE).is_file() and not (self.run_dir / EVENTS_FILE).is_file():
             raise RunNotFoundError(
-                f"{str(run_dir)!r} has no {METRICS_FILE} or {EVENTS_FILE}: is it a run directory?")
+                f"{str(run_dir)!r} has no {METRICS_FILE} or {EVENTS_FILE}: is it a run directory?"
+            )
         self.label = f"replay {self.run_dir}"
         self._clock = clock
         self._live_window_s = live_window_s
@@ -155,9 +153,11 @@ class ReplaySource:
                 if row.get("state") in (None, "running", "paused", "idle"):
                     row["weight_version"] = ev["version"]
                     row["last_seen"] = ev.get("time")
-        elif kind == "replica" and ev.get("worker") is not None:
-            row = self._replicas.setdefault(str(ev["worker"]), {"id": str(ev["worker"]), "role": "rollout"})
+        elif kind == "replica" and (ev.get("worker") is not None or ev.get("replica") is not None):
+            wid = str(ev["worker"]) if ev.get("worker") is not None else f"rollout-{ev['replica']}"
+            row = self._replicas.setdefault(wid, {"id": wid, "role": "rollout"})
             row.update({k: v for k, v in ev.items() if k not in _EVENT_FIELDS})
+            row["state"] = ev.get("state") or _PHASE_STATE.get(str(ev.get("phase")), row.get("state"))
             row["last_seen"] = ev.get("time")
         elif kind == "knob" and ev.get("knob") in self._knobs:
             self._fold_knob(ev)
@@ -168,8 +168,12 @@ class ReplaySource:
         if not isinstance(version, int):
             return
         if ev.get("phase") == "requested":
-            req = KnobRequest(ev.get("new"), str(ev.get("who")), ev.get("requested_at") or ev.get("time") or 0.0,
-                              ev.get("requested_step"))
+            req = KnobRequest(
+                ev.get("new"),
+                str(ev.get("who")),
+                ev.get("requested_at") or ev.get("time") or 0.0,
+                ev.get("requested_step"),
+            )
             st.value, st.version = req.value, version
             st.requests[version] = req
             self._last_request[name] = req
@@ -205,7 +209,11 @@ class ReplaySource:
     def _now(self, started_at: float | None) -> float | None:
         """The time of the latest item: last event time or start + last `asyncrl/time`."""
         candidates = [float(e["time"]) for e in self._events[-1:] if isinstance(e.get("time"), (int, float))]
-        if self._metrics and started_at is not None and isinstance(self._metrics[-1].get(TIME_KEY), (int, float)):
+        if (
+            self._metrics
+            and started_at is not None
+            and isinstance(self._metrics[-1].get(TIME_KEY), (int, float))
+        ):
             candidates.append(started_at + float(self._metrics[-1][TIME_KEY]))
         return max(candidates) if candidates else None
 
@@ -218,7 +226,8 @@ class ReplaySource:
         return None
 
     def _workers(self, state: str, now: float | None) -> dict[str, dict[str, Any]]:
-        """Trainer row from the latest metrics; rollout rows from `replica` events (or one aggregate row).
+        """Trainer row from the latest metrics; one aggregate rollout row; a row per replica named in
+        `replica` events (their `state`, or the state implied by their `phase`).
 
         Weight versions: the trainer holds max(metric version, last synced version); a replica holds the last
         version synced to it, and its lag is trainer version − replica version.
@@ -229,16 +238,23 @@ class ReplaySource:
         over = state in ("finished", "failed", "stopped")
         workers: dict[str, dict[str, Any]] = {
             "trainer": {
-                "id": "trainer", "role": "trainer", "state": state,
-                "tokens_per_s": last.get("asyncrl/trainer/tokens_per_s"), "weight_version": version,
-                "step": last.get(STEP_KEY), "lag": 0, "last_seen": now,
+                "id": "trainer",
+                "role": "trainer",
+                "state": state,
+                "tokens_per_s": last.get("asyncrl/trainer/tokens_per_s"),
+                "weight_version": version,
+                "step": last.get(STEP_KEY),
+                "lag": 0,
+                "last_seen": now,
             }
         }
         rows = list(self._replicas.values())
-        if not rows and self._metrics:
-            rows = [{"id": "rollout", "role": "rollout", "state": "running",
-                     "tokens_per_s": last.get("asyncrl/rollout/tokens_per_s"),
-                     "weight_version": self._last_sync_version or 0, "last_seen": now}]
+        if self._metrics:  # the rollout side as a whole: total throughput, weights of the last sync
+            rows.append({
+                "id": "rollout (all)", "role": "rollout", "state": "running",
+                "tokens_per_s": last.get("asyncrl/rollout/tokens_per_s"),
+                "weight_version": self._last_sync_version or 0, "last_seen": now,
+            })  # fmt: skip
         for row in sorted(rows, key=lambda r: str(r["id"])):
             out = dict(row)
             if out.get("state") in ("running", "idle"):
@@ -251,8 +267,8 @@ class ReplaySource:
     def snapshot(self, since: int = 0, limit: int | None = None) -> dict[str, Any]:
         """The controller's snapshot shape, rebuilt from the files (see `MetricsSource`)."""
         self._refresh()
-        metrics = self._metrics[bisect.bisect_right(self._metric_seqs, since):]
-        events = self._events[bisect.bisect_right(self._event_seqs, since):]
+        metrics = self._metrics[bisect.bisect_right(self._metric_seqs, since) :]
+        events = self._events[bisect.bisect_right(self._event_seqs, since) :]
         if limit is not None:
             metrics, events = metrics[-limit:], events[-limit:]
         state = self._state()

@@ -94,6 +94,10 @@ class RolloutReplica:
     def version(self) -> int:
         return self.backend.version
 
+    def debug_exit(self) -> None:
+        """Fault injection (`debug.kill_replica_at_step`): the process exits at once, as a crash would."""
+        os._exit(1)
+
     def stats(self) -> dict[str, float]:
         up = max(1e-9, time.monotonic() - self._started)
         return {

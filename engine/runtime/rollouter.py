@@ -6,6 +6,11 @@ from another actor thread. A sync raises `_syncing`, which stops new dispatches;
 replicas are aborted at the next token boundary and the partial sequences are resubmitted from their prefix
 after the update (with the remaining token budget), otherwise the in-flight work finishes under the old
 weights first. Each trajectory keeps the min and max weight version that generated it.
+
+Reliability: a replica whose process dies (its `generate` raises `RayActorError`) has its requests put back
+as pending and is replaced through the `ReplicaPool` (`rollout.max_replica_restarts`; when spent, `fit()`
+returns a `failure` and the driver stops the run with a checkpoint). `snapshot()` / `restore()` (in
+`rollout_checkpoint.py`) give the trainer a consistent cut of the rollout side for checkpoints.
 """
 
 from __future__ import annotations
@@ -20,19 +25,14 @@ import ray
 
 from engine.rollout.base import SamplingParams
 from engine.runtime.budget import StalenessBudget
+from engine.runtime.prompt_stream import PromptStream
+from engine.runtime.replica_pool import ReplicaPool, describe_failure
+from engine.runtime.rollout_checkpoint import RolloutCheckpointMixin
+from engine.runtime.rollout_state import InFlight, request_id
 from engine.types import GenRequest, GenResult, Prompt, Trajectory, TrajectoryGroup
 
-
-@dataclass
-class _InFlight:
-    """A prompt whose `n` trajectories are being generated."""
-
-    prompt: Prompt
-    admitted_at: float
-    admitted_version: int
-    done: dict[int, Trajectory] = field(default_factory=dict)
-    pending: dict[int, GenRequest] = field(default_factory=dict)  # waiting for (re)dispatch
-    running: set[int] = field(default_factory=set)  # on a replica now
+REWARD_ERROR_REPORTS = (1, 10, 100, 1000, 10000)
+"""Reward-failure counts at which an event is written (the counter `asyncrl/reward/errors` has them all)."""
 
 
 @dataclass
@@ -40,54 +40,17 @@ class _Dispatch:
     replica: int
     kind: str  # "train" | "val"
     started: float
+    requests: list[GenRequest] = field(default_factory=list)
 
 
-class PromptStream:
-    """The prompts of epoch 0, 1, ... in the order `load_prompts` gives (it shuffles per epoch, seeded), capped
-    at `total` prompts. The order is a pure function of (seed, epoch), so a position restores exactly."""
+class RolloutCore(RolloutCheckpointMixin):
+    """Streaming logic of the rollouter (runs inside the `Rollouter` actor).
 
-    def __init__(self, prompts_for_epoch, total_epochs: int, total: int) -> None:
-        self._for_epoch = prompts_for_epoch
-        self.total_epochs = total_epochs
-        self.total = total
-        self.emitted = 0
-        self._epoch = -1
-        self._order: list[Prompt] = []
-        self._pos = 0
-
-    def next(self) -> Prompt | None:
-        if self.emitted >= self.total:
-            return None
-        if self._pos >= len(self._order):
-            self._epoch += 1
-            if self._epoch >= self.total_epochs:
-                return None
-            self._order = list(self._for_epoch(self._epoch))
-            self._pos = 0
-            if not self._order:
-                return None
-        p = self._order[self._pos]
-        self._pos += 1
-        self.emitted += 1
-        return p
-
-    def state(self) -> dict[str, int]:
-        return {"epoch": self._epoch, "pos": self._pos, "emitted": self.emitted}
-
-    def restore(self, state: dict[str, int]) -> None:
-        """Fast-forward to a saved position (the order is a pure function of seed and epoch)."""
-        self._epoch = state["epoch"]
-        if self._epoch >= 0:
-            self._order = list(self._for_epoch(self._epoch))
-        self._pos = state["pos"]
-        self.emitted = state["emitted"]
-
-
-class RolloutCore:
-    """Streaming logic of the rollouter (runs inside the `Rollouter` actor)."""
+    `replica_spec` (`{"options": ray actor options, "threads": n}`) lets it start replacement replicas;
+    `resume_state` is a checkpoint's rollout part (`{"rollout", "queued", "in_flight"}`)."""
 
     def __init__(self, cfg: Any, model_dir: str, queue: Any, controller: Any, replicas: list[Any],
-                 resume_state: dict | None = None) -> None:
+                 resume_state: dict | None = None, replica_spec: dict | None = None) -> None:
         from asyncrl_cli.config.derived import max_queue_size, required_samples, total_rollout_steps
         from engine.data.prompts import load_prompts
         from engine.models.loader import load_tokenizer
@@ -96,7 +59,7 @@ class RolloutCore:
         self.cfg = cfg
         self.queue = queue
         self.controller = controller
-        self.replicas = replicas
+        self.pool = ReplicaPool(replicas, _spawner(cfg, model_dir, replica_spec), cfg.rollout.max_replica_restarts)
         self.tokenizer = load_tokenizer(model_dir)
         self.scorer = Scorer(cfg, self.tokenizer)
         ac = cfg.async_training
@@ -111,6 +74,7 @@ class RolloutCore:
         self.seqs_per_call = max(self.n, cfg.rollout.max_num_seqs)
 
         self._counters: dict[str, int] = {}
+        self._filtered_reported = False
         train_cache: dict[int, list[Prompt]] = {}
 
         def prompts_for_epoch(epoch: int) -> list[Prompt]:
@@ -119,6 +83,7 @@ class RolloutCore:
                 prompts, counters = load_prompts(cfg.data, self.tokenizer, split="train", epoch=epoch)
                 for k, v in counters.items():
                     self._counters[f"data/{k}"] = v
+                self._report_filtered(epoch, counters)
                 train_cache[epoch] = prompts
             return train_cache[epoch]
 
@@ -133,10 +98,16 @@ class RolloutCore:
         self.version = 0
         self.step = 0
         self.lock = threading.Condition()
-        self.in_flight: dict[str, _InFlight] = {}
+        self.in_flight: dict[str, InFlight] = {}
         self.dispatch: dict[Any, _Dispatch] = {}  # ObjectRef -> dispatch info
         self.busy: set[int] = set()
         self._syncing = False
+        self._snapshotting = False
+        self._running = False
+        self.failure: str | None = None  # set when the replica failure budget is spent
+        self._kill_at = cfg.debug.kill_replica_at_step or 0
+        self._killed = False
+        self._reward_errors_seen = 0
         self._paused = False
         self._stopped = False
         self._closed = False
@@ -159,19 +130,22 @@ class RolloutCore:
         self._last_knob_poll = 0.0
         self._last_worker_push = 0.0
         if resume_state:
-            self._restore(resume_state)
+            self.restore(resume_state)
+            self._killed = bool(self._kill_at) and self.step >= self._kill_at
         if cfg.trainer.val_before_train and self.val_prompts:
             self._queue_validation(self.version)
 
     # ------------------------------------------------------------------ dispatch loop
     def run(self) -> None:
         """The dispatch thread: until the stream is exhausted and every prompt is finished, or stop()."""
+        self._running = True
         try:
             while True:
                 self._poll_knobs()
                 self._collect(timeout=0.02)
                 with self.lock:
-                    if self._stopped:
+                    self._poll_pool()
+                    if self._stopped or self.failure:
                         return
                     if self._exhausted():
                         if not self._closed:
@@ -186,6 +160,10 @@ class RolloutCore:
         except Exception as e:  # surfaced through fit() to the driver
             self._error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
             raise
+        finally:
+            with self.lock:
+                self._running = False
+                self.lock.notify_all()
 
     def _exhausted(self) -> bool:
         return (self.stream.emitted >= self.stream.total or self._stream_empty) and not self.in_flight \
@@ -193,9 +171,10 @@ class RolloutCore:
 
     def _dispatch_idle(self) -> None:
         """Give each idle replica a batch: validation first, then resumed prefixes, then new prompts."""
-        if self._syncing:
+        if self._syncing or self._snapshotting:
             return
-        for rid, replica in enumerate(self.replicas):
+        for rid in self.pool.live():
+            replica = self.pool.replicas[rid]
             if rid in self.busy:
                 continue
             if self._val_pending:
@@ -211,7 +190,7 @@ class RolloutCore:
     def _send(self, rid: int, replica: Any, reqs: list[GenRequest], kind: str) -> None:
         sampling = self.val_sampling if kind == "val" else self.sampling
         ref = replica.generate.remote(reqs, sampling)
-        self.dispatch[ref] = _Dispatch(rid, kind, time.monotonic())
+        self.dispatch[ref] = _Dispatch(rid, kind, time.monotonic(), list(reqs))
         self.busy.add(rid)
 
     def _take_pending(self, capacity: int) -> list[GenRequest]:
@@ -232,10 +211,10 @@ class RolloutCore:
                 self._stream_empty = True
                 break
             self.budget.admit()
-            st = _InFlight(p, time.monotonic(), self.version)
+            st = InFlight(p, time.monotonic(), self.version)
             for i in range(self.n):
                 st.running.add(i)
-                out.append(GenRequest(f"{p.uid}#{i}", p.prompt_ids, max_new_tokens=self.max_new))
+                out.append(GenRequest(request_id(p.uid, i), p.prompt_ids, max_new_tokens=self.max_new))
             self.in_flight[p.uid] = st
         return out
 
@@ -246,7 +225,16 @@ class RolloutCore:
             return
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
         for ref in ready:
-            results = ray.get(ref)  # raises if the replica died: the driver reports it
+            try:
+                results = ray.get(ref)
+            except ray.exceptions.RayActorError as e:  # the replica's process died
+                with self.lock:
+                    info = self.dispatch.pop(ref)
+                    self.busy.discard(info.replica)
+                    self._requeue(info)
+                    self._replica_failed(info.replica, describe_failure(e), len(info.requests))
+                    self.lock.notify_all()
+                continue
             with self.lock:
                 info = self.dispatch.pop(ref)
                 self.busy.discard(info.replica)
@@ -259,7 +247,7 @@ class RolloutCore:
                 self.lock.notify_all()
 
     def _on_train_results(self, results: list[GenResult]) -> None:
-        finished: list[_InFlight] = []
+        finished: list[InFlight] = []
         for r in results:
             uid, idx = r.request_id.rsplit("#", 1)
             st = self.in_flight.get(uid)
@@ -283,6 +271,7 @@ class RolloutCore:
             del self.in_flight[st.prompt.uid]
             trajs = [st.done[i] for i in range(self.n)]
             self.scorer.score_group(st.prompt, trajs)
+            self._report_reward_errors()
             group = TrajectoryGroup(st.prompt, trajs, generated_at=time.time(),
                                     gen_seconds=time.monotonic() - st.admitted_at,
                                     admitted_version=st.admitted_version)
@@ -295,6 +284,66 @@ class RolloutCore:
                 self._event("warning", "drop", f"queue full: evicted prompt {evicted.prompt.uid}",
                             uid=evicted.prompt.uid, reason="queue_overflow")
                 self.evicted_uids.append(evicted.prompt.uid)
+
+    def _report_filtered(self, epoch: int, counters: dict[str, int]) -> None:
+        """An event when rendering dropped prompts (empty, or over data.max_prompt_length): once per run."""
+        dropped = counters.get("filtered_empty", 0) + counters.get("filtered_overlong", 0)
+        if dropped and not self._filtered_reported:
+            self._filtered_reported = True
+            self._event("warning", "data", f"{dropped} of {counters.get('rows', 0)} training prompts filtered out "
+                        f"in epoch {epoch}: {counters.get('filtered_empty', 0)} empty, "
+                        f"{counters.get('filtered_overlong', 0)} over data.max_prompt_length "
+                        "(counters data/filtered_*)", **{k: v for k, v in counters.items() if k.startswith("filtered")})
+
+    def _report_reward_errors(self) -> None:
+        """An event when the reward function's failure count reaches 1, 10, 100, ... (scored 0.0 each)."""
+        errors = self.scorer.errors
+        crossed = [k for k in REWARD_ERROR_REPORTS if self._reward_errors_seen < k <= errors]
+        self._reward_errors_seen = errors
+        if crossed:
+            self._event("warning", "reward", f"the reward function failed on {errors} response(s) so far; each "
+                        f"scored 0.0 (last: {self.scorer.last_error})", errors=errors)
+
+    # ------------------------------------------------------------------ replica failures
+    def _requeue(self, info: _Dispatch) -> None:
+        """Put a lost dispatch's requests back: train ones as pending (same prefix), val ones in front."""
+        if info.kind == "val":
+            self._val_pending = list(info.requests) + self._val_pending
+            return
+        for req in info.requests:
+            uid, idx = req.request_id.rsplit("#", 1)
+            st = self.in_flight.get(uid)
+            if st is not None:
+                st.running.discard(int(idx))
+                st.pending[int(idx)] = req
+
+    def _replica_failed(self, rid: int, cause: str, requeued: int = 0) -> None:
+        """Log the failure and start a replacement, or record the run's failure when the budget is spent."""
+        if self.pool.fail(rid, cause):
+            self._event("warning", "replica", f"rollout replica {rid} died ({cause}); {requeued} request(s) "
+                        f"re-queued; starting a replacement (restart {self.pool.restarts}/"
+                        f"{self.pool.max_restarts})", replica=rid, phase="restart", cause=cause)
+            return
+        self.failure = self.pool.exhausted
+        self._event("error", "replica", f"{self.failure}; stopping the run", replica=rid, phase="exhausted",
+                    cause=cause)
+        self.lock.notify_all()
+
+    def _poll_pool(self) -> None:
+        for rid, cause in self.pool.poll():
+            if cause is None:
+                self._event("info", "replica", f"replacement rollout replica {rid} is up with weights "
+                            f"v{self.pool.latest[0] if self.pool.latest else 0}", replica=rid, phase="replaced")
+            else:
+                self._replica_failed(rid, f"replacement failed to start: {cause}")
+
+    def _maybe_kill_replica(self, step: int) -> None:
+        """Fault injection (`debug.kill_replica_at_step`): replica 0's process exits once the step is reached."""
+        if self._kill_at and not self._killed and step >= self._kill_at and 0 not in self.pool.down:
+            self._killed = True
+            self._event("warning", "fault", f"fault injection: killing rollout replica 0 at step {step} "
+                        "(debug.kill_replica_at_step)")
+            self.pool.replicas[0].debug_exit.remote()
 
     def _on_val_results(self, results: list[GenResult]) -> None:
         for r in results:
@@ -323,29 +372,32 @@ class RolloutCore:
                              for p in self.val_prompts]
 
     # ------------------------------------------------------------------ sync (called from the trainer)
-    def update_weights(self, version: int, bucket_refs: list, step: int) -> dict[str, float]:
-        """Pause → (abort in-flight | let it finish) → load weights on every replica → resume."""
+    def update_weights(self, version: int, bucket_refs: list, step: int,
+                       snapshot: bool = False) -> dict[str, Any]:
+        """Pause → (abort in-flight | let it finish) → load weights on every live replica → resume. With
+        `snapshot`, the rollout side's checkpoint state is taken while paused (under key `snapshot`)."""
         t0 = time.monotonic()
         with self.lock:
             self._syncing = True
-            busy = [self.replicas[i] for i in self.busy]
+            busy = sorted({d.replica for d in self.dispatch.values()})
         if self.partial_rollout:
-            for r in busy:
-                r.abort.remote()
+            self._wait_signal(busy, "abort")
         with self.lock:
-            while self.dispatch and not self._stopped:
+            while self.dispatch and not self._stopped and self._running:
                 self.lock.wait(0.05)
         pause_s = time.monotonic() - t0
         t1 = time.monotonic()
-        ray.get([r.update_weights.remote(bucket_refs, version) for r in self.replicas])
+        dead = self.pool.update_live(bucket_refs, version)
         transfer_s = time.monotonic() - t1
         with self.lock:
+            for rid, cause in dead:
+                self._replica_failed(rid, cause)
             now = time.monotonic()
             version_time = max(1e-9, now - self.version_started)
-            metrics = {
+            metrics: dict[str, Any] = {
                 "fully_async/rollouter/active_time": self.active_s,
                 "fully_async/rollouter/version_time": version_time,
-                "fully_async/rollouter/idle_ratio": max(0.0, 1.0 - self.active_s / (version_time * len(self.replicas))),
+                "fully_async/rollouter/idle_ratio": max(0.0, 1.0 - self.active_s / (version_time * len(self.pool))),
                 "asyncrl/sync/pause_s": pause_s,
                 "asyncrl/sync/transfer_s": transfer_s,
             }
@@ -359,9 +411,28 @@ class RolloutCore:
             tf = self.cfg.trainer.test_freq
             if tf and self.val_prompts and version % tf == 0:
                 self._queue_validation(version)
+            if snapshot:
+                metrics["snapshot"] = self._snapshot_locked()
             self._syncing = False
             self.lock.notify_all()
         return metrics
+
+    def load_weights(self, version: int, bucket_refs: list) -> None:
+        """Before the loop starts on resume: give every replica the restored weights (they load the base)."""
+        dead = self.pool.update_live(bucket_refs, version)
+        with self.lock:
+            self.version = version
+            for rid, cause in dead:
+                self._replica_failed(rid, cause)
+
+    def _wait_signal(self, rids: list[int], method: str) -> None:
+        """`abort`/`resume` the given replicas and wait until each took it (a dead one is noticed elsewhere)."""
+        refs = self.pool.signal(rids, method)
+        for ref in refs:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                pass
 
     def _knob_values_for_sync(self, step: int) -> tuple[int | None, float | None]:
         """The trigger the trainer now uses, and a pending staleness_threshold change (acknowledged here)."""
@@ -399,16 +470,19 @@ class RolloutCore:
         if now - self._last_worker_push < 1.0:
             return
         self._last_worker_push = now
-        for rid in range(len(self.replicas)):
-            self.controller.update_worker.remote(f"rollout-{rid}", {
-                "kind": "rollout", "state": "syncing" if self._syncing else ("paused" if self._paused else
-                                                                              ("busy" if rid in self.busy else "idle")),
-                "version": self.version})
+        for rid in range(len(self.pool)):
+            state = "restarting" if rid in self.pool.down else "syncing" if self._syncing else \
+                "paused" if self._paused else "busy" if rid in self.busy else "idle"
+            self.controller.update_worker.remote(f"rollout-{rid}", {"kind": "rollout", "state": state,
+                                                                    "version": self.version})
 
     # ------------------------------------------------------------------ reports, stop, checkpoint
-    def report(self) -> dict[str, float]:
-        """Counters for the trainer's per-step record."""
+    def report(self, step: int | None = None) -> dict[str, float]:
+        """Counters for the trainer's per-step record (`step`: the trainer's local step just finished)."""
         with self.lock:
+            if step is not None:
+                self.step = step
+                self._maybe_kill_replica(step)
             now = time.monotonic()
             dt = max(1e-9, now - self.last_report)
             tps = self.tokens_since_report / dt
@@ -421,6 +495,7 @@ class RolloutCore:
                 "fully_async/static/max_required_samples": self.budget.limit,
                 "asyncrl/rollout/tokens_per_s": tps,
                 "asyncrl/rollout/version": self.version,
+                "asyncrl/rollout/replica_restarts": self.pool.restarts,
                 **self._counters,
                 **self.scorer.counters(),
             }
@@ -441,8 +516,7 @@ class RolloutCore:
             self._stopped = True
             uids = list(self.in_flight)
             self.lock.notify_all()
-        for r in self.replicas:
-            r.abort.remote()
+        self.pool.signal(self.pool.live(), "abort")
         return {"in_flight": uids, "evicted": list(self.evicted_uids)}
 
     def _event(self, level: str, kind: str, message: str, **extra: Any) -> None:
@@ -450,10 +524,18 @@ class RolloutCore:
                                              "step": self.step, "version": self.version,
                                              "message": message, **extra})
 
-    def _restore(self, state: dict) -> None:
-        self.version = state["version"]
-        self.step = state.get("step", 0)
-        self.stream.restore(state["stream"])
+
+def _spawner(cfg: Any, model_dir: str, spec: dict | None):
+    """A function starting a replacement replica in slot `rid` (None without a spec: no restarts)."""
+    if spec is None:
+        return None
+
+    def spawn(rid: int) -> Any:
+        from engine.runtime.replica import RolloutReplica
+
+        return RolloutReplica.options(**spec["options"]).remote(cfg, model_dir, rid, spec["threads"])
+
+    return spawn
 
 
 @ray.remote(num_cpus=0, max_concurrency=8)
@@ -461,21 +543,29 @@ class Rollouter:
     """Thin actor around `RolloutCore`; `fit()` runs the dispatch loop until the stream ends or `stop()`."""
 
     def __init__(self, cfg: Any, model_dir: str, queue: Any, controller: Any, replicas: list[Any],
-                 resume_state: dict | None = None) -> None:
-        self.core = RolloutCore(cfg, model_dir, queue, controller, replicas, resume_state)
+                 resume_state: dict | None = None, replica_spec: dict | None = None) -> None:
+        self.core = RolloutCore(cfg, model_dir, queue, controller, replicas, resume_state, replica_spec)
 
     def fit(self) -> dict[str, Any]:
+        """Run the dispatch loop; `failure` is set when it stopped because replicas kept dying."""
         self.core.run()
-        return {"in_flight": list(self.core.in_flight), "evicted": list(self.core.evicted_uids)}
+        return {"in_flight": list(self.core.in_flight), "evicted": list(self.core.evicted_uids),
+                "failure": self.core.failure}
 
-    def update_weights(self, version: int, bucket_refs: list, step: int) -> dict[str, float]:
-        return self.core.update_weights(version, bucket_refs, step)
+    def update_weights(self, version: int, bucket_refs: list, step: int, snapshot: bool = False) -> dict[str, Any]:
+        return self.core.update_weights(version, bucket_refs, step, snapshot)
+
+    def load_weights(self, version: int, bucket_refs: list) -> None:
+        self.core.load_weights(version, bucket_refs)
+
+    def snapshot(self, drain: bool = True) -> dict[str, Any]:
+        return self.core.snapshot(drain)
 
     def set_trigger(self, trigger: int) -> None:
         self.core.set_trigger(trigger)
 
-    def report(self) -> dict[str, float]:
-        return self.core.report()
+    def report(self, step: int | None = None) -> dict[str, float]:
+        return self.core.report(step)
 
     def outstanding_min_version(self) -> int | None:
         return self.core.outstanding_min_version()

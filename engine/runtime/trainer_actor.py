@@ -3,6 +3,11 @@ proximal / old log-probs and rollout correction, takes one optimizer step, and e
 `trigger_parameter_sync_step` local steps bumps the parameter version and pushes the weights to the
 rollouter (verl's `FullyAsyncTrainer.fit_step`). The algorithm lives in `engine.algo`; this module only
 sequences it and reports.
+
+Checkpoints (`engine.runtime.checkpoint`) are taken between steps: every `checkpoint.every_versions` syncs
+(the rollout side is cut while the sync has it paused), on demand (controller action `checkpoint`), at a
+graceful stop and at the end. When a step raises before the weights changed, a last checkpoint is attempted
+with the step's groups put back. `resume` (from `engine.runtime.resume`) restores the backend and counters.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import ray
 
 from engine.runtime.batching import LogRatioObserver, is_ratio_histogram, prepare_batch, staleness_of
 from engine.runtime.ledger import Ledger
+from engine.types import TrajectoryGroup
 
 
 def build_trainer_backend(cfg: Any, model_dir: str):
@@ -81,12 +87,29 @@ class TrainerCore:
         self._buffer: list = []
         self._closed = False
         self._stop = False
+        self._stop_reason: str | None = None
         self._postponed = False
+        self._current: list[TrajectoryGroup] = []  # groups of the step in progress
+        self._weights_dirty = False  # True from the optimizer step until the step is in the ledger
+        self._sync_snapshot: dict | None = None  # rollout-side cut taken at a sync, for a periodic checkpoint
+        self._last_ckpt_step: int | None = None
         self.t0 = time.time()
         if resume:
-            self.version, self.local_step = resume["version"], resume["local_step"]
+            self._restore(resume)
         if not self.rc.bypass_mode:
             self.backend.snapshot_params()
+
+    def _restore(self, resume: dict[str, Any]) -> None:
+        """Weights, optimizer and RNG from the checkpoint's trainer directory; version, step and counters."""
+        self.backend.load(resume["trainer_dir"])
+        st = resume["state"]
+        self.version, self.local_step, self.since_sync = int(st["version"]), int(st["step"]), int(st["since_sync"])
+        counters = st["trainer"]
+        self.stale_processed = int(counters["stale_processed"])
+        self.dropped_stale = int(counters["dropped_stale"])
+        self.skipped_updates = int(counters["skipped_updates"])
+        self.t0 = time.time() - float(counters["elapsed_s"])
+        self._last_ckpt_step = self.local_step
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:
@@ -100,16 +123,16 @@ class TrainerCore:
                     break
                 if not self._step():
                     break
+            self._checkpoint_best_effort("stop" if self._stop else "final")
         except Exception:
             self.controller.record_event.remote(self._ev("error", "error", traceback.format_exc(limit=8)))
+            self._checkpoint_after_failure()
             raise
         finally:
             self._finish()
-        return {"local_step": self.local_step, "version": self.version}
+        return {"local_step": self.local_step, "version": self.version, "stopped": self._stop_reason}
 
     def _step(self) -> bool:
-        import torch
-
         t_start = time.monotonic()
         groups = self._pull(self.required)
         wait_s = time.monotonic() - t_start
@@ -118,6 +141,7 @@ class TrainerCore:
         groups = self._filter_stale(groups)
         if not groups:
             return True
+        self._current = groups
         prep = prepare_batch(groups, self.cfg, self.pad_id, self.version)
         rec: dict[str, Any] = dict(prep.metrics)
         self.stale_processed += rec["asyncrl/stale_trajectories"]
@@ -137,6 +161,7 @@ class TrainerCore:
         lp_s = time.monotonic() - t_lp
         t_up = time.monotonic()
         if len(batch) > 0 and batch.response_mask.sum() > 0:
+            self._weights_dirty = True
             rec.update(self.backend.train_step(batch, self.loss_fn))
             seen = self.loss_fn.take()
             if self.rc.bypass_mode:
@@ -154,6 +179,7 @@ class TrainerCore:
         if self.cfg.debug.kill_trainer_at_step == self.local_step:
             os._exit(17)  # fault injection ([debug] kill_trainer_at_step): the process dies mid-run
         self.ledger.record(prep.uids, "trained", step=self.local_step, version=self.version)
+        self._current, self._weights_dirty = [], False
         rec.update(self._alarms(rec))
         if self._should_sync():
             rec.update(self._sync())
@@ -176,7 +202,7 @@ class TrainerCore:
             "asyncrl/time": time.time() - self.t0,
             "asyncrl/total_steps": self.total_local_steps,
         })
-        rep = ray.get(self.rollouter.report.remote())
+        rep = ray.get(self.rollouter.report.remote(self.local_step))
         rep["fully_async/count/dropped_stale_samples"] = rep.get("fully_async/count/dropped_stale_samples", 0) \
             + self.dropped_stale
         rec.update(rep)
@@ -186,8 +212,9 @@ class TrainerCore:
                                                            "version": self.version,
                                                            "tokens_per_s": rec["asyncrl/trainer/tokens_per_s"],
                                                            "step": self.local_step})
-        if self._wants_checkpoint():
-            self.save_checkpoint()
+        if self._sync_snapshot is not None:
+            snap, self._sync_snapshot = self._sync_snapshot, None
+            self.save_checkpoint("periodic", snap)
         return True
 
     # ------------------------------------------------------------------ data
@@ -204,6 +231,8 @@ class TrainerCore:
             self._closed = closed
             if not got:
                 self._apply_knobs()
+        if self._stop and len(self._buffer) < n:
+            return []  # stopping: no partial step; the buffer goes into the stop checkpoint
         out, self._buffer = self._buffer[:n], self._buffer[n:]
         return out
 
@@ -255,7 +284,10 @@ class TrainerCore:
             nbytes += sum(a.nbytes for a in bucket.values())
             refs.append(ray.put(bucket))
         export_s = time.monotonic() - t0
-        out = ray.get(self.rollouter.update_weights.remote(self.version, refs, self.local_step))
+        every = self.cfg.checkpoint.every_versions
+        cut = bool(every) and self.version % every == 0  # a periodic checkpoint follows this step
+        out = ray.get(self.rollouter.update_weights.remote(self.version, refs, self.local_step, cut))
+        self._sync_snapshot = out.pop("snapshot", None)
         if not self.rc.bypass_mode:
             t_snap = time.monotonic()
             self.backend.snapshot_params()
@@ -279,10 +311,9 @@ class TrainerCore:
             self.controller.ack_knob.remote("trigger_parameter_sync_step", k["version"], self.local_step)
         for action in ray.get(self.controller.take_actions.remote("trainer")):
             if action == "stop":
-                self._stop = True
-                self.controller.record_event.remote(self._ev("info", "knob", "graceful stop requested"))
+                self.request_stop("requested through the controller")
             elif action == "checkpoint":
-                self.save_checkpoint()
+                self._checkpoint_best_effort("on_demand")
 
     def _alarms(self, rec: dict[str, Any]) -> dict[str, Any]:
         from engine.algo.rc_diagnostics import mismatch_alarm
@@ -293,26 +324,75 @@ class TrainerCore:
             self.controller.record_event.remote(self._ev("warning", "warning", m, alarm="mismatch"))
         return {"asyncrl/mismatch_alarm": float(bool(msgs))}
 
-    def _wants_checkpoint(self) -> bool:
-        every = self.cfg.checkpoint.every_versions
-        return bool(every) and self.since_sync == 0 and self.version > 0 and self.version % every == 0
+    # ------------------------------------------------------------------ checkpoints
+    def request_stop(self, reason: str) -> None:
+        """Stop at the next step boundary; the loop then writes a stop checkpoint (graceful, resumable)."""
+        if not self._stop:
+            self._stop, self._stop_reason = True, reason
+            self.controller.record_event.remote(self._ev("info", "knob", f"graceful stop: {reason}"))
 
-    def save_checkpoint(self) -> str:
-        from engine.runtime.checkpoint import save_trainer_checkpoint
+    def save_checkpoint(self, reason: str, snapshot: dict | None = None) -> str:
+        """Write a checkpoint now (between steps). `snapshot` is a rollout-side cut taken at this step's sync;
+        without one the rollouter is paused briefly to take it."""
+        from engine.runtime.checkpoint import checkpoint_root, ledger_position, write_checkpoint
+        from engine.runtime.resume import config_fingerprint
 
-        path = save_trainer_checkpoint(self)
-        self.controller.record_event.remote(self._ev("info", "checkpoint", f"checkpoint saved: {path}", path=path))
-        return path
+        if snapshot is None:
+            snapshot = ray.get(self.rollouter.snapshot.remote(True))
+        state = {
+            "step": self.local_step, "version": self.version, "since_sync": self.since_sync, "reason": reason,
+            "time": time.time(), "run_dir": os.path.abspath(self.run_dir),
+            "fingerprint": config_fingerprint(self.cfg),
+            **ledger_position(self.ledger.path),
+            "trainer": {"stale_processed": self.stale_processed, "dropped_stale": self.dropped_stale,
+                        "skipped_updates": self.skipped_updates, "elapsed_s": time.time() - self.t0},
+            "rollout": snapshot["rollout"],
+        }
+        queued = [g.to_json() for g in self._current + self._buffer] + snapshot["queued"]
+        path = write_checkpoint(checkpoint_root(self.cfg, self.run_dir), self.local_step,
+                                save_trainer=lambda p: self.backend.save(str(p)), state=state, queued=queued,
+                                in_flight=snapshot["in_flight"], keep_last=self.cfg.checkpoint.keep_last)
+        self._last_ckpt_step = self.local_step
+        self.controller.record_event.remote(self._ev(
+            "info", "checkpoint", f"checkpoint saved ({reason}): {path}", path=str(path), reason=reason,
+            queued=len(queued), in_flight=len(snapshot["in_flight"])))
+        return str(path)
+
+    def _checkpoint_best_effort(self, reason: str) -> None:
+        """A stop/final/on-demand checkpoint; a failure is an event, not a crash (the last one stays)."""
+        if reason in ("stop", "final") and self._last_ckpt_step == self.local_step:
+            return  # this step is already saved
+        try:
+            self.save_checkpoint(reason)
+        except Exception as e:  # noqa: BLE001 - reported, and the previous checkpoint remains usable
+            self.controller.record_event.remote(self._ev(
+                "error", "checkpoint", f"{reason} checkpoint failed: {type(e).__name__}: {e}"))
+
+    def _checkpoint_after_failure(self) -> None:
+        """After a step raised: save what is consistent (the step's groups go back to the buffer), unless
+        the optimizer already changed the weights for a step that is not in the ledger."""
+        if self._weights_dirty:
+            self.controller.record_event.remote(self._ev(
+                "error", "checkpoint", "no checkpoint at the failure: it happened during an optimizer step; "
+                "resume from the previous checkpoint"))
+            return
+        self._buffer, self._current = self._current + self._buffer, []
+        self._last_ckpt_step = None
+        self._checkpoint_best_effort("failure")
 
     def _finish(self) -> None:
         """Stop the rollouter and account for every prompt still in flight or queued."""
         try:
             left = ray.get(self.rollouter.stop.remote())
-            queued = [g.prompt.uid for g in ray.get(self.queue.drain.remote())] + [g.prompt.uid for g in self._buffer]
+            queued = [g.prompt.uid for g in ray.get(self.queue.drain.remote())]
+            queued += [g.prompt.uid for g in self._current + self._buffer]
             self.ledger.record(left["in_flight"] + queued, "in_flight_at_end", step=self.local_step,
                                version=self.version)
             self.ledger.record(left["evicted"], "dropped", step=self.local_step, version=self.version,
                                reason="queue_overflow")
+        except ray.exceptions.RayError as e:  # the rollouter or queue is gone: the run is failing anyway
+            self.controller.record_event.remote(self._ev(
+                "error", "error", f"cannot account for the prompts still in flight: {type(e).__name__}"))
         finally:
             self.ledger.close()
 
@@ -344,3 +424,11 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         return self.core.fit()
+
+    def request_stop(self, reason: str) -> None:
+        self.core.request_stop(reason)
+
+    def push_weights(self) -> None:
+        """Resume: give the rollout replicas the restored weights before generation starts."""
+        refs = [ray.put(b) for b in self.core.backend.export_weights(self.core.bucket_bytes)]
+        ray.get(self.core.rollouter.load_weights.remote(self.core.version, refs))

@@ -41,12 +41,19 @@ class TensorBoardSink:
         total = float(sum(counts))
         if total <= 0 or len(edges) != len(counts) + 1:
             return
-        centers = [(lo + hi) / 2 for lo, hi in zip(edges[:-1], edges[1:])]
-        mean = sum(c * n for c, n in zip(centers, counts)) / total
-        sum_sq = sum(c * c * n for c, n in zip(centers, counts))
+        centers = [(lo + hi) / 2 for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+        mean = sum(c * n for c, n in zip(centers, counts, strict=True)) / total
+        sum_sq = sum(c * c * n for c, n in zip(centers, counts, strict=True))
         self._writer.add_histogram_raw(
-            key, min=edges[0], max=edges[-1], num=total, sum=mean * total, sum_squares=sum_sq,
-            bucket_limits=list(edges[1:]), bucket_counts=list(counts), global_step=step,
+            key,
+            min=edges[0],
+            max=edges[-1],
+            num=total,
+            sum=mean * total,
+            sum_squares=sum_sq,
+            bucket_limits=list(edges[1:]),
+            bucket_counts=list(counts),
+            global_step=step,
         )
 
     def write_event(self, event: dict[str, Any]) -> None:

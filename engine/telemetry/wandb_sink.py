@@ -1,4 +1,4 @@
-"""Weights & Biases sink (optional extra `tracking`): one `wandb.log` per record, events as alerts/log rows."""
+"""Weights & Biases sink (optional extra `tracking`): one `wandb.log` per record, warnings as alerts."""
 
 from __future__ import annotations
 
@@ -20,12 +20,17 @@ class WandbSink:
     W&B's own mode settings (`WANDB_MODE=offline`, API key) apply unchanged.
     """
 
-    def __init__(self, project: str, run_name: str, config: dict[str, Any], run_dir: str | Path | None) -> None:
+    def __init__(
+        self, project: str, run_name: str, config: dict[str, Any], run_dir: str | Path | None
+    ) -> None:
         import wandb
 
         self._wandb: Any = wandb
         self._run: Any = wandb.init(
-            project=project, name=run_name, config=config, dir=str(run_dir) if run_dir else None,
+            project=project,
+            name=run_name,
+            config=config,
+            dir=str(run_dir) if run_dir else None,
             reinit=True,
         )
 

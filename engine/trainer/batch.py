@@ -9,6 +9,11 @@ Row layout (one row per trajectory), with P = longest prompt and R = longest res
 
 `rollout_log_probs` is aligned with `responses` (0 on padding). The response mask is built from the
 response *lengths*, never from `!= pad`, so a pad id equal to the EOS id still counts the EOS.
+
+Images: when any prompt has images (`Prompt.images`), `meta["images"]` is the per-row list of each row's
+images (a tuple of base64 strings, empty for text rows), so row selection and micro-batching carry them;
+the trainer turns them into pixel values with the model's image processor. A prompt with images is never
+truncated (`max_prompt_len` would cut its vision tokens): it raises instead.
 """
 
 from __future__ import annotations
@@ -20,26 +25,30 @@ import torch
 from engine.trainer.base import TrainBatch
 from engine.types import Trajectory, TrajectoryGroup
 
-Row = tuple[list[int], Trajectory]
-"""A prompt's token ids with one of its trajectories."""
+Row = tuple[list[int], Trajectory] | tuple[list[int], Trajectory, Sequence[str]]
+"""A prompt's token ids with one of its trajectories (and the prompt's images, if any)."""
 
 
-def _rows(items: Sequence[TrajectoryGroup | Row]) -> tuple[list[Row], list[int], list[str]]:
-    rows: list[Row] = []
+def _rows(items: Sequence[TrajectoryGroup | Row]) -> tuple[list[tuple[list[int], Trajectory]], list[int], list[str],
+                                                           list[tuple[str, ...]]]:
+    rows: list[tuple[list[int], Trajectory]] = []
     group_index: list[int] = []
     uids: list[str] = []
+    images: list[tuple[str, ...]] = []
     for g, item in enumerate(items):
         if isinstance(item, TrajectoryGroup):
             for traj in item.trajectories:
                 rows.append((item.prompt.prompt_ids, traj))
                 group_index.append(g)
                 uids.append(item.prompt.uid)
+                images.append(tuple(item.prompt.images))
         else:
-            prompt_ids, traj = item
+            prompt_ids, traj = item[0], item[1]
             rows.append((list(prompt_ids), traj))
             group_index.append(g)
             uids.append(str(g))
-    return rows, group_index, uids
+            images.append(tuple(item[2]) if len(item) > 2 else ())  # type: ignore[misc]
+    return rows, group_index, uids, images
 
 
 def collate(
@@ -51,14 +60,17 @@ def collate(
     """Pad trajectories into a `TrainBatch` (see the module docstring for the layout).
 
     `items` are `TrajectoryGroup`s (each contributes one row per trajectory, in order) or `(prompt_ids,
-    trajectory)` rows (each its own group). Prompts longer than `max_prompt_len` keep their *last* tokens;
+    trajectory[, images])` rows (each its own group). Prompts longer than `max_prompt_len` keep their *last* tokens;
     responses longer than `max_response_len` keep their first. `meta` carries per-row lists aligned with
     the rows: `group_index` (long tensor, which item a row came from), `uids`, `rewards` (float tensor),
-    `min_versions`, `max_versions` (long tensors) and `finish_reasons`.
+    `min_versions`, `max_versions` (long tensors) and `finish_reasons` — and `images` when any row has some.
     """
-    rows, group_index, uids = _rows(items)
+    rows, group_index, uids, images = _rows(items)
     if not rows:
         raise ValueError("collate needs at least one trajectory")
+    if max_prompt_len and any(imgs and len(p) > max_prompt_len for (p, _), imgs in zip(rows, images)):
+        raise ValueError(f"a prompt with images is longer than max_prompt_len = {max_prompt_len}: truncating it "
+                         "would cut its vision tokens")
     prompts = [p[-max_prompt_len:] if max_prompt_len else list(p) for p, _ in rows]
     responses = [t.response_ids[:max_response_len] if max_response_len else list(t.response_ids) for _, t in rows]
     log_probs = [t.rollout_log_probs[: len(r)] for (_, t), r in zip(rows, responses)]
@@ -78,6 +90,16 @@ def collate(
             rollout_log_probs[i, : len(response)] = torch.tensor(lp, dtype=torch.float32)
     response_mask = attention_mask[:, p_len:].to(torch.float32)
     trajs = [t for _, t in rows]
+    meta: dict = {
+        "group_index": torch.tensor(group_index, dtype=torch.long),
+        "uids": uids,
+        "rewards": torch.tensor([t.reward for t in trajs], dtype=torch.float32),
+        "min_versions": torch.tensor([t.min_version for t in trajs], dtype=torch.long),
+        "max_versions": torch.tensor([t.max_version for t in trajs], dtype=torch.long),
+        "finish_reasons": [t.finish_reason for t in trajs],
+    }
+    if any(images):
+        meta["images"] = images
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -85,14 +107,7 @@ def collate(
         responses=input_ids[:, p_len:].clone(),
         response_mask=response_mask,
         rollout_log_probs=rollout_log_probs,
-        meta={
-            "group_index": torch.tensor(group_index, dtype=torch.long),
-            "uids": uids,
-            "rewards": torch.tensor([t.reward for t in trajs], dtype=torch.float32),
-            "min_versions": torch.tensor([t.min_version for t in trajs], dtype=torch.long),
-            "max_versions": torch.tensor([t.max_version for t in trajs], dtype=torch.long),
-            "finish_reasons": [t.finish_reason for t in trajs],
-        },
+        meta=meta,
     )
 
 

@@ -9,13 +9,21 @@ computed in fp32. The model is called through its own `forward` with `logits_to_
 R + 1 positions, of which the final one is dropped), so FSDP's root hooks run and no [B, P + R, V] logits
 are ever materialised. Models whose forward lacks `logits_to_keep` fall back to the decoder +
 output embeddings (`get_decoder()` / `get_output_embeddings()`).
+
+Vision-language models get their image inputs and 3-D rotary positions through `model_kwargs`
+(`engine.multimodal.forward.VisionInputs`), and their input-only placeholder tokens S through `suppress_ids`:
+π(v) ∝ exp(z_v / T) · 1[v ∉ S], the distribution the `hf` sampler draws from (terms with π_v = 0 add 0 to H).
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
+
+from engine.multimodal.vision import suppress_tokens
 
 
 def _keeps_logits(model: torch.nn.Module) -> bool:
@@ -28,17 +36,22 @@ def response_logits(
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
     response_len: int,
+    model_kwargs: Mapping[str, Any] | None = None,
 ) -> torch.Tensor:
-    """Logits [B, R, V] (model dtype) predicting each of the last `response_len` tokens of `input_ids`."""
+    """Logits [B, R, V] (model dtype) predicting each of the last `response_len` tokens of `input_ids`;
+    `model_kwargs` are extra forward inputs (a `position_ids` there replaces the argument)."""
     if _keeps_logits(model):
+        kwargs: dict[str, Any] = {"position_ids": position_ids, **(model_kwargs or {})}
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            position_ids=position_ids,
             use_cache=False,
             logits_to_keep=response_len + 1,
+            **kwargs,
         )
         return out.logits[:, :-1]
+    if model_kwargs:
+        raise ValueError(f"{type(model).__name__}.forward has no logits_to_keep: extra inputs are not supported")
     hidden = model.get_decoder()(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
     ).last_hidden_state
@@ -51,15 +64,20 @@ def token_log_probs(
     temperature: float,
     with_entropy: bool = False,
     entropy_grad: bool = True,
+    suppress_ids: Sequence[int] = (),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`log_softmax(logits / T)` gathered at `tokens` (fp32, [B, R]); entropy of the same distribution
-    (outside autograd when `entropy_grad` is False: a metric only)."""
-    log_p = torch.log_softmax(logits.float() / temperature, dim=-1)
+    (outside autograd when `entropy_grad` is False: a metric only). `suppress_ids` get probability 0."""
+    scaled = logits.float() / temperature
+    if suppress_ids:
+        scaled = suppress_tokens(scaled, suppress_ids)
+    log_p = torch.log_softmax(scaled, dim=-1)
     picked = log_p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = -(log_p.exp() * log_p).sum(-1)
+            finite = log_p.masked_fill(torch.isinf(log_p), 0.0) if suppress_ids else log_p
+            entropy = -(log_p.exp() * finite).sum(-1)
     return picked, entropy
 
 
@@ -72,7 +90,9 @@ def response_log_probs(
     temperature: float,
     with_entropy: bool = False,
     entropy_grad: bool = True,
+    model_kwargs: Mapping[str, Any] | None = None,
+    suppress_ids: Sequence[int] = (),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π_θ(response token) [B, R] at `temperature` (and entropy [B, R] if asked); differentiable."""
-    logits = response_logits(model, input_ids, attention_mask, position_ids, responses.shape[1])
-    return token_log_probs(logits, responses, temperature, with_entropy, entropy_grad)
+    logits = response_logits(model, input_ids, attention_mask, position_ids, responses.shape[1], model_kwargs)
+    return token_log_probs(logits, responses, temperature, with_entropy, entropy_grad, suppress_ids)

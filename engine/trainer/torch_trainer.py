@@ -12,6 +12,11 @@ token counts, for seq-mean-* use row counts). Then the pre-clip global norm ‖g
 `actor/grad_norm`, g is clipped to `grad_clip`, and AdamW steps at the warmup-scheduled lr (`optim.py`).
 A step whose gradient is non-finite, or whose total mass is 0, is skipped (`actor/skipped_step` = 1).
 
+Vision-language models (Qwen3-VL): rows carry their prompt's images in `meta["images"]` (see
+`engine.trainer.batch.collate`); every forward gets their pixel values (from the model directory's image
+processor, or `image_encoder`) and 3-D rotary positions, and the placeholder tokens are masked out of π
+(`engine.trainer.logprobs`), exactly as the `hf` sampler does. The loss still counts response tokens only.
+
 The distributed subclass (`fsdp.py`) only overrides the hooks marked "distributed hook".
 """
 
@@ -40,6 +45,8 @@ from engine.sync.buckets import bucketize
 from engine.trainer import checkpoint as ckpt
 from engine.trainer.base import LossFn, TrainBatch
 from engine.trainer.batch import split_micro_batches, trim_padding
+from engine.multimodal.forward import vision_inputs
+from engine.multimodal.vision import ImageEncoder, VisionSpec, model_dir_of, placeholder_token_ids
 from engine.trainer.logprobs import response_log_probs
 from engine.trainer.optim import OptimConfig, build_optimizer, set_lr, warmup_lr
 
@@ -93,6 +100,7 @@ class TorchTrainerBackend:
         temperature: float = 1.0,
         device: str | torch.device = "cpu",
         entropy: EntropyMode = "metric",
+        image_encoder: ImageEncoder | None = None,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError("micro_batch_size must be >= 1")
@@ -105,6 +113,10 @@ class TorchTrainerBackend:
         self.temperature = float(temperature)
         self.entropy_mode: EntropyMode = entropy
         self.aliases = tied_aliases(model)
+        self.vision = VisionSpec.from_config(getattr(model, "config", None))
+        self.suppress_ids = placeholder_token_ids(model.config) if self.vision is not None else []
+        self._encoder = image_encoder
+        self._model_dir = model_dir_of(model)
         self.model = self._prepare_model(model.to(self.device))
         self.optimizer = build_optimizer(self.model.parameters(), self.optim_cfg)
         self.base_lr = self.optim_cfg.lr
@@ -167,12 +179,33 @@ class TorchTrainerBackend:
         trimmed, r_full = trim_padding(micro)
         return self._to_device(trimmed), r_full
 
+    @property
+    def image_encoder(self) -> ImageEncoder:
+        """The encoder of the model's image processor (from the model directory on first use)."""
+        if self._encoder is None:
+            if self._model_dir is None:
+                raise ValueError("a batch with images needs `image_encoder` when the model was not loaded from "
+                                 "a local directory")
+            self._encoder = ImageEncoder.for_model_dir(self._model_dir)
+        return self._encoder
+
+    def _model_kwargs(self, micro: TrainBatch) -> dict[str, torch.Tensor] | None:
+        """Image inputs and 3-D positions of a micro-batch whose rows carry images, else None."""
+        images = micro.meta.get("images")
+        if not images or not any(images):
+            return None
+        if self.vision is None:
+            raise ValueError("the batch has images but the model is text-only")
+        vis = vision_inputs(self.model, self.image_encoder, micro.input_ids, micro.attention_mask, images)
+        return None if vis is None else vis.model_kwargs()
+
     def _log_probs(
         self, micro: TrainBatch, with_entropy: bool, entropy_grad: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return response_log_probs(
             self.model, micro.input_ids, micro.attention_mask, micro.position_ids, micro.responses,
-            self.temperature, with_entropy, entropy_grad=entropy_grad,
+            self.temperature, with_entropy, entropy_grad=entropy_grad, model_kwargs=self._model_kwargs(micro),
+            suppress_ids=self.suppress_ids,
         )
 
     @staticmethod

@@ -48,21 +48,25 @@ def test_attach_json_stream_ends_with_a_finished_run() -> None:
     assert lines and lines[-1]["state"] in ("finished", "failed", "stopped")
 
 
-@pytest.mark.parametrize(("args", "code", "fragment"), [
-    (("attach", "--once"), 2, "use it with --json"),
-    (("attach", "tiny", "--replay", str(FIXTURE), "--json"), 2, "do not also pass RUN"),
-    (("attach", "--replay", str(FIXTURE)), 2, "interactive terminal"),
-    (("attach", "--replay", "/no/such/dir", "--json", "--once"), 4, "does not exist"),
-    (("status", "x", "--replay", str(FIXTURE)), 2, "do not also pass RUN"),
-    (("ctl", "tiny", "set", "trigger_parameter_sync_step", "0"), 1, "out of range"),
-    (("ctl", "tiny", "set", "trigger_parameter_sync_step", "two"), 1, "must be an integer"),
-    (("ctl", "tiny", "set", "staleness_threshold", "-1"), 1, "out of range"),
-    (("ctl", "tiny", "set", "learning_rate", "1"), 1, "unknown knob"),
-    (("ctl", "tiny", "stop"), 2, "--yes"),
-    (("ctl", "tiny"), 2, "Missing command"),
-])
-def test_user_errors_are_one_line_with_the_documented_code(args: tuple[str, ...], code: int,
-                                                           fragment: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "code", "fragment"),
+    [
+        (("attach", "--once"), 2, "use it with --json"),
+        (("attach", "tiny", "--replay", str(FIXTURE), "--json"), 2, "do not also pass RUN"),
+        (("attach", "--replay", str(FIXTURE)), 2, "interactive terminal"),
+        (("attach", "--replay", "/no/such/dir", "--json", "--once"), 4, "does not exist"),
+        (("status", "x", "--replay", str(FIXTURE)), 2, "do not also pass RUN"),
+        (("ctl", "tiny", "set", "trigger_parameter_sync_step", "0"), 1, "out of range"),
+        (("ctl", "tiny", "set", "trigger_parameter_sync_step", "two"), 1, "must be an integer"),
+        (("ctl", "tiny", "set", "staleness_threshold", "-1"), 1, "out of range"),
+        (("ctl", "tiny", "set", "learning_rate", "1"), 1, "unknown knob"),
+        (("ctl", "tiny", "stop"), 2, "--yes"),
+        (("ctl", "tiny"), 2, "Missing command"),
+    ],
+)
+def test_user_errors_are_one_line_with_the_documented_code(
+    args: tuple[str, ...], code: int, fragment: str
+) -> None:
     got, out = invoke(*args)
     assert got == code, out
     assert fragment in out

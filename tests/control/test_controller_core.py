@@ -1,4 +1,4 @@
-"""ControllerCore: cursors and ring buffers, knob validation, compare-and-set, acknowledgements, audit events."""
+"""ControllerCore: cursors, ring buffers, knob validation, compare-and-set, acks, audit events."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ from engine.runtime.controller import (
     validate_knob_value,
 )
 
-CONFIG = {"name": "t", "async_training": {"trigger_parameter_sync_step": 4, "staleness_threshold": 0.5},
-          "logging": {"sinks": ["jsonl"]}}
+CONFIG = {
+    "name": "t",
+    "async_training": {"trigger_parameter_sync_step": 4, "staleness_threshold": 0.5},
+    "logging": {"sinks": ["jsonl"]},
+}
 
 
 class Clock:
@@ -86,20 +89,24 @@ def test_metrics_get_a_time_and_update_step_and_version(core: ControllerCore, cl
     assert (event["step"], event["version"], event["level"], event["time"]) == (7, 2, "info", clock.t)
 
 
-@pytest.mark.parametrize(("name", "value", "fragment"), [
-    ("trigger_parameter_sync_step", 0, "out of range"),
-    ("trigger_parameter_sync_step", 1001, "out of range"),
-    ("trigger_parameter_sync_step", 2.5, "must be an integer"),
-    ("trigger_parameter_sync_step", "2", "must be an integer in [1, 1000]"),
-    ("trigger_parameter_sync_step", True, "must be an integer"),
-    ("staleness_threshold", -0.1, "out of range"),
-    ("staleness_threshold", 10.5, "out of range"),
-    ("staleness_threshold", float("nan"), "finite"),
-    ("paused", 1, "true or false"),
-    ("lr", 1e-5, "unknown knob"),
-])
-def test_invalid_values_are_rejected_with_a_reason(core: ControllerCore, tmp_path: Path, name: str,
-                                                   value: object, fragment: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "value", "fragment"),
+    [
+        ("trigger_parameter_sync_step", 0, "out of range"),
+        ("trigger_parameter_sync_step", 1001, "out of range"),
+        ("trigger_parameter_sync_step", 2.5, "must be an integer"),
+        ("trigger_parameter_sync_step", "2", "must be an integer in [1, 1000]"),
+        ("trigger_parameter_sync_step", True, "must be an integer"),
+        ("staleness_threshold", -0.1, "out of range"),
+        ("staleness_threshold", 10.5, "out of range"),
+        ("staleness_threshold", float("nan"), "finite"),
+        ("paused", 1, "true or false"),
+        ("lr", 1e-5, "unknown knob"),
+    ],
+)
+def test_invalid_values_are_rejected_with_a_reason(
+    core: ControllerCore, tmp_path: Path, name: str, value: object, fragment: str
+) -> None:
     result = core.set_knob(name, value, who="alice@h")
     assert result["ok"] is False
     assert fragment in result["reason"]
@@ -114,7 +121,9 @@ def test_compare_and_set_between_two_operators(core: ControllerCore) -> None:
     bob = core.set_knob("trigger_parameter_sync_step", 8, expected_version=seen, who="bob@h2")
     assert alice == {"ok": True, "reason": alice["reason"], "version": 1}
     assert bob["ok"] is False
-    assert "version conflict" in bob["reason"] and "alice@h1" in bob["reason"] and "version 1" in bob["reason"]
+    assert (
+        "version conflict" in bob["reason"] and "alice@h1" in bob["reason"] and "version 1" in bob["reason"]
+    )
     knob = core.get_knobs()["trigger_parameter_sync_step"]
     assert (knob["value"], knob["version"], knob["pending"], knob["requested_by"]) == (2, 1, True, "alice@h1")
     retry = core.set_knob("trigger_parameter_sync_step", 8, expected_version=1, who="bob@h2")
@@ -126,7 +135,9 @@ def test_setting_the_same_value_is_a_no_op(core: ControllerCore) -> None:
     assert result["ok"] and "unchanged" in result["reason"] and result["version"] == 0
 
 
-def test_ack_marks_applied_and_writes_the_audit_event(core: ControllerCore, clock: Clock, tmp_path: Path) -> None:
+def test_ack_marks_applied_and_writes_the_audit_event(
+    core: ControllerCore, clock: Clock, tmp_path: Path
+) -> None:
     core.record_metrics({"training/global_step": 16, "fully_async/count/current_param_version": 4})
     clock.t = 2000.0
     core.set_knob("trigger_parameter_sync_step", 2, expected_version=0, who="alice@lab")
@@ -139,9 +150,19 @@ def test_ack_marks_applied_and_writes_the_audit_event(core: ControllerCore, cloc
     applied = [e for e in read_events(tmp_path) if e.get("phase") == "applied"]
     assert len(applied) == 1
     ev = applied[0]
-    assert (ev["kind"], ev["knob"], ev["old"], ev["new"], ev["who"]) == ("knob", "trigger_parameter_sync_step", 4, 2,
-                                                                        "alice@lab")
-    assert (ev["requested_at"], ev["requested_step"], ev["applied_step"], ev["time"]) == (2000.0, 16, 17, 2003.0)
+    assert (ev["kind"], ev["knob"], ev["old"], ev["new"], ev["who"]) == (
+        "knob",
+        "trigger_parameter_sync_step",
+        4,
+        2,
+        "alice@lab",
+    )
+    assert (ev["requested_at"], ev["requested_step"], ev["applied_step"], ev["time"]) == (
+        2000.0,
+        16,
+        17,
+        2003.0,
+    )
     assert "4 → 2" in ev["message"] and "step 17" in ev["message"]
     assert not core.ack_knob("trigger_parameter_sync_step", 1, 18)["ok"]  # already applied
 
@@ -180,7 +201,9 @@ def test_actions_are_one_shot_and_collapse(core: ControllerCore, tmp_path: Path)
     assert core.take_actions("rollouter") == []
     assert core.take_actions("trainer", step=9) == ["checkpoint"]
     assert core.take_actions("trainer", step=10) == []
-    taken = [e for e in read_events(tmp_path) if e.get("action") == "checkpoint" and e.get("phase") == "applied"]
+    taken = [
+        e for e in read_events(tmp_path) if e.get("action") == "checkpoint" and e.get("phase") == "applied"
+    ]
     assert taken[0]["who"] == "a@h" and taken[0]["applied_step"] == 9
 
 
@@ -205,8 +228,12 @@ def test_parse_knob_value_matches_validation() -> None:
     assert parse_knob_value("trigger_parameter_sync_step", " 2 ") == 2
     assert parse_knob_value("staleness_threshold", "0.25") == 0.25
     assert parse_knob_value("paused", "yes") is True
-    for name, text in [("trigger_parameter_sync_step", "two"), ("trigger_parameter_sync_step", "0"),
-                       ("paused", "maybe"), ("nope", "1")]:
+    for name, text in [
+        ("trigger_parameter_sync_step", "two"),
+        ("trigger_parameter_sync_step", "0"),
+        ("paused", "maybe"),
+        ("nope", "1"),
+    ]:
         with pytest.raises(KnobError):
             parse_knob_value(name, text)
     for spec in KNOB_SPECS.values():

@@ -1,4 +1,4 @@
-"""ReplaySource: serves a run directory in the controller's snapshot shape, tails growing files, is read-only."""
+"""ReplaySource: a run directory in the controller's snapshot shape; tails growing files; read-only."""
 
 from __future__ import annotations
 
@@ -43,8 +43,13 @@ def test_replay_rebuilds_run_info_state_and_knobs() -> None:
         assert snap["state"] in ("finished", "failed")
     assert snap["run"]["started_at"] == events[0]["time"]
     assert snap["now"] >= metrics[-1]["asyncrl/time"] + snap["run"]["started_at"] - 1e-6
-    applied = [e for e in events if e.get("kind") == "knob" and e.get("phase") == "applied"
-               and e.get("knob") == "trigger_parameter_sync_step"]
+    applied = [
+        e
+        for e in events
+        if e.get("kind") == "knob"
+        and e.get("phase") == "applied"
+        and e.get("knob") == "trigger_parameter_sync_step"
+    ]
     knob = snap["knobs"]["trigger_parameter_sync_step"]
     if applied:
         assert knob["applied_value"] == applied[-1]["new"]
@@ -85,8 +90,9 @@ def test_replay_of_a_directory_that_is_not_a_run(tmp_path: Path) -> None:
 
 def test_plain_config_shape_is_accepted(tmp_path: Path) -> None:
     shutil.copy(FIXTURE / "metrics.jsonl", tmp_path / "metrics.jsonl")
-    (tmp_path / "config.resolved.json").write_text(json.dumps({"name": "plain", "async_training": {
-        "trigger_parameter_sync_step": 8}}))
+    (tmp_path / "config.resolved.json").write_text(
+        json.dumps({"name": "plain", "async_training": {"trigger_parameter_sync_step": 8}})
+    )
     snap = ReplaySource(tmp_path).snapshot(0)
     assert snap["run"]["name"] == "plain"
     assert snap["knobs"]["trigger_parameter_sync_step"]["value"] == 8
@@ -104,3 +110,26 @@ def test_sources_satisfy_the_protocol_and_read_only_wrapper_refuses() -> None:
     assert core.get_knobs()["trigger_parameter_sync_step"]["version"] == 0
     assert local.set_knob("trigger_parameter_sync_step", 2)["ok"]
     assert core.get_knobs()["trigger_parameter_sync_step"]["requested_by"] == "op@h"
+
+
+def test_replica_events_in_the_engines_shape_become_worker_rows(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"training/global_step": 1, "asyncrl/rollout/tokens_per_s": 50.0}) + "\n"
+    )
+    events = [
+        {
+            "time": 1.0,
+            "kind": "replica",
+            "level": "warning",
+            "message": "died",
+            "replica": 1,
+            "phase": "restart",
+        },
+        {"time": 2.0, "kind": "sync", "level": "info", "message": "v1", "step": 1, "version": 1},
+    ]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    workers = ReplaySource(tmp_path).snapshot(0)["workers"]
+    assert workers["rollout-1"]["state"] == "restarting"
+    assert (
+        workers["rollout (all)"]["tokens_per_s"] == 50.0 and workers["rollout (all)"]["weight_version"] == 1
+    )

@@ -26,7 +26,7 @@ from asyncrl_cli.tui.widgets.time_chart import TimeChart
 from asyncrl_cli.tui.widgets.workers_table import WorkersTable
 from engine.runtime.control_client import LocalSource
 from engine.runtime.controller import ControllerCore
-from tests.tui.conftest import SIZE, FlakySource, fixture_config, fixture_lines, replay_source, wait_until
+from tests.tui.helpers import SIZE, FlakySource, fixture_config, fixture_lines, replay_source, wait_until
 
 MUTATING_KEYS = {"s", "t", "p", "c"}
 
@@ -59,14 +59,20 @@ async def test_every_panel_renders_the_recorded_run() -> None:
         assert "≤" in str(app.query_one("#kpi-staleness", Kpi).content)
         assert str(app.query_one("#kpi-sync", Kpi).content) == f"{last['asyncrl/sync_interval']} steps"
         for chart in app.query(TimeChart):
-            expected = {line.key: sum(1 for r in metrics if r.get(line.key) is not None) for line in chart.lines}
+            expected = {
+                line.key: sum(1 for r in metrics if r.get(line.key) is not None) for line in chart.lines
+            }
             assert chart.plotted == {k: n for k, n in expected.items() if n}, chart.id
             assert chart.plotted, f"{chart.id} plotted nothing"
         syncs = sum(1 for r in metrics if m.SYNC_PAUSE in r)
         assert app.query_one(SyncChart).bars == min(syncs, 12) > 0
-        for hist in app.query(HistogramChart):
-            expected_total = sum(sum(r[hist.key]["counts"]) for r in metrics[-hist.window:])
-            assert hist.total == expected_total > 0
+        hists = list(app.query(HistogramChart))
+        assert all(h.total == 0 for h in hists), "hidden charts are drawn only when their tab shows"
+        await pilot.press("2")
+        await wait_until(pilot, lambda: all(h.total > 0 for h in hists))
+        for hist in hists:
+            expected_total = sum(sum(r[hist.key]["counts"]) for r in metrics[-hist.window :])
+            assert hist.total == expected_total
         assert app.query_one(WorkersTable).row_count == len(app.model.workers) >= 2
         log = app.query_one("#events-log", EventsLog)
         assert log.count == len(events)
@@ -87,7 +93,9 @@ async def test_config_tab_shows_where_values_came_from() -> None:
                 assert str(table.get_cell(key, "source")) == origin["where"]
 
 
-async def test_sync_interval_flow_validates_confirms_and_sets(core: ControllerCore, local: LocalSource) -> None:
+async def test_sync_interval_flow_validates_confirms_and_sets(
+    core: ControllerCore, local: LocalSource
+) -> None:
     async with make_app(local, poll_interval=0.05).run_test(size=SIZE) as pilot:
         app = await started(pilot)
         assert str(app.query_one("#kpi-sync", Kpi).content) == "4 steps"
@@ -108,7 +116,11 @@ async def test_sync_interval_flow_validates_confirms_and_sets(core: ControllerCo
         assert app.last_result["ok"], app.last_result
         knob = core.get_knobs()["trigger_parameter_sync_step"]
         assert (knob["value"], knob["version"], knob["pending"], knob["requested_by"]) == (
-            2, 1, True, "operator@test")
+            2,
+            1,
+            True,
+            "operator@test",
+        )
         await wait_until(pilot, lambda: "pending" in str(app.query_one("#kpi-sync", Kpi).content))
         core.ack_knob("trigger_parameter_sync_step", 1, 41)
         await wait_until(pilot, lambda: str(app.query_one("#kpi-sync", Kpi).content) == "2 steps")
@@ -116,7 +128,9 @@ async def test_sync_interval_flow_validates_confirms_and_sets(core: ControllerCo
         assert applied and applied[-1]["who"] == "operator@test" and applied[-1]["applied_step"] == 41
 
 
-async def test_a_concurrent_change_is_rejected_not_overwritten(core: ControllerCore, local: LocalSource) -> None:
+async def test_a_concurrent_change_is_rejected_not_overwritten(
+    core: ControllerCore, local: LocalSource
+) -> None:
     async with make_app(local, poll_interval=0.05).run_test(size=SIZE) as pilot:
         app = await started(pilot)
         await pilot.press("s")
@@ -137,8 +151,9 @@ async def test_cancel_at_either_step_changes_nothing(core: ControllerCore, local
         assert all(k["version"] == 0 for k in core.get_knobs().values())
 
 
-async def test_staleness_pause_and_checkpoint_reach_the_controller(core: ControllerCore,
-                                                                   local: LocalSource) -> None:
+async def test_staleness_pause_and_checkpoint_reach_the_controller(
+    core: ControllerCore, local: LocalSource
+) -> None:
     async with make_app(local, poll_interval=0.05).run_test(size=SIZE) as pilot:
         app = await started(pilot)
         await pilot.press("t", "1", ".", "5", "enter", "y")
@@ -162,7 +177,9 @@ async def test_read_only_hides_and_refuses_every_mutation(core: ControllerCore, 
         app.action_stop_run()
         assert app.last_result == {"ok": False, "reason": "read-only session: changes are disabled"}
         names = [name for name, _, _ in palette_commands(app)]
-        assert "Detach" in names and not any(n.startswith(("Set", "Pause", "Checkpoint", "Stop")) for n in names)
+        assert "Detach" in names and not any(
+            n.startswith(("Set", "Pause", "Checkpoint", "Stop")) for n in names
+        )
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
     assert all(k["version"] == 0 for k in core.get_knobs().values())
@@ -203,8 +220,9 @@ async def test_new_records_are_appended_live(core: ControllerCore, local: LocalS
     async with make_app(local, poll_interval=0.05).run_test(size=SIZE) as pilot:
         app = await started(pilot)
         before = app.query_one("#events-log", EventsLog).count
-        core.record_metrics({**core.snapshot()["metrics"][-1], "training/global_step": 999,
-                             m.TRAINER_TPS: 4321.0})
+        core.record_metrics(
+            {**core.snapshot()["metrics"][-1], "training/global_step": 999, m.TRAINER_TPS: 4321.0}
+        )
         core.record_event({"kind": "error", "level": "error", "message": "replica 1 died"})
         await wait_until(pilot, lambda: str(app.query_one("#kpi-trainer", Kpi).content) == "4.32k")
         log = app.query_one("#events-log", EventsLog)

@@ -12,7 +12,7 @@ from textual.widgets import Input
 
 from asyncrl_cli.tui import make_app
 from engine.runtime.control_client import LocalSource
-from tests.tui.conftest import SIZE, FlakySource, live_core, replay_source, wait_until
+from tests.tui.helpers import SIZE, FlakySource, live_core, replay_source, wait_until
 
 
 async def ready(pilot: Any) -> None:
@@ -31,23 +31,27 @@ def live_app() -> Any:
 
 class TestReplayLook:
     def test_overview(self, snap_compare: Any) -> None:
-        assert snap_compare(make_app(replay_source(), poll_interval=0.05), terminal_size=SIZE, run_before=ready)
+        assert snap_compare(
+            make_app(replay_source(), poll_interval=0.05), terminal_size=SIZE, run_before=ready
+        )
 
     def test_distributions(self, snap_compare: Any) -> None:
         async def run_before(pilot: Any) -> None:
             await ready(pilot)
             await pilot.press("2")
 
-        assert snap_compare(make_app(replay_source(), poll_interval=0.05), terminal_size=SIZE,
-                            run_before=run_before)
+        assert snap_compare(
+            make_app(replay_source(), poll_interval=0.05), terminal_size=SIZE, run_before=run_before
+        )
 
     def test_workers(self, snap_compare: Any) -> None:
         async def run_before(pilot: Any) -> None:
             await ready(pilot)
             await pilot.press("3")
 
-        assert snap_compare(make_app(replay_source(), poll_interval=0.05), terminal_size=SIZE,
-                            run_before=run_before)
+        assert snap_compare(
+            make_app(replay_source(), poll_interval=0.05), terminal_size=SIZE, run_before=run_before
+        )
 
 
 class TestKnobFlowLook:

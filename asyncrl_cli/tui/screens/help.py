@@ -8,7 +8,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Markdown
 
-from engine.runtime.controller import KNOB_SPECS
+from engine.runtime.knobs import KNOB_SPECS
 
 KEYS_MUTATING = """\
 | key | action |
@@ -32,17 +32,23 @@ KEYS_COMMON = """\
 
 def help_markdown(read_only: bool) -> str:
     """The help text; the mutating keys are listed only when changes are allowed."""
-    knobs = "\n".join(f"- **{s.name}** ({s.range_text()}): {s.description}; applies {s.applies}."
-                      for s in KNOB_SPECS.values())
+    knobs = "\n".join(
+        f"- **{s.name}** ({s.range_text()}): {s.description}; applies {s.applies}."
+        for s in KNOB_SPECS.values()
+    )
     parts = ["# asyncrl dashboard", KEYS_COMMON]
     if read_only:
         parts.append("**Read-only:** this session cannot change the run (no knob, pause or checkpoint keys).")
     else:
-        parts += [KEYS_MUTATING, "## Knobs", knobs,
-                  "Every change is compare-and-set: if someone else changed the knob after you opened the "
-                  "input, it is rejected and you retry with the new value. Changes show as *pending* until "
-                  "the trainer or rollouter acknowledges them; the events log records old → new, who, "
-                  "when and the step at which it took effect. `stop` is only in the command palette."]
+        parts += [
+            KEYS_MUTATING,
+            "## Knobs",
+            knobs,
+            "Every change is compare-and-set: if someone else changed the knob after you opened the "
+            "input, it is rejected and you retry with the new value. Changes show as *pending* until "
+            "the trainer or rollouter acknowledges them; the events log records old → new, who, "
+            "when and the step at which it took effect. `stop` is only in the command palette.",
+        ]
     return "\n\n".join(parts)
 
 

@@ -12,7 +12,7 @@ from textual.validation import ValidationResult, Validator
 from textual.widgets import Input, Label, Static
 
 from asyncrl_cli.tui.format import fmt_value
-from engine.runtime.controller import KNOB_SPECS, KnobError, parse_knob_value
+from engine.runtime.knobs import KNOB_SPECS, KnobError, parse_knob_value
 
 
 class KnobValidator(Validator):
@@ -55,10 +55,17 @@ class KnobInputScreen(ModalScreen[Any]):
         spec = KNOB_SPECS[self.knob]
         with Vertical():
             yield Label(self.title_text, id="knob-title")
-            yield Static(f"{spec.description}. Current: {fmt_value(self.current)}. "
-                         f"Accepted: {spec.range_text()}; applies {spec.applies}.", id="knob-help")
-            yield Input(placeholder=fmt_value(self.current), id="knob-value",
-                        validators=[KnobValidator(self.knob)], validate_on=["changed", "submitted"])
+            yield Static(
+                f"{spec.description}. Current: {fmt_value(self.current)}. "
+                f"Accepted: {spec.range_text()}; applies {spec.applies}.",
+                id="knob-help",
+            )
+            yield Input(
+                placeholder=fmt_value(self.current),
+                id="knob-value",
+                validators=[KnobValidator(self.knob)],
+                validate_on=["changed", "submitted"],
+            )
             yield Static("", id="knob-error")
             yield Static("Enter: continue to confirmation · Esc: cancel", id="knob-keys")
 

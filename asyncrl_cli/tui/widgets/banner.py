@@ -26,8 +26,10 @@ class DisconnectBanner(Static):
 
     def show_error(self, error: str, last_data_at: float | None, interval_s: float) -> None:
         since = f"; last data at {fmt_clock(last_data_at)}" if last_data_at else ""
-        self.update(f"DISCONNECTED: {error} — retrying every {interval_s:g} s{since}. "
-                    f"The run itself is not affected by this dashboard.")
+        self.update(
+            f"DISCONNECTED: {error} — retrying every {interval_s:g} s{since}. "
+            f"The run itself is not affected by this dashboard."
+        )
         self.add_class("-shown")
 
     def clear(self) -> None:

@@ -10,8 +10,16 @@ from textual.widgets import RichLog
 from asyncrl_cli.tui.format import fmt_clock
 
 LEVEL_STYLE = {"warning": "bold yellow", "error": "bold white on red"}
-KIND_STYLE = {"knob": "bold cyan", "sync": "green", "checkpoint": "blue", "finish": "bold cyan",
-              "start": "bold cyan", "drop": "yellow", "replica": "magenta", "validation": "green"}
+KIND_STYLE = {
+    "knob": "bold cyan",
+    "sync": "green",
+    "checkpoint": "blue",
+    "finish": "bold cyan",
+    "start": "bold cyan",
+    "drop": "yellow",
+    "replica": "magenta",
+    "validation": "green",
+}
 
 
 def event_line(event: dict[str, Any], compact: bool = False) -> Text:
@@ -24,7 +32,10 @@ def event_line(event: dict[str, Any], compact: bool = False) -> Text:
     return Text.assemble(
         *head,
         f"{'' if step is None else step:>{3 if compact else 5}} ",
-        (f"{kind:<{6 if compact else 10}}" if not compact else kind[:5].ljust(5), style or KIND_STYLE.get(kind, "")),
+        (
+            f"{kind:<{6 if compact else 10}}" if not compact else kind[:5].ljust(5),
+            style or KIND_STYLE.get(kind, ""),
+        ),
         " ",
         (str(event.get("message", "")), style),
     )
@@ -34,8 +45,15 @@ class EventsLog(RichLog):
     """Appends new events; `warnings` counts the warning/error lines shown (for tests and the tab title)."""
 
     def __init__(self, *, id: str | None = None, max_lines: int = 2000, compact: bool = False) -> None:
-        super().__init__(id=id, max_lines=max_lines, wrap=compact, markup=False, highlight=False,
-                         auto_scroll=True, min_width=20 if compact else 78)
+        super().__init__(
+            id=id,
+            max_lines=max_lines,
+            wrap=compact,
+            markup=False,
+            highlight=False,
+            auto_scroll=True,
+            min_width=20 if compact else 78,
+        )
         self.compact = compact
         self.warnings = 0
         self.count = 0

@@ -11,7 +11,7 @@ from asyncrl_cli.tui.widgets.ticks import thin_ticks
 
 def bin_labels(edges: list[float]) -> list[str]:
     """Bin centres as short labels (`1.12`, `2`)."""
-    return [f"{(lo + hi) / 2:.3g}" for lo, hi in zip(edges[:-1], edges[1:])]
+    return [f"{(lo + hi) / 2:.3g}" for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
 
 
 class HistogramChart(PlotextPlot):

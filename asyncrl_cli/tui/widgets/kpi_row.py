@@ -35,7 +35,9 @@ class Kpi(Static):
         self.border_title = label
 
     def set(self, text: str, level: str = "") -> None:
-        self.update(text)
+        """Show `text` (no layout pass: the box has a fixed size; nothing is redrawn when unchanged)."""
+        if str(self.content) != text:
+            self.update(text, layout=False)
         self.set_class(level == "warn", "-warn")
         self.set_class(level == "alert", "-alert")
 
@@ -73,9 +75,15 @@ class KpiRow(Horizontal):
         super().__init__(id=id)
         self.boxes = {
             key: Kpi(label, id=f"kpi-{key}")
-            for key, label in (("trainer", "train tok/s"), ("rollout", "gen tok/s"), ("queue", "queue"),
-                               ("staleness", "staleness"), ("is", "clip/mask"), ("ess", "IS ESS"),
-                               ("sync", "sync every"))
+            for key, label in (
+                ("trainer", "train tok/s"),
+                ("rollout", "gen tok/s"),
+                ("queue", "queue"),
+                ("staleness", "staleness"),
+                ("is", "clip/mask"),
+                ("ess", "IS ESS"),
+                ("sync", "sync every"),
+            )
         }
 
     def compose(self) -> ComposeResult:

@@ -20,7 +20,7 @@ STATE_STYLES = {
 
 
 def header_text(model: DashboardModel, label: str, read_only: bool) -> Text:
-    """`RUN  STATE  [read-only] · policy vN · step S/T · elapsed E · ETA R · ADDRESS` (most important first)."""
+    """`RUN  STATE  [read-only] · policy vN · step S/T · elapsed E · ETA R · ADDRESS` (important first)."""
     state = model.state if model.connected else "disconnected"
     version = model.policy_version
     step, total = model.step, model.total_steps
@@ -52,4 +52,6 @@ class RunHeader(Static):
     """
 
     def show(self, model: DashboardModel, label: str, read_only: bool) -> None:
-        self.update(header_text(model, label, read_only))
+        text = header_text(model, label, read_only)
+        if str(self.content) != str(text):
+            self.update(text, layout=False)

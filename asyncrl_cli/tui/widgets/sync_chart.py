@@ -37,7 +37,7 @@ class SyncChart(PlotextPlot):
                 steps.append(str(record.get("training/global_step", len(steps))))
                 pause.append(float(p))
                 transfer.append(float(t))
-        steps, pause, transfer = steps[-self.max_bars:], pause[-self.max_bars:], transfer[-self.max_bars:]
+        steps, pause, transfer = steps[-self.max_bars :], pause[-self.max_bars :], transfer[-self.max_bars :]
         plt = self.plt
         plt.clear_data()
         self._ticks = ([], [])
@@ -45,8 +45,13 @@ class SyncChart(PlotextPlot):
         if steps:
             # numeric positions with explicit tick labels: plotext orders string categories by hash
             positions = [float(i) for i in range(1, len(steps) + 1)]
-            plt.stacked_bar(positions, [pause, transfer], labels=["pause", "transfer"], color=["orange", "cyan"],
-                            width=0.6)
+            plt.stacked_bar(
+                positions,
+                [pause, transfer],
+                labels=["pause", "transfer"],
+                color=["orange", "cyan"],
+                width=0.6,
+            )
             self._ticks = (positions, steps)
             plt.title("")
         else:

@@ -18,6 +18,13 @@ class Line:
     color: str
 
 
+def step_ticks(first: float, last: float, count: int = 5) -> list[float]:
+    """Up to `count` evenly spread whole steps from `first` to `last` (steps are integers)."""
+    if last <= first:
+        return [float(round(first))]
+    return sorted({float(round(first + (last - first) * i / (count - 1))) for i in range(count)})
+
+
 class TimeChart(PlotextPlot):
     """Plots each `Line` of the model's history against `training/global_step`.
 
@@ -49,11 +56,16 @@ class TimeChart(PlotextPlot):
         plt = self.plt
         plt.clear_data()
         self.plotted = {}
+        steps: list[float] = []
         for line in self.lines:
             xs, ys = model.series(line.key)
             if xs:
                 plt.plot(xs, ys, label=line.label, color=line.color, marker="braille")
                 self.plotted[line.key] = len(xs)
+                steps += [xs[0], xs[-1]]
+        if steps:
+            ticks = step_ticks(min(steps), max(steps))
+            plt.xticks(ticks, [str(int(t)) for t in ticks])
         if not self.plotted:
             plt.title("waiting for data")
         else:

@@ -14,8 +14,18 @@ from textual.widgets import DataTable
 from asyncrl_cli.tui.format import MISSING, fmt_duration, fmt_num, fmt_rate, is_number
 
 COLUMNS = ("worker", "role", "state", "tok/s", "weights", "lag", "seen")
-STATE_STYLE = {"running": "green", "busy": "green", "idle": "dim", "syncing": "cyan", "paused": "yellow",
-               "finished": "cyan", "failed": "red", "dead": "red", "restarting": "yellow", "STALE": "magenta"}
+STATE_STYLE = {
+    "running": "green",
+    "busy": "green",
+    "idle": "dim",
+    "syncing": "cyan",
+    "paused": "yellow",
+    "finished": "cyan",
+    "failed": "red",
+    "dead": "red",
+    "restarting": "yellow",
+    "STALE": "magenta",
+}
 LIVE_STATES = ("running", "busy", "idle", "syncing", "paused")
 
 
@@ -58,7 +68,7 @@ class WorkersTable(DataTable):
             wid = str(row.get("id"))
             cells = worker_cells(row, now, self.stale_after_s)
             if wid in {k.value for k in self.rows}:
-                for column, cell in zip(COLUMNS, cells):
+                for column, cell in zip(COLUMNS, cells, strict=True):
                     self.update_cell(wid, column, cell)
             else:
                 self.add_row(*cells, key=wid)

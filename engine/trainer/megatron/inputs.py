@@ -72,18 +72,19 @@ def pack_batch(batch: TrainBatch, multiple_of: int = 1) -> MegatronInputs:
     real = batch.attention_mask.bool()
     n, length = real.shape
     width = batch.responses.shape[1]
-    lead = torch.where(real.any(dim=1), real.int().argmax(dim=1), torch.zeros(n, dtype=torch.long))
+    zero = torch.zeros(n, dtype=torch.long, device=real.device)
+    lead = torch.where(real.any(dim=1), real.int().argmax(dim=1), zero)
     count = real.sum(dim=1)
-    cols = torch.arange(length)
+    cols = torch.arange(length, device=real.device)
     expected = (cols[None, :] >= lead[:, None]) & (cols[None, :] < (lead + count)[:, None])
     if not torch.equal(expected, real):
         raise ValueError("attention_mask rows must hold one contiguous run of real tokens")
     seq = int(max(int(count.max()), 1))
     seq = -(-seq // multiple_of) * multiple_of
-    src = torch.arange(seq)[None, :] + lead[:, None]
+    src = torch.arange(seq, device=real.device)[None, :] + lead[:, None]
     inside = src < length
     tokens = torch.where(inside, batch.input_ids.gather(1, src.clamp(max=length - 1)), torch.zeros_like(src))
-    valid = inside & torch.arange(seq)[None, :].lt(count[:, None])
+    valid = inside & torch.arange(seq, device=real.device)[None, :].lt(count[:, None])
     tokens = torch.where(valid, tokens, torch.zeros_like(tokens))
-    index = (batch.prompt_len - 1 - lead)[:, None] + torch.arange(width)[None, :]
+    index = (batch.prompt_len - 1 - lead)[:, None] + torch.arange(width, device=real.device)[None, :]
     return MegatronInputs(tokens=tokens, valid=valid, response_index=index.clamp(0, seq - 1))
