@@ -6,6 +6,7 @@
 | 1    | failure / invalid config |
 | 2    | usage error (bad flags, missing files, malformed `--set`) |
 | 3    | the run does not fit the hardware |
+| 4    | no cluster reachable, or no live run of that name (`attach`, `ctl`, `status`) |
 | 130  | interrupted (Ctrl-C) |
 
 Commands raise `AsyncrlError` (or a subclass) for anything the user can fix; `handle_errors` turns it into

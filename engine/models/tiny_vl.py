@@ -111,11 +111,15 @@ def build_tiny_vl_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0, layer
 
 def build_image_processor():  # noqa: ANN201 - a transformers image processor
     """Qwen2-VL's image processor (PIL backend) with the tiny model's patching and pixel range."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    try:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+            Qwen2VLImageProcessorPil as Processor,
+        )
+    except ImportError:  # transformers < 5.2x: the slow (PIL/numpy) processor is the plain class
+        from transformers import Qwen2VLImageProcessor as Processor
 
-    return Qwen2VLImageProcessorPil(patch_size=PATCH, merge_size=MERGE, temporal_patch_size=TEMPORAL,
-                                    min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS,
-                                    image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    return Processor(patch_size=PATCH, merge_size=MERGE, temporal_patch_size=TEMPORAL, min_pixels=MIN_PIXELS,
+                     max_pixels=MAX_PIXELS, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
 
 
 def build_tiny_vl_model_dir(out_dir: str | Path, seed: int = 0, layers: int = 2) -> Path:

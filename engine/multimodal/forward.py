@@ -15,6 +15,7 @@ agree token for token.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,12 +40,10 @@ class VisionInputs:
 
 
 def _rope_owner(model: torch.nn.Module) -> torch.nn.Module:
-    for candidate in (model, getattr(model, "model", None), getattr(model, "module", None)):
+    """The module with `get_rope_index`: the `*ForConditionalGeneration` itself or its inner `model`."""
+    for candidate in (model, getattr(model, "model", None)):
         if candidate is not None and hasattr(candidate, "get_rope_index"):
             return candidate
-    inner = getattr(getattr(model, "module", None), "model", None)
-    if inner is not None and hasattr(inner, "get_rope_index"):
-        return inner
     raise ValueError(f"{type(model).__name__} has no get_rope_index: not a Qwen-VL model")
 
 
@@ -56,11 +55,11 @@ def rope_positions(
     image_grid_thw: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(positions [3, B, L] long, δ [B] long) of a left/right-padded batch (padding gets position 0)."""
-    token_types = (input_ids == spec.image_token_id).to(torch.int32)
-    positions, deltas = _rope_owner(model).get_rope_index(
-        input_ids, mm_token_type_ids=token_types, image_grid_thw=image_grid_thw, video_grid_thw=None,
-        attention_mask=attention_mask,
-    )
+    get_rope_index = _rope_owner(model).get_rope_index
+    kwargs = {"image_grid_thw": image_grid_thw, "video_grid_thw": None, "attention_mask": attention_mask}
+    if "mm_token_type_ids" in inspect.signature(get_rope_index).parameters:  # transformers ≥ 5.2x
+        kwargs["mm_token_type_ids"] = (input_ids == spec.image_token_id).to(torch.int32)
+    positions, deltas = get_rope_index(input_ids, **kwargs)
     return positions, deltas.reshape(-1).to(torch.long)
 
 

@@ -132,6 +132,7 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
     cfg_dict = json.loads(cfg.model_dump_json())
     cfg_dict["logging"]["run_dir"] = str(run_dir)
     (run_dir / "config.resolved.json").write_text(json.dumps(cfg_dict, indent=2))
+    (run_dir / "provenance.json").write_text(json.dumps(provenance, indent=2))
     resumed: dict[str, Any] | None = None
     if plan is not None:
         message = resume_message(plan, rewind_run_dir(plan), cfg.async_training.partial_rollout)
@@ -190,9 +191,19 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
                                                       f"({why}); skipped", step, version, path=path))
             controller.record_event.remote(_event("info", "resume", resumed["message"], step, version,
                                                   path=plan.ckpt["path"]))
-        controller.record_event.remote(_event("info", "start", f"run {cfg.name} started in {run_dir}", step, version))
+        controller.record_event.remote(_event("info", "start", f"run {cfg.name} started in {run_dir}", step, version,
+                                              total_steps=total_steps))
         print(f"asyncrl: run {cfg.name!r} → {run_dir}  (attach: asyncrl attach {cfg.name})", file=sys.stderr)
-        ok = _supervise(trainer, rollouter, controller, console, tui, _checkpoint_root(cfg, run_dir))
+        def supervise() -> bool:
+            return _supervise(trainer, rollouter, controller, console, _checkpoint_root(cfg, run_dir))
+
+        if tui:  # the dashboard owns the main thread (Textual needs it); the supervision loop runs beside it
+            from asyncrl_cli.tui import run_dashboard_with
+            from engine.runtime.control_client import ActorSource
+
+            ok = run_dashboard_with(ActorSource(controller), supervise)
+        else:
+            ok = supervise()
         return 0 if ok else 1
     finally:
         console.close()
@@ -248,7 +259,7 @@ def _root_cause(e: BaseException) -> str:
     return describe_failure(e)
 
 
-def _supervise(trainer, rollouter, controller, console, tui: bool, ckpt_root: Path) -> bool:
+def _supervise(trainer, rollouter, controller, console, ckpt_root: Path) -> bool:
     """Wait for both loops; poll the controller for the progress line. True iff the trainer finished or
     stopped gracefully; raises RunFailed (after the trainer's stop checkpoint where possible) otherwise."""
     import ray
@@ -258,8 +269,6 @@ def _supervise(trainer, rollouter, controller, console, tui: bool, ckpt_root: Pa
     cursor = 0
     failure: str | None = None  # the rollout side gave up; the trainer is stopping with a checkpoint
     trainer_result: dict[str, Any] | None = None
-    if tui:
-        _start_tui_thread(controller)
 
     def poll() -> None:
         nonlocal cursor
@@ -325,15 +334,3 @@ def _stop_with_checkpoint(trainer: Any, t_ref: Any) -> None:
         return
     except Exception:  # noqa: BLE001 - best effort: the previous checkpoint stays usable
         return
-
-
-def _start_tui_thread(controller) -> None:  # the dashboard in the launching terminal (`launch --tui`)
-    import threading
-
-    def _run() -> None:
-        from asyncrl_cli.tui import run_dashboard
-        from engine.runtime.control_client import ActorSource
-
-        run_dashboard(ActorSource(controller))
-
-    threading.Thread(target=_run, daemon=True).start()

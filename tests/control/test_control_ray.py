@@ -163,13 +163,15 @@ def test_cli_ctl_status_and_attach_against_the_live_run(run: tuple[str, Any, Pat
 async def test_dashboard_changes_the_sync_interval_over_ray(run: tuple[str, Any, Path]) -> None:
     from asyncrl_cli.tui import make_app
     from engine.runtime.control_client import ControlClient
-    from tests.tui.helpers import wait_until
+    from tests.tui.helpers import answer_confirmation, open_knob_input, wait_until
 
     name, handle, _ = run
     app = make_app(ControlClient(name, who="tui@test"), poll_interval=0.2)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: app.model.received, 30)
-        await pilot.press("s", "2", "enter", "y")
+        await open_knob_input(pilot, "s")
+        await pilot.press("2", "enter")
+        await answer_confirmation(pilot, "y")
         await wait_until(pilot, lambda: app.last_result is not None, 30)
         assert app.last_result["ok"], app.last_result
     knob = ray.get(handle.get_knobs.remote())["trigger_parameter_sync_step"]

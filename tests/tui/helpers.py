@@ -94,3 +94,24 @@ async def wait_until(pilot: Any, condition: Callable[[], bool], timeout: float =
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         await pilot.pause(0.02)
+
+
+async def open_knob_input(pilot: Any, key: str) -> None:
+    """Press `key` and wait until the knob input modal is up with its field focused (keys typed earlier
+    would reach the dashboard instead)."""
+    from textual.widgets import Input
+
+    from asyncrl_cli.tui.screens.knob_input import KnobInputScreen
+
+    await pilot.press(key)
+    await wait_until(
+        pilot, lambda: isinstance(pilot.app.screen, KnobInputScreen) and isinstance(pilot.app.focused, Input)
+    )
+
+
+async def answer_confirmation(pilot: Any, answer: str) -> None:
+    """Wait for the confirmation modal, then press `answer` (`y` or `n`)."""
+    from asyncrl_cli.tui.screens.confirm import ConfirmScreen
+
+    await wait_until(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen))
+    await pilot.press(answer)

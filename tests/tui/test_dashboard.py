@@ -26,7 +26,16 @@ from asyncrl_cli.tui.widgets.time_chart import TimeChart
 from asyncrl_cli.tui.widgets.workers_table import WorkersTable
 from engine.runtime.control_client import LocalSource
 from engine.runtime.controller import ControllerCore
-from tests.tui.helpers import SIZE, FlakySource, fixture_config, fixture_lines, replay_source, wait_until
+from tests.tui.helpers import (
+    SIZE,
+    FlakySource,
+    answer_confirmation,
+    fixture_config,
+    fixture_lines,
+    open_knob_input,
+    replay_source,
+    wait_until,
+)
 
 MUTATING_KEYS = {"s", "t", "p", "c"}
 
@@ -99,8 +108,7 @@ async def test_sync_interval_flow_validates_confirms_and_sets(
     async with make_app(local, poll_interval=0.05).run_test(size=SIZE) as pilot:
         app = await started(pilot)
         assert str(app.query_one("#kpi-sync", Kpi).content) == "4 steps"
-        await pilot.press("s")
-        assert isinstance(app.screen, KnobInputScreen)
+        await open_knob_input(pilot, "s")
         await pilot.press("0", "enter")
         assert isinstance(app.screen, KnobInputScreen), "out-of-range value must not pass"
         assert "out of range" in text_of(app, "#knob-error")
@@ -109,7 +117,7 @@ async def test_sync_interval_flow_validates_confirms_and_sets(
         assert "must be an integer" in text_of(app, "#knob-error")
         app.screen.query_one(Input).value = ""
         await pilot.press("2", "enter")
-        assert isinstance(app.screen, ConfirmScreen)
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         assert "4 → 2" in text_of(app, "#confirm-body")
         await pilot.press("y")
         await wait_until(pilot, lambda: app.last_result is not None)
@@ -133,9 +141,10 @@ async def test_a_concurrent_change_is_rejected_not_overwritten(
 ) -> None:
     async with make_app(local, poll_interval=0.05).run_test(size=SIZE) as pilot:
         app = await started(pilot)
-        await pilot.press("s")
+        await open_knob_input(pilot, "s")
         core.set_knob("trigger_parameter_sync_step", 8, expected_version=0, who="someone@else")
-        await pilot.press("2", "enter", "y")
+        await pilot.press("2", "enter")
+        await answer_confirmation(pilot, "y")
         await wait_until(pilot, lambda: app.last_result is not None)
         assert not app.last_result["ok"] and "version conflict" in app.last_result["reason"]
         assert core.get_knobs()["trigger_parameter_sync_step"]["value"] == 8
@@ -144,8 +153,11 @@ async def test_a_concurrent_change_is_rejected_not_overwritten(
 async def test_cancel_at_either_step_changes_nothing(core: ControllerCore, local: LocalSource) -> None:
     async with make_app(local, poll_interval=0.05).run_test(size=SIZE) as pilot:
         app = await started(pilot)
-        await pilot.press("s", "escape")
-        await pilot.press("t", "1", "enter", "n")
+        await open_knob_input(pilot, "s")
+        await pilot.press("escape")
+        await open_knob_input(pilot, "t")
+        await pilot.press("1", "enter")
+        await answer_confirmation(pilot, "n")
         await pilot.pause()
         assert not isinstance(app.screen, (KnobInputScreen, ConfirmScreen))
         assert all(k["version"] == 0 for k in core.get_knobs().values())
@@ -156,12 +168,16 @@ async def test_staleness_pause_and_checkpoint_reach_the_controller(
 ) -> None:
     async with make_app(local, poll_interval=0.05).run_test(size=SIZE) as pilot:
         app = await started(pilot)
-        await pilot.press("t", "1", ".", "5", "enter", "y")
+        await open_knob_input(pilot, "t")
+        await pilot.press("1", ".", "5", "enter")
+        await answer_confirmation(pilot, "y")
         await wait_until(pilot, lambda: core.get_knobs()["staleness_threshold"]["value"] == 1.5)
         app.last_result = None
-        await pilot.press("p", "y")
+        await pilot.press("p")
+        await answer_confirmation(pilot, "y")
         await wait_until(pilot, lambda: core.get_knobs()["paused"]["value"] is True)
-        await pilot.press("c", "y")
+        await pilot.press("c")
+        await answer_confirmation(pilot, "y")
         await wait_until(pilot, lambda: core.snapshot()["events"][-1].get("action") == "checkpoint")
         assert core.take_actions("trainer") == ["checkpoint"]
 

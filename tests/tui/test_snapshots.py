@@ -11,8 +11,9 @@ from typing import Any
 from textual.widgets import Input
 
 from asyncrl_cli.tui import make_app
+from asyncrl_cli.tui.screens.confirm import ConfirmScreen
 from engine.runtime.control_client import LocalSource
-from tests.tui.helpers import SIZE, FlakySource, live_core, replay_source, wait_until
+from tests.tui.helpers import SIZE, FlakySource, live_core, open_knob_input, replay_source, wait_until
 
 
 async def ready(pilot: Any) -> None:
@@ -58,7 +59,8 @@ class TestKnobFlowLook:
     def test_input_rejects_out_of_range(self, snap_compare: Any) -> None:
         async def run_before(pilot: Any) -> None:
             await ready(pilot)
-            await pilot.press("s", "0")
+            await open_knob_input(pilot, "s")
+            await pilot.press("0")
             no_blink(pilot)
             await pilot.pause()
 
@@ -67,7 +69,9 @@ class TestKnobFlowLook:
     def test_confirmation_shows_old_and_new(self, snap_compare: Any) -> None:
         async def run_before(pilot: Any) -> None:
             await ready(pilot)
-            await pilot.press("s", "2", "enter")
+            await open_knob_input(pilot, "s")
+            await pilot.press("2", "enter")
+            await wait_until(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen))
             await pilot.pause()
 
         assert snap_compare(live_app(), terminal_size=SIZE, run_before=run_before)
