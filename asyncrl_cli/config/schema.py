@@ -353,10 +353,10 @@ class CheckpointConfig(Section):
     """Checkpoints (`[checkpoint]`)."""
 
     every_versions: int = Field(0, ge=0, json_schema_extra=MUTABLE)
-    """Save every N policy versions (0 = only on demand and at a graceful stop). A checkpoint holds the
-    trainer's weights, optimizer and RNG states, the version and step, the prompt stream's position, the
-    queued groups and the in-flight prompts with their partial responses; `asyncrl launch RUN.toml
-    --resume auto` continues from the newest intact one."""
+    """Save every N policy versions (0 = only on demand, at a graceful stop and at the end). A checkpoint
+    holds the trainer's weights, optimizer and RNG states, the version and step, the prompt stream's
+    position, the queued groups and the in-flight prompts with their partial responses; `asyncrl launch
+    RUN.toml --resume auto` continues from the newest intact one."""
     keep_last: int = Field(2, gt=0)
     """Checkpoints kept on disk (older ones are deleted after a new one is complete)."""
     dir: str | None = None

@@ -116,7 +116,7 @@ class DashboardApp(App[int]):
                     id="chart-staleness",
                 )
                 yield TimeChart(
-                    "IS weights",
+                    "IS ratio π_train/π_rollout",
                     [
                         Line(m.IS_MEAN, "mean", "green"),
                         Line(m.IS_MIN, "min", "blue"),

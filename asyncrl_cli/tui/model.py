@@ -20,9 +20,10 @@ QUEUE = "fully_async/monitor/queue/mq_queue_size"
 STALE_MEAN = "asyncrl/staleness/mean"
 STALE_MAX = "asyncrl/staleness/max"
 STALE_BOUND = "asyncrl/staleness/bound"
-IS_MEAN = "rollout_corr/rollout_is_mean"
-IS_MIN = "rollout_corr/rollout_is_min"
-IS_MAX = "rollout_corr/rollout_is_max"
+# token importance ratio π_train/π_rollout, reported every step whether or not IS weights are applied
+IS_MEAN = "asyncrl/is_ratio/mean"
+IS_MIN = "asyncrl/is_ratio/min"
+IS_MAX = "asyncrl/is_ratio/max"
 IS_CLIP = "rollout_corr/rollout_is_ratio_fraction_high"
 RS_MASK = "rollout_corr/rollout_rs_masked_fraction"
 ESS = "rollout_corr/rollout_is_eff_sample_size"
@@ -122,10 +123,15 @@ class DashboardModel:
             hist = record.get(key)
             if not isinstance(hist, dict) or "edges" not in hist or "counts" not in hist:
                 continue
+            these = list(hist["edges"])
             if edges is None:
-                edges, counts = list(hist["edges"]), [float(c) for c in hist["counts"]]
-            elif list(hist["edges"]) == edges and len(hist["counts"]) == len(counts):
-                counts = [a + float(b) for a, b in zip(counts, hist["counts"], strict=True)]
+                edges, counts = these, [float(c) for c in hist["counts"]]
+            elif these[: len(edges)] == edges or edges[: len(these)] == these:
+                # bins that only extend each other (e.g. staleness 0..1 vs 0..2) merge on the longer edges
+                if len(these) > len(edges):
+                    edges, counts = these, counts + [0.0] * (len(these) - 1 - len(counts))
+                other = [float(c) for c in hist["counts"]] + [0.0] * (len(counts) - len(hist["counts"]))
+                counts = [a + b for a, b in zip(counts, other, strict=True)]
             else:
                 break
             seen += 1

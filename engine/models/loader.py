@@ -27,6 +27,7 @@ from engine.models.cache import build_once, default_cache_dir
 from engine.models.smollm2 import ensure_smollm2
 from engine.models.tiny import DEFAULT_TASKS, TINY_FORMAT_VERSION, build_tiny_model_dir
 from engine.models.tiny_vl import TINY_VL_FORMAT_VERSION, build_tiny_vl_model_dir
+from engine.multimodal.vision import VL_MODEL_TYPES
 
 TINY_MODELS: dict[str, tuple[str, ...]] = {
     "builtin:tiny-qwen": DEFAULT_TASKS,
@@ -34,8 +35,6 @@ TINY_MODELS: dict[str, tuple[str, ...]] = {
 }
 TINY_VL_MODEL = "builtin:tiny-qwen3-vl"
 BUILTIN_MODELS: tuple[str, ...] = (*TINY_MODELS, TINY_VL_MODEL, "builtin:smollm2")
-VL_MODEL_TYPES: frozenset[str] = frozenset({"qwen3_vl", "qwen3_vl_moe"})
-"""Vision-language architectures loaded as image-text-to-text models (see `engine.multimodal`)."""
 DTYPES = ("float32", "bfloat16", "float16")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")

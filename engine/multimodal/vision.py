@@ -23,11 +23,12 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from engine.multimodal.images import open_b64
+
+if TYPE_CHECKING:
+    import torch
 
 VL_MODEL_TYPES: frozenset[str] = frozenset({"qwen3_vl", "qwen3_vl_moe"})
 """Architectures whose image path is implemented and tested (Qwen3-VL dense and MoE share it)."""
@@ -122,16 +123,37 @@ def processor_chat_template(model_dir: str) -> str | None:
     return None
 
 
+class _LRU:
+    """A small thread-safe LRU map (replicas generate while their control thread runs)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = int(size)
+        self._items: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Any:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+
 class ImageEncoder:
     """`pixel_values` and grid of encoded images under one image processor, cached per image (LRU of
-    `cache_size` images; thread-safe, as replicas generate while their control thread runs)."""
+    `cache_size` images' pixels, and of many more token counts)."""
 
     def __init__(self, processor: Any, spec: VisionSpec, cache_size: int = 64) -> None:
         self.processor = processor
         self.spec = spec
-        self.cache_size = int(cache_size)
-        self._cache: OrderedDict[str, tuple[torch.Tensor, tuple[int, int, int]]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._pixels = _LRU(cache_size)
+        self._tokens = _LRU(64 * cache_size)
         self.processed = 0
 
     @staticmethod
@@ -145,33 +167,38 @@ class ImageEncoder:
     def tokens(self, image: str) -> int:
         """Vision tokens the language model sees for `image`: from its size alone when the processor can
         count patches (`get_number_of_image_patches`, t = 1 for an image), else from its processed grid."""
+        hit = self._tokens.get(image)
+        if hit is not None:
+            return int(hit)
         count = getattr(self.processor, "get_number_of_image_patches", None)
         if count is None:
-            return self.spec.tokens_for_grid(self.features(image)[1])
-        from engine.multimodal.images import image_size
+            tokens = self.spec.tokens_for_grid(self.features(image)[1])
+        else:
+            from engine.multimodal.images import image_size
 
-        width, height = image_size(image)
-        return int(count(height, width, {})) // (self.spec.merge_size**2)
+            width, height = image_size(image)
+            tokens = int(count(height, width, {})) // (self.spec.merge_size**2)
+        self._tokens.put(image, tokens)
+        return tokens
 
     def features(self, image: str) -> tuple[torch.Tensor, tuple[int, int, int]]:
         """(`pixel_values` [patches, C·T·p²] fp32, grid (t, h, w)) of one image."""
-        with self._lock:
-            hit = self._cache.get(image)
-            if hit is not None:
-                self._cache.move_to_end(image)
-                return hit
+        import torch
+
+        hit = self._pixels.get(image)
+        if hit is not None:
+            return hit
         out = self.processor(images=[open_b64(image)], return_tensors="pt")
-        grid = tuple(int(x) for x in out["image_grid_thw"][0].tolist())
+        grid: tuple[int, int, int] = tuple(int(x) for x in out["image_grid_thw"][0].tolist())  # type: ignore[assignment]
         value = (out["pixel_values"].to(torch.float32), grid)
-        with self._lock:
-            self.processed += 1
-            self._cache[image] = value  # type: ignore[assignment]
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-        return value  # type: ignore[return-value]
+        self._pixels.put(image, value)
+        self.processed += 1
+        return value
 
     def batch(self, images: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(`pixel_values` [Σ patches, D], `image_grid_thw` [N, 3] long) of `images` in order; None if empty."""
+        import torch
+
         if not images:
             return None
         feats = [self.features(img) for img in images]

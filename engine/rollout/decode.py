@@ -24,7 +24,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from engine.multimodal.forward import vision_inputs
-from engine.multimodal.vision import ImageEncoder, VisionSpec, placeholder_token_ids, suppress_tokens
+from engine.multimodal.vision import ImageEncoder, placeholder_token_ids, suppress_tokens
 from engine.rollout.base import SamplingParams
 from engine.rollout.kv_cache import make_cache
 from engine.rollout.sampling import select_tokens
@@ -97,8 +97,7 @@ class MultimodalForward(ForwardAdapter):
     def __init__(self, model: torch.nn.Module, encoder: ImageEncoder | None) -> None:
         super().__init__(model)
         self.encoder = encoder
-        spec = VisionSpec.from_config(model.config)
-        self.suppressed = placeholder_token_ids(model.config) if spec is not None else []
+        self.suppressed = placeholder_token_ids(model.config)
 
     def last_logits(
         self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: DynamicCache, **extra: torch.Tensor
@@ -114,8 +113,7 @@ class MultimodalForward(ForwardAdapter):
         if self.encoder is None:
             raise ValueError("rows with images need an image encoder")
         vis = vision_inputs(self.model, self.encoder, ids, mask, images)
-        if vis is None:
-            return super().prefill(ids, mask, cache, images)
+        assert vis is not None
         kwargs = vis.model_kwargs()
         pos = kwargs.pop("position_ids")
         return self.last_logits(ids, mask, pos, cache, **kwargs), vis.rope_deltas

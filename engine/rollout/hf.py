@@ -148,8 +148,7 @@ class HFRolloutBackend:
                 raise ValueError(f"request {req.request_id!r} has {len(req.images)} image(s) but the model is "
                                  "text-only")
             return
-        encoder = self.image_encoder if req.images or self.vision.image_token_id in req.prompt_ids else None
-        counts = [encoder.tokens(img) for img in req.images] if encoder is not None else []
+        counts = [self.image_encoder.tokens(img) for img in req.images]
         try:
             check_image_tokens(req.prompt_ids + req.prefix_ids, self.vision.image_token_id, counts,
                                f"request {req.request_id!r}")

@@ -103,9 +103,14 @@ class LogRatioObserver:
         return out
 
 
-def is_ratio_histogram(log_ratio: torch.Tensor) -> dict[str, list[float]]:
-    """Log-spaced histogram of the token importance ratios π_train/π_rollout = exp(log_ratio)."""
+def is_ratio_metrics(log_ratio: torch.Tensor) -> dict[str, Any]:
+    """The token importance ratios π_train/π_rollout = exp(log_ratio) of a step (π_train = π_θ in bypass mode,
+    π_prox in decoupled mode): mean/min/max and a log-spaced histogram. Reported whether or not IS weights are
+    applied, so the off-policy gap is always visible."""
     from engine.algo.rc_diagnostics import is_weight_histogram
 
     w = torch.exp(log_ratio.clamp(-20, 20))
-    return is_weight_histogram(w, torch.ones_like(w))
+    if w.numel() == 0:
+        return {}
+    return {"asyncrl/is_ratio/mean": w.mean().item(), "asyncrl/is_ratio/min": w.min().item(),
+            "asyncrl/is_ratio/max": w.max().item(), "asyncrl/is_hist": is_weight_histogram(w, torch.ones_like(w))}

@@ -89,7 +89,6 @@ def run(cfg: Any, *, provenance: dict | None = None, address: str | None = None,
     from engine.runtime.preflight import PreflightError
     from engine.runtime.resume import ResumeError
 
-    restore = _sigterm_as_interrupt()
     try:
         return _run(cfg, provenance or {}, address, resume, tui, progress)
     except (PreflightError, ResumeError) as e:
@@ -101,12 +100,11 @@ def run(cfg: Any, *, provenance: dict | None = None, address: str | None = None,
     except KeyboardInterrupt:
         print("\nasyncrl: interrupted; actors stopped.", file=sys.stderr)
         return 130
-    finally:
-        restore()
 
 
 def _sigterm_as_interrupt():
-    """SIGTERM (a preemption, `kill`) is handled like Ctrl-C: stop with a checkpoint. Returns the undo."""
+    """SIGTERM (a preemption, `kill`) is handled like Ctrl-C: stop with a checkpoint. Returns the undo.
+    Installed after `ray.init`, whose own handler would abort the process."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
@@ -140,9 +138,11 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
         resumed = {"plan": plan, "message": message}
     placement = _placement(cfg)
     started_ray = _init_ray(address, placement)
+    restore_sigterm = _sigterm_as_interrupt()
     try:
         return _run_actors(cfg, cfg_dict, provenance, run_dir, model_dir, placement, resumed, tui, progress)
     finally:
+        restore_sigterm()
         if started_ray:
             import ray
 
@@ -312,7 +312,7 @@ def _supervise(trainer, rollouter, controller, console, ckpt_root: Path) -> bool
                 pending.pop(r_ref, None)
     except KeyboardInterrupt:
         if "trainer" in pending.values():
-            _stop_with_checkpoint(trainer, t_ref)
+            _stop_with_checkpoint(trainer, t_ref, ckpt_root)
         raise
 
 
@@ -322,7 +322,7 @@ def _report_stop(result: dict[str, Any], ckpt_root: Path) -> None:
               f"{resume_hint(ckpt_root)}", file=sys.stderr)
 
 
-def _stop_with_checkpoint(trainer: Any, t_ref: Any) -> None:
+def _stop_with_checkpoint(trainer: Any, t_ref: Any, ckpt_root: Path) -> None:
     """Ctrl-C / SIGTERM: ask the trainer for a graceful stop (it checkpoints) and wait a bounded time."""
     import ray
 
@@ -330,7 +330,6 @@ def _stop_with_checkpoint(trainer: Any, t_ref: Any) -> None:
     try:
         trainer.request_stop.remote("interrupted")
         ray.get(t_ref, timeout=STOP_TIMEOUT_S)
-    except KeyboardInterrupt:
-        return
-    except Exception:  # noqa: BLE001 - best effort: the previous checkpoint stays usable
-        return
+    except (KeyboardInterrupt, ray.exceptions.RayError) as e:  # best effort: the last checkpoint stays usable
+        print(f"asyncrl: no stop checkpoint ({type(e).__name__})", file=sys.stderr)
+    print(f"asyncrl: {resume_hint(ckpt_root)}", file=sys.stderr)

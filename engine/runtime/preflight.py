@@ -49,6 +49,7 @@ def check_model_dir(model_dir: Path, trust_remote_code: bool = False) -> None:
     if not (model_dir / "config.json").is_file():
         raise PreflightError(f"model.path: {model_dir} has no config.json, so it is not a Hugging Face model "
                              "directory")
+    read_config(model_dir)
     if not any(any(model_dir.glob(g)) for g in WEIGHT_GLOBS):
         raise PreflightError(f"model.path: {model_dir} has a config.json but no weights (expected "
                              "model.safetensors or pytorch_model.bin)")
@@ -61,12 +62,21 @@ def check_model_dir(model_dir: Path, trust_remote_code: bool = False) -> None:
         raise PreflightError(f"model.path: {model_dir}: config.json does not match the weights: {problems}")
 
 
-def check_lengths(cfg: Any, model_dir: Path) -> None:
-    """max_prompt_length + max_response_length must fit the model's context (`max_position_embeddings`)."""
+def read_config(model_dir: Path) -> dict[str, Any]:
+    """config.json as a dict (PreflightError when it is not a JSON object)."""
     try:
         config = json.loads((model_dir / "config.json").read_text())
     except (OSError, ValueError) as e:
-        raise PreflightError(f"model.path: {model_dir}/config.json is not valid JSON ({type(e).__name__})") from None
+        raise PreflightError(f"model.path: {model_dir}/config.json is not valid JSON ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:120]})") from None
+    if not isinstance(config, dict):
+        raise PreflightError(f"model.path: {model_dir}/config.json is not a JSON object")
+    return config
+
+
+def check_lengths(cfg: Any, model_dir: Path) -> None:
+    """max_prompt_length + max_response_length must fit the model's context (`max_position_embeddings`)."""
+    config = read_config(model_dir)
     context = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
     total = cfg.data.max_prompt_length + cfg.data.max_response_length
     if isinstance(context, int) and total > context:

@@ -21,7 +21,7 @@ from typing import Any
 
 import ray
 
-from engine.runtime.batching import LogRatioObserver, is_ratio_histogram, prepare_batch, staleness_of
+from engine.runtime.batching import LogRatioObserver, is_ratio_metrics, prepare_batch, staleness_of
 from engine.runtime.ledger import Ledger
 from engine.types import TrajectoryGroup
 
@@ -165,10 +165,10 @@ class TrainerCore:
             rec.update(self.backend.train_step(batch, self.loss_fn))
             seen = self.loss_fn.take()
             if self.rc.bypass_mode:
-                rec["asyncrl/is_hist"] = is_ratio_histogram(seen)
+                rec.update(is_ratio_metrics(seen))
             else:
                 valid = batch.response_mask.bool()
-                rec["asyncrl/is_hist"] = is_ratio_histogram((batch.old_log_probs - batch.rollout_log_probs)[valid])
+                rec.update(is_ratio_metrics((batch.old_log_probs - batch.rollout_log_probs)[valid]))
         else:
             self.skipped_updates += 1
             self.controller.record_event.remote(self._ev("warning", "warning",

@@ -62,8 +62,9 @@ def write_mismatched_model() -> None:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     torch.manual_seed(0)
-    cfg = dict(vocab_size=64, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
-               num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True)
+    cfg = {"vocab_size": 64, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
+           "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 64,
+           "tie_word_embeddings": True}
     model = AutoModelForCausalLM.from_config(Qwen2Config(**cfg))
     out = DATA / "models" / "mismatch"
     out.mkdir(parents=True, exist_ok=True)

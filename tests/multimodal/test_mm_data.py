@@ -123,3 +123,18 @@ def test_images_on_a_text_model_fail_at_load(tmp_path: Path) -> None:
     path = write_dataset("figures", tmp_path / "fig", train_size=2, val_size=1)["train"]
     with pytest.raises(DataError, match="the data has images but the model cannot take them: .*not a vision-lang"):
         load_prompts(_cfg([str(path)]), tok)
+
+
+def test_images_travel_with_the_group_through_pickle_and_json(vl_tokenizer: Any) -> None:
+    import json
+    import pickle
+
+    from engine.types import GenRequest, Trajectory, TrajectoryGroup
+
+    (p,), _ = load_prompts({"train_files": ["builtin:figures"], "train_size": 1}, vl_tokenizer)
+    group = TrajectoryGroup(p, [Trajectory([5, 1], [-0.5, -0.1], "stop", 0, 1, reward=0.1)])
+    back = TrajectoryGroup.from_json(json.loads(json.dumps(group.to_json())))
+    assert back == group and back.prompt.images == p.images
+    assert pickle.loads(pickle.dumps(group)) == group
+    request = GenRequest("u#0", p.prompt_ids, prefix_ids=[5], prefix_log_probs=[-0.5], images=p.images)
+    assert len(pickle.dumps(request)) < 4 * len(p.images[0])  # base64 text of a ~1 KB PNG, not pixel arrays
