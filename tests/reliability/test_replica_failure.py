@@ -1,0 +1,45 @@
+"""(b) A rollout replica's process dies mid-run: its requests are re-queued, a replacement gets the current
+weights, the run finishes with an exact ledger; past `rollout.max_replica_restarts` the run stops cleanly
+with a resumable checkpoint and exit code 1."""
+
+from __future__ import annotations
+
+import pytest
+from reliability_helpers import assert_ledger_exact, events, tiny_config, train_steps
+
+from engine.runtime.checkpoint import latest_valid, read_checkpoint
+from engine.runtime.driver import run
+from engine.runtime.resume import plan_resume
+
+pytestmark = pytest.mark.integration
+
+EXTRA = ("rollout.total_rollout_steps=160", "data.max_response_length=8", "debug.kill_replica_at_step=3")
+
+
+def test_dead_replica_is_replaced_and_the_run_finishes(tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    cfg = tiny_config(run_dir, *EXTRA)
+    assert run(cfg, progress=False) == 0
+
+    assert events(run_dir, "fault")
+    phases = [e["phase"] for e in events(run_dir, "replica")]
+    assert phases == ["restart", "replaced"], phases
+    restart = events(run_dir, "replica")[0]
+    assert restart["replica"] == 0 and "died" in restart["message"]
+    assert [s for s, _ in train_steps(run_dir)] == list(range(1, 21))
+    assert_ledger_exact(cfg, run_dir, trained=160)
+
+
+def test_spent_restart_budget_stops_with_a_resumable_checkpoint(tmp_path, capsys) -> None:
+    run_dir = tmp_path / "run"
+    cfg = tiny_config(run_dir, *EXTRA, "rollout.max_replica_restarts=0")
+    assert run(cfg, progress=False) == 1
+
+    err = capsys.readouterr().err
+    line = [ln for ln in err.splitlines() if "run failed" in ln]
+    assert len(line) == 1 and "rollout.max_replica_restarts = 0" in line[0] and "--resume auto" in line[0]
+    assert [e["phase"] for e in events(run_dir, "replica")] == ["exhausted"]
+    ckpt = latest_valid(run_dir / "checkpoints")
+    assert ckpt is not None and read_checkpoint(ckpt)["state"]["reason"] == "stop"
+    plan = plan_resume(cfg, "auto")
+    assert plan is not None and plan.ckpt["path"] == str(ckpt)
