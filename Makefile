@@ -44,7 +44,7 @@ $(VSTAMP): pyproject.toml Makefile
 	@touch $(VSTAMP)
 
 test-vllm: $(VSTAMP)
-	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VPY) -m pytest $(PYTEST_FLAGS) -m vllm -p no:cacheprovider tests/vllm_rollout
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VPY) -m pytest $(PYTEST_FLAGS) -m vllm -p no:cacheprovider tests/vllm_rollout tests/multimodal/test_mm_vllm.py
 
 test-all: test test-slow
 

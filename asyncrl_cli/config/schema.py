@@ -27,8 +27,8 @@ SCHEMA_VERSION = 1
 MUTABLE: dict[str, Any] = {"x-runtime-mutable": True}
 """`json_schema_extra` marker of knobs the controller may change while a run is going."""
 
-BUILTIN_MODELS = ("tiny-qwen", "smollm2")
-BUILTIN_DATASETS = ("copy", "reverse", "arith")
+BUILTIN_MODELS = ("tiny-qwen", "tiny-qwen-all", "tiny-qwen3-vl", "smollm2")
+BUILTIN_DATASETS = ("copy", "reverse", "arith", "figures")
 NAMED_REWARDS = ("auto", "gsm8k", "math", "geo3k", "copy", "reverse", "arith")
 SINKS = ("jsonl", "console", "tensorboard", "wandb")
 

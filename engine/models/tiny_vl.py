@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.data.figures import corpus_texts
 
@@ -109,7 +109,7 @@ def build_tiny_vl_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0, layer
     return model.float().eval()
 
 
-def build_image_processor():  # noqa: ANN201 - a transformers image processor
+def build_image_processor() -> Any:
     """Qwen2-VL's image processor (PIL backend) with the tiny model's patching and pixel range."""
     try:
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (

@@ -88,14 +88,16 @@ def check_lengths(cfg: Any, model_dir: Path) -> None:
 def _expected_shapes(model_dir: Path, trust_remote_code: bool) -> dict[str, Any]:
     """{"shapes": name → shape, "tied": groups of names sharing one tensor} of the config's model."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
+
+    from engine.models.loader import auto_model_class
 
     hf_logging.set_verbosity_error()
     try:
         config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True, trust_remote_code=trust_remote_code)
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+            model = auto_model_class(config).from_config(config, trust_remote_code=trust_remote_code)
     except Exception as e:  # noqa: BLE001 - transformers raises many types for a bad config
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise PreflightError(f"model.path: {model_dir}: invalid config.json ({type(e).__name__}: {first})") from None

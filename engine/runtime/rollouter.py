@@ -214,7 +214,8 @@ class RolloutCore(RolloutCheckpointMixin):
             st = InFlight(p, time.monotonic(), self.version)
             for i in range(self.n):
                 st.running.add(i)
-                out.append(GenRequest(request_id(p.uid, i), p.prompt_ids, max_new_tokens=self.max_new))
+                out.append(GenRequest(request_id(p.uid, i), p.prompt_ids, max_new_tokens=self.max_new,
+                                      images=p.images))
             self.in_flight[p.uid] = st
         return out
 
@@ -259,7 +260,8 @@ class RolloutCore(RolloutCheckpointMixin):
                 if self._stopped:
                     continue
                 remaining = self.max_new - len(r.response_ids)
-                st.pending[i] = GenRequest(r.request_id, st.prompt.prompt_ids, prefix_ids=list(r.response_ids),
+                st.pending[i] = GenRequest(r.request_id, st.prompt.prompt_ids, images=st.prompt.images,
+                                           prefix_ids=list(r.response_ids),
                                            prefix_log_probs=list(r.log_probs), max_new_tokens=remaining,
                                            min_version=r.min_version)
                 continue
@@ -368,7 +370,7 @@ class RolloutCore(RolloutCheckpointMixin):
     def _queue_validation(self, version: int) -> None:
         self._val_version = version
         self._val_results = {}
-        self._val_pending = [GenRequest(f"{p.uid}#0", p.prompt_ids, max_new_tokens=self.max_new)
+        self._val_pending = [GenRequest(f"{p.uid}#0", p.prompt_ids, max_new_tokens=self.max_new, images=p.images)
                              for p in self.val_prompts]
 
     # ------------------------------------------------------------------ sync (called from the trainer)

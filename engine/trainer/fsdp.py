@@ -56,8 +56,12 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def shard_model(model: torch.nn.Module, device_type: str) -> torch.nn.Module:
-    """`fully_shard` every decoder layer, then the root, over a 1-D mesh of all ranks."""
+    """`fully_shard` every vision block (multimodal models), every decoder layer, then the root, over a 1-D
+    mesh of all ranks."""
     mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    visual = getattr(getattr(model, "model", None), "visual", None)
+    for block in getattr(visual, "blocks", []):
+        fully_shard(block, mesh=mesh)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)

@@ -41,12 +41,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from engine.multimodal.forward import vision_inputs
+from engine.multimodal.vision import ImageEncoder, VisionSpec, model_dir_of, placeholder_token_ids
 from engine.sync.buckets import bucketize
 from engine.trainer import checkpoint as ckpt
 from engine.trainer.base import LossFn, TrainBatch
 from engine.trainer.batch import split_micro_batches, trim_padding
-from engine.multimodal.forward import vision_inputs
-from engine.multimodal.vision import ImageEncoder, VisionSpec, model_dir_of, placeholder_token_ids
 from engine.trainer.logprobs import response_log_probs
 from engine.trainer.optim import OptimConfig, build_optimizer, set_lr, warmup_lr
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 
 def png_bytes(width: int, height: int, color: str = "white") -> bytes:
     """An encoded PNG of the given size."""
@@ -14,10 +17,8 @@ def png_bytes(width: int, height: int, color: str = "white") -> bytes:
     return out.getvalue()
 
 
-def tiny_vl_config(run_dir, *overrides: str):  # noqa: ANN001, ANN201 - a RunConfig
-    """The tiny-vl-cpu preset with `overrides` (`a.b=v`, TOML literals) and its run dir."""
-    from pathlib import Path
-
+def tiny_vl_config(run_dir: Path, *overrides: str) -> Any:
+    """The tiny-vl-cpu preset (a `RunConfig`) with `overrides` (`a.b=v`, TOML literals) and its run dir."""
     from asyncrl_cli.config import load_run_config
 
     preset = Path(__file__).resolve().parents[2] / "presets" / "runs" / "tiny-vl-cpu.toml"
@@ -26,10 +27,9 @@ def tiny_vl_config(run_dir, *overrides: str):  # noqa: ANN001, ANN201 - a RunCon
     return res.config
 
 
-def train_records(run_dir) -> list[dict]:  # noqa: ANN001
+def train_records(run_dir: Path) -> list[dict]:
     """The trainer's per-step records of a run directory."""
     import json
-    from pathlib import Path
 
     lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
     return [r for r in (json.loads(x) for x in lines if x.strip()) if "critic/rewards/mean" in r]

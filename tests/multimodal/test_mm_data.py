@@ -45,7 +45,7 @@ def test_figure_rows_are_geo3k_layout_and_deterministic() -> None:
         assert r["data_source"] == "asyncrl/figures" and r["reward_model"]["ground_truth"].isdigit()
         assert len(r["images"]) == 1 and r["images"][0]["bytes"].startswith(b"\x89PNG")
     val = builtin_rows("figures", "val", seed=3, size=64)
-    key = lambda r: (r["prompt"][0]["content"], r["images"][0]["bytes"])  # noqa: E731
+    key = lambda r: (r["prompt"][0]["content"], r["images"][0]["bytes"])
     assert {key(r) for r in val}.isdisjoint(key(r) for r in builtin_rows("figures", "train", seed=3, size=600))
 
 
@@ -116,8 +116,8 @@ def test_vision_tokens_count_toward_max_prompt_length(vl_tokenizer: Any, tmp_pat
 
 
 def test_images_on_a_text_model_fail_at_load(tmp_path: Path) -> None:
-    from engine.models.tiny import build_tiny_model_dir
     from engine.models.loader import load_tokenizer
+    from engine.models.tiny import build_tiny_model_dir
 
     tok = load_tokenizer(build_tiny_model_dir(tmp_path / "text", seed=0))
     path = write_dataset("figures", tmp_path / "fig", train_size=2, val_size=1)["train"]
