@@ -208,7 +208,7 @@ def connect_cluster(address: str | None = None, namespace: str = NAMESPACE) -> N
         return
     where = address or "auto (this machine)"
     hint = "is a run started (asyncrl launch)? pass --address HOST:PORT for a remote cluster"
-    problem = _unreachable(address)
+    problem = cluster_unreachable(address)
     if problem is not None:
         raise NoClusterError(f"no Ray cluster reachable at {where}: {problem} — {hint}")
     if address not in (None, "auto") and _is_this_machine(address):
@@ -225,7 +225,7 @@ def connect_cluster(address: str | None = None, namespace: str = NAMESPACE) -> N
         raise NoClusterError(f"no Ray cluster reachable at {where}: {_first_line(err)} — {hint}") from None
 
 
-def _unreachable(address: str | None, timeout_s: float = 3.0) -> str | None:
+def cluster_unreachable(address: str | None, timeout_s: float = 3.0) -> str | None:
     """Why the cluster's GCS cannot be reached by TCP (None when it can, or when this cannot be told).
 
     `ray.init` retries an unreachable address for minutes; this check fails in `timeout_s` instead.

@@ -59,9 +59,11 @@ def _placement(cfg: Any) -> dict[str, Any]:
         sync = cfg.async_training.mode == "sync"
         return {"device": "cpu", "replicas": replicas, "replica_res": {"num_cpus": 1},
                 "trainer_res": {"num_cpus": 1},
-                # sync mode alternates phases, so each phase may use every core; async splits them
+                # sync mode alternates phases, so each phase may use every core. In async mode the replicas
+                # share half the cores while the trainer may use all of them: on CPU the update is the slower
+                # side (the rollouter idles most of the time), so it takes the cores the replicas leave idle.
                 "replica_threads": cores if sync else max(1, (cores // 2) // replicas),
-                "trainer_threads": cores if sync else max(1, cores - cores // 2)}
+                "trainer_threads": cores}
     return {"device": device, "replicas": replicas, "replica_res": {"num_gpus": tp, "num_cpus": 1},
             "trainer_res": {"num_gpus": 1, "num_cpus": 1}, "replica_threads": 4, "trainer_threads": 4}
 
@@ -75,6 +77,11 @@ def _init_ray(address: str | None, placement: dict[str, Any]) -> bool:
         return False
     quiet = not os.environ.get("ASYNCRL_DEBUG")
     if address:
+        from engine.runtime.control_client import cluster_unreachable
+
+        why = cluster_unreachable(address)
+        if why:
+            raise RunFailed(f"no Ray cluster reachable at {address}: {why} (start one with `ray start --head`)")
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=not quiet, logging_level="ERROR")
         return True
     cpus = max(os.cpu_count() or 2, 1 + placement["replicas"])

@@ -28,6 +28,7 @@ from engine.runtime.budget import StalenessBudget
 from engine.runtime.prompt_stream import PromptStream
 from engine.runtime.replica_pool import ReplicaPool, describe_failure
 from engine.runtime.rollout_checkpoint import RolloutCheckpointMixin
+from engine.runtime.rollout_failures import RolloutFailureMixin
 from engine.runtime.rollout_state import InFlight, request_id
 from engine.types import GenRequest, GenResult, Prompt, Trajectory, TrajectoryGroup
 
@@ -43,7 +44,7 @@ class _Dispatch:
     requests: list[GenRequest] = field(default_factory=list)
 
 
-class RolloutCore(RolloutCheckpointMixin):
+class RolloutCore(RolloutCheckpointMixin, RolloutFailureMixin):
     """Streaming logic of the rollouter (runs inside the `Rollouter` actor).
 
     `replica_spec` (`{"options": ray actor options, "threads": n}`) lets it start replacement replicas;
@@ -306,47 +307,6 @@ class RolloutCore(RolloutCheckpointMixin):
             self._event("warning", "reward", f"the reward function failed on {errors} response(s) so far; each "
                         f"scored 0.0 (last: {self.scorer.last_error})", errors=errors)
 
-    # ------------------------------------------------------------------ replica failures
-    def _requeue(self, info: _Dispatch) -> None:
-        """Put a lost dispatch's requests back: train ones as pending (same prefix), val ones in front."""
-        if info.kind == "val":
-            self._val_pending = list(info.requests) + self._val_pending
-            return
-        for req in info.requests:
-            uid, idx = req.request_id.rsplit("#", 1)
-            st = self.in_flight.get(uid)
-            if st is not None:
-                st.running.discard(int(idx))
-                st.pending[int(idx)] = req
-
-    def _replica_failed(self, rid: int, cause: str, requeued: int = 0) -> None:
-        """Log the failure and start a replacement, or record the run's failure when the budget is spent."""
-        if self.pool.fail(rid, cause):
-            self._event("warning", "replica", f"rollout replica {rid} died ({cause}); {requeued} request(s) "
-                        f"re-queued; starting a replacement (restart {self.pool.restarts}/"
-                        f"{self.pool.max_restarts})", replica=rid, phase="restart", cause=cause)
-            return
-        self.failure = self.pool.exhausted
-        self._event("error", "replica", f"{self.failure}; stopping the run", replica=rid, phase="exhausted",
-                    cause=cause)
-        self.lock.notify_all()
-
-    def _poll_pool(self) -> None:
-        for rid, cause in self.pool.poll():
-            if cause is None:
-                self._event("info", "replica", f"replacement rollout replica {rid} is up with weights "
-                            f"v{self.pool.latest[0] if self.pool.latest else 0}", replica=rid, phase="replaced")
-            else:
-                self._replica_failed(rid, f"replacement failed to start: {cause}")
-
-    def _maybe_kill_replica(self, step: int) -> None:
-        """Fault injection (`debug.kill_replica_at_step`): replica 0's process exits once the step is reached."""
-        if self._kill_at and not self._killed and step >= self._kill_at and 0 not in self.pool.down:
-            self._killed = True
-            self._event("warning", "fault", f"fault injection: killing rollout replica 0 at step {step} "
-                        "(debug.kill_replica_at_step)")
-            self.pool.replicas[0].debug_exit.remote()
-
     def _on_val_results(self, results: list[GenResult]) -> None:
         for r in results:
             self._val_results[r.request_id] = r
@@ -574,6 +534,3 @@ class Rollouter:
 
     def stop(self) -> dict[str, list[str]]:
         return self.core.stop()
-
-    def stream_state(self) -> dict[str, int]:
-        return self.core.stream.state()
