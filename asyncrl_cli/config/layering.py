@@ -159,6 +159,12 @@ class _Resolver:
                 Problem("error", "read-error", f"cannot read file: {e.strerror or e}", None, source, None)
             )
             return None
+        except UnicodeDecodeError as e:
+            self.problems.append(
+                Problem("error", "read-error", f"not a UTF-8 text file (byte {e.start}): TOML files must be UTF-8",
+                        None, source, None)
+            )
+            return None
         lines = key_lines(text)
         try:
             data = tomllib.loads(text)

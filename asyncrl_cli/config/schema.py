@@ -143,7 +143,7 @@ class OptimConfig(Section):
 
     name: Literal["adamw"] = "adamw"
     """Optimizer (AdamW with decoupled weight decay)."""
-    lr: float = Field(1e-6, gt=0, json_schema_extra=MUTABLE)
+    lr: float = Field(1e-6, gt=0, lt=1, strict=True, json_schema_extra=MUTABLE)
     """Learning rate after warm-up (constant schedule)."""
     betas: list[float] = Field([0.9, 0.999], min_length=2, max_length=2)
     """Adam β1, β2."""
@@ -203,7 +203,7 @@ class TrainerConfig(Section):
     """Entropy bonus weight (0 = off)."""
     total_steps: int | None = Field(None, gt=0)
     """Total policy versions to train (overrides the count derived from data and `total_rollout_steps`)."""
-    total_epochs: int = Field(1, gt=0)
+    total_epochs: int = Field(1, gt=0, le=100_000)
     """Passes over the training data."""
     test_freq: int = Field(0, ge=0, json_schema_extra=MUTABLE)
     """Validate every N policy versions (0 = never)."""
@@ -220,7 +220,7 @@ class RolloutConfig(Section):
 
     backend: Literal["hf", "vllm"] = "hf"
     """`hf` = asyncrl's own sampler on transformers (CPU and small GPUs); `vllm` = vLLM replicas."""
-    n: int = Field(8, gt=0)
+    n: int = Field(8, gt=0, le=4096)
     """Responses per prompt (the GRPO group size)."""
     temperature: float = Field(1.0, ge=0, json_schema_extra=MUTABLE)
     """Sampling temperature (the rollout log-probs are those of the sampling distribution)."""

@@ -68,6 +68,16 @@ def _placement(cfg: Any) -> dict[str, Any]:
             "trainer_res": {"num_gpus": 1, "num_cpus": 1}, "replica_threads": 4, "trainer_threads": 4}
 
 
+def object_store_bytes(model_dir: Path) -> int:
+    """Object-store size for a local Ray: room for three copies of the weights as fp32 sync buckets (the version
+    being pushed, the one kept for replacement replicas, and slack) — so syncs never spill to disk — at least
+    1 GiB. `ASYNCRL_OBJECT_STORE_BYTES` overrides it."""
+    if os.environ.get("ASYNCRL_OBJECT_STORE_BYTES"):
+        return int(os.environ["ASYNCRL_OBJECT_STORE_BYTES"])
+    weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    return max(1 << 30, 3 * weights + (256 << 20))
+
+
 def _init_ray(address: str | None, placement: dict[str, Any]) -> bool:
     """Join `address` or start a local Ray. Returns True when this process started it."""
     import ray
@@ -86,7 +96,7 @@ def _init_ray(address: str | None, placement: dict[str, Any]) -> bool:
         return True
     cpus = max(os.cpu_count() or 2, 1 + placement["replicas"])
     ray.init(num_cpus=cpus, include_dashboard=False, namespace=NAMESPACE, log_to_driver=not quiet,
-             logging_level="ERROR", object_store_memory=int(os.environ.get("ASYNCRL_OBJECT_STORE_BYTES", 1 << 30)))
+             logging_level="ERROR", object_store_memory=placement["object_store_bytes"])
     return True
 
 
@@ -144,6 +154,7 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
         print(f"asyncrl: {message}", file=sys.stderr)
         resumed = {"plan": plan, "message": message}
     placement = _placement(cfg)
+    placement["object_store_bytes"] = object_store_bytes(Path(model_dir))
     started_ray = _init_ray(address, placement)
     restore_sigterm = _sigterm_as_interrupt()
     try:

@@ -36,9 +36,7 @@ CASES = sorted((HERE / "cases").glob("*.toml"))
 REWARDS = HERE / "data" / "rewards"
 SMALL_RUN = ("trainer.ppo_mini_batch_size=4", "trainer.ppo_micro_batch_size_per_gpu=8", "rollout.n=2",
              "rollout.total_rollout_steps=8", "trainer.test_freq=0", "trainer.val_before_train=false")
-KNOWN_GAPS = {
-    "toml_not_utf8.toml": "the config loader reports a non-UTF-8 run file as an internal error (UnicodeDecodeError)",
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 
 @dataclass
