@@ -138,7 +138,8 @@ class RolloutCore(RolloutCheckpointMixin, RolloutFailureMixin):
 
     # ------------------------------------------------------------------ dispatch loop
     def run(self) -> None:
-        """The dispatch thread: until the stream is exhausted and every prompt is finished, or stop()."""
+        """The dispatch thread, until stop() (or a replica failure beyond the restart budget). Once the stream is
+        exhausted and every prompt finished it closes the queue and keeps serving validation only."""
         self._running = True
         try:
             while True:
@@ -148,12 +149,11 @@ class RolloutCore(RolloutCheckpointMixin, RolloutFailureMixin):
                     self._poll_pool()
                     if self._stopped or self.failure:
                         return
-                    if self._exhausted():
-                        if not self._closed:
-                            self._closed = True
-                            ray.get(self.queue.close.remote())
-                            self._event("info", "finish", "prompt stream exhausted; queue closed")
-                        return
+                    if not self._closed and self._exhausted():
+                        # the trainer drains the queue and stops us; until then validation requests are served
+                        self._closed = True
+                        ray.get(self.queue.close.remote())
+                        self._event("info", "finish", "prompt stream exhausted; queue closed")
                     self._dispatch_idle()
                 self._push_workers()
                 if not self.dispatch:
@@ -326,6 +326,24 @@ class RolloutCore(RolloutCheckpointMixin, RolloutFailureMixin):
         self.controller.record_metrics.remote(rec)
         summary = ", ".join(f"{src}={sum(xs) / len(xs):.3f}" for src, xs in per_source.items())
         self._event("info", "validation", f"validation at version {self._val_version}: {summary}")
+
+    def final_validation(self, version: int, step: int, timeout_s: float = 1800.0) -> None:
+        """Validate `version` unless that already happened, and wait (bounded) until its record is written."""
+        with self.lock:
+            if not self.val_prompts or self._stopped or not self._running:
+                return
+            self.step = step
+            if self._val_version != version:
+                self._queue_validation(version)
+            deadline = time.monotonic() + timeout_s
+            while (self._val_pending or self._val_results or self._val_running()) and not self._stopped:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.lock.wait(min(left, 0.5))
+
+    def _val_running(self) -> bool:
+        return any(d.kind == "val" for d in self.dispatch.values())
 
     def _queue_validation(self, version: int) -> None:
         self._val_version = version
@@ -531,6 +549,9 @@ class Rollouter:
 
     def outstanding_min_version(self) -> int | None:
         return self.core.outstanding_min_version()
+
+    def final_validation(self, version: int, step: int) -> None:
+        self.core.final_validation(version, step)
 
     def stop(self) -> dict[str, list[str]]:
         return self.core.stop()

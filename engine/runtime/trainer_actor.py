@@ -124,6 +124,9 @@ class TrainerCore:
                 if not self._step():
                     break
             self._checkpoint_best_effort("stop" if self._stop else "final")
+            if not self._stop and self.cfg.trainer.test_freq:
+                # the last version's validation score, as verl validates at the end of training
+                ray.get(self.rollouter.final_validation.remote(self.version, self.local_step))
         except Exception:
             self.controller.record_event.remote(self._ev("error", "error", traceback.format_exc(limit=8)))
             self._checkpoint_after_failure()
