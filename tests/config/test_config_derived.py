@@ -72,7 +72,7 @@ def test_engine_helpers_raise_when_nothing_bounds_the_run() -> None:
 def test_presets_have_the_intended_lengths(name: str) -> None:
     c, _, problems = load_run_config(RUNS / f"{name}.toml")
     assert c is not None, [p.render() for p in problems]
-    expected = {"tiny-cpu": 400, "smollm2-arith-cpu": 16, "qwen3-30b-a3b-base-dapo-megatron-96-32": 1600}[
+    expected = {"tiny-cpu": 400, "smollm2-arith-cpu": 20, "qwen3-30b-a3b-base-dapo-megatron-96-32": 1600}[
         name
     ]
     assert derive(c).total_local_steps == expected
