@@ -1,18 +1,17 @@
 """The `asyncrl` command line: one Typer app, one module per verb under `commands/`.
 
-Exit codes: 0 ok · 1 invalid/failure · 2 usage · 3 does not fit · 130 interrupted. Nothing here imports
+Exit codes: 0 ok · 1 invalid/failure · 2 usage · 3 does not fit · 4 no cluster / no such run · 130 interrupted. Nothing here imports
 torch, ray, vllm or transformers: the engine is imported lazily by `launch` and `data make` only.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from asyncrl_cli.commands import data, import_, init, launch, presets, schema, validate
-from asyncrl_cli.errors import AsyncrlError, debug_enabled, handle_errors, report_error
+from asyncrl_cli.commands import attach, bench, ctl, data, import_, init, launch, presets, schema, status, validate
+from asyncrl_cli.errors import AsyncrlError, debug_enabled, report_error
 
 LIFECYCLE = "Run lifecycle"
 INSPECT = "Inspect"
@@ -51,48 +50,14 @@ def _root(
 app.command("init", rich_help_panel=LIFECYCLE)(init.command)
 app.command("validate", rich_help_panel=LIFECYCLE)(validate.command)
 app.command("launch", rich_help_panel=LIFECYCLE)(launch.command)
+app.command("attach", rich_help_panel=LIFECYCLE)(attach.command)
+app.add_typer(ctl.app, name="ctl", rich_help_panel=LIFECYCLE)
+app.command("status", rich_help_panel=INSPECT)(status.command)
 app.add_typer(presets.app, name="presets", rich_help_panel=INSPECT)
 app.command("schema", rich_help_panel=INSPECT)(schema.command)
 app.add_typer(import_.app, name="import", rich_help_panel=TOOLS)
 app.add_typer(data.app, name="data", rich_help_panel=TOOLS)
-
-
-def _unavailable(name: str, err: BaseException) -> Any:
-    @handle_errors
-    def command() -> None:
-        raise AsyncrlError(f"`asyncrl {name}` is unavailable: {err}")
-
-    command.__doc__ = f"(unavailable: {err})"
-    return command
-
-
-def _register_optional() -> None:
-    """`attach`, `ctl`, `status` live in modules written separately; the CLI works without them."""
-    specs = (("attach", "command", LIFECYCLE), ("ctl", "app", LIFECYCLE), ("status", "command", INSPECT))
-    for name, attr, panel in specs:
-        module_name = f"asyncrl_cli.commands.{name}"
-        try:
-            module = importlib.import_module(module_name)
-            target = getattr(module, attr)
-        except ModuleNotFoundError as e:
-            if e.name == module_name:
-                continue  # not written yet
-            if debug_enabled():
-                raise
-            app.command(name, rich_help_panel=panel)(_unavailable(name, e))
-            continue
-        except Exception as e:  # noqa: BLE001 - a broken optional module must not break the CLI
-            if debug_enabled():
-                raise
-            app.command(name, rich_help_panel=panel)(_unavailable(name, e))
-            continue
-        if attr == "app":
-            app.add_typer(target, name=name, rich_help_panel=panel)
-        else:
-            app.command(name, rich_help_panel=panel)(target)
-
-
-_register_optional()
+app.command("bench", rich_help_panel=TOOLS)(bench.command)
 
 
 def main() -> None:

@@ -41,7 +41,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "max_new_tokens": {"tiny": 32, "smollm2": 40},
         "repeats": 2,
         "vllm": True,
-        "threads": None,
+        "threads": 1,
     },
     "toy": {
         "models": ["tiny"],
@@ -253,6 +253,11 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
     ]
     result["targets"] = _targets(rows, spec, vllm_info)
     result["notes"] = [
+        (
+            f"Every backend runs with {threads} intra-op thread(s) — what one rollout replica gets in fully "
+            "async mode on a 2-core machine (`engine/runtime/driver.py::_placement`); with more OpenMP threads "
+            "than free cores, small batches slow down by an order of magnitude on a shared machine."
+        ),
         (
             "Prompts come from the built-in datasets (copy for the tiny model, arith for SmolLM2), rendered and "
             f"tokenised as the engine does; sampling at temperature {TEMPERATURE}, top-k/top-p off, each backend "

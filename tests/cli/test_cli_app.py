@@ -79,34 +79,6 @@ def test_data_make_calls_the_engine_writer(cli, tmp_path: Path) -> None:
     assert cli("data", "make", "nope", "--out", "d").exit_code == 2
 
 
-def test_optional_commands_are_guarded(monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib
-
-    real = importlib.import_module
-
-    def fake(name: str, *a, **k):
-        if name == "asyncrl_cli.commands.status":
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        if name == "asyncrl_cli.commands.attach":
-            raise RuntimeError("broken module")
-        return real(name, *a, **k)
-
-    monkeypatch.setattr(importlib, "import_module", fake)
-    before = {c.name for c in app_module.app.registered_commands}
-    app_module.app.registered_commands = [
-        c for c in app_module.app.registered_commands if c.name not in ("attach", "status")
-    ]
-    try:
-        app_module._register_optional()
-        names = [c.name for c in app_module.app.registered_commands]
-        assert "status" not in names  # not written yet: silently absent
-        assert "attach" in names  # broken: present, and says why when run
-    finally:
-        app_module.app.registered_commands = [
-            c for c in app_module.app.registered_commands if c.name in before
-        ]
-
-
 def test_main_maps_interrupts_and_unexpected_errors(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     def boom() -> None:
         raise ValueError("kaput")

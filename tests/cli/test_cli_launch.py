@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import sys
-import types
 from pathlib import Path
 
-import pytest
 
 RUNS = Path(__file__).resolve().parents[2] / "presets" / "runs"
 
@@ -58,28 +55,3 @@ def test_invalid_config_starts_nothing(cli) -> None:
     )
     assert r.exit_code == 3
     assert "gpus_per_node" in r.stderr
-
-
-def test_launch_calls_the_engine_driver(cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: dict = {}
-
-    def run(cfg, *, provenance, address, resume, tui):
-        seen.update(name=cfg.name, provenance=provenance, address=address, resume=resume, tui=tui)
-        return 7
-
-    fake = types.ModuleType("engine.runtime.driver")
-    fake.run = run  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "engine.runtime.driver", fake)
-    r = cli("launch", RUNS / "tiny-cpu.toml", "--address", "auto", "--resume", "auto", "--tui")
-    assert r.exit_code == 7
-    assert (
-        seen["name"] == "tiny-cpu" and seen["address"] == "auto" and seen["resume"] == "auto" and seen["tui"]
-    )
-    assert "keys" in seen["provenance"]
-
-
-def test_missing_driver_is_one_clear_message(cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "engine.runtime.driver", None)  # import fails
-    r = cli("launch", RUNS / "tiny-cpu.toml")
-    assert r.exit_code == 1
-    assert "engine driver cannot be imported" in r.stderr and "Traceback" not in r.output
