@@ -129,6 +129,7 @@ def ray_session(object_store_bytes: int = 1 << 30) -> Iterator[None]:
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(
+        address="local",  # always a private cluster, never one another user started with `ray start`
         num_cpus=max(os.cpu_count() or 2, 2),
         include_dashboard=False,
         namespace="asyncrl",

@@ -28,7 +28,7 @@ SIZES: dict[str, dict[str, Any]] = {
     "full": {
         "presets": {"tiny": ("tiny-cpu.toml", []), "smollm2": ("smollm2-arith-cpu.toml", [])},
         "steps": 3,
-        "threads": None,
+        "threads": 1,
     },
     "toy": {
         "presets": {
@@ -101,6 +101,11 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
         )
     ]
     result["notes"] = [
+        (
+            f"{threads} intra-op thread(s): what the trainer gets in fully async mode on a 2-core machine "
+            "(`engine/runtime/driver.py::_placement`). With 2 threads on this shared machine the same step "
+            "took 0.26–8 s instead of 0.15 s (OpenMP threads waiting on a descheduled peer)."
+        ),
         (
             "Tokens are prompt + response tokens of the batch (Σ attention_mask), the same definition as the "
             "engine's `asyncrl/trainer/tokens_per_s`; responses are full-length random tokens with rewards "

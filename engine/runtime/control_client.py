@@ -211,8 +211,7 @@ def connect_cluster(address: str | None = None, namespace: str = NAMESPACE) -> N
     problem = cluster_unreachable(address)
     if problem is not None:
         raise NoClusterError(f"no Ray cluster reachable at {where}: {problem} — {hint}")
-    if address not in (None, "auto") and _is_this_machine(address):
-        _use_local_token()
+    use_local_token_for(address)
     try:
         ray.init(
             address=address or "auto",
@@ -273,6 +272,12 @@ def _is_this_machine(address: str) -> bool:
         return host in own or socket.gethostbyname(host) in own
     except (OSError, ValueError):
         return False
+
+
+def use_local_token_for(address: str | None) -> None:
+    """Before `ray.init(address=...)`: an explicit address of this machine authenticates with the local token."""
+    if address not in (None, "auto") and _is_this_machine(address):
+        _use_local_token()
 
 
 def _use_local_token() -> None:

@@ -87,11 +87,12 @@ def _init_ray(address: str | None, placement: dict[str, Any]) -> bool:
         return False
     quiet = not os.environ.get("ASYNCRL_DEBUG")
     if address:
-        from engine.runtime.control_client import cluster_unreachable
+        from engine.runtime.control_client import cluster_unreachable, use_local_token_for
 
         why = cluster_unreachable(address)
         if why:
             raise RunFailed(f"no Ray cluster reachable at {address}: {why} (start one with `ray start --head`)")
+        use_local_token_for(address)
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=not quiet, logging_level="ERROR")
         return True
     cpus = max(os.cpu_count() or 2, 1 + placement["replicas"])

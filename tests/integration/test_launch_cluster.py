@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -34,12 +35,19 @@ def _launch(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
 
 def test_launch_joins_a_running_cluster(tmp_path):
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    start = subprocess.run([str(BIN / "ray"), "start", "--head", f"--port={_free_port()}", "--num-cpus=2",
-                            "--include-dashboard=false", "--disable-usage-stats"],
-                           capture_output=True, text=True, env=env, timeout=180)
-    assert start.returncode == 0, start.stderr
+    # `--block` keeps `ray start` in the foreground: ending its session stops exactly this cluster
+    # (`ray stop` would stop every Ray on the machine)
+    head = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--block", f"--port={_free_port()}", "--num-cpus=2",
+                             "--include-dashboard=false", "--disable-usage-stats"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     try:
-        address = re.search(r"ray start --address='([^']+)'", start.stdout).group(1)
+        address = None
+        for line in head.stdout:
+            m = re.search(r"ray start --address='([^']+)'", line)
+            if m:
+                address = m.group(1)
+                break
+        assert address, "ray start printed no address"
         done = _launch(tmp_path / "run", "--address", address)
         assert done.returncode == 0, done.stderr
         assert len(train_records(tmp_path / "run")) == 4
@@ -48,7 +56,8 @@ def test_launch_joins_a_running_cluster(tmp_path):
         again = _launch(tmp_path / "run2", "--address", address)
         assert again.returncode == 0, again.stderr
     finally:
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, timeout=120, env=env)
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(timeout=120)
 
 
 def test_unreachable_address_is_one_clear_line(tmp_path):
