@@ -96,7 +96,8 @@ def _init_ray(address: str | None, placement: dict[str, Any]) -> bool:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=not quiet, logging_level="ERROR")
         return True
     cpus = max(os.cpu_count() or 2, 1 + placement["replicas"])
-    ray.init(num_cpus=cpus, include_dashboard=False, namespace=NAMESPACE, log_to_driver=not quiet,
+    # address="local": always a private cluster, never a `ray start` cluster found on this machine
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, namespace=NAMESPACE, log_to_driver=not quiet,
              logging_level="ERROR", object_store_memory=placement["object_store_bytes"])
     return True
 

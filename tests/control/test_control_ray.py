@@ -22,6 +22,7 @@ def ray_session() -> Iterator[None]:
     started = not ray.is_initialized()
     if started:
         ray.init(
+            address="local",
             num_cpus=1,
             include_dashboard=False,
             namespace="asyncrl-test",

@@ -23,7 +23,7 @@ REQUESTS = [GenRequest(str(i), [2 + i, 9, 4 + i], max_new_tokens=10) for i in ra
 
 @pytest.fixture
 def local_ray():
-    ray.init(num_cpus=1, include_dashboard=False, object_store_memory=80 * 1024 * 1024,
+    ray.init(address="local", num_cpus=1, include_dashboard=False, object_store_memory=80 * 1024 * 1024,
              log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()

@@ -60,6 +60,7 @@ def test_backend_in_a_ray_actor_updates_from_object_refs_and_aborts_from_another
     import ray
 
     ray.init(
+        address="local",
         num_cpus=2,
         include_dashboard=False,
         object_store_memory=200 * 1024 * 1024,
