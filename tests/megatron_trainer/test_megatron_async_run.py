@@ -30,6 +30,7 @@ def test_tiny_async_run_with_megatron_trainer_in_decoupled_mode(tmp_path: Path) 
     assert all(r["actor/skipped_step"] == 0 and r["actor/grad_norm"] > 0 for r in recs)
     assert all("timing_s/prox_log_probs" in r for r in recs)  # π_prox recomputed with the snapshot every step
     assert [r["fully_async/count/current_param_version"] for r in recs] == [0, 1, 1, 2, 2, 3]
-    ckpt = run_dir / "checkpoints" / "global_step_2" / "trainer"
+    # the periodic checkpoint at version 2 (local step 4) was written in decoupled mode (verl #6026)
+    ckpt = run_dir / "checkpoints" / "global_step_4" / "trainer"
     assert (ckpt / "model.safetensors").exists() and (ckpt / "prox_rank0.pt").exists()
     assert json.loads((ckpt / "trainer_state.json").read_text())["backend"] == "megatron"
