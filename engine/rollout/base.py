@@ -32,6 +32,16 @@ class SamplingParams:
     seed: int | None = None
 
 
+ROLLOUT_STATS = ("calls", "requests", "tokens_generated", "gen_seconds", "finished_stop", "finished_length",
+                 "aborted", "weight_updates", "weight_update_seconds", "weight_update_bytes", "images")
+"""The counters every backend's `stats()` reports (backends may add their own)."""
+
+
+def new_rollout_stats(*extra: str) -> dict[str, float]:
+    """Zeroed counters: `ROLLOUT_STATS` plus a backend's `extra` names."""
+    return {name: 0.0 for name in (*ROLLOUT_STATS, *extra)}
+
+
 @runtime_checkable
 class RolloutBackend(Protocol):
     """A generation engine for one replica."""

@@ -29,7 +29,7 @@ import torch
 
 from engine.multimodal.placeholders import PlaceholderMismatch, check_image_tokens
 from engine.multimodal.vision import ImageEncoder, VisionSpec, model_dir_of
-from engine.rollout.base import SamplingParams
+from engine.rollout.base import SamplingParams, new_rollout_stats
 from engine.rollout.decode import (
     DecodeCounters,
     ForwardAdapter,
@@ -78,20 +78,7 @@ class HFRolloutBackend:
         self._encoder = image_encoder
         self._forward = ForwardAdapter(self.model) if self.vision is None else MultimodalForward(self.model, image_encoder)
         self._counters = DecodeCounters()
-        self._stats: dict[str, float] = {
-            "calls": 0.0,
-            "requests": 0.0,
-            "tokens_generated": 0.0,
-            "gen_seconds": 0.0,
-            "finished_stop": 0.0,
-            "finished_length": 0.0,
-            "aborted": 0.0,
-            "weight_updates": 0.0,
-            "weight_update_seconds": 0.0,
-            "weight_update_bytes": 0.0,
-            "images": 0.0,
-            "image_mismatch": 0.0,
-        }
+        self._stats: dict[str, float] = new_rollout_stats("image_mismatch")
 
     # --- generation -------------------------------------------------------------------------------------
     def generate(

@@ -56,7 +56,7 @@ import numpy as np
 
 from engine.multimodal.images import open_b64
 from engine.multimodal.vision import placeholder_token_ids
-from engine.rollout.base import SamplingParams
+from engine.rollout.base import SamplingParams, new_rollout_stats
 from engine.rollout.loop_thread import LoopThread
 from engine.rollout.vllm_selftest import ResumeContinuityReport, ResumeContinuitySelfTest
 from engine.rollout.vllm_weights import (
@@ -137,20 +137,7 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         self.suppressed_ids = placeholder_token_ids(json.loads((Path(self.model_dir) / "config.json").read_text()))
         self._flights: dict[str, _Flight] = {}
         self._paused_by_caller = False
-        self._stats: dict[str, float] = {
-            "calls": 0.0,
-            "requests": 0.0,
-            "tokens_generated": 0.0,
-            "gen_seconds": 0.0,
-            "finished_stop": 0.0,
-            "finished_length": 0.0,
-            "aborted": 0.0,
-            "weight_updates": 0.0,
-            "weight_update_seconds": 0.0,
-            "weight_update_bytes": 0.0,
-            "kv_cache_releases": 0.0,
-            "images": 0.0,
-        }
+        self._stats: dict[str, float] = new_rollout_stats("kv_cache_releases")
         engine_kwargs: dict[str, Any] = {
             "model": self.model_dir,
             "tokenizer": self.model_dir,
