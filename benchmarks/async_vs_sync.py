@@ -53,6 +53,7 @@ def compare(name: str, sync: RunSummary, fast: RunSummary) -> dict[str, Any]:
         "preset": name,
         "speedup": achieved,
         "speedup_end_to_end": sync.wall_s / fast.wall_s,
+        "speedup_median_step": sync.median_step_s / fast.median_step_s,
         "ideal_speedup": ideal,
         "overlap_efficiency": overlap_efficiency(achieved, ideal),
         "reward_within_noise": within_noise(
@@ -92,7 +93,9 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
         (
             "Speedups compare trained prompts/s over steps 2…K on the trainer's clock (`asyncrl/time`): the "
             "first step is dropped because the rollouter starts generating while the trainer still loads its "
-            "model. The end-to-end ratio (`run()` wall, Ray and model start-up included) is in the table too."
+            "model. The end-to-end ratio (`run()` wall, Ray and model start-up included) is in the table too, "
+            "and so is the ratio of median step times, which steps stalled by other processes on a shared "
+            "machine do not move."
         ),
         (
             "On CPU the sync run gives each phase every core (they alternate), while fully async splits the cores "
@@ -128,6 +131,7 @@ def _tables(comparisons: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     round(s["train_wall_s"], 2),
                     round(s["wall_s"], 1),
                     round(s["prompts_per_s"], 2),
+                    round(s["median_step_s"], 3),
                     round(s["t_gen"], 2),
                     round(s["t_train"], 2),
                     f"{s['final_reward']:.3f} ± {s['final_reward_se']:.3f}",
@@ -138,6 +142,7 @@ def _tables(comparisons: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 c["preset"],
                 round(c["speedup"], 2),
                 round(c["speedup_end_to_end"], 2),
+                round(c["speedup_median_step"], 2),
                 round(c["ideal_speedup"], 2),
                 round(c["overlap_efficiency"], 2),
                 "yes" if c["reward_within_noise"] else "no",
@@ -155,6 +160,7 @@ def _tables(comparisons: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "trainer wall (s)",
                 "end-to-end wall (s)",
                 "prompts/s (steps 2…K)",
+                "median step (s)",
                 "T_gen (s)",
                 "T_train (s)",
                 "final reward",
@@ -167,6 +173,7 @@ def _tables(comparisons: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "preset",
                 "async ÷ sync",
                 "end-to-end ratio",
+                "median-step ratio",
                 "ideal",
                 "overlap efficiency",
                 "reward within noise",

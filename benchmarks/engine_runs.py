@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import statistics
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -36,13 +37,16 @@ class RunSummary:
         T_gen   = Σ_{k≥2} timing_s/gen_k                        (the trainer waiting for rollouts)
         T_train = Σ_{k≥2} (timing_s/step_k − timing_s/gen_k)    (log-probs, update, sync, bookkeeping)
 
-    With a single step the steady state is that step (time from the trainer's start)."""
+    With a single step the steady state is that step (time from the trainer's start). `median_step_s` is
+    the median of `timing_s/step` over the same steps: on a shared machine a few steps stalled by other
+    processes inflate the sums, not the median."""
 
     label: str
     overrides: list[str]
     wall_s: float
     train_wall_s: float
     steady_wall_s: float
+    median_step_s: float
     steps: int
     trained_prompts: int
     prompts_per_s: float
@@ -98,6 +102,7 @@ def summarize(
         wall_s=round(wall_s, 3),
         train_wall_s=train_wall,
         steady_wall_s=steady_wall,
+        median_step_s=statistics.median(float(r.get("timing_s/step", 0.0)) for r in steady),
         steps=len(train),
         trained_prompts=trained,
         prompts_per_s=steady_prompts / steady_wall if steady_wall > 0 else 0.0,
@@ -114,6 +119,8 @@ def summarize(
             "step": [int(r["training/global_step"]) for r in train],
             "time": [float(r["asyncrl/time"]) for r in train],
             "reward": rewards,
+            "gen_s": [float(r.get("timing_s/gen", 0.0)) for r in train],
+            "step_s": [float(r.get("timing_s/step", 0.0)) for r in train],
         },
     )
 

@@ -66,6 +66,7 @@ def test_summarize_uses_the_steady_state_after_the_first_step() -> None:
     assert s.train_wall_s == 13.0 and s.steady_wall_s == 8.0
     assert s.prompts_per_s == pytest.approx(16 / 8.0)  # 4 of the 5 steps' prompts over steps 2…5
     assert s.t_gen == pytest.approx(4 * 1.5) and s.t_train == pytest.approx(4 * 0.5)
+    assert s.median_step_s == 2.0 and s.curve["gen_s"] == [1.5] * 5
     assert s.final_reward == pytest.approx(0.4)  # mean of the last 3 of 5 rewards
     assert s.staleness_max == 1 and s.partial_ratio == pytest.approx(0.25)
     with pytest.raises(ValueError):
