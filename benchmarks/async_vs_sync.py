@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import PRESETS, finish_result, new_result, table, write_json
+from benchmarks.common import PRESETS, finish_result, new_result, sig, table, write_json
 from benchmarks.engine_runs import SYNC_OVERRIDES, RunSummary, launch, ray_session
 from benchmarks.metrics import ideal_speedup, overlap_efficiency, within_noise
 from benchmarks.plots import bars, pyplot, save
@@ -130,7 +130,7 @@ def _tables(comparisons: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     round(s["steady_wall_s"], 2),
                     round(s["train_wall_s"], 2),
                     round(s["wall_s"], 1),
-                    round(s["prompts_per_s"], 2),
+                    sig(s["prompts_per_s"]),
                     round(s["median_step_s"], 3),
                     round(s["t_gen"], 2),
                     round(s["t_train"], 2),

@@ -155,6 +155,11 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
 
 
+def sig(x: float, digits: int = 3) -> float:
+    """`x` rounded to `digits` significant digits (for tables whose rows span orders of magnitude)."""
+    return float(f"{x:.{digits}g}")
+
+
 def table(title: str, columns: list[str], rows: list[list[Any]]) -> dict[str, Any]:
     """A table as stored in the JSON and rendered in docs/benchmarks.md."""
     return {"title": title, "columns": columns, "rows": rows}
@@ -194,8 +199,8 @@ def run_json_subprocess(argv: list[str], threads: int, timeout_s: float) -> dict
         return {"error": f"timed out after {timeout_s:.0f}s"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
+        tail = [ln.strip() for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
+        return {"error": f"exit {proc.returncode}: {tail[-1][:300] if tail else 'no output'}"}
     return json.loads(lines[-1])
 
 

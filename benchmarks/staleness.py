@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import PRESETS, finish_result, new_result, table, write_json
+from benchmarks.common import PRESETS, finish_result, new_result, sig, table, write_json
 from benchmarks.engine_runs import SYNC_OVERRIDES, RunSummary, launch, ray_session
 from benchmarks.plots import bars, pyplot, save
 
@@ -97,7 +97,7 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
             [
                 [
                     r["config"],
-                    round(r["prompts_per_s"], 2),
+                    sig(r["prompts_per_s"]),
                     "" if r["speedup"] is None else round(r["speedup"], 2),
                     f"{r['final_reward']:.3f} ± {r['final_reward_se']:.3f}",
                     round(r["staleness_mean"], 2),

@@ -29,6 +29,7 @@ def main(out: Path) -> None:
 
     from asyncrl_cli.config import load_run_config
     from engine.runtime.control_client import ControlClient
+    from engine.runtime.controller import live_run_names
     from engine.runtime.driver import run
 
     tmp = Path(tempfile.mkdtemp()) / "run"
@@ -39,7 +40,7 @@ def main(out: Path) -> None:
     driver = threading.Thread(target=lambda: codes.append(run(cfg, provenance=loaded.provenance.to_json(),
                                                               progress=False)))
     driver.start()
-    while not (ray.is_initialized() and cfg.name in ray.util.list_named_actors()) and not codes:
+    while not (ray.is_initialized() and cfg.name in live_run_names()) and not codes:
         time.sleep(0.2)
     client = ControlClient(cfg.name, who="alice@lab-01")
     while not codes and not any(e["kind"] == "sync" for e in client.snapshot(0)["events"]):

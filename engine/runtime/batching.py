@@ -97,6 +97,10 @@ class LogRatioObserver:
             self.values.append(delta[batch.response_mask.bool()].flatten())
         return self.loss_fn(log_probs, entropy, batch)
 
+    def extend(self, values: list[torch.Tensor]) -> None:
+        """Add log-ratios observed elsewhere (the other trainer ranks' rows of the same step)."""
+        self.values.extend(v for v in values if v.numel())
+
     def take(self) -> torch.Tensor:
         out = torch.cat(self.values) if self.values else torch.zeros(0)
         self.values = []

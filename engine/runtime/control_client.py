@@ -24,7 +24,7 @@ from engine.runtime.control_errors import (
     RunNotFoundError,
     SourceUnavailable,
 )
-from engine.runtime.controller import NAMESPACE, ControllerCore, default_who
+from engine.runtime.controller import NAMESPACE, ControllerCore, default_who, live_run_names, run_namespace
 from engine.runtime.replay_source import ReplaySource
 
 __all__ = [
@@ -125,7 +125,7 @@ class ActorSource:
 
 
 class ControlClient(ActorSource):
-    """Finds the `RunController` named `run_name` in namespace `asyncrl` on a Ray cluster and talks to it.
+    """Finds the `RunController` named `run_name` (namespace `asyncrl.<run_name>`) on a Ray cluster and talks to it.
 
     With `run_name=None` it picks the only live run, or raises `AmbiguousRunError` listing them.
     Connecting reuses the process's Ray connection when there is one (in-process `launch --tui`, tests).
@@ -161,8 +161,8 @@ class ControlClient(ActorSource):
             return self.address or "auto"
 
     def list_runs(self) -> list[str]:
-        """Names of the live runs (named actors in the `asyncrl` namespace)."""
-        return _named_actors(self.namespace)
+        """Names of the live runs (one controller per `asyncrl.<run>` namespace)."""
+        return live_run_names(self.namespace)
 
     def _pick_run(self) -> str:
         runs = self.list_runs()
@@ -187,7 +187,7 @@ class ControlClient(ActorSource):
         import ray
 
         try:
-            return ray.get_actor(self.run_name, namespace=self.namespace)
+            return ray.get_actor(self.run_name, namespace=run_namespace(self.run_name, self.namespace))
         except ValueError:
             live = self.list_runs()
             hint = f"; live runs: {', '.join(live)}" if live else "; no run is live on this cluster"
@@ -255,13 +255,6 @@ def cluster_unreachable(address: str | None, timeout_s: float = 3.0) -> str | No
         return f"cannot connect to {host}:{port} ({err.strerror or err})"
 
 
-def _named_actors(namespace: str) -> list[str]:
-    import ray
-
-    actors = ray.util.list_named_actors(all_namespaces=True)
-    return sorted(a["name"] for a in actors if a.get("namespace") == namespace)
-
-
 def _is_this_machine(address: str) -> bool:
     """True when `address` (host:port, optionally ray://) names an interface of this machine."""
     host = address.removeprefix("ray://").rpartition(":")[0].strip("[]")
@@ -316,7 +309,7 @@ def _local_clusters() -> list[str]:
 def list_live_runs(address: str | None = None, namespace: str = NAMESPACE) -> list[str]:
     """Connect (see `connect_cluster`) and return the names of the live runs."""
     connect_cluster(address, namespace)
-    return _named_actors(namespace)
+    return live_run_names(namespace)
 
 
 def _first_line(err: BaseException) -> str:

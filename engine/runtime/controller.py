@@ -45,7 +45,7 @@ from engine.telemetry.sinks import Sink, build_sinks
 __all__ = [
     "ACTIONS", "KNOB_SPECS", "NAMESPACE", "ControllerCore", "KnobError", "KnobRequest", "KnobSpec",
     "KnobState", "RunController", "create_run_controller", "default_who", "initial_knobs", "knob_view",
-    "live_run_names", "parse_knob_value", "validate_knob_value",
+    "live_run_names", "parse_knob_value", "run_namespace", "validate_knob_value",
 ]  # fmt: skip
 
 NAMESPACE = "asyncrl"
@@ -442,6 +442,12 @@ class RunController(ControllerCore):
         return self.run_name
 
 
+def run_namespace(run_name: str, prefix: str = NAMESPACE) -> str:
+    """The Ray namespace of one run's actors: `<prefix>.<run name>` (`asyncrl.tiny-cpu`). A namespace per run
+    keeps two runs on one cluster apart; clients find runs by listing named actors under the prefix."""
+    return f"{prefix}.{run_name}"
+
+
 def create_run_controller(
     run_name: str,
     *,
@@ -449,7 +455,8 @@ def create_run_controller(
     detached: bool = False,
     **core_kwargs: Any,
 ) -> Any:
-    """Start the named `RunController` actor (`name=run_name`, `namespace`) and return its handle.
+    """Start the named `RunController` actor (`name=run_name`, namespace `run_namespace(run_name, namespace)`)
+    and return its handle.
 
     The actor needs no CPU slot (`num_cpus=0`) and lives as long as the driver unless `detached`.
     Raises `ValueError` (from Ray) if a live actor already has that name in the namespace.
@@ -458,7 +465,7 @@ def create_run_controller(
 
     if "address" not in core_kwargs:
         core_kwargs["address"] = ray.get_runtime_context().gcs_address
-    options: dict[str, Any] = {"name": run_name, "namespace": namespace}
+    options: dict[str, Any] = {"name": run_name, "namespace": run_namespace(run_name, namespace)}
     if detached:
         options["lifetime"] = "detached"
     actor_cls = ray.remote(num_cpus=0, max_restarts=0)(RunController)
@@ -466,8 +473,8 @@ def create_run_controller(
 
 
 def live_run_names(namespace: str = NAMESPACE) -> list[str]:
-    """Names of the named actors in `namespace` on the connected cluster (the live runs), sorted."""
+    """Names of the live runs on the connected cluster (controllers named `X` in namespace `<namespace>.X`)."""
     import ray
 
     actors: Iterable[dict[str, str]] = ray.util.list_named_actors(all_namespaces=True)
-    return sorted(a["name"] for a in actors if a.get("namespace") == namespace)
+    return sorted(a["name"] for a in actors if a.get("namespace") == run_namespace(a["name"], namespace))

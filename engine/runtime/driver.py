@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-NAMESPACE = "asyncrl"
+from engine.runtime.controller import NAMESPACE  # a light module: no ray at import
+
 STOP_TIMEOUT_S = 120.0
 """How long an interrupted driver waits for the trainer's stop checkpoint."""
 
@@ -45,8 +46,20 @@ def prepare_run_dir(cfg: Any, resume: str | None) -> Path:
     return run_dir
 
 
+def trainer_ranks(cfg: Any) -> int:
+    """M = `resources.trainer.nnodes × gpus_per_node` trainer ranks. Raises RunFailed for a Megatron trainer of
+    more than one rank: this runtime runs Megatron as a single rank (multi-rank is the torch backend's FSDP2)."""
+    ranks = cfg.resources.trainer.nnodes * cfg.resources.trainer.gpus_per_node
+    if ranks > 1 and cfg.trainer.backend != "torch":
+        raise RunFailed(f'trainer.backend = "{cfg.trainer.backend}" runs one trainer rank in this runtime, but '
+                        f"resources.trainer asks for {ranks} (nnodes × gpus_per_node); set both to 1, or use "
+                        'trainer.backend = "torch" (FSDP2 across ranks)')
+    return ranks
+
+
 def _placement(cfg: Any) -> dict[str, Any]:
-    """How many replicas and trainer ranks, and what each actor asks Ray for."""
+    """How many replicas and trainer ranks, and what each actor asks Ray for (`trainer_res` and
+    `trainer_threads` are per trainer rank)."""
     from asyncrl_cli.config.hardware import load_hardware
 
     hw = load_hardware(cfg.resources.hardware)
@@ -54,18 +67,27 @@ def _placement(cfg: Any) -> dict[str, Any]:
     rollout_units = cfg.resources.rollout.nnodes * cfg.resources.rollout.gpus_per_node
     tp = cfg.rollout.tensor_parallel_size
     replicas = cfg.rollout.replicas or max(1, rollout_units // tp)
+    ranks = trainer_ranks(cfg)
     if device == "cpu":
         cores = os.cpu_count() or 2
-        sync = cfg.async_training.mode == "sync"
-        return {"device": "cpu", "replicas": replicas, "replica_res": {"num_cpus": 1},
-                "trainer_res": {"num_cpus": 1},
-                # sync mode alternates phases, so each phase may use every core. In async mode the replicas
-                # share half the cores while the trainer may use all of them: on CPU the update is the slower
-                # side (the rollouter idles most of the time), so it takes the cores the replicas leave idle.
-                "replica_threads": cores if sync else max(1, (cores // 2) // replicas),
-                "trainer_threads": cores}
+        if cfg.async_training.mode == "sync":  # the phases alternate, so each may use every core
+            return {"device": "cpu", "replicas": replicas, "trainer_ranks": ranks, "replica_res": {"num_cpus": 1},
+                    "trainer_res": {"num_cpus": 1}, "replica_threads": cores,
+                    "trainer_threads": max(1, cores // ranks)}
+        # Fully async: the trainer and the replicas compute at the same time, so the cores are split, never
+        # oversubscribed (the replicas share half, the trainer ranks the rest), and OpenMP threads sleep
+        # instead of spinning while they wait. Oversubscribed spinning threads made both sides ~4x slower on
+        # 2 cores (benchmarks/commentary/async-vs-sync.md).
+        replica_threads = max(1, (cores // 2) // replicas)
+        trainer_threads = max(1, (cores - replica_threads * replicas) // ranks)
+        passive = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}
+        return {"device": "cpu", "replicas": replicas, "trainer_ranks": ranks,
+                "replica_res": {"num_cpus": 1, "runtime_env": passive},
+                "trainer_res": {"num_cpus": 1, "runtime_env": passive},
+                "replica_threads": replica_threads, "trainer_threads": trainer_threads}
     return {"device": device, "replicas": replicas, "replica_res": {"num_gpus": tp, "num_cpus": 1},
-            "trainer_res": {"num_gpus": 1, "num_cpus": 1}, "replica_threads": 4, "trainer_threads": 4}
+            "trainer_ranks": ranks, "trainer_res": {"num_gpus": 1, "num_cpus": 1}, "replica_threads": 4,
+            "trainer_threads": 4}
 
 
 def object_store_bytes(model_dir: Path) -> int:
@@ -85,6 +107,7 @@ def _init_ray(address: str | None, placement: dict[str, Any]) -> bool:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if ray.is_initialized():
         return False
+    namespace = placement["namespace"]
     quiet = not os.environ.get("ASYNCRL_DEBUG")
     if address:
         from engine.runtime.control_client import cluster_unreachable, use_local_token_for
@@ -93,11 +116,11 @@ def _init_ray(address: str | None, placement: dict[str, Any]) -> bool:
         if why:
             raise RunFailed(f"no Ray cluster reachable at {address}: {why} (start one with `ray start --head`)")
         use_local_token_for(address)
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=not quiet, logging_level="ERROR")
+        ray.init(address=address, namespace=namespace, log_to_driver=not quiet, logging_level="ERROR")
         return True
-    cpus = max(os.cpu_count() or 2, 1 + placement["replicas"])
+    cpus = max(os.cpu_count() or 2, placement["trainer_ranks"] + placement["replicas"])
     # address="local": always a private cluster, never a `ray start` cluster found on this machine
-    ray.init(address="local", num_cpus=cpus, include_dashboard=False, namespace=NAMESPACE, log_to_driver=not quiet,
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, namespace=namespace, log_to_driver=not quiet,
              logging_level="ERROR", object_store_memory=placement["object_store_bytes"])
     return True
 
@@ -135,9 +158,11 @@ def _sigterm_as_interrupt():
 
 
 def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tui: bool, progress: bool) -> int:
+    from engine.runtime.controller import run_namespace
     from engine.runtime.preflight import preflight
     from engine.runtime.resume import plan_resume, resume_message, rewind_run_dir
 
+    trainer_ranks(cfg)  # a layout this runtime cannot run is refused before anything starts
     model_dir = preflight(cfg)  # nothing is written before the inputs are known to be usable
     plan = plan_resume(cfg, resume) if resume else None
     for path, why in plan.skipped if plan else []:
@@ -157,6 +182,7 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
         resumed = {"plan": plan, "message": message}
     placement = _placement(cfg)
     placement["object_store_bytes"] = object_store_bytes(Path(model_dir))
+    placement["namespace"] = run_namespace(cfg.name)
     started_ray = _init_ray(address, placement)
     restore_sigterm = _sigterm_as_interrupt()
     try:
@@ -201,7 +227,7 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
                                      plan.rollout_resume() if plan else None, spec)
         trainer = Trainer.options(**placement["trainer_res"]).remote(
             cfg, model_dir, str(run_dir), queue, rollouter, controller, placement["trainer_threads"],
-            plan.trainer_resume() if plan else None)
+            plan.trainer_resume() if plan else None, placement["trainer_res"])
         actors += [rollouter, trainer]
         step, version = (plan.step, plan.version) if plan else (0, 0)
         if plan is not None:

@@ -8,6 +8,10 @@ Checkpoints (`engine.runtime.checkpoint`) are taken between steps: every `checkp
 (the rollout side is cut while the sync has it paused), on demand (controller action `checkpoint`), at a
 graceful stop and at the end. When a step raises before the weights changed, a last checkpoint is attempted
 with the step's groups put back. `resume` (from `engine.runtime.resume`) restores the backend and counters.
+
+With M = `resources.trainer.nnodes × gpus_per_node` > 1 this actor is rank 0 of a `TrainerGroup`
+(`engine.runtime.trainer_group`): it alone runs the loop and talks to the other actors, and every backend call
+fans out to the M ranks (the batch's rows split between them).
 """
 
 from __future__ import annotations
@@ -23,15 +27,20 @@ import ray
 
 from engine.runtime.batching import LogRatioObserver, is_ratio_metrics, prepare_batch, staleness_of
 from engine.runtime.ledger import Ledger
+from engine.runtime.trainer_group import TrainerGroup, trainer_world
 from engine.types import TrajectoryGroup
 
 
-def build_trainer_backend(cfg: Any, model_dir: str):
-    """The configured training backend for `model_dir` (backends imported lazily)."""
+def build_trainer_backend(cfg: Any, model_dir: str, distributed: bool = False):
+    """The configured training backend for `model_dir` (backends imported lazily). `distributed`: this process
+    is one rank of a trainer group (`engine.runtime.trainer_group`, process group already joined), so the torch
+    backend is the FSDP2 one; Megatron has no such mode in this runtime."""
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
     optim = cfg.trainer.optim.model_dump()
     if optim.pop("name", "adamw") != "adamw":
         raise ValueError(f"trainer.optim.name = {cfg.trainer.optim.name!r}: only 'adamw' is supported")
+    if distributed and cfg.trainer.backend != "torch":
+        raise ValueError(f'trainer.backend = "{cfg.trainer.backend}" runs one trainer rank only in this runtime')
     if cfg.trainer.backend == "megatron":
         from engine.trainer.megatron.backend import MegatronTrainerBackend
 
@@ -44,16 +53,23 @@ def build_trainer_backend(cfg: Any, model_dir: str):
     from engine.trainer.torch_trainer import TorchTrainerBackend
 
     model = load_causal_lm(model_dir, dtype=cfg.model.dtype)
-    return TorchTrainerBackend(model, optim_cfg=optim, grad_clip=cfg.trainer.grad_clip,
-                               micro_batch_size=cfg.trainer.ppo_micro_batch_size_per_gpu,
-                               temperature=temperature)
+    kwargs = {"optim_cfg": optim, "grad_clip": cfg.trainer.grad_clip,
+              "micro_batch_size": cfg.trainer.ppo_micro_batch_size_per_gpu, "temperature": temperature}
+    if distributed:
+        from engine.trainer.fsdp import FSDPTrainerBackend
+
+        return FSDPTrainerBackend(model, **kwargs)
+    return TorchTrainerBackend(model, **kwargs)
 
 
 class TrainerCore:
-    """The training loop of rank 0."""
+    """The training loop of rank 0. With M = `trainer_world(cfg)` > 1 ranks it starts the other ranks
+    (`TrainerGroup`, placed with Ray `rank_options`, `num_threads` each) and drives them through `BackendGroup`s
+    in place of its backends; it alone talks to the queue, the rollouter and the controller."""
 
     def __init__(self, cfg: Any, model_dir: str, run_dir: str, queue: Any, rollouter: Any, controller: Any,
-                 resume: dict | None = None) -> None:
+                 resume: dict | None = None, rank_options: dict[str, Any] | None = None,
+                 num_threads: int = 1) -> None:
         import torch
 
         from asyncrl_cli.config.derived import required_samples, total_train_steps
@@ -63,8 +79,14 @@ class TrainerCore:
         torch.manual_seed(cfg.trainer.seed)
         self.cfg = cfg
         self.queue, self.rollouter, self.controller = queue, rollouter, controller
-        self.backend = build_trainer_backend(cfg, model_dir)
-        self.ref_backend = build_trainer_backend(cfg, model_dir) if cfg.trainer.use_kl_loss else None
+        self.world = trainer_world(cfg)
+        self.group: TrainerGroup | None = None
+        if self.world > 1:
+            self.group = TrainerGroup(cfg, model_dir, self.world, rank_options, num_threads)
+            self.backend, self.ref_backend = self.group.policy, self.group.ref
+        else:
+            self.backend = build_trainer_backend(cfg, model_dir)
+            self.ref_backend = build_trainer_backend(cfg, model_dir) if cfg.trainer.use_kl_loss else None
         tok = load_tokenizer(model_dir)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.rc = cfg.algorithm.rollout_correction
@@ -115,7 +137,12 @@ class TrainerCore:
     def fit(self) -> dict[str, Any]:
         who = f"trainer@{socket.gethostname()}"
         self.controller.update_worker.remote("trainer-0", {"kind": "trainer", "state": "running",
-                                                           "version": self.version, "pid": os.getpid(), "host": who})
+                                                           "version": self.version, "pid": os.getpid(), "host": who,
+                                                           "rank": 0, "world_size": self.world})
+        for rank, pid in enumerate(self.group.pids if self.group else [], start=1):
+            self.controller.update_worker.remote(f"trainer-{rank}", {"kind": "trainer", "state": "running",
+                                                                     "pid": pid, "rank": rank,
+                                                                     "world_size": self.world})
         try:
             while self.local_step < self.total_local_steps and not self._stop:
                 self._apply_knobs()
@@ -199,6 +226,7 @@ class TrainerCore:
             "timing_s/update_actor": up_s,
             "timing_s/step": step_s,
             "asyncrl/trainer/tokens_per_s": prep.num_tokens / compute_s,
+            "asyncrl/trainer/world_size": self.world,
             "asyncrl/sync_interval": self.trigger,
             "asyncrl/count/skipped_updates": self.skipped_updates,
             "asyncrl/staleness/bound": self._staleness_bound(),
@@ -398,6 +426,8 @@ class TrainerCore:
                 "error", "error", f"cannot account for the prompts still in flight: {type(e).__name__}"))
         finally:
             self.ledger.close()
+            if self.group is not None:
+                self.group.close()
 
     def _ev(self, level: str, kind: str, message: str, **extra: Any) -> dict[str, Any]:
         return {"time": time.time(), "kind": kind, "level": level, "step": self.local_step,
@@ -415,15 +445,17 @@ def _jsonable(rec: dict[str, Any]) -> dict[str, Any]:
 
 @ray.remote(max_concurrency=2)
 class Trainer:
-    """Thin actor around `TrainerCore`."""
+    """Thin actor around `TrainerCore` (rank 0 of the trainer; `rank_options`: Ray options of the other ranks)."""
 
     def __init__(self, cfg: Any, model_dir: str, run_dir: str, queue: Any, rollouter: Any, controller: Any,
-                 num_threads: int = 1, resume: dict | None = None) -> None:
+                 num_threads: int = 1, resume: dict | None = None,
+                 rank_options: dict[str, Any] | None = None) -> None:
         import torch
 
         torch.set_num_threads(max(1, num_threads))
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        self.core = TrainerCore(cfg, model_dir, run_dir, queue, rollouter, controller, resume)
+        self.core = TrainerCore(cfg, model_dir, run_dir, queue, rollouter, controller, resume,
+                                rank_options=rank_options, num_threads=num_threads)
 
     def fit(self) -> dict[str, Any]:
         return self.core.fit()

@@ -118,6 +118,46 @@ def split_micro_batches(batch: TrainBatch, micro_size: int) -> list[TrainBatch]:
     return [batch.select(slice(lo, lo + micro_size)) for lo in range(0, len(batch), micro_size)]
 
 
+FILLER = "filler"
+"""`meta` key of a stand-in shard: a rank with no rows of its own gets one real row marked with it, forwards it
+with weight 0 (the collectives of FSDP need every rank in every forward) and returns no log-probs for it."""
+
+
+def shard_bounds(rows: int, world: int) -> list[tuple[int, int]]:
+    """`world` contiguous `[lo, hi)` row ranges covering `range(rows)` in order, sizes as equal as possible
+    (the first `rows % world` ranges get one row more; with fewer rows than ranks the last ranges are empty)."""
+    if world < 1 or rows < 0:
+        raise ValueError(f"need world >= 1 and rows >= 0, got world={world}, rows={rows}")
+    base, extra = divmod(rows, world)
+    bounds, lo = [], 0
+    for r in range(world):
+        hi = lo + base + (1 if r < extra else 0)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
+def shard_rows(batch: TrainBatch, world: int) -> list[TrainBatch]:
+    """Rank r's contiguous share of `batch` (see `shard_bounds`). A rank whose range is empty gets the batch's
+    first row as a `FILLER` shard, so every rank has a batch to step through the collectives with."""
+    if len(batch) == 0:
+        raise ValueError("cannot shard an empty batch")
+    shards = []
+    for lo, hi in shard_bounds(len(batch), world):
+        if hi > lo:
+            shards.append(batch.select(slice(lo, hi)))
+        else:
+            filler = batch.select(slice(0, 1))
+            filler.meta[FILLER] = True
+            shards.append(filler)
+    return shards
+
+
+def is_filler(batch: TrainBatch) -> bool:
+    """True for a `FILLER` stand-in shard (its row is not this rank's to train on)."""
+    return bool(batch.meta.get(FILLER))
+
+
 def trim_padding(batch: TrainBatch) -> tuple[TrainBatch, int]:
     """Drop prompt columns that are padding in every row and response columns past the longest response.
 

@@ -17,7 +17,9 @@ Vision-language models (Qwen3-VL): rows carry their prompt's images in `meta["im
 processor, or `image_encoder`) and 3-D rotary positions, and the placeholder tokens are masked out of π
 (`engine.trainer.logprobs`), exactly as the `hf` sampler does. The loss still counts response tokens only.
 
-The distributed subclass (`fsdp.py`) only overrides the hooks marked "distributed hook".
+The distributed subclass (`fsdp.py`) only overrides the hooks marked "distributed hook". A rank without rows of
+its own is handed a `FILLER` batch (`engine.trainer.batch.shard_rows`): it runs the collectives with weight 0
+and returns no log-probs.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from engine.multimodal.vision import ImageEncoder, VisionSpec, model_dir_of, pla
 from engine.sync.buckets import bucketize
 from engine.trainer import checkpoint as ckpt
 from engine.trainer.base import LossFn, TrainBatch
-from engine.trainer.batch import split_micro_batches, trim_padding
+from engine.trainer.batch import is_filler, split_micro_batches, trim_padding
 from engine.trainer.logprobs import response_log_probs
 from engine.trainer.optim import OptimConfig, build_optimizer, set_lr, warmup_lr
 
@@ -208,6 +210,14 @@ class TorchTrainerBackend:
             suppress_ids=self.suppress_ids,
         )
 
+    def _micro_batches(self, batch: TrainBatch) -> tuple[list[TrainBatch], TrainBatch]:
+        """The micro-batches of `batch`, and the one this rank repeats with weight 0 while other ranks still
+        have micro-batches to run: the last one, or a `FILLER` batch itself (which has no real micro-batch)."""
+        if is_filler(batch):
+            return [], batch
+        micros = split_micro_batches(batch, self.micro_batch_size)
+        return micros, micros[-1] if micros else batch
+
     @staticmethod
     def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
         return torch.nn.functional.pad(t, (0, width - t.shape[1])) if t.shape[1] < width else t
@@ -215,18 +225,21 @@ class TorchTrainerBackend:
     def compute_log_probs(self, batch: TrainBatch, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log π_θ(response token) [B, R] in fp32 on CPU, at the trainer temperature (0 on padding)."""
         self.model.eval()
-        micros = split_micro_batches(batch, self.micro_batch_size)
+        micros, repeat = self._micro_batches(batch)
         steps = self._max_across_ranks(len(micros))
         log_probs, entropies = [], []
         with torch.no_grad():
             for k in range(steps):
-                micro, width = self._prepare(micros[min(k, len(micros) - 1)])
+                micro, width = self._prepare(micros[k] if k < len(micros) else repeat)
                 lp, ent = self._log_probs(micro, with_entropy)
                 if k < len(micros):
                     log_probs.append(self._pad_to(lp, width).cpu())
                     if ent is not None:
                         entropies.append(self._pad_to(ent, width).cpu())
         mask = batch.response_mask.to(torch.float32)
+        if not micros:  # a filler batch: no rows of this rank's own
+            empty = mask[:0]
+            return empty, (empty if with_entropy else None)
         out = torch.cat(log_probs) * mask
         return out, (torch.cat(entropies) * mask if with_entropy else None)
 
@@ -235,10 +248,11 @@ class TorchTrainerBackend:
         """One optimizer update over `batch` (see the module docstring for the accumulation weights)."""
         start = time.perf_counter()
         self.model.train()
-        micros = split_micro_batches(batch, self.micro_batch_size)
+        micros, repeat = self._micro_batches(batch)
         mass_fn: MicroWeightFn = batch.meta.get("micro_weight_fn") or token_mass
         masses = [float(mass_fn(m)) for m in micros]
-        total_mass, total_tokens = self._sum_across_ranks([sum(masses), float(batch.response_mask.sum())])
+        tokens = float(batch.response_mask.sum()) if micros else 0.0
+        total_mass, total_tokens = self._sum_across_ranks([sum(masses), tokens])
         steps = self._max_across_ranks(len(micros))
         # a loss with an entropy bonus says so (`needs_entropy`): its entropy must carry gradient
         entropy_grad = self.entropy_mode == "grad" or bool(getattr(loss_fn, "needs_entropy", False))
@@ -247,7 +261,7 @@ class TorchTrainerBackend:
         sums: dict[str, float] = defaultdict(float)
         for k in range(steps):
             real = k < len(micros)
-            micro, _ = self._prepare(micros[min(k, len(micros) - 1)])
+            micro, _ = self._prepare(micros[k] if real else repeat)
             weight = masses[k] / total_mass if real and total_mass > 0 else 0.0
             self._set_grad_sync(k == steps - 1)
             log_probs, entropy = self._log_probs(micro, with_entropy, entropy_grad)

@@ -142,3 +142,12 @@ def test_unknown_hardware_is_invalid_with_suggestion(write, minimal) -> None:
     run = write("run.toml", minimal + '[resources]\nhardware = "h10"\n')
     p = by_code(analyze_run_config(run), "hardware-unknown")
     assert "h100" in p.message and p.line == 7
+
+
+def test_several_trainer_ranks_on_cpu_are_accepted_with_a_warning() -> None:
+    tiny = RUNS / "tiny-cpu.toml"
+    an = analyze_run_config(tiny, ["resources.trainer.gpus_per_node=2"])
+    assert an.exit_code == EXIT_OK
+    p = by_code(an, "cpu-trainer-ranks")
+    assert p.severity == "warning" and p.key == "resources.trainer.gpus_per_node" and "share" in p.message
+    assert "cpu-trainer-ranks" not in [q.code for q in analyze_run_config(tiny).problems]

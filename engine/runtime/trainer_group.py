@@ -1,0 +1,236 @@
+"""A trainer of M > 1 ranks (`resources.trainer.nnodes × gpus_per_node`; on CPU hardware a "GPU" is a worker
+process): FSDP2 (`engine.trainer.fsdp`) across M Ray actors.
+
+Rank 0 is the `Trainer` actor. Its `TrainerCore` is the only rank that talks to the queue, the rollouter and the
+controller; it sees the ranks through a `BackendGroup`, which has the `TrainerBackend` methods the loop calls.
+Ranks 1 … M−1 are `TrainerRank` actors that only compute:
+
+    TrainerCore ─▶ BackendGroup.train_step(batch)
+                     ├─ shard_rows(batch, M): M contiguous row shards, sizes as equal as possible
+                     ├─ shard r ─▶ TrainerRank r (`.remote`)                  ┐ together: FSDP2 collectives
+                     └─ shard 0 ─▶ rank 0's own FSDPTrainerBackend (same time) ┘ (gloo)
+                   ◀─ rank 0's metrics (already global: the backend reduces them across ranks);
+                      log-prob tensors come back concatenated in row order
+
+Collective calls without data (`snapshot_params`, `export_weights`, `save`, `load`, `set_lr`) run on every
+rank; `export_weights` yields rank 0's buckets while the other ranks drop theirs (they are empty). Ray runs a
+caller's calls to an actor in order, so all ranks meet the collectives in the same order.
+
+Start-up: rank 0 picks the rendezvous (`free_port()` on its node's IP), creates the worker actors, joins the
+process group itself and builds its backends while they do the same, then waits for them to be ready.
+The torch trainer of this runtime computes on CPU (as with one rank), so the process group is gloo.
+The worker actors are owned by rank 0's actor and die with it. A failure on any rank fails the call in progress
+(a rank still inside a collective gives up after the process group's timeout, 300 s) and breaks the group: later
+calls raise at once instead of waiting on a dead peer, and the run resumes from its last checkpoint.
+Checkpoints are written by every rank into the same directory (rank 0 the weights and optimizer, each rank its
+RNG state), so multi-node groups need a shared filesystem for `checkpoint.dir`. Megatron has no multi-rank
+mode in this runtime: the driver refuses it at start-up.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import ray
+
+POLICY, REF = "policy", "ref"
+"""Names of the two backends a rank may hold: the trained policy and the frozen reference (KL loss)."""
+
+PROCESS_GROUP = "gloo"
+"""torch.distributed backend of the group: the runtime's torch trainer computes on CPU."""
+
+
+def trainer_world(cfg: Any) -> int:
+    """M, the number of trainer ranks: `resources.trainer.nnodes × resources.trainer.gpus_per_node`."""
+    return int(cfg.resources.trainer.nnodes * cfg.resources.trainer.gpus_per_node)
+
+
+def rank_backends(cfg: Any, model_dir: str) -> dict[str, Any]:
+    """This rank's FSDP2 backends (process group already joined): the policy and, with `trainer.use_kl_loss`, the
+    frozen reference — built in the same order on every rank, since building them is collective."""
+    from engine.runtime.trainer_actor import build_trainer_backend
+
+    out = {POLICY: build_trainer_backend(cfg, model_dir, distributed=True)}
+    if cfg.trainer.use_kl_loss:
+        out[REF] = build_trainer_backend(cfg, model_dir, distributed=True)
+    return out
+
+
+@ray.remote
+class TrainerRank:
+    """Rank r ≥ 1 of a trainer group: joins the process group, builds the same backends and loss function as
+    rank 0, and runs the shard or collective call rank 0 sends it."""
+
+    def __init__(self, cfg: Any, model_dir: str, rank: int, world: int, master_port: int, master_addr: str,
+                 num_threads: int = 1) -> None:
+        import torch
+
+        from engine.algo.loss import build_loss_fn
+        from engine.runtime.batching import LogRatioObserver
+        from engine.trainer.fsdp import init_distributed
+
+        torch.set_num_threads(max(1, num_threads))
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        torch.manual_seed(cfg.trainer.seed)
+        init_distributed(rank, world, master_port, master_addr, backend=PROCESS_GROUP)
+        self.rank = rank
+        self.backends = rank_backends(cfg, model_dir)
+        self.loss_fn = LogRatioObserver(build_loss_fn(cfg.trainer, cfg.algorithm.rollout_correction))
+
+    def ready(self) -> int:
+        """This rank's pid, once its backends are built."""
+        return os.getpid()
+
+    def call(self, which: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """`method(*args, **kwargs)` of backend `which` (POLICY or REF)."""
+        return getattr(self.backends[which], method)(*args, **kwargs)
+
+    def train_step(self, which: str, shard: Any) -> tuple[dict[str, float], Any]:
+        """One optimizer step on this rank's shard; returns the metrics and the log-ratios the loss observed."""
+        metrics = self.backends[which].train_step(shard, self.loss_fn)
+        return metrics, self.loss_fn.take()
+
+    def export_weights(self, which: str, bucket_bytes: int) -> None:
+        """Take part in the collective full-state-dict gather; this rank's buckets are empty and dropped."""
+        for _ in self.backends[which].export_weights(bucket_bytes):
+            pass
+
+
+class TrainerGroup:
+    """The M ranks of one trainer, seen from rank 0: `policy` and `ref` (None without KL loss) are the
+    `BackendGroup`s `TrainerCore` uses in place of its backends."""
+
+    def __init__(self, cfg: Any, model_dir: str, world: int, rank_options: dict[str, Any] | None = None,
+                 num_threads: int = 1) -> None:
+        from engine.trainer.fsdp import free_port, init_distributed
+
+        if world < 2:
+            raise ValueError(f"a trainer group needs at least 2 ranks, got {world}")
+        self.world = world
+        self.broken: str | None = None
+        port, addr = free_port(), ray.util.get_node_ip_address()
+        # the workers first: every rank must be inside init_process_group at the same time
+        self.workers = [TrainerRank.options(**(rank_options or {})).remote(
+            cfg, model_dir, r, world, port, addr, num_threads) for r in range(1, world)]
+        init_distributed(0, world, port, addr, backend=PROCESS_GROUP)
+        local = rank_backends(cfg, model_dir)
+        self.pids: list[int] = ray.get([w.ready.remote() for w in self.workers])
+        self.policy = BackendGroup(self, local[POLICY], POLICY)
+        self.ref = BackendGroup(self, local[REF], REF) if REF in local else None
+
+    def close(self) -> None:
+        """Stop the worker ranks and leave the process group."""
+        import torch.distributed as dist
+
+        for w in self.workers:
+            ray.kill(w, no_restart=True)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class BackendGroup:
+    """Rank 0's stand-in for one backend (POLICY or REF) of a `TrainerGroup`: the `TrainerBackend` methods, each
+    run by all ranks together (data calls on row shards, the rest on every rank)."""
+
+    def __init__(self, group: TrainerGroup, local: Any, which: str) -> None:
+        self.group, self.local, self.which = group, local, which
+
+    @property
+    def world_size(self) -> int:
+        return self.group.world
+
+    # --- plumbing ---------------------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self.group.broken:
+            raise RuntimeError(f"the trainer group is broken ({self.group.broken}); resume from a checkpoint")
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Marks the group broken when the block raises (an early-closed generator is not a failure)."""
+        try:
+            yield
+        except GeneratorExit:
+            raise
+        except BaseException as e:
+            self.group.broken = f"{type(e).__name__} in {self.which} backend call"
+            raise
+
+    def _run(self, local_fn: Callable[[], Any], remote_fn: Callable[[Any, int], Any]) -> tuple[Any, list[Any]]:
+        """Submit `remote_fn(worker, rank)` to every worker, run `local_fn()` here meanwhile; both results."""
+        self._check()
+        with self._guard():
+            refs = [remote_fn(w, r) for r, w in enumerate(self.group.workers, start=1)]
+            out = local_fn()
+            return out, ray.get(refs)
+
+    def _on_all(self, method: str, *args: Any) -> Any:
+        """`method(*args)` on every rank; rank 0's result."""
+        out, _ = self._run(lambda: getattr(self.local, method)(*args),
+                           lambda w, r: w.call.remote(self.which, method, *args))
+        return out
+
+    def _shards(self, batch: Any) -> list[Any]:
+        from engine.trainer.batch import shard_rows
+
+        return shard_rows(batch, self.world_size)
+
+    # --- data -------------------------------------------------------------------------------------------
+    def compute_log_probs(self, batch: Any, *, with_entropy: bool = False) -> tuple[Any, Any]:
+        """log π_θ [B, R] (and entropy) of the whole batch: each rank its shard, concatenated in row order."""
+        import torch
+
+        shards = self._shards(batch)
+        first, rest = self._run(
+            lambda: self.local.compute_log_probs(shards[0], with_entropy=with_entropy),
+            lambda w, r: w.call.remote(self.which, "compute_log_probs", shards[r], with_entropy=with_entropy))
+        parts = [first, *rest]
+        log_probs = torch.cat([lp for lp, _ in parts])
+        return log_probs, torch.cat([ent for _, ent in parts]) if with_entropy else None
+
+    def proximal_log_probs(self, batch: Any) -> Any:
+        """log π_prox [B, R] of the whole batch (every rank swaps its own snapshot shards in)."""
+        import torch
+
+        shards = self._shards(batch)
+        first, rest = self._run(lambda: self.local.proximal_log_probs(shards[0]),
+                                lambda w, r: w.call.remote(self.which, "proximal_log_probs", shards[r]))
+        return torch.cat([first, *rest])
+
+    def train_step(self, batch: Any, loss_fn: Any) -> dict[str, float]:
+        """One optimizer step over the whole batch (each rank its shard, gradients reduced by FSDP); rank 0's
+        metrics. The other ranks use their own copy of the loss; what they observed goes into `loss_fn.extend`
+        when it has one (`LogRatioObserver`)."""
+        shards = self._shards(batch)
+        metrics, rest = self._run(lambda: self.local.train_step(shards[0], loss_fn),
+                                  lambda w, r: w.train_step.remote(self.which, shards[r]))
+        if hasattr(loss_fn, "extend"):
+            loss_fn.extend([seen for _, seen in rest])
+        return metrics
+
+    # --- collective, no data ----------------------------------------------------------------------------
+    def snapshot_params(self) -> None:
+        self._on_all("snapshot_params")
+
+    def export_weights(self, bucket_bytes: int) -> Iterator[dict[str, Any]]:
+        """Rank 0's buckets of the full weights, as it makes them; the other ranks join the gather and drop
+        theirs."""
+        self._check()
+        with self._guard():
+            refs = [w.export_weights.remote(self.which, bucket_bytes) for w in self.group.workers]
+            yield from self.local.export_weights(bucket_bytes)
+            ray.get(refs)
+
+    def save(self, path: str) -> None:
+        self._on_all("save", path)
+
+    def load(self, path: str) -> None:
+        self._on_all("load", path)
+
+    def set_lr(self, lr: float) -> None:
+        self._on_all("set_lr", lr)
+
+    def current_lr(self) -> float:
+        return self.local.current_lr()

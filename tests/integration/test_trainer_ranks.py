@@ -1,0 +1,100 @@
+"""The engine with two trainer ranks (`resources.trainer.gpus_per_node = 2` on CPU: FSDP2 over gloo between the
+`Trainer` actor and one `TrainerRank`), on a real local Ray with the tiny model."""
+
+from __future__ import annotations
+
+import collections
+import math
+from pathlib import Path
+
+import pytest
+from run_helpers import read_jsonl, tiny_config, train_records
+
+from engine.runtime.driver import run
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+
+SMALL = ("trainer.ppo_mini_batch_size=8", "trainer.ppo_micro_batch_size_per_gpu=16", "rollout.n=4",
+         "trainer.test_freq=0", "resources.trainer.gpus_per_node=2")
+
+
+def _updates(recs: list[dict]) -> list[dict]:
+    """The steps that took an optimizer step (a batch whose groups all had one reward trains nothing)."""
+    return [r for r in recs if "actor/pg_loss" in r]
+
+
+def _assert_accounted(run_dir: Path, steps: int, per_step: int) -> None:
+    """Every admitted prompt is in the ledger exactly once: trained, dropped or in flight at the end."""
+    ledger = read_jsonl(run_dir / "ledger.jsonl")
+    uids = [e["uid"] for e in ledger]
+    assert len(uids) == len(set(uids))
+    status = collections.Counter(e["status"] for e in ledger)
+    assert status["trained"] == steps * per_step
+    assert set(status) <= {"trained", "dropped", "in_flight_at_end"}
+
+
+def test_two_trainer_ranks_sync_the_replica_to_the_trained_weights(run_dir):
+    # sync mode makes the weight check exact: the first step of each version trains on rollouts of the weights
+    # the ranks just exported, so π_θ (both ranks' shards) and π_rollout (the replica) must agree
+    cfg = tiny_config(run_dir, *SMALL, 'async_training.mode="sync"', "async_training.trigger_parameter_sync_step=2",
+                      "rollout.total_rollout_steps=48", "trainer.use_kl_loss=true", "checkpoint.every_versions=2")
+    assert run(cfg, progress=False) == 0
+
+    recs = train_records(run_dir)
+    assert [r["training/global_step"] for r in recs] == list(range(1, 7))
+    assert all(r["asyncrl/trainer/world_size"] == 2 for r in recs)
+    assert [r["fully_async/count/current_param_version"] for r in recs] == [0, 1, 1, 2, 2, 3]
+    updates = _updates(recs)
+    assert len(updates) >= 3 and len(updates) + recs[-1]["asyncrl/count/skipped_updates"] == 6
+    for r in updates:
+        for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "critic/rewards/mean", "actor/entropy"):
+            assert math.isfinite(r[key]), (key, r)
+        assert r["actor/skipped_step"] == 0 and r["actor/grad_norm"] > 0
+    firsts = [r for r in updates if r["training/global_step"] % 2 == 1]
+    assert firsts and all(abs(r["rollout_corr/kl"]) < 1e-4 for r in firsts)  # the replica has the trained weights
+    assert [e["step"] for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] == "sync"] == [2, 4, 6]
+    # both ranks wrote their part of the checkpoint (rank 0 the weights, each rank its RNG state)
+    trainer_dir = run_dir / "checkpoints" / "global_step_4" / "trainer"
+    assert {p.name for p in trainer_dir.iterdir()} >= {"model.safetensors", "rng_rank0.pt", "rng_rank1.pt"}
+    _assert_accounted(run_dir, 6, 8)
+
+
+def test_two_trainer_ranks_fully_async_decoupled(run_dir):
+    # fully async with the proximal-policy snapshot: snapshot_params / proximal_log_probs run on both ranks
+    cfg = tiny_config(run_dir, *SMALL, "async_training.trigger_parameter_sync_step=1",
+                      "rollout.total_rollout_steps=48", "algorithm.rollout_correction.bypass_mode=false")
+    assert run(cfg, progress=False) == 0
+
+    recs = train_records(run_dir)
+    assert [r["training/global_step"] for r in recs] == list(range(1, 7))
+    assert all(r["asyncrl/trainer/world_size"] == 2 for r in recs)
+    assert [r["fully_async/count/current_param_version"] for r in recs] == list(range(1, 7))
+    updates = _updates(recs)
+    assert updates
+    for r in updates:
+        for key in ("actor/pg_loss", "actor/grad_norm", "timing_s/prox_log_probs", "asyncrl/is_ratio/mean"):
+            assert math.isfinite(r[key]), (key, r)
+    _assert_accounted(run_dir, 6, 8)
+
+
+@pytest.mark.slow
+def test_two_trainer_ranks_resume_after_the_trainer_dies(run_dir, capsys):
+    # rank 0 dies at step 5 (its worker rank goes with it); the resume loads the step-4 checkpoint on both ranks
+    extra = (*SMALL, "rollout.total_rollout_steps=64", "checkpoint.every_versions=2")
+    assert run(tiny_config(run_dir, *extra, "debug.kill_trainer_at_step=5"), progress=False) == 1
+    assert "trainer failed" in capsys.readouterr().err
+    assert run(tiny_config(run_dir, *extra), resume="auto", progress=False) == 0
+    resumed = [e for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] == "resume"]
+    assert len(resumed) == 1 and resumed[0]["step"] == 4
+    recs = train_records(run_dir)
+    assert [r["training/global_step"] for r in recs] == list(range(1, 9))
+    assert all(r["asyncrl/trainer/world_size"] == 2 for r in recs)
+    _assert_accounted(run_dir, 8, 8)
+
+
+def test_megatron_with_several_trainer_ranks_is_refused_before_starting(run_dir, capsys):
+    cfg = tiny_config(run_dir, *SMALL, 'trainer.backend="megatron"')
+    assert run(cfg, progress=False) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "run failed" in err[0] and "one trainer rank" in err[0] and "Traceback" not in err[0]
+    assert not run_dir.exists()  # refused before the run directory is made or Ray starts
