@@ -125,6 +125,18 @@ class NodeGroup(Section):
     gpus_per_node: int = Field(1, gt=0)
     """Accelerators used per node (verl's `n_gpus_training` / `n_gpus_rollout`); at most the hardware's
     `gpus_per_node`. On `device = "cpu"` hardware these are worker processes."""
+    cpu_threads: int | Literal["all"] = 0
+    """On `device = "cpu"` hardware: intra-op threads of each worker of this pool. 0 = automatic — fully async:
+    the replicas share half the cores and the trainer ranks the rest (no oversubscription); sync: every core.
+    "all" = every core. Oversubscribing is safe (OpenMP threads wait passively), and pays off for a trainer
+    when the rollouter idles most of the time (a model whose update is much slower than its generation)."""
+
+    @field_validator("cpu_threads")
+    @classmethod
+    def _threads(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 0:
+            raise ValueError("cpu_threads must be 0 (automatic), a positive number of threads, or \"all\"")
+        return v
 
 
 class ResourcesConfig(Section):

@@ -63,9 +63,11 @@ def build_tiny_tokenizer(
 
 
 def build_tiny_model(
-    vocab_size: int, pad_id: int, eos_id: int, seed: int = 0, layers: int = 2
+    vocab_size: int, pad_id: int, eos_id: int, seed: int = 0, layers: int = 2, initializer_range: float = 0.02
 ) -> PreTrainedModel:
-    """A randomly initialised tiny `Qwen2ForCausalLM` (fp32, eval mode), deterministic in `seed`."""
+    """A randomly initialised tiny `Qwen2ForCausalLM` (fp32, eval mode), deterministic in `seed`: hidden 128,
+    2 heads of dim 64, 1 KV head, tied embeddings. A wider `initializer_range` gives peakier token
+    distributions (tests over raw token ids use 0.1)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -82,6 +84,7 @@ def build_tiny_model(
         bos_token_id=eos_id,
         eos_token_id=eos_id,
         pad_token_id=pad_id,
+        initializer_range=initializer_range,
     )
     config.architectures = ["Qwen2ForCausalLM"]
     with torch.random.fork_rng(devices=[]):

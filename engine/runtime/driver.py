@@ -71,23 +71,31 @@ def _placement(cfg: Any) -> dict[str, Any]:
     if device == "cpu":
         cores = os.cpu_count() or 2
         if cfg.async_training.mode == "sync":  # the phases alternate, so each may use every core
-            return {"device": "cpu", "replicas": replicas, "trainer_ranks": ranks, "replica_res": {"num_cpus": 1},
-                    "trainer_res": {"num_cpus": 1}, "replica_threads": cores,
-                    "trainer_threads": max(1, cores // ranks)}
-        # Fully async: the trainer and the replicas compute at the same time, so the cores are split, never
-        # oversubscribed (the replicas share half, the trainer ranks the rest), and OpenMP threads sleep
-        # instead of spinning while they wait. Oversubscribed spinning threads made both sides ~4x slower on
-        # 2 cores (benchmarks/commentary/async-vs-sync.md).
-        replica_threads = max(1, (cores // 2) // replicas)
-        trainer_threads = max(1, (cores - replica_threads * replicas) // ranks)
-        passive = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}
-        return {"device": "cpu", "replicas": replicas, "trainer_ranks": ranks,
-                "replica_res": {"num_cpus": 1, "runtime_env": passive},
-                "trainer_res": {"num_cpus": 1, "runtime_env": passive},
-                "replica_threads": replica_threads, "trainer_threads": trainer_threads}
+            replica_threads, trainer_threads = cores, max(1, cores // ranks)
+        else:
+            # Fully async: the trainer and the replicas compute at the same time, so by default the cores are
+            # split, never oversubscribed (the replicas share half, the trainer ranks the rest).
+            replica_threads = max(1, (cores // 2) // replicas)
+            trainer_threads = max(1, (cores - replica_threads * replicas) // ranks)
+        replica_threads = _threads(cfg.resources.rollout.cpu_threads, replica_threads, cores)
+        trainer_threads = _threads(cfg.resources.trainer.cpu_threads, trainer_threads, cores)
+        res: dict[str, Any] = {"num_cpus": 1}
+        if cfg.async_training.mode != "sync":
+            # OpenMP threads sleep instead of spinning while they wait: spinning threads on shared cores made
+            # both sides ~4x slower on 2 cores (docs/benchmarks.md, async vs sync).
+            res["runtime_env"] = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}
+        return {"device": "cpu", "replicas": replicas, "trainer_ranks": ranks, "replica_res": res,
+                "trainer_res": dict(res), "replica_threads": replica_threads, "trainer_threads": trainer_threads}
     return {"device": device, "replicas": replicas, "replica_res": {"num_gpus": tp, "num_cpus": 1},
             "trainer_ranks": ranks, "trainer_res": {"num_gpus": 1, "num_cpus": 1}, "replica_threads": 4,
             "trainer_threads": 4}
+
+
+def _threads(setting: int | str, automatic: int, cores: int) -> int:
+    """A pool's `cpu_threads` setting resolved: 0 → `automatic`, "all" → every core, else the number given."""
+    if setting == "all":
+        return cores
+    return int(setting) or automatic
 
 
 def object_store_bytes(model_dir: Path) -> int:

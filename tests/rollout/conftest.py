@@ -11,17 +11,12 @@ PAD_ID, EOS_ID, VOCAB = 0, 1, 32
 
 
 def build_tiny_lm(seed: int = 0, layers: int = 2) -> torch.nn.Module:
-    """Qwen2 with hidden 128, 2 heads of dim 64, 1 KV head, tied embeddings, deterministic in `seed`."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    """`engine.models.tiny.build_tiny_model` over raw token ids (VOCAB, pad PAD_ID, EOS EOS_ID), init range 0.1;
+    also seeds the global RNG with `seed`, as the tests expect."""
+    from engine.models.tiny import build_tiny_model
 
     torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=128, intermediate_size=512, num_hidden_layers=layers,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
-        tie_word_embeddings=True, initializer_range=0.1, pad_token_id=PAD_ID, eos_token_id=EOS_ID,
-        bos_token_id=EOS_ID,
-    )
-    return Qwen2ForCausalLM(config).eval()
+    return build_tiny_model(VOCAB, PAD_ID, EOS_ID, seed=seed, layers=layers, initializer_range=0.1)
 
 
 @pytest.fixture(autouse=True)

@@ -44,11 +44,12 @@ from engine.trainer.megatron.export import current_ep, current_shard_info, expor
 from engine.trainer.megatron.hf_config import load_arch
 from engine.trainer.megatron.inputs import pack_batch
 from engine.trainer.megatron.model import build_gpt_model
-from engine.trainer.megatron.optim import MainGradAdamW, MegatronDistOptimizer, OptimSettings
+from engine.trainer.megatron.optim import MainGradAdamW, MegatronDistOptimizer, optim_settings
 from engine.trainer.megatron.parallel import ParallelLayout, init_model_parallel, init_process_group
 from engine.trainer.megatron.shims import apply_cpu_shims, seed_model_parallel_rng
 from engine.trainer.megatron.snapshot import ParamSnapshot, snapshot_targets
 from engine.trainer.megatron.vocab_parallel import vocab_parallel_log_probs
+from engine.trainer.optim import OptimConfig, warmup_lr
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class MegatronTrainerBackend:
         pp: int = 1,
         cp: int = 1,
         ep: int = 1,
-        optim_cfg: Mapping[str, Any] | OptimSettings | None = None,
+        optim_cfg: Mapping[str, Any] | OptimConfig | None = None,
         grad_clip: float = 1.0,
         micro_batch_size: int = 8,
         temperature: float = 1.0,
@@ -129,7 +130,7 @@ class MegatronTrainerBackend:
         self.temperature = float(temperature)
         self.grad_clip = float(grad_clip)
         self.entropy_mode: EntropyMode = entropy
-        self.optim_settings = OptimSettings.from_any(optim_cfg)
+        self.optim_settings = optim_settings(optim_cfg)
         self.base_lr = self.optim_settings.lr
         self.global_step = 0
         self.extra_metrics: dict[str, float] = {}
@@ -229,7 +230,7 @@ class MegatronTrainerBackend:
         self.base_lr = float(lr)
 
     def current_lr(self) -> float:
-        return self.optim_settings.lr_at(self.global_step, self.base_lr)
+        return warmup_lr(self.base_lr, self.global_step, self.optim_settings.warmup_steps)
 
     # --- forward ---------------------------------------------------------------------------------------
     def _to_device(self, batch: TrainBatch) -> TrainBatch:

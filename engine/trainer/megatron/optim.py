@@ -23,43 +23,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from engine.trainer.optim import OptimConfig
 
-@dataclass(frozen=True)
-class OptimSettings:
-    """AdamW hyper-parameters (the keys of `[trainer.optim]`)."""
 
-    lr: float = 1e-6
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = 0.01
-    eps: float = 1e-8
-    warmup_steps: int = 0
-
-    @staticmethod
-    def from_any(cfg: Mapping[str, Any] | OptimSettings | None) -> OptimSettings:
-        """From a mapping (e.g. `OptimConfig.model_dump()`; unknown keys such as `name` are ignored)."""
-        if cfg is None:
-            return OptimSettings()
-        if isinstance(cfg, OptimSettings):
-            return cfg
-        name = cfg.get("name", "adamw")
-        if name != "adamw":
-            raise ValueError(f"optimizer {name!r} is not supported by the Megatron backend (adamw only)")
-        betas = tuple(cfg.get("betas", (0.9, 0.999)))
-        return OptimSettings(lr=float(cfg.get("lr", 1e-6)), betas=(float(betas[0]), float(betas[1])),
-                             weight_decay=float(cfg.get("weight_decay", 0.01)), eps=float(cfg.get("eps", 1e-8)),
-                             warmup_steps=int(cfg.get("warmup_steps", 0)))
-
-    def lr_at(self, update: int, base_lr: float | None = None) -> float:
-        lr = self.lr if base_lr is None else base_lr
-        if self.warmup_steps > 0:
-            return lr * min(1.0, (update + 1) / self.warmup_steps)
-        return lr
+def optim_settings(cfg: Mapping[str, Any] | OptimConfig | None) -> OptimConfig:
+    """The AdamW settings from `[trainer.optim]` as a mapping (`name` must be "adamw"), or as given."""
+    if cfg is None:
+        return OptimConfig()
+    if isinstance(cfg, OptimConfig):
+        return cfg
+    kw = dict(cfg)
+    name = kw.pop("name", "adamw")
+    if name != "adamw":
+        raise ValueError(f"optimizer {name!r} is not supported by the Megatron backend (adamw only)")
+    return OptimConfig.from_dict(kw)
 
 
 def _is_expert(p: torch.Tensor) -> bool:
@@ -98,7 +80,7 @@ def global_grad_norm(params: list[torch.nn.Parameter]) -> float:
 class MainGradAdamW:
     """torch AdamW over a Megatron DDP model's parameters, stepping on `main_grad`, with global clipping."""
 
-    def __init__(self, params: list[torch.nn.Parameter], settings: OptimSettings, grad_clip: float) -> None:
+    def __init__(self, params: list[torch.nn.Parameter], settings: OptimConfig, grad_clip: float) -> None:
         self.params = [p for p in params if p.requires_grad]
         self.settings = settings
         self.grad_clip = grad_clip
@@ -145,7 +127,7 @@ class MainGradAdamW:
 class MegatronDistOptimizer:
     """Megatron's distributed Adam (GPU only): fp32 main params, sharded state, clipping inside `step`."""
 
-    def __init__(self, ddp_model: torch.nn.Module, settings: OptimSettings, grad_clip: float,
+    def __init__(self, ddp_model: torch.nn.Module, settings: OptimConfig, grad_clip: float,
                  params_dtype: torch.dtype) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("Megatron's distributed optimizer needs CUDA; on CPU use MainGradAdamW")
