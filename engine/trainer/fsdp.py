@@ -36,14 +36,17 @@ def free_port() -> int:
 
 
 def init_distributed(rank: int, world_size: int, master_port: int, master_addr: str = "127.0.0.1",
-                     backend: str | None = None, timeout_s: float = 300.0) -> None:
-    """Join the default process group (gloo on CPU, NCCL when CUDA is available, unless `backend` says)."""
+                     backend: str | None = None, timeout_s: float = 300.0, init_method: str | None = None) -> None:
+    """Join the default process group (gloo on CPU, NCCL when CUDA is available, unless `backend` says).
+    The rendezvous is `master_addr:master_port`, or `init_method` when given (e.g. `file:///tmp/x`: no port to
+    pick, so no race with other processes taking the port between `free_port()` and the bind)."""
     os.environ["MASTER_ADDR"] = master_addr
     os.environ["MASTER_PORT"] = str(master_port)
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s))
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -19,7 +19,9 @@ def rank_slice(batch, rank: int, world: int):
 
 def run_rank(rank: int, world: int, port: int, out_dir: str, backend: str = "gloo") -> None:
     torch.set_num_threads(1)
-    init_distributed(rank, world, port, backend=backend)
+    # a file rendezvous on CPU: a port picked in advance can be taken by another process before rank 0 binds it
+    init_method = f"file://{out_dir}/rendezvous" if backend == "gloo" else None
+    init_distributed(rank, world, port, backend=backend, init_method=init_method)
     device = f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
     try:
         trainer = FSDPTrainerBackend(build_tiny_lm(seed=0), optim_cfg=OPTIM, grad_clip=1e6, micro_batch_size=MICRO,

@@ -17,7 +17,7 @@ def run_shard_rank(rank: int, world: int, port: int, out_dir: str) -> None:
     """Log-probs of this rank's shard of a 7-row batch; then a 1-row batch, where rank 1 only has a filler
     shard, through `compute_log_probs` and one `train_step`; the weights after it (rank 0)."""
     torch.set_num_threads(1)
-    init_distributed(rank, world, port, backend="gloo")
+    init_distributed(rank, world, port, backend="gloo", init_method=f"file://{out_dir}/rendezvous")
     try:
         trainer = FSDPTrainerBackend(build_tiny_lm(seed=0), optim_cfg=OPTIM, grad_clip=1e6, micro_batch_size=MICRO)
         result: dict = {}
