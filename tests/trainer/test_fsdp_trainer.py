@@ -7,11 +7,9 @@ from itertools import pairwise
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from fsdp_worker import MICRO, OPTIM, ROWS, run_rank
-from trainer_helpers import build_tiny_lm, random_batch, token_mean_pg_loss
+from trainer_helpers import build_tiny_lm, random_batch, spawn_ranks, token_mean_pg_loss
 
-from engine.trainer.fsdp import free_port
 from engine.trainer.torch_trainer import TorchTrainerBackend
 
 WORLD = 2
@@ -19,9 +17,7 @@ WORLD = 2
 
 @pytest.mark.timeout(300)
 def test_two_rank_fsdp_matches_single_process(tmp_path) -> None:
-    mp.start_processes(run_rank, args=(WORLD, free_port(), str(tmp_path)), nprocs=WORLD, join=True,
-                       start_method="spawn")
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    ranks = spawn_ranks(run_rank, WORLD, tmp_path)
 
     single = TorchTrainerBackend(build_tiny_lm(seed=0), optim_cfg=OPTIM, grad_clip=1e6, micro_batch_size=MICRO)
     reference = single.train_step(random_batch(rows=ROWS, seed=0), token_mean_pg_loss)

@@ -8,12 +8,10 @@ from itertools import chain, pairwise
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from shard_worker import MICRO, OPTIM, ROWS, run_shard_rank
-from trainer_helpers import build_tiny_lm, random_batch, token_mean_pg_loss
+from trainer_helpers import build_tiny_lm, random_batch, spawn_ranks, token_mean_pg_loss
 
 from engine.trainer.batch import is_filler, shard_bounds, shard_rows
-from engine.trainer.fsdp import free_port
 from engine.trainer.torch_trainer import TorchTrainerBackend
 
 WORLD = 2
@@ -43,9 +41,7 @@ def test_shard_rows_selects_the_rows_and_fills_empty_ranks() -> None:
 
 @pytest.mark.timeout(300)
 def test_two_rank_shard_log_probs_equal_single_process(tmp_path) -> None:
-    mp.start_processes(run_shard_rank, args=(WORLD, free_port(), str(tmp_path)), nprocs=WORLD, join=True,
-                       start_method="spawn")
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    ranks = spawn_ranks(run_shard_rank, WORLD, tmp_path)
 
     single = TorchTrainerBackend(build_tiny_lm(seed=0), optim_cfg=OPTIM, grad_clip=1e6, micro_batch_size=MICRO)
     batch = random_batch(rows=ROWS, seed=4)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import torch
 
 from engine.trainer.base import TrainBatch
@@ -53,3 +56,15 @@ def seq_mean_pg_loss(log_probs: torch.Tensor, entropy: torch.Tensor | None, mb: 
     per_row = (mb.advantages * log_probs * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
     loss = -per_row.mean()
     return loss, {"actor/pg_loss": float(loss.detach())}
+
+
+def spawn_ranks(worker: Callable[..., None], world: int, out_dir: Path) -> list[dict]:
+    """Run `worker(rank, world, port, out_dir)` in `world` spawned processes (each writes `out_dir/rank<r>.pt`)
+    and return what each rank wrote, in rank order."""
+    import torch.multiprocessing as mp
+
+    from engine.trainer.fsdp import free_port
+
+    mp.start_processes(worker, args=(world, free_port(), str(out_dir)), nprocs=world, join=True,
+                       start_method="spawn")
+    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
