@@ -212,6 +212,17 @@ class DashboardApp(App[int]):
             log.add_events(new_events)
         self.config_view.show(self.model.run.get("config") or {}, self.model.run.get("provenance") or {})
 
+    def _on_screen(self, chart: Any) -> bool:
+        """Whether `chart` sits in the active tab (or outside the tabs)."""
+        active = self.screen_stack[0].query_one(TabbedContent).active
+        pane = next((a for a in chart.ancestors if isinstance(a, TabPane)), None)
+        return pane is None or pane.id == active
+
+    @property
+    def charts_pending(self) -> int:
+        """How many on-screen charts still wait for their rate-limited redraw (0 = the screen is current)."""
+        return sum(1 for chart in self._dirty_charts if self._on_screen(chart))
+
     def _redraw_visible_charts(self, force: bool = False) -> None:
         """Rebuild dirty charts that are on screen, at most once per `chart_interval` seconds.
 
@@ -223,10 +234,8 @@ class DashboardApp(App[int]):
             if self._chart_timer is None:
                 self._chart_timer = self.set_timer(wait, self._chart_timer_fired)
             return
-        active = self.screen_stack[0].query_one(TabbedContent).active
         for chart in list(self._dirty_charts):
-            pane = next((a for a in chart.ancestors if isinstance(a, TabPane)), None)
-            if pane is None or pane.id == active:
+            if self._on_screen(chart):
                 chart.redraw(self.model)
                 self._dirty_charts.discard(chart)
         self._last_chart_draw = time.monotonic()

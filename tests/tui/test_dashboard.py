@@ -46,7 +46,7 @@ def text_of(app: DashboardApp, selector: str) -> str:
 
 async def started(pilot: Any) -> DashboardApp:
     app = pilot.app
-    await wait_until(pilot, lambda: app.model.received)
+    await wait_until(pilot, lambda: app.model.received and not app.charts_pending)
     await pilot.pause()
     return app
 

@@ -17,7 +17,8 @@ from tests.tui.helpers import SIZE, FlakySource, live_core, open_knob_input, rep
 
 
 async def ready(pilot: Any) -> None:
-    await wait_until(pilot, lambda: pilot.app.model.received)
+    """Data received and every on-screen chart drawn (chart redraws are rate-limited)."""
+    await wait_until(pilot, lambda: pilot.app.model.received and not pilot.app.charts_pending)
     await pilot.pause()
 
 
@@ -40,6 +41,7 @@ class TestReplayLook:
         async def run_before(pilot: Any) -> None:
             await ready(pilot)
             await pilot.press("2")
+            await ready(pilot)
 
         assert snap_compare(
             make_app(replay_source(), poll_interval=0.05), terminal_size=SIZE, run_before=run_before
@@ -49,6 +51,7 @@ class TestReplayLook:
         async def run_before(pilot: Any) -> None:
             await ready(pilot)
             await pilot.press("3")
+            await ready(pilot)
 
         assert snap_compare(
             make_app(replay_source(), poll_interval=0.05), terminal_size=SIZE, run_before=run_before
