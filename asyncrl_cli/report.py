@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from asyncrl_cli.config.loader import Analysis
-from asyncrl_cli.config.placement import Placement
 from asyncrl_cli.config.problems import Problem
+
+if TYPE_CHECKING:
+    from asyncrl_cli.config.loader import Analysis
+    from asyncrl_cli.config.placement import Placement
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 

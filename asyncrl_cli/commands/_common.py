@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from asyncrl_cli.config.layering import OverrideError
-from asyncrl_cli.config.loader import Analysis, analyze_run_config
 from asyncrl_cli.errors import UsageProblem
+
+if TYPE_CHECKING:
+    from asyncrl_cli.config.loader import Analysis
 
 SetOpt = Annotated[
     list[str] | None,
@@ -28,6 +29,9 @@ def analyze(path: Path, sets: list[str] | None) -> Analysis:
     """Load and check a run file; a missing file or a malformed --set is a usage error (exit 2)."""
     if not path.is_file():
         raise UsageProblem(f"run file not found: {path}", "pass a TOML file, e.g. presets/runs/tiny-cpu.toml")
+    from asyncrl_cli.config.layering import OverrideError
+    from asyncrl_cli.config.loader import analyze_run_config
+
     try:
         return analyze_run_config(path, sets or [])
     except OverrideError as e:

@@ -8,13 +8,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from asyncrl_cli.config.hardware import HardwareNotFound, load_hardware
-from asyncrl_cli.config.loader import analyze_run_config
 from asyncrl_cli.errors import UsageProblem, handle_errors
 from asyncrl_cli.output import stdout_console
-from asyncrl_cli.report import render_headline, render_problems
-from asyncrl_cli.verl_import.convert import convert_script
-from asyncrl_cli.verl_import.write import guess_hardware, render
 
 app = typer.Typer(no_args_is_help=True, help="Convert other frameworks' run scripts into asyncrl run files.")
 
@@ -31,6 +26,12 @@ def verl(
 ) -> None:
     """Map the Hydra overrides (DATA_CONFIG … ASYNC_CONFIG blocks, n_gpus_* / n_nodes_* variables) to
     asyncrl keys and list [bold]every[/] override that could not be mapped."""
+    from asyncrl_cli.config.hardware import HardwareNotFound, load_hardware
+    from asyncrl_cli.config.loader import analyze_run_config
+    from asyncrl_cli.report import render_headline, render_problems
+    from asyncrl_cli.verl_import.convert import convert_script
+    from asyncrl_cli.verl_import.write import guess_hardware, render
+
     if not script.is_file():
         raise UsageProblem(f"script not found: {script}")
     if output.exists() and not force:

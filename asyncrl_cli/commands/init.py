@@ -7,19 +7,19 @@ import re
 import sys
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import tomlkit
 import typer
 
 from asyncrl_cli.config.catalog import RUN_SCHEMA_FILE, find_preset, list_presets, presets_dir
-from asyncrl_cli.config.hardware import HardwareNotFound, HardwarePreset, hardware_names, load_hardware
 from asyncrl_cli.config.hf_model import ModelConfigError, ModelFacts, read_model_facts
-from asyncrl_cli.config.loader import analyze_run_config
-from asyncrl_cli.config.planner import Plan, PlanError, plan_run
 from asyncrl_cli.errors import DoesNotFit, InvalidConfig, UsageProblem, handle_errors
 from asyncrl_cli.output import stdout_console
-from asyncrl_cli.report import render_headline, render_model, render_problems
+
+if TYPE_CHECKING:  # the schema-backed modules load when the command runs, not for `--help`
+    from asyncrl_cli.config.hardware import HardwarePreset
+    from asyncrl_cli.config.planner import Plan
 
 SECTIONS = ("model", "resources.trainer", "resources.rollout", "trainer", "rollout", "async_training")
 
@@ -110,6 +110,11 @@ def command(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
     """Write a commented run file that [bold]validate[/] accepts: backend, parallelism, GPU split, batches."""
+    from asyncrl_cli.config.hardware import HardwareNotFound, hardware_names, load_hardware
+    from asyncrl_cli.config.loader import analyze_run_config
+    from asyncrl_cli.config.planner import PlanError, plan_run
+    from asyncrl_cli.report import render_headline, render_model, render_problems
+
     tty = sys.stdin.isatty()
     missing = [
         f for f, v in (("--model", model), ("--dataset", dataset), ("--hardware", hardware)) if v is None

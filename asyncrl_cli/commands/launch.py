@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.syntax import Syntax
 
 from asyncrl_cli.commands._common import JsonOpt, SetOpt, analyze
-from asyncrl_cli.config.loader import Analysis
-from asyncrl_cli.config.placement import plan_placement
 from asyncrl_cli.errors import AsyncrlError, handle_errors
 from asyncrl_cli.output import emit_json, stderr_console, stdout_console
 from asyncrl_cli.report import render_derived, render_headline, render_placement, render_problems
+
+if TYPE_CHECKING:
+    from asyncrl_cli.config.loader import Analysis
 
 
 def write_artifacts(an: Analysis) -> dict[str, str]:
@@ -64,6 +65,8 @@ def command(
         render_problems(con, an.problems)
         raise typer.Exit(an.exit_code or 1)
     assert an.derived is not None
+    from asyncrl_cli.config.placement import plan_placement
+
     plan = plan_placement(an.config, an.derived, an.hardware)
     if dry_run:
         files = write_artifacts(an)

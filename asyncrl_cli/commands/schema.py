@@ -7,7 +7,6 @@ from typing import Annotated
 import typer
 
 from asyncrl_cli.config.catalog import HARDWARE_SCHEMA_FILE, RUN_SCHEMA_FILE, presets_dir
-from asyncrl_cli.config.jsonschema import dumps, hardware_schema, run_schema
 from asyncrl_cli.errors import InvalidConfig, handle_errors
 from asyncrl_cli.output import stderr_console
 
@@ -23,6 +22,8 @@ def command(
     ] = False,
 ) -> None:
     """Print the JSON Schema of run files (presets carry a [bold]#:schema[/] header pointing at it)."""
+    from asyncrl_cli.config.jsonschema import dumps, hardware_schema, run_schema
+
     files = {RUN_SCHEMA_FILE: dumps(run_schema()), HARDWARE_SCHEMA_FILE: dumps(hardware_schema())}
     if write or check:
         stale = []

@@ -1,20 +1,37 @@
 """Run configuration: schema, TOML layering with provenance, presets, model facts and fit checks.
 
 Importable without torch, ray, vllm or transformers. The engine calls `load_run_config`.
+
+The names below load on first use (PEP 562), so a light submodule such as `config.problems` or
+`config.catalog` can be imported without building the pydantic schema — `asyncrl --help` stays instant.
 """
 
-from asyncrl_cli.config.loader import Analysis, LoadResult, analyze_run_config, load_run_config
-from asyncrl_cli.config.problems import Problem
-from asyncrl_cli.config.provenance import Origin, Provenance
-from asyncrl_cli.config.schema import RunConfig
+from __future__ import annotations
 
-__all__ = [
-    "Analysis",
-    "LoadResult",
-    "Origin",
-    "Problem",
-    "Provenance",
-    "RunConfig",
-    "analyze_run_config",
-    "load_run_config",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from asyncrl_cli.config.loader import Analysis, LoadResult, analyze_run_config, load_run_config
+    from asyncrl_cli.config.problems import Problem
+    from asyncrl_cli.config.provenance import Origin, Provenance
+    from asyncrl_cli.config.schema import RunConfig
+
+_HOME = {
+    "Analysis": "loader",
+    "LoadResult": "loader",
+    "analyze_run_config": "loader",
+    "load_run_config": "loader",
+    "Problem": "problems",
+    "Origin": "provenance",
+    "Provenance": "provenance",
+    "RunConfig": "schema",
+}
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)

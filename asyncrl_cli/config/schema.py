@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from asyncrl_cli.config.names import BUILTIN_DATASETS, BUILTIN_MODELS, NAMED_REWARDS, SINKS
 from asyncrl_cli.config.rc_options import parse_is_threshold, parse_rs_options, parse_rs_thresholds
 
 SCHEMA_VERSION = 1
@@ -27,10 +28,6 @@ SCHEMA_VERSION = 1
 MUTABLE: dict[str, Any] = {"x-runtime-mutable": True}
 """`json_schema_extra` marker of knobs the controller may change while a run is going."""
 
-BUILTIN_MODELS = ("tiny-qwen", "tiny-qwen-all", "tiny-qwen3-vl", "smollm2")
-BUILTIN_DATASETS = ("copy", "reverse", "arith", "figures")
-NAMED_REWARDS = ("auto", "gsm8k", "math", "geo3k", "copy", "reverse", "arith")
-SINKS = ("jsonl", "console", "tensorboard", "wandb")
 
 _REWARD_FN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

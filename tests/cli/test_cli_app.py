@@ -110,6 +110,19 @@ def test_import_of_the_cli_pulls_no_heavy_packages() -> None:
     assert not imported & set(HEAVY), sorted(imported & set(HEAVY))
 
 
+def test_help_does_not_build_the_config_schema() -> None:
+    """`asyncrl --help` only lists commands: the pydantic schema (two thirds of the CLI's import time) loads
+    when a command reads a run file, not before."""
+    code = (
+        "import sys; from asyncrl_cli.app import app\n"
+        "try:\n    app(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pydantic' or m.endswith('config.schema')))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_validate_in_a_subprocess_loads_no_heavy_packages() -> None:
     code = (
         "import sys; from asyncrl_cli.app import app\n"
