@@ -54,8 +54,8 @@ def measure(
     from benchmarks.engine_runs import load_config
     from engine.algo.loss import build_loss_fn
     from engine.models.loader import load_tokenizer, resolve_model_path
+    from engine.runtime.backends import build_trainer_backend
     from engine.runtime.batching import prepare_batch
-    from engine.runtime.trainer_actor import build_trainer_backend
 
     cfg = load_config(preset, [f'trainer.backend="{backend_name}"', "trainer.test_freq=0", *overrides])
     model_dir = str(resolve_model_path(cfg.model.path, seed=cfg.trainer.seed))

@@ -16,37 +16,8 @@ from typing import Any
 import ray
 
 from engine.rollout.base import SamplingParams
+from engine.runtime.backends import build_rollout_backend
 from engine.types import GenRequest, GenResult
-
-
-def build_backend(cfg: Any, model_dir: str, device: str = "cpu"):
-    """Instantiate the configured rollout backend for `model_dir` (backends imported lazily)."""
-    from engine.models.loader import load_causal_lm, load_tokenizer
-
-    if cfg.rollout.backend == "vllm":
-        from engine.rollout.vllm_backend import VLLMRolloutBackend
-
-        max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
-        return VLLMRolloutBackend(
-            model_dir,
-            tensor_parallel_size=cfg.rollout.tensor_parallel_size,
-            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-            max_num_seqs=cfg.rollout.max_num_seqs,
-            max_model_len=max_len,
-            dtype=cfg.model.dtype,
-            seed=cfg.trainer.seed,
-        )
-    from engine.rollout.hf import HFRolloutBackend
-
-    tok = load_tokenizer(model_dir)
-    model = load_causal_lm(model_dir, dtype=cfg.model.dtype)
-    return HFRolloutBackend(
-        model,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-        max_batch_size=cfg.rollout.max_num_seqs,
-        device=device,
-    )
 
 
 @ray.remote(max_concurrency=2)
@@ -59,7 +30,7 @@ class RolloutReplica:
         torch.set_num_threads(max(1, num_threads))
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.replica_id = replica_id
-        self.backend = build_backend(cfg, model_dir)
+        self.backend = build_rollout_backend(cfg, model_dir)
         self._abort = threading.Event()
         self._busy_s = 0.0
         self._tokens = 0

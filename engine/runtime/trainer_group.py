@@ -8,7 +8,7 @@ Ranks 1 … M−1 are `TrainerRank` actors that only compute:
     TrainerCore ─▶ BackendGroup.train_step(batch)
                      ├─ shard_rows(batch, M): M contiguous row shards, sizes as equal as possible
                      ├─ shard r ─▶ TrainerRank r (`.remote`)                  ┐ together: FSDP2 collectives
-                     └─ shard 0 ─▶ rank 0's own FSDPTrainerBackend (same time) ┘ (gloo)
+                     └─ shard 0 ─▶ rank 0's own FSDPTrainerBackend (same time) ┘ (gloo / NCCL)
                    ◀─ rank 0's metrics (already global: the backend reduces them across ranks);
                       log-prob tensors come back concatenated in row order
 
@@ -18,7 +18,8 @@ caller's calls to an actor in order, so all ranks meet the collectives in the sa
 
 Start-up: rank 0 picks the rendezvous (`free_port()` on its node's IP), creates the worker actors, joins the
 process group itself and builds its backends while they do the same, then waits for them to be ready.
-The torch trainer of this runtime computes on CPU (as with one rank), so the process group is gloo.
+The ranks compute on the hardware preset's device, so the process group is gloo on CPU, NCCL on CUDA, HCCL on
+NPUs (`engine.runtime.devices`).
 The worker actors are owned by rank 0's actor and die with it. A failure on any rank fails the call in progress
 (a rank still inside a collective gives up after the process group's timeout, 300 s) and breaks the group: later
 calls raise at once instead of waiting on a dead peer, and the run resumes from its last checkpoint.
@@ -36,11 +37,10 @@ from typing import Any
 
 import ray
 
+from engine.runtime.backends import build_trainer_backend, compute_device, process_group_backend
+
 POLICY, REF = "policy", "ref"
 """Names of the two backends a rank may hold: the trained policy and the frozen reference (KL loss)."""
-
-PROCESS_GROUP = "gloo"
-"""torch.distributed backend of the group: the runtime's torch trainer computes on CPU."""
 
 
 def trainer_world(cfg: Any) -> int:
@@ -51,8 +51,6 @@ def trainer_world(cfg: Any) -> int:
 def rank_backends(cfg: Any, model_dir: str) -> dict[str, Any]:
     """This rank's FSDP2 backends (process group already joined): the policy and, with `trainer.use_kl_loss`, the
     frozen reference — built in the same order on every rank, since building them is collective."""
-    from engine.runtime.trainer_actor import build_trainer_backend
-
     out = {POLICY: build_trainer_backend(cfg, model_dir, distributed=True)}
     if cfg.trainer.use_kl_loss:
         out[REF] = build_trainer_backend(cfg, model_dir, distributed=True)
@@ -75,7 +73,7 @@ class TrainerRank:
         torch.set_num_threads(max(1, num_threads))
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         torch.manual_seed(cfg.trainer.seed)
-        init_distributed(rank, world, master_port, master_addr, backend=PROCESS_GROUP)
+        init_distributed(rank, world, master_port, master_addr, backend=process_group_backend(compute_device(cfg)))
         self.rank = rank
         self.backends = rank_backends(cfg, model_dir)
         self.loss_fn = LogRatioObserver(build_loss_fn(cfg.trainer, cfg.algorithm.rollout_correction))
@@ -115,7 +113,7 @@ class TrainerGroup:
         # the workers first: every rank must be inside init_process_group at the same time
         self.workers = [TrainerRank.options(**(rank_options or {})).remote(
             cfg, model_dir, r, world, port, addr, num_threads) for r in range(1, world)]
-        init_distributed(0, world, port, addr, backend=PROCESS_GROUP)
+        init_distributed(0, world, port, addr, backend=process_group_backend(compute_device(cfg)))
         local = rank_backends(cfg, model_dir)
         self.pids: list[int] = ray.get([w.ready.remote() for w in self.workers])
         self.policy = BackendGroup(self, local[POLICY], POLICY)

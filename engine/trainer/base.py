@@ -79,7 +79,10 @@ class TrainerBackend(Protocol):
         ...
 
     def export_weights(self, bucket_bytes: int) -> Iterator[dict[str, np.ndarray]]:
-        """The policy weights in HF names (tied `lm_head.weight` included), in buckets of ~bucket_bytes."""
+        """The policy weights in HF names (tied `lm_head.weight` included), in buckets of ~bucket_bytes.
+
+        The arrays may be views of the live weights: valid until the next optimizer step (the sync copies
+        them out at once); copy them to keep them longer."""
         ...
 
     def save(self, path: str) -> None:

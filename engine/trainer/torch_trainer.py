@@ -46,6 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 from engine.multimodal.forward import vision_inputs
 from engine.multimodal.vision import ImageEncoder, VisionSpec, model_dir_of, placeholder_token_ids
 from engine.sync.buckets import bucketize
+from engine.sync.export import host_array
 from engine.trainer import checkpoint as ckpt
 from engine.trainer.base import LossFn, TrainBatch
 from engine.trainer.batch import is_filler, split_micro_batches, trim_padding
@@ -62,14 +63,6 @@ _TENSOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "r
 def token_mass(micro: TrainBatch) -> float:
     """Default micro-batch mass: its number of response tokens."""
     return float(micro.response_mask.sum())
-
-
-def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A CPU numpy copy (bf16 is widened to fp32: numpy has no bfloat16; the receiver casts back)."""
-    t = t.detach().cpu()
-    if t.dtype == torch.bfloat16:
-        t = t.float()
-    return t.numpy().copy()
 
 
 def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
@@ -357,10 +350,12 @@ class TorchTrainerBackend:
         return state
 
     def export_weights(self, bucket_bytes: int) -> Iterator[dict[str, np.ndarray]]:
-        """HF-named numpy copies of the weights (tied `lm_head.weight` included) in ~`bucket_bytes` buckets.
-        Every rank must iterate it (the gather is collective); only rank 0 yields buckets."""
+        """HF-named numpy arrays of the weights (tied `lm_head.weight` included) in ~`bucket_bytes` buckets.
+        Single-rank, they are views of the live parameters (valid until the next step; see
+        `engine.sync.export.host_array`). Every rank must iterate it (the gather is collective); only rank
+        0 yields buckets."""
         state = self.full_state_dict()
-        yield from bucketize(((name, to_numpy(t)) for name, t in state.items()), bucket_bytes)
+        yield from bucketize(((name, host_array(t)) for name, t in state.items()), bucket_bytes)
 
     # --- checkpoints ------------------------------------------------------------------------------------
     def save(self, path: str) -> None:

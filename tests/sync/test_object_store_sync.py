@@ -69,5 +69,11 @@ def test_object_store_sync_updates_a_remote_replica(local_ray, tiny_lm) -> None:
     exported = list(trainer.export_weights(bucket_bytes=64 * 1024))
     assert [list(b) for b in pulled] == [list(b) for b in exported]
     assert all(np.array_equal(p[k], e[k]) for p, e in zip(pulled, exported) for k in e)
+    # the export is zero-copy, the push is not: training on after the push leaves the pushed version intact
+    kept = {k: a.copy() for b in exported for k, a in b.items()}
+    with torch.no_grad():
+        trainer.model.model.embed_tokens.weight.add_(1.0)
+    assert not np.array_equal(exported[0]["model.embed_tokens.weight"], kept["model.embed_tokens.weight"])
+    assert all(np.array_equal(a, kept[k]) for b in sync.pull(handle) for k, a in b.items())
     sync.release(handle)
     assert handle.refs == []

@@ -14,11 +14,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from engine.sync.buckets import Bucket, bucketize
+from engine.sync.export import host_array
 from engine.trainer.megatron.convert import ShardInfo, megatron_rules, megatron_to_hf
 from engine.trainer.megatron.hf_config import ArchSpec
 
@@ -84,14 +84,7 @@ def iter_hf_tensors(model: torch.nn.Module, arch: ArchSpec) -> Iterator[tuple[st
         yield "lm_head.weight", embed
 
 
-def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A host numpy copy (bfloat16, which numpy lacks, is widened to float32 exactly)."""
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        t = t.float()
-    return t.cpu().contiguous().numpy().copy()
-
-
 def export_hf(model: torch.nn.Module, arch: ArchSpec, bucket_bytes: int) -> Iterator[Bucket]:
-    """HF-named numpy buckets of ~`bucket_bytes` (see `engine.sync.buckets.bucketize`)."""
-    return bucketize(((n, to_numpy(t)) for n, t in iter_hf_tensors(model, arch)), bucket_bytes)
+    """HF-named numpy buckets of ~`bucket_bytes` (see `engine.sync.buckets.bucketize`); arrays may be views
+    of the live weights (`engine.sync.export.host_array`)."""
+    return bucketize(((n, host_array(t)) for n, t in iter_hf_tensors(model, arch)), bucket_bytes)

@@ -1,0 +1,106 @@
+"""Building the configured backends: the rollout engine of a replica and the training backend of a trainer rank.
+
+Pure construction, no Ray: the actors (`replica.py`, `trainer_actor.py`, `trainer_group.py`) call these, and so
+do the benchmarks and the GPU check. The backends themselves are imported lazily, so vLLM and Megatron stay
+optional. The runtime's own compute — the `hf` replicas and the `torch` trainer ranks — runs on the hardware
+preset's device: `device = "cuda"` or `"npu"` puts it on the accelerator Ray gave the actor (Ray sets
+`CUDA_VISIBLE_DEVICES` / `ASCEND_RT_VISIBLE_DEVICES` per actor, so it is index 0 inside it), `"cpu"` keeps it
+on the host. vLLM and Megatron place themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PROCESS_GROUPS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
+"""torch.distributed backend of a trainer group per device type."""
+
+
+def compute_device(cfg: Any) -> str:
+    """`cpu`, `cuda` or `npu`: the device of `resources.hardware`."""
+    from asyncrl_cli.config.hardware import load_hardware
+
+    return load_hardware(cfg.resources.hardware).device
+
+
+def process_group_backend(device: str) -> str:
+    """gloo on CPU, NCCL on CUDA, HCCL on Ascend NPUs."""
+    return PROCESS_GROUPS[device]
+
+
+def check_device(device: str) -> str:
+    """Fail with one clear line when this worker cannot reach `device` (returns it otherwise)."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("the hardware preset says device = \"cuda\", but this worker sees no CUDA GPU "
+                           "(check the node's drivers and that Ray counts its GPUs: `ray status`)")
+    if device == "npu":
+        try:
+            import torch_npu  # noqa: F401 — registers torch.npu
+        except ImportError:
+            raise RuntimeError('the hardware preset says device = "npu", but torch_npu is not installed '
+                               "on this worker") from None
+    return device
+
+
+def build_rollout_backend(cfg: Any, model_dir: str):
+    """The configured rollout backend for `model_dir` (imported lazily); `hf` computes on `compute_device(cfg)`."""
+    from engine.models.loader import load_causal_lm, load_tokenizer
+
+    if cfg.rollout.backend == "vllm":
+        from engine.rollout.vllm_backend import VLLMRolloutBackend
+
+        max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+        return VLLMRolloutBackend(
+            model_dir,
+            tensor_parallel_size=cfg.rollout.tensor_parallel_size,
+            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+            max_num_seqs=cfg.rollout.max_num_seqs,
+            max_model_len=max_len,
+            dtype=cfg.model.dtype,
+            seed=cfg.trainer.seed,
+        )
+    from engine.rollout.hf import HFRolloutBackend
+
+    tok = load_tokenizer(model_dir)
+    model = load_causal_lm(model_dir, dtype=cfg.model.dtype)
+    return HFRolloutBackend(
+        model,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+        max_batch_size=cfg.rollout.max_num_seqs,
+        device=check_device(compute_device(cfg)),
+    )
+
+
+def build_trainer_backend(cfg: Any, model_dir: str, distributed: bool = False):
+    """The configured training backend for `model_dir` (backends imported lazily). `distributed`: this process
+    is one rank of a trainer group (`engine.runtime.trainer_group`, process group already joined), so the torch
+    backend is the FSDP2 one; Megatron has no such mode in this runtime. The torch backends compute on
+    `compute_device(cfg)`; Megatron places itself."""
+    temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
+    optim = cfg.trainer.optim.model_dump()
+    if optim.pop("name", "adamw") != "adamw":
+        raise ValueError(f"trainer.optim.name = {cfg.trainer.optim.name!r}: only 'adamw' is supported")
+    if distributed and cfg.trainer.backend != "torch":
+        raise ValueError(f'trainer.backend = "{cfg.trainer.backend}" runs one trainer rank only in this runtime')
+    if cfg.trainer.backend == "megatron":
+        from engine.trainer.megatron.backend import MegatronTrainerBackend
+
+        return MegatronTrainerBackend(
+            model_dir, tp=cfg.trainer.tp, pp=cfg.trainer.pp, cp=cfg.trainer.cp, ep=cfg.trainer.ep,
+            optim_cfg=optim, grad_clip=cfg.trainer.grad_clip,
+            micro_batch_size=cfg.trainer.ppo_micro_batch_size_per_gpu, temperature=temperature,
+        )
+    from engine.models.loader import load_causal_lm
+    from engine.trainer.torch_trainer import TorchTrainerBackend
+
+    model = load_causal_lm(model_dir, dtype=cfg.model.dtype)
+    kwargs = {"optim_cfg": optim, "grad_clip": cfg.trainer.grad_clip, "device": check_device(compute_device(cfg)),
+              "micro_batch_size": cfg.trainer.ppo_micro_batch_size_per_gpu, "temperature": temperature}
+    if distributed:
+        from engine.trainer.fsdp import FSDPTrainerBackend
+
+        return FSDPTrainerBackend(model, **kwargs)
+    return TorchTrainerBackend(model, **kwargs)

@@ -1,0 +1,44 @@
+"""The runtime's own compute (hf replicas, torch trainer ranks) runs on the hardware preset's device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from run_helpers import tiny_config
+
+from engine.models.loader import resolve_model_path
+from engine.runtime.backends import (
+    build_rollout_backend,
+    build_trainer_backend,
+    check_device,
+    compute_device,
+    process_group_backend,
+)
+
+
+def test_cpu_preset_builds_cpu_replicas_and_trainer_over_gloo(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path)
+    device = compute_device(cfg)
+    assert (device, process_group_backend(device)) == ("cpu", "gloo")
+    model_dir = str(resolve_model_path(cfg.model.path))
+    trainer = build_trainer_backend(cfg, model_dir)
+    replica = build_rollout_backend(cfg, model_dir)
+    assert trainer.device == torch.device("cpu")
+    assert {p.device.type for p in replica.model.parameters()} == {"cpu"}
+
+
+@pytest.mark.parametrize(("hardware", "device", "group"), [("h100", "cuda", "nccl"), ("ascend-910b", "npu", "hccl")])
+def test_accelerator_presets_put_the_compute_on_the_accelerator(
+    tmp_path: Path, hardware: str, device: str, group: str
+) -> None:
+    cfg = tiny_config(tmp_path, f'resources.hardware="{hardware}"')
+    assert compute_device(cfg) == device and process_group_backend(device) == group
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without a GPU")
+def test_a_gpu_preset_on_a_machine_without_gpus_fails_with_one_clear_line() -> None:
+    with pytest.raises(RuntimeError, match='device = "cuda", but this worker sees no CUDA GPU'):
+        check_device("cuda")
+    assert check_device("cpu") == "cpu"
