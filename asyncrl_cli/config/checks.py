@@ -166,6 +166,17 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                         "data parallel (FSDP2) only",
                     )
                 )
+    ranks = cfg.resources.trainer.nnodes * cfg.resources.trainer.gpus_per_node
+    if t.backend == "megatron" and ranks > 1:
+        out.append(
+            _w(
+                "megatron-one-rank",
+                "resources.trainer.gpus_per_node",
+                f"this runtime runs the Megatron trainer as one rank, but resources.trainer asks for {ranks}: "
+                "`launch` refuses it (validate and --dry-run still show the full layout)",
+                'use trainer.backend = "torch" (FSDP2 across ranks), or one trainer GPU',
+            )
+        )
     seqs = t.ppo_mini_batch_size * r.n
     if seqs % d.trainer_dp:
         out.append(

@@ -71,6 +71,16 @@ def test_parallel_layout_and_batch_divisibility(write, minimal) -> None:
     assert by_code(an, "rollout-tp-node").category == "fit"
 
 
+def test_megatron_on_many_trainer_ranks_warns_that_launch_refuses_it() -> None:
+    an = analyze_run_config(MOE)
+    assert an.exit_code == EXIT_OK  # the seed's layout still validates and dry-runs
+    problem = by_code(an, "megatron-one-rank")
+    assert problem.severity == "warning" and "launch` refuses it" in problem.message
+    one = analyze_run_config(MOE, ["resources.trainer.nnodes=1", "resources.trainer.gpus_per_node=1",
+                                   "trainer.tp=1", "trainer.ep=1", "trainer.pp=1", "trainer.cp=1"])
+    assert not [p for p in one.problems if p.code == "megatron-one-rank"]
+
+
 def test_torch_backend_rejects_model_parallel_and_grpo_needs_groups(write, minimal) -> None:
     run = write("run.toml", minimal + "[trainer]\ntp = 2\n[rollout]\nn = 1\n")
     an = analyze_run_config(run)
