@@ -301,9 +301,9 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
     result["notes"] = [
         "Bytes include the tied `lm_head.weight`, which the engine sends explicitly (vLLM needs it).",
         (
-            "The real path copies the bytes three times (trainer tensor → numpy bucket, bucket → object store, "
-            "object store → replica parameter), so it cannot exceed ~⅓ of one memcpy's bandwidth on one machine; "
-            "the export and the replica's copy each run on one core here."
+            "The real path copies the bytes twice (trainer parameter → object store by `ray.put`, object store → "
+            "replica parameter; the export hands `ray.put` zero-copy views), so it cannot exceed ~½ of one "
+            "memcpy's bandwidth on one machine; `ray.put` and the replica's copy each run on one core here."
         ),
         (
             "memcpy = the faster of numpy `copyto` (one thread) and torch `copy_` (all threads) between two "
