@@ -7,7 +7,8 @@ Rollouter and the Trainer (on resume the trainer restores its checkpoint and pus
 replicas before generation starts), runs both loops to the end, prints progress, and returns an exit code:
 
 * 0 when the trainer finished its steps, or stopped gracefully on request (with a checkpoint);
-* 1 with one line naming the cause otherwise: bad input found by the preflight, a failed actor, the replica
+* 1 with one line naming the cause otherwise: bad input found by the preflight, a cluster without the GPUs
+  the run needs (checked right after Ray starts, instead of waiting forever), a failed actor, the replica
   restart budget spent (after a checkpoint); the line says which checkpoint a `--resume auto` would use;
 * 130 on Ctrl-C or SIGTERM, after asking the trainer for a stop checkpoint (a second Ctrl-C abandons it).
 
@@ -194,6 +195,7 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
     started_ray = _init_ray(address, placement)
     restore_sigterm = _sigterm_as_interrupt()
     try:
+        _check_capacity(placement)
         return _run_actors(cfg, cfg_dict, provenance, run_dir, model_dir, placement, resumed, tui, progress)
     finally:
         restore_sigterm()
@@ -294,6 +296,26 @@ def resume_hint(root: Path, trainer_died: bool = False) -> str:
     if latest is None:
         return f"{lost}no checkpoint exists, so the run cannot be resumed (set checkpoint.every_versions)"
     return f"{lost}resume from {latest} (step {step_of(latest)}) with `asyncrl launch RUN.toml --resume auto`"
+
+
+def gpus_needed(placement: dict[str, Any]) -> int:
+    """Accelerators the actors ask Ray for: replicas × their `num_gpus` (the rollout TP) + trainer ranks × theirs."""
+    return int(placement["replicas"] * placement["replica_res"].get("num_gpus", 0)
+               + placement["trainer_ranks"] * placement["trainer_res"].get("num_gpus", 0))
+
+
+def _check_capacity(placement: dict[str, Any]) -> None:
+    """Refuse, in one line, a run whose actors the cluster cannot place: Ray would otherwise wait for the missing
+    GPUs forever (as verl's resource-pool check does, before any actor starts)."""
+    import ray
+
+    need = gpus_needed(placement)
+    have = ray.cluster_resources().get("GPU", 0)
+    if need > have:
+        tp = placement["replica_res"].get("num_gpus", 0)
+        raise RunFailed(f"the Ray cluster has {have:g} GPU(s), this run needs {need} ({placement['replicas']} "
+                        f"rollout replica(s) × {tp:g} + {placement['trainer_ranks']} trainer rank(s)); add nodes "
+                        "(`ray status` shows what the cluster has), or lower resources.* / rollout.replicas")
 
 
 def _wait_ready(refs: list, what: str) -> None:

@@ -98,3 +98,12 @@ def test_megatron_with_several_trainer_ranks_is_refused_before_starting(run_dir,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "run failed" in err[0] and "one trainer rank" in err[0] and "Traceback" not in err[0]
     assert not run_dir.exists()  # refused before the run directory is made or Ray starts
+
+
+def test_a_run_needing_more_gpus_than_the_cluster_has_fails_at_once(run_dir, capsys):
+    """On this CPU machine a CUDA preset asks for GPUs the local Ray does not have: one line, exit 1, no hang."""
+    cfg = tiny_config(run_dir, 'resources.hardware="h100"')
+    assert run(cfg, progress=False) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "run failed: the Ray cluster has 0 GPU(s), this run needs" in err[-1] and "Traceback" not in err[-1]
+    assert not (run_dir / "metrics.jsonl").exists()
