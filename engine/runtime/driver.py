@@ -87,9 +87,21 @@ def _placement(cfg: Any) -> dict[str, Any]:
             res["runtime_env"] = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}
         return {"device": "cpu", "replicas": replicas, "trainer_ranks": ranks, "replica_res": res,
                 "trainer_res": dict(res), "replica_threads": replica_threads, "trainer_threads": trainer_threads}
-    return {"device": device, "replicas": replicas, "replica_res": {"num_gpus": tp, "num_cpus": 1},
-            "trainer_ranks": ranks, "trainer_res": {"num_gpus": 1, "num_cpus": 1}, "replica_threads": 4,
+    return {"device": device, "replicas": replicas, "replica_res": {**accelerators(device, tp), "num_cpus": 1},
+            "trainer_ranks": ranks, "trainer_res": {**accelerators(device, 1), "num_cpus": 1}, "replica_threads": 4,
             "trainer_threads": 4}
+
+
+RAY_ACCELERATOR = {"cuda": "GPU", "npu": "NPU"}
+"""Ray's resource name per accelerator device: GPUs are `num_gpus`, Ascend NPUs the custom resource "NPU"
+(Ray detects them and sets `ASCEND_RT_VISIBLE_DEVICES` per actor)."""
+
+
+def accelerators(device: str, count: int) -> dict[str, Any]:
+    """The actor options that ask Ray for `count` accelerators of `device`."""
+    if device == "cuda":
+        return {"num_gpus": count}
+    return {"resources": {RAY_ACCELERATOR[device]: count}}
 
 
 def _threads(setting: int | str, automatic: int, cores: int) -> int:
@@ -298,24 +310,26 @@ def resume_hint(root: Path, trainer_died: bool = False) -> str:
     return f"{lost}resume from {latest} (step {step_of(latest)}) with `asyncrl launch RUN.toml --resume auto`"
 
 
-def gpus_needed(placement: dict[str, Any]) -> int:
-    """Accelerators the actors ask Ray for: replicas × their `num_gpus` (the rollout TP) + trainer ranks × theirs."""
-    return int(placement["replicas"] * placement["replica_res"].get("num_gpus", 0)
-               + placement["trainer_ranks"] * placement["trainer_res"].get("num_gpus", 0))
+def _asked(res: dict[str, Any], name: str) -> float:
+    """How many of Ray resource `name` ("GPU", "NPU") one actor's options ask for."""
+    return res.get("num_gpus", 0) if name == "GPU" else res.get("resources", {}).get(name, 0)
 
 
 def _check_capacity(placement: dict[str, Any]) -> None:
     """Refuse, in one line, a run whose actors the cluster cannot place: Ray would otherwise wait for the missing
-    GPUs forever (as verl's resource-pool check does, before any actor starts)."""
+    accelerators forever (as verl's resource-pool check does, before any actor starts)."""
     import ray
 
-    need = gpus_needed(placement)
-    have = ray.cluster_resources().get("GPU", 0)
+    name = RAY_ACCELERATOR.get(placement["device"])
+    if name is None:
+        return
+    per_replica = _asked(placement["replica_res"], name)
+    need = placement["replicas"] * per_replica + placement["trainer_ranks"] * _asked(placement["trainer_res"], name)
+    have = ray.cluster_resources().get(name, 0)
     if need > have:
-        tp = placement["replica_res"].get("num_gpus", 0)
-        raise RunFailed(f"the Ray cluster has {have:g} GPU(s), this run needs {need} ({placement['replicas']} "
-                        f"rollout replica(s) × {tp:g} + {placement['trainer_ranks']} trainer rank(s)); add nodes "
-                        "(`ray status` shows what the cluster has), or lower resources.* / rollout.replicas")
+        raise RunFailed(f"the Ray cluster has {have:g} {name}(s), this run needs {need:g} ({placement['replicas']} "
+                        f"rollout replica(s) × {per_replica:g} + {placement['trainer_ranks']} trainer rank(s)); add "
+                        "nodes (`ray status` shows what the cluster has), or lower resources.* / rollout.replicas")
 
 
 def _wait_ready(refs: list, what: str) -> None:

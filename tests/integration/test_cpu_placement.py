@@ -49,3 +49,10 @@ def test_negative_cpu_threads_is_a_config_error(tmp_path: Path) -> None:
                           ["resources.trainer.cpu_threads=-1"])
     assert res.config is None
     assert any("cpu_threads" in str(p.key) + p.message for p in res.problems)
+
+
+@pytest.mark.parametrize(("hardware", "ask"), [("h100", {"num_gpus": 1}), ("ascend-910b", {"resources": {"NPU": 1}})])
+def test_accelerator_presets_ask_ray_for_their_accelerators(tmp_path: Path, hardware: str, ask: dict) -> None:
+    """GPUs are Ray's `num_gpus`; Ascend NPUs are Ray's "NPU" resource (asking NPU actors for GPUs would never place)."""
+    p = driver._placement(tiny_config(tmp_path, f'resources.hardware="{hardware}"'))
+    assert p["trainer_res"] == {**ask, "num_cpus": 1} and p["replica_res"] == {**ask, "num_cpus": 1}

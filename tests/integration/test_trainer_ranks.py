@@ -100,10 +100,13 @@ def test_megatron_with_several_trainer_ranks_is_refused_before_starting(run_dir,
     assert not run_dir.exists()  # refused before the run directory is made or Ray starts
 
 
-def test_a_run_needing_more_gpus_than_the_cluster_has_fails_at_once(run_dir, capsys):
-    """On this CPU machine a CUDA preset asks for GPUs the local Ray does not have: one line, exit 1, no hang."""
-    cfg = tiny_config(run_dir, 'resources.hardware="h100"')
+@pytest.mark.parametrize(("hardware", "resource"), [("h100", "GPU"), ("ascend-910b", "NPU")])
+def test_a_run_needing_more_accelerators_than_the_cluster_has_fails_at_once(run_dir, capsys, hardware, resource):
+    """On this CPU machine a CUDA/NPU preset asks for accelerators the local Ray does not have: one line, exit 1,
+    no hang."""
+    cfg = tiny_config(run_dir, f'resources.hardware="{hardware}"')
     assert run(cfg, progress=False) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert "run failed: the Ray cluster has 0 GPU(s), this run needs" in err[-1] and "Traceback" not in err[-1]
+    assert f"run failed: the Ray cluster has 0 {resource}(s), this run needs 2 (1 rollout replica(s) × 1 + 1 trainer" \
+        in err[-1] and "Traceback" not in err[-1]
     assert not (run_dir / "metrics.jsonl").exists()
