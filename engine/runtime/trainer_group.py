@@ -19,7 +19,7 @@ caller's calls to an actor in order, so all ranks meet the collectives in the sa
 Start-up: rank 0 picks the rendezvous (`free_port()` on its node's IP), creates the worker actors, joins the
 process group itself and builds its backends while they do the same, then waits for them to be ready.
 The ranks compute on the hardware preset's device, so the process group is gloo on CPU, NCCL on CUDA, HCCL on
-NPUs (`engine.runtime.devices`).
+NPUs (`engine.runtime.backends`).
 The worker actors are owned by rank 0's actor and die with it. A failure on any rank fails the call in progress
 (a rank still inside a collective gives up after the process group's timeout, 300 s) and breaks the group: later
 calls raise at once instead of waiting on a dead peer, and the run resumes from its last checkpoint.
