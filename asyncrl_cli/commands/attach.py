@@ -2,8 +2,9 @@
 
 Opens the live dashboard on a run (RUN: an id, a name or a unique id prefix, resolved through the registry
 of live runs on this machine and reached at that run's own Ray address, or with `--address` on that
-cluster; omitted: the only live run), or replays a run directory. `--json --once` prints one snapshot for scripts; `--json` alone prints one JSON line per poll
-(the new records and events since the previous line) until the run ends. `q` in the dashboard detaches:
+cluster; omitted: the only live run), or replays a run directory. `--json --once` prints one snapshot for
+scripts; `--json` alone prints one JSON line per poll (the new records and events since the previous line)
+until the run ends. `q` in the dashboard detaches:
 the run goes on.
 """
 
@@ -58,11 +59,14 @@ def _check_usage(
 @handle_errors
 def command(
     run: Annotated[
-        str | None, typer.Argument(help="Run id, name or unique id prefix; omit when exactly one run is live.")
+        str | None,
+        typer.Argument(help="Run id, name or unique id prefix; omit when exactly one run is live."),
     ] = None,
     address: Annotated[
         str | None,
-        typer.Option("--address", help="Ray cluster address (default: the run's own, from this machine's registry)."),
+        typer.Option(
+            "--address", help="Ray cluster address (default: the run's own, from this machine's registry)."
+        ),
     ] = None,
     read_only: Annotated[
         bool,

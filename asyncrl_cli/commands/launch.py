@@ -37,7 +37,9 @@ def write_artifacts(an: Analysis) -> dict[str, str]:
     return {"config": str(resolved), "provenance": str(provenance)}
 
 
-def relaunch_command(run_file: Path, sets: list[str] | None, address: str | None, allow_same_name: bool) -> list[str]:
+def relaunch_command(
+    run_file: Path, sets: list[str] | None, address: str | None, allow_same_name: bool
+) -> list[str]:
     """This launch as typed, without `--resume` (the resume hint adds `--resume <run dir>`)."""
     args = ["asyncrl", "launch", str(run_file)]
     for s in sets or []:
@@ -128,6 +130,7 @@ def command(
             f"the engine driver cannot be imported: {e}",
             "install asyncrl with its engine dependencies (torch, ray), or use --dry-run",
         ) from None
+    relaunch = relaunch_command(run_file, set_, address, allow_same_name)
     rc = run(an.config, provenance=an.provenance.to_json(), address=address, resume=resume, tui=tui,
-             allow_same_name=allow_same_name, command=relaunch_command(run_file, set_, address, allow_same_name))
+             allow_same_name=allow_same_name, command=relaunch)
     raise typer.Exit(int(rc or 0))

@@ -68,7 +68,8 @@ def _print_human(doc: dict[str, Any]) -> None:
     con = stdout_console()
     k = doc["kpis"]
     con.print(
-        f"[bold]{doc['run']}[/] ({doc.get('id') or MISSING}) · {str(doc['state']).upper()} · policy v{fmt_num(doc['policy_version'])} · "
+        f"[bold]{doc['run']}[/] ({doc.get('id') or MISSING})"
+        f" · {str(doc['state']).upper()} · policy v{fmt_num(doc['policy_version'])} · "
         f"step {fmt_num(doc['step'])}/{fmt_num(doc['total_steps'])}"
         f" · elapsed {fmt_duration(doc['elapsed_s'])}"
         f" · ETA {'done' if doc['state'] == 'finished' else fmt_duration(doc['eta_s'])}"
@@ -146,7 +147,9 @@ def command(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
     address: Annotated[
         str | None,
-        typer.Option("--address", help="Ray cluster address (default: the run's own, from this machine's registry)."),
+        typer.Option(
+            "--address", help="Ray cluster address (default: the run's own, from this machine's registry)."
+        ),
     ] = None,
     replay: Annotated[
         Path | None, typer.Option("--replay", help="Summarize a run directory instead of a live run.")

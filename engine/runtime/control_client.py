@@ -172,7 +172,7 @@ class ControlClient(ActorSource):
             return self.address or "?"
 
     def list_runs(self) -> list[str]:
-        """Names of the live runs on the connected cluster (one controller per `asyncrl.<run id>` namespace)."""
+        """Names of the live runs on the connected cluster (a controller per `asyncrl.<run id>` namespace)."""
         return live_run_names(self.namespace)
 
     def _lookup(self) -> Any:
@@ -218,11 +218,11 @@ def find_run(run: str | None, address: str | None = None, namespace: str = NAMES
         try:
             entry = resolve(run, live_runs())
         except RunNotFoundError as err:
-            raise RunNotFoundError(f"{err} (for a run on another machine's cluster pass --address HOST:PORT)") \
-                from None
+            hint = "for a run on another machine's cluster pass --address HOST:PORT"
+            raise RunNotFoundError(f"{err} ({hint})") from None
         if not entry.address:
-            raise RunNotFoundError(f"run {entry.id} is still starting (its Ray cluster is not up yet); try again "
-                                   "in a few seconds")
+            raise RunNotFoundError(f"run {entry.id} is still starting (its Ray cluster is not up yet); "
+                                   "try again in a few seconds")
         connect_cluster(entry.address, namespace)
         return RunTarget(entry.name, entry.id, entry.address, entry.run_dir)
     connect_cluster(address, namespace)
@@ -258,7 +258,8 @@ def _describe(entries: list[RunEntry], namespace: str, timeout_s: float = 5.0) -
                            timeout=timeout_s)
         except Exception:  # noqa: BLE001 — a listing never fails for one silent controller
             continue
-        e.run_dir, e.started, e.address = info.get("run_dir"), float(info.get("started_at") or 0), info.get("address")
+        e.run_dir, e.address = info.get("run_dir"), info.get("address")
+        e.started = float(info.get("started_at") or 0)
 
 
 def connect_cluster(address: str | None = None, namespace: str = NAMESPACE) -> None:

@@ -29,7 +29,8 @@ def _used(path: Path, taken: set[str]) -> bool:
     return path.exists() and (not path.is_dir() or any(path.iterdir()))
 
 
-def prepare_run_dir(configured: str | Path, taken: Iterable[str] = (), now: _dt.datetime | None = None) -> Path:
+def prepare_run_dir(configured: str | Path, taken: Iterable[str] = (),
+                    now: _dt.datetime | None = None) -> Path:
     """The directory a new run writes to (created): `configured` if it is empty and no live run (`taken`,
     resolved paths) uses it, else a timestamped sibling that is neither."""
     run_dir = Path(configured)
@@ -79,8 +80,8 @@ def resume_hint(root: Path, run_dir: str | Path, command: Sequence[str] | None =
     """What a resume would continue from and the command that does it (for the stop and failure lines)."""
     from engine.runtime.checkpoint import latest_valid, step_of
 
-    lost = "the trainer's process is gone, so its weights could not be saved at the failure; " if trainer_died \
-        else ""
+    lost = ("the trainer's process is gone, so its weights could not be saved at the failure; "
+            if trainer_died else "")
     latest = latest_valid(root)
     if latest is None:
         return f"{lost}no checkpoint exists, so the run cannot be resumed (set checkpoint.every_versions)"

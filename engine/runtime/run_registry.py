@@ -94,7 +94,7 @@ def new_run_id(name: str, taken: Iterable[str] = ()) -> str:
 
 
 def process_start(pid: int) -> int | None:
-    """The start time of process `pid` in clock ticks since boot (Linux `/proc`; None elsewhere or if gone)."""
+    """The start time of process `pid` in clock ticks since boot (Linux `/proc`; None elsewhere, or gone)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -106,7 +106,7 @@ def process_start(pid: int) -> int | None:
 
 
 def pid_alive(pid: int, start: int | None = None) -> bool:
-    """True while process `pid` exists (and, when `start` is known, is the same process, not a recycled pid)."""
+    """True while process `pid` exists (and, when `start` is known, is that process, not a recycled pid)."""
     if pid <= 0:
         return False
     try:

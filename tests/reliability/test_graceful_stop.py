@@ -23,7 +23,8 @@ def _operator(run_dir, name: str, done: list) -> None:
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and len(train_steps(run_dir)) < 2:
         time.sleep(0.05)
-    controller = ray.get_actor(name, namespace=ray.get_runtime_context().namespace)  # the driver's: asyncrl.<run id>
+    # the driver's namespace, asyncrl.<run id>: this thread shares its process
+    controller = ray.get_actor(name, namespace=ray.get_runtime_context().namespace)
     ray.get(controller.request_action.remote("checkpoint", "tester@test"))
     while time.monotonic() < deadline and not events(run_dir, "checkpoint"):
         time.sleep(0.05)
