@@ -192,7 +192,7 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
     from engine.runtime import run_registry as registry
     from engine.runtime.controller import run_namespace
     from engine.runtime.preflight import preflight
-    from engine.runtime.resume import plan_resume, resume_message, rewind_run_dir
+    from engine.runtime.resume import ResumeError, plan_resume, resume_message, rewind_run_dir
 
     trainer_ranks(cfg)  # a layout this runtime cannot run is refused before anything starts
     model_dir = preflight(cfg)  # nothing is written before the inputs are known to be usable
@@ -205,7 +205,7 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
     live_dirs = {str(Path(e.run_dir).resolve()): e for e in registry.live_runs() if e.run_dir and e.id != entry.id}
     if plan is not None and str(plan.run_dir.resolve()) in live_dirs:
         other = live_dirs[str(plan.run_dir.resolve())]
-        raise RunFailed(f"run {other.id} is live in {plan.run_dir}; stop it first (asyncrl ctl {other.id} stop)")
+        raise ResumeError(f"run {other.id} is live in {plan.run_dir}; stop it first (asyncrl ctl {other.id} stop)")
     run_dir = plan.run_dir if plan else prepare_run_dir(cfg.logging.run_dir, live_dirs)
     run_dir.mkdir(parents=True, exist_ok=True)
     registry.update(entry, run_dir=str(run_dir.resolve()))
@@ -258,8 +258,7 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
     total_steps = total_train_steps(cfg) * cfg.async_training.trigger_parameter_sync_step
     actors: list[Any] = []
     controller = create_run_controller(cfg.name, run_id=entry.id, namespace=NAMESPACE, run_dir=str(run_dir),
-                                       config=cfg_dict,
-                                       provenance=provenance, total_steps=total_steps)
+                                       config=cfg_dict, provenance=provenance, total_steps=total_steps)
     actors.append(controller)
     console = ConsoleProgress(total_steps, enabled=progress and cfg.logging.progress and not tui)
     ok = False

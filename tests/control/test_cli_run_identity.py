@@ -114,3 +114,17 @@ def test_a_run_still_starting_and_an_unknown_run_are_exit_4(
     assert code == 4 and "still starting" in out and starting.id in out
     code, out = invoke("status", "nope")
     assert code == 4 and "no run named 'nope'" in out and "--address" in out
+
+
+def test_listing_the_live_runs_reads_the_registry_without_importing_ray(
+    two_runs: tuple[reg.RunEntry, reg.RunEntry],
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; from typer.testing import CliRunner; from asyncrl_cli.app import app; "
+            "r = CliRunner().invoke(app, ['status', '--json']); print(r.output); print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ),
+                         cwd=REPO, timeout=60).stdout
+    assert two_runs[0].id in out and out.strip().endswith("False"), out
