@@ -1,8 +1,10 @@
 """`asyncrl attach [RUN] [--address ADDR] [--read-only] [--replay RUN_DIR] [--json [--once]]`.
 
-Opens the live dashboard on a run (found by name on the cluster, or the only live one), or replays a run
-directory. `--json --once` prints one snapshot for scripts; `--json` alone prints one JSON line per poll
-(the new records and events since the previous line) until the run ends. `q` in the dashboard detaches:
+Opens the live dashboard on a run (RUN: an id, a name or a unique id prefix, resolved through the registry
+of live runs on this machine and reached at that run's own Ray address, or with `--address` on that
+cluster; omitted: the only live run), or replays a run directory. `--json --once` prints one snapshot for
+scripts; `--json` alone prints one JSON line per poll (the new records and events since the previous line)
+until the run ends. `q` in the dashboard detaches:
 the run goes on.
 """
 
@@ -16,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from asyncrl_cli.commands._control import control_errors
+from asyncrl_cli.commands._control import command_connection, control_errors
 from asyncrl_cli.errors import UsageProblem, handle_errors
 from asyncrl_cli.output import emit_json, stderr_console
 
@@ -56,10 +58,15 @@ def _check_usage(
 
 @handle_errors
 def command(
-    run: Annotated[str | None, typer.Argument(help="Run name; omit when exactly one run is live.")] = None,
+    run: Annotated[
+        str | None,
+        typer.Argument(help="Run id, name or unique id prefix; omit when exactly one run is live."),
+    ] = None,
     address: Annotated[
         str | None,
-        typer.Option("--address", help="Ray cluster address (default: the cluster on this machine)."),
+        typer.Option(
+            "--address", help="Ray cluster address (default: the run's own, from this machine's registry)."
+        ),
     ] = None,
     read_only: Annotated[
         bool,
@@ -80,9 +87,17 @@ def command(
     interval: Annotated[float, typer.Option("--interval", min=0.1, help="Seconds between polls.")] = 1.0,
 ) -> None:
     """Attach the dashboard to a live run, or replay a finished one."""
+    _check_usage(run, address, replay, as_json, once)
+    with command_connection():
+        _attach(run, address, replay, read_only, as_json, once, interval)
+
+
+def _attach(
+    run: str | None, address: str | None, replay: Path | None, read_only: bool, as_json: bool, once: bool,
+    interval: float,
+) -> None:
     from engine.runtime.control_client import open_source
 
-    _check_usage(run, address, replay, as_json, once)
     with control_errors():
         source = open_source(run, address, str(replay) if replay is not None else None, read_only)
     if as_json and once:
@@ -96,6 +111,7 @@ def command(
 
     run_dashboard(source, read_only=read_only, poll_interval=interval)
     if replay is None:
-        name = getattr(source, "run_name", None) or getattr(getattr(source, "inner", None), "run_name", run)
+        inner = getattr(source, "inner", source)
+        name = getattr(inner, "run_id", None) or getattr(inner, "run_name", None) or run
         again = f"asyncrl attach {name}" + (f" --address {address}" if address else "")
         stderr_console().print(f"detached from {name!r}; it keeps running (re-attach: {again})")

@@ -1,5 +1,9 @@
 """`asyncrl ctl RUN set KNOB VALUE | pause | resume | checkpoint | stop` — change a live run without the TUI.
 
+RUN is a run id, a name, or a unique id prefix, resolved through the registry of live runs on this machine
+(or, with `--address`, on that cluster); a name shared by several live runs is refused with the candidates.
+Options may come before or after the sub-verb: `ctl RUN --address X set ...` = `ctl --address X RUN set ...`.
+
 Every change is compare-and-set on the controller (pass `--expect-version N` to fail instead of
 overwriting a change made after you looked), range-checked, and recorded in the run's `events.jsonl`
 with who and when; the trainer/rollouter acknowledge it with the step at which it took effect.
@@ -8,15 +12,43 @@ with who and when; the trainer/rollouter acknowledge it with the step at which i
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import Annotated, Any
 
+import click
 import typer
+from typer.core import TyperGroup
 
-from asyncrl_cli.commands._control import control_errors
+from asyncrl_cli.commands._control import command_connection, control_errors
 from asyncrl_cli.errors import AsyncrlError, UsageProblem, handle_errors
 from asyncrl_cli.output import emit_json, stdout_console
 
+VALUE_OPTIONS = {"--address", "--expect-version"}
+
+
+def verb_first(args: list[str], verbs: Iterable[str]) -> list[str]:
+    """Move the options written between RUN and the sub-verb to just after the sub-verb, where the
+    sub-verb's parser reads them (`RUN --address X set K V` → `RUN set --address X K V`)."""
+    verbs, i, n = set(verbs), 0, len(args)
+    while i < n and args[i].startswith("-"):  # the group's own options before RUN
+        i += 2 if args[i] in VALUE_OPTIONS else 1
+    j = i + 1
+    while j < n and args[j] not in verbs:
+        j += 2 if args[j] in VALUE_OPTIONS else 1
+    if j >= n or j == i + 1:
+        return args
+    return [*args[: i + 1], args[j], *args[i + 1 : j], *args[j + 1 :]]
+
+
+class _RunThenVerb(TyperGroup):
+    """`ctl`'s group: options are accepted before or after the sub-verb."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, verb_first(list(args), self.commands))
+
+
 app = typer.Typer(
+    cls=_RunThenVerb,
     help="Change a live run: set a knob, pause/resume generation, checkpoint now, stop gracefully.",
     no_args_is_help=True,
 )
@@ -30,7 +62,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print the controller's an
 @app.callback()
 def _run_argument(
     ctx: typer.Context,
-    run: Annotated[str, typer.Argument(help="Run name (the controller's actor name).")],
+    run: Annotated[str, typer.Argument(help="Run id, name, or a unique id prefix.")],
     address: AddressOpt = None,
 ) -> None:
     """Select the run; the subcommand says what to change."""
@@ -72,14 +104,14 @@ def set_knob(
     """Set a knob; it shows as pending until the consumer applies it at its next boundary."""
     from engine.runtime.knobs import parse_knob_value
 
-    with control_errors():
+    with command_connection(), control_errors():
         parsed = parse_knob_value(knob, value)
         result = _client(ctx, address).set_knob(knob, parsed, expect_version)
     _report(f"{knob} → {value}", result, as_json)
 
 
 def _set_paused(ctx: typer.Context, paused: bool, address: str | None, as_json: bool) -> None:
-    with control_errors():
+    with command_connection(), control_errors():
         result = _client(ctx, address).set_knob("paused", paused)
     _report("pause" if paused else "resume", result, as_json)
 
@@ -102,7 +134,7 @@ def resume(ctx: typer.Context, address: AddressOpt = None, as_json: JsonOpt = Fa
 @handle_errors
 def checkpoint(ctx: typer.Context, address: AddressOpt = None, as_json: JsonOpt = False) -> None:
     """Write a checkpoint at the trainer's next local-step boundary."""
-    with control_errors():
+    with command_connection(), control_errors():
         result = _client(ctx, address).request_action("checkpoint")
     _report("checkpoint", result, as_json)
 
@@ -120,6 +152,6 @@ def stop(
         if not sys.stdin.isatty():
             raise UsageProblem("refusing to stop a run without confirmation", hint="pass --yes")
         typer.confirm(f"Stop run {ctx.obj['run']!r} for everyone?", abort=True)
-    with control_errors():
+    with command_connection(), control_errors():
         result = _client(ctx, address).request_action("stop")
     _report("stop", result, as_json)

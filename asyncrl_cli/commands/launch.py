@@ -1,4 +1,8 @@
-"""`asyncrl launch RUN.toml`: validate, then start the run (or, with --dry-run, show what would start)."""
+"""`asyncrl launch RUN.toml`: validate, then start the run (or, with --dry-run, show what would start).
+
+Every launch gets a run id (`<name>-<6 hex digits>`, in `<run dir>/run.json` and the registry of live runs);
+a second launch of a name live on this machine is refused unless `--allow-same-name`.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +37,20 @@ def write_artifacts(an: Analysis) -> dict[str, str]:
     return {"config": str(resolved), "provenance": str(provenance)}
 
 
+def relaunch_command(
+    run_file: Path, sets: list[str] | None, address: str | None, allow_same_name: bool
+) -> list[str]:
+    """This launch as typed, without `--resume` (the resume hint adds `--resume <run dir>`)."""
+    args = ["asyncrl", "launch", str(run_file)]
+    for s in sets or []:
+        args += ["--set", s]
+    if address:
+        args += ["--address", address]
+    if allow_same_name:
+        args.append("--allow-same-name")
+    return args
+
+
 @handle_errors
 def command(
     run_file: Annotated[Path, typer.Argument(metavar="RUN.toml", help="The run file.")],
@@ -55,9 +73,18 @@ def command(
         ),
     ] = None,
     tui: Annotated[bool, typer.Option("--tui", help="Open the live dashboard while the run goes.")] = False,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Run name (same as --set name=NAME; also names the run dir).")
+    ] = None,
+    allow_same_name: Annotated[
+        bool,
+        typer.Option("--allow-same-name", help="Start even if a run of this name is live on this machine."),
+    ] = False,
     json_: JsonOpt = False,
 ) -> None:
     """Validate RUN.toml and start it on Ray; exits with the run's status."""
+    if name is not None:
+        set_ = [*(set_ or []), f"name={json.dumps(name)}"]
     an = analyze(run_file, set_)
     if an.exit_code != 0 or an.config is None:
         con = stderr_console()
@@ -103,5 +130,7 @@ def command(
             f"the engine driver cannot be imported: {e}",
             "install asyncrl with its engine dependencies (torch, ray), or use --dry-run",
         ) from None
-    rc = run(an.config, provenance=an.provenance.to_json(), address=address, resume=resume, tui=tui)
+    relaunch = relaunch_command(run_file, set_, address, allow_same_name)
+    rc = run(an.config, provenance=an.provenance.to_json(), address=address, resume=resume, tui=tui,
+             allow_same_name=allow_same_name, command=relaunch)
     raise typer.Exit(int(rc or 0))

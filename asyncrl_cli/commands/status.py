@@ -1,6 +1,8 @@
 """`asyncrl status [RUN] [--json] [--address ADDR] [--replay RUN_DIR]`: one look at a run.
 
-Without RUN it lists the live runs (or shows the only one). The summary is computed by the dashboard's
+Without RUN it lists every live run on this machine (from the registry of live runs: id, name, dir, Ray
+address, pid, start time — no Ray connection needed), or with `--address` those on that cluster. RUN is a
+run id, a name, or a unique id prefix. The summary is computed by the dashboard's
 pure `DashboardModel` from one `snapshot()`, so the numbers match what `asyncrl attach` shows.
 """
 
@@ -11,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from asyncrl_cli.commands._control import control_errors
+from asyncrl_cli.commands._control import command_connection, control_errors
 from asyncrl_cli.errors import UsageProblem, handle_errors
 from asyncrl_cli.output import emit_json, stdout_console
 
@@ -41,6 +43,7 @@ def summarize(snap: dict[str, Any]) -> dict[str, Any]:
     }
     return {
         "run": model.run.get("name"),
+        "id": model.run.get("id"),
         "state": model.state,
         "step": model.step,
         "total_steps": model.total_steps,
@@ -65,7 +68,8 @@ def _print_human(doc: dict[str, Any]) -> None:
     con = stdout_console()
     k = doc["kpis"]
     con.print(
-        f"[bold]{doc['run']}[/] · {str(doc['state']).upper()} · policy v{fmt_num(doc['policy_version'])} · "
+        f"[bold]{doc['run']}[/] ({doc.get('id') or MISSING})"
+        f" · {str(doc['state']).upper()} · policy v{fmt_num(doc['policy_version'])} · "
         f"step {fmt_num(doc['step'])}/{fmt_num(doc['total_steps'])}"
         f" · elapsed {fmt_duration(doc['elapsed_s'])}"
         f" · ETA {'done' if doc['state'] == 'finished' else fmt_duration(doc['eta_s'])}"
@@ -113,25 +117,40 @@ def _print_human(doc: dict[str, Any]) -> None:
 
 
 def _list_runs(address: str | None, as_json: bool) -> None:
-    from engine.runtime.control_client import list_live_runs
+    from rich.table import Table
 
-    with control_errors():
+    from engine.runtime.control_client import list_live_runs
+    from engine.runtime.run_registry import format_time
+
+    with command_connection(), control_errors():
         runs = list_live_runs(address)
     if as_json:
         emit_json({"runs": runs})
         return
     con = stdout_console()
+    where = f"on the cluster at {address}" if address else "on this machine"
     if not runs:
-        con.print("no live asyncrl run on this cluster")
-    for name in runs:
-        con.print(name)
+        con.print(f"no live asyncrl run {where}")
+        return
+    table = Table("id", "name", "run dir", "ray address", "pid", "started", box=None)
+    for r in runs:
+        table.add_row(r["id"], r["name"], str(r.get("run_dir") or "-"), str(r.get("address") or "starting"),
+                      str(r.get("pid") or "-"), format_time(r["started"]) if r.get("started") else "-")
+    con.print(table)
 
 
 @handle_errors
 def command(
-    run: Annotated[str | None, typer.Argument(help="Run name; omit to list the live runs.")] = None,
+    run: Annotated[
+        str | None, typer.Argument(help="Run id, name or unique id prefix; omit to list the live runs.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
-    address: Annotated[str | None, typer.Option("--address", help="Ray cluster address.")] = None,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            "--address", help="Ray cluster address (default: the run's own, from this machine's registry)."
+        ),
+    ] = None,
     replay: Annotated[
         Path | None, typer.Option("--replay", help="Summarize a run directory instead of a live run.")
     ] = None,
@@ -142,15 +161,9 @@ def command(
     if replay is not None and (run or address):
         raise UsageProblem("--replay reads a run directory: do not also pass RUN or --address")
     if replay is None and run is None:
-        with control_errors():
-            from engine.runtime.control_client import list_live_runs
-
-            runs = list_live_runs(address)
-        if len(runs) != 1:
-            _list_runs(address, as_json)
-            return
-        run = runs[0]
-    with control_errors():
+        _list_runs(address, as_json)
+        return
+    with command_connection(), control_errors():
         source = ReplaySource(replay) if replay is not None else ControlClient(run, address)
         snap = source.snapshot(0)
     doc = summarize(snap)

@@ -1,11 +1,20 @@
 """Clients of the control plane, all serving the same `snapshot(since)` shape (`MetricsSource`).
 
-- `ControlClient`: a live run's `RunController` on a Ray cluster (used by the TUI, `asyncrl ctl`, `status`).
+- `ControlClient`: a live run's `RunController` on a Ray cluster (used by the TUI, `asyncrl ctl`, `status`),
+  found by `find_run` (below).
 - `ActorSource`: the same over an actor handle the caller already holds (the driver, for `launch --tui`).
 - `ReplaySource` (in `engine.runtime.replay_source`, re-exported here): a run directory's `metrics.jsonl` /
   `events.jsonl` / `config.resolved.json`, read-only; it tails the files, so it also follows a live run.
 - `LocalSource`: an in-process `ControllerCore` (tests, embedding without Ray).
 - `ReadOnlySource`: wraps any source and refuses every mutation (`attach --read-only`).
+
+Finding a run (`find_run`). What the user typed — a run id, a name, or a unique id prefix — is resolved
+without a process-wide Ray connection through the registry of live runs on this machine (`run_registry`),
+and the client joins *that run's own* Ray cluster by the address the run recorded; `ray_current_cluster`
+and `address="auto"` are never consulted, so several local runs (each with its private Ray) and a stale file
+left by an old `ray start` cannot redirect a command. With `--address` (or a connection this process already
+holds) the run is looked up among the cluster's run namespaces (`asyncrl.<run id>`) instead. A name that
+matches several live runs is refused with the candidates (id, dir, start time).
 
 Errors carry the CLI exit code: 4 for no cluster / run not found / controller unreachable, 2 for an
 ambiguous run choice (a usage error).
@@ -15,6 +24,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from engine.runtime.control_errors import (
@@ -26,6 +37,7 @@ from engine.runtime.control_errors import (
 )
 from engine.runtime.controller import NAMESPACE, ControllerCore, default_who, live_run_names, run_namespace
 from engine.runtime.replay_source import ReplaySource
+from engine.runtime.run_registry import RunEntry, ambiguity_message, live_runs, match, resolve
 
 __all__ = [
     "ActorSource",
@@ -39,7 +51,9 @@ __all__ = [
     "ReplaySource",
     "RunNotFoundError",
     "SourceUnavailable",
+    "RunTarget",
     "connect_cluster",
+    "find_run",
     "list_live_runs",
     "open_source",
 ]
@@ -125,11 +139,11 @@ class ActorSource:
 
 
 class ControlClient(ActorSource):
-    """Finds the `RunController` named `run_name` (namespace `asyncrl.<run_name>`) on a Ray cluster and talks to it.
+    """Talks to the `RunController` of the run `run` names (an id, a name or an id prefix; see `find_run`).
 
-    With `run_name=None` it picks the only live run, or raises `AmbiguousRunError` listing them.
-    Connecting reuses the process's Ray connection when there is one (in-process `launch --tui`, tests).
-    After the actor dies, each call looks it up again, so a restarted run with the same name is found.
+    With `run=None` it picks the only live run, or raises `AmbiguousRunError` listing them. The controller is
+    the actor named after the run in namespace `asyncrl.<run id>`; after it dies, each call looks that same
+    run up again (never another run of the same name).
     """
 
     def __init__(
@@ -142,15 +156,12 @@ class ControlClient(ActorSource):
         timeout_s: float = 10.0,
     ) -> None:
         self.namespace = namespace
-        self.address = address
-        self._connect_cluster()
-        name = run_name or self._pick_run()
-        super().__init__(None, who=who, label="", run_name=name, timeout_s=timeout_s)
+        target = find_run(run_name, address, namespace)
+        self.address = target.address
+        self.run_id = target.run_id
+        super().__init__(None, who=who, label="", run_name=target.name, timeout_s=timeout_s)
         self._handle = self._lookup()
         self.label = self._cluster_address()
-
-    def _connect_cluster(self) -> None:
-        connect_cluster(self.address, self.namespace)
 
     def _cluster_address(self) -> str:
         import ray
@@ -158,47 +169,102 @@ class ControlClient(ActorSource):
         try:
             return str(ray.get_runtime_context().gcs_address)
         except Exception:  # noqa: BLE001 — the address is cosmetic; never fail attaching for it
-            return self.address or "auto"
+            return self.address or "?"
 
     def list_runs(self) -> list[str]:
-        """Names of the live runs (one controller per `asyncrl.<run>` namespace)."""
+        """Names of the live runs on the connected cluster (a controller per `asyncrl.<run id>` namespace)."""
         return live_run_names(self.namespace)
-
-    def _pick_run(self) -> str:
-        runs = self.list_runs()
-        if len(runs) == 1:
-            return runs[0]
-        if not runs:
-            hint = "start one with `asyncrl launch`"
-            raise RunNotFoundError(f"no live asyncrl run on this cluster ({hint}){self._other_clusters()}")
-        raise AmbiguousRunError(f"several runs are live, name one: {', '.join(runs)}")
-
-    def _other_clusters(self) -> str:
-        """A hint naming the other Ray clusters on this machine when `auto` picked one of several."""
-        if self.address not in (None, "auto"):
-            return ""
-        here = self._cluster_address()
-        others = sorted(a for a in _local_clusters() if a != here)
-        if not others:
-            return ""
-        return f"; other Ray clusters on this machine: {', '.join(others)} (pick one with --address)"
 
     def _lookup(self) -> Any:
         import ray
 
         try:
-            return ray.get_actor(self.run_name, namespace=run_namespace(self.run_name, self.namespace))
+            return ray.get_actor(self.run_name, namespace=run_namespace(self.run_id, self.namespace))
         except ValueError:
-            live = self.list_runs()
-            hint = f"; live runs: {', '.join(live)}" if live else "; no run is live on this cluster"
-            raise RunNotFoundError(f"no run named {self.run_name!r}{hint}{self._other_clusters()}") from None
+            raise RunNotFoundError(
+                f"no run named {self.run_name!r} with id {self.run_id} on the cluster at "
+                f"{self._cluster_address()}: it has ended"
+            ) from None
 
     def _get_handle(self) -> Any:
         return self._lookup()
 
 
+@dataclass
+class RunTarget:
+    """The run a command acts on: its name, id, the Ray address to join (None: this process's connection)."""
+
+    name: str
+    run_id: str
+    address: str | None
+    run_dir: str | None = None
+
+
+def ray_connected() -> bool:
+    """True when this process already holds a Ray connection (checked without importing ray)."""
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and ray.is_initialized())
+
+
+def find_run(run: str | None, address: str | None = None, namespace: str = NAMESPACE) -> RunTarget:
+    """Resolve `run` (id, name or id prefix; None = the only live run) to one run and connect this process to
+    that run's cluster (see the module docstring).
+
+    Without `address` and without a Ray connection in this process: through the registry of live runs on this
+    machine, then to the address that run recorded. Otherwise: among the runs on the cluster at `address` (or
+    the connected one). Raises `RunNotFoundError` (exit 4), `AmbiguousRunError` (exit 2), `NoClusterError`.
+    """
+    if address is None and not ray_connected():
+        try:
+            entry = resolve(run, live_runs())
+        except RunNotFoundError as err:
+            hint = "for a run on another machine's cluster pass --address HOST:PORT"
+            raise RunNotFoundError(f"{err} ({hint})") from None
+        if not entry.address:
+            raise RunNotFoundError(f"run {entry.id} is still starting (its Ray cluster is not up yet); "
+                                   "try again in a few seconds")
+        connect_cluster(entry.address, namespace)
+        return RunTarget(entry.name, entry.id, entry.address, entry.run_dir)
+    connect_cluster(address, namespace)
+    where = f"on the cluster at {address}" if address else "on the connected cluster"
+    entries = cluster_runs(namespace, describe=False)
+    found = entries if run is None else match(run, entries)
+    if len(found) > 1:
+        _describe(found, namespace)
+        raise AmbiguousRunError(ambiguity_message(run, found, where))
+    entry = resolve(run, found or entries, where)
+    return RunTarget(entry.name, entry.id, address, entry.run_dir)
+
+
+def cluster_runs(namespace: str = NAMESPACE, describe: bool = True) -> list[RunEntry]:
+    """The runs on the connected cluster as registry-style entries (dir, start time, address asked from each
+    controller when `describe`)."""
+    from engine.runtime.controller import live_runs_on_cluster
+
+    entries = [RunEntry(id=rid, name=name, pid=0, host="", started=0.0) for name, rid in
+               live_runs_on_cluster(namespace)]
+    if describe:
+        _describe(entries, namespace)
+    return entries
+
+
+def _describe(entries: list[RunEntry], namespace: str, timeout_s: float = 5.0) -> None:
+    """Fill in each entry's run dir, start time and address from its controller (best effort)."""
+    import ray
+
+    for e in entries:
+        try:
+            info = ray.get(ray.get_actor(e.name, namespace=run_namespace(e.id, namespace)).info.remote(),
+                           timeout=timeout_s)
+        except Exception:  # noqa: BLE001 — a listing never fails for one silent controller
+            continue
+        e.run_dir, e.address = info.get("run_dir"), info.get("address")
+        e.started = float(info.get("started_at") or 0)
+
+
 def connect_cluster(address: str | None = None, namespace: str = NAMESPACE) -> None:
-    """Join the Ray cluster at `address` (default: the one on this machine) unless already connected.
+    """Join the Ray cluster at `address` unless already connected (`None`/"auto": Ray's own discovery on this
+    machine — only `launch --address auto` and an explicit `--address auto` use it; `find_run` never does).
 
     Raises `NoClusterError` (exit 4) with a one-line reason when none is reachable.
     """
@@ -296,20 +362,14 @@ def _use_local_token() -> None:
         return
 
 
-def _local_clusters() -> list[str]:
-    """GCS addresses of the Ray clusters running on this machine (empty when this cannot be told)."""
-    try:
-        from ray._private.services import find_gcs_addresses  # private: guarded
-
-        return sorted(find_gcs_addresses())
-    except Exception:  # noqa: BLE001 — only used for a hint
-        return []
-
-
-def list_live_runs(address: str | None = None, namespace: str = NAMESPACE) -> list[str]:
-    """Connect (see `connect_cluster`) and return the names of the live runs."""
+def list_live_runs(address: str | None = None, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+    """The live runs `asyncrl status` lists: those of this machine's registry (no Ray connection needed), or,
+    with `address` or a connection already held, those on that cluster. Each: id, name, run_dir, address, pid,
+    started (pid is None for a cluster listing)."""
+    if address is None and not ray_connected():
+        return [e.to_json() for e in live_runs()]
     connect_cluster(address, namespace)
-    return live_run_names(namespace)
+    return [{**e.to_json(), "pid": None, "host": None} for e in cluster_runs(namespace)]
 
 
 def _first_line(err: BaseException) -> str:

@@ -45,7 +45,7 @@ from engine.telemetry.sinks import Sink, build_sinks
 __all__ = [
     "ACTIONS", "KNOB_SPECS", "NAMESPACE", "ControllerCore", "KnobError", "KnobRequest", "KnobSpec",
     "KnobState", "RunController", "create_run_controller", "default_who", "initial_knobs", "knob_view",
-    "live_run_names", "parse_knob_value", "run_namespace", "validate_knob_value",
+    "live_run_names", "live_runs_on_cluster", "parse_knob_value", "run_namespace", "validate_knob_value",
 ]  # fmt: skip
 
 NAMESPACE = "asyncrl"
@@ -109,12 +109,14 @@ class ControllerCore:
         clock: Callable[[], float] = time.time,
         max_metrics: int = 10_000,
         max_events: int = 10_000,
+        run_id: str | None = None,
     ) -> None:
         self._lock = threading.RLock()
         self._clock = clock
         self._config = dict(config or {})
         self._run: dict[str, Any] = {
             "name": run_name,
+            "id": run_id or run_name,
             "run_dir": run_dir,
             "started_at": clock(),
             "total_steps": total_steps,
@@ -441,22 +443,28 @@ class RunController(ControllerCore):
         """Cheap liveness check used by clients; returns the run name."""
         return self.run_name
 
+    def info(self) -> dict[str, Any]:
+        """The run's identity: id, name, run dir, start time, address (how a candidate is listed)."""
+        return {k: self._run.get(k) for k in ("id", "name", "run_dir", "started_at", "address")}
 
-def run_namespace(run_name: str, prefix: str = NAMESPACE) -> str:
-    """The Ray namespace of one run's actors: `<prefix>.<run name>` (`asyncrl.tiny-cpu`). A namespace per run
-    keeps two runs on one cluster apart; clients find runs by listing named actors under the prefix."""
-    return f"{prefix}.{run_name}"
+
+def run_namespace(run_id: str, prefix: str = NAMESPACE) -> str:
+    """The Ray namespace of one run's actors: `<prefix>.<run id>` (`asyncrl.tiny-cpu-3fa9c2`). A namespace per
+    run keeps two runs on one cluster apart, even two of the same name; clients find runs by listing the named
+    actors under the prefix (the controller is named after the run, the namespace carries the id)."""
+    return f"{prefix}.{run_id}"
 
 
 def create_run_controller(
     run_name: str,
     *,
+    run_id: str | None = None,
     namespace: str = NAMESPACE,
     detached: bool = False,
     **core_kwargs: Any,
 ) -> Any:
-    """Start the named `RunController` actor (`name=run_name`, namespace `run_namespace(run_name, namespace)`)
-    and return its handle.
+    """Start the named `RunController` actor (`name=run_name`, namespace `run_namespace(run_id, namespace)`;
+    `run_id` defaults to the name) and return its handle.
 
     The actor needs no CPU slot (`num_cpus=0`) and lives as long as the driver unless `detached`.
     Raises `ValueError` (from Ray) if a live actor already has that name in the namespace.
@@ -465,16 +473,30 @@ def create_run_controller(
 
     if "address" not in core_kwargs:
         core_kwargs["address"] = ray.get_runtime_context().gcs_address
-    options: dict[str, Any] = {"name": run_name, "namespace": run_namespace(run_name, namespace)}
+    run_id = run_id or run_name
+    options: dict[str, Any] = {"name": run_name, "namespace": run_namespace(run_id, namespace)}
     if detached:
         options["lifetime"] = "detached"
     actor_cls = ray.remote(num_cpus=0, max_restarts=0)(RunController)
-    return actor_cls.options(**options).remote(run_name, **core_kwargs)
+    return actor_cls.options(**options).remote(run_name, run_id=run_id, **core_kwargs)
 
 
-def live_run_names(namespace: str = NAMESPACE) -> list[str]:
-    """Names of the live runs on the connected cluster (controllers named `X` in namespace `<namespace>.X`)."""
+def live_runs_on_cluster(namespace: str = NAMESPACE) -> list[tuple[str, str]]:
+    """`(name, id)` of the live runs on the connected cluster: controllers named `X` in a namespace
+    `<namespace>.<id>` where the id is `X` or `X-<suffix>`; sorted."""
     import ray
 
     actors: Iterable[dict[str, str]] = ray.util.list_named_actors(all_namespaces=True)
-    return sorted(a["name"] for a in actors if a.get("namespace") == run_namespace(a["name"], namespace))
+    prefix = f"{namespace}."
+    out = []
+    for a in actors:
+        name, ns = a.get("name") or "", a.get("namespace") or ""
+        run_id = ns[len(prefix):] if ns.startswith(prefix) else ""
+        if name and (run_id == name or run_id.startswith(f"{name}-")):
+            out.append((name, run_id))
+    return sorted(out)
+
+
+def live_run_names(namespace: str = NAMESPACE) -> list[str]:
+    """Names of the live runs on the connected cluster (a name twice when two runs share it)."""
+    return [name for name, _ in live_runs_on_cluster(namespace)]

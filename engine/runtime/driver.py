@@ -1,6 +1,8 @@
 """The driver: the one entry point the CLI uses to run a job (`engine.runtime.driver.run`).
 
-It checks the model and the data (`preflight`, before the run directory is touched or Ray starts), picks
+It claims a run id in the per-user registry of live runs (`run_registry`: a second live run of one name on
+this machine is refused unless `allow_same_name`), checks the model and the data (`preflight`, before the
+run directory is touched or Ray starts), picks
 the checkpoint to continue from with `--resume` (`resume.py`: chosen, checked, run directory rewound),
 starts (or joins) Ray, creates the named RunController, the MessageQueue, the rollout replicas, the
 Rollouter and the Trainer (on resume the trainer restores its checkpoint and pushes the weights to the
@@ -9,15 +11,14 @@ replicas before generation starts), runs both loops to the end, prints progress,
 * 0 when the trainer finished its steps, or stopped gracefully on request (with a checkpoint);
 * 1 with one line naming the cause otherwise: bad input found by the preflight, a cluster without the GPUs
   the run needs (checked right after Ray starts, instead of waiting forever), a failed actor, the replica
-  restart budget spent (after a checkpoint); the line says which checkpoint a `--resume auto` would use;
+  restart budget spent (after a checkpoint); the line names the checkpoint and the command that resumes it;
 * 130 on Ctrl-C or SIGTERM, after asking the trainer for a stop checkpoint (a second Ctrl-C abandons it).
 
-Every actor is killed on the way out, so no orphan processes remain.
+Every actor is killed on the way out, so no orphan processes remain, and the registry entry is removed.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import signal
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.runtime.controller import NAMESPACE  # a light module: no ray at import
+from engine.runtime.run_dirs import prepare_run_dir, resume_hint
 
 STOP_TIMEOUT_S = 120.0
 """How long an interrupted driver waits for the trainer's stop checkpoint."""
@@ -35,16 +37,6 @@ STOP_TIMEOUT_S = 120.0
 
 class RunFailed(RuntimeError):
     """A run-time failure with a message meant for the user."""
-
-
-def prepare_run_dir(cfg: Any, resume: str | None) -> Path:
-    """The run directory; an existing non-empty one is never overwritten (a timestamped sibling is used)."""
-    run_dir = Path(cfg.logging.run_dir)
-    if not resume and run_dir.exists() and any(run_dir.iterdir()):
-        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        run_dir = run_dir.with_name(f"{run_dir.name}-{stamp}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
 
 
 def trainer_ranks(cfg: Any) -> int:
@@ -147,13 +139,28 @@ def _init_ray(address: str | None, placement: dict[str, Any]) -> bool:
 
 
 def run(cfg: Any, *, provenance: dict | None = None, address: str | None = None, resume: str | None = None,
-        tui: bool = False, progress: bool = True) -> int:
-    """Run the job described by `cfg` to the end. Returns the process exit code."""
+        tui: bool = False, progress: bool = True, allow_same_name: bool = False,
+        command: list[str] | None = None) -> int:
+    """Run the job described by `cfg` to the end. Returns the process exit code.
+
+    `command` is the launch as the user typed it (without `--resume`); the resume hint appends
+    `--resume <run dir>` to it."""
     from engine.runtime.preflight import PreflightError
     from engine.runtime.resume import ResumeError
+    from engine.runtime.run_registry import NameInUse, claim, release
 
     try:
-        return _run(cfg, provenance or {}, address, resume, tui, progress)
+        entry = claim(cfg.name, allow_same_name=allow_same_name)
+    except NameInUse as e:
+        print(f"asyncrl: cannot start: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"asyncrl: cannot start: cannot write the registry of live runs ({e}); set ASYNCRL_STATE_DIR to a "
+              "writable directory", file=sys.stderr)
+        return 1
+    ident = {"entry": entry, "command": command, "allow_same_name": allow_same_name}
+    try:
+        return _run(cfg, provenance or {}, address, resume, tui, progress, ident)
     except (PreflightError, ResumeError) as e:
         print(f"asyncrl: cannot start: {e}", file=sys.stderr)
         return 1
@@ -163,6 +170,8 @@ def run(cfg: Any, *, provenance: dict | None = None, address: str | None = None,
     except KeyboardInterrupt:
         print("\nasyncrl: interrupted; actors stopped.", file=sys.stderr)
         return 130
+    finally:
+        release(entry)
 
 
 def _sigterm_as_interrupt():
@@ -178,10 +187,12 @@ def _sigterm_as_interrupt():
     return lambda: signal.signal(signal.SIGTERM, previous)
 
 
-def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tui: bool, progress: bool) -> int:
+def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tui: bool, progress: bool,
+         ident: dict[str, Any]) -> int:
+    from engine.runtime import run_registry as registry
     from engine.runtime.controller import run_namespace
     from engine.runtime.preflight import preflight
-    from engine.runtime.resume import plan_resume, resume_message, rewind_run_dir
+    from engine.runtime.resume import ResumeError, plan_resume, resume_message, rewind_run_dir
 
     trainer_ranks(cfg)  # a layout this runtime cannot run is refused before anything starts
     model_dir = preflight(cfg)  # nothing is written before the inputs are known to be usable
@@ -190,8 +201,15 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
         print(f"asyncrl: checkpoint {path} is corrupt ({why}); skipped, using an older one", file=sys.stderr)
     if plan is None and resume:
         print("asyncrl: no checkpoint to resume from; starting a new run", file=sys.stderr)
-    run_dir = plan.run_dir if plan else prepare_run_dir(cfg, None)
+    entry = ident["entry"]
+    live_dirs = {str(Path(e.run_dir).resolve()): e for e in registry.live_runs() if e.run_dir and e.id != entry.id}
+    if plan is not None and str(plan.run_dir.resolve()) in live_dirs:
+        other = live_dirs[str(plan.run_dir.resolve())]
+        raise ResumeError(f"run {other.id} is live in {plan.run_dir}; stop it first (asyncrl ctl {other.id} stop)")
+    run_dir = plan.run_dir if plan else prepare_run_dir(cfg.logging.run_dir, live_dirs)
     run_dir.mkdir(parents=True, exist_ok=True)
+    registry.update(entry, run_dir=str(run_dir.resolve()))
+    registry.write_run_file(run_dir, entry, resumed_from=plan.ckpt["path"] if plan else None)
     cfg_dict = json.loads(cfg.model_dump_json())
     cfg_dict["logging"]["run_dir"] = str(run_dir)
     (run_dir / "config.resolved.json").write_text(json.dumps(cfg_dict, indent=2))
@@ -203,12 +221,16 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
         resumed = {"plan": plan, "message": message}
     placement = _placement(cfg)
     placement["object_store_bytes"] = object_store_bytes(Path(model_dir))
-    placement["namespace"] = run_namespace(cfg.name)
+    placement["namespace"] = run_namespace(entry.id)
     started_ray = _init_ray(address, placement)
     restore_sigterm = _sigterm_as_interrupt()
     try:
+        import ray
+
+        registry.update(entry, address=str(ray.get_runtime_context().gcs_address))
+        registry.write_run_file(run_dir, entry, resumed_from=plan.ckpt["path"] if plan else None)
         _check_capacity(placement)
-        return _run_actors(cfg, cfg_dict, provenance, run_dir, model_dir, placement, resumed, tui, progress)
+        return _run_actors(cfg, cfg_dict, provenance, run_dir, model_dir, placement, resumed, tui, progress, ident)
     finally:
         restore_sigterm()
         if started_ray:
@@ -217,7 +239,8 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
             ray.shutdown()
 
 
-def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placement, resumed, tui, progress) -> int:
+def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placement, resumed, tui, progress,
+                ident) -> int:
     import ray
 
     from asyncrl_cli.config.derived import max_queue_size, total_train_steps
@@ -228,12 +251,14 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
     from engine.runtime.trainer_actor import Trainer
     from engine.telemetry.console import ConsoleProgress
 
-    if cfg.name in live_run_names(NAMESPACE):
-        raise RunFailed(f"a run named {cfg.name!r} is already live on this cluster; pick another `name`")
+    entry = ident["entry"]
+    if cfg.name in live_run_names(NAMESPACE) and not ident["allow_same_name"]:
+        raise RunFailed(f"a run named {cfg.name!r} is already live on this cluster; choose another name with "
+                        "--name NAME (or --set name=NAME), or pass --allow-same-name")
     total_steps = total_train_steps(cfg) * cfg.async_training.trigger_parameter_sync_step
     actors: list[Any] = []
     plan = resumed["plan"] if resumed else None
-    controller = create_run_controller(cfg.name, namespace=NAMESPACE, run_dir=str(run_dir),
+    controller = create_run_controller(cfg.name, run_id=entry.id, namespace=NAMESPACE, run_dir=str(run_dir),
                                        config=_with_live_knobs(cfg_dict, plan.state if plan else None),
                                        provenance=provenance, total_steps=total_steps)
     actors.append(controller)
@@ -260,11 +285,14 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
                                                       f"({why}); skipped", step, version, path=path))
             controller.record_event.remote(_event("info", "resume", resumed["message"], step, version,
                                                   path=plan.ckpt["path"]))
-        controller.record_event.remote(_event("info", "start", f"run {cfg.name} started in {run_dir}", step, version,
-                                              total_steps=total_steps))
-        print(f"asyncrl: run {cfg.name!r} → {run_dir}  (attach: asyncrl attach {cfg.name})", file=sys.stderr)
+        controller.record_event.remote(_event("info", "start", f"run {entry.id} started in {run_dir}", step, version,
+                                              total_steps=total_steps, run_id=entry.id))
+        print(f"asyncrl: run {cfg.name!r} (id {entry.id}) → {run_dir}  (attach: asyncrl attach {entry.id})",
+              file=sys.stderr)
+        hint = {"root": _checkpoint_root(cfg, run_dir), "run_dir": run_dir, "command": ident["command"]}
+
         def supervise() -> bool:
-            return _supervise(trainer, rollouter, controller, console, _checkpoint_root(cfg, run_dir))
+            return _supervise(trainer, rollouter, controller, console, hint)
 
         if tui:  # the dashboard owns the main thread (Textual needs it); the supervision loop runs beside it
             from asyncrl_cli.tui import run_dashboard_with
@@ -314,18 +342,6 @@ def _checkpoint_root(cfg: Any, run_dir: Path) -> Path:
     return checkpoint_root(cfg, run_dir)
 
 
-def resume_hint(root: Path, trainer_died: bool = False) -> str:
-    """What a `--resume auto` would continue from, for the failure message."""
-    from engine.runtime.checkpoint import latest_valid, step_of
-
-    lost = "the trainer's process is gone, so its weights could not be saved at the failure; " if trainer_died \
-        else ""
-    latest = latest_valid(root)
-    if latest is None:
-        return f"{lost}no checkpoint exists, so the run cannot be resumed (set checkpoint.every_versions)"
-    return f"{lost}resume from {latest} (step {step_of(latest)}) with `asyncrl launch RUN.toml --resume auto`"
-
-
 def _asked(res: dict[str, Any], name: str) -> float:
     """How many of Ray resource `name` ("GPU", "NPU") one actor's options ask for."""
     return res.get("num_gpus", 0) if name == "GPU" else res.get("resources", {}).get(name, 0)
@@ -365,7 +381,7 @@ def _root_cause(e: BaseException) -> str:
     return describe_failure(e)
 
 
-def _supervise(trainer, rollouter, controller, console, ckpt_root: Path) -> bool:
+def _supervise(trainer, rollouter, controller, console, hint: dict[str, Any]) -> bool:
     """Wait for both loops; poll the controller for the progress line. True iff the trainer finished or
     stopped gracefully; raises RunFailed (after the trainer's stop checkpoint where possible) otherwise."""
     import ray
@@ -395,8 +411,8 @@ def _supervise(trainer, rollouter, controller, console, ckpt_root: Path) -> bool
                     controller.record_event.remote(_event("error", "error", msg, None, None))
                     if name == "trainer":
                         died = isinstance(e, ray.exceptions.RayActorError)
-                        raise RunFailed(f"{msg}; {resume_hint(ckpt_root, trainer_died=died)}") from None
-                    raise RunFailed(f"{msg}; {resume_hint(ckpt_root)}") from None
+                        raise RunFailed(f"{msg}; {resume_hint(**hint, trainer_died=died)}") from None
+                    raise RunFailed(f"{msg}; {resume_hint(**hint)}") from None
                 if name == "rollouter" and result.get("failure") and failure is None:
                     failure = result["failure"]
                     trainer.request_stop.remote(f"stopping: {failure}")
@@ -404,10 +420,10 @@ def _supervise(trainer, rollouter, controller, console, ckpt_root: Path) -> bool
                     trainer_result = result
             if trainer_result is not None and failure is not None and trainer_result.get("stopped"):
                 poll()  # the trainer stopped early because of the failure, after its stop checkpoint
-                raise RunFailed(f"{failure}; {resume_hint(ckpt_root)}")
+                raise RunFailed(f"{failure}; {resume_hint(**hint)}")
             if trainer_result is not None and not pending:
                 poll()
-                _report_stop(trainer_result, ckpt_root)
+                _report_stop(trainer_result, hint)
                 return True
             if trainer_result is not None and r_ref in pending:
                 # the trainer stopped the rollouter; give its loop a moment to return
@@ -418,17 +434,17 @@ def _supervise(trainer, rollouter, controller, console, ckpt_root: Path) -> bool
                 pending.pop(r_ref, None)
     except KeyboardInterrupt:
         if "trainer" in pending.values():
-            _stop_with_checkpoint(trainer, t_ref, ckpt_root)
+            _stop_with_checkpoint(trainer, t_ref, hint)
         raise
 
 
-def _report_stop(result: dict[str, Any], ckpt_root: Path) -> None:
+def _report_stop(result: dict[str, Any], hint: dict[str, Any]) -> None:
     if result.get("stopped"):
         print(f"asyncrl: run stopped at step {result.get('local_step')} ({result['stopped']}); "
-              f"{resume_hint(ckpt_root)}", file=sys.stderr)
+              f"{resume_hint(**hint)}", file=sys.stderr)
 
 
-def _stop_with_checkpoint(trainer: Any, t_ref: Any, ckpt_root: Path) -> None:
+def _stop_with_checkpoint(trainer: Any, t_ref: Any, hint: dict[str, Any]) -> None:
     """Ctrl-C / SIGTERM: ask the trainer for a graceful stop (it checkpoints) and wait a bounded time."""
     import ray
 
@@ -438,4 +454,4 @@ def _stop_with_checkpoint(trainer: Any, t_ref: Any, ckpt_root: Path) -> None:
         ray.get(t_ref, timeout=STOP_TIMEOUT_S)
     except (KeyboardInterrupt, ray.exceptions.RayError) as e:  # best effort: the last checkpoint stays usable
         print(f"asyncrl: no stop checkpoint ({type(e).__name__})", file=sys.stderr)
-    print(f"asyncrl: {resume_hint(ckpt_root)}", file=sys.stderr)
+    print(f"asyncrl: {resume_hint(**hint)}", file=sys.stderr)

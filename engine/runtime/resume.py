@@ -1,10 +1,12 @@
 """Resuming a run from a checkpoint (`asyncrl launch RUN.toml --resume auto|PATH`), in the driver before any
 actor starts.
 
-1. Choose. `auto`: the newest intact checkpoint under the run's checkpoint directory; newer corrupt or partial
-   ones are skipped, each with a message. PATH: that checkpoint directory (it must be intact), or the newest
-   intact one under PATH when PATH is a run directory or a checkpoint root. `auto` with no checkpoint at all
-   and no previous run in the run directory starts a new run.
+1. Choose. `auto`: the newest intact checkpoint of the run directory the run last wrote to (`logging.run_dir`
+   or, when a relaunch stepped aside from a used one, its newest timestamped sibling — `run_dirs`); newer
+   corrupt or partial ones are skipped, each with a message. PATH: that checkpoint directory (it must be
+   intact; the run continues in the run directory it was taken in), or the newest intact one under PATH when
+   PATH is a run directory (the run continues there) or a checkpoint root. `auto` with no checkpoint at all
+   and no previous run in that run directory starts a new run.
 2. Check. The model, the training data and its order, and the group size must be those the checkpoint was
    taken with (`config_fingerprint`); other settings (steps, learning rate, knobs) may change.
 3. Rewind the run directory to the checkpoint. `ledger.jsonl` is cut at the checkpoint's byte offset: the
@@ -86,7 +88,9 @@ def config_fingerprint(cfg: Any) -> dict[str, Any]:
 
 def plan_resume(cfg: Any, resume: str) -> ResumePlan | None:
     """The checkpoint `resume` (`auto` or a path) stands for; None = `auto` found nothing: start a new run."""
-    run_dir = Path(cfg.logging.run_dir).resolve()
+    from engine.runtime.run_dirs import last_written_run_dir
+
+    run_dir = last_written_run_dir(cfg.logging.run_dir).resolve()
     skipped: list[tuple[str, str]] = []
 
     def skip(path: Path, why: str) -> None:
@@ -104,32 +108,34 @@ def plan_resume(cfg: Any, resume: str) -> ResumePlan | None:
                                   "a run that never checkpointed (launch without --resume to start a new run)")
             return None
     else:
-        found = _explicit(Path(resume).expanduser(), skip)
+        found, given_run_dir = _explicit(Path(resume).expanduser(), skip)
     try:
         ckpt = read_checkpoint(found)
     except CheckpointError as e:
         raise ResumeError(str(e)) from None
     _check_fingerprint(ckpt["state"].get("fingerprint", {}), config_fingerprint(cfg), found)
-    saved_run_dir = Path(ckpt["state"].get("run_dir") or run_dir)
-    plan = ResumePlan(ckpt, saved_run_dir if resume != "auto" else run_dir, skipped)
+    if resume != "auto":
+        run_dir = given_run_dir or Path(ckpt["state"].get("run_dir") or found.parent.parent)
+    plan = ResumePlan(ckpt, run_dir, skipped)
     check_run_dir(plan)
     return plan
 
 
-def _explicit(path: Path, skip: Any) -> Path:
-    """`--resume PATH`: a checkpoint directory, or a run directory / checkpoint root holding some."""
+def _explicit(path: Path, skip: Any) -> tuple[Path, Path | None]:
+    """`--resume PATH`: a checkpoint directory, or a run directory / checkpoint root holding some. Returns the
+    checkpoint and, when PATH is a run directory, that directory (the run continues there)."""
     if (path / MANIFEST).exists() or step_of(path) is not None:
         problem = verify_checkpoint(path) if path.is_dir() else "no such directory"
         if problem:
             raise ResumeError(f"checkpoint {path} cannot be used: {problem} (--resume auto takes the newest "
                               "intact one)")
-        return path
-    for root in (path / "checkpoints", path):
+        return path, None
+    for root, run_dir in ((path / "checkpoints", path.resolve()), (path, None)):
         if list_checkpoints(root):
             found = latest_valid(root, skip)
             if found is None:
                 raise ResumeError(f"no intact checkpoint under {root}")
-            return found
+            return found, run_dir
     raise ResumeError(f"no checkpoint at {path} (expected a global_step_<n> directory or a run directory)")
 
 

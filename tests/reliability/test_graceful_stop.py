@@ -11,7 +11,6 @@ import ray
 from reliability_helpers import assert_ledger_exact, events, tiny_config, train_steps
 
 from engine.runtime.checkpoint import latest_valid, list_checkpoints, read_checkpoint
-from engine.runtime.controller import run_namespace
 from engine.runtime.driver import run
 
 pytestmark = pytest.mark.integration
@@ -24,7 +23,8 @@ def _operator(run_dir, name: str, done: list) -> None:
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and len(train_steps(run_dir)) < 2:
         time.sleep(0.05)
-    controller = ray.get_actor(name, namespace=run_namespace(name))
+    # the driver's namespace, asyncrl.<run id>: this thread shares its process
+    controller = ray.get_actor(name, namespace=ray.get_runtime_context().namespace)
     ray.get(controller.request_action.remote("checkpoint", "tester@test"))
     while time.monotonic() < deadline and not events(run_dir, "checkpoint"):
         time.sleep(0.05)
