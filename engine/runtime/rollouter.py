@@ -30,6 +30,7 @@ from engine.runtime.replica_pool import ReplicaPool, describe_failure
 from engine.runtime.rollout_checkpoint import RolloutCheckpointMixin
 from engine.runtime.rollout_failures import RolloutFailureMixin
 from engine.runtime.rollout_state import InFlight, request_id
+from engine.runtime.scoring import validation_record
 from engine.types import GenRequest, GenResult, Prompt, Trajectory, TrajectoryGroup
 
 REWARD_ERROR_REPORTS = (1, 10, 100, 1000, 10000)
@@ -313,18 +314,14 @@ class RolloutCore(RolloutCheckpointMixin, RolloutFailureMixin):
         if len(self._val_results) < len(self.val_prompts):
             return
         by_uid = {p.uid: p for p in self.val_prompts}
-        per_source: dict[str, list[float]] = {}
+        per_source: dict[str, list[tuple[float, float | None]]] = {}
         for rid, r in self._val_results.items():
             p = by_uid[rid.rsplit("#", 1)[0]]
-            acc = self.scorer.accuracy(p, r.response_ids, r.finish_reason)
-            per_source.setdefault(p.data_source or "val", []).append(acc)
+            scores = self.scorer.validation_scores(p, r.response_ids, r.finish_reason)
+            per_source.setdefault(p.data_source or "val", []).append(scores)
         self._val_results = {}
-        rec: dict[str, Any] = {"training/global_step": self.step,
-                               "fully_async/count/current_param_version": self._val_version}
-        for src, xs in per_source.items():
-            rec[f"val-core/{src}/reward/mean@1"] = sum(xs) / len(xs)
+        rec, summary = validation_record(per_source, self.step, self._val_version)
         self.controller.record_metrics.remote(rec)
-        summary = ", ".join(f"{src}={sum(xs) / len(xs):.3f}" for src, xs in per_source.items())
         self._event("info", "validation", f"validation at version {self._val_version}: {summary}")
 
     def final_validation(self, version: int, step: int, timeout_s: float = 1800.0) -> None:
