@@ -351,10 +351,7 @@ class RolloutCorrectionConfig(Section):
         opts = parse_rs_options(self.rollout_rs)
         if self.rollout_rs_threshold is None:
             return []
-        return [
-            (o, lo, hi)
-            for o, (lo, hi) in zip(opts, parse_rs_thresholds(opts, self.rollout_rs_threshold), strict=True)
-        ]
+        return [(th.option, th.lower, th.upper) for th in parse_rs_thresholds(opts, self.rollout_rs_threshold)]
 
 
 class AlgorithmConfig(Section):
