@@ -140,6 +140,7 @@ MAP: dict[str, tuple[str, Callable[[str], Any]]] = {
     f"{ACTOR}.ppo_mini_batch_size": ("trainer.ppo_mini_batch_size", to_int),
     f"{ACTOR}.ppo_micro_batch_size_per_gpu": ("trainer.ppo_micro_batch_size_per_gpu", to_int),
     f"{ACTOR}.ppo_epochs": ("trainer.ppo_epochs", to_int),
+    f"{ACTOR}.shuffle": ("trainer.shuffle", to_bool),
     f"{ACTOR}.clip_ratio_low": ("trainer.clip_ratio_low", to_float),
     f"{ACTOR}.clip_ratio_high": ("trainer.clip_ratio_high", to_float),
     f"{ACTOR}.clip_ratio_c": ("trainer.clip_ratio_c", to_float),
