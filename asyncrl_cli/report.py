@@ -84,6 +84,7 @@ def render_derived(con: Console, an: Analysis) -> None:
         ("total_rollout_steps", d.total_rollout_steps),
         ("total_train_steps (versions)", d.total_train_steps),
         ("total local steps", d.total_local_steps),
+        ("optimizer steps per local step", d.optimizer_steps_per_local_step),
         ("trainer GPUs / dp", f"{d.trainer_world} / {d.trainer_dp}"),
         ("rollout GPUs / replicas", f"{d.rollout_world} / {d.rollout_replicas}"),
     ]

@@ -8,6 +8,7 @@ Prompts are the unit (each prompt yields `rollout.n` responses):
     total_rollout_steps  = min(rollout.total_rollout_steps or ∞, train_size × total_epochs)
     total_train_steps    = trainer.total_steps or int(total_rollout_steps / (required_samples × trigger))
     total_local_steps    = total_train_steps × trigger
+    optimizer_steps_per_local_step = require_batches × ppo_epochs          (verl's mini-batch loop)
 
 `total_train_steps` counts policy versions, like verl. In `mode = "sync"` the staleness threshold is
 forced to 0, so `max_required_samples = required_samples × trigger`.
@@ -42,6 +43,9 @@ class Derived:
     rollout_replicas: int
     trainer_dp: int
     """Data-parallel size of the trainer: world / (tp·pp·cp) for megatron, world for torch (FSDP)."""
+    optimizer_steps_per_local_step: int = 1
+    """require_batches mini-batches of ppo_mini_batch_size × n sequences, ppo_epochs passes: one optimizer
+    step each."""
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict for `--json` output."""
@@ -56,6 +60,11 @@ def effective_staleness(cfg: RunConfig) -> float:
 def required_samples(cfg: RunConfig) -> int:
     """Prompts per local step: ppo_mini_batch_size × require_batches."""
     return cfg.trainer.ppo_mini_batch_size * cfg.async_training.require_batches
+
+
+def optimizer_steps_per_local_step(cfg: RunConfig) -> int:
+    """require_batches × ppo_epochs: verl's actor makes one optimizer step per mini-batch and pass."""
+    return cfg.async_training.require_batches * cfg.trainer.ppo_epochs
 
 
 def max_required_samples(cfg: RunConfig) -> int:
@@ -140,6 +149,7 @@ def derive(cfg: RunConfig, train_size: int | None = None) -> Derived:
         rollout_world=rw,
         rollout_replicas=r.replicas or max(1, rw // r.tensor_parallel_size),
         trainer_dp=max(1, tw // model_par),
+        optimizer_steps_per_local_step=optimizer_steps_per_local_step(cfg),
     )
 
 

@@ -20,7 +20,7 @@ from asyncrl_cli.config.catalog import list_presets, presets_dir
 class HardwarePreset(BaseModel):
     """One node type."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     name: str
     """Short name, as used in `[resources] hardware`."""

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
-from asyncrl_cli.config import checks
+from asyncrl_cli.config import checks, data_checks
 from asyncrl_cli.config.derived import Derived, dataset_train_size, derive
 from asyncrl_cli.config.fit import FitReport, estimate_fit
 from asyncrl_cli.config.hardware import HardwareInvalid, HardwareNotFound, HardwarePreset, load_hardware
@@ -121,6 +121,8 @@ def analyze_config(cfg: RunConfig, prov: Provenance, base_dir: Path | None = Non
     problems += checks.correction_rules(cfg, prov)
     problems += checks.trainer_rules(cfg, prov, an.derived)
     problems += checks.path_rules(cfg, prov, base_dir)
+    problems += data_checks.dataset_rules(cfg, base_dir)
+    problems += data_checks.reward_rules(cfg)
     try:
         an.model = read_model_facts(cfg.model.path, base_dir)
     except ModelConfigError as e:

@@ -106,7 +106,7 @@ def _batches(plan: Plan, n: int, dp: int, total_len: int, cpu: bool) -> None:
     while (mini * n) % dp:
         mini += 1
     plan.set(
-        "trainer.ppo_mini_batch_size", mini, f"{mini} prompts × n {n} = {mini * n} sequences per local step"
+        "trainer.ppo_mini_batch_size", mini, f"{mini} prompts × n {n} = {mini * n} sequences per mini-batch (one optimizer step)"
     )
     per_rank = mini * n // dp
     micro = max(1, min(8, 16384 // total_len))

@@ -36,7 +36,8 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 class Section(BaseModel):
     """Base of every table: unknown keys are errors, docstrings are descriptions."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
+                              allow_inf_nan=False)
 
 
 class ModelConfig(Section):
@@ -189,11 +190,16 @@ class TrainerConfig(Section):
     grad_clip: float = Field(1.0, gt=0, json_schema_extra=MUTABLE)
     """Clip the global gradient norm to this value."""
     ppo_mini_batch_size: int = Field(32, gt=0)
-    """Prompts per local step (each with `rollout.n` responses), as in verl."""
+    """Prompts per mini-batch (each with `rollout.n` responses), as in verl: a local step trains on
+    `async_training.require_batches` mini-batches, one optimizer step each, `ppo_epochs` times over."""
     ppo_micro_batch_size_per_gpu: int = Field(8, gt=0)
     """Sequences per forward/backward on one GPU (gradient accumulation splits the mini-batch)."""
-    ppo_epochs: int = Field(1, gt=0)
-    """Passes over each mini-batch."""
+    ppo_epochs: int = Field(1, gt=0, le=1000)
+    """Passes over the local step's mini-batches (verl's key): optimizer steps per local step =
+    `require_batches × ppo_epochs`; every pass takes its PPO ratio against the same π_old."""
+    shuffle: bool = False
+    """Permute the rows anew before each PPO epoch (seeded by `seed`); False = the same consecutive
+    mini-batches every epoch (verl's `actor.shuffle`, default false)."""
     clip_ratio_low: float = Field(0.2, ge=0, lt=1, json_schema_extra=MUTABLE)
     """PPO clip ε_low: ratio r is clipped to [1 − ε_low, 1 + ε_high]."""
     clip_ratio_high: float = Field(0.2, ge=0, json_schema_extra=MUTABLE)
@@ -218,8 +224,11 @@ class TrainerConfig(Section):
     """Validate every N policy versions (0 = never)."""
     val_before_train: bool = False
     """Validate once before the first update."""
-    skip_zero_advantage: bool = True
-    """Skip groups whose responses all got the same reward (their GRPO advantage is 0)."""
+    skip_zero_advantage: bool = False
+    """Opt-in speed-up: drop the rows of groups whose responses all got the same reward (GRPO advantage 0)
+    before the update. They carry no policy gradient, but dropping them changes the loss: the token-mean (or
+    seq-mean) denominator no longer counts their tokens, and their entropy and KL-loss terms are gone. verl
+    keeps them (its group filtering is off by default), so False matches verl."""
     seed: int = 0
     """Seed of initialisation and sampling on the trainer."""
 
@@ -271,7 +280,9 @@ class AsyncTrainingConfig(Section):
     require_batches: int = Field(1, gt=0)
     """`ppo_mini_batch_size` prompt groups the trainer pulls per local step."""
     partial_rollout: bool = Field(True, json_schema_extra=MUTABLE)
-    """Resume generations interrupted by a weight sync (True) or drop them (False)."""
+    """True: generations interrupted by a weight sync resume from their prefix under the new weights.
+    False: at a sync, in-flight generations are aborted and their samples dropped (counted in the ledger),
+    as current verl does."""
     max_staleness_versions: int | None = Field(None, ge=0, json_schema_extra=MUTABLE)
     """Hard cap: a trajectory whose oldest token is more than this many versions behind is handled by
     `stale_policy` (None = no cap, verl's fully-async behaviour)."""
@@ -341,10 +352,7 @@ class RolloutCorrectionConfig(Section):
         opts = parse_rs_options(self.rollout_rs)
         if self.rollout_rs_threshold is None:
             return []
-        return [
-            (o, lo, hi)
-            for o, (lo, hi) in zip(opts, parse_rs_thresholds(opts, self.rollout_rs_threshold), strict=True)
-        ]
+        return [(th.option, th.lower, th.upper) for th in parse_rs_thresholds(opts, self.rollout_rs_threshold)]
 
 
 class AlgorithmConfig(Section):
@@ -382,6 +390,11 @@ class LoggingConfig(Section):
     """Metric sinks; jsonl is always written."""
     project: str = "asyncrl"
     """Project name for wandb/tensorboard."""
+    aggregate: Literal["step", "version"] = "step"
+    """Record rate and x-axis of the tensorboard / wandb sinks: `step` = one record per local step at
+    `training/global_step`; `version` = verl's way, one record per parameter version at its version (means
+    of the per-step values, `timing_s/*` summed, counters last). metrics.jsonl and the dashboard keep every
+    step either way."""
     progress: bool = True
     """Show a progress line on the console."""
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncrl_cli.config.rc_options import LEGACY_RS
+from asyncrl_cli.config.rc_options import LEGACY_RS, invert_band
 from asyncrl_cli.verl_import.shell import Script, concrete, parse_script
 
 AR = "actor_rollout_ref"
@@ -140,6 +140,7 @@ MAP: dict[str, tuple[str, Callable[[str], Any]]] = {
     f"{ACTOR}.ppo_mini_batch_size": ("trainer.ppo_mini_batch_size", to_int),
     f"{ACTOR}.ppo_micro_batch_size_per_gpu": ("trainer.ppo_micro_batch_size_per_gpu", to_int),
     f"{ACTOR}.ppo_epochs": ("trainer.ppo_epochs", to_int),
+    f"{ACTOR}.shuffle": ("trainer.shuffle", to_bool),
     f"{ACTOR}.clip_ratio_low": ("trainer.clip_ratio_low", to_float),
     f"{ACTOR}.clip_ratio_high": ("trainer.clip_ratio_high", to_float),
     f"{ACTOR}.clip_ratio_c": ("trainer.clip_ratio_c", to_float),
@@ -259,8 +260,19 @@ def overrides_of(script: Script) -> tuple[list[str], list[str]]:
     return [w for b in blocks for w in b.split() if "=" in w], []
 
 
+def _legacy_band(lower: str, upper: str) -> str | None:
+    """The k1 spec of a legacy `_threshold_lower` / `_threshold` pair: the legacy modes bounded π_train/π_rollout,
+    the k1 options bound π_rollout/π_train, so [lo, hi] becomes [1/hi, 1/lo] (`invert_band`)."""
+    lo, hi = to_threshold(lower), to_threshold(upper)
+    if not isinstance(lo, float) or not isinstance(hi, float) or not 0 < lo < hi:
+        return None
+    new_lo, new_hi = invert_band(lo, hi)
+    return f"{new_lo:.12g}_{new_hi:.12g}"
+
+
 def _legacy_rs(conv: Conversion, raw: dict[str, str]) -> None:
-    """verl's pre-#4544 `rollout_rs=geometric` + `_threshold` + `_threshold_lower` → canonical option."""
+    """verl's pre-#4544 `rollout_rs=token|sequence|geometric` + `_threshold` + `_threshold_lower` → the canonical
+    k1 option with the band inverted (see `_legacy_band`)."""
     rs = raw.get(f"{RC}.rollout_rs")
     if rs is None:
         return
@@ -273,12 +285,15 @@ def _legacy_rs(conv: Conversion, raw: dict[str, str]) -> None:
         conv.values[f"{RC}.rollout_rs"] = new
         lower = raw.pop(f"{RC}.rollout_rs_threshold_lower", None)
         upper = raw.get(f"{RC}.rollout_rs_threshold")
-        if upper is not None and new.endswith("k1") and lower is not None:
-            spec = f"{to_threshold(lower)}_{to_threshold(upper)}"
+        spec = _legacy_band(lower, upper) if upper is not None and lower is not None else None
+        if spec is not None:
             conv.values[f"{RC}.rollout_rs_threshold"] = spec
             raw.pop(f"{RC}.rollout_rs_threshold")
-            conv.sources[f"{RC}.rollout_rs_threshold"] = "legacy rollout_rs_threshold(_lower)"
-        conv.notes.append(f"legacy rollout_rs={val!r} converted to {new!r} (verl removed the old values)")
+            conv.sources[f"{RC}.rollout_rs_threshold"] = "legacy rollout_rs_threshold(_lower), inverted"
+            conv.notes.append(f"legacy rollout_rs={val!r} converted to {new!r} with the band inverted to {spec} "
+                              f"(the legacy mode bounded π_train/π_rollout, {new} bounds π_rollout/π_train)")
+        else:
+            conv.notes.append(f"legacy rollout_rs={val!r} converted to {new!r} (verl removed the old values)")
     else:
         conv.values[f"{RC}.rollout_rs"] = val
     conv.sources[f"{RC}.rollout_rs"] = f"{RC}.rollout_rs={rs}"

@@ -1,18 +1,24 @@
-"""Parsing and validation of the `algorithm.rollout_correction` knobs (verl 0.9 grammar).
+"""Parsing and validation of the `algorithm.rollout_correction` knobs (verl 0.9 grammar) — the one parser of
+verl's spec strings: the engine uses it, and the CLI's schema imports it (`asyncrl_cli.config.rc_options`), so
+`validate` and the run reject the same values with the same messages. Dependency-free (no torch).
 
 IS threshold (`rollout_is_threshold`):
     float C or "C"   -> TIS: w ← min(w, C)                       (upper, lower=None)
-    "lo_hi"          -> IcePop: w ← w·1[lo ≤ w ≤ hi]             (upper=hi, lower=lo)
+    "lo_hi"          -> IcePop: w ← w·1[lo ≤ w ≤ hi]             (upper=hi, lower=lo), 0 < lo < hi
 
 RS options (`rollout_rs`, comma separated, all must pass, duplicates dropped):
     token_k1|k2|k3, seq_sum_k1|k2|k3, seq_mean_k1|k2|k3, seq_max_k2|k3
 RS thresholds (`rollout_rs_threshold`, one spec per option, comma separated; a single spec is broadcast):
-    k1 options: "lo_hi", or a float u meaning lo = 1/u, hi = u. The bounds apply to the ratio
-                π_rollout/π_train (verl's k1 = −log(π_train/π_rollout)); see `rollout_correction`.
+    k1 options: "lo_hi", or a float u > 1 meaning lo = 1/u, hi = u. verl's k1 statistic is
+                log(π_rollout/π_train) = −log(π_train/π_rollout), so the bounds apply to the ratio
+                **π_rollout/π_train** (for `seq_mean_k1`: its geometric mean); see `rollout_correction`.
     k2/k3     : a positive upper bound only ("_" is an error).
+Every bound must be a finite positive number.
 
 Legacy values from verl's #3984 era (`rollout_rs` = token | sequence | geometric, `rollout_is` = geometric) raise
-ValueError naming the modern replacement.
+ValueError naming the modern replacement (`LEGACY_RS`). The legacy modes bounded π_train/π_rollout (per token,
+its product, its geometric mean), the inverse of the k1 options that replaced them, so a legacy band
+"lo_hi" becomes "1/hi_1/lo" (`invert_band`; identical for reciprocal bounds like 0.5_2.0).
 """
 
 from __future__ import annotations
@@ -31,16 +37,28 @@ TOKEN_RS_OPTIONS: frozenset[str] = frozenset({"token_k1", "token_k2", "token_k3"
 IS_LEVELS: tuple[str, ...] = ("token", "sequence")
 LOSS_TYPES: tuple[str, ...] = ("ppo_clip", "reinforce")
 
-_LEGACY_RS = {
-    "token": "rollout_rs='token_k1' (bounds on π_rollout/π_train per token)",
-    "sequence": "rollout_rs='seq_sum_k1' (bounds on Π_t π_rollout/π_train)",
-    "geometric": (
-        "rollout_rs='seq_mean_k1'; note its bounds apply to the geometric mean of π_rollout/π_train, the inverse "
-        "of the legacy mode, so legacy 'lo_hi' becomes '1/hi_1/lo' (identical for reciprocal bounds like 0.5_2.0)"
-    ),
-}
+LEGACY_RS: dict[str, str] = {"token": "token_k1", "sequence": "seq_sum_k1", "geometric": "seq_mean_k1"}
+"""verl's pre-#4544 RS values → the canonical option that replaced them."""
+_LEGACY_WHAT = {"token": "π_train/π_rollout per token", "sequence": "Π_t π_train/π_rollout",
+                "geometric": "the geometric mean of π_train/π_rollout"}
 _LEGACY_IS = {"geometric": "there is no geometric IS level; use rollout_is='sequence' or 'token', "
                            "or geometric rejection with rollout_rs='seq_mean_k1'"}
+
+
+def invert_band(lower: float, upper: float) -> tuple[float, float]:
+    """A legacy band on π_train/π_rollout as the k1 band on π_rollout/π_train: (1/upper, 1/lower)."""
+    return 1.0 / upper, 1.0 / lower
+
+
+def _number(text: str, what: str) -> float:
+    """A finite float from `text`, else ValueError naming `what`."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{what} {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number, got {text!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -62,32 +80,24 @@ class RSThreshold:
 
 def parse_is_threshold(spec: float | str) -> tuple[float, float | None]:
     """(upper, lower-or-None) of an IS threshold spec; lower is set only for IcePop "lo_hi"."""
+    what = "rollout_is_threshold"
     if isinstance(spec, bool):
-        raise TypeError("rollout_is_threshold must be a float or a 'lo_hi' string, not a boolean")
-    if isinstance(spec, (int, float)):
-        upper, lower = float(spec), None
-    elif isinstance(spec, str):
-        text = spec.strip()
-        if not text:
-            raise ValueError("rollout_is_threshold must not be an empty string")
-        try:
-            if "_" in text:
-                lo, hi = text.split("_", 1)
-                lower, upper = float(lo), float(hi)
-            else:
-                upper, lower = float(text), None
-        except ValueError as exc:
-            raise ValueError(f"invalid rollout_is_threshold {spec!r}: expected a float or 'lo_hi'") from exc
-    else:
-        raise TypeError(f"rollout_is_threshold must be a float or a 'lo_hi' string, got {type(spec).__name__}")
+        raise TypeError(f"{what} must be a float or a 'lo_hi' string, not a boolean")
+    if not isinstance(spec, (int, float, str)):
+        raise TypeError(f"{what} must be a float or a 'lo_hi' string, got {type(spec).__name__}")
+    text = str(spec).strip()
+    if not text:
+        raise ValueError(f"{what} must not be an empty string")
+    if "_" in text:
+        lo_s, _, hi_s = text.partition("_")
+        lower, upper = _number(lo_s, what), _number(hi_s, what)
+        if not 0 < lower < upper:
+            raise ValueError(f"{what} {spec!r} needs 0 < lower < upper")
+        return upper, lower
+    upper = _number(text, what)
     if not upper > 0:
-        raise ValueError(f"rollout_is_threshold upper bound must be positive, got {upper}")
-    if lower is not None:
-        if not lower > 0:
-            raise ValueError(f"rollout_is_threshold lower bound must be positive, got {lower}")
-        if lower > upper:
-            raise ValueError(f"rollout_is_threshold lower bound {lower} exceeds upper bound {upper}")
-    return upper, lower
+        raise ValueError(f"{what} must be > 0, got {spec!r}")
+    return upper, None
 
 
 def check_is_level(rollout_is: str) -> None:
@@ -101,20 +111,24 @@ def check_is_level(rollout_is: str) -> None:
 def parse_rs_options(rollout_rs: str) -> list[str]:
     """The RS options of a comma-separated spec, in order, duplicates removed; legacy names rejected."""
     if not isinstance(rollout_rs, str) or not rollout_rs.strip():
-        raise ValueError("rollout_rs must be a non-empty comma-separated string of RS options")
+        raise ValueError("rollout_rs is empty; leave the key out to turn rejection sampling off")
     options: list[str] = []
     for raw in rollout_rs.split(","):
         opt = raw.strip()
         if not opt:
             continue
-        if opt in _LEGACY_RS:
-            raise ValueError(f"rollout_rs={opt!r} is a legacy mode removed in verl 0.9; use {_LEGACY_RS[opt]}")
+        if opt in LEGACY_RS:
+            new = LEGACY_RS[opt]
+            raise ValueError(
+                f"rollout_rs={opt!r} was removed from verl; use {new!r} with a rollout_rs_threshold band like "
+                f'"0.999_1.001" (rollout_rs_threshold_lower is gone). The legacy mode bounded '
+                f"{_LEGACY_WHAT[opt]}; {new} bounds the inverse, so a legacy 'lo_hi' becomes '1/hi_1/lo'")
         if opt not in RS_OPTIONS:
-            raise ValueError(f"invalid rollout_rs option {opt!r}; expected one of {list(RS_OPTIONS)}")
+            raise ValueError(f"unknown rollout_rs option {opt!r}; choose from {', '.join(RS_OPTIONS)}")
         if opt not in options:
             options.append(opt)
     if not options:
-        raise ValueError("rollout_rs must contain at least one option")
+        raise ValueError("rollout_rs is empty; leave the key out to turn rejection sampling off")
     return options
 
 
@@ -134,8 +148,8 @@ def parse_rs_thresholds(options: list[str], spec: float | str | None) -> list[RS
         raise ValueError("rollout_rs_threshold must contain at least one threshold")
     if len(specs) not in (1, len(options)):
         raise ValueError(
-            f"rollout_rs_threshold has {len(specs)} specs for {len(options)} rollout_rs options {options}; "
-            "give one shared spec or exactly one per option"
+            f"rollout_rs_threshold has {len(specs)} specs for {len(options)} rollout_rs options; "
+            "give one per option or a single one"
         )
     if len(specs) == 1:
         specs = specs * len(options)
@@ -143,30 +157,24 @@ def parse_rs_thresholds(options: list[str], spec: float | str | None) -> list[RS
 
 
 def _parse_one_rs(option: str, spec: str) -> RSThreshold:
-    try:
-        if option.endswith("k1"):
-            if "_" in spec:
-                lo_s, hi_s = spec.split("_", 1)
-            else:
-                hi_s, lo_s = spec, str(1.0 / float(spec))
-            lower, upper = float(lo_s), float(hi_s)
-        else:
-            if "_" in spec:
-                raise ValueError(
-                    f"rollout_rs_threshold for {option!r} takes a single upper bound without '_', got {spec!r}"
-                )
-            lower, upper = None, float(spec)
-    except ZeroDivisionError as exc:
-        raise ValueError(f"threshold for {option!r} must be positive, got {spec!r}") from exc
-    except ValueError as exc:
-        if "single upper bound" in str(exc):
-            raise
-        raise ValueError(f"invalid threshold {spec!r} for rollout_rs option {option!r}") from exc
-    if not upper > 0 or (lower is not None and not lower > 0):
-        raise ValueError(f"thresholds for {option!r} must be positive, got {spec!r}")
-    if lower is not None and lower > upper:
-        raise ValueError(f"thresholds for {option!r} need lower <= upper, got {spec!r}")
-    return RSThreshold(option=option, upper=upper, lower=lower)
+    what = f"rollout_rs_threshold for {option}"
+    if option.endswith("k1"):
+        if "_" in spec:
+            lo_s, _, hi_s = spec.partition("_")
+            lower, upper = _number(lo_s, what), _number(hi_s, what)
+            if not 0 < lower < upper:
+                raise ValueError(f"{what} {spec!r} needs 0 < lower < upper")
+            return RSThreshold(option=option, upper=upper, lower=lower)
+        u = _number(spec, what)
+        if not u > 1:
+            raise ValueError(f"{what} {spec!r}: a single k1 bound u means [1/u, u], so u must be > 1")
+        return RSThreshold(option=option, upper=u, lower=1.0 / u)
+    if "_" in spec:
+        raise ValueError(f"{what} {spec!r}: k2/k3 options take a positive upper bound only")
+    u = _number(spec, what)
+    if not u > 0:
+        raise ValueError(f"{what} must be > 0, got {spec!r}")
+    return RSThreshold(option=option, upper=u, lower=None)
 
 
 def k1_log_bounds(th: RSThreshold) -> tuple[float, float]:

@@ -205,30 +205,83 @@ def _adapt(fn: Callable[..., Any]) -> RewardFn:
     return filtered
 
 
-@functools.lru_cache(maxsize=32)
-def load_user_reward(spec: str) -> RewardFn:
-    """Import `module:function` or `path/to/file.py:function`; ValueError with the reason if it fails."""
+SIGNATURE = "fn(response_text, ground_truth, *, data_source, extra_info, finished)"
+"""The documented reward signature (verl's compute_score(data_source, solution_str, ground_truth, extra_info)
+is accepted too)."""
+
+
+def signature_problem(fn: Callable[..., Any]) -> str | None:
+    """Why `fn` cannot be called as a reward function (the arguments `_adapt` will pass do not bind), or None.
+    A function whose signature cannot be inspected is accepted (it is called as is)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    params = sig.parameters
+    var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    try:
+        if "solution_str" in params:
+            kwargs: dict[str, Any] = {"data_source": "", "solution_str": "", "ground_truth": ""}
+            if "extra_info" in params or var_kw:
+                kwargs["extra_info"] = {}
+            sig.bind(**kwargs)
+        else:
+            kw = {"data_source": "", "extra_info": {}, "finished": True}
+            sig.bind("", "", **{k: v for k, v in kw.items() if var_kw or k in params})
+    except TypeError as exc:
+        return f"it cannot be called as {SIGNATURE} ({exc})"
+    return None
+
+
+def _import_target(target: str) -> Any:
+    if target.endswith(".py"):
+        path = Path(target).expanduser().resolve()
+        if not path.is_file():
+            raise FileNotFoundError(f"no such file {path}")
+        mod_name = f"asyncrl_user_reward_{abs(hash(str(path)))}"
+        mod_spec = importlib.util.spec_from_file_location(mod_name, path)
+        assert mod_spec is not None and mod_spec.loader is not None
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[mod_name] = module
+        mod_spec.loader.exec_module(module)
+        return module
+    return importlib.import_module(target)
+
+
+def user_reward_problem(spec: str) -> str | None:
+    """Why `module:function` (or `file.py:function`) is no usable reward — it does not import, has no such
+    function, or the function does not take the documented arguments — or None. Imports the module (its
+    top-level code runs) but never calls the function."""
+    try:
+        fn = _user_function(spec)
+    except ValueError as exc:
+        return str(exc)
+    problem = signature_problem(fn)
+    return None if problem is None else f"reward {spec!r}: {problem}"
+
+
+def _user_function(spec: str) -> Callable[..., Any]:
     target, _, attr = spec.rpartition(":")
     if not target or not attr:
         raise ValueError(f"reward {spec!r} is not of the form module:function")
     try:
-        if target.endswith(".py"):
-            path = Path(target).expanduser().resolve()
-            if not path.is_file():
-                raise FileNotFoundError(f"no such file {path}")
-            mod_name = f"asyncrl_user_reward_{abs(hash(str(path)))}"
-            mod_spec = importlib.util.spec_from_file_location(mod_name, path)
-            assert mod_spec is not None and mod_spec.loader is not None
-            module = importlib.util.module_from_spec(mod_spec)
-            sys.modules[mod_name] = module
-            mod_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
+        module = _import_target(target)
     except Exception as exc:  # noqa: BLE001 - any import failure becomes one clear message
         raise ValueError(f"cannot import reward module {target!r} ({type(exc).__name__}: {exc})") from exc
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ValueError(f"reward {spec!r}: module {target!r} has no function {attr!r}")
+    return fn
+
+
+@functools.lru_cache(maxsize=32)
+def load_user_reward(spec: str) -> RewardFn:
+    """Import `module:function` or `path/to/file.py:function`; ValueError with the reason if it fails (it does
+    not import, no such function, or not the documented signature)."""
+    fn = _user_function(spec)
+    problem = signature_problem(fn)
+    if problem is not None:
+        raise ValueError(f"reward {spec!r}: {problem}")
     return _adapt(fn)
 
 

@@ -83,6 +83,9 @@ def build_trainer_backend(cfg: Any, model_dir: str, distributed: bool = False):
     optim = cfg.trainer.optim.model_dump()
     if optim.pop("name", "adamw") != "adamw":
         raise ValueError(f"trainer.optim.name = {cfg.trainer.optim.name!r}: only 'adamw' is supported")
+    # verl's actor loop: require_batches mini-batches × ppo_epochs passes per local step
+    update = {"mini_batches": cfg.async_training.require_batches, "ppo_epochs": cfg.trainer.ppo_epochs,
+              "shuffle": cfg.trainer.shuffle}
     if distributed and cfg.trainer.backend != "torch":
         raise ValueError(f'trainer.backend = "{cfg.trainer.backend}" runs one trainer rank only in this runtime')
     if cfg.trainer.backend == "megatron":
@@ -92,13 +95,15 @@ def build_trainer_backend(cfg: Any, model_dir: str, distributed: bool = False):
             model_dir, tp=cfg.trainer.tp, pp=cfg.trainer.pp, cp=cfg.trainer.cp, ep=cfg.trainer.ep,
             optim_cfg=optim, grad_clip=cfg.trainer.grad_clip,
             micro_batch_size=cfg.trainer.ppo_micro_batch_size_per_gpu, temperature=temperature,
+            seed=cfg.trainer.seed, **update,
         )
     from engine.models.loader import load_causal_lm
     from engine.trainer.torch_trainer import TorchTrainerBackend
 
     model = load_causal_lm(model_dir, dtype=cfg.model.dtype)
     kwargs = {"optim_cfg": optim, "grad_clip": cfg.trainer.grad_clip, "device": check_device(compute_device(cfg)),
-              "micro_batch_size": cfg.trainer.ppo_micro_batch_size_per_gpu, "temperature": temperature}
+              "micro_batch_size": cfg.trainer.ppo_micro_batch_size_per_gpu, "temperature": temperature,
+              "seed": cfg.trainer.seed, **update}
     if distributed:
         from engine.trainer.fsdp import FSDPTrainerBackend
 

@@ -10,6 +10,9 @@ import torch
 
 from engine.types import TrajectoryGroup
 
+ROW_INDEX = "row_index"
+"""`meta` key: each row's position in the local step's batch (a list, so every row selection carries it)."""
+
 
 @dataclass
 class PreparedBatch:
@@ -26,7 +29,8 @@ def staleness_of(group: TrajectoryGroup, trainer_version: int) -> int:
 
 def prepare_batch(groups: list[TrajectoryGroup], cfg: Any, pad_token_id: int, trainer_version: int) -> PreparedBatch:
     """Collate the groups (one row per trajectory), attach group-normalised advantages, drop zero-advantage rows
-    (they carry no policy gradient) and compute reward / length / staleness / partial-rollout metrics."""
+    when `trainer.skip_zero_advantage` (opt-in) and compute reward / length / staleness / partial-rollout
+    metrics. `meta["row_index"]` numbers the rows, so a loss wrapper can tell which rows a micro-batch holds."""
     from engine.algo.advantages import grpo_advantages
     from engine.algo.rc_diagnostics import staleness_histogram
     from engine.trainer.batch import collate
@@ -70,41 +74,113 @@ def prepare_batch(groups: list[TrajectoryGroup], cfg: Any, pad_token_id: int, tr
         "asyncrl/finish/abort_ratio": sum(t.finish_reason == "abort" for t in trajs) / len(trajs),
     }
     num_tokens = int(batch.attention_mask.sum().item())
-    if cfg.trainer.skip_zero_advantage:
-        keep = (adv.abs() > 1e-8).nonzero().flatten()
-        metrics["asyncrl/zero_adv_fraction"] = 1.0 - len(keep) / len(trajs)
-        if len(keep) < len(trajs):
-            batch = batch.select(keep)
-            num_tokens = int(batch.attention_mask.sum().item())
+    keep = (adv.abs() > 1e-8).nonzero().flatten()
+    metrics["asyncrl/zero_adv_fraction"] = 1.0 - len(keep) / len(trajs)
+    if cfg.trainer.skip_zero_advantage and len(keep) < len(trajs):
+        batch = batch.select(keep)
+        num_tokens = int(batch.attention_mask.sum().item())
+    batch.meta[ROW_INDEX] = list(range(len(batch)))  # survives sharding and mini/micro-batching
     return PreparedBatch(batch, metrics, [g.prompt.uid for g in groups], num_tokens)
 
 
 class LogRatioObserver:
-    """Wraps a LossFn and keeps log(π_θ/π_rollout) of every valid token it sees (bypass mode), so the step can
-    report the importance-ratio histogram without an extra forward pass."""
+    """Wraps a LossFn and watches each row's *first* forward of a local step (PPO epoch 0, stand-in rows
+    skipped): it keeps log(π_θ/π_rollout) of the valid tokens (bypass mode's importance-ratio histogram,
+    without an extra forward pass) and each row's log-probs with whether the weights had not yet moved in this
+    local step (`meta["fresh"]`), for the mismatch check (`first_pass`)."""
 
     def __init__(self, loss_fn: Any) -> None:
         self.loss_fn = loss_fn
         self.values: list[torch.Tensor] = []
+        self.first: list[tuple[list[int], torch.Tensor, bool]] = []
+        self._rows_seen: set[int] = set()
 
     @property
     def needs_entropy(self) -> bool:
         return bool(getattr(self.loss_fn, "needs_entropy", False))
 
     def __call__(self, log_probs: torch.Tensor, entropy: torch.Tensor | None, batch: Any):
-        with torch.no_grad():
-            delta = log_probs.detach() - batch.rollout_log_probs
-            self.values.append(delta[batch.response_mask.bool()].flatten())
+        from engine.trainer.batch import is_filler
+
+        rows = batch.meta.get(ROW_INDEX)
+        first = batch.meta.get("ppo_epoch", 0) == 0 and not is_filler(batch)
+        if first and rows is not None:
+            first = not set(rows) <= self._rows_seen  # a micro-batch repeated with weight 0 is seen once
+            self._rows_seen.update(rows)
+        if first:
+            with torch.no_grad():
+                delta = log_probs.detach() - batch.rollout_log_probs
+                self.values.append(delta[batch.response_mask.bool()].flatten().cpu())
+                if rows is not None:
+                    self.first.append((list(rows), log_probs.detach().float().cpu(),
+                                       bool(batch.meta.get("fresh", True))))
         return self.loss_fn(log_probs, entropy, batch)
 
-    def extend(self, values: list[torch.Tensor]) -> None:
-        """Add log-ratios observed elsewhere (the other trainer ranks' rows of the same step)."""
-        self.values.extend(v for v in values if v.numel())
+    def drain(self) -> dict[str, Any]:
+        """What this observer saw since the last drain (for another rank's observer to `extend` with)."""
+        out = {"values": self.take(), "first": self.first}
+        self.first = []
+        return out
+
+    def extend(self, seen: list[Any]) -> None:
+        """Add what the other trainer ranks' observers saw of the same step (`drain()` results, or bare
+        log-ratio tensors)."""
+        for item in seen:
+            if isinstance(item, dict):
+                self.first.extend(item["first"])
+                item = item["values"]
+            if item.numel():
+                self.values.append(item)
 
     def take(self) -> torch.Tensor:
         out = torch.cat(self.values) if self.values else torch.zeros(0)
         self.values = []
+        self._rows_seen = set()
         return out
+
+    def first_pass(self, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The first-forward log-probs [rows, width] of the rows seen since the last call, whether each row
+        was seen [rows] and whether its first forward came before any optimizer step of the step [rows]."""
+        log_probs = torch.zeros(rows, width)
+        seen = torch.zeros(rows, dtype=torch.bool)
+        fresh = torch.zeros(rows, dtype=torch.bool)
+        for idx, lp, is_fresh in self.first:
+            w = min(width, lp.shape[1])
+            log_probs[idx, :w] = lp[:, :w]
+            seen[idx] = True
+            fresh[idx] = is_fresh
+        self.first = []
+        return log_probs, seen, fresh
+
+
+def mismatch_check(batch: Any, observer: LogRatioObserver, rc: Any, version: int,
+                   weights_moved: bool) -> tuple[dict[str, Any], list[str]]:
+    """The step's `asyncrl/mismatch/*` metrics and alarm messages (`engine.algo.mismatch`).
+
+    Decoupled mode compares π_prox (`batch.old_log_probs`, the snapshot of version `version`) with π_rollout;
+    bypass mode the first-forward log-probs the observer kept, which are at version `version`'s weights only
+    when no optimizer step happened since the sync (`weights_moved` False) and before this step's first
+    update (`fresh`). The numeric rows are those also generated entirely at `version`."""
+    from engine.algo.mismatch import mismatch_report, same_weight_rows
+
+    if len(batch) == 0:
+        observer.first_pass(0, 0)
+        return {}, []
+    bounds = {"kl_bound": rc.mismatch_kl_bound, "ppl_ratio_bound": rc.mismatch_ppl_ratio_bound,
+              "chi2_bound": rc.mismatch_chi2_bound}
+    mask = batch.response_mask
+    rows_v = (batch.meta["min_versions"], batch.meta["max_versions"])
+    if not rc.bypass_mode:
+        observer.first_pass(0, 0)
+        if batch.old_log_probs is None:
+            return {}, []
+        same = same_weight_rows(*rows_v, version)
+        return mismatch_report(batch.old_log_probs, batch.rollout_log_probs, mask, same, **bounds)
+    train, seen, fresh = observer.first_pass(len(batch), mask.shape[1])
+    if not seen.any():
+        return {}, []
+    same = same_weight_rows(*rows_v, version, fresh & ~torch.tensor(weights_moved))
+    return mismatch_report(train, batch.rollout_log_probs, mask * seen[:, None], same, **bounds)
 
 
 def is_ratio_metrics(log_ratio: torch.Tensor) -> dict[str, Any]:

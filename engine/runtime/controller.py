@@ -134,6 +134,7 @@ class ControllerCore:
                 run_name=run_name,
                 project=str(logging_cfg.get("project", "asyncrl")),
                 config=self._config,
+                aggregate=str(logging_cfg.get("aggregate", "step")),
             )
         self._sinks = sinks
         self._seq = 0

@@ -10,6 +10,33 @@ from typing import Any
 
 from engine.types import Prompt, Trajectory
 
+ValScore = tuple[float, float | None]
+"""One validation response's (reward, acc) — acc None when the reward function reports none."""
+
+
+def validation_record(per_source: dict[str, list[ValScore]], step: int, version: int) -> tuple[dict[str, Any], str]:
+    """The validation metrics record, named as verl names them, and a one-line summary.
+
+    Per data source, over its responses (one greedy sample each, hence `@1`): when the reward reports `acc`,
+    `val-core/<source>/acc/mean@1` is its mean and the reward's mean goes beside it as
+    `val-aux/<source>/reward/mean@1`; without `acc`, `val-core/<source>/reward/mean@1` is the reward's mean.
+    The record carries `training/global_step` and the validated version."""
+    rec: dict[str, Any] = {"training/global_step": step, "fully_async/count/current_param_version": version}
+    parts = []
+    for src, scores in per_source.items():
+        rewards = [r for r, _ in scores]
+        accs = [a for _, a in scores if a is not None]
+        reward = sum(rewards) / len(rewards)
+        if len(accs) == len(scores):
+            acc = sum(accs) / len(accs)
+            rec[f"val-core/{src}/acc/mean@1"] = acc
+            rec[f"val-aux/{src}/reward/mean@1"] = reward
+            parts.append(f"{src} acc={acc:.3f}" + (f" (reward {reward:.3f})" if reward != acc else ""))
+        else:
+            rec[f"val-core/{src}/reward/mean@1"] = reward
+            parts.append(f"{src} reward={reward:.3f}")
+    return rec, ", ".join(parts)
+
 
 class Scorer:
     """Decodes responses and applies the reward chosen by `data.reward` (or by data_source when "auto")."""
@@ -44,36 +71,13 @@ class Scorer:
         for t in trajectories:
             t.reward, t.reward_info = self._score(prompt, t.response_ids, t.finish_reason == "stop")
 
-    def accuracy(self, prompt: Prompt, response_ids: list[int], finish_reason: str) -> float:
-        """Validation score: the reward's `acc` (correctness without shaping bonuses) when it reports one."""
+    def validation_scores(self, prompt: Prompt, response_ids: list[int], finish_reason: str) -> ValScore:
+        """(reward, acc or None) of one validation response (`validation_record` names them)."""
         score, info = self._score(prompt, response_ids, finish_reason == "stop")
-        return info.get("acc", score)
+        return score, info.get("acc")
 
     def counters(self) -> dict[str, float]:
         return {"asyncrl/reward/errors": self.errors}
-
-
-def validation_record(scorer: Scorer, scored: list[tuple[Prompt, Any]], *, version: int,
-                      step: int) -> tuple[dict[str, Any], str]:
-    """The metrics record of one validation and its one-line summary.
-
-    Per data source: `val-core/<source>/acc/mean@1` — the mean accuracy (the reward's `acc` when it reports
-    one) of one greedy answer per prompt, as verl names what the metric holds — and, when the shaped reward
-    differs from the accuracy, `val-core/<source>/reward/mean@1` beside it."""
-    acc: dict[str, list[float]] = {}
-    reward: dict[str, list[float]] = {}
-    for prompt, r in scored:
-        score, info = scorer._score(prompt, r.response_ids, r.finish_reason == "stop")
-        src = prompt.data_source or "val"
-        acc.setdefault(src, []).append(float(info.get("acc", score)))
-        reward.setdefault(src, []).append(float(score))
-    rec: dict[str, Any] = {"training/global_step": step, "fully_async/count/current_param_version": version}
-    for src, xs in acc.items():
-        rec[f"val-core/{src}/acc/mean@1"] = sum(xs) / len(xs)
-        if reward[src] != xs:
-            rec[f"val-core/{src}/reward/mean@1"] = sum(reward[src]) / len(reward[src])
-    summary = ", ".join(f"{src}={sum(xs) / len(xs):.3f}" for src, xs in acc.items())
-    return rec, summary
 
 
 REWARD_ERROR_REPORTS = (1, 10, 100, 1000, 10000)

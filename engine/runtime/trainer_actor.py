@@ -91,6 +91,7 @@ class TrainerCore:
     version = property(lambda self: self.loop.version)
     local_step = property(lambda self: self.loop.local_step)
     trigger = property(lambda self: self.loop.trigger)
+    since_sync = property(lambda self: self.loop.since_sync)
     total_local_steps = property(lambda self: self.loop.p.total_local_steps)
     dropped_stale = property(lambda self: self.loop.dropped_stale)
 
@@ -182,7 +183,7 @@ class TrainerCore:
             os._exit(17)  # fault injection ([debug] kill_trainer_at_step): the process dies mid-run
         self.ledger.record(prep.uids, "trained", step=self.local_step, version=self.version)
         self._current, self._weights_dirty = [], False
-        rec.update(self._alarms(rec))
+        rec.update(self._alarms(rec, batch))
         rec.update(self._owed_rec)
         self._owed_rec = {}
         rec.update(self._maybe_sync())
@@ -324,14 +325,14 @@ class TrainerCore:
             elif action == "checkpoint":
                 self._checkpoint_best_effort("on_demand")
 
-    def _alarms(self, rec: dict[str, Any]) -> dict[str, Any]:
-        from engine.algo.rc_diagnostics import mismatch_alarm
+    def _alarms(self, rec: dict[str, Any], batch: Any) -> dict[str, Any]:
+        from engine.runtime.batching import mismatch_check
 
-        msgs = mismatch_alarm(rec, self.rc.mismatch_kl_bound, self.rc.mismatch_ppl_ratio_bound,
-                              self.rc.mismatch_chi2_bound)
+        # since_sync already counts this step: the weights moved since the sync when an earlier step trained
+        out, msgs = mismatch_check(batch, self.loss_fn, self.rc, self.version, weights_moved=self.since_sync > 1)
         for m in msgs:
             self.controller.record_event.remote(self._ev("warning", "warning", m, alarm="mismatch"))
-        return {"asyncrl/mismatch_alarm": float(bool(msgs))}
+        return {**out, "asyncrl/mismatch_alarm": float(bool(msgs))}
 
     # ------------------------------------------------------------------ checkpoints
     def request_stop(self, reason: str) -> None:

@@ -87,9 +87,9 @@ class TrainerRank:
         return getattr(self.backends[which], method)(*args, **kwargs)
 
     def train_step(self, which: str, shard: Any) -> tuple[dict[str, float], Any]:
-        """One optimizer step on this rank's shard; returns the metrics and the log-ratios the loss observed."""
+        """One local step on this rank's shard; returns the metrics and what the loss observed (`drain()`)."""
         metrics = self.backends[which].train_step(shard, self.loss_fn)
-        return metrics, self.loss_fn.take()
+        return metrics, self.loss_fn.drain()
 
     def export_weights(self, which: str, bucket_bytes: int) -> None:
         """Take part in the collective full-state-dict gather; this rank's buckets are empty and dropped."""
@@ -198,7 +198,7 @@ class BackendGroup:
         return torch.cat([first, *rest])
 
     def train_step(self, batch: Any, loss_fn: Any) -> dict[str, float]:
-        """One optimizer step over the whole batch (each rank its shard, gradients reduced by FSDP); rank 0's
+        """One local step over the whole batch (each rank its shard, gradients reduced by FSDP); rank 0's
         metrics. The other ranks use their own copy of the loss; what they observed goes into `loss_fn.extend`
         when it has one (`LogRatioObserver`)."""
         shards = self._shards(batch)

@@ -4,7 +4,9 @@ A sink receives every metric record (one flat dict per trainer local step) and e
 `JsonlSink` is always on: it appends one JSON object per line to `<run_dir>/metrics.jsonl` and
 `<run_dir>/events.jsonl`, line-buffered so a reader (the replay dashboard, `tail -f`) sees each record as
 soon as it is written. TensorBoard and W&B sinks are optional: they are built only when named in
-`logging.sinks` *and* their package is importable.
+`logging.sinks` *and* their package is importable. With `logging.aggregate = "version"` they receive one
+record per parameter version (`engine.telemetry.aggregate`), x-axis the version; metrics.jsonl and the
+dashboard keep one record per step either way.
 """
 
 from __future__ import annotations
@@ -109,13 +111,24 @@ def build_sinks(
     run_name: str = "run",
     project: str = "asyncrl",
     config: dict[str, Any] | None = None,
+    aggregate: str = "step",
 ) -> list[Sink]:
     """Build the sinks named in `logging.sinks`.
 
     `jsonl` is always included when `run_dir` is set. `tensorboard` / `wandb` are included only when their
     package imports; otherwise they are skipped (the caller can report `missing_sinks(names)`).
-    `console` is the driver's progress line and is not a controller sink.
+    `console` is the driver's progress line and is not a controller sink. `aggregate`: the x-axis and record
+    rate of TensorBoard / W&B — "step" (one record per local step) or "version" (one per parameter version).
     """
+    from engine.telemetry.aggregate import AGGREGATES, STEP_KEY, VERSION_KEY, VersionAggregatingSink
+
+    if aggregate not in AGGREGATES:
+        raise ValueError(f"logging.aggregate must be one of {AGGREGATES}, got {aggregate!r}")
+    step_key = VERSION_KEY if aggregate == "version" else STEP_KEY
+
+    def tracked(sink: Sink) -> Sink:
+        return VersionAggregatingSink(sink) if aggregate == "version" else sink
+
     sinks: list[Sink] = []
     if run_dir is not None:
         sinks.append(JsonlSink(run_dir))
@@ -123,12 +136,13 @@ def build_sinks(
         from engine.telemetry.tensorboard_sink import TensorBoardSink, tensorboard_available
 
         if tensorboard_available():
-            sinks.append(TensorBoardSink(Path(run_dir) / "tensorboard"))
+            sinks.append(tracked(TensorBoardSink(Path(run_dir) / "tensorboard", step_key=step_key)))
     if "wandb" in names:
         from engine.telemetry.wandb_sink import WandbSink, wandb_available
 
         if wandb_available():
-            sinks.append(WandbSink(project=project, run_name=run_name, config=config or {}, run_dir=run_dir))
+            sinks.append(tracked(WandbSink(project=project, run_name=run_name, config=config or {}, run_dir=run_dir,
+                                           step_key=step_key)))
     return sinks
 
 

@@ -1,4 +1,4 @@
-"""TensorBoard sink (optional extra `tracking`): scalars per local step, events as text summaries."""
+"""TensorBoard sink (optional extra `tracking`): scalars per record, events as text summaries."""
 
 from __future__ import annotations
 
@@ -17,20 +17,21 @@ def tensorboard_available() -> bool:
 
 
 class TensorBoardSink:
-    """Writes every numeric scalar of a record with `global_step = training/global_step`.
-
-    Histograms (`asyncrl/is_hist`, `asyncrl/staleness_hist`) are written with `add_histogram_raw`.
+    """Writes every numeric scalar of a record with `global_step = record[step_key]` (`training/global_step`,
+    or `fully_async/count/current_param_version` with `logging.aggregate = "version"`; events then use their
+    `version`). Histograms (`asyncrl/is_hist`, `asyncrl/staleness_hist`) are written with `add_histogram_raw`.
     """
 
-    def __init__(self, log_dir: str | Path) -> None:
+    def __init__(self, log_dir: str | Path, step_key: str = STEP_KEY) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self._writer: Any = SummaryWriter(log_dir=str(log_dir))
+        self.step_key = step_key
 
     def write_metrics(self, record: dict[str, Any]) -> None:
         if self._writer is None:
             return
-        step = int(record.get(STEP_KEY) or 0)
+        step = int(record.get(self.step_key) or 0)
         for key, value in scalar_items(record):
             self._writer.add_scalar(key, value, global_step=step)
         for key, value in record.items():
@@ -59,7 +60,7 @@ class TensorBoardSink:
     def write_event(self, event: dict[str, Any]) -> None:
         if self._writer is None:
             return
-        step = int(event.get("step") or 0)
+        step = int(event.get("step" if self.step_key == STEP_KEY else "version") or 0)
         self._writer.add_text(f"events/{event.get('kind', 'event')}", str(event.get("message", "")), step)
 
     def close(self) -> None:

@@ -15,16 +15,19 @@ def wandb_available() -> bool:
 
 
 class WandbSink:
-    """Logs records with `step = training/global_step`; histograms become `wandb.Histogram(np_histogram=...)`.
+    """Logs records with `step = record[step_key]` (`training/global_step`, or the parameter version with
+    `logging.aggregate = "version"`); histograms become `wandb.Histogram(np_histogram=...)`.
 
     W&B's own mode settings (`WANDB_MODE=offline`, API key) apply unchanged.
     """
 
     def __init__(
-        self, project: str, run_name: str, config: dict[str, Any], run_dir: str | Path | None
+        self, project: str, run_name: str, config: dict[str, Any], run_dir: str | Path | None,
+        step_key: str = STEP_KEY,
     ) -> None:
         import wandb
 
+        self.step_key = step_key
         self._wandb: Any = wandb
         self._run: Any = wandb.init(
             project=project,
@@ -43,7 +46,7 @@ class WandbSink:
                 row[key] = self._wandb.Histogram(np_histogram=(value["counts"], value["edges"]))
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 row[key] = value
-        step = record.get(STEP_KEY)
+        step = record.get(self.step_key)
         self._run.log(row, step=int(step) if step is not None else None)
 
     def write_event(self, event: dict[str, Any]) -> None:

@@ -41,14 +41,16 @@ class TrainBatch:
         return self.input_ids.shape[0]
 
     def select(self, idx: torch.Tensor | slice) -> "TrainBatch":
-        """Rows `idx` of every tensor; per-row list entries of `meta` are sliced too, the rest is shared."""
+        """Rows `idx` of every tensor; per-row entries of `meta` (lists and tensors as long as the batch) are
+        sliced too, the rest is shared."""
         kw = {}
         for name in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask",
                      "rollout_log_probs", "advantages", "old_log_probs", "ref_log_probs", "is_weights"):
             t = getattr(self, name)
             kw[name] = None if t is None else t[idx]
         rows = range(len(self))[idx] if isinstance(idx, slice) else [int(i) for i in idx]
-        meta = {k: ([v[i] for i in rows] if isinstance(v, list) and len(v) == len(self) else v)
+        meta = {k: ([v[i] for i in rows] if isinstance(v, list) and len(v) == len(self) else
+                    v[list(rows)] if isinstance(v, torch.Tensor) and v.dim() and len(v) == len(self) else v)
                 for k, v in self.meta.items()}
         return TrainBatch(**kw, meta=meta)
 

@@ -1,6 +1,8 @@
 """The `torch` trainer backend: a transformers causal LM, AdamW, micro-batched gradient accumulation.
 
-One `train_step(batch, loss_fn)` is one optimizer update. The batch is split into micro-batches
+One `train_step(batch, loss_fn)` is one local step: `mini_batches × ppo_epochs` optimizer updates, verl's
+mini-batch loop (`engine.trainer.minibatch.mini_batch_plan` gives the split; the PPO ratios use the batch's
+fixed `old_log_probs` in every pass). Each update's mini-batch is split into micro-batches
 b_1 … b_k of `micro_batch_size` rows; `loss_fn` returns a loss L_i normalised *within* b_i (token-mean,
 seq-mean, …). Each micro-batch gets a mass m_i — `batch.meta["micro_weight_fn"](b_i)` if the loss supplies
 one, else its count of response tokens Σ response_mask — and the accumulated gradient is
@@ -10,7 +12,10 @@ one, else its count of response tokens Σ response_mask — and the accumulated 
 which equals the gradient of the same loss computed over the whole batch at once (for token-mean use
 token counts, for seq-mean-* use row counts). Then the pre-clip global norm ‖g‖ is logged as
 `actor/grad_norm`, g is clipped to `grad_clip`, and AdamW steps at the warmup-scheduled lr (`optim.py`).
-A step whose gradient is non-finite, or whose total mass is 0, is skipped (`actor/skipped_step` = 1).
+An update whose gradient is non-finite, or whose total mass is 0, is skipped (counted in `actor/skipped_step`).
+The learning-rate schedule counts optimizer updates. Micro-batches carry `meta["ppo_epoch"]` and
+`meta["fresh"]` (True while no update of this local step has been applied yet), so a loss wrapper can tell a
+row's first forward at the local step's starting weights from later ones.
 
 Vision-language models (Qwen3-VL): rows carry their prompt's images in `meta["images"]` (see
 `engine.trainer.batch.collate`); every forward gets their pixel values (from the model directory's image
@@ -49,8 +54,9 @@ from engine.sync.buckets import bucketize
 from engine.sync.export import host_array
 from engine.trainer import checkpoint as ckpt
 from engine.trainer.base import LossFn, TrainBatch
-from engine.trainer.batch import is_filler, split_micro_batches, trim_padding
+from engine.trainer.batch import FILLER, is_filler, split_micro_batches, trim_padding
 from engine.trainer.logprobs import response_log_probs
+from engine.trainer.minibatch import combine_update_metrics, mini_batch_plan
 from engine.trainer.optim import OptimConfig, build_optimizer, set_lr, warmup_lr
 
 EntropyMode = Literal["none", "metric", "grad"]
@@ -63,6 +69,16 @@ _TENSOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "r
 def token_mass(micro: TrainBatch) -> float:
     """Default micro-batch mass: its number of response tokens."""
     return float(micro.response_mask.sum())
+
+
+def select_mini_batch(batch: TrainBatch, idx: list[int]) -> TrainBatch:
+    """Rows `idx` of `batch`; with no rows (this rank's share of a mini-batch is empty, or `batch` is a
+    `FILLER`) a `FILLER` stand-in, so the rank still joins the update's collectives with weight 0."""
+    if idx and not is_filler(batch):
+        return batch.select(torch.tensor(idx, dtype=torch.long))
+    filler = batch.select(slice(0, 1))
+    filler.meta[FILLER] = True
+    return filler
 
 
 def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
@@ -96,15 +112,23 @@ class TorchTrainerBackend:
         device: str | torch.device = "cpu",
         entropy: EntropyMode = "metric",
         image_encoder: ImageEncoder | None = None,
+        mini_batches: int = 1,
+        ppo_epochs: int = 1,
+        shuffle: bool = False,
+        seed: int = 0,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError("micro_batch_size must be >= 1")
+        if mini_batches < 1 or ppo_epochs < 1:
+            raise ValueError("mini_batches and ppo_epochs must be >= 1")
         if temperature <= 0:
             raise ValueError("temperature must be > 0 (log-probs are taken at the rollout temperature)")
         self.device = torch.device(device)
         self.optim_cfg = OptimConfig.from_dict(optim_cfg)
         self.grad_clip = float(grad_clip)
         self.micro_batch_size = int(micro_batch_size)
+        self.mini_batches, self.ppo_epochs = int(mini_batches), int(ppo_epochs)
+        self.shuffle, self.seed = bool(shuffle), int(seed)
         self.temperature = float(temperature)
         self.entropy_mode: EntropyMode = entropy
         self.aliases = tied_aliases(model)
@@ -238,14 +262,36 @@ class TorchTrainerBackend:
 
     # --- update -----------------------------------------------------------------------------------------
     def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
-        """One optimizer update over `batch` (see the module docstring for the accumulation weights)."""
+        """One local step: `mini_batches × ppo_epochs` optimizer updates over `batch` (see the module
+        docstring); the metrics combined by `combine_update_metrics`."""
         start = time.perf_counter()
+        rows = 0 if is_filler(batch) else len(batch)
+        plan = mini_batch_plan(rows, self.mini_batches, self.ppo_epochs, shuffle=self.shuffle, seed=self.seed,
+                               step=self.global_step)
+        tokens = float(batch.response_mask.sum()) if rows else 0.0
+        updates: list[dict[str, float]] = []
+        applied = 0
+        for epoch, minis in enumerate(plan):
+            for idx in minis:
+                mini = select_mini_batch(batch, idx)
+                mini.meta["ppo_epoch"], mini.meta["fresh"] = epoch, applied == 0
+                updates.append(self._update(mini, loss_fn))
+                applied += int(not updates[-1]["actor/skipped_step"])
+        out = combine_update_metrics(updates)
+        out["actor/response_tokens"] = self._sum_across_ranks([tokens])[0]
+        out["actor/optimizer_step"] = float(self.global_step)
+        out["timing_s/update_actor"] = time.perf_counter() - start
+        out.update(self.extra_metrics)
+        self.extra_metrics = {}
+        return out
+
+    def _update(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer update over the mini-batch `batch` (see the module docstring for the weights)."""
         self.model.train()
         micros, repeat = self._micro_batches(batch)
         mass_fn: MicroWeightFn = batch.meta.get("micro_weight_fn") or token_mass
         masses = [float(mass_fn(m)) for m in micros]
-        tokens = float(batch.response_mask.sum()) if micros else 0.0
-        total_mass, total_tokens = self._sum_across_ranks([sum(masses), tokens])
+        (total_mass,) = self._sum_across_ranks([sum(masses)])
         steps = self._max_across_ranks(len(micros))
         # a loss with an entropy bonus says so (`needs_entropy`): its entropy must carry gradient
         entropy_grad = self.entropy_mode == "grad" or bool(getattr(loss_fn, "needs_entropy", False))
@@ -280,12 +326,7 @@ class TorchTrainerBackend:
             "actor/lr": lr,
             "actor/skipped_step": float(skipped),
             "actor/micro_batches": float(steps),
-            "actor/response_tokens": total_tokens,
-            "actor/optimizer_step": float(self.global_step),
-            "timing_s/update_actor": time.perf_counter() - start,
         })
-        reduced.update(self.extra_metrics)
-        self.extra_metrics = {}
         return reduced
 
     def _clip_gradients(self) -> float:

@@ -59,7 +59,7 @@ def _record(step: int, t: float, reward: float, gen: float, total: float) -> dic
 def test_summarize_uses_the_steady_state_after_the_first_step() -> None:
     # step 1 ends at t=5 (the trainer's model load overlapped the first generation), then 2 s per step
     records = [_record(k, 5.0 + 2.0 * (k - 1), 0.1 * k, 1.5, 2.0) for k in range(1, 6)]
-    records.append({"val-core/copy/reward/mean@1": 0.9})  # validation records are not training steps
+    records.append({"val-core/copy/acc/mean@1": 0.9})  # validation records are not training steps
     ledger = [{"status": "trained"}] * 20 + [{"status": "in_flight_at_end"}] * 3
     s = summarize("x", ["a=1"], records, ledger, wall_s=30.0)
     assert s.steps == 5 and s.trained_prompts == 20

@@ -68,7 +68,9 @@ def test_legacy_keys_are_converted(cli, tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     data = tomllib.loads((tmp_path / "moe.toml").read_text())
     rc = data["algorithm"]["rollout_correction"]
-    assert rc == {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.999_1.001", "bypass_mode": False}
+    # legacy geometric bounded geo(π_train/π_rollout) to [0.999, 1.001]; seq_mean_k1 bounds the inverse ratio
+    assert rc == {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.999000999001_1.001001001",
+                  "bypass_mode": False}
     assert data["trainer"]["backend"] == "megatron"  # from --config-name=…megatron…
     assert (data["trainer"]["tp"], data["trainer"]["cp"], data["trainer"]["ep"]) == (2, 2, 8)
     assert data["resources"]["rollout"] == {"nnodes": 12, "gpus_per_node": 8}
@@ -92,3 +94,40 @@ def test_import_usage_errors(cli, tmp_path: Path) -> None:
     (tmp_path / "x.toml").write_text("")
     assert cli("import", "verl", GEO3K, "-o", "x.toml").exit_code == 2
     assert cli("import", "verl", GEO3K, "-o", "y.toml", "--hardware", "tpu").exit_code == 2
+
+
+def _script(*lines: str) -> str:
+    """A verl fully-async launch line with `lines` as overrides (as in verl's shell/ scripts)."""
+    body = " \\\n    ".join(lines)
+    return f"python -m verl.experimental.fully_async_policy.fully_async_main \\\n    {body}\n"
+
+
+def test_legacy_bands_are_inverted_so_the_same_rows_survive() -> None:
+    """The legacy lines of verl's `grpo_30b_a3b_base_math_megatron_96_32_mis.sh` (PR #4023 era), asymmetric bounds."""
+    import torch
+
+    from engine.algo.rollout_correction import compute_rollout_correction
+
+    conv = convert_script(_script("algorithm.rollout_correction.rollout_rs=geometric",
+                                  "algorithm.rollout_correction.rollout_rs_threshold=1.6",
+                                  "algorithm.rollout_correction.rollout_rs_threshold_lower=0.9"))
+    assert conv.values["algorithm.rollout_correction.rollout_rs"] == "seq_mean_k1"
+    spec = conv.values["algorithm.rollout_correction.rollout_rs_threshold"]
+    assert spec == "0.625_1.11111111111"
+    # rows whose geometric-mean π_train/π_rollout is 0.8, 0.95, 1.5, 1.7: legacy kept 0.95 and 1.5 only
+    geo = torch.tensor([0.8, 0.95, 1.5, 1.7])
+    train = torch.log(geo)[:, None].expand(4, 3).contiguous()
+    _, mask, _ = compute_rollout_correction(train, torch.zeros(4, 3), torch.ones(4, 3), rollout_rs="seq_mean_k1",
+                                            rollout_rs_threshold=spec)
+    assert mask[:, 0].tolist() == [0.0, 1.0, 1.0, 0.0]
+
+
+def test_legacy_token_mode_is_inverted_too_and_an_upper_bound_alone_is_kept() -> None:
+    conv = convert_script(_script("algorithm.rollout_correction.rollout_rs=token",
+                                  "algorithm.rollout_correction.rollout_rs_threshold=2.0",
+                                  "algorithm.rollout_correction.rollout_rs_threshold_lower=0.25"))
+    assert conv.values["algorithm.rollout_correction.rollout_rs"] == "token_k1"
+    assert conv.values["algorithm.rollout_correction.rollout_rs_threshold"] == "0.5_4"
+    conv = convert_script(_script("algorithm.rollout_correction.rollout_rs=geometric",
+                                  "algorithm.rollout_correction.rollout_rs_threshold=1.001"))
+    assert conv.values["algorithm.rollout_correction.rollout_rs_threshold"] == 1.001  # [1/u, u] is symmetric

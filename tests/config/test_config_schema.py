@@ -44,21 +44,40 @@ def test_legacy_rs_values_are_rejected_naming_the_replacement(legacy: str, canon
 
 
 def test_rs_options_and_thresholds_follow_verl() -> None:
+    def bounds(opts, spec):
+        return [(th.lower, th.upper) for th in parse_rs_thresholds(opts, spec)]
+
     assert parse_rs_options("seq_mean_k1, token_k2,seq_mean_k1") == ["seq_mean_k1", "token_k2"]
-    assert parse_rs_thresholds(["seq_mean_k1"], "0.999_1.001") == [(0.999, 1.001)]
-    lo, hi = parse_rs_thresholds(["token_k1"], 2.0)[0]
-    assert (lo, hi) == (0.5, 2.0)  # a single k1 bound u means [1/u, u]
-    assert parse_rs_thresholds(["seq_mean_k1", "seq_max_k3"], "0.9_1.1,0.01") == [(0.9, 1.1), (None, 0.01)]
+    assert bounds(["seq_mean_k1"], "0.999_1.001") == [(0.999, 1.001)]
+    assert bounds(["token_k1"], 2.0) == [(0.5, 2.0)]  # a single k1 bound u means [1/u, u]
+    assert bounds(["seq_mean_k1", "seq_max_k3"], "0.9_1.1,0.01") == [(0.9, 1.1), (None, 0.01)]
     with pytest.raises(ValueError, match="upper bound only"):
         parse_rs_thresholds(["seq_mean_k3"], "0.1_0.2")
     with pytest.raises(ValueError, match="2 specs for 3"):
         parse_rs_thresholds(["token_k1", "token_k2", "token_k3"], "2.0,3.0")
+    with pytest.raises(ValueError, match="u must be > 1"):
+        parse_rs_thresholds(["token_k1"], 0.5)
     with pytest.raises(ValueError, match="unknown rollout_rs option"):
         parse_rs_options("seq_k1")
-    assert parse_is_threshold(2.0) == (None, 2.0)
-    assert parse_is_threshold("0.5_5.0") == (0.5, 5.0)
-    with pytest.raises(ValueError):
+    assert parse_is_threshold(2.0) == (2.0, None)
+    assert parse_is_threshold("0.5_5.0") == (5.0, 0.5)
+    with pytest.raises(ValueError, match="0 < lower < upper"):
         parse_is_threshold("5.0_0.5")
+
+
+def test_the_cli_and_the_engine_share_one_parser() -> None:
+    import asyncrl_cli.config.rc_options as cli
+    import engine.algo.rc_config as engine
+
+    assert cli.parse_rs_thresholds is engine.parse_rs_thresholds and cli.parse_is_threshold is engine.parse_is_threshold
+
+
+@pytest.mark.parametrize("spec", ["inf", "nan", "0.5_inf", "nan_2.0"])
+def test_non_finite_thresholds_are_refused_with_the_key(spec: str) -> None:
+    with pytest.raises(ValidationError, match="rollout_is_threshold"):
+        RolloutCorrectionConfig(rollout_is="token", rollout_is_threshold=spec)
+    with pytest.raises(ValueError, match="rollout_rs_threshold for token_k1"):
+        parse_rs_thresholds(["token_k1"], spec)
 
 
 def test_every_rc_preset_validates() -> None:

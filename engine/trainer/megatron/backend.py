@@ -5,7 +5,9 @@ must be given the same batch, and each DP rank its own rows (as with the torch b
 
 * log-probs: `pack_batch` (left padding removed, so Megatron's RoPE positions equal HF's), a GPTModel
   forward giving vocab-parallel logits, then `vocab_parallel_log_probs` at the rollout temperature.
-* `train_step`: micro-batches b_k of `micro_batch_size` rows with mass m_k (`batch.meta["micro_weight_fn"]`,
+* `train_step`: one local step, `mini_batches × ppo_epochs` optimizer updates on the mini-batches of
+  `engine.trainer.minibatch.mini_batch_plan` (verl's actor loop; an empty share of a mini-batch steps with
+  weight 0). Each update: micro-batches b_k of `micro_batch_size` rows with mass m_k (`batch.meta["micro_weight_fn"]`,
   default the response-token count) and loss L_k; each rank backpropagates (m_k / Σ_all ranks m) · dp · L_k
   and Megatron DDP averages over DP, so the update follows ∇ Σ_k (m_k / Σm) L_k over the global batch.
   `finalize_model_grads` then reduces DP grads and sums the TP-replicated norm grads (q/k-norm, sequence
@@ -30,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from engine.trainer.base import LossFn, TrainBatch
-from engine.trainer.batch import split_micro_batches, trim_padding
+from engine.trainer.batch import FILLER, split_micro_batches, trim_padding
 from engine.trainer.megatron import checkpointing as mckpt
 from engine.trainer.megatron.convert import (
     SafetensorsSource,
@@ -49,6 +51,7 @@ from engine.trainer.megatron.parallel import ParallelLayout, init_model_parallel
 from engine.trainer.megatron.shims import apply_cpu_shims, seed_model_parallel_rng
 from engine.trainer.megatron.snapshot import ParamSnapshot, snapshot_targets
 from engine.trainer.megatron.vocab_parallel import vocab_parallel_log_probs
+from engine.trainer.minibatch import combine_update_metrics, mini_batch_plan
 from engine.trainer.optim import OptimConfig, warmup_lr
 
 log = logging.getLogger(__name__)
@@ -102,9 +105,16 @@ class MegatronTrainerBackend:
         dtype: str | torch.dtype | None = None,
         seed: int = 0,
         entropy: EntropyMode = "metric",
+        mini_batches: int = 1,
+        ppo_epochs: int = 1,
+        shuffle: bool = False,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError("micro_batch_size must be >= 1")
+        if mini_batches < 1 or ppo_epochs < 1:
+            raise ValueError("mini_batches and ppo_epochs must be >= 1")
+        self.mini_batches, self.ppo_epochs, self.shuffle, self.seed = int(mini_batches), int(ppo_epochs), \
+            bool(shuffle), int(seed)
         if temperature <= 0:
             raise ValueError("temperature must be > 0 (log-probs are taken at the rollout temperature)")
         self.on_gpu = torch.cuda.is_available()
@@ -273,15 +283,39 @@ class MegatronTrainerBackend:
 
     # --- update ----------------------------------------------------------------------------------------
     def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
-        """One optimizer update over `batch` (see the module docstring for the accumulation weights)."""
+        """One local step: `mini_batches × ppo_epochs` optimizer updates (see the module docstring)."""
+        start = time.perf_counter()
+        plan = mini_batch_plan(len(batch), self.mini_batches, self.ppo_epochs, shuffle=self.shuffle,
+                               seed=self.seed, step=self.global_step)
+        updates: list[dict[str, float]] = []
+        applied = 0
+        for epoch, minis in enumerate(plan):
+            for idx in minis:
+                # an empty share: the first row, run with weight 0 (every rank steps together)
+                mini = batch.select(torch.tensor(idx or [0], dtype=torch.long))
+                mini.meta["ppo_epoch"], mini.meta["fresh"] = epoch, applied == 0
+                if not idx:
+                    mini.meta[FILLER] = True
+                updates.append(self._update(mini, loss_fn, real=bool(idx)))
+                applied += int(not updates[-1]["actor/skipped_step"])
+        out = combine_update_metrics(updates)
+        out["actor/response_tokens"] = self._sum_over_dp([float(batch.response_mask.sum())])[0]
+        out["actor/optimizer_step"] = float(self.global_step)
+        out["timing_s/update_actor"] = time.perf_counter() - start
+        out.update(self.extra_metrics)
+        self.extra_metrics = {}
+        return out
+
+    def _update(self, batch: TrainBatch, loss_fn: LossFn, real: bool = True) -> dict[str, float]:
+        """One optimizer update over the mini-batch `batch` (the accumulation weights of the module docstring);
+        `real=False`: this rank only joins the collectives, with weight 0."""
         from megatron.core.distributed import finalize_model_grads
 
-        start = time.perf_counter()
         self.ddp.train()
         micros = split_micro_batches(batch, self.micro_batch_size)
         mass_fn: Callable[[TrainBatch], float] = batch.meta.get("micro_weight_fn") or token_mass
-        masses = [float(mass_fn(m)) for m in micros]
-        total_mass, total_tokens = self._sum_over_dp([sum(masses), float(batch.response_mask.sum())])
+        masses = [float(mass_fn(m)) if real else 0.0 for m in micros]
+        (total_mass,) = self._sum_over_dp([sum(masses)])
         steps = self._max_over_world(len(micros))
         needs_entropy = bool(getattr(loss_fn, "needs_entropy", False))
         with_entropy = needs_entropy or self.entropy_mode != "none"
@@ -315,12 +349,7 @@ class MegatronTrainerBackend:
             "actor/lr": lr,
             "actor/skipped_step": float(skipped),
             "actor/micro_batches": float(steps),
-            "actor/response_tokens": total_tokens,
-            "actor/optimizer_step": float(self.global_step),
-            "timing_s/update_actor": time.perf_counter() - start,
         })
-        out.update(self.extra_metrics)
-        self.extra_metrics = {}
         return out
 
     # --- proximal policy snapshot ----------------------------------------------------------------------

@@ -1,0 +1,39 @@
+"""MegatronTrainerBackend takes verl's `require_batches × ppo_epochs` optimizer steps per local step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from megatron_helpers import make_batch, nll_loss
+
+from engine.trainer.megatron.backend import MegatronTrainerBackend
+
+pytestmark = pytest.mark.usefixtures("process_group")
+
+
+def _backend(hf_dirs: dict[str, Path], **kw: object) -> MegatronTrainerBackend:
+    kw = {"optim_cfg": {"lr": 1e-2, "weight_decay": 0.0, "warmup_steps": 3}, "micro_batch_size": 1,
+          "temperature": 0.7} | kw
+    return MegatronTrainerBackend(str(hf_dirs["qwen3"]), **kw)
+
+
+def test_two_mini_batches_two_epochs_equal_four_single_updates(hf_dirs: dict[str, Path]) -> None:
+    batch = make_batch(rows=4)
+    looped = _backend(hf_dirs, mini_batches=2, ppo_epochs=2)
+    metrics = looped.train_step(batch, nll_loss)
+    assert metrics["asyncrl/trainer/optimizer_steps"] == 4 and looped.global_step == 4
+    # by hand: rows 0-1, rows 2-3, twice — each one optimizer update of a one-mini-batch backend
+    manual = _backend(hf_dirs)
+    lrs = [manual.train_step(batch.select(torch.tensor(rows)), nll_loss)["actor/lr"]
+           for rows in ([0, 1], [2, 3], [0, 1], [2, 3])]
+    assert lrs == pytest.approx([1e-2 / 3, 2e-2 / 3, 1e-2, 1e-2]) and metrics["actor/lr"] == pytest.approx(lrs[-1])
+    ref = dict(manual.model.named_parameters())
+    for name, p in looped.model.named_parameters():
+        torch.testing.assert_close(p.detach(), ref[name].detach(), atol=1e-6, rtol=0)
+    single = _backend(hf_dirs)
+    single.train_step(batch, nll_loss)
+    assert single.global_step == 1
+    assert any(not torch.allclose(p.detach(), ref[n].detach(), atol=1e-4)
+               for n, p in single.model.named_parameters())
