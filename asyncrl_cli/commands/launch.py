@@ -103,5 +103,8 @@ def command(
             f"the engine driver cannot be imported: {e}",
             "install asyncrl with its engine dependencies (torch, ray), or use --dry-run",
         ) from None
-    rc = run(an.config, provenance=an.provenance.to_json(), address=address, resume=resume, tui=tui)
+    from asyncrl_cli.tui import run_dashboard_with  # light: Textual loads when the dashboard starts
+
+    dashboard = run_dashboard_with if tui else None
+    rc = run(an.config, provenance=an.provenance.to_json(), address=address, resume=resume, tui=dashboard)
     raise typer.Exit(int(rc or 0))

@@ -52,7 +52,7 @@ class RolloutCore(RolloutCheckpointMixin, RolloutFailureMixin):
 
     def __init__(self, cfg: Any, model_dir: str, queue: Any, controller: Any, replicas: list[Any],
                  resume_state: dict | None = None, replica_spec: dict | None = None) -> None:
-        from asyncrl_cli.config.derived import max_queue_size, required_samples, total_rollout_steps
+        from engine.plan.sizes import max_queue_size, required_samples, total_rollout_steps
         from engine.data.prompts import load_prompts
         from engine.models.loader import load_tokenizer
         from engine.runtime.scoring import Scorer
