@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from asyncrl_cli.config.names import BUILTIN_DATASETS, BUILTIN_MODELS, NAMED_REWARDS, SINKS
+from asyncrl_cli.config.names import BUILTIN_DATASETS, BUILTIN_MODELS, NAMED_REWARDS
 from asyncrl_cli.config.rc_options import parse_is_threshold, parse_rs_options, parse_rs_thresholds
 
 SCHEMA_VERSION = 1
