@@ -31,6 +31,7 @@ from typing import Any
 from engine.plan.placement import RAY_ACCELERATOR  # light modules: no ray at import
 from engine.plan.sizes import trainer_world
 from engine.runtime.controller import NAMESPACE
+from engine.telemetry.sinks import CONFIG_FILE, PROVENANCE_FILE
 
 STOP_TIMEOUT_S = 120.0
 """How long an interrupted driver waits for the trainer's stop checkpoint."""
@@ -157,8 +158,8 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_dict = json.loads(cfg.model_dump_json())
     cfg_dict["logging"]["run_dir"] = str(run_dir)
-    (run_dir / "config.resolved.json").write_text(json.dumps(cfg_dict, indent=2))
-    (run_dir / "provenance.json").write_text(json.dumps(provenance, indent=2))
+    (run_dir / CONFIG_FILE).write_text(json.dumps(cfg_dict, indent=2))
+    (run_dir / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2))
     resumed: dict[str, Any] | None = None
     if plan is not None:
         message = resume_message(plan, rewind_run_dir(plan), cfg.async_training.partial_rollout)
