@@ -52,6 +52,7 @@ from engine.trainer.base import LossFn, TrainBatch
 from engine.trainer.batch import is_filler, split_micro_batches, trim_padding
 from engine.trainer.logprobs import response_log_probs
 from engine.trainer.optim import OptimConfig, build_optimizer, set_lr, warmup_lr
+from engine.trainer.step_metrics import update_metrics
 
 EntropyMode = Literal["none", "metric", "grad"]
 MicroWeightFn = Callable[[TrainBatch], float]
@@ -275,15 +276,7 @@ class TorchTrainerBackend:
         self.optimizer.zero_grad(set_to_none=True)
         names = sorted(sums)
         reduced = dict(zip(names, self._sum_across_ranks([sums[n] for n in names])))
-        reduced.update({
-            "actor/grad_norm": grad_norm,
-            "actor/lr": lr,
-            "actor/skipped_step": float(skipped),
-            "actor/micro_batches": float(steps),
-            "actor/response_tokens": total_tokens,
-            "actor/optimizer_step": float(self.global_step),
-            "timing_s/update_actor": time.perf_counter() - start,
-        })
+        reduced.update(update_metrics(grad_norm, lr, skipped, steps, total_tokens, self.global_step, start))
         reduced.update(self.extra_metrics)
         self.extra_metrics = {}
         return reduced

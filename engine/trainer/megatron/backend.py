@@ -50,6 +50,7 @@ from engine.trainer.megatron.shims import apply_cpu_shims, seed_model_parallel_r
 from engine.trainer.megatron.snapshot import ParamSnapshot, snapshot_targets
 from engine.trainer.megatron.vocab_parallel import vocab_parallel_log_probs
 from engine.trainer.optim import OptimConfig, warmup_lr
+from engine.trainer.step_metrics import update_metrics
 
 log = logging.getLogger(__name__)
 
@@ -310,15 +311,7 @@ class MegatronTrainerBackend:
         self.ddp.zero_grad_buffer()
         names = sorted(sums)
         out = dict(zip(names, self._sum_over_dp([sums[n] for n in names])))
-        out.update({
-            "actor/grad_norm": grad_norm,
-            "actor/lr": lr,
-            "actor/skipped_step": float(skipped),
-            "actor/micro_batches": float(steps),
-            "actor/response_tokens": total_tokens,
-            "actor/optimizer_step": float(self.global_step),
-            "timing_s/update_actor": time.perf_counter() - start,
-        })
+        out.update(update_metrics(grad_norm, lr, skipped, steps, total_tokens, self.global_step, start))
         out.update(self.extra_metrics)
         self.extra_metrics = {}
         return out
