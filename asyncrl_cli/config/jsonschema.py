@@ -3,7 +3,7 @@
 The schema is flattened (every `$ref` inlined: editor language servers handle `$defs` imperfectly) and
 has no `required` lists, because every TOML file is a layer that may set only part of a run; the loader
 checks required keys on the merged result. `x-runtime-mutable: true` marks exactly the fields of the runtime
-knobs (`schema.runtime_mutable_paths()`, from the knob table), so editors never promise a live change the
+knobs (`schema_paths.runtime_mutable_paths()`, from the knob table), so editors never promise a live change the
 controller would refuse.
 """
 
@@ -15,12 +15,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from asyncrl_cli.config.hardware import HardwarePreset
-from asyncrl_cli.config.schema import (
-    RUNTIME_MUTABLE,
-    SCHEMA_VERSION,
-    RunConfig,
-    runtime_mutable_paths,
-)
+from asyncrl_cli.config.schema_paths import RUNTIME_MUTABLE, runtime_mutable_paths
+from asyncrl_cli.config.schema import SCHEMA_VERSION, RunConfig
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 

@@ -3,8 +3,9 @@
 Names follow verl where verl has the concept, so a verl script maps one to one (`asyncrl import verl`).
 Every model forbids unknown keys, and every field has an attribute docstring: it becomes the field's
 description in the JSON Schema (`asyncrl schema`) and in CLI help. Knobs the running controller may change
-are the knob table's (`engine.runtime.knobs.KNOB_SPECS`, each with its `config_path`); `runtime_knobs()`
-lists their fields, and the JSON Schema marks those, and only those, `x-runtime-mutable`.
+are the knob table's (`engine.runtime.knobs.KNOB_SPECS`, each with its `config_path`);
+`schema_paths.runtime_knobs()` lists their fields, and the JSON Schema marks those, and only those,
+`x-runtime-mutable`.
 
 Single-field formats (ranges, enumerations, verl's rollout-correction spec strings) are validated here;
 rules that relate several fields live in `checks.py`, where they can name file and line.
@@ -15,7 +16,6 @@ This module must stay importable without torch, ray, vllm or transformers.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -26,9 +26,6 @@ from asyncrl_cli.config.rc_options import parse_is_threshold, parse_rs_options, 
 SCHEMA_VERSION = 1
 """Bumped when a key is renamed or removed (no aliases are kept: the old spelling fails loudly)."""
 
-RUNTIME_MUTABLE = "x-runtime-mutable"
-"""JSON Schema marker of the fields a running controller may change (`jsonschema.run_schema` sets it on the
-fields `runtime_knobs()` lists, which come from the knob table)."""
 
 
 _REWARD_FN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -437,68 +434,3 @@ class RunConfig(Section):
         if not _NAME.match(v):
             raise ValueError("name must start with a letter or digit and use only letters, digits, . _ -")
         return v
-
-
-@dataclass(frozen=True)
-class Knob:
-    """A runtime-mutable field: dotted path, type name, bounds and description."""
-
-    path: str
-    type: str
-    ge: float | None
-    gt: float | None
-    le: float | None
-    lt: float | None
-    description: str
-
-
-def runtime_mutable_paths() -> list[tuple[str, ...]]:
-    """Config paths of the knobs a running controller may change: the knob table's `config_path`s."""
-    from engine.runtime.knobs import KNOB_SPECS  # pure Python: the table `ctl set` and the TUI use
-
-    return [spec.config_path for spec in KNOB_SPECS.values() if spec.config_path]
-
-
-def runtime_knobs() -> dict[str, Knob]:
-    """The fields of the runtime knobs, by dotted path, with their schema bounds and description."""
-    out: dict[str, Knob] = {}
-    for path in runtime_mutable_paths():
-        model = submodel_at(path[:-1])
-        info = model.model_fields[path[-1]] if model else None
-        if info is None:
-            raise LookupError(f"knob config_path {'.'.join(path)} is not a field of the run config")
-        bounds: dict[str, float | None] = {"ge": None, "gt": None, "le": None, "lt": None}
-        for m in info.metadata:
-            for b in bounds:
-                if hasattr(m, b):
-                    bounds[b] = getattr(m, b)
-        tname = getattr(info.annotation, "__name__", str(info.annotation))
-        dotted = ".".join(path)
-        out[dotted] = Knob(
-            dotted, tname, bounds["ge"], bounds["gt"], bounds["le"], bounds["lt"], info.description or ""
-        )
-    return out
-
-
-def field_paths(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[str]:
-    """Every dotted key path of the schema (tables and leaves), for "did you mean" suggestions."""
-    paths: list[str] = []
-    for name, info in model.model_fields.items():
-        path = f"{prefix}{name}"
-        paths.append(path)
-        ann = info.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            paths.extend(field_paths(ann, path + "."))
-    return paths
-
-
-def submodel_at(path: tuple[str, ...]) -> type[BaseModel] | None:
-    """The model class of the table at `path` (() = RunConfig), or None when `path` is not a table."""
-    model: type[BaseModel] = RunConfig
-    for part in path:
-        info = model.model_fields.get(part)
-        ann = info.annotation if info else None
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            return None
-        model = ann
-    return model
