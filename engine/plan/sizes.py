@@ -67,9 +67,12 @@ def required_samples(cfg: Any) -> int:
 
 
 def max_required_samples(cfg: Any) -> int:
-    """int(required_samples × (1 + staleness) × trigger_parameter_sync_step)."""
-    a = cfg.async_training
-    return int(required_samples(cfg) * (1 + effective_staleness(cfg)) * a.trigger_parameter_sync_step)
+    """int(required_samples × (1 + staleness) × trigger_parameter_sync_step), by the rollouter's own budget rule
+    (`engine.loop.budget`, pure Python), so the number printed is the one the run admits."""
+    from engine.loop.budget import max_required_samples as budget_limit
+
+    trigger = cfg.async_training.trigger_parameter_sync_step
+    return budget_limit(required_samples(cfg), effective_staleness(cfg), trigger)
 
 
 def max_queue_size(cfg: Any) -> int:
