@@ -1,7 +1,8 @@
 """The layers import in one direction: the engine never imports the CLI, engine/algo never imports Ray, and
 engine/plan (the formulas the CLI's `validate` shares with the engine) imports nothing heavy.
 
-`make lint` enforces the same with ruff (top-level imports); this test reads the sources itself, so the rule
+`make lint` enforces the same with ruff (the CLI ban at any depth, the heavy bans at the top level); this test
+reads the sources itself (function bodies included), so the rule
 holds on a machine without ruff too, and also catches imports a lint rule could be silenced for.
 """
 
