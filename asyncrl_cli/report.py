@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from asyncrl_cli.config.dotted import get_path
 from asyncrl_cli.config.problems import Problem
 
 if TYPE_CHECKING:
@@ -120,15 +121,6 @@ def render_fit(con: Console, an: Analysis) -> None:
     )
 
 
-def _value(cfg_json: dict[str, Any], key: str) -> Any:
-    node: Any = cfg_json
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
 def render_provenance(con: Console, an: Analysis) -> None:
     """Which file or flag set each key (defaults omitted)."""
     if an.config is None:
@@ -139,7 +131,7 @@ def render_provenance(con: Console, an: Analysis) -> None:
     t.add_column("value")
     t.add_column("set by")
     for key, origin in sorted(an.provenance.origins.items()):
-        value = json.dumps(_value(data, key))
+        value = json.dumps(get_path(data, key))
         src = origin.where + (f" ({origin.note})" if origin.note else "")
         if origin.env_vars:
             src += f" [dim]env {', '.join(origin.env_vars)}[/]"

@@ -2,7 +2,7 @@
 
 Runs `presets/runs/tiny-cpu.toml` for 48 local steps on a local Ray, changes `trigger_parameter_sync_step`
 4 → 2 through the same client the dashboard uses once the first sync happened, and keeps the run dir's
-`metrics.jsonl`, `events.jsonl`, `config.resolved.json` and `provenance.json`.
+`metrics.jsonl`, `events.jsonl`, `config.resolved.json` and `config.provenance.json`.
 
     .venv/bin/python scripts/record_tui_fixture.py [OUT_DIR]
 """
@@ -50,7 +50,7 @@ def main(out: Path) -> None:
     driver.join()
     assert codes == [0], codes
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("metrics.jsonl", "events.jsonl", "config.resolved.json", "provenance.json"):
+    for name in ("metrics.jsonl", "events.jsonl", "config.resolved.json", "config.provenance.json"):
         shutil.copy(tmp / name, out / name)
     print(f"recorded {out}")
 

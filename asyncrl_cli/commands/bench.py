@@ -1,6 +1,10 @@
 """`asyncrl bench NAME`: run one benchmark study (or `all`, `list`, `report`) — a thin front for
 `python -m benchmarks`. The benchmarks package lives at the repository root and is imported only when the
-command runs, so `asyncrl --help` stays light."""
+command runs, so `asyncrl --help` stays light.
+
+The wheel does not ship it, on purpose: the studies are the project's own measurements (they rewrite
+docs/benchmarks.md and need the bench extra), so they belong to a source checkout. Without one the command
+fails with one line saying so (exit 1)."""
 
 from __future__ import annotations
 
@@ -49,8 +53,9 @@ def command(
         main = _benchmarks_main()
     except ModuleNotFoundError as e:
         raise AsyncrlError(
-            f"the benchmarks package is not available: {e}",
-            "run from a source checkout of asyncrl (benchmarks/ lives at its root)",
+            "asyncrl bench needs the benchmarks/ folder of a source checkout, which this install lacks "
+            f"(no module {e.name!r})",
+            "clone the asyncrl repository and run `asyncrl bench` (or `python -m benchmarks`) from it",
         ) from None
     argv = [
         name,

@@ -24,13 +24,15 @@ if TYPE_CHECKING:
 
 def write_artifacts(an: Analysis) -> dict[str, str]:
     """Write `config.resolved.json` and `config.provenance.json` into the run directory."""
+    from engine.telemetry.sinks import CONFIG_FILE, PROVENANCE_FILE  # the names a real run writes too
+
     assert an.config is not None
     run_dir = Path(an.config.logging.run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        resolved = run_dir / "config.resolved.json"
+        resolved = run_dir / CONFIG_FILE
         resolved.write_text(json.dumps(an.config.model_dump(mode="json"), indent=2) + "\n", encoding="utf-8")
-        provenance = run_dir / "config.provenance.json"
+        provenance = run_dir / PROVENANCE_FILE
         provenance.write_text(json.dumps(an.provenance.to_json(), indent=2) + "\n", encoding="utf-8")
     except OSError as e:
         raise AsyncrlError(f"cannot write to the run directory {run_dir}: {e.strerror or e}") from None
@@ -130,7 +132,9 @@ def command(
             f"the engine driver cannot be imported: {e}",
             "install asyncrl with its engine dependencies (torch, ray), or use --dry-run",
         ) from None
+    from asyncrl_cli.tui import run_dashboard_with  # light: Textual loads when the dashboard starts
+
     relaunch = relaunch_command(run_file, set_, address, allow_same_name)
-    rc = run(an.config, provenance=an.provenance.to_json(), address=address, resume=resume, tui=tui,
-             allow_same_name=allow_same_name, command=relaunch)
+    rc = run(an.config, provenance=an.provenance.to_json(), address=address, resume=resume,
+             tui=run_dashboard_with if tui else None, allow_same_name=allow_same_name, command=relaunch)
     raise typer.Exit(int(rc or 0))

@@ -12,10 +12,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from asyncrl_cli.config.loader import Analysis, LoadResult, analyze_run_config, load_run_config
-    from asyncrl_cli.config.problems import Problem
-    from asyncrl_cli.config.provenance import Origin, Provenance
-    from asyncrl_cli.config.schema import RunConfig
+    from asyncrl_cli.config.loader import Analysis, LoadResult, analyze_run_config, load_run_config  # noqa: F401
+    from asyncrl_cli.config.problems import Problem  # noqa: F401
+    from asyncrl_cli.config.provenance import Origin, Provenance  # noqa: F401
+    from asyncrl_cli.config.schema import RunConfig  # noqa: F401
 
 _HOME = {
     "Analysis": "loader",

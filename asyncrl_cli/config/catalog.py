@@ -1,27 +1,24 @@
 """The preset catalog: `presets/{runs,models,datasets,hardware}/*.toml`.
 
-The directory is `$ASYNCRL_PRESETS_DIR` when set, else `presets/` at the root of the source tree this
-package was installed from (an editable install).
+The directory is `engine.plan.presets.presets_dir()`: `$ASYNCRL_PRESETS_DIR` (or `$ASYNCRL_PRESETS`) when set,
+else `presets/` at the root of the source tree (a checkout, an editable install), else the copy an installed
+wheel carries as package data.
 """
 
 from __future__ import annotations
 
-import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from engine.plan.presets import presets_dir
 
 KINDS: tuple[str, ...] = ("runs", "models", "datasets", "hardware")
 RUN_SCHEMA_FILE = "asyncrl.schema.json"
 HARDWARE_SCHEMA_FILE = "hardware.schema.json"
 
-
-def presets_dir() -> Path:
-    """Where the presets live."""
-    env = os.environ.get("ASYNCRL_PRESETS_DIR")
-    if env:
-        return Path(env).expanduser()
-    return Path(__file__).resolve().parents[2] / "presets"
+__all__ = ["KINDS", "RUN_SCHEMA_FILE", "HARDWARE_SCHEMA_FILE", "PresetRef", "find_preset", "list_presets",
+           "preset_names", "presets_dir"]
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from asyncrl_cli.config.derived import Derived
+from asyncrl_cli.config.derived import Derived, trainer_world
 from asyncrl_cli.config.fit import FitReport
 from asyncrl_cli.config.hardware import HardwarePreset
 from asyncrl_cli.config.hf_model import VL_FAMILIES, ModelFacts, in_hub_cache
@@ -166,7 +166,7 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                         "data parallel (FSDP2) only",
                     )
                 )
-    ranks = cfg.resources.trainer.nnodes * cfg.resources.trainer.gpus_per_node
+    ranks = trainer_world(cfg)
     if t.backend == "megatron" and ranks > 1:
         out.append(
             _w(

@@ -26,8 +26,8 @@ class EnvExpansionError(ValueError):
         self.var = var
 
 
-def _matching_brace(text: str, start: int) -> int:
-    """Index of the `}` closing the `${` whose `{` is at `start - 1`."""
+def closing_brace(text: str, start: int) -> int | None:
+    """Index of the `}` closing the `${` whose `{` is at `start - 1` (nested `${…}` skipped), None if unclosed."""
     depth = 1
     i = start
     while i < len(text):
@@ -40,7 +40,15 @@ def _matching_brace(text: str, start: int) -> int:
             if depth == 0:
                 return i
         i += 1
-    raise EnvExpansionError(f"unclosed '${{' in {text!r}")
+    return None
+
+
+def _matching_brace(text: str, start: int) -> int:
+    """`closing_brace`, or EnvExpansionError when the `${` is not closed."""
+    end = closing_brace(text, start)
+    if end is None:
+        raise EnvExpansionError(f"unclosed '${{' in {text!r}")
+    return end
 
 
 def expand(text: str, env: Mapping[str, str]) -> tuple[str, list[str]]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from asyncrl_cli.config.derived import trainer_world
 from asyncrl_cli.config.hardware import HardwarePreset
 from asyncrl_cli.config.hf_model import ModelFacts
 from asyncrl_cli.config.schema import RunConfig
@@ -73,7 +74,7 @@ def trainer_fit(cfg: RunConfig, f: ModelFacts, hw: HardwarePreset) -> RoleFit:
     t = cfg.trainer
     b = DTYPE_BYTES[cfg.model.dtype]
     master = 0 if b == 4 else 4
-    world = cfg.resources.trainer.nnodes * cfg.resources.trainer.gpus_per_node
+    world = trainer_world(cfg)
     p = f.params_total
     comp: dict[str, float] = {}
     if t.backend == "megatron":

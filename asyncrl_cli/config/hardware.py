@@ -1,85 +1,18 @@
 """Hardware presets (`presets/hardware/*.toml`): one kind of node, described once.
 
-A run names its hardware in `[resources] hardware`; validate checks the per-node accelerator counts and
-the per-accelerator memory against it. On `device = "cpu"` hardware, "GPUs" are worker processes and
-`memory_gb` is the host memory one worker may use.
+The model and the loader live in `engine.plan.hardware` (the engine reads a preset's device, and must not
+import the CLI package); this module keeps the CLI's names.
 """
 
 from __future__ import annotations
 
-import difflib
-import tomllib
-from pathlib import Path
-from typing import Literal
+from engine.plan.hardware import (
+    HardwareInvalid,
+    HardwareNotFound,
+    HardwarePreset,
+    hardware_names,
+    hardware_path,
+    load_hardware,
+)
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from asyncrl_cli.config.catalog import list_presets, presets_dir
-
-
-class HardwarePreset(BaseModel):
-    """One node type."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
-
-    name: str
-    """Short name, as used in `[resources] hardware`."""
-    description: str = ""
-    """Human-readable description (model, memory, node layout)."""
-    device: Literal["cuda", "npu", "cpu"]
-    """Accelerator kind: `cuda` (NVIDIA), `npu` (Ascend), `cpu` (worker processes)."""
-    gpus_per_node: int = Field(gt=0)
-    """Accelerators per node."""
-    memory_gb: float = Field(gt=0)
-    """Memory of one accelerator in GB (10⁹ bytes)."""
-    interconnect: str = ""
-    """Intra-node / inter-node links, e.g. `nvlink+ib`, `hccs+roce`, `pcie`, `none`."""
-    bf16_tflops: float | None = Field(None, gt=0)
-    """Dense bf16 peak of one accelerator (for throughput estimates)."""
-    tested: bool = True
-    """False when asyncrl has not been run on this hardware (validate adds a note)."""
-
-
-class HardwareNotFound(LookupError):
-    """The named hardware preset does not exist; `suggestions` holds close names."""
-
-    def __init__(self, name: str, suggestions: list[str]) -> None:
-        hint = f"; did you mean {', '.join(repr(s) for s in suggestions)}?" if suggestions else ""
-        super().__init__(f"unknown hardware {name!r}{hint}")
-        self.name = name
-        self.suggestions = suggestions
-
-
-class HardwareInvalid(ValueError):
-    """A hardware preset file that does not parse or validate."""
-
-
-def hardware_names() -> list[str]:
-    """Names of the shipped hardware presets."""
-    return [r.name for r in list_presets("hardware")]
-
-
-def hardware_path(name: str, base_dir: Path | None = None) -> Path:
-    """The file of hardware `name` (a preset name, or a path to a .toml file)."""
-    if name.endswith(".toml"):
-        p = Path(name).expanduser()
-        if not p.is_absolute() and base_dir is not None:
-            p = base_dir / p
-        if p.is_file():
-            return p
-        raise HardwareNotFound(name, [])
-    p = presets_dir() / "hardware" / f"{name}.toml"
-    if p.is_file():
-        return p
-    raise HardwareNotFound(name, difflib.get_close_matches(name, hardware_names(), n=3, cutoff=0.5))
-
-
-def load_hardware(name: str, base_dir: Path | None = None) -> HardwarePreset:
-    """Load and validate a hardware preset by name or path."""
-    path = hardware_path(name, base_dir)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-        data.setdefault("name", path.stem)
-        return HardwarePreset.model_validate(data)
-    except (tomllib.TOMLDecodeError, ValidationError) as e:
-        raise HardwareInvalid(f"{path}: {e}") from None
+__all__ = ["HardwareInvalid", "HardwareNotFound", "HardwarePreset", "hardware_names", "hardware_path", "load_hardware"]

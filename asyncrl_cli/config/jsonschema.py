@@ -2,7 +2,9 @@
 
 The schema is flattened (every `$ref` inlined: editor language servers handle `$defs` imperfectly) and
 has no `required` lists, because every TOML file is a layer that may set only part of a run; the loader
-checks required keys on the merged result.
+checks required keys on the merged result. `x-runtime-mutable: true` marks exactly the fields of the runtime
+knobs (`schema_paths.runtime_mutable_paths()`, from the knob table), so editors never promise a live change the
+controller would refuse.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from asyncrl_cli.config.hardware import HardwarePreset
+from asyncrl_cli.config.schema_paths import RUNTIME_MUTABLE, runtime_mutable_paths
 from asyncrl_cli.config.schema import SCHEMA_VERSION, RunConfig
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -41,6 +44,11 @@ def flattened_schema(model: type[BaseModel], schema_id: str) -> dict[str, Any]:
 def run_schema() -> dict[str, Any]:
     """Schema of run-config files (runs, models, datasets presets and user files)."""
     s = flattened_schema(RunConfig, "urn:asyncrl:schema:run")
+    for path in runtime_mutable_paths():
+        node = s
+        for part in path:
+            node = node["properties"][part]
+        node[RUNTIME_MUTABLE] = True
     s["x-schema-version"] = SCHEMA_VERSION
     return s
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl_cli.config.catalog import find_preset, preset_names
+from asyncrl_cli.config.dotted import get_path, nearest, set_path
 from asyncrl_cli.config.envexpand import EnvExpansionError, expand
 from asyncrl_cli.config.problems import Problem
 from asyncrl_cli.config.provenance import Origin, Provenance
@@ -76,13 +77,7 @@ class Layer:
 
     def line_of(self, key: str) -> int | None:
         """Line of `key` or of its nearest written ancestor."""
-        parts = key.split(".")
-        while parts:
-            line = self.lines.get(".".join(parts))
-            if line is not None:
-                return line
-            parts.pop()
-        return None
+        return nearest(self.lines, key)
 
     def origin(self, key: str) -> Origin:
         """The provenance record of `key` in this layer."""
@@ -306,30 +301,9 @@ def _is_preset(path: Path) -> bool:
     return _kind_of(path) is not None
 
 
-def _set_path(data: dict[str, Any], key: str, value: Any) -> None:
-    parts = key.split(".")
-    node = data
-    for p in parts[:-1]:
-        nxt = node.get(p)
-        if not isinstance(nxt, dict):
-            nxt = {}
-            node[p] = nxt
-        node = nxt
-    node[parts[-1]] = value
-
-
-def _get_path(data: dict[str, Any], key: str) -> Any:
-    node: Any = data
-    for p in key.split("."):
-        if not isinstance(node, dict) or p not in node:
-            return None
-        node = node[p]
-    return node
-
-
 def _apply_rc_preset(merged: dict[str, Any], prov: Provenance) -> None:
     """Fill `algorithm.rollout_correction` keys from its `preset`, under the keys set explicitly."""
-    rc = _get_path(merged, RC_KEY)
+    rc = get_path(merged, RC_KEY)
     if not isinstance(rc, dict) or not isinstance(rc.get("preset"), str):
         return
     name = canonical_preset_name(rc["preset"])
@@ -370,7 +344,7 @@ def resolve_layers(
     set_layer = Layer({}, "--set", "set")
     for key, value in parsed:
         sub: dict[str, Any] = {}
-        _set_path(sub, key, value)
+        set_path(sub, key, value)
         sub = _expand_tree(sub, "", set_layer, env, res.problems)
         _merge(merged, sub, set_layer, prov)
     _apply_rc_preset(merged, prov)

@@ -1,81 +1,19 @@
 """The placement plan a run will ask Ray for: which actors, how many GPUs each, on which nodes.
 
-Trainer and rollout pools are disjoint (verl fully async). The trainer is one worker per GPU; the rollout is
-`replicas` engines of `tensor_parallel_size` GPUs each, packed node by node (a replica never spans nodes).
-Controller, message queue and rollouter are CPU actors on the head node.
+The layout is computed in `engine.plan.placement`, with the same M and R the driver uses; this module keeps
+the CLI's names and takes the loaded hardware preset.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from engine.plan.hardware import HardwarePreset
+from engine.plan.placement import ActorGroup, Placement
+from engine.plan.placement import plan_placement as _plan
+from engine.plan.sizes import Derived
 
-from asyncrl_cli.config.derived import Derived
-from asyncrl_cli.config.hardware import HardwarePreset
-from asyncrl_cli.config.schema import RunConfig
-
-
-@dataclass(frozen=True)
-class ActorGroup:
-    """Actors of one kind: count, accelerators per actor, and where they go."""
-
-    name: str
-    count: int
-    gpus_per_actor: int
-    nodes: list[str] = field(default_factory=list)
-    layout: str = ""
+__all__ = ["ActorGroup", "Placement", "plan_placement"]
 
 
-@dataclass(frozen=True)
-class Placement:
-    """The whole plan."""
-
-    device: str
-    nodes: dict[str, int]
-    """Node label → accelerators used on it."""
-    actors: list[ActorGroup]
-
-    @property
-    def total_gpus(self) -> int:
-        """Accelerators the run uses."""
-        return sum(self.nodes.values())
-
-    def to_json(self) -> dict[str, Any]:
-        """A plain dict for JSON output."""
-        return {
-            "device": self.device,
-            "nodes": self.nodes,
-            "total_gpus": self.total_gpus,
-            "actors": [asdict(a) for a in self.actors],
-        }
-
-
-def plan_placement(cfg: RunConfig, d: Derived, hw: HardwarePreset | None) -> Placement:
-    """Lay the trainer and rollout pools out over their nodes."""
-    res, t, r = cfg.resources, cfg.trainer, cfg.rollout
-    nodes: dict[str, int] = {}
-    trainer_nodes = [f"trainer-node-{i}" for i in range(res.trainer.nnodes)]
-    rollout_nodes = [f"rollout-node-{i}" for i in range(res.rollout.nnodes)]
-    for n in trainer_nodes:
-        nodes[n] = res.trainer.gpus_per_node
-    tp = r.tensor_parallel_size
-    per_node = max(1, res.rollout.gpus_per_node // tp)
-    replica_nodes: list[str] = []
-    for i in range(d.rollout_replicas):
-        replica_nodes.append(rollout_nodes[min(i // per_node, len(rollout_nodes) - 1)])
-    for n in rollout_nodes:
-        nodes[n] = replica_nodes.count(n) * tp
-    if t.backend == "megatron":
-        layout = f"megatron tp{t.tp} × pp{t.pp} × cp{t.cp} × dp{d.trainer_dp} (ep{t.ep})"
-    else:
-        layout = f"torch FSDP2 dp{d.trainer_dp}"
-    actors = [
-        ActorGroup("RunController", 1, 0, ["head"], "metrics, events, knobs"),
-        ActorGroup("MessageQueue", 1, 0, ["head"], f"bounded at {d.max_queue_size} prompt groups"),
-        ActorGroup("Rollouter", 1, 0, ["head"], f"admits ≤ {d.max_required_samples} prompts per version"),
-        ActorGroup(
-            "RolloutReplica", d.rollout_replicas, tp, sorted(set(replica_nodes)), f"{r.backend} tp{tp}"
-        ),
-        ActorGroup("TrainerWorker", d.trainer_world, 1, trainer_nodes, layout),
-    ]
-    return Placement(hw.device if hw else "unknown", nodes, actors)
+def plan_placement(cfg, d: Derived, hw: HardwarePreset | None) -> Placement:
+    """Lay the trainer and rollout pools out over their nodes, on `hw`'s device ("unknown" without one)."""
+    return _plan(cfg, d, hw.device if hw else None)

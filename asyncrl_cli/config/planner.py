@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncrl_cli.config.dotted import set_path
 from asyncrl_cli.config.fit import DTYPE_BYTES, trainer_fit
 from asyncrl_cli.config.hardware import HardwarePreset
 from asyncrl_cli.config.hf_model import ModelFacts
@@ -53,11 +54,7 @@ class Plan:
 def _nested(values: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, v in values.items():
-        node = out
-        parts = key.split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = v
+        set_path(out, key, v)
     return out
 
 

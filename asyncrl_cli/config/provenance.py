@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from asyncrl_cli.config.dotted import nearest
+
 OriginKind = Literal["default", "file", "set", "preset"]
 
 
@@ -51,12 +53,9 @@ class Provenance:
     def get(self, key: str) -> Origin:
         """The origin of `key`, or of its nearest set ancestor (values inside inline tables and arrays),
         or — for a table — of the first key set inside it, or `DEFAULT` when nothing set it."""
-        parts = key.split(".")
-        while parts:
-            o = self.origins.get(".".join(parts))
-            if o is not None:
-                return o
-            parts.pop()
+        o = nearest(self.origins, key)
+        if o is not None:
+            return o
         below = [o for k, o in self.origins.items() if key and k.startswith(key + ".")]
         if below:  # a table: the first key written inside it
             return min(below, key=lambda o: (o.source, o.line or 0))

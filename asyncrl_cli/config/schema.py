@@ -3,7 +3,9 @@
 Names follow verl where verl has the concept, so a verl script maps one to one (`asyncrl import verl`).
 Every model forbids unknown keys, and every field has an attribute docstring: it becomes the field's
 description in the JSON Schema (`asyncrl schema`) and in CLI help. Knobs the running controller may change
-are marked with `json_schema_extra={"x-runtime-mutable": True}`; `runtime_knobs()` lists them.
+are the knob table's (`engine.runtime.knobs.KNOB_SPECS`, each with its `config_path`);
+`schema_paths.runtime_knobs()` lists their fields, and the JSON Schema marks those, and only those,
+`x-runtime-mutable`.
 
 Single-field formats (ranges, enumerations, verl's rollout-correction spec strings) are validated here;
 rules that relate several fields live in `checks.py`, where they can name file and line.
@@ -14,19 +16,16 @@ This module must stay importable without torch, ray, vllm or transformers.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from asyncrl_cli.config.names import BUILTIN_DATASETS, BUILTIN_MODELS, NAMED_REWARDS, SINKS
+from asyncrl_cli.config.names import BUILTIN_DATASETS, BUILTIN_MODELS, NAMED_REWARDS
 from asyncrl_cli.config.rc_options import parse_is_threshold, parse_rs_options, parse_rs_thresholds
 
 SCHEMA_VERSION = 1
 """Bumped when a key is renamed or removed (no aliases are kept: the old spelling fails loudly)."""
 
-MUTABLE: dict[str, Any] = {"x-runtime-mutable": True}
-"""`json_schema_extra` marker of knobs the controller may change while a run is going."""
 
 
 _REWARD_FN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -153,7 +152,7 @@ class OptimConfig(Section):
 
     name: Literal["adamw"] = "adamw"
     """Optimizer (AdamW with decoupled weight decay)."""
-    lr: float = Field(1e-6, gt=0, lt=1, strict=True, json_schema_extra=MUTABLE)
+    lr: float = Field(1e-6, gt=0, lt=1, strict=True)
     """Learning rate after warm-up (constant schedule)."""
     betas: list[float] = Field([0.9, 0.999], min_length=2, max_length=2)
     """Adam β1, β2."""
@@ -187,7 +186,7 @@ class TrainerConfig(Section):
     """Expert parallel size (megatron, MoE models)."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
     """Optimizer settings."""
-    grad_clip: float = Field(1.0, gt=0, json_schema_extra=MUTABLE)
+    grad_clip: float = Field(1.0, gt=0)
     """Clip the global gradient norm to this value."""
     ppo_mini_batch_size: int = Field(32, gt=0)
     """Prompts per mini-batch (each with `rollout.n` responses), as in verl: a local step trains on
@@ -200,9 +199,9 @@ class TrainerConfig(Section):
     shuffle: bool = False
     """Permute the rows anew before each PPO epoch (seeded by `seed`); False = the same consecutive
     mini-batches every epoch (verl's `actor.shuffle`, default false)."""
-    clip_ratio_low: float = Field(0.2, ge=0, lt=1, json_schema_extra=MUTABLE)
+    clip_ratio_low: float = Field(0.2, ge=0, lt=1)
     """PPO clip ε_low: ratio r is clipped to [1 − ε_low, 1 + ε_high]."""
-    clip_ratio_high: float = Field(0.2, ge=0, json_schema_extra=MUTABLE)
+    clip_ratio_high: float = Field(0.2, ge=0)
     """PPO clip ε_high (DAPO's clip-higher uses 0.28)."""
     clip_ratio_c: float = Field(3.0, gt=1)
     """Dual-clip constant c for A < 0: the loss is bounded by c·|A|."""
@@ -210,17 +209,17 @@ class TrainerConfig(Section):
     """How per-token losses are aggregated into the batch loss (verl's names)."""
     use_kl_loss: bool = False
     """Add a KL(π_θ‖π_ref) penalty to the loss (needs a reference model)."""
-    kl_loss_coef: float = Field(0.001, ge=0, json_schema_extra=MUTABLE)
+    kl_loss_coef: float = Field(0.001, ge=0)
     """Weight of the KL loss."""
     kl_loss_type: Literal["low_var_kl", "k1", "k2"] = "low_var_kl"
     """KL estimator: k1 = log r, k2 = ½(log r)², low_var_kl = k3 = r − 1 − log r (clamped)."""
-    entropy_coeff: float = Field(0.0, ge=0, json_schema_extra=MUTABLE)
+    entropy_coeff: float = Field(0.0, ge=0)
     """Entropy bonus weight (0 = off)."""
     total_steps: int | None = Field(None, gt=0)
     """Total policy versions to train (overrides the count derived from data and `total_rollout_steps`)."""
     total_epochs: int = Field(1, gt=0, le=100_000)
     """Passes over the training data."""
-    test_freq: int = Field(0, ge=0, json_schema_extra=MUTABLE)
+    test_freq: int = Field(0, ge=0)
     """Validate every N policy versions (0 = never)."""
     val_before_train: bool = False
     """Validate once before the first update."""
@@ -240,11 +239,11 @@ class RolloutConfig(Section):
     """`hf` = asyncrl's own sampler on transformers (CPU and small GPUs); `vllm` = vLLM replicas."""
     n: int = Field(8, gt=0, le=4096)
     """Responses per prompt (the GRPO group size)."""
-    temperature: float = Field(1.0, ge=0, json_schema_extra=MUTABLE)
+    temperature: float = Field(1.0, ge=0)
     """Sampling temperature (the rollout log-probs are those of the sampling distribution)."""
-    top_p: float = Field(1.0, gt=0, le=1, json_schema_extra=MUTABLE)
+    top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling mass (1.0 = off)."""
-    top_k: int = Field(0, ge=0, json_schema_extra=MUTABLE)
+    top_k: int = Field(0, ge=0)
     """Top-k sampling (0 = off; verl's −1 for vLLM)."""
     tensor_parallel_size: int = Field(1, gt=0)
     """GPUs per rollout replica (vLLM tensor parallel)."""
@@ -272,18 +271,18 @@ class AsyncTrainingConfig(Section):
     mode: Literal["fully_async", "sync"] = "fully_async"
     """`fully_async` = rollout and training overlap; `sync` = the on-policy baseline with the same code
     (the staleness threshold is forced to 0)."""
-    staleness_threshold: float = Field(0.1, ge=0, json_schema_extra=MUTABLE)
+    staleness_threshold: float = Field(0.1, ge=0)
     """Extra fraction of a sync cycle's prompts the rollouter may generate ahead:
     max_required_samples = required_samples × (1 + staleness_threshold) × trigger_parameter_sync_step."""
-    trigger_parameter_sync_step: int = Field(4, gt=0, json_schema_extra=MUTABLE)
+    trigger_parameter_sync_step: int = Field(4, gt=0)
     """Local trainer steps per weight sync (one policy version = this many steps)."""
     require_batches: int = Field(1, gt=0)
     """`ppo_mini_batch_size` prompt groups the trainer pulls per local step."""
-    partial_rollout: bool = Field(True, json_schema_extra=MUTABLE)
+    partial_rollout: bool = Field(True)
     """True: generations interrupted by a weight sync resume from their prefix under the new weights.
     False: at a sync, in-flight generations are aborted and their samples dropped (counted in the ledger),
     as current verl does."""
-    max_staleness_versions: int | None = Field(None, ge=0, json_schema_extra=MUTABLE)
+    max_staleness_versions: int | None = Field(None, ge=0)
     """Hard cap: a trajectory whose oldest token is more than this many versions behind is handled by
     `stale_policy` (None = no cap, verl's fully-async behaviour)."""
     stale_policy: Literal["drop", "wait"] = "drop"
@@ -299,7 +298,7 @@ class RolloutCorrectionConfig(Section):
     keys written explicitly win. See `asyncrl presets show rollout-correction`."""
     rollout_is: Literal["token", "sequence"] | None = None
     """IS aggregation: `token`, `sequence`, or absent (off)."""
-    rollout_is_threshold: float | str = Field(2.0, json_schema_extra=MUTABLE)
+    rollout_is_threshold: float | str = Field(2.0)
     """Upper clamp C of the truncated IS weight min(w, C); a `"lower_upper"` string (e.g. `"0.5_5.0"`)
     selects IcePop (weights outside the band become 0)."""
     rollout_is_batch_normalize: bool = False
@@ -316,11 +315,11 @@ class RolloutCorrectionConfig(Section):
     loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"
     """Bypass-mode loss: `ppo_clip` (IS weights are logged, not applied) or `reinforce` (weighted by the
     truncated IS weight)."""
-    mismatch_kl_bound: float = Field(0.05, gt=0, json_schema_extra=MUTABLE)
+    mismatch_kl_bound: float = Field(0.05, gt=0)
     """Alarm when the rollout/trainer KL exceeds this bound."""
-    mismatch_ppl_ratio_bound: float = Field(1.2, gt=1, json_schema_extra=MUTABLE)
+    mismatch_ppl_ratio_bound: float = Field(1.2, gt=1)
     """Alarm when the perplexity ratio leaves [1/b, b]."""
-    mismatch_chi2_bound: float = Field(1.0, gt=0, json_schema_extra=MUTABLE)
+    mismatch_chi2_bound: float = Field(1.0, gt=0)
     """Alarm when the token χ² divergence exceeds this bound."""
 
     @field_validator("rollout_is_threshold")
@@ -369,7 +368,7 @@ class AlgorithmConfig(Section):
 class CheckpointConfig(Section):
     """Checkpoints (`[checkpoint]`)."""
 
-    every_versions: int = Field(0, ge=0, json_schema_extra=MUTABLE)
+    every_versions: int = Field(0, ge=0)
     """Save every N policy versions (0 = only on demand, at a graceful stop and at the end). A checkpoint
     holds the trainer's weights, optimizer and RNG states, the version and step, the prompt stream's
     position, the queued groups and the in-flight prompts with their partial responses; `asyncrl launch
@@ -448,73 +447,3 @@ class RunConfig(Section):
         if not _NAME.match(v):
             raise ValueError("name must start with a letter or digit and use only letters, digits, . _ -")
         return v
-
-
-@dataclass(frozen=True)
-class Knob:
-    """A runtime-mutable field: dotted path, type name, bounds and description."""
-
-    path: str
-    type: str
-    ge: float | None
-    gt: float | None
-    le: float | None
-    lt: float | None
-    description: str
-
-
-def runtime_knobs() -> dict[str, Knob]:
-    """Every field marked runtime-mutable, by dotted path (what `ctl set` and the TUI may offer)."""
-    out: dict[str, Knob] = {}
-
-    def walk(model: type[BaseModel], prefix: str) -> None:
-        for name, info in model.model_fields.items():
-            ann = info.annotation
-            path = f"{prefix}{name}"
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                walk(ann, path + ".")
-                continue
-            extra = info.json_schema_extra
-            if isinstance(extra, dict) and extra.get("x-runtime-mutable"):
-                bounds: dict[str, float | None] = {"ge": None, "gt": None, "le": None, "lt": None}
-                for m in info.metadata:
-                    for b in bounds:
-                        if hasattr(m, b):
-                            bounds[b] = getattr(m, b)
-                tname = getattr(ann, "__name__", str(ann))
-                out[path] = Knob(
-                    path,
-                    tname,
-                    bounds["ge"],
-                    bounds["gt"],
-                    bounds["le"],
-                    bounds["lt"],
-                    info.description or "",
-                )
-
-    walk(RunConfig, "")
-    return out
-
-
-def field_paths(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[str]:
-    """Every dotted key path of the schema (tables and leaves), for "did you mean" suggestions."""
-    paths: list[str] = []
-    for name, info in model.model_fields.items():
-        path = f"{prefix}{name}"
-        paths.append(path)
-        ann = info.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            paths.extend(field_paths(ann, path + "."))
-    return paths
-
-
-def submodel_at(path: tuple[str, ...]) -> type[BaseModel] | None:
-    """The model class of the table at `path` (() = RunConfig), or None when `path` is not a table."""
-    model: type[BaseModel] = RunConfig
-    for part in path:
-        info = model.model_fields.get(part)
-        ann = info.annotation if info else None
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            return None
-        model = ann
-    return model

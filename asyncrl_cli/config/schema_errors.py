@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from asyncrl_cli.config.problems import Problem
 from asyncrl_cli.config.provenance import Provenance
-from asyncrl_cli.config.schema import field_paths, submodel_at
+from asyncrl_cli.config.schema_paths import field_paths, submodel_at
 
 KNOWN_MISTAKES: dict[str, str] = {
     "n_gpus_per_node": "asyncrl calls it gpus_per_node (resources.trainer / resources.rollout)",

@@ -18,6 +18,8 @@ import operator
 import re
 from dataclasses import dataclass, field
 
+from asyncrl_cli.config.envexpand import closing_brace
+
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=")
 KEYWORDS = {"if", "then", "else", "elif", "fi", "do", "done", "for", "while", "until", "case", "esac"}
@@ -57,15 +59,8 @@ def concrete(value: str) -> str:
     i = 0
     while i < len(value):
         if value.startswith("${", i):
-            depth, j = 1, i + 2
-            while j < len(value) and depth:
-                if value.startswith("${", j):
-                    depth += 1
-                    j += 2
-                    continue
-                if value[j] == "}":
-                    depth -= 1
-                j += 1
+            end = closing_brace(value, i + 2)
+            j = len(value) if end is None else end + 1  # an unclosed `${` runs to the end
             body = value[i + 2 : j - 1]
             m = _NAME.match(body)
             rest = body[m.end() :] if m else ""

@@ -10,7 +10,7 @@ from typing import Any
 import tomlkit
 
 from asyncrl_cli.config.catalog import RUN_SCHEMA_FILE, presets_dir
-from asyncrl_cli.config.schema import field_paths
+from asyncrl_cli.config.schema_paths import field_paths
 from asyncrl_cli.verl_import.convert import Conversion
 
 ORDER = (

@@ -29,17 +29,8 @@ def last_boxed(text: str) -> str | None:
     rest = text[start + len(cmd) :]
     if rest.startswith(" "):
         return rest[1:].split("$")[0].strip()
-    if not rest.startswith("{"):
-        return None
-    depth = 0
-    for i, ch in enumerate(rest):
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return rest[1:i]
-    return None
+    end = _matching_brace(rest) if rest.startswith("{") else None
+    return rest[1:end] if end is not None else None
 
 
 def _fix_fracs(s: str) -> str:

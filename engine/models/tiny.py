@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.data.builtin import corpus_texts
 
@@ -68,7 +68,6 @@ def build_tiny_model(
     """A randomly initialised tiny `Qwen2ForCausalLM` (fp32, eval mode), deterministic in `seed`: hidden 128,
     2 heads of dim 64, 1 KV head, tied embeddings. A wider `initializer_range` gives peakier token
     distributions (tests over raw token ids use 0.1)."""
-    import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
@@ -87,9 +86,16 @@ def build_tiny_model(
         initializer_range=initializer_range,
     )
     config.architectures = ["Qwen2ForCausalLM"]
+    return seeded_model(Qwen2ForCausalLM, config, seed)
+
+
+def seeded_model(model_cls: Any, config: Any, seed: int) -> PreTrainedModel:
+    """`model_cls(config)` initialised from `seed` without touching the global RNG, in fp32 and eval mode."""
+    import torch
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
+        model = model_cls(config)
     return model.float().eval()
 
 

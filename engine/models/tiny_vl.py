@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.data.figures import corpus_texts
+from engine.models.tiny import seeded_model
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
@@ -80,7 +81,6 @@ def build_tiny_vl_tokenizer(vocab_size: int = 64) -> PreTrainedTokenizerFast:
 
 def build_tiny_vl_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0, layers: int = 2) -> PreTrainedModel:
     """A randomly initialised tiny `Qwen3VLForConditionalGeneration` (fp32, eval), deterministic in `seed`."""
-    import torch
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIALS}
@@ -103,10 +103,7 @@ def build_tiny_vl_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0, layer
         tie_word_embeddings=False,
     )
     config.architectures = ["Qwen3VLForConditionalGeneration"]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen3VLForConditionalGeneration(config)
-    return model.float().eval()
+    return seeded_model(Qwen3VLForConditionalGeneration, config, seed)
 
 
 def build_image_processor() -> Any:

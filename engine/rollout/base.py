@@ -17,7 +17,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from engine.types import GenRequest, GenResult
+from engine.types import FinishReason, GenRequest, GenResult
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,23 @@ ROLLOUT_STATS = ("calls", "requests", "tokens_generated", "gen_seconds", "finish
 def new_rollout_stats(*extra: str) -> dict[str, float]:
     """Zeroed counters: `ROLLOUT_STATS` plus a backend's `extra` names."""
     return {name: 0.0 for name in (*ROLLOUT_STATS, *extra)}
+
+
+FINISH_COUNTERS: dict[FinishReason, str] = {
+    "stop": "finished_stop", "length": "finished_length", "abort": "aborted"
+}
+"""The `ROLLOUT_STATS` counter of each `finish_reason`."""
+
+
+def account_results(stats: dict[str, float], results: list[GenResult], seconds: float) -> None:
+    """Count one `generate` call into `stats`: calls += 1, requests += len(results), tokens_generated += the new
+    tokens, gen_seconds += `seconds`, and each result into its finish counter (`FINISH_COUNTERS`)."""
+    stats["calls"] += 1
+    stats["requests"] += len(results)
+    stats["tokens_generated"] += sum(r.new_tokens for r in results)
+    stats["gen_seconds"] += seconds
+    for r in results:
+        stats[FINISH_COUNTERS[r.finish_reason]] += 1
 
 
 @runtime_checkable

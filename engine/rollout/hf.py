@@ -29,7 +29,7 @@ import torch
 
 from engine.multimodal.placeholders import PlaceholderMismatch, check_image_tokens
 from engine.multimodal.vision import ImageEncoder, VisionSpec, model_dir_of
-from engine.rollout.base import SamplingParams, new_rollout_stats
+from engine.rollout.base import SamplingParams, account_results, new_rollout_stats
 from engine.rollout.decode import (
     DecodeCounters,
     ForwardAdapter,
@@ -39,7 +39,7 @@ from engine.rollout.decode import (
     decode_rows,
 )
 from engine.sync.apply import load_buckets_into
-from engine.types import FinishReason, GenRequest, GenResult
+from engine.types import GenRequest, GenResult
 
 
 def _never() -> bool:
@@ -176,14 +176,7 @@ class HFRolloutBackend:
         )
 
     def _account(self, results: list[GenResult], seconds: float) -> None:
-        s = self._stats
-        s["calls"] += 1
-        s["requests"] += len(results)
-        s["tokens_generated"] += sum(r.new_tokens for r in results)
-        s["gen_seconds"] += seconds
-        reasons: dict[FinishReason, str] = {"stop": "finished_stop", "length": "finished_length", "abort": "aborted"}
-        for r in results:
-            s[reasons[r.finish_reason]] += 1
+        account_results(self._stats, results, seconds)
 
     # --- weights ----------------------------------------------------------------------------------------
     def update_weights(self, buckets: Iterable[dict[str, np.ndarray]], version: int) -> None:

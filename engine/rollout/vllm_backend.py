@@ -56,7 +56,7 @@ import numpy as np
 
 from engine.multimodal.images import open_b64
 from engine.multimodal.vision import placeholder_token_ids
-from engine.rollout.base import SamplingParams, new_rollout_stats
+from engine.rollout.base import SamplingParams, account_results, new_rollout_stats
 from engine.rollout.loop_thread import LoopThread
 from engine.rollout.vllm_selftest import ResumeContinuityReport, ResumeContinuitySelfTest
 from engine.rollout.vllm_weights import (
@@ -316,18 +316,7 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         )
 
     def _account(self, results: list[GenResult], seconds: float) -> None:
-        s = self._stats
-        s["calls"] += 1
-        s["requests"] += len(results)
-        s["tokens_generated"] += sum(r.new_tokens for r in results)
-        s["gen_seconds"] += seconds
-        reasons: dict[FinishReason, str] = {
-            "stop": "finished_stop",
-            "length": "finished_length",
-            "abort": "aborted",
-        }
-        for r in results:
-            s[reasons[r.finish_reason]] += 1
+        account_results(self._stats, results, seconds)
 
     # --- pause / resume -----------------------------------------------------------------------------------
     def pause(self, mode: PauseMode = "keep") -> None:

@@ -18,9 +18,9 @@ PROCESS_GROUPS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 
 def compute_device(cfg: Any) -> str:
     """`cpu`, `cuda` or `npu`: the device of `resources.hardware`."""
-    from asyncrl_cli.config.hardware import load_hardware
+    from engine.plan.hardware import hardware_device
 
-    return load_hardware(cfg.resources.hardware).device
+    return hardware_device(cfg)
 
 
 def process_group_backend(device: str) -> str:

@@ -25,11 +25,15 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.runtime.controller import NAMESPACE  # a light module: no ray at import
+from engine.plan.placement import RAY_ACCELERATOR  # light modules: no ray at import
+from engine.plan.sizes import trainer_world
+from engine.runtime.controller import NAMESPACE
 from engine.runtime.run_dirs import prepare_run_dir, resume_hint
+from engine.telemetry.sinks import CONFIG_FILE, PROVENANCE_FILE
 
 STOP_TIMEOUT_S = 120.0
 """How long an interrupted driver waits for the trainer's stop checkpoint."""
@@ -42,7 +46,7 @@ class RunFailed(RuntimeError):
 def trainer_ranks(cfg: Any) -> int:
     """M = `resources.trainer.nnodes × gpus_per_node` trainer ranks. Raises RunFailed for a Megatron trainer of
     more than one rank: this runtime runs Megatron as a single rank (multi-rank is the torch backend's FSDP2)."""
-    ranks = cfg.resources.trainer.nnodes * cfg.resources.trainer.gpus_per_node
+    ranks = trainer_world(cfg)
     if ranks > 1 and cfg.trainer.backend != "torch":
         raise RunFailed(f'trainer.backend = "{cfg.trainer.backend}" runs one trainer rank in this runtime, but '
                         f"resources.trainer asks for {ranks} (nnodes × gpus_per_node); set both to 1, or use "
@@ -51,56 +55,13 @@ def trainer_ranks(cfg: Any) -> int:
 
 
 def _placement(cfg: Any) -> dict[str, Any]:
-    """How many replicas and trainer ranks, and what each actor asks Ray for (`trainer_res` and
-    `trainer_threads` are per trainer rank)."""
-    from asyncrl_cli.config.hardware import load_hardware
+    """How many replicas and trainer ranks, and what each actor asks Ray for (`engine.plan.placement`, on the
+    hardware preset's device and this machine's cores); refuses a layout this runtime cannot run."""
+    from engine.plan.hardware import hardware_device
+    from engine.plan.placement import actor_resources
 
-    hw = load_hardware(cfg.resources.hardware)
-    device = hw.device
-    rollout_units = cfg.resources.rollout.nnodes * cfg.resources.rollout.gpus_per_node
-    tp = cfg.rollout.tensor_parallel_size
-    replicas = cfg.rollout.replicas or max(1, rollout_units // tp)
-    ranks = trainer_ranks(cfg)
-    if device == "cpu":
-        cores = os.cpu_count() or 2
-        if cfg.async_training.mode == "sync":  # the phases alternate, so each may use every core
-            replica_threads, trainer_threads = cores, max(1, cores // ranks)
-        else:
-            # Fully async: the trainer and the replicas compute at the same time, so by default the cores are
-            # split, never oversubscribed (the replicas share half, the trainer ranks the rest).
-            replica_threads = max(1, (cores // 2) // replicas)
-            trainer_threads = max(1, (cores - replica_threads * replicas) // ranks)
-        replica_threads = _threads(cfg.resources.rollout.cpu_threads, replica_threads, cores)
-        trainer_threads = _threads(cfg.resources.trainer.cpu_threads, trainer_threads, cores)
-        res: dict[str, Any] = {"num_cpus": 1}
-        if cfg.async_training.mode != "sync":
-            # OpenMP threads sleep instead of spinning while they wait: spinning threads on shared cores made
-            # both sides ~4x slower on 2 cores (docs/benchmarks.md, async vs sync).
-            res["runtime_env"] = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}
-        return {"device": "cpu", "replicas": replicas, "trainer_ranks": ranks, "replica_res": res,
-                "trainer_res": dict(res), "replica_threads": replica_threads, "trainer_threads": trainer_threads}
-    return {"device": device, "replicas": replicas, "replica_res": {**accelerators(device, tp), "num_cpus": 1},
-            "trainer_ranks": ranks, "trainer_res": {**accelerators(device, 1), "num_cpus": 1}, "replica_threads": 4,
-            "trainer_threads": 4}
-
-
-RAY_ACCELERATOR = {"cuda": "GPU", "npu": "NPU"}
-"""Ray's resource name per accelerator device: GPUs are `num_gpus`, Ascend NPUs the custom resource "NPU"
-(Ray detects them and sets `ASCEND_RT_VISIBLE_DEVICES` per actor)."""
-
-
-def accelerators(device: str, count: int) -> dict[str, Any]:
-    """The actor options that ask Ray for `count` accelerators of `device`."""
-    if device == "cuda":
-        return {"num_gpus": count}
-    return {"resources": {RAY_ACCELERATOR[device]: count}}
-
-
-def _threads(setting: int | str, automatic: int, cores: int) -> int:
-    """A pool's `cpu_threads` setting resolved: 0 → `automatic`, "all" → every core, else the number given."""
-    if setting == "all":
-        return cores
-    return int(setting) or automatic
+    trainer_ranks(cfg)
+    return actor_resources(cfg, hardware_device(cfg), os.cpu_count() or 2)
 
 
 def object_store_bytes(model_dir: Path) -> int:
@@ -139,12 +100,13 @@ def _init_ray(address: str | None, placement: dict[str, Any]) -> bool:
 
 
 def run(cfg: Any, *, provenance: dict | None = None, address: str | None = None, resume: str | None = None,
-        tui: bool = False, progress: bool = True, allow_same_name: bool = False,
-        command: list[str] | None = None) -> int:
+        tui: Callable[[Any, Callable[[], bool]], bool] | None = None, progress: bool = True,
+        allow_same_name: bool = False, command: list[str] | None = None) -> int:
     """Run the job described by `cfg` to the end. Returns the process exit code.
 
-    `command` is the launch as the user typed it (without `--resume`); the resume hint appends
-    `--resume <run dir>` to it."""
+    `tui`: the dashboard runner for `launch --tui`, `tui(metrics_source, work) -> work()`; the CLI passes it in
+    (its dashboard lives in the CLI package, which the engine does not import). `command` is the launch as the
+    user typed it (without `--resume`); the resume hint appends `--resume <run dir>` to it."""
     from engine.runtime.preflight import PreflightError
     from engine.runtime.resume import ResumeError
     from engine.runtime.run_registry import NameInUse, claim, release
@@ -187,7 +149,7 @@ def _sigterm_as_interrupt():
     return lambda: signal.signal(signal.SIGTERM, previous)
 
 
-def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tui: bool, progress: bool,
+def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tui: Any, progress: bool,
          ident: dict[str, Any]) -> int:
     from engine.runtime import run_registry as registry
     from engine.runtime.controller import run_namespace
@@ -212,8 +174,8 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
     registry.write_run_file(run_dir, entry, resumed_from=plan.ckpt["path"] if plan else None)
     cfg_dict = json.loads(cfg.model_dump_json())
     cfg_dict["logging"]["run_dir"] = str(run_dir)
-    (run_dir / "config.resolved.json").write_text(json.dumps(cfg_dict, indent=2))
-    (run_dir / "provenance.json").write_text(json.dumps(provenance, indent=2))
+    (run_dir / CONFIG_FILE).write_text(json.dumps(cfg_dict, indent=2))
+    (run_dir / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2))
     resumed: dict[str, Any] | None = None
     if plan is not None:
         message = resume_message(plan, rewind_run_dir(plan), cfg.async_training.partial_rollout)
@@ -243,7 +205,7 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
                 ident) -> int:
     import ray
 
-    from asyncrl_cli.config.derived import max_queue_size, total_train_steps
+    from engine.plan.sizes import max_queue_size, total_local_steps
     from engine.runtime.controller import create_run_controller, live_run_names
     from engine.runtime.queue import MessageQueue
     from engine.runtime.replica import RolloutReplica
@@ -255,7 +217,7 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
     if cfg.name in live_run_names(NAMESPACE) and not ident["allow_same_name"]:
         raise RunFailed(f"a run named {cfg.name!r} is already live on this cluster; choose another name with "
                         "--name NAME (or --set name=NAME), or pass --allow-same-name")
-    total_steps = total_train_steps(cfg) * cfg.async_training.trigger_parameter_sync_step
+    total_steps = total_local_steps(cfg)
     actors: list[Any] = []
     plan = resumed["plan"] if resumed else None
     controller = create_run_controller(cfg.name, run_id=entry.id, namespace=NAMESPACE, run_dir=str(run_dir),
@@ -295,10 +257,9 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
             return _supervise(trainer, rollouter, controller, console, hint)
 
         if tui:  # the dashboard owns the main thread (Textual needs it); the supervision loop runs beside it
-            from asyncrl_cli.tui import run_dashboard_with
             from engine.runtime.control_client import ActorSource
 
-            ok = run_dashboard_with(ActorSource(controller), supervise)
+            ok = tui(ActorSource(controller), supervise)
         else:
             ok = supervise()
         return 0 if ok else 1

@@ -18,7 +18,7 @@ from typing import Any
 from engine.runtime.control_errors import RunNotFoundError
 from engine.runtime.controller import STEP_KEY, TIME_KEY, VERSION_KEY
 from engine.runtime.knobs import KnobRequest, KnobState, initial_knobs, knob_view
-from engine.telemetry.sinks import CONFIG_FILE, EVENTS_FILE, METRICS_FILE
+from engine.telemetry.sinks import CONFIG_FILE, EVENTS_FILE, METRICS_FILE, PROVENANCE_FILE
 
 REPLAY_REASON = "replay is read-only: changes are disabled"
 _EVENT_FIELDS = ("kind", "message", "level", "time", "worker", "step", "version")
@@ -30,7 +30,7 @@ def load_resolved_config(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]
     """`(config, provenance)` from `config.resolved.json`.
 
     Accepted shapes: `{"config": {...}, "provenance": {...}}`, or the plain config (then provenance comes
-    from a `provenance` key inside it or from a sibling `provenance.json`, else it is empty).
+    from a `provenance` key inside it or from the sibling `config.provenance.json`, else it is empty).
     """
     path = run_dir / CONFIG_FILE
     if not path.is_file():
@@ -46,7 +46,7 @@ def load_resolved_config(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]
     config = dict(data)
     provenance = config.pop("provenance", None)
     if not isinstance(provenance, dict):
-        side = run_dir / "provenance.json"
+        side = run_dir / PROVENANCE_FILE
         try:
             provenance = json.loads(side.read_text(encoding="utf-8")) if side.is_file() else {}
         except (OSError, json.JSONDecodeError):

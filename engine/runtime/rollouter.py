@@ -43,7 +43,7 @@ class RolloutShell:
 
     def __init__(self, cfg: Any, model_dir: str, queue: Any, controller: Any, replicas: list[Any],
                  resume_state: dict | None = None, replica_spec: dict | None = None) -> None:
-        from asyncrl_cli.config.derived import total_rollout_steps
+        from engine.plan.sizes import total_rollout_steps
         from engine.data.prompts import load_prompts
         from engine.models.loader import load_tokenizer
         from engine.runtime.scoring import Scorer

@@ -43,7 +43,7 @@ class TrainerCore:
                  num_threads: int = 1) -> None:
         import torch
 
-        from asyncrl_cli.config.derived import required_samples, total_train_steps
+        from engine.plan.sizes import required_samples, total_train_steps
         from engine.algo.loss import build_loss_fn
         from engine.models.loader import load_tokenizer
 

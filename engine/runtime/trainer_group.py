@@ -37,15 +37,11 @@ from typing import Any
 
 import ray
 
+from engine.plan.sizes import trainer_world  # noqa: F401 — M, re-exported for trainer_actor
 from engine.runtime.backends import build_trainer_backend, compute_device, process_group_backend
 
 POLICY, REF = "policy", "ref"
 """Names of the two backends a rank may hold: the trained policy and the frozen reference (KL loss)."""
-
-
-def trainer_world(cfg: Any) -> int:
-    """M, the number of trainer ranks: `resources.trainer.nnodes × resources.trainer.gpus_per_node`."""
-    return int(cfg.resources.trainer.nnodes * cfg.resources.trainer.gpus_per_node)
 
 
 def rank_backends(cfg: Any, model_dir: str) -> dict[str, Any]:

@@ -19,6 +19,8 @@ from typing import IO, Any, Protocol, runtime_checkable
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.jsonl"
 CONFIG_FILE = "config.resolved.json"
+PROVENANCE_FILE = "config.provenance.json"
+"""Where each resolved value came from (file and line): written by `launch` and `launch --dry-run` alike."""
 
 
 @runtime_checkable

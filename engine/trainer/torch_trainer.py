@@ -58,6 +58,7 @@ from engine.trainer.batch import FILLER, is_filler, split_micro_batches, trim_pa
 from engine.trainer.logprobs import response_log_probs
 from engine.trainer.minibatch import combine_update_metrics, mini_batch_plan
 from engine.trainer.optim import OptimConfig, build_optimizer, set_lr, warmup_lr
+from engine.trainer.step_metrics import update_metrics
 
 EntropyMode = Literal["none", "metric", "grad"]
 MicroWeightFn = Callable[[TrainBatch], float]
@@ -321,12 +322,7 @@ class TorchTrainerBackend:
         self.optimizer.zero_grad(set_to_none=True)
         names = sorted(sums)
         reduced = dict(zip(names, self._sum_across_ranks([sums[n] for n in names])))
-        reduced.update({
-            "actor/grad_norm": grad_norm,
-            "actor/lr": lr,
-            "actor/skipped_step": float(skipped),
-            "actor/micro_batches": float(steps),
-        })
+        reduced.update(update_metrics(grad_norm, lr, skipped, steps))
         return reduced
 
     def _clip_gradients(self) -> float:

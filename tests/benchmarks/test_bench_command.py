@@ -40,3 +40,17 @@ def test_bench_runs_a_study_and_report_ignores_toy_results(tmp_path: Path) -> No
 def test_bench_unknown_study_is_a_usage_error() -> None:
     res = CliRunner().invoke(_app(), ["no-such-study"])
     assert res.exit_code == 2
+
+
+def test_bench_without_a_source_checkout_fails_in_one_line(monkeypatch, tmp_path: Path) -> None:
+    """An installed wheel has no benchmarks/ package: one clear line and exit 1, no traceback."""
+    import sys
+
+    monkeypatch.setattr(bench, "_REPO", tmp_path)  # no benchmarks/ beside the installed package
+    for name in [m for m in sys.modules if m == "benchmarks" or m.startswith("benchmarks.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "benchmarks", None)  # not importable from anywhere
+    res = CliRunner().invoke(_app(), ["list"])
+    assert res.exit_code == 1
+    assert "needs the benchmarks/ folder of a source checkout" in res.output
+    assert "Traceback" not in res.output

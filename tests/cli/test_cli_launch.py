@@ -55,3 +55,17 @@ def test_invalid_config_starts_nothing(cli) -> None:
     )
     assert r.exit_code == 3
     assert "gpus_per_node" in r.stderr
+
+
+def test_tui_hands_the_driver_the_dashboard_runner(cli, monkeypatch) -> None:
+    """The engine does not import the CLI: `launch --tui` passes the dashboard runner in, plain `launch` None."""
+    import engine.runtime.driver as driver
+    from asyncrl_cli.tui import run_dashboard_with
+
+    calls: list[dict] = []
+    monkeypatch.setattr(driver, "run", lambda cfg, **kw: calls.append(kw) or 0)
+    for extra in (["--tui"], []):
+        r = cli("launch", RUNS / "tiny-cpu.toml", *extra)
+        assert r.exit_code == 0, r.output
+    assert calls[0]["tui"] is run_dashboard_with and calls[1]["tui"] is None
+    assert calls[0]["provenance"]["keys"]  # the provenance travels with the config

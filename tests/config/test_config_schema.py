@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,9 @@ from pydantic import ValidationError
 from asyncrl_cli.config.jsonschema import dumps, hardware_schema, run_schema
 from asyncrl_cli.config.rc_options import parse_is_threshold, parse_rs_options, parse_rs_thresholds
 from asyncrl_cli.config.rc_presets import RC_PRESETS
-from asyncrl_cli.config.schema import RolloutCorrectionConfig, RunConfig, Section, runtime_knobs
+from asyncrl_cli.config.schema_paths import runtime_knobs
+from asyncrl_cli.config.schema import RolloutCorrectionConfig, RunConfig, Section
+from engine.runtime.knobs import KNOB_SPECS
 
 PRESETS = Path(__file__).resolve().parents[2] / "presets"
 BASE = {"model": {"path": "builtin:tiny-qwen"}, "data": {"train_files": ["builtin:copy"]}}
@@ -85,17 +88,33 @@ def test_every_rc_preset_validates() -> None:
         RolloutCorrectionConfig.model_validate({**keys, "preset": name})
 
 
-def test_runtime_knobs_are_marked_with_bounds() -> None:
+def test_runtime_knobs_are_the_knob_tables_fields_with_bounds() -> None:
     knobs = runtime_knobs()
-    assert {
-        "trainer.optim.lr",
-        "async_training.staleness_threshold",
-        "rollout.temperature",
-        "async_training.trigger_parameter_sync_step",
-    } <= set(knobs)
-    assert "model.path" not in knobs and "trainer.backend" not in knobs
+    assert set(knobs) == {".".join(s.config_path) for s in KNOB_SPECS.values() if s.config_path}
+    assert {"async_training.staleness_threshold", "async_training.trigger_parameter_sync_step"} <= set(knobs)
+    assert "trainer.optim.lr" not in knobs and "model.path" not in knobs  # no live learning-rate knob
     assert knobs["async_training.staleness_threshold"].ge == 0
-    assert knobs["trainer.optim.lr"].gt == 0
+    assert knobs["async_training.trigger_parameter_sync_step"].gt == 0
+
+
+def test_schema_marks_exactly_the_live_knobs_runtime_mutable() -> None:
+    """Editors read `x-runtime-mutable` from the published schema: it must name what `ctl set` accepts, no more."""
+
+    def marked(node: dict, path: tuple[str, ...] = ()) -> set[str]:
+        out = {".".join(path)} if node.get("x-runtime-mutable") else set()
+        for name, child in node.get("properties", {}).items():
+            out |= marked(child, (*path, name))
+        return out
+
+    schema = json.loads((PRESETS / "asyncrl.schema.json").read_text(encoding="utf-8"))
+    assert marked(schema) == set(runtime_knobs())
+    for spec in KNOB_SPECS.values():  # the knob table and the schema agree on default and range
+        if spec.config_path:
+            node = schema
+            for part in spec.config_path:
+                node = node["properties"][part]
+            assert node["default"] == spec.default, spec.name
+            assert spec.low >= node.get("minimum", node.get("exclusiveMinimum", spec.low)), spec.name
 
 
 def test_run_dir_default_and_name_pattern() -> None:
@@ -115,8 +134,8 @@ def test_json_schema_is_flat_and_layer_friendly() -> None:
     assert "$ref" not in text and '"required"' not in text
     s = run_schema()
     assert s["additionalProperties"] is False
-    lr = s["properties"]["trainer"]["properties"]["optim"]["properties"]["lr"]
-    assert lr["x-runtime-mutable"] is True and lr["description"]
+    staleness = s["properties"]["async_training"]["properties"]["staleness_threshold"]
+    assert staleness["x-runtime-mutable"] is True and staleness["description"]
 
 
 def test_presets_carry_a_schema_header() -> None:

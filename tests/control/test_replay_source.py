@@ -133,3 +133,12 @@ def test_replica_events_in_the_engines_shape_become_worker_rows(tmp_path: Path) 
     assert (
         workers["rollout (all)"]["tokens_per_s"] == 50.0 and workers["rollout (all)"]["weight_version"] == 1
     )
+
+
+def test_plain_config_takes_provenance_from_the_file_launch_writes(tmp_path: Path) -> None:
+    """A real run and a dry run both write `config.provenance.json` beside the resolved config; replay reads it."""
+    shutil.copy(FIXTURE / "metrics.jsonl", tmp_path / "metrics.jsonl")
+    (tmp_path / "config.resolved.json").write_text(json.dumps({"name": "plain"}))
+    prov = {"keys": {"name": {"where": "run.toml:1"}}}
+    (tmp_path / "config.provenance.json").write_text(json.dumps(prov))
+    assert ReplaySource(tmp_path).snapshot(0)["run"]["provenance"] == prov

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from textual.app import RenderResult
-from textual_plotext import PlotextPlot
-
 from asyncrl_cli.tui.model import DashboardModel
-from asyncrl_cli.tui.widgets.ticks import thin_ticks
+from asyncrl_cli.tui.widgets.ticked_plot import TickedPlot
 
 
 def bin_labels(edges: list[float]) -> list[str]:
@@ -14,7 +11,7 @@ def bin_labels(edges: list[float]) -> list[str]:
     return [f"{(lo + hi) / 2:.3g}" for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
 
 
-class HistogramChart(PlotextPlot):
+class HistogramChart(TickedPlot):
     """Bars of `key`'s histogram summed over the latest `window` records."""
 
     DEFAULT_CSS = """
@@ -26,7 +23,6 @@ class HistogramChart(PlotextPlot):
 
     def __init__(self, key: str, title: str, *, xlabel: str, window: int = 5, id: str | None = None) -> None:
         super().__init__(id=id)
-        self._ticks: tuple[list[float], list[str]] = ([], [])
         self.key = key
         self.window = window
         self.border_title = f"{title} (last {window} steps)"
@@ -54,10 +50,3 @@ class HistogramChart(PlotextPlot):
             self._ticks = (positions, bin_labels(edges))
             plt.title("")
         self.refresh()
-
-    def render(self) -> RenderResult:
-        """Set tick labels that fit the current width, then let plotext draw."""
-        positions, labels = self._ticks
-        if positions:
-            self.plt.xticks(*thin_ticks(positions, labels, max(1, self.size.width - 8)))
-        return super().render()

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from textual.app import RenderResult
-from textual_plotext import PlotextPlot
-
 from asyncrl_cli.tui.format import is_number
 from asyncrl_cli.tui.model import SYNC_PAUSE, SYNC_TRANSFER, DashboardModel
-from asyncrl_cli.tui.widgets.ticks import thin_ticks
+from asyncrl_cli.tui.widgets.ticked_plot import TickedPlot
 
 
-class SyncChart(PlotextPlot):
+class SyncChart(TickedPlot):
     """One stacked bar per synced step (the latest `max_bars`): pause (s) below, transfer (s) on top."""
 
     DEFAULT_CSS = """
@@ -22,7 +19,6 @@ class SyncChart(PlotextPlot):
 
     def __init__(self, *, max_bars: int = 12, id: str | None = None) -> None:
         super().__init__(id=id)
-        self._ticks: tuple[list[float], list[str]] = ([], [])
         self.border_title = "sync time (s): pause vs transfer"
         self.max_bars = max_bars
         self.bars = 0
@@ -57,10 +53,3 @@ class SyncChart(PlotextPlot):
         else:
             plt.title("no sync yet")
         self.refresh()
-
-    def render(self) -> RenderResult:
-        """Set tick labels that fit the current width, then let plotext draw."""
-        positions, labels = self._ticks
-        if positions:
-            self.plt.xticks(*thin_ticks(positions, labels, max(1, self.size.width - 8)))
-        return super().render()

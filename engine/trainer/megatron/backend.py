@@ -53,6 +53,7 @@ from engine.trainer.megatron.snapshot import ParamSnapshot, snapshot_targets
 from engine.trainer.megatron.vocab_parallel import vocab_parallel_log_probs
 from engine.trainer.minibatch import combine_update_metrics, mini_batch_plan
 from engine.trainer.optim import OptimConfig, warmup_lr
+from engine.trainer.step_metrics import update_metrics
 
 log = logging.getLogger(__name__)
 
@@ -344,12 +345,7 @@ class MegatronTrainerBackend:
         self.ddp.zero_grad_buffer()
         names = sorted(sums)
         out = dict(zip(names, self._sum_over_dp([sums[n] for n in names])))
-        out.update({
-            "actor/grad_norm": grad_norm,
-            "actor/lr": lr,
-            "actor/skipped_step": float(skipped),
-            "actor/micro_batches": float(steps),
-        })
+        out.update(update_metrics(grad_norm, lr, skipped, steps))
         return out
 
     # --- proximal policy snapshot ----------------------------------------------------------------------
