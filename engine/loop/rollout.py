@@ -204,8 +204,8 @@ class RolloutLoop:
             return []
         self.queue_size -= 1
         self._drop(evicted_uid, "queue_overflow")
-        return [Event("warning", "drop", f"queue full: evicted prompt {evicted_uid}", {"uid": evicted_uid,
-                                                                                   "reason": "queue_overflow"})]
+        return [Event("warning", "drop", f"queue full: evicted prompt {evicted_uid}",
+                      {"uid": evicted_uid, "uids": [evicted_uid], "reason": "queue_overflow"})]
 
     def begin_sync(self, version: int, step: int) -> list[Command]:
         """The trainer pushes `version`: stop dispatching training work and abort what runs."""
@@ -328,6 +328,7 @@ class RolloutLoop:
     def _on_train_results(self, results: list[GenResult], now: float) -> list[Command]:
         cmds: list[Command] = []
         finished: list[InFlight] = []
+        dropped: list[str] = []
         for r in results:
             uid, idx = r.request_id.rsplit("#", 1)
             st = self.in_flight.get(uid)
@@ -340,9 +341,7 @@ class RolloutLoop:
                     continue
                 if not self.p.partial_rollout and self.sync is not None:
                     self._drop(uid, "aborted_at_sync")
-                    cmds.append(Event("info", "drop", f"prompt {uid} aborted at the sync to v{self.sync.version} "
-                                      "and dropped (partial_rollout = false)", {"uid": uid,
-                                                                                "reason": "aborted_at_sync"}))
+                    dropped.append(uid)
                     continue
                 st.pending[i] = GenRequest(r.request_id, st.prompt.prompt_ids, images=st.prompt.images,
                                            prefix_ids=list(r.response_ids), prefix_log_probs=list(r.log_probs),
@@ -353,6 +352,9 @@ class RolloutLoop:
                                     r.min_version, r.max_version)
             if len(st.done) == self.p.n:
                 finished.append(st)
+        if dropped:
+            cmds.append(Event("info", "drop", f"{len(dropped)} prompt(s) aborted at the sync to v{self.sync.version} "
+                              "and dropped (partial_rollout = false)", {"uids": dropped, "reason": "aborted_at_sync"}))
         for st in finished:
             del self.in_flight[st.prompt.uid]
             cmds.append(Put(st.prompt, tuple(st.done[i] for i in range(self.p.n)), st.admitted_version,
