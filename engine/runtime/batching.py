@@ -152,6 +152,10 @@ class LogRatioObserver:
         self.first = []
         return log_probs, seen, fresh
 
+    def discard_first_pass(self) -> None:
+        """Forget the first-forward log-probs (decoupled mode compares π_prox instead)."""
+        self.first = []
+
 
 def mismatch_check(batch: Any, observer: LogRatioObserver, rc: Any, version: int,
                    weights_moved: bool) -> tuple[dict[str, Any], list[str]]:
@@ -164,14 +168,14 @@ def mismatch_check(batch: Any, observer: LogRatioObserver, rc: Any, version: int
     from engine.algo.mismatch import mismatch_report, same_weight_rows
 
     if len(batch) == 0:
-        observer.first_pass(0, 0)
+        observer.discard_first_pass()
         return {}, []
     bounds = {"kl_bound": rc.mismatch_kl_bound, "ppl_ratio_bound": rc.mismatch_ppl_ratio_bound,
               "chi2_bound": rc.mismatch_chi2_bound}
     mask = batch.response_mask
     rows_v = (batch.meta["min_versions"], batch.meta["max_versions"])
     if not rc.bypass_mode:
-        observer.first_pass(0, 0)
+        observer.discard_first_pass()
         if batch.old_log_probs is None:
             return {}, []
         same = same_weight_rows(*rows_v, version)

@@ -47,13 +47,16 @@ def _rollout_batch(sampler_model: torch.nn.Module, version: int = 0):
     return batch
 
 
-def _train_and_check(trainer_model, sampler_model, *, mini_batches=1, weights_moved=False, version=0):
+def _train_and_check(trainer_model, sampler_model, *, mini_batches=1, weights_moved=False, version=0, rc=RC):
     batch = _rollout_batch(sampler_model, version)
     trainer = TorchTrainerBackend(trainer_model, optim_cfg={"lr": 1e-2}, micro_batch_size=8, mini_batches=mini_batches)
-    observer = LogRatioObserver(build_loss_fn(TRAINER, RC))
+    if not rc.bypass_mode:
+        trainer.snapshot_params()
+        batch.old_log_probs = trainer.proximal_log_probs(batch)
+    observer = LogRatioObserver(build_loss_fn(TRAINER, rc))
     trainer.train_step(batch, observer)
     observer.take()
-    return mismatch_check(batch, observer, RC, version=0, weights_moved=weights_moved)
+    return mismatch_check(batch, observer, rc, version=0, weights_moved=weights_moved)
 
 
 def test_fp32_rollout_and_fp32_trainer_raise_no_alarm_even_with_several_updates() -> None:
@@ -81,6 +84,15 @@ def test_bf16_rollout_against_an_fp32_trainer_raises_the_alarm() -> None:
     metrics, alarms = _train_and_check(copy.deepcopy(model), copy.deepcopy(model).to(torch.bfloat16))
     assert metrics["asyncrl/mismatch/rows"] == 24
     assert alarms and all("train-inference mismatch" in a for a in alarms)
+
+
+def test_decoupled_mode_compares_the_proximal_snapshot_whatever_the_updates() -> None:
+    decoupled = SimpleNamespace(**{**vars(RC), "bypass_mode": False})
+    model = _peaked_model()
+    metrics, alarms = _train_and_check(copy.deepcopy(model), model, mini_batches=2, weights_moved=True, rc=decoupled)
+    assert alarms == [] and metrics["asyncrl/mismatch/rows"] == 24 and abs(metrics["asyncrl/mismatch/kl"]) < 1e-4
+    metrics, alarms = _train_and_check(copy.deepcopy(model), copy.deepcopy(model).to(torch.bfloat16), rc=decoupled)
+    assert alarms and metrics["asyncrl/mismatch/rows"] == 24
 
 
 def test_rows_generated_at_older_weights_count_as_drift_in_decoupled_mode() -> None:
