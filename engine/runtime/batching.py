@@ -12,6 +12,8 @@ from engine.types import TrajectoryGroup
 
 ROW_INDEX = "row_index"
 """`meta` key: each row's position in the local step's batch (a list, so every row selection carries it)."""
+AT_VERSION = "at_version"
+"""`meta` key: per row, whether all its tokens were generated at the trainer's current version."""
 
 
 @dataclass
@@ -80,19 +82,24 @@ def prepare_batch(groups: list[TrajectoryGroup], cfg: Any, pad_token_id: int, tr
         batch = batch.select(keep)
         num_tokens = int(batch.attention_mask.sum().item())
     batch.meta[ROW_INDEX] = list(range(len(batch)))  # survives sharding and mini/micro-batching
+    batch.meta[AT_VERSION] = [bool(lo == hi == trainer_version) for lo, hi in
+                              zip(batch.meta["min_versions"].tolist(), batch.meta["max_versions"].tolist())]
     return PreparedBatch(batch, metrics, [g.prompt.uid for g in groups], num_tokens)
 
 
 class LogRatioObserver:
     """Wraps a LossFn and watches each row's *first* forward of a local step (PPO epoch 0, stand-in rows
-    skipped): it keeps log(π_θ/π_rollout) of the valid tokens (bypass mode's importance-ratio histogram,
-    without an extra forward pass) and each row's log-probs with whether the weights had not yet moved in this
-    local step (`meta["fresh"]`), for the mismatch check (`first_pass`)."""
+    skipped). It keeps log(π_θ/π_rollout) of the valid tokens (bypass mode's importance-ratio histogram,
+    without an extra forward pass) and, for the mismatch check, the log-probs of the *candidate* rows — first
+    forwards before any optimizer step of the step (`meta["fresh"]`) of rows generated entirely at the
+    trainer's version (`meta["at_version"]`) — while every other row only adds to the drift sums
+    Σ (log π_rollout − log π_θ), its tokens and rows. So little more than the candidates travels between ranks."""
 
     def __init__(self, loss_fn: Any) -> None:
         self.loss_fn = loss_fn
         self.values: list[torch.Tensor] = []
-        self.first: list[tuple[list[int], torch.Tensor, bool]] = []
+        self.first: list[tuple[int, torch.Tensor]] = []
+        self.drift = [0.0, 0.0, 0]  # Σ (rollout − θ) over valid tokens, tokens, rows
         self._rows_seen: set[int] = set()
 
     @property
@@ -109,17 +116,30 @@ class LogRatioObserver:
             self._rows_seen.update(rows)
         if first:
             with torch.no_grad():
-                delta = log_probs.detach() - batch.rollout_log_probs
-                self.values.append(delta[batch.response_mask.bool()].flatten().cpu())
-                if rows is not None:
-                    self.first.append((list(rows), log_probs.detach().float().cpu(),
-                                       bool(batch.meta.get("fresh", True))))
+                self._observe(log_probs.detach().float(), batch, rows)
         return self.loss_fn(log_probs, entropy, batch)
+
+    def _observe(self, lp: torch.Tensor, batch: Any, rows: list[int] | None) -> None:
+        mask = batch.response_mask.to(lp.dtype)
+        delta = lp - batch.rollout_log_probs.to(lp.dtype)
+        self.values.append(delta[mask.bool()].flatten().cpu())
+        if rows is None:
+            return
+        fresh = bool(batch.meta.get("fresh", True))
+        at = batch.meta.get(AT_VERSION) or [False] * len(rows)
+        for i, row in enumerate(rows):
+            tokens = float(mask[i].sum())
+            if fresh and at[i]:
+                self.first.append((row, lp[i].cpu()))
+            elif tokens > 0:
+                self.drift[0] += float((-delta[i] * mask[i]).sum())
+                self.drift[1] += tokens
+                self.drift[2] += 1
 
     def drain(self) -> dict[str, Any]:
         """What this observer saw since the last drain (for another rank's observer to `extend` with)."""
-        out = {"values": self.take(), "first": self.first}
-        self.first = []
+        out = {"values": self.take(), "first": self.first, "drift": self.drift}
+        self.first, self.drift = [], [0.0, 0.0, 0]
         return out
 
     def extend(self, seen: list[Any]) -> None:
@@ -128,6 +148,7 @@ class LogRatioObserver:
         for item in seen:
             if isinstance(item, dict):
                 self.first.extend(item["first"])
+                self.drift = [a + b for a, b in zip(self.drift, item["drift"])]
                 item = item["values"]
             if item.numel():
                 self.values.append(item)
@@ -138,49 +159,55 @@ class LogRatioObserver:
         self._rows_seen = set()
         return out
 
-    def first_pass(self, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The first-forward log-probs [rows, width] of the rows seen since the last call, whether each row
-        was seen [rows] and whether its first forward came before any optimizer step of the step [rows]."""
-        log_probs = torch.zeros(rows, width)
-        seen = torch.zeros(rows, dtype=torch.bool)
-        fresh = torch.zeros(rows, dtype=torch.bool)
-        for idx, lp, is_fresh in self.first:
-            w = min(width, lp.shape[1])
-            log_probs[idx, :w] = lp[:, :w]
-            seen[idx] = True
-            fresh[idx] = is_fresh
-        self.first = []
-        return log_probs, seen, fresh
+    def first_pass(self, width: int) -> tuple[list[int], torch.Tensor, list[float]]:
+        """The candidate rows seen since the last call, their first-forward log-probs [k, width] and the drift
+        sums (Σ rollout − θ, tokens, rows) of the other rows; then forgets them."""
+        idx = [row for row, _ in self.first]
+        log_probs = torch.zeros(len(idx), width)
+        for k, (_, lp) in enumerate(self.first):
+            w = min(width, lp.shape[0])
+            log_probs[k, :w] = lp[:w]
+        drift = self.drift
+        self.first, self.drift = [], [0.0, 0.0, 0]
+        return idx, log_probs, drift
 
 
 def mismatch_check(batch: Any, observer: LogRatioObserver, rc: Any, version: int,
                    weights_moved: bool) -> tuple[dict[str, Any], list[str]]:
     """The step's `asyncrl/mismatch/*` metrics and alarm messages (`engine.algo.mismatch`).
 
-    Decoupled mode compares π_prox (`batch.old_log_probs`, the snapshot of version `version`) with π_rollout;
-    bypass mode the first-forward log-probs the observer kept, which are at version `version`'s weights only
-    when no optimizer step happened since the sync (`weights_moved` False) and before this step's first
-    update (`fresh`). The numeric rows are those also generated entirely at `version`."""
-    from engine.algo.mismatch import mismatch_report, same_weight_rows
+    Decoupled mode compares π_prox (`batch.old_log_probs`, the snapshot of version `version`) with π_rollout
+    on the rows generated entirely at `version`. Bypass mode compares the first-forward log-probs of the
+    observer's candidate rows (generated at `version`, forwarded before the step's first update), which are
+    at version `version`'s weights only when no optimizer step happened since the sync (`weights_moved`
+    False); otherwise they are drift too."""
+    from engine.algo.mismatch import PREFIX, mismatch_report, same_weight_rows
 
-    if len(batch) == 0:
-        observer.first_pass(0, 0)
-        return {}, []
+    drift_keys = (f"{PREFIX}drift_kl", f"{PREFIX}drift_rows")
     bounds = {"kl_bound": rc.mismatch_kl_bound, "ppl_ratio_bound": rc.mismatch_ppl_ratio_bound,
               "chi2_bound": rc.mismatch_chi2_bound}
-    mask = batch.response_mask
-    rows_v = (batch.meta["min_versions"], batch.meta["max_versions"])
-    if not rc.bypass_mode:
-        observer.first_pass(0, 0)
-        if batch.old_log_probs is None:
+    if len(batch) == 0 or not rc.bypass_mode:
+        observer.first_pass(0)
+        if len(batch) == 0 or batch.old_log_probs is None:
             return {}, []
-        same = same_weight_rows(*rows_v, version)
-        return mismatch_report(batch.old_log_probs, batch.rollout_log_probs, mask, same, **bounds)
-    train, seen, fresh = observer.first_pass(len(batch), mask.shape[1])
-    if not seen.any():
-        return {}, []
-    same = same_weight_rows(*rows_v, version, fresh & ~torch.tensor(weights_moved))
-    return mismatch_report(train, batch.rollout_log_probs, mask * seen[:, None], same, **bounds)
+        same = same_weight_rows(batch.meta["min_versions"], batch.meta["max_versions"], version)
+        return mismatch_report(batch.old_log_probs, batch.rollout_log_probs, batch.response_mask, same, **bounds)
+    idx, train, drift = observer.first_pass(batch.response_mask.shape[1])
+    rows = torch.tensor(idx, dtype=torch.long)
+    rollout, mask = batch.rollout_log_probs[rows].float(), batch.response_mask[rows].float()
+    out: dict[str, Any] = {f"{PREFIX}rows": 0}
+    alarms: list[str] = []
+    if weights_moved:  # the trainer moved since the sync: the candidates drifted too
+        drift[0] += float(((rollout - train) * mask).sum())
+        drift[1] += float(mask.sum())
+        drift[2] += int((mask.sum(-1) > 0).sum())
+    elif idx:
+        report, alarms = mismatch_report(train, rollout, mask, torch.ones(len(idx), dtype=torch.bool), **bounds)
+        out.update({k: v for k, v in report.items() if k not in drift_keys})
+    out[f"{PREFIX}drift_rows"] = int(drift[2])
+    if drift[1] > 0:
+        out[f"{PREFIX}drift_kl"] = drift[0] / drift[1]
+    return out, alarms
 
 
 def is_ratio_metrics(log_ratio: torch.Tensor) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from engine.loop.rollout import RolloutLoop, RolloutParams
 from engine.loop.stream import PromptStream
 from engine.rollout.base import SamplingParams
 from engine.runtime.replica_pool import ReplicaPool, describe_failure
-from engine.runtime.scoring import filtered_message, reward_errors_message, validation_record
+from engine.runtime.scoring import filtered_message, reward_errors_message
 from engine.types import GenResult, Prompt, TrajectoryGroup
 
 DRAIN_TIMEOUT_S = 60.0
@@ -192,13 +192,11 @@ class RolloutShell:
                 pass
 
     def _record_validation(self, done: ValidationDone) -> None:
+        from engine.runtime.scoring import validation_record
+
         by_uid = {p.uid: p for p in self.loop.val_prompts}
-        per_source: dict[str, list] = {}
-        for r in done.results:
-            p = by_uid[r.request_id.rsplit("#", 1)[0]]
-            per_source.setdefault(p.data_source or "val", []).append(
-                self.scorer.validation_scores(p, r.response_ids, r.finish_reason))
-        rec, summary = validation_record(per_source, self.loop.step, done.version)
+        scored = [(by_uid[r.request_id.rsplit("#", 1)[0]], r) for r in done.results]
+        rec, summary = validation_record(self.scorer, scored, version=done.version, step=self.loop.step)
         self.controller.record_metrics.remote(rec)
         self._event("info", "validation", f"validation at version {done.version}: {summary}")
 

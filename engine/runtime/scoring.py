@@ -10,33 +10,6 @@ from typing import Any
 
 from engine.types import Prompt, Trajectory
 
-ValScore = tuple[float, float | None]
-"""One validation response's (reward, acc) — acc None when the reward function reports none."""
-
-
-def validation_record(per_source: dict[str, list[ValScore]], step: int, version: int) -> tuple[dict[str, Any], str]:
-    """The validation metrics record, named as verl names them, and a one-line summary.
-
-    Per data source, over its responses (one greedy sample each, hence `@1`): when the reward reports `acc`,
-    `val-core/<source>/acc/mean@1` is its mean and the reward's mean goes beside it as
-    `val-aux/<source>/reward/mean@1`; without `acc`, `val-core/<source>/reward/mean@1` is the reward's mean.
-    The record carries `training/global_step` and the validated version."""
-    rec: dict[str, Any] = {"training/global_step": step, "fully_async/count/current_param_version": version}
-    parts = []
-    for src, scores in per_source.items():
-        rewards = [r for r, _ in scores]
-        accs = [a for _, a in scores if a is not None]
-        reward = sum(rewards) / len(rewards)
-        if len(accs) == len(scores):
-            acc = sum(accs) / len(accs)
-            rec[f"val-core/{src}/acc/mean@1"] = acc
-            rec[f"val-aux/{src}/reward/mean@1"] = reward
-            parts.append(f"{src} acc={acc:.3f}" + (f" (reward {reward:.3f})" if reward != acc else ""))
-        else:
-            rec[f"val-core/{src}/reward/mean@1"] = reward
-            parts.append(f"{src} reward={reward:.3f}")
-    return rec, ", ".join(parts)
-
 
 class Scorer:
     """Decodes responses and applies the reward chosen by `data.reward` (or by data_source when "auto")."""
@@ -71,13 +44,40 @@ class Scorer:
         for t in trajectories:
             t.reward, t.reward_info = self._score(prompt, t.response_ids, t.finish_reason == "stop")
 
-    def validation_scores(self, prompt: Prompt, response_ids: list[int], finish_reason: str) -> ValScore:
-        """(reward, acc or None) of one validation response (`validation_record` names them)."""
-        score, info = self._score(prompt, response_ids, finish_reason == "stop")
-        return score, info.get("acc")
-
     def counters(self) -> dict[str, float]:
         return {"asyncrl/reward/errors": self.errors}
+
+
+def validation_record(scorer: Scorer, scored: list[tuple[Prompt, Any]], *, version: int,
+                      step: int) -> tuple[dict[str, Any], str]:
+    """The metrics record of one validation and its one-line summary, named as verl names them.
+
+    Per data source, over one greedy answer per prompt (`@1`): when the reward reports `acc`,
+    `val-core/<source>/acc/mean@1` is its mean and, when the shaped reward differs from it,
+    `val-aux/<source>/reward/mean@1` goes beside it (verl files every variable but the core one under
+    `val-aux`); a reward without `acc` gives `val-core/<source>/reward/mean@1`."""
+    acc: dict[str, list[float | None]] = {}
+    reward: dict[str, list[float]] = {}
+    for prompt, r in scored:
+        score, info = scorer._score(prompt, r.response_ids, r.finish_reason == "stop")
+        src = prompt.data_source or "val"
+        acc.setdefault(src, []).append(float(info["acc"]) if "acc" in info else None)
+        reward.setdefault(src, []).append(float(score))
+    rec: dict[str, Any] = {"training/global_step": step, "fully_async/count/current_param_version": version}
+    parts = []
+    for src, accs in acc.items():
+        rewards = reward[src]
+        mean_reward = sum(rewards) / len(rewards)
+        if all(a is not None for a in accs):
+            mean_acc = sum(a for a in accs if a is not None) / len(accs)
+            rec[f"val-core/{src}/acc/mean@1"] = mean_acc
+            if rewards != accs:
+                rec[f"val-aux/{src}/reward/mean@1"] = mean_reward
+            parts.append(f"{src}={mean_acc:.3f}")
+        else:
+            rec[f"val-core/{src}/reward/mean@1"] = mean_reward
+            parts.append(f"{src} reward={mean_reward:.3f}")
+    return rec, ", ".join(parts)
 
 
 REWARD_ERROR_REPORTS = (1, 10, 100, 1000, 10000)

@@ -329,7 +329,8 @@ class TrainerCore:
         from engine.runtime.batching import mismatch_check
 
         # since_sync already counts this step: the weights moved since the sync when an earlier step trained
-        out, msgs = mismatch_check(batch, self.loss_fn, self.rc, self.version, weights_moved=self.since_sync > 1)
+        out, msgs = mismatch_check(batch, self.loss_fn, self.rc, self.version,
+                                   weights_moved=self.loop.since_sync > 1)
         for m in msgs:
             self.controller.record_event.remote(self._ev("warning", "warning", m, alarm="mismatch"))
         return {**out, "asyncrl/mismatch_alarm": float(bool(msgs))}

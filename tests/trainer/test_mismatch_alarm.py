@@ -13,7 +13,7 @@ from engine.algo.loss import build_loss_fn
 from engine.algo.mismatch import mismatch_report, same_weight_rows
 from engine.rollout.base import SamplingParams
 from engine.rollout.hf import HFRolloutBackend
-from engine.runtime.batching import ROW_INDEX, LogRatioObserver, mismatch_check
+from engine.runtime.batching import AT_VERSION, ROW_INDEX, LogRatioObserver, mismatch_check
 from engine.trainer.batch import collate
 from engine.trainer.torch_trainer import TorchTrainerBackend
 from engine.types import GenRequest, Trajectory
@@ -44,16 +44,20 @@ def _rollout_batch(sampler_model: torch.nn.Module, version: int = 0):
     batch.advantages = (batch.meta["rewards"][:, None] - 0.5) * batch.response_mask
     batch.old_log_probs = batch.rollout_log_probs
     batch.meta[ROW_INDEX] = list(range(len(batch)))
+    batch.meta[AT_VERSION] = [version == 0] * len(batch)  # the trainer is at version 0
     return batch
 
 
-def _train_and_check(trainer_model, sampler_model, *, mini_batches=1, weights_moved=False, version=0):
+def _train_and_check(trainer_model, sampler_model, *, mini_batches=1, weights_moved=False, version=0, rc=RC):
     batch = _rollout_batch(sampler_model, version)
     trainer = TorchTrainerBackend(trainer_model, optim_cfg={"lr": 1e-2}, micro_batch_size=8, mini_batches=mini_batches)
-    observer = LogRatioObserver(build_loss_fn(TRAINER, RC))
+    if not rc.bypass_mode:
+        trainer.snapshot_params()
+        batch.old_log_probs = trainer.proximal_log_probs(batch)
+    observer = LogRatioObserver(build_loss_fn(TRAINER, rc))
     trainer.train_step(batch, observer)
     observer.take()
-    return mismatch_check(batch, observer, RC, version=0, weights_moved=weights_moved)
+    return mismatch_check(batch, observer, rc, version=0, weights_moved=weights_moved)
 
 
 def test_fp32_rollout_and_fp32_trainer_raise_no_alarm_even_with_several_updates() -> None:
@@ -83,6 +87,15 @@ def test_bf16_rollout_against_an_fp32_trainer_raises_the_alarm() -> None:
     assert alarms and all("train-inference mismatch" in a for a in alarms)
 
 
+def test_decoupled_mode_compares_the_proximal_snapshot_whatever_the_updates() -> None:
+    decoupled = SimpleNamespace(**{**vars(RC), "bypass_mode": False})
+    model = _peaked_model()
+    metrics, alarms = _train_and_check(copy.deepcopy(model), model, mini_batches=2, weights_moved=True, rc=decoupled)
+    assert alarms == [] and metrics["asyncrl/mismatch/rows"] == 24 and abs(metrics["asyncrl/mismatch/kl"]) < 1e-4
+    metrics, alarms = _train_and_check(copy.deepcopy(model), copy.deepcopy(model).to(torch.bfloat16), rc=decoupled)
+    assert alarms and metrics["asyncrl/mismatch/rows"] == 24
+
+
 def test_rows_generated_at_older_weights_count_as_drift_in_decoupled_mode() -> None:
     train = torch.zeros(4, 3)
     rollout = torch.tensor([[0.0] * 3, [0.0] * 3, [-0.5] * 3, [-0.5] * 3])
@@ -95,3 +108,22 @@ def test_rows_generated_at_older_weights_count_as_drift_in_decoupled_mode() -> N
     assert metrics["asyncrl/mismatch/kl"] == pytest.approx(-0.5 / 3) and alarms  # row 3: at the snapshot
     metrics, alarms = mismatch_report(train, rollout, mask, torch.tensor([True, True, False, False]), **BOUNDS)
     assert metrics["asyncrl/mismatch/kl"] == 0.0 and alarms == []
+
+
+def test_rows_from_other_versions_are_drift_in_bypass_mode_even_at_equal_weights() -> None:
+    model = _peaked_model()
+    metrics, alarms = _train_and_check(copy.deepcopy(model), copy.deepcopy(model).to(torch.bfloat16), version=1)
+    assert alarms == [] and metrics["asyncrl/mismatch/rows"] == 0 and metrics["asyncrl/mismatch/drift_rows"] == 24
+
+
+def test_what_other_ranks_saw_is_merged() -> None:
+    model = _peaked_model()
+    batch = _rollout_batch(copy.deepcopy(model).to(torch.bfloat16))
+    halves = [batch.select(slice(0, 12)), batch.select(slice(12, 24))]
+    observers = [LogRatioObserver(build_loss_fn(TRAINER, RC)) for _ in halves]
+    for half, obs in zip(halves, observers):
+        TorchTrainerBackend(copy.deepcopy(model), optim_cfg={"lr": 1e-2}, micro_batch_size=8).train_step(half, obs)
+    observers[0].extend([observers[1].drain()])
+    observers[0].take()
+    metrics, alarms = mismatch_check(batch, observers[0], RC, version=0, weights_moved=False)
+    assert metrics["asyncrl/mismatch/rows"] == 24 and alarms
