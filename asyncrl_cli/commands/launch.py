@@ -13,6 +13,7 @@ from asyncrl_cli.commands._common import JsonOpt, SetOpt, analyze
 from asyncrl_cli.errors import AsyncrlError, handle_errors
 from asyncrl_cli.output import emit_json, stderr_console, stdout_console
 from asyncrl_cli.report import render_derived, render_headline, render_placement, render_problems
+from asyncrl_cli.val_curve import show_validation_curve
 
 if TYPE_CHECKING:
     from asyncrl_cli.config.loader import Analysis
@@ -104,4 +105,5 @@ def command(
             "install asyncrl with its engine dependencies (torch, ray), or use --dry-run",
         ) from None
     rc = run(an.config, provenance=an.provenance.to_json(), address=address, resume=resume, tui=tui)
+    show_validation_curve(int(rc or 0), an.config.logging.run_dir)
     raise typer.Exit(int(rc or 0))
