@@ -6,8 +6,12 @@ decode step (quadratic in the response length). Here each layer owns buffers of 
 [..., :length, :]. Capacity is sized by the caller (context + budget) and doubles if ever exceeded.
 Dropping finished rows (`select_rows`) gathers only the live part of each buffer.
 
+Continuous batching joins a running batch and newly prefilled rows with `merge_rows`: every row's real
+columns are right-aligned at the new width (its mask is left-padded to match) and the left padding is
+zero-filled, so masked positions hold finite values whatever the attention implementation.
+
 Only full-attention layers are supported; `make_cache` falls back to transformers' `DynamicCache` for
-models with sliding-window or other layer types.
+models with sliding-window or other layer types (`supports_merge` is False: such a batch is not joined).
 """
 
 from __future__ import annotations
@@ -64,6 +68,14 @@ class PreallocatedLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.length if self.is_initialized else 0
 
+    @classmethod
+    def from_buffers(cls, key_buf: torch.Tensor, value_buf: torch.Tensor, length: int) -> PreallocatedLayer:
+        layer = cls(key_buf.shape[2])
+        layer._key_buf, layer._value_buf = key_buf, value_buf
+        layer.length, layer.device, layer.is_initialized = int(length), key_buf.device, True
+        layer._refresh_views()
+        return layer
+
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if not self.is_initialized:
             return
@@ -108,6 +120,39 @@ class GrowableKVCache(DynamicCache):
         """Keep (or repeat) cache rows `indices`, in that order."""
         for layer in self.layers:
             layer.batch_select_indices(indices)
+
+
+def merge_rows(parts: list[tuple[GrowableKVCache, torch.Tensor | None]], width: int, capacity: int) -> GrowableKVCache:
+    """One cache holding, in order, rows `keep` (None = all) of each part, each part's last
+    min(width, its length) columns right-aligned at column `width` (zeros to their left), with room for
+    `capacity` ≥ `width` columns. Every part must have the same layers; `width` must cover each kept row's
+    real tokens (the caller's masks say where they are)."""
+    n_layers = len(parts[0][0].layers)
+    merged = GrowableKVCache(capacity)
+    for li in range(n_layers):
+        layers = [(cache.layers[li], keep) for cache, keep in parts]
+        rows = sum(layer._key_buf.shape[0] if keep is None else int(keep.numel()) for layer, keep in layers)
+        first = layers[0][0]
+        bufs = []
+        for attr in ("_key_buf", "_value_buf"):
+            ref = getattr(first, attr)
+            out = ref.new_zeros((rows, ref.shape[1], max(capacity, width), ref.shape[-1]))
+            at = 0
+            for layer, keep in layers:
+                src = getattr(layer, attr)
+                cols = min(width, layer.length)
+                block = src[:, :, layer.length - cols : layer.length] if keep is None \
+                    else src[keep, :, layer.length - cols : layer.length]
+                out[at : at + block.shape[0], :, width - cols : width] = block
+                at += block.shape[0]
+            bufs.append(out)
+        merged.layers.append(PreallocatedLayer.from_buffers(bufs[0], bufs[1], width))
+    return merged
+
+
+def supports_merge(cache: DynamicCache) -> bool:
+    """True for the preallocated cache (rows can join a running batch), False for the fallback."""
+    return isinstance(cache, GrowableKVCache)
 
 
 class FallbackCache(DynamicCache):

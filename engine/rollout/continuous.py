@@ -1,0 +1,302 @@
+"""Continuous batching for the `hf` sampler: one running batch that requests join and leave at every decode
+step, fed by any number of concurrent `generate` calls.
+
+One worker thread owns the batch (started on demand, gone when idle). Each iteration — a token boundary —
+does, in order:
+
+1. **abort check**: each call's `should_abort` is polled once (twice in the iteration a call is first
+   admitted: before its prefill and before its first token, as a one-batch decode would). A call whose
+   poll is True ends at once: running rows keep their tokens (`finish_reason="abort"`), rows not yet admitted
+   come back empty.
+2. **admission** while rows are free (`max_rows`): pending rows in arrival order, the rows of a call sorted
+   so that identical contexts (the `n` samples of a prompt) sit together. Distinct contexts are prefilled
+   once (left-padded, RoPE positions p = cumsum(mask) − 1) and their cache rows repeated; the new rows are
+   merged with the running ones (`kv_cache.merge_rows`: every row right-aligned, masks left-padded).
+3. **sampling**: one token per live row from its pending logits, under its own call's `SamplingParams`
+   and seeded generator, so a call's draws do not depend on which other calls share the batch.
+4. **retirement**: rows that sampled EOS ("stop") or spent their budget ("length") leave the batch and the
+   cache; a call returns when its last row is done.
+5. **decode step** for the rows left: one forward of the sampled tokens at positions L_i + t (+ δ_i, the
+   multimodal RoPE offset), giving the next pending logits.
+
+A row's log-probs are those of its own context whatever padding or neighbours the batch gives it (the
+attention mask hides padding; rows never attend to each other), so abort/resume at any boundary and the
+trainer's recomputation agree as before. Models whose cache cannot be merged (sliding-window layers:
+`kv_cache.supports_merge`) admit new rows only into an empty batch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.rollout.base import SamplingParams
+from engine.rollout.decode import DecodeCounters, ForwardAdapter, RowOutput, RowSpec, left_pad
+from engine.rollout.kv_cache import make_cache, merge_rows, supports_merge
+from engine.rollout.sampling import select_tokens
+
+
+@dataclass
+class BatchCall:
+    """One `generate` call's rows (already validated; each has budget > 0)."""
+
+    rows: list[RowSpec]
+    sampling: SamplingParams
+    should_abort: Callable[[], bool]
+    generator: torch.Generator
+    outputs: list[RowOutput] = field(default_factory=list)
+    start_versions: list[int | None] = field(default_factory=list)
+    remaining: int = 0
+    polled: bool = False
+    aborted: bool = False
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.outputs = [RowOutput() for _ in self.rows]
+        self.start_versions = [None] * len(self.rows)
+        self.remaining = len(self.rows)
+
+
+@dataclass
+class _Live:
+    call: BatchCall
+    index: int
+
+    @property
+    def out(self) -> RowOutput:
+        return self.call.outputs[self.index]
+
+
+class ContinuousBatcher:
+    """The running batch of one `HFRolloutBackend` (see the module docstring)."""
+
+    def __init__(self, forward: ForwardAdapter, *, eos_ids: torch.Tensor, pad_id: int, device: torch.device,
+                 max_rows: int, counters: DecodeCounters, model_lock: threading.RLock,
+                 version: Callable[[], int]) -> None:
+        self.forward, self.pad_id, self.device, self.max_rows = forward, pad_id, device, max_rows
+        self.eos = set(int(e) for e in eos_ids.tolist())
+        self.counters, self.model_lock, self.version = counters, model_lock, version
+        self._cond = threading.Condition()
+        self._pending: list[tuple[BatchCall, int]] = []
+        self._calls: list[BatchCall] = []
+        self._worker: threading.Thread | None = None
+        self._completed: list[BatchCall] = []  # signalled once the iteration left the batch consistent
+        self.busy_seconds = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.live: list[_Live] = []
+        self.cache: Any = None
+        self.mask = self.logits = self.next_pos = self.offsets = self.tokens = None
+
+    # --- the callers' side ------------------------------------------------------------------------------
+    def run(self, call: BatchCall) -> None:
+        """Add `call`'s rows to the batch and block until every one of them is finished or aborted."""
+        if not call.rows:
+            return
+        order = sorted(range(len(call.rows)), key=lambda i: (len(call.rows[i].context), call.rows[i].context,
+                                                             call.rows[i].images))
+        with self._cond:
+            self._calls.append(call)
+            self._pending.extend((call, i) for i in order)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._loop, name="hf-continuous-batch", daemon=True)
+                self._worker.start()
+            self._cond.notify_all()
+        call.done.wait()
+        if call.error is not None:
+            raise call.error
+
+    def free_rows(self) -> int:
+        """Rows a new request could take now: max_rows − running − waiting (≥ 0)."""
+        with self._cond:
+            return max(0, self.max_rows - len(self.live) - len(self._pending))
+
+    # --- the worker -------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                if not self._pending and not self.live:
+                    self._worker = None
+                    return
+            start = time.perf_counter()
+            try:
+                with self.model_lock, torch.inference_mode():
+                    self._iteration()
+            except BaseException as e:  # noqa: BLE001 - handed to every waiting caller
+                self._fail_all(e)
+            finally:
+                self.busy_seconds += time.perf_counter() - start
+                completed, self._completed = self._completed, []
+                for call in completed:
+                    call.done.set()
+
+    def _iteration(self) -> None:
+        with self._cond:
+            calls = list(self._calls)
+        for call in calls:  # a new call's first poll: before its prefill
+            if not call.polled:
+                call.polled = True
+                if call.should_abort():
+                    self._abort_call(call)
+        self._admit()
+        for call in calls:  # every call, once per boundary: before its rows' next token
+            if not call.aborted and call.remaining > 0 and call.should_abort():
+                self._abort_call(call)
+        if not self.live:
+            return
+        self._sample_and_retire()
+        if self.live:
+            self._decode_step()
+
+    def _admit(self) -> int:
+        with self._cond:
+            if self.live and not supports_merge(self.cache):
+                return 0
+            free = self.max_rows - len(self.live)
+            take = [(c, i) for c, i in self._pending[:free] if not c.aborted]
+            self._pending = self._pending[free:]
+        if not take:
+            return 0
+        rows = [call.rows[i] for call, i in take]
+        unique: dict[tuple[tuple[int, ...], tuple[str, ...]], int] = {}
+        source = [unique.setdefault((tuple(r.context), tuple(r.images)), len(unique)) for r in rows]
+        contexts = [c for c, _ in unique]
+        ids, mask = left_pad(contexts, self.pad_id, self.device)
+        budget = max(r.budget for r in rows)
+        cache = make_cache(getattr(self.forward.model, "config", None), ids.shape[1] + (0 if self.live else budget))
+        logits, offsets = self.forward.prefill(ids, mask, cache, [imgs for _, imgs in unique])
+        self.counters.prefill_tokens += int(mask.sum())
+        expand = torch.tensor(source, dtype=torch.long, device=self.device)
+        if len(contexts) < len(rows):
+            cache.select_rows(expand)
+        logits, mask, offsets = logits[expand], mask[expand], offsets[expand]
+        next_pos = torch.tensor([len(r.context) for r in rows], dtype=torch.long, device=self.device)
+        version = self.version()
+        room = max(self._remaining_budget(), budget)
+        new = [_Live(call, i) for call, i in take]
+        for row in new:
+            row.call.start_versions[row.index] = version
+        if not self.live:
+            self.cache, self.mask, self.logits, self.next_pos, self.offsets = cache, mask, logits, next_pos, offsets
+        else:
+            self._merge(cache, mask, logits, next_pos, offsets, room)
+        self.live.extend(new)
+        return len(new)
+
+    def _remaining_budget(self) -> int:
+        return max((r.call.rows[r.index].budget - len(r.out.tokens) for r in self.live), default=0)
+
+    def _merge(self, cache: Any, mask: torch.Tensor, logits: torch.Tensor, next_pos: torch.Tensor,
+               offsets: torch.Tensor, room: int) -> None:
+        """Join the prefilled rows to the running batch: one cache (with `room` more columns), one mask."""
+        width = max(self.mask.shape[1], mask.shape[1])
+        self.cache = merge_rows([(self.cache, None), (cache, None)], width, width + room + 1)
+        self.mask = torch.cat([_left_pad_mask(self.mask, width), _left_pad_mask(mask, width)])
+        self.logits = torch.cat([self.logits, logits])
+        self.next_pos = torch.cat([self.next_pos, next_pos])
+        self.offsets = torch.cat([self.offsets, offsets])
+
+    def _sample_and_retire(self) -> None:
+        """One token per live row (each call's rows under its own sampling and generator); retire the rows
+        that finished; leave `self.tokens` = the sampled tokens of the rows still running."""
+        groups: dict[int, list[int]] = {}
+        for j, row in enumerate(self.live):
+            groups.setdefault(id(row.call), []).append(j)
+        if len(groups) == 1:
+            call = self.live[0].call
+            tokens, log_probs = select_tokens(self.logits, call.sampling, call.generator)
+        else:
+            tokens = torch.empty(len(self.live), dtype=torch.long, device=self.device)
+            log_probs = torch.empty(len(self.live), dtype=torch.float32, device=self.device)
+            for members in groups.values():
+                call = self.live[members[0]].call
+                idx = torch.tensor(members, dtype=torch.long, device=self.device)
+                tokens[idx], log_probs[idx] = select_tokens(self.logits[idx], call.sampling, call.generator)
+        token_list, lp_list = tokens.tolist(), log_probs.tolist()
+        self.counters.row_steps += len(self.live)
+        keep: list[int] = []
+        for j, row in enumerate(self.live):
+            out = row.out
+            out.tokens.append(token_list[j])
+            out.log_probs.append(lp_list[j])
+            if token_list[j] in self.eos:
+                self._finish(row, "stop")
+            elif len(out.tokens) >= row.call.rows[row.index].budget:
+                self._finish(row, "length")
+            else:
+                keep.append(j)
+        self.tokens = tokens
+        if len(keep) < len(self.live):
+            self._keep(keep)
+
+    def _keep(self, keep: Sequence[int]) -> None:
+        """Drop every live row not in `keep` from the batch state (and trim all-padding columns)."""
+        before = len(self.live)
+        self.live = [self.live[j] for j in keep]
+        if not self.live:
+            self._reset()
+            return
+        idx = torch.tensor(list(keep), dtype=torch.long, device=self.device)
+        mask = self.mask[idx]
+        width = int(mask.sum(dim=1).max())
+        if supports_merge(self.cache):
+            budget = self._remaining_budget()
+            self.cache = merge_rows([(self.cache, idx)], width, width + budget + 1)
+            self.mask = mask[:, mask.shape[1] - width:]
+        else:
+            self.cache.select_rows(idx)
+            self.mask = mask
+        self.logits, self.next_pos, self.offsets = self.logits[idx], self.next_pos[idx], self.offsets[idx]
+        if self.tokens is not None and self.tokens.shape[0] == before:
+            self.tokens = self.tokens[idx]
+
+    def _decode_step(self) -> None:
+        self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
+        self.logits = self.forward.step(self.tokens, self.mask, self.next_pos + self.offsets, self.cache)
+        self.next_pos = self.next_pos + 1
+        self.counters.decode_steps += 1
+
+    # --- endings ----------------------------------------------------------------------------------------
+    def _finish(self, row: _Live, reason: str) -> None:
+        row.out.finish_reason = reason  # type: ignore[assignment]
+        self._row_done(row.call)
+
+    def _row_done(self, call: BatchCall, count: int = 1) -> None:
+        call.remaining -= count
+        if call.remaining <= 0:
+            with self._cond:
+                if call in self._calls:
+                    self._calls.remove(call)
+            self._completed.append(call)
+
+    def _abort_call(self, call: BatchCall) -> None:
+        """End `call` now: its running rows keep their tokens, its waiting rows come back empty."""
+        call.aborted = True
+        with self._cond:
+            waiting = [(c, i) for c, i in self._pending if c is call]
+            self._pending = [(c, i) for c, i in self._pending if c is not call]
+        running = [j for j, r in enumerate(self.live) if r.call is call]
+        if running:
+            self._keep([j for j in range(len(self.live)) if self.live[j].call is not call])
+        self._row_done(call, len(waiting) + len(running))
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._cond:
+            calls, self._calls, self._pending = list(self._calls), [], []
+        self._reset()
+        for call in calls:
+            call.error = error
+            self._completed.append(call)
+
+
+def _left_pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
+    if mask.shape[1] == width:
+        return mask
+    return torch.cat([mask.new_zeros((mask.shape[0], width - mask.shape[1])), mask], dim=1)
