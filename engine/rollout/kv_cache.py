@@ -136,7 +136,7 @@ def merge_rows(parts: list[tuple[GrowableKVCache, torch.Tensor | None]], width: 
         bufs = []
         for attr in ("_key_buf", "_value_buf"):
             ref = getattr(first, attr)
-            out = ref.new_zeros((rows, ref.shape[1], max(capacity, width), ref.shape[-1]))
+            out = ref.new_empty((rows, ref.shape[1], max(capacity, width), ref.shape[-1]))
             at = 0
             for layer, keep in layers:
                 src = getattr(layer, attr)
@@ -144,6 +144,8 @@ def merge_rows(parts: list[tuple[GrowableKVCache, torch.Tensor | None]], width: 
                 block = src[:, :, layer.length - cols : layer.length] if keep is None \
                     else src[keep, :, layer.length - cols : layer.length]
                 out[at : at + block.shape[0], :, width - cols : width] = block
+                if cols < width:
+                    out[at : at + block.shape[0], :, : width - cols] = 0
                 at += block.shape[0]
             bufs.append(out)
         merged.layers.append(PreallocatedLayer.from_buffers(bufs[0], bufs[1], width))
