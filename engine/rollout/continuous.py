@@ -82,7 +82,7 @@ class ContinuousBatcher:
         self.forward, self.pad_id, self.device, self.max_rows = forward, pad_id, device, max_rows
         self.eos = set(int(e) for e in eos_ids.tolist())
         self.counters, self.model_lock, self.version = counters, model_lock, version
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # guards _pending, _calls and _worker
         self._pending: list[tuple[BatchCall, int]] = []
         self._calls: list[BatchCall] = []
         self._worker: threading.Thread | None = None
@@ -102,26 +102,25 @@ class ContinuousBatcher:
             return
         order = sorted(range(len(call.rows)), key=lambda i: (len(call.rows[i].context), call.rows[i].context,
                                                              call.rows[i].images))
-        with self._cond:
+        with self._lock:
             self._calls.append(call)
             self._pending.extend((call, i) for i in order)
             if self._worker is None:
                 self._worker = threading.Thread(target=self._loop, name="hf-continuous-batch", daemon=True)
                 self._worker.start()
-            self._cond.notify_all()
         call.done.wait()
         if call.error is not None:
             raise call.error
 
     def free_rows(self) -> int:
         """Rows a new request could take now: max_rows − running − waiting (≥ 0)."""
-        with self._cond:
+        with self._lock:
             return max(0, self.max_rows - len(self.live) - len(self._pending))
 
     # --- the worker -------------------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
-            with self._cond:
+            with self._lock:
                 if not self._pending and not self.live:
                     self._worker = None
                     return
@@ -138,7 +137,7 @@ class ContinuousBatcher:
                     call.done.set()
 
     def _iteration(self) -> None:
-        with self._cond:
+        with self._lock:
             calls = list(self._calls)
         for call in calls:  # a new call's first poll: before its prefill
             if not call.polled:
@@ -156,7 +155,7 @@ class ContinuousBatcher:
             self._decode_step()
 
     def _admit(self) -> int:
-        with self._cond:
+        with self._lock:
             if self.live and not supports_merge(self.cache):
                 return 0
             free = self.max_rows - len(self.live)
@@ -271,7 +270,7 @@ class ContinuousBatcher:
     def _row_done(self, call: BatchCall, count: int = 1) -> None:
         call.remaining -= count
         if call.remaining <= 0:
-            with self._cond:
+            with self._lock:
                 if call in self._calls:
                     self._calls.remove(call)
             self._completed.append(call)
@@ -279,7 +278,7 @@ class ContinuousBatcher:
     def _abort_call(self, call: BatchCall) -> None:
         """End `call` now: its running rows keep their tokens, its waiting rows come back empty."""
         call.aborted = True
-        with self._cond:
+        with self._lock:
             waiting = [(c, i) for c, i in self._pending if c is call]
             self._pending = [(c, i) for c, i in self._pending if c is not call]
         running = [j for j, r in enumerate(self.live) if r.call is call]
@@ -288,7 +287,7 @@ class ContinuousBatcher:
         self._row_done(call, len(waiting) + len(running))
 
     def _fail_all(self, error: BaseException) -> None:
-        with self._cond:
+        with self._lock:
             calls, self._calls, self._pending = list(self._calls), [], []
         self._reset()
         for call in calls:
