@@ -56,6 +56,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "repeats": 1,
         "vllm": False,
         "threads": 1,
+        "streams": 2,
     },
     "demo": {
         "models": ["smollm2"],
