@@ -5,7 +5,8 @@ Size `demo` (`--size demo`) is the demo's shape only (SmolLM2, 4 prompts × 8, 4
 sampler in bf16 (`rollout.dtype = "bf16"`) next to fp32, and an `hf-stream` row: `streams` calls of
 4 prompts × 8 each, made at once from as many threads into one backend of 32 rows (`max_num_seqs`), as a
 streaming rollouter would — with continuous batching the rows of the next call take the rows the finished
-ones free; a backend without it (no `capacity()`) serves the calls one after another.
+ones free — next to `hf-stream-serial`, the same calls one after another (what a one-batch-per-call replica
+does: every call waits for its longest row).
 
 tokens/s = generated tokens (up to and including EOS) ÷ wall seconds of the call, best of `repeats`.
 `transformers.generate` keeps finished rows in the batch until every row is done; the `hf` backend drops
@@ -121,13 +122,14 @@ def hf_call(backend: Any, prompts: list[list[int]], n: int, max_new: int, seed: 
 
 
 def hf_stream_call(backend: Any, prompts: list[list[int]], calls: int, per_call: int, n: int, max_new: int,
-                   seed: int) -> tuple[int, float]:
-    """`calls` concurrent `generate` calls of `per_call` prompts × `n` (sequentially without `capacity()`)."""
+                   seed: int, concurrent: bool = True) -> tuple[int, float]:
+    """`calls` `generate` calls of `per_call` prompts × `n`: made at once from `calls` threads (`concurrent`,
+    needs a backend with `capacity()`), else one after another as a one-batch-per-call replica serves them."""
     from concurrent.futures import ThreadPoolExecutor
 
     chunks = [prompts[k * per_call : (k + 1) * per_call] for k in range(calls)]
     t0 = time.perf_counter()
-    if hasattr(backend, "capacity"):
+    if concurrent and hasattr(backend, "capacity"):
         with ThreadPoolExecutor(calls) as pool:
             outs = list(pool.map(lambda kc: hf_call(backend, kc[1], n, max_new, seed + kc[0])[0], enumerate(chunks)))
     else:
@@ -206,10 +208,11 @@ def _measure_model(name: str, spec: dict[str, Any], threads: int, dtype: str, mo
                          **best([hf_call(backend, use, n, max_new, 1 + r) for r in reps])})
             if spec.get("streams"):
                 calls = spec["streams"]
-                rows.append({**common, "backend": "hf-stream", "prompts": batch * calls,
-                             "sequences": batch * n * calls,
-                             **best([hf_stream_call(backend, prompts, calls, batch, n, max_new, 1 + r)
-                                     for r in reps])})
+                for label, concurrent in (("hf-stream", True), ("hf-stream-serial", False)):
+                    rows.append({**common, "backend": label, "prompts": batch * calls,
+                                 "sequences": batch * n * calls,
+                                 **best([hf_stream_call(backend, prompts, calls, batch, n, max_new, 1 + r,
+                                                        concurrent) for r in reps])})
             if dtype == DTYPE:
                 rows.append({**common, "backend": "transformers.generate",
                              **best([generate_call(model, tok, use, n, max_new, 1 + r, eos) for r in reps])})

@@ -185,7 +185,9 @@ class ContinuousBatcher:
         if not self.live:
             self.cache, self.mask, self.logits, self.next_pos, self.offsets = cache, mask, logits, next_pos, offsets
         else:
-            self._merge(cache, mask, logits, next_pos, offsets, room)
+            with self._lock:
+                waiting = len(self._pending)
+            self._merge(cache, mask, logits, next_pos, offsets, room, waiting)
         self.live.extend(new)
         return len(new)
 
@@ -193,11 +195,20 @@ class ContinuousBatcher:
         return max((r.call.rows[r.index].budget - len(r.out.tokens) for r in self.live), default=0)
 
     def _merge(self, cache: Any, mask: torch.Tensor, logits: torch.Tensor, next_pos: torch.Tensor,
-               offsets: torch.Tensor, room: int) -> None:
-        """Join the prefilled rows to the running batch: one cache (with `room` more columns), one mask."""
-        width = max(self.mask.shape[1], mask.shape[1])
-        self.cache = merge_rows([(self.cache, None), (cache, None)], width, width + room + 1)
-        self.mask = torch.cat([_left_pad_mask(self.mask, width), _left_pad_mask(mask, width)])
+               offsets: torch.Tensor, room: int, waiting: int) -> None:
+        """Join the prefilled rows to the running batch. In place when they fit the free row slots and are
+        no wider than the batch (one copy of the new rows); else one rebuild of the whole cache, trimmed to
+        the widest real row and with row slots for the rows still `waiting` (up to `max_rows`)."""
+        if self.cache.can_append(cache):
+            self.cache.append_rows(cache)
+            self.mask = torch.cat([self.mask, _left_pad_mask(mask, self.mask.shape[1])])
+        else:
+            width = max(int(self.mask.sum(dim=1).max()), mask.shape[1])
+            rows = len(self.live) + mask.shape[0]
+            self.cache = merge_rows([(self.cache, None), (cache, None)], width, width + room + 1,
+                                    row_capacity=min(self.max_rows, rows + waiting))
+            old = self.mask[:, max(0, self.mask.shape[1] - width):]
+            self.mask = torch.cat([_left_pad_mask(old, width), _left_pad_mask(mask, width)])
         self.logits = torch.cat([self.logits, logits])
         self.next_pos = torch.cat([self.next_pos, next_pos])
         self.offsets = torch.cat([self.offsets, offsets])
@@ -236,23 +247,30 @@ class ContinuousBatcher:
             self._keep(keep)
 
     def _keep(self, keep: Sequence[int]) -> None:
-        """Drop every live row not in `keep` from the batch state (and trim all-padding columns)."""
+        """Drop every live row not in `keep` (ascending) from the batch. The preallocated cache does it in
+        place: each hole below len(keep) takes one surviving row from above it (one row's copy each, not
+        the whole cache); the row order of the small tensors and of `live` follows."""
         before = len(self.live)
-        self.live = [self.live[j] for j in keep]
-        if not self.live:
+        if not keep:
             self._reset()
             return
-        idx = torch.tensor(list(keep), dtype=torch.long, device=self.device)
-        mask = self.mask[idx]
-        width = int(mask.sum(dim=1).max())
+        n = len(keep)
         if supports_merge(self.cache):
-            budget = self._remaining_budget()
-            self.cache = merge_rows([(self.cache, idx)], width, width + budget + 1)
-            self.mask = mask[:, mask.shape[1] - width:]
+            kept = set(keep)
+            holes = [i for i in range(n) if i not in kept]
+            movers = [j for j in keep if j >= n]
+            order = list(range(n))
+            for h, m in zip(holes, movers):
+                order[h] = m
+            self.cache.move_rows(torch.tensor(movers, dtype=torch.long, device=self.device),
+                                 torch.tensor(holes, dtype=torch.long, device=self.device), n)
         else:
-            self.cache.select_rows(idx)
-            self.mask = mask
-        self.logits, self.next_pos, self.offsets = self.logits[idx], self.next_pos[idx], self.offsets[idx]
+            order = list(keep)
+            self.cache.select_rows(torch.tensor(order, dtype=torch.long, device=self.device))
+        idx = torch.tensor(order, dtype=torch.long, device=self.device)
+        self.live = [self.live[j] for j in order]
+        self.mask, self.logits = self.mask[idx], self.logits[idx]
+        self.next_pos, self.offsets = self.next_pos[idx], self.offsets[idx]
         if self.tokens is not None and self.tokens.shape[0] == before:
             self.tokens = self.tokens[idx]
 
