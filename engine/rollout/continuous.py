@@ -10,8 +10,10 @@ does, in order:
    come back empty.
 2. **admission** while rows are free (`max_rows`): pending rows in arrival order, the rows of a call sorted
    so that identical contexts (the `n` samples of a prompt) sit together. Distinct contexts are prefilled
-   once (left-padded, RoPE positions p = cumsum(mask) − 1) and their cache rows repeated; the new rows are
-   merged with the running ones (`kv_cache.merge_rows`: every row right-aligned, masks left-padded).
+   once (left-padded, RoPE positions p = cumsum(mask) − 1) and their cache rows repeated — also across
+   steps: a context whose rows join in several steps keeps its one-row prefill until its last row joined
+   (dropped if the weights changed meanwhile). The new rows join the running ones in free row slots or by
+   one rebuild (`kv_cache.merge_rows`: every row right-aligned, masks left-padded, padding zeroed).
 3. **sampling**: one token per live row from its pending logits, under its own call's `SamplingParams`
    and seeded generator, so a call's draws do not depend on which other calls share the batch.
 4. **retirement**: rows that sampled EOS ("stop") or spent their budget ("length") leave the batch and the
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +61,7 @@ class BatchCall:
     done: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
+        self.keys = [(tuple(r.context), tuple(r.images)) for r in self.rows]
         self.outputs = [RowOutput() for _ in self.rows]
         self.start_versions = [None] * len(self.rows)
         self.remaining = len(self.rows)
@@ -87,6 +91,8 @@ class ContinuousBatcher:
         self._calls: list[BatchCall] = []
         self._worker: threading.Thread | None = None
         self._completed: list[BatchCall] = []  # signalled once the iteration left the batch consistent
+        self._waiting_keys: Counter = Counter()  # context key → rows of it still waiting
+        self._stash: dict[Any, tuple[int, Any, torch.Tensor, torch.Tensor]] = {}
         self.busy_seconds = 0.0
         self._reset()
 
@@ -105,6 +111,7 @@ class ContinuousBatcher:
         with self._lock:
             self._calls.append(call)
             self._pending.extend((call, i) for i in order)
+            self._waiting_keys.update(call.keys)
             if self._worker is None:
                 self._worker = threading.Thread(target=self._loop, name="hf-continuous-batch", daemon=True)
                 self._worker.start()
@@ -155,29 +162,64 @@ class ContinuousBatcher:
             self._decode_step()
 
     def _admit(self) -> int:
+        """Admit waiting rows into the free rows. Each distinct context is prefilled once: when only some of
+        its rows fit now, its one-row prefill (KV and next-token logits) is kept — for the weights version
+        it was computed with — for the rest, so the `n` samples of a prompt share one prefill even when
+        they join at different steps."""
         with self._lock:
             if self.live and not supports_merge(self.cache):
                 return 0
             free = self.max_rows - len(self.live)
             take = [(c, i) for c, i in self._pending[:free] if not c.aborted]
             self._pending = self._pending[free:]
+            self._waiting_keys.subtract(call.keys[i] for call, i in take)
         if not take:
             return 0
-        rows = [call.rows[i] for call, i in take]
-        unique: dict[tuple[tuple[int, ...], tuple[str, ...]], int] = {}
-        source = [unique.setdefault((tuple(r.context), tuple(r.images)), len(unique)) for r in rows]
-        contexts = [c for c, _ in unique]
-        ids, mask = left_pad(contexts, self.pad_id, self.device)
-        budget = max(r.budget for r in rows)
-        cache = make_cache(getattr(self.forward.model, "config", None), ids.shape[1] + (0 if self.live else budget))
-        logits, offsets = self.forward.prefill(ids, mask, cache, [imgs for _, imgs in unique])
-        self.counters.prefill_tokens += int(mask.sum())
-        expand = torch.tensor(source, dtype=torch.long, device=self.device)
-        if len(contexts) < len(rows):
-            cache.select_rows(expand)
-        logits, mask, offsets = logits[expand], mask[expand], offsets[expand]
-        next_pos = torch.tensor([len(r.context) for r in rows], dtype=torch.long, device=self.device)
         version = self.version()
+        keys = [call.keys[i] for call, i in take]
+        fresh = [k for k in dict.fromkeys(keys) if self._stash.get(k, (None,))[0] != version]
+        config = getattr(self.forward.model, "config", None)
+        parts: list[tuple[Any, list[int]]] = []
+        masks, logit_rows, offset_rows, order = [], [], [], []
+        if fresh:
+            ids, pmask = left_pad([list(k[0]) for k in fresh], self.pad_id, self.device)
+            pcache = make_cache(config, ids.shape[1])
+            plogits, poffsets = self.forward.prefill(ids, pmask, pcache, [k[1] for k in fresh])
+            self.counters.prefill_tokens += int(pmask.sum())
+            where = {k: u for u, k in enumerate(fresh)}
+            mine = [j for j, k in enumerate(keys) if k in where]
+            idx = [where[keys[j]] for j in mine]
+            parts.append((pcache, idx))
+            order += mine
+            masks.append(pmask[idx])
+            logit_rows.append(plogits[idx])
+            offset_rows.append(poffsets[idx])
+            with self._lock:
+                later = [k for k in fresh if self._waiting_keys[k] > 0]
+            for k in later:
+                u = where[k]
+                one = torch.tensor([u], dtype=torch.long, device=self.device)
+                self._stash[k] = (version, merge_rows([(pcache, one)], len(k[0]), len(k[0])),
+                                  plogits[one], poffsets[one])
+        for k in dict.fromkeys(keys):
+            if k in self._stash and k not in fresh:
+                _, scache, slogits, soffset = self._stash[k]
+                mine = [j for j, kk in enumerate(keys) if kk == k]
+                parts.append((scache, [0] * len(mine)))
+                order += mine
+                masks.append(torch.ones((len(mine), len(k[0])), dtype=torch.long, device=self.device))
+                logit_rows.append(slogits.expand(len(mine), -1))
+                offset_rows.append(soffset.expand(len(mine)))
+        self._drop_stale_stash()
+        take = [take[j] for j in order]
+        rows = [call.rows[i] for call, i in take]
+        width = max(m.shape[1] for m in masks)
+        budget = max(r.budget for r in rows)
+        cache = merge_rows([(c, torch.tensor(ix, dtype=torch.long, device=self.device)) for c, ix in parts],
+                           width, width + (0 if self.live else budget + 1))
+        mask = torch.cat([_left_pad_mask(m, width) for m in masks])
+        logits, offsets = torch.cat(logit_rows), torch.cat(offset_rows)
+        next_pos = torch.tensor([len(r.context) for r in rows], dtype=torch.long, device=self.device)
         room = max(self._remaining_budget(), budget)
         new = [_Live(call, i) for call, i in take]
         for row in new:
@@ -190,6 +232,14 @@ class ContinuousBatcher:
             self._merge(cache, mask, logits, next_pos, offsets, room, waiting)
         self.live.extend(new)
         return len(new)
+
+    def _drop_stale_stash(self) -> None:
+        """Forget kept prefills whose rows are no longer waiting."""
+        with self._lock:
+            gone = [k for k in self._stash if self._waiting_keys[k] <= 0]
+            for k in gone:
+                del self._stash[k]
+            self._waiting_keys = +self._waiting_keys
 
     def _remaining_budget(self) -> int:
         return max((r.call.rows[r.index].budget - len(r.out.tokens) for r in self.live), default=0)
@@ -299,6 +349,8 @@ class ContinuousBatcher:
         with self._lock:
             waiting = [(c, i) for c, i in self._pending if c is call]
             self._pending = [(c, i) for c, i in self._pending if c is not call]
+            self._waiting_keys.subtract(call.keys[i] for _, i in waiting)
+        self._drop_stale_stash()
         running = [j for j, r in enumerate(self.live) if r.call is call]
         if running:
             self._keep([j for j in range(len(self.live)) if self.live[j].call is not call])
@@ -307,6 +359,7 @@ class ContinuousBatcher:
     def _fail_all(self, error: BaseException) -> None:
         with self._lock:
             calls, self._calls, self._pending = list(self._calls), [], []
+            self._waiting_keys, self._stash = Counter(), {}
         self._reset()
         for call in calls:
             call.error = error

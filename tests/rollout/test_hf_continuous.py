@@ -156,3 +156,17 @@ def test_an_error_reaches_the_caller_and_the_backend_keeps_serving(tiny_lm) -> N
     with pytest.raises(RuntimeError, match="boom"):
         backend.generate(reqs("x", 2, 4, seed=8), GREEDY, should_abort=broken)
     assert all(r.response_ids for r in backend.generate(reqs("y", 2, 4, seed=8), GREEDY))
+
+
+def test_samples_of_a_prompt_joining_at_different_steps_share_one_prefill(tiny_lm) -> None:
+    model = tiny_lm()
+    backend = HFRolloutBackend(copy.deepcopy(model), eos_token_id=1, pad_token_id=PAD, max_batch_size=3)
+    prompt = [5, 9, 2, 7, 11]
+    group = [GenRequest(f"s{j}", prompt, max_new_tokens=3 + j) for j in range(8)]  # rows free one by one
+    results = backend.generate(group, SamplingParams(temperature=1.0, seed=2))
+    assert backend.stats()["prefill_tokens"] == len(prompt)  # eight samples, three rows, one prefill
+    trainer = TorchTrainerBackend(model, optim_cfg={"lr": 1e-3}, micro_batch_size=8, temperature=1.0)
+    batch = collate([(prompt, Trajectory(r.response_ids, r.log_probs, r.finish_reason, r.min_version,
+                                         r.max_version)) for r in results], pad_token_id=PAD)
+    log_probs, _ = trainer.compute_log_probs(batch)
+    assert float((log_probs - batch.rollout_log_probs)[batch.response_mask.bool()].abs().max()) < 1e-4
