@@ -177,8 +177,10 @@ class ContinuousBatcher:
             return 0
         version = self.version()
         keys = [call.keys[i] for call, i in take]
-        fresh = [k for k in dict.fromkeys(keys) if self._stash.get(k, (None,))[0] != version]
         config = getattr(self.forward.model, "config", None)
+        if not supports_merge(make_cache(config, 1)):
+            return self._admit_unmerged(take, keys, config, version)
+        fresh = [k for k in dict.fromkeys(keys) if self._stash.get(k, (None,))[0] != version]
         parts: list[tuple[Any, list[int]]] = []
         masks, logit_rows, offset_rows, order = [], [], [], []
         if fresh:
@@ -232,6 +234,26 @@ class ContinuousBatcher:
             self._merge(cache, mask, logits, next_pos, offsets, room, waiting)
         self.live.extend(new)
         return len(new)
+
+    def _admit_unmerged(self, take: list[tuple[BatchCall, int]], keys: list[Any], config: Any,
+                        version: int) -> int:
+        """Models on transformers' own cache (sliding windows): rows join only an empty batch, one prefill
+        per distinct context of this admission."""
+        unique = list(dict.fromkeys(keys))
+        rows = [call.rows[i] for call, i in take]
+        ids, mask = left_pad([list(k[0]) for k in unique], self.pad_id, self.device)
+        cache = make_cache(config, ids.shape[1] + max(r.budget for r in rows))
+        logits, offsets = self.forward.prefill(ids, mask, cache, [k[1] for k in unique])
+        self.counters.prefill_tokens += int(mask.sum())
+        expand = torch.tensor([unique.index(k) for k in keys], dtype=torch.long, device=self.device)
+        if len(unique) < len(rows):
+            cache.select_rows(expand)
+        self.cache, self.mask, self.logits, self.offsets = cache, mask[expand], logits[expand], offsets[expand]
+        self.next_pos = torch.tensor([len(r.context) for r in rows], dtype=torch.long, device=self.device)
+        self.live = [_Live(call, i) for call, i in take]
+        for row in self.live:
+            row.call.start_versions[row.index] = version
+        return len(take)
 
     def _drop_stale_stash(self) -> None:
         """Forget kept prefills whose rows are no longer waiting."""
