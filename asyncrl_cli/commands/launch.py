@@ -17,6 +17,7 @@ from asyncrl_cli.commands._common import JsonOpt, SetOpt, analyze
 from asyncrl_cli.errors import AsyncrlError, handle_errors
 from asyncrl_cli.output import emit_json, stderr_console, stdout_console
 from asyncrl_cli.report import render_derived, render_headline, render_placement, render_problems
+from asyncrl_cli.val_curve import show_validation_curve
 
 if TYPE_CHECKING:
     from asyncrl_cli.config.loader import Analysis
@@ -137,4 +138,5 @@ def command(
     relaunch = relaunch_command(run_file, set_, address, allow_same_name)
     rc = run(an.config, provenance=an.provenance.to_json(), address=address, resume=resume,
              tui=run_dashboard_with if tui else None, allow_same_name=allow_same_name, command=relaunch)
+    show_validation_curve(int(rc or 0), an.config.logging.run_dir)
     raise typer.Exit(int(rc or 0))

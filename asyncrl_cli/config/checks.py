@@ -88,6 +88,17 @@ def correction_rules(cfg: RunConfig, prov: Provenance) -> list[Problem]:
             parse_rs_thresholds(parse_rs_options(rc.rollout_rs), rc.rollout_rs_threshold)
         except ValueError as e:
             out.append(_e("rs-threshold-format", f"{RC}.rollout_rs_threshold", str(e)))
+    precision = {"fp32": "float32", "bf16": "bfloat16"}.get(cfg.rollout.dtype or "", cfg.model.dtype)
+    if precision != cfg.model.dtype and rc.rollout_is is None and rc.rollout_rs is None:
+        out.append(
+            _i(
+                "precision-mismatch-uncorrected",
+                "rollout.dtype",
+                f"the rollout runs in {precision}, the trainer in {cfg.model.dtype}, and no rollout correction "
+                "is on: per-token ratios of 0.6–1.5 go uncorrected",
+                'e.g. [algorithm.rollout_correction] preset = "decoupled_geo_rs_seq_tis"',
+            )
+        )
     if rc.rollout_rs is None and rc.rollout_rs_threshold is not None:
         out.append(
             _w(

@@ -46,7 +46,8 @@ class ModelConfig(Section):
     """Local Hugging Face directory, hub id (read offline from the HF cache), or `builtin:tiny-qwen` /
     `builtin:smollm2`. `${ENV:-default}` expansion works here as in every string."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter and compute dtype of trainer and rollout (mixed precision keeps fp32 master weights)."""
+    """Parameter and compute dtype of the trainer, and of the rollout unless `rollout.dtype` says otherwise
+    (mixed precision keeps fp32 master weights)."""
     tokenizer_path: str | None = None
     """Tokenizer directory or hub id when it differs from `path`."""
     trust_remote_code: bool = False
@@ -251,6 +252,10 @@ class RolloutConfig(Section):
     """Fraction of each rollout GPU vLLM may take for weights plus KV cache."""
     max_num_seqs: int = Field(256, gt=0)
     """Concurrent sequences per replica."""
+    dtype: Literal["fp32", "bf16"] | None = None
+    """Weights and compute precision of the rollout replicas, set apart from the trainer's `model.dtype`
+    (None = the same). Synced weights are cast on load; a bf16 rollout against an fp32 trainer is a
+    train–inference mismatch (per-token ratios ~0.6–1.5): pair it with rollout correction."""
     total_rollout_steps: int | None = Field(None, gt=0)
     """Total prompts to generate (verl's name; None = the whole data × `trainer.total_epochs`)."""
     val_temperature: float = Field(0.0, ge=0)

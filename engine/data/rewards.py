@@ -17,8 +17,11 @@ Built-in scorers (`get_reward_fn(name)`):
   (normalised string, or numeric within rel. 1e-4) and fmt = 1 if the response is
   `<think>…</think>…\\boxed{…}…`.
 - `copy` / `reverse`: with t the 3-character target and r the stripped response text,
-  score = (1/3) Σ_{i<3} [r_i = t_i], times 0.9 when all 3 match but the response is not exactly t followed by
-  EOS (an incentive to stop).
+  score = 0.5 · (1/3) Σ_{i<3} [r_i = t_i] + 0.5 · stop, stop = [the response ended with EOS and |r| = |t|];
+  acc = [r = t and EOS]. Only the exact answer followed by EOS scores 1 (what validation counts); the right
+  digits without stopping score 0.5, and so does stopping at the right place with wrong digits — stopping is
+  learnt from the start (a random policy stops there in ~4% of samples) instead of being unlearnt while the
+  digits are, which is what a reward paying 0.9 for digits without EOS taught the policy.
 - `arith`: acc = 1 if the last `#### N` equals the ground truth numerically; fmt = 1 if a `#### N` is present;
   score = acc + 0.1 · fmt on training rows and acc alone on validation rows (`extra_info["split"]` in
   val / validation / test).
@@ -90,18 +93,24 @@ def geo3k(response_text: str, ground_truth: str, *, data_source: str = "", extra
     return {"score": (1.0 - format_weight) * acc + format_weight * fmt, "acc": acc, "format": fmt}
 
 
+POSITIONAL_DIGITS_WEIGHT = 0.5
+"""`copy`/`reverse`: the weight of the digit fraction; 1 − this weight pays for stopping at the right place."""
+
+
 def _positional(response_text: str, target: str, finished: bool) -> dict[str, float]:
+    """score = w · frac + (1 − w) · stop, frac = positions right / |t|, stop = [EOS and |r| = |t|]."""
     text = response_text.strip()
     hits = sum(1 for i, ch in enumerate(target) if i < len(text) and text[i] == ch)
     frac = hits / len(target) if target else 0.0
+    stop = 1.0 if finished and len(text) == len(target) else 0.0
     exact = finished and text == target
-    score = frac * 0.9 if frac == 1.0 and not exact else frac
-    return {"score": score, "acc": 1.0 if exact else 0.0}
+    score = POSITIONAL_DIGITS_WEIGHT * frac + (1.0 - POSITIONAL_DIGITS_WEIGHT) * stop
+    return {"score": score, "acc": 1.0 if exact else 0.0, "partial": frac, "stop": stop}
 
 
 def copy(response_text: str, ground_truth: str, *, data_source: str = "", extra_info: dict | None = None,
          finished: bool = True) -> dict[str, float]:
-    """Fraction of target positions right; ×0.9 when all right but not exactly the target + EOS."""
+    """0.5 × the fraction of target positions right + 0.5 for stopping (EOS) after |target| characters."""
     return _positional(response_text, str(ground_truth), finished)
 
 

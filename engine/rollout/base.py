@@ -1,7 +1,10 @@
 """The seam where rollout engines plug in (`hf` — the embedded default — and `vllm`).
 
-A backend lives inside one rollout replica (a Ray actor, see `engine.runtime.replica`). It is synchronous:
-the replica calls `generate` from its worker thread and flips the abort flag from another thread.
+A backend lives inside one rollout replica (a threaded Ray actor, see `engine.runtime.replica`). `generate`
+is synchronous and thread-safe: the replica may call it from several threads at once, and both backends
+batch continuously — requests of a new call join the running batch at the next decode step, each call
+returns when its own requests are finished or aborted, and `capacity()` tells how many more sequences would
+fit now. The abort flag is flipped from yet another thread.
 
 Partial rollout follows verl's mechanism: at a weight sync the replica aborts in-flight sequences, which
 come back with `finish_reason="abort"` and the tokens generated so far; the rollouter resubmits them as
@@ -74,7 +77,12 @@ class RolloutBackend(Protocol):
     ) -> list[GenResult]:
         """Generate every request to EOS or its budget. `should_abort` is polled at every token boundary;
         when it returns True the unfinished requests are returned with `finish_reason="abort"` and their
-        partial tokens. Results are in the order of `requests`."""
+        partial tokens. Results are in the order of `requests`. May run concurrently with other calls
+        (their requests share the running batch)."""
+        ...
+
+    def capacity(self) -> int:
+        """Sequences a new request could take now (`rollout.max_num_seqs` − running − waiting, ≥ 0)."""
         ...
 
     def update_weights(self, buckets: Iterable[dict[str, np.ndarray]], version: int) -> None:

@@ -1,12 +1,11 @@
-"""The batched decode loop behind the `hf` rollout backend: one KV cache, left-padded rows, rows leave the
-batch as soon as they finish.
+"""The row layout and model calls behind the `hf` rollout backend's decode loop
+(`engine.rollout.continuous`): one KV cache, left-padded rows.
 
 Layout: row i's context c_i (prompt + resumed prefix, length L_i) is left-padded to L = max L_i, with
 attention mask m = [0]*(L − L_i) + [1]*L_i and RoPE positions p = cumsum(m) − 1 (clamped at 0), so a real
 token's position does not depend on the padding. Every decode step appends one column (mask 1, position
 L_i + t for the t-th new token of row i). Rows with identical contexts (the `n` samples of one prompt)
-are prefilled once and their cache rows repeated. After each step the finished rows (EOS sampled or
-budget spent) are removed from the cache, the mask and the logits, so compute follows the live rows.
+are prefilled once and their cache rows repeated.
 
 Rows with images (a vision-language model, `MultimodalForward`): contexts are distinct only if their tokens
 *and* images are; the prefill gets the pixel values and 3-D M-RoPE positions of `engine.multimodal.forward`,
@@ -17,7 +16,7 @@ offset from the prefill), exactly where the trainer's full-sequence positions pu
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -25,9 +24,6 @@ from transformers.cache_utils import DynamicCache
 
 from engine.multimodal.forward import vision_inputs
 from engine.multimodal.vision import ImageEncoder, placeholder_token_ids, suppress_tokens
-from engine.rollout.base import SamplingParams
-from engine.rollout.kv_cache import make_cache
-from engine.rollout.sampling import select_tokens
 from engine.types import FinishReason
 
 
@@ -133,78 +129,3 @@ def left_pad(contexts: Sequence[Sequence[int]], pad_id: int, device: torch.devic
             ids[i, width - len(ctx):] = torch.tensor(ctx, dtype=torch.long)
             mask[i, width - len(ctx):] = 1
     return ids.to(device), mask.to(device)
-
-
-def decode_rows(
-    forward: ForwardAdapter,
-    rows: Sequence[RowSpec],
-    params: SamplingParams,
-    *,
-    eos_ids: torch.Tensor,
-    pad_id: int,
-    generator: torch.Generator | None,
-    should_abort: Callable[[], bool],
-    device: torch.device,
-    counters: DecodeCounters,
-) -> list[RowOutput]:
-    """Extend every row until EOS (reason "stop"), its budget ("length"), or `should_abort()` turns True at
-    a token boundary ("abort", tokens so far kept). Must run under `torch.inference_mode()`."""
-    outputs = [RowOutput() for _ in rows]
-    if not rows or should_abort():
-        return outputs
-    unique: dict[tuple[tuple[int, ...], tuple[str, ...]], int] = {}
-    source = [unique.setdefault((tuple(r.context), tuple(r.images)), len(unique)) for r in rows]
-    contexts = [c for c, _ in unique]
-    ids, mask = left_pad(contexts, pad_id, device)
-    cache = make_cache(getattr(forward.model, "config", None), ids.shape[1] + max(r.budget for r in rows))
-    logits, offsets = forward.prefill(ids, mask, cache, [imgs for _, imgs in unique])
-    counters.prefill_tokens += int(mask.sum())
-    expand = torch.tensor(source, dtype=torch.long, device=device)
-    if len(contexts) < len(rows):
-        cache.select_rows(expand)
-    logits, mask, offsets = logits[expand], mask[expand], offsets[expand]
-    next_pos = torch.tensor([len(r.context) for r in rows], dtype=torch.long, device=device)
-    budgets = torch.tensor([r.budget for r in rows], dtype=torch.long, device=device)
-    active = torch.arange(len(rows), device=device)
-    max_steps = int(budgets.max())
-    new_tokens = torch.empty((len(rows), max_steps), dtype=torch.long, device=device)
-    new_log_probs = torch.empty((len(rows), max_steps), dtype=torch.float32, device=device)
-    lengths = torch.zeros(len(rows), dtype=torch.long, device=device)
-    stopped = torch.zeros(len(rows), dtype=torch.bool, device=device)
-    for step in range(max_steps):
-        if should_abort():
-            break
-        tokens, log_probs = select_tokens(logits, params, generator)
-        new_tokens[active, step] = tokens
-        new_log_probs[active, step] = log_probs
-        lengths[active] = step + 1
-        hit_eos = torch.isin(tokens, eos_ids)
-        stopped[active] = hit_eos
-        done = hit_eos | (budgets[active] <= step + 1)
-        counters.row_steps += int(active.numel())
-        if bool(done.all()):
-            active = active[:0]
-            break
-        if bool(done.any()):
-            keep = (~done).nonzero().squeeze(-1)
-            cache.select_rows(keep)
-            active, tokens, mask, next_pos = active[keep], tokens[keep], mask[keep], next_pos[keep]
-            offsets = offsets[keep]
-        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-        logits = forward.step(tokens, mask, next_pos + offsets, cache)
-        next_pos = next_pos + 1
-        counters.decode_steps += 1
-    lengths_list = lengths.tolist()
-    stopped_list = stopped.tolist()
-    still_running = set(active.tolist())
-    token_rows = new_tokens.tolist()
-    log_prob_rows = new_log_probs.tolist()
-    for i, out in enumerate(outputs):
-        n = lengths_list[i]
-        out.tokens = token_rows[i][:n]
-        out.log_probs = log_prob_rows[i][:n]
-        if i in still_running:
-            out.finish_reason = "abort"
-        else:
-            out.finish_reason = "stop" if stopped_list[i] else "length"
-    return outputs

@@ -1,14 +1,20 @@
-"""The `hf` rollout backend: the project's own batched sampler over a transformers causal LM.
+"""The `hf` rollout backend: the project's own continuously batched sampler over a transformers causal LM.
 
-`generate` turns requests into rows (context = prompt + resumed prefix, budget = `max_new_tokens`), sorts
-them so identical contexts (the `n` samples of a prompt) and similar lengths share a chunk, and decodes
-chunks of at most `max_batch_size` rows with `engine.rollout.decode.decode_rows` (one prefill per
-distinct context, a preallocated KV cache, finished rows leave the batch). Results come back in request
-order as the *whole* response: `prefix_ids + new tokens`, `prefix_log_probs + new log-probs`.
+`generate` turns requests into rows (context = prompt + resumed prefix, budget = `max_new_tokens`) and hands
+them to the backend's running batch (`engine.rollout.continuous.ContinuousBatcher`): at most
+`max_batch_size` rows run at once, new rows join at the next decode step (one prefill per distinct context,
+so the `n` samples of a prompt share it), finished rows leave at once. `generate` may be called from several
+threads at the same time; each call returns when its own rows are finished or aborted (its `should_abort`
+is polled at every token boundary). `capacity()` is the number of rows a new request could take now.
+Results come back in request order as the *whole* response: `prefix_ids + new tokens`,
+`prefix_log_probs + new log-probs`.
 
-Version stamps: `max_version` is the version loaded now; `min_version` is the request's when it resumes a
-non-empty prefix, else the current version. Weights are replaced in place by `update_weights`, which
-the replica calls between `generate` calls (generation paused).
+Precision: `dtype` (the replica's `rollout.dtype`) may differ from the trainer's; `update_weights` casts
+the synced arrays to it on load.
+
+Version stamps: `max_version` is the version loaded when the row finished; `min_version` is the request's
+when it resumes a non-empty prefix, else the version loaded when the row started. `update_weights` replaces
+weights in place between two decode steps (the replica normally aborts or drains generation first).
 
 Images: a vision-language model (Qwen3-VL, `engine.multimodal`) takes `GenRequest.images` with the prompt —
 a resumed request carries them again with its prefix. The pixel values come from the model directory's
@@ -20,6 +26,7 @@ a request with images on a text-only model likewise.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -30,14 +37,8 @@ import torch
 from engine.multimodal.placeholders import PlaceholderMismatch, check_image_tokens
 from engine.multimodal.vision import ImageEncoder, VisionSpec, model_dir_of
 from engine.rollout.base import SamplingParams, account_results, new_rollout_stats
-from engine.rollout.decode import (
-    DecodeCounters,
-    ForwardAdapter,
-    MultimodalForward,
-    RowOutput,
-    RowSpec,
-    decode_rows,
-)
+from engine.rollout.continuous import BatchCall, ContinuousBatcher
+from engine.rollout.decode import DecodeCounters, ForwardAdapter, MultimodalForward, RowOutput, RowSpec
 from engine.sync.apply import load_buckets_into
 from engine.types import GenRequest, GenResult
 
@@ -79,6 +80,12 @@ class HFRolloutBackend:
         self._forward = ForwardAdapter(self.model) if self.vision is None else MultimodalForward(self.model, image_encoder)
         self._counters = DecodeCounters()
         self._stats: dict[str, float] = new_rollout_stats("image_mismatch")
+        self._model_lock = threading.RLock()
+        self._stats_lock = threading.Lock()
+        self._batcher = ContinuousBatcher(self._forward, eos_ids=self._eos_tensor, pad_id=self.pad_token_id,
+                                          device=self.device, max_rows=self.max_batch_size,
+                                          counters=self._counters, model_lock=self._model_lock,
+                                          version=lambda: self.version)
 
     # --- generation -------------------------------------------------------------------------------------
     def generate(
@@ -87,7 +94,8 @@ class HFRolloutBackend:
         sampling: SamplingParams,
         should_abort: Callable[[], bool] = _never,
     ) -> list[GenResult]:
-        """Generate every request to EOS or its remaining budget; see `RolloutBackend.generate`."""
+        """Generate every request to EOS or its remaining budget; see `RolloutBackend.generate`. Thread-safe:
+        concurrent calls share the running batch."""
         start = time.perf_counter()
         outputs: list[RowOutput | None] = [None] * len(requests)
         pending: list[int] = []
@@ -99,28 +107,20 @@ class HFRolloutBackend:
                 outputs[i] = RowOutput(finish_reason="length")
             else:
                 pending.append(i)
-        pending.sort(key=lambda i: (len(requests[i].prompt_ids) + len(requests[i].prefix_ids),
-                                    requests[i].prompt_ids + requests[i].prefix_ids, requests[i].images))
-        generator = self._generator(sampling.seed)
-        aborted = False
-        with torch.inference_mode():
-            for lo in range(0, len(pending), self.max_batch_size):
-                chunk = pending[lo : lo + self.max_batch_size]
-                if aborted:
-                    for i in chunk:
-                        outputs[i] = RowOutput(finish_reason="abort")
-                    continue
-                rows = [RowSpec(requests[i].prompt_ids + requests[i].prefix_ids, requests[i].max_new_tokens,
-                                tuple(requests[i].images)) for i in chunk]
-                for i, out in zip(chunk, decode_rows(
-                    self._forward, rows, sampling, eos_ids=self._eos_tensor, pad_id=self.pad_token_id,
-                    generator=generator, should_abort=should_abort, device=self.device, counters=self._counters,
-                )):
-                    outputs[i] = out
-                    aborted = aborted or out.finish_reason == "abort"
-        results = [self._result(req, out) for req, out in zip(requests, outputs)]
+        call = BatchCall([RowSpec(requests[i].prompt_ids + requests[i].prefix_ids, requests[i].max_new_tokens,
+                                  tuple(requests[i].images)) for i in pending],
+                         sampling, should_abort, self._generator(sampling.seed))
+        self._batcher.run(call)
+        started: list[int | None] = [None] * len(requests)
+        for k, i in enumerate(pending):
+            outputs[i], started[i] = call.outputs[k], call.start_versions[k]
+        results = [self._result(req, out, v) for req, out, v in zip(requests, outputs, started)]
         self._account(results, time.perf_counter() - start)
         return results
+
+    def capacity(self) -> int:
+        """Rows a new request could take now (`max_batch_size` − running − waiting)."""
+        return self._batcher.free_rows()
 
     def _check(self, req: GenRequest) -> None:
         if not req.prompt_ids:
@@ -162,38 +162,47 @@ class HFRolloutBackend:
         generator.manual_seed(seed if seed is not None else random.SystemRandom().getrandbits(63))
         return generator
 
-    def _result(self, req: GenRequest, out: RowOutput | None) -> GenResult:
+    def _result(self, req: GenRequest, out: RowOutput | None, started: int | None) -> GenResult:
         assert out is not None
         resumed = bool(req.prefix_ids) and req.min_version is not None
+        first = self.version if started is None else started
         return GenResult(
             request_id=req.request_id,
             response_ids=list(req.prefix_ids) + out.tokens,
             log_probs=list(req.prefix_log_probs) + out.log_probs,
             finish_reason=out.finish_reason,
-            min_version=int(req.min_version) if resumed else self.version,
+            min_version=int(req.min_version) if resumed else first,
             max_version=self.version,
             new_tokens=len(out.tokens),
         )
 
     def _account(self, results: list[GenResult], seconds: float) -> None:
-        account_results(self._stats, results, seconds)
+        with self._stats_lock:  # gen_seconds is replaced by the batcher's busy time in `stats()`
+            account_results(self._stats, results, seconds)
+            self._stats["call_seconds"] = self._stats.get("call_seconds", 0.0) + seconds
 
     # --- weights ----------------------------------------------------------------------------------------
     def update_weights(self, buckets: Iterable[dict[str, np.ndarray]], version: int) -> None:
         """Copy HF-named arrays into the parameters in place (tied `lm_head.weight` writes the shared
         embedding) and set `version`."""
         start = time.perf_counter()
-        copied = load_buckets_into(self.model, buckets)
-        self.version = int(version)
+        with self._model_lock:
+            copied = load_buckets_into(self.model, buckets)
+            self.version = int(version)
         self._stats["weight_updates"] += 1
         self._stats["weight_update_seconds"] += time.perf_counter() - start
         self._stats["weight_update_bytes"] += copied
 
     # --- telemetry --------------------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:
-        """Counters since start, plus `tokens_per_s` (generated tokens / generation seconds), `prefill_tokens`
-        (distinct context tokens prefilled), `decode_row_steps` and `version`."""
-        out: dict[str, Any] = dict(self._stats)
+        """Counters since start, plus `tokens_per_s` (generated tokens / generation seconds: the time the
+        running batch was busy, however many calls shared it; `call_seconds` sums the calls' own wall time),
+        `prefill_tokens` (distinct context tokens prefilled), `decode_row_steps`, `capacity` and `version`."""
+        with self._stats_lock:
+            out: dict[str, Any] = dict(self._stats)
+        out.setdefault("call_seconds", 0.0)
+        out["gen_seconds"] = self._batcher.busy_seconds
+        out["capacity"] = float(self.capacity())
         out["prefill_tokens"] = float(self._counters.prefill_tokens)
         out["decode_steps"] = float(self._counters.decode_steps)
         out["decode_row_steps"] = float(self._counters.row_steps)

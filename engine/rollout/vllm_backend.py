@@ -127,6 +127,7 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         self.model_dir = str(model_dir)
         self.device = device or _default_device()
         self.max_model_len = int(max_model_len)
+        self.max_num_seqs = int(max_num_seqs)
         self.version = 0
         self.abort_poll_s = float(abort_poll_s)
         self.release_kv_cache_on_sync = (
@@ -206,6 +207,10 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         results = [self._result(f) for f in flights]
         self._account(results, time.perf_counter() - start)
         return results
+
+    def capacity(self) -> int:
+        """Sequences a new request could take now: `max_num_seqs` − those in flight (all calls), ≥ 0."""
+        return max(0, self.max_num_seqs - len(self._flights))
 
     def inflight(self) -> dict[str, int]:
         """`{request_id: tokens generated so far in this call}` for the requests in flight (all calls)."""

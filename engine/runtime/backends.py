@@ -44,8 +44,19 @@ def check_device(device: str) -> str:
     return device
 
 
+ROLLOUT_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+"""`rollout.dtype` → torch dtype name."""
+
+
+def rollout_dtype(cfg: Any) -> str:
+    """The rollout's torch dtype name: `rollout.dtype` when set, else the trainer's `model.dtype`."""
+    chosen = getattr(cfg.rollout, "dtype", None)
+    return ROLLOUT_DTYPES[chosen] if chosen else cfg.model.dtype
+
+
 def build_rollout_backend(cfg: Any, model_dir: str):
-    """The configured rollout backend for `model_dir` (imported lazily); `hf` computes on `compute_device(cfg)`."""
+    """The configured rollout backend for `model_dir` (imported lazily), in `rollout_dtype(cfg)`; `hf` computes
+    on `compute_device(cfg)`."""
     from engine.models.loader import load_causal_lm, load_tokenizer
 
     if cfg.rollout.backend == "vllm":
@@ -58,13 +69,13 @@ def build_rollout_backend(cfg: Any, model_dir: str):
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
             max_num_seqs=cfg.rollout.max_num_seqs,
             max_model_len=max_len,
-            dtype=cfg.model.dtype,
+            dtype=rollout_dtype(cfg),
             seed=cfg.trainer.seed,
         )
     from engine.rollout.hf import HFRolloutBackend
 
     tok = load_tokenizer(model_dir)
-    model = load_causal_lm(model_dir, dtype=cfg.model.dtype)
+    model = load_causal_lm(model_dir, dtype=rollout_dtype(cfg))
     return HFRolloutBackend(
         model,
         eos_token_id=tok.eos_token_id,

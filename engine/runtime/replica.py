@@ -1,9 +1,11 @@
 """A rollout replica: a thin Ray actor around one `RolloutBackend`.
 
-It is threaded (`max_concurrency=2`) so that `abort()` can land while `generate()` runs: the backend polls the
-abort flag at every token boundary and returns the unfinished sequences with `finish_reason="abort"`. The
-flag stays set until the next `update_weights` or `resume`, so a request dispatched during a sync cannot slip
-through.
+It is threaded (`max_concurrency=MAX_CONCURRENCY`): several `generate()` calls may run at once — their
+requests join the backend's running batch at the next decode step and each call returns when its own
+requests are done — and `abort()` can land while they run: the backend polls the abort flag at every token
+boundary and returns every call's unfinished sequences with `finish_reason="abort"`. The flag stays set
+until the next `update_weights` or `resume`, so a request dispatched during a sync cannot slip through.
+`capacity()` is the number of sequences a new call could add now.
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ from engine.runtime.backends import build_rollout_backend
 from engine.types import GenRequest, GenResult
 
 
-@ray.remote(max_concurrency=2)
+MAX_CONCURRENCY = 16
+"""Threads of a replica actor: concurrent `generate` calls plus the control calls (abort, stats, ...)."""
+
+
+@ray.remote(max_concurrency=MAX_CONCURRENCY)
 class RolloutReplica:
     """One generation engine; `replica_id` names it in the dashboard's workers table."""
 
@@ -32,7 +38,10 @@ class RolloutReplica:
         self.replica_id = replica_id
         self.backend = build_rollout_backend(cfg, model_dir)
         self._abort = threading.Event()
-        self._busy_s = 0.0
+        self._lock = threading.Lock()
+        self._busy_s = 0.0  # time with at least one generate call running
+        self._running = 0
+        self._busy_since = 0.0
         self._tokens = 0
         self._started = time.monotonic()
 
@@ -41,11 +50,25 @@ class RolloutReplica:
         return os.getpid()
 
     def generate(self, requests: list[GenRequest], sampling: SamplingParams) -> list[GenResult]:
-        t0 = time.monotonic()
-        out = self.backend.generate(requests, sampling, should_abort=self._abort.is_set)
-        self._busy_s += time.monotonic() - t0
-        self._tokens += sum(r.new_tokens for r in out)
+        """Generate `requests` (joining any running batch); returns when they are finished or aborted."""
+        with self._lock:
+            if self._running == 0:
+                self._busy_since = time.monotonic()
+            self._running += 1
+        try:
+            out = self.backend.generate(requests, sampling, should_abort=self._abort.is_set)
+        finally:
+            with self._lock:
+                self._running -= 1
+                if self._running == 0:
+                    self._busy_s += time.monotonic() - self._busy_since
+        with self._lock:
+            self._tokens += sum(r.new_tokens for r in out)
         return out
+
+    def capacity(self) -> int:
+        """Sequences a new `generate` call could add to the running batch now."""
+        return int(self.backend.capacity())
 
     def abort(self) -> None:
         """Interrupt the running `generate` at the next token boundary (and any before `resume`)."""
@@ -70,11 +93,15 @@ class RolloutReplica:
         os._exit(1)
 
     def stats(self) -> dict[str, float]:
-        up = max(1e-9, time.monotonic() - self._started)
+        now = time.monotonic()
+        up = max(1e-9, now - self._started)
+        with self._lock:
+            busy = self._busy_s + (now - self._busy_since if self._running else 0.0)
         return {
             "replica_id": self.replica_id,
             "version": self.backend.version,
             "tokens": self._tokens,
-            "busy_ratio": self._busy_s / up,
-            "tokens_per_s": self._tokens / max(1e-9, self._busy_s),
+            "busy_ratio": busy / up,
+            "tokens_per_s": self._tokens / max(1e-9, busy),
+            "capacity": self.capacity(),
         }

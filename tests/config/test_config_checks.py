@@ -161,3 +161,17 @@ def test_several_trainer_ranks_on_cpu_are_accepted_with_a_warning() -> None:
     p = by_code(an, "cpu-trainer-ranks")
     assert p.severity == "warning" and p.key == "resources.trainer.gpus_per_node" and "share" in p.message
     assert "cpu-trainer-ranks" not in [q.code for q in analyze_run_config(tiny).problems]
+
+
+def test_bf16_rollout_against_fp32_trainer_without_correction_is_noted() -> None:
+    tiny = RUNS / "tiny-cpu.toml"
+    an = analyze_run_config(tiny, ["rollout.dtype=bf16"])
+    assert an.exit_code == EXIT_OK
+    p = by_code(an, "precision-mismatch-uncorrected")
+    assert p.severity == "info" and p.key == "rollout.dtype"
+    corrected = analyze_run_config(tiny, ["rollout.dtype=bf16",
+                                          "algorithm.rollout_correction.preset=decoupled_geo_rs_seq_tis"])
+    assert "precision-mismatch-uncorrected" not in [q.code for q in corrected.problems]
+    assert "precision-mismatch-uncorrected" not in [q.code for q in analyze_run_config(tiny).problems]
+    bad = analyze_run_config(tiny, ["rollout.dtype=fp16"])
+    assert bad.exit_code == EXIT_INVALID and any(q.key == "rollout.dtype" for q in bad.problems)

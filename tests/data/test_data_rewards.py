@@ -90,12 +90,14 @@ def test_geo3k(response: str, truth: str, score: float, acc: float, fmt: float) 
 @pytest.mark.parametrize(
     "response, finished, expected",
     [
-        ("381", True, 1.0),
-        ("381", False, 0.9),  # all right but no EOS
-        ("3815", True, 0.9),  # all right but not exactly the target
-        ("380", True, 2 / 3),
-        ("38", True, 2 / 3),
-        ("183", True, 1 / 3),
+        ("381", True, 1.0),  # exact + EOS: the only full score
+        ("381", False, 0.5),  # the right digits without EOS
+        ("3815", True, 0.5),  # the right digits, then more
+        ("380", True, 1 / 3 + 0.5),  # stopped at the right place, 2 digits right
+        ("38", True, 1 / 3),  # stopped too early
+        ("183", True, 1 / 6 + 0.5),
+        ("999", False, 0.0),  # wrong
+        ("999", True, 0.5),  # wrong digits, but stopped at the right place
         ("", True, 0.0),
         (" 381 ", True, 1.0),
     ],
@@ -106,9 +108,21 @@ def test_copy(response: str, finished: bool, expected: float) -> None:
     assert out["acc"] == (1.0 if expected == 1.0 else 0.0)
 
 
+def test_copy_stopping_always_pays() -> None:
+    """No response without the exact answer + EOS scores as much as one with it, so the training reward
+    ranks responses as validation (which counts exact answers) does."""
+    exact = rewards.copy("381", "381", **KW)["score"]
+    others = [rewards.copy(r, "381", data_source="asyncrl/copy", extra_info={}, finished=f)["score"]
+              for r in ("381", "3811", "38", "380", "999", "381 381") for f in (True, False)
+              if not (r == "381" and f)]
+    assert exact == 1.0 and max(others) < 1.0
+    # the right digits without EOS never outscore the right digits with it
+    assert rewards.copy("381", "381", **{**KW, "finished": False})["score"] < exact
+
+
 def test_reverse_scores_against_the_reversed_digits() -> None:
     assert rewards.reverse("183", "183", **KW)["score"] == 1.0
-    assert rewards.reverse("381", "183", **KW)["score"] == pytest.approx(1 / 3)
+    assert rewards.reverse("381", "183", **KW)["score"] == pytest.approx(1 / 6 + 0.5)
 
 
 @pytest.mark.parametrize(

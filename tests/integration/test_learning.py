@@ -1,6 +1,7 @@
 """The product's promise on CPU: real learning through the fully async loop.
 
-- `tiny-cpu` as shipped: the mean reward of the last quarter of steps exceeds the first quarter's by ≥ 0.3.
+- `tiny-cpu` as shipped: the mean reward of the last quarter of steps exceeds the first quarter's by ≥ 0.3,
+  and validation (exact answer + EOS) reaches ≥ 0.5 at the last validation.
 - `smollm2-arith-cpu` (the demo, slow: `make test-slow`): greedy validation accuracy rises by ≥ 0.15 from the
   first to the last validation.
 """
@@ -25,6 +26,9 @@ def test_tiny_preset_learns(run_dir):
     last = sum(r["critic/rewards/mean"] for r in recs[-q:]) / q
     assert last - first >= 0.3, (first, last)
     assert max(r["asyncrl/staleness/max"] for r in recs) >= 1  # it really ran off-policy
+    vals = [next(v for k, v in r.items() if k.startswith("val-core/"))
+            for r in read_jsonl(run_dir / "metrics.jsonl") if any(k.startswith("val-core/") for k in r)]
+    assert vals and vals[-1] >= 0.5, vals  # the reward pays for what validation counts
 
 
 @pytest.mark.slow

@@ -51,3 +51,35 @@ def test_sliding_window_model_decodes_like_transformers_generate() -> None:
             ref = model.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=1,
                                  pad_token_id=0)[0, len(p):].tolist()
         assert r.response_ids == (ref[: ref.index(1) + 1] if 1 in ref else ref)
+
+
+def _cache(rows: int, cols: int, seed: int) -> tuple[GrowableKVCache, torch.Tensor]:
+    cache = GrowableKVCache(capacity=cols + 4)
+    kv = torch.randn(rows, 1, cols, 4, generator=torch.Generator().manual_seed(seed))
+    for _ in range(2):  # two layers
+        cache.update(kv, -kv, len(cache.layers))
+    return cache, kv
+
+
+def test_rows_join_and_leave_in_place_for_continuous_batching() -> None:
+    from engine.rollout.kv_cache import merge_rows
+
+    running, a = _cache(3, 5, seed=0)
+    joining, b = _cache(2, 3, seed=1)
+    merged = merge_rows([(running, None), (joining, None)], width=5, capacity=9, row_capacity=6)
+    assert merged.rows == 5 and merged.row_capacity == 6
+    keys = merged.layers[1].keys
+    assert torch.equal(keys[:3], a) and torch.equal(keys[3:, :, 2:], b)
+    assert bool((keys[3:, :, :2] == 0).all())  # the new rows' left padding is zeros, never stale memory
+    assert torch.equal(merged.layers[0].values[3:, :, 2:], -b)
+    # row 1 leaves: the last row takes its slot, one row's copy
+    merged.move_rows(torch.tensor([4]), torch.tensor([1]), rows=4)
+    assert merged.rows == 4 and torch.equal(merged.layers[0].keys[1, :, 2:], b[1])
+    # one more row joins into the free slots, right-aligned
+    extra, c = _cache(2, 4, seed=2)
+    assert merged.can_append(extra)
+    merged.append_rows(extra)
+    assert merged.rows == 6 and not merged.can_append(extra)  # no free slot left
+    assert torch.equal(merged.layers[1].keys[4:, :, 1:], c) and bool((merged.layers[1].keys[4:, :, 0] == 0).all())
+    keys, _ = merged.layers[0].update(torch.ones(6, 1, 1, 4), torch.ones(6, 1, 1, 4))
+    assert keys.shape == (6, 1, 6, 4) and bool((keys[:, :, 5] == 1).all())
