@@ -9,7 +9,7 @@ A dispatch of requests with remaining lengths r_1..r_m runs its first k decode s
 a = `token_cost` (seconds per decode step: reading the weights), b = `row_cost` (seconds per running row and
 step: its KV cache and its share of the FLOPs), p = `prefill_cost` (seconds per prompt token; a resumed partial
 rollout prefills its prefix again). Rows leave the batch as they finish, so a long tail costs a + b·(few rows)
-per step. An abort returns at the first step boundary k with start + T(k) > now. A training step takes
+per step. An abort returns at the first step boundary k with start + T(k) > now (at most the dispatch's end). A training step takes
 `tokens · train_token_cost + train_step_overhead`. With b = p = overhead = 0 and `short_max = None` this is
 exactly `World`'s cost model (and `World` itself, untouched, is what `asyncrl simulate --check` runs).
 """
@@ -87,7 +87,13 @@ class CostedWorld(World):
         rep, d = self.replicas[rid], self.costs[rid]
         return d.prefill + k * rep.cost + self.s.row_cost * self.slow[rid] * sum(min(r, k) for r in d.rem)
 
+    def _simple(self) -> bool:
+        return not (self.s.row_cost or self.s.prefill_cost)
+
     def _start(self, rid: int, reqs: list[GenRequest]) -> None:
+        if self._simple():
+            super()._start(rid, reqs)
+            return
         rep: SimReplica = self.replicas[rid]
         rep.epoch += 1
         rep.start, rep.requests = self.now, reqs
@@ -101,6 +107,9 @@ class CostedWorld(World):
         self._at(self.now + self._elapsed(rid, steps), "generated", (rid, rep.epoch, steps))
 
     def _abort(self, rid: int) -> None:
+        if self._simple():
+            super()._abort(rid)
+            return
         rep = self.replicas[rid]
         rep.aborted = True
         if not (rep.requests and rep.alive) or rid not in self.costs:
