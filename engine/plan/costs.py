@@ -67,6 +67,10 @@ class Layout:
     total_versions: int | None
     log_prob_passes: int
     device: str = "cuda"
+    slots: int = 1
+    """Dispatches one replica serves at once. asyncrl's loop sends one dispatch (`seqs_per_call` rows) per
+    replica and gets it back whole: 1. A server with continuous batching that takes each prompt on its own
+    (verl's rollouter, `concurrent_samples_per_replica` prompts at once) is `slots` = that many."""
 
     @property
     def rollout_world(self) -> int:

@@ -18,7 +18,7 @@ T_cpu = max(T, Σ replica busy + trainer busy) — the work done serially — an
 
 Baselines on the same accelerators: `sync` (asyncrl's mode = "sync": the same actors in turn) and
 `colocated` (verl's colocate baseline: all accelerators generate, then all train; the batch is split evenly
-over the replicas and the training cost scales as 1 / world).
+over the replicas at once, so slots do not matter, and the training cost scales as 1 / world).
 """
 
 from __future__ import annotations
@@ -81,15 +81,17 @@ def scenario(layout: Layout, costs: CostModel, versions: int, seed: int = 0, res
     lengths and abort points are exact to q tokens."""
     q = quantum(layout, resolution)
     tok, step = costs.train_at(layout.trainer_world)
+    k = max(1, layout.slots)  # a replica of k slots: k simulated replicas of seqs_per_call / k rows, each
+    # stepping at a + k·b·rows (every slot advances once per step of the whole batch, k·rows rows)
     return CostedScenario(
         seed=seed, n=layout.n, ppo_mini_batch_size=layout.required_samples, require_batches=1,
         trigger=layout.trigger, staleness_threshold=layout.staleness, partial_rollout=layout.partial_rollout,
         mode=layout.mode, max_staleness_versions=layout.max_staleness_versions, stale_policy=layout.stale_policy,
-        replicas=layout.replicas, seqs_per_call=layout.seqs_per_call,
+        replicas=layout.replicas * k, seqs_per_call=max(layout.n, layout.seqs_per_call // k),
         total_prompts=layout.required_samples * layout.trigger * versions,
         max_new_tokens=math.ceil(layout.max_new_tokens / q), long_tail=costs.long_tail,
         token_cost=costs.decode_step_s * q, train_token_cost=tok * q, sync_cost=costs.sync_s,
-        row_cost=costs.row_step_s * q, prefill_cost=costs.prefill_token_s * q,
+        row_cost=costs.row_step_s * q * k, prefill_cost=costs.prefill_token_s * q,
         prompt_tokens=math.ceil(layout.prompt_tokens / q), train_step_overhead=step,
         short_max=max(1, math.ceil(min(costs.short_max, layout.max_new_tokens) / q)),
     )
@@ -138,7 +140,7 @@ def simulate(layout: Layout, costs: CostModel, label: str = "plan", measure: int
         trainer_world=layout.trainer_world, trigger=layout.trigger, staleness=layout.staleness,
         version_time_s=version_time, step_time_s=T / max(1, steps), samples_per_s=(prompts1 - prompts0) / T,
         trainer_idle_ratio=min(1.0, max(0.0, 1 - (train_compute + sum(pauses)) / T)),
-        rollout_idle_ratio=min(1.0, max(0.0, 1 - rbusy / (layout.replicas * T))),
+        rollout_idle_ratio=min(1.0, max(0.0, 1 - rbusy / (layout.replicas * max(1, layout.slots) * T))),
         staleness_hist=dict(hist), sync_pause_s=sum(pauses) / max(1, len(pauses)),
         sync_wait_s=max(0.0, sum(pauses) / max(1, len(pauses)) - s.sync_cost),
         time_to_end_s=to_end, versions_simulated=versions, violations=list(out.violations), cpu_contention=cpu,
@@ -157,7 +159,7 @@ def colocated_layout(layout: Layout) -> Layout:
     per_version = layout.required_samples * layout.trigger
     per_call = min(layout.seqs_per_call, layout.n * math.ceil(per_version / replicas))
     return dataclasses.replace(sync_layout(layout), replicas=replicas, seqs_per_call=max(layout.n, per_call),
-                               trainer_world=layout.accelerators)
+                               trainer_world=layout.accelerators, slots=1)
 
 
 def predict(layout: Layout, costs: CostModel, baselines: bool = True, measure: int = MEASURE,
