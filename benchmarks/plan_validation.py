@@ -27,6 +27,9 @@ from benchmarks.targets import evaluate
 STUDY = "plan-validation"
 COMMON = ("trainer.test_freq=0", "trainer.val_before_train=false")
 VARIANT = ("async_training.staleness_threshold=1.0", "async_training.trigger_parameter_sync_step=2")
+SAME_THREADS = ("resources.trainer.cpu_threads=1", "resources.rollout.cpu_threads=1")
+"""On CPU, sync mode gives each phase every core (2 OpenMP threads) and fully async one each: the sync
+calibration run uses one thread per side too, so that its costs are those of the async runs' placement."""
 SIZES = {"full": ("trainer.total_steps=120",),
          "toy": ("trainer.total_steps=8", "trainer.ppo_mini_batch_size=8", "rollout.n=4")}
 
@@ -75,7 +78,7 @@ def measured_part(size: str, run_dirs: dict[str, Path] | None = None) -> dict[st
     from engine.plan.predict import simulate
 
     base = [*COMMON, *SIZES[size]]
-    specs = {"sync": ("tiny-cpu-sync.toml", base), "async": ("tiny-cpu.toml", base),
+    specs = {"sync": ("tiny-cpu-sync.toml", [*base, *SAME_THREADS]), "async": ("tiny-cpu.toml", base),
              "variant": ("tiny-cpu.toml", [*base, *VARIANT])}
     loads: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="asyncrl-plan-") as tmp:
@@ -97,6 +100,9 @@ def measured_part(size: str, run_dirs: dict[str, Path] | None = None) -> dict[st
             free = simulate(dataclasses.replace(lay, device="cuda"), resolve(lay, calibration=cal), label)
             c = _compare(label, pred, measured(read_rows(run_dirs[label]), lay))
             c["predicted_without_contention"] = free.to_json()
+            own = calibrate(run_dirs[label], lay)  # the schedule alone: the run's own costs, re-simulated
+            c["predicted_own_costs"] = simulate(lay, resolve(lay, calibration=own), label).to_json()
+            c["own_costs"] = own["costs"]
             out["comparisons"].append(c)
     return out
 
@@ -154,11 +160,17 @@ def run(size: str, out_dir: Path, run_dirs: dict[str, Path] | None = None) -> di
         rows.append([c["run"], sig(p["samples_per_s"]), sig(m["samples_per_s"]), f"{c['samples_per_s_error']:+.0%}",
                      round(p["trainer_idle_ratio"], 2), round(m["trainer_idle_ratio"], 2),
                      round(p["rollout_idle_ratio"], 2), round(m["rollout_idle_ratio"], 2),
-                     sig(c["predicted_without_contention"]["samples_per_s"]), "yes" if c["within"] else "no"])
+                     sig(c["predicted_without_contention"]["samples_per_s"]), "yes" if c["within"] else "no",
+                     sig(c["predicted_own_costs"]["samples_per_s"]),
+                     round(c["predicted_own_costs"]["trainer_idle_ratio"], 2),
+                     round(c["predicted_own_costs"]["rollout_idle_ratio"], 2),
+                     round(c["own_costs"]["train_step_s"], 3)])
     result["tables"].append(table(
         "Predicted vs measured (tiny preset, this machine; calibrated on the sync run)",
         ["run", "pred. samples/s", "meas. samples/s", "error", "pred. trainer idle", "meas. trainer idle",
-         "pred. rollout idle", "meas. rollout idle", "pred. samples/s, separate devices", "within tolerance"],
+         "pred. rollout idle", "meas. rollout idle", "pred. samples/s, separate devices", "within tolerance",
+         "own costs: pred. samples/s", "own costs: trainer idle", "own costs: rollout idle",
+         "run's trainer s/step"],
         rows))
     result["tables"].append(table(
         "Declared costs in the shape of verl's published setups (H20, 128 GPUs)",
@@ -177,6 +189,12 @@ def run(size: str, out_dir: Path, run_dirs: dict[str, Path] | None = None) -> di
         order_pub = sorted(range(len(part2)), key=lambda i: part2[i]["published"])
         order_pred = sorted(range(len(part2)), key=lambda i: part2[i]["predicted"])
         result["targets"].append(evaluate("published ordering reproduced", order_pub == order_pred, True, "true"))
+    result["notes"] = [
+        "Part 1 runs: " + ("launched by the study" if run_dirs is None else
+                           "made with `asyncrl launch` just before (see the commentary for the commands): "
+                           + ", ".join(f"{k}={v}" for k, v in run_dirs.items())),
+        "Samples are prompts (each with n responses), as in verl; all figures over the steps after the first 3.",
+    ]
     write_json(finish_result(result, started), out_dir)
     plot(result, out_dir)
     return result

@@ -180,6 +180,10 @@ def command(
                                  help="Try a grid: rollout_fraction,trigger,staleness (name=v1:v2:… for values).")
     ] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="With --sweep: how many layouts to print.")] = 5,
+    slots: Annotated[
+        int, typer.Option("--slots", min=1, help="Model replicas that serve K dispatches at once (continuous "
+                          "batching of per-prompt requests, as verl's server); asyncrl's loop: 1.")
+    ] = 1,
     json_: JsonOpt = False,
 ) -> None:
     """Predict a run's speed before launching it: step time, samples/s, idle ratios, staleness, async ÷ sync.
@@ -194,6 +198,10 @@ def command(
     layout, costs = _setup(run_file, set_, calibration)
     from engine.plan.predict import predict
 
+    if slots > 1:
+        import dataclasses
+
+        layout = dataclasses.replace(layout, slots=slots)
     t0 = time.monotonic()
     if sweep is not None:
         from engine.plan.sweep import SweepSpecError, parse
