@@ -81,7 +81,7 @@ def reason(p: Prediction) -> str:
     return f"balanced: trainer idles {p.trainer_idle_ratio:.0%}, rollout {p.rollout_idle_ratio:.0%}"
 
 
-def run(layout: Layout, costs: CostModel, grid: dict[str, list[float]], resolution: int = 64,
+def run(layout: Layout, costs: CostModel, grid: dict[str, list[float]], resolution: int = 32,
         measure: int = 3) -> list[Point]:
     """Every point of the grid, best (most samples/s) first."""
     accel = layout.accelerators
