@@ -13,6 +13,7 @@ STUDIES: dict[str, str] = {
     "trainer-throughput": "benchmarks.trainer_throughput",
     "cli-latency": "benchmarks.cli_latency",
     "staleness": "benchmarks.staleness",
+    "plan-validation": "benchmarks.plan_validation",
 }
 """Study name → module; each module exposes `run(size: str, out_dir: Path) -> dict`."""
 

@@ -7,6 +7,12 @@ no torch, no ray — importing it costs what the CLI's `validate` already pays.
     presets.py    where the preset catalog lives (env path, source tree, or the installed package's data)
     placement.py  the placement: the dry-run layout over nodes and the Ray options each actor asks for
 
+and `asyncrl plan`, the prediction of a layout's speed with the loop simulator:
+
+    costs.py      the cost model (calibration file, else FLOP/bandwidth estimates from config.json + hardware)
+    calibrate.py  a calibration file from a real run's metrics.jsonl
+    predict.py    one prediction (async, sync and colocated on the same accelerators) · sweep.py: a grid of them
+
 The CLI's config package imports these; the engine never imports the CLI package (`make lint` enforces it),
 so every formula is written once, here, below both.
 """

@@ -36,6 +36,8 @@ class HardwarePreset(BaseModel):
     """Intra-node / inter-node links, e.g. `nvlink+ib`, `hccs+roce`, `pcie`, `none`."""
     bf16_tflops: float | None = Field(None, gt=0)
     """Dense bf16 peak of one accelerator (for throughput estimates)."""
+    memory_bandwidth_gbs: float | None = Field(None, gt=0)
+    """Peak memory bandwidth of one accelerator in GB/s (`asyncrl plan`'s decode-cost estimate)."""
     tested: bool = True
     """False when asyncrl has not been run on this hardware (validate adds a note)."""
 

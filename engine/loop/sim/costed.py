@@ -1,0 +1,147 @@
+"""The simulator with a cost model: the same `World` (the real loop cores), with decode steps that cost more
+for a bigger running batch, a prefill cost, a fixed cost per training step, a response-length distribution
+with a chosen short range, and a timeline of every sync (what `asyncrl plan` measures).
+
+A dispatch of requests with remaining lengths r_1..r_m runs its first k decode steps in
+
+    T(k) = prefill + k · a + b · Σ_i min(r_i, k)        prefill = p · Σ_i (prompt_tokens + len(prefix_i))
+
+a = `token_cost` (seconds per decode step: reading the weights), b = `row_cost` (seconds per running row and
+step: its KV cache and its share of the FLOPs), p = `prefill_cost` (seconds per prompt token; a resumed partial
+rollout prefills its prefix again). Rows leave the batch as they finish, so a long tail costs a + b·(few rows)
+per step. An abort returns at the first step boundary k with start + T(k) > now (at most the dispatch's end). A training step takes
+`tokens · train_token_cost + train_step_overhead`. With b = p = overhead = 0 and `short_max = None` this is
+exactly `World`'s cost model (and `World` itself, untouched, is what `asyncrl simulate --check` runs).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+from engine.loop.sim.scenario import Scenario
+from engine.loop.sim.world import SimReplica, World
+from engine.types import GenRequest
+
+
+@dataclass
+class CostedScenario(Scenario):
+    """A Scenario with the optional costs of the module docstring (defaults: World's model)."""
+
+    row_cost: float = 0.0
+    prefill_cost: float = 0.0
+    prompt_tokens: int = 0
+    train_step_overhead: float = 0.0
+    short_max: int | None = None
+    """Short responses are uniform on 1..short_max (None: max_new_tokens // 3); `long_tail` of them run to
+    the token limit."""
+
+
+@dataclass
+class SyncMark:
+    """One sync: when the trainer asked for it, when the weights were loaded, and the counters at the end."""
+
+    begin: float
+    end: float = 0.0
+    version: int = 0
+    local_step: int = 0
+    trainer_busy: float = 0.0
+    rollout_busy: float = 0.0
+    prompts_trained: int = 0
+
+
+@dataclass
+class _Dispatch:
+    rem: list[int] = field(default_factory=list)
+    prefill: float = 0.0
+
+
+class CostedWorld(World):
+    """`World` with the costs of `CostedScenario` and a sync timeline (`marks`)."""
+
+    def __init__(self, s: CostedScenario) -> None:
+        self.costs: dict[int, _Dispatch] = {}
+        self.marks: list[SyncMark] = []
+        self.trained_prompts = 0
+        self._lengths: dict[str, int] = {}
+        super().__init__(s)
+        self.bound = float("inf")  # a plan has no liveness bound to prove: the heap drains
+        self.slow = [5.0 if i == s.straggler else 1.0 for i in range(s.replicas)]
+
+    # ------------------------------------------------------------------ costs
+    def _length(self, request_id: str) -> int:
+        got = self._lengths.get(request_id)
+        if got is not None:
+            return got
+        s = self.s
+        if getattr(s, "short_max", None) is None:
+            got = super()._length(request_id)
+        else:
+            h = zlib.crc32(f"{s.seed}:{request_id}".encode())
+            long = (h % 1000) / 1000 < s.long_tail
+            got = s.max_new_tokens if long else 1 + (h >> 10) % max(1, min(s.short_max, s.max_new_tokens))
+        self._lengths[request_id] = got
+        return got
+
+    def _elapsed(self, rid: int, k: int) -> float:
+        rep, d = self.replicas[rid], self.costs[rid]
+        return d.prefill + k * rep.cost + self.s.row_cost * self.slow[rid] * sum(min(r, k) for r in d.rem)
+
+    def _simple(self) -> bool:
+        return not (self.s.row_cost or self.s.prefill_cost)
+
+    def _start(self, rid: int, reqs: list[GenRequest]) -> None:
+        if self._simple():
+            super()._start(rid, reqs)
+            return
+        rep: SimReplica = self.replicas[rid]
+        rep.epoch += 1
+        rep.start, rep.requests = self.now, reqs
+        if rep.aborted:
+            self._at(self.now, "generated", (rid, rep.epoch, 0))
+            return
+        rem = [self._remaining(r) for r in reqs]
+        tokens = sum(self.s.prompt_tokens + len(r.prefix_ids) for r in reqs)
+        self.costs[rid] = _Dispatch(rem, self.s.prefill_cost * self.slow[rid] * tokens)
+        steps = max(rem)
+        self._at(self.now + self._elapsed(rid, steps), "generated", (rid, rep.epoch, steps))
+
+    def _abort(self, rid: int) -> None:
+        if self._simple():
+            super()._abort(rid)
+            return
+        rep = self.replicas[rid]
+        rep.aborted = True
+        if not (rep.requests and rep.alive) or rid not in self.costs:
+            return
+        lo, hi = 1, max(self.costs[rid].rem)
+        while lo < hi:  # the first step boundary strictly after now
+            mid = (lo + hi) // 2
+            if rep.start + self._elapsed(rid, mid) > self.now:
+                hi = mid
+            else:
+                lo = mid + 1
+        rep.epoch += 1
+        self._at(max(self.now, rep.start + self._elapsed(rid, lo)), "generated", (rid, rep.epoch, lo))
+
+    def _at(self, t: float, kind: str, args: tuple) -> None:
+        if kind == "trained":  # the fixed cost of a step (World charges only its tokens)
+            t += self.s.train_step_overhead
+            self.trainer_busy += self.s.train_step_overhead
+            self.trained_prompts += len(args[1])
+        super()._at(t, kind, args)
+
+    # ------------------------------------------------------------------ timeline
+    def _after_step(self) -> bool:
+        started = super()._after_step()
+        if started:
+            self.marks.append(SyncMark(begin=self.now))
+        return started
+
+    def _on_synced(self, run_epoch: int) -> None:
+        super()._on_synced(run_epoch)
+        if self.marks and self.marks[-1].end == 0.0:
+            m = self.marks[-1]
+            m.end, m.version, m.local_step = self.now, self.trainer.version, self.trainer.local_step
+            m.trainer_busy, m.rollout_busy = self.trainer_busy, self.rollout_busy
+            m.prompts_trained = self.trained_prompts

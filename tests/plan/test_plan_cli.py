@@ -1,0 +1,96 @@
+"""`asyncrl plan` through the command line: the seed layout (128 GPUs) predicts async faster than sync in
+seconds, the tiny preset predicts from a calibration, `--calibrate` writes one, `--sweep` ranks layouts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from asyncrl_cli.app import app
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNS = ROOT / "presets" / "runs"
+SEED = RUNS / "qwen3-30b-a3b-base-dapo-megatron-96-32.toml"
+
+
+def _plan(*args: str):
+    return CliRunner().invoke(app, ["plan", *map(str, args)])
+
+
+def test_seed_layout_predicts_async_faster_than_sync_in_seconds() -> None:
+    t0 = time.process_time()
+    r = _plan(SEED, "--json")
+    cpu_s = time.process_time() - t0
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    plan, sync = doc["plan"], doc["sync"]
+    assert doc["layout"]["replicas"] == 24 and doc["layout"]["trainer_world"] == 32
+    assert doc["speedup_vs_sync"] > 1.0 and plan["samples_per_s"] > sync["samples_per_s"]
+    assert plan["step_time_s"] > 0 and 0.0 <= plan["trainer_idle_ratio"] <= 1.0
+    assert set(plan["staleness_hist"]) == {"0", "1"}  # staleness 0.5 at trigger 4: at most one version old
+    assert sync["staleness_hist"].keys() == {"0"}
+    assert plan["time_to_end_s"] > 400 * plan["version_time_s"] * 0.9  # 400 versions
+    assert plan["sync_pause_s"] >= doc["costs"]["sync_s"] and plan["violations"] == []
+    assert "colocated" in doc and doc["colocated"]["trainer_world"] == 128
+    assert cpu_s < 10, cpu_s
+
+
+def test_seed_layout_table_names_its_cost_sources() -> None:
+    r = _plan(SEED)
+    assert r.exit_code == 0, r.output
+    assert "async ÷ sync" in r.output and "estimate" in r.output and "η_bw" in r.output
+
+
+def test_tiny_preset_needs_a_calibration_and_says_how(tmp_path: Path) -> None:
+    r = _plan(RUNS / "tiny-cpu.toml")
+    assert r.exit_code == 1
+    assert "--calibrate" in r.output and "Traceback" not in r.output
+
+
+def test_calibrate_then_plan_the_tiny_preset(run_dir: Path) -> None:
+    r = _plan("--calibrate", run_dir)
+    assert r.exit_code == 0, r.output
+    cal = run_dir / "calibration.json"
+    assert cal.is_file() and "measured" in r.output
+    r = _plan(RUNS / "tiny-cpu-sync.toml", "--calibration", cal, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    measured = json.loads(cal.read_text())["measured"]
+    assert abs(doc["plan"]["samples_per_s"] / measured["samples_per_s"] - 1) < 0.1  # the run it came from
+    assert doc["plan"]["cpu_contention"] is True
+    assert all(v.endswith("calibration.json") for v in doc["costs"]["sources"].values())
+
+
+def test_sweep_ranks_layouts_and_says_which_side_idles() -> None:
+    r = _plan(SEED, "--sweep", "rollout_fraction=0.5:0.75,trigger=2:4", "--json", "--top", "10")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    pts = doc["points"]
+    assert doc["simulated"] == 4 and len(pts) == 4
+    speeds = [p["samples_per_s"] for p in pts]
+    assert speeds == sorted(speeds, reverse=True)
+    assert {(p["rollout_world"], p["trainer_world"]) for p in pts} == {(64, 64), (96, 32)}
+    assert all(p["reason"].split(":")[0] in ("rollout-bound", "trainer-bound", "balanced") for p in pts)
+    r = _plan(SEED, "--sweep", "staleness=0:0.5", "--top", "1")
+    assert r.exit_code == 0 and "best 1 of 2" in r.output
+
+
+def test_bad_sweep_and_missing_files_are_usage_errors(tmp_path: Path) -> None:
+    assert _plan(SEED, "--sweep", "gpus").exit_code == 2
+    assert _plan(SEED, "--sweep", "trigger=a:b").exit_code == 2
+    assert _plan(tmp_path / "nope.toml").exit_code == 2
+    assert _plan(SEED, "--calibration", tmp_path / "none.json").exit_code == 2
+    assert _plan("--calibrate", tmp_path / "nothing").exit_code == 2
+    assert _plan().exit_code == 2
+
+
+def test_plan_keeps_the_cli_import_light() -> None:
+    code = ("import sys, asyncrl_cli.app; "
+            "print(sorted(m for m in sys.modules if m.startswith(('engine.plan', 'engine.loop', 'torch', 'ray'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
