@@ -145,6 +145,9 @@ class ResourcesConfig(Section):
     """Trainer pool (`trainer.nnodes`, `trainer.n_gpus_per_node` in verl)."""
     rollout: NodeGroup = Field(default_factory=NodeGroup)
     """Rollout pool (`rollout.nnodes`, `rollout.n_gpus_per_node` in verl)."""
+    placement_timeout_s: float = Field(300.0, gt=0)
+    """On accelerator hardware: how long `launch` waits for Ray to place the pools' placement groups (one per
+    node, one bundle per accelerator) before it fails with one line naming what could not be placed."""
 
 
 class OptimConfig(Section):

@@ -77,21 +77,25 @@ def build_rollout_backend(cfg: Any, model_dir: str):
 def build_trainer_backend(cfg: Any, model_dir: str, distributed: bool = False):
     """The configured training backend for `model_dir` (backends imported lazily). `distributed`: this process
     is one rank of a trainer group (`engine.runtime.trainer_group`, process group already joined), so the torch
-    backend is the FSDP2 one; Megatron has no such mode in this runtime. The torch backends compute on
-    `compute_device(cfg)`; Megatron places itself."""
+    backend is the FSDP2 one and Megatron builds its TP/PP/CP/EP/DP groups over that world. The torch backends
+    compute on `compute_device(cfg)`; Megatron places itself."""
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
     optim = cfg.trainer.optim.model_dump()
     if optim.pop("name", "adamw") != "adamw":
         raise ValueError(f"trainer.optim.name = {cfg.trainer.optim.name!r}: only 'adamw' is supported")
-    if distributed and cfg.trainer.backend != "torch":
-        raise ValueError(f'trainer.backend = "{cfg.trainer.backend}" runs one trainer rank only in this runtime')
     if cfg.trainer.backend == "megatron":
         from engine.trainer.megatron.backend import MegatronTrainerBackend
 
+        world: dict[str, Any] = {}
+        if distributed:
+            import torch.distributed as dist
+
+            world = {"rank": dist.get_rank(), "world_size": dist.get_world_size()}
         return MegatronTrainerBackend(
             model_dir, tp=cfg.trainer.tp, pp=cfg.trainer.pp, cp=cfg.trainer.cp, ep=cfg.trainer.ep,
             optim_cfg=optim, grad_clip=cfg.trainer.grad_clip,
             micro_batch_size=cfg.trainer.ppo_micro_batch_size_per_gpu, temperature=temperature,
+            **world,
         )
     from engine.models.loader import load_causal_lm
     from engine.trainer.torch_trainer import TorchTrainerBackend

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.runtime.controller import NAMESPACE  # a light module: no ray at import
+from engine.runtime.placement_groups import RAY_ACCELERATOR, PlacementTimeout
 
 STOP_TIMEOUT_S = 120.0
 """How long an interrupted driver waits for the trainer's stop checkpoint."""
@@ -48,13 +49,13 @@ def prepare_run_dir(cfg: Any, resume: str | None) -> Path:
 
 
 def trainer_ranks(cfg: Any) -> int:
-    """M = `resources.trainer.nnodes × gpus_per_node` trainer ranks. Raises RunFailed for a Megatron trainer of
-    more than one rank: this runtime runs Megatron as a single rank (multi-rank is the torch backend's FSDP2)."""
+    """M = `resources.trainer.nnodes × gpus_per_node` trainer ranks. Raises RunFailed for a Megatron layout the
+    backend cannot run: pipeline (pp > 1) and context (cp > 1) parallelism are not implemented by it."""
     ranks = cfg.resources.trainer.nnodes * cfg.resources.trainer.gpus_per_node
-    if ranks > 1 and cfg.trainer.backend != "torch":
-        raise RunFailed(f'trainer.backend = "{cfg.trainer.backend}" runs one trainer rank in this runtime, but '
-                        f"resources.trainer asks for {ranks} (nnodes × gpus_per_node); set both to 1, or use "
-                        'trainer.backend = "torch" (FSDP2 across ranks)')
+    t = cfg.trainer
+    if t.backend == "megatron" and (t.pp > 1 or t.cp > 1):
+        raise RunFailed(f"trainer.pp = {t.pp}, trainer.cp = {t.cp}: this runtime's Megatron trainer runs tp × ep × dp "
+                        "with pp = 1 and cp = 1 (fold cp into dp, e.g. cp = 1 and the same GPUs)")
     return ranks
 
 
@@ -87,14 +88,15 @@ def _placement(cfg: Any) -> dict[str, Any]:
             res["runtime_env"] = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}
         return {"device": "cpu", "replicas": replicas, "trainer_ranks": ranks, "replica_res": res,
                 "trainer_res": dict(res), "replica_threads": replica_threads, "trainer_threads": trainer_threads}
+    from asyncrl_cli.config.layout import LayoutError, config_layout
+
+    try:  # the same formula `launch --dry-run` shows: which node and bundles each actor takes
+        layouts = config_layout(cfg, replicas)
+    except LayoutError as e:
+        raise RunFailed(str(e)) from None
     return {"device": device, "replicas": replicas, "replica_res": {**accelerators(device, tp), "num_cpus": 1},
             "trainer_ranks": ranks, "trainer_res": {**accelerators(device, 1), "num_cpus": 1}, "replica_threads": 4,
-            "trainer_threads": 4}
-
-
-RAY_ACCELERATOR = {"cuda": "GPU", "npu": "NPU"}
-"""Ray's resource name per accelerator device: GPUs are `num_gpus`, Ascend NPUs the custom resource "NPU"
-(Ray detects them and sets `ASCEND_RT_VISIBLE_DEVICES` per actor)."""
+            "trainer_threads": 4, "layouts": layouts, "placement_timeout_s": cfg.resources.placement_timeout_s}
 
 
 def accelerators(device: str, count: int) -> dict[str, Any]:
@@ -206,15 +208,36 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
     placement["namespace"] = run_namespace(cfg.name)
     started_ray = _init_ray(address, placement)
     restore_sigterm = _sigterm_as_interrupt()
+    pools = None
     try:
         _check_capacity(placement)
+        pools = _reserve(placement, cfg.name)
         return _run_actors(cfg, cfg_dict, provenance, run_dir, model_dir, placement, resumed, tui, progress)
     finally:
         restore_sigterm()
+        if pools is not None:
+            pools.release()
         if started_ray:
             import ray
 
             ray.shutdown()
+
+
+def _reserve(placement: dict[str, Any], name: str):
+    """On accelerator hardware: reserve the pools' placement groups (`placement_groups.reserve`) and put each
+    actor's options (its node's group and bundle) into `placement`. None on CPU hardware (one machine, no
+    accelerators to reserve)."""
+    if "layouts" not in placement:
+        return None
+    from engine.runtime.placement_groups import reserve
+
+    try:
+        pools = reserve(placement["device"], placement["layouts"], placement["placement_timeout_s"], name)
+    except PlacementTimeout as e:
+        raise RunFailed(str(e)) from None
+    placement["replica_options"] = pools.all_options("rollout", placement["replica_res"])
+    placement["trainer_options"] = pools.all_options("trainer", placement["trainer_res"])
+    return pools
 
 
 def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placement, resumed, tui, progress) -> int:
@@ -239,17 +262,22 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
     ok = False
     try:
         queue = MessageQueue.remote(max_queue_size(cfg))
-        replicas = [RolloutReplica.options(**placement["replica_res"]).remote(
+        replica_opts = placement.get("replica_options") or [placement["replica_res"]] * placement["replicas"]
+        trainer_opts = placement.get("trainer_options") or placement["trainer_res"]
+        replicas = [RolloutReplica.options(**replica_opts[i]).remote(
             cfg, model_dir, i, placement["replica_threads"]) for i in range(placement["replicas"])]
         actors += [queue, *replicas]
         _wait_ready([r.ready.remote() for r in replicas], "rollout replica")
         plan = resumed["plan"] if resumed else None
-        spec = {"options": placement["replica_res"], "threads": placement["replica_threads"]}
+        # options per replica slot when the pools are placement groups: a replacement takes the dead one's bundles
+        spec = {"options": placement.get("replica_options") or placement["replica_res"],
+                "threads": placement["replica_threads"]}
         rollouter = Rollouter.remote(cfg, model_dir, queue, controller, replicas,
                                      plan.rollout_resume() if plan else None, spec)
-        trainer = Trainer.options(**placement["trainer_res"]).remote(
+        # rank 0 is this actor; `trainer_opts` (one dict, or one per rank) places the ranks it starts
+        trainer = Trainer.options(**(trainer_opts[0] if isinstance(trainer_opts, list) else trainer_opts)).remote(
             cfg, model_dir, str(run_dir), queue, rollouter, controller, placement["trainer_threads"],
-            plan.trainer_resume() if plan else None, placement["trainer_res"])
+            plan.trainer_resume() if plan else None, trainer_opts)
         actors += [rollouter, trainer]
         step, version = (plan.step, plan.version) if plan else (0, 0)
         if plan is not None:
