@@ -250,6 +250,15 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                     "gpu_memory_utilization is a vLLM setting; the hf backend ignores it",
                 )
             )
+    if r.weight_sync == "collective":
+        if r.backend != "hf":
+            out.append(_e("collective-sync-backend", "rollout.weight_sync",
+                          f'the collective weight sync feeds hf replicas only; rollout.backend = "{r.backend}" '
+                          "receives through the object store", 'use weight_sync = "object_store"'))
+        if r.max_replica_restarts > 0:
+            out.append(_e("collective-sync-restarts", "rollout.max_replica_restarts",
+                          "a replacement replica cannot join the running broadcast group of the collective "
+                          "weight sync", 'set rollout.max_replica_restarts = 0, or weight_sync = "object_store"'))
     if "jsonl" not in cfg.logging.sinks:
         out.append(_i("jsonl-always", "logging.sinks", "metrics.jsonl is always written"))
     return out

@@ -92,6 +92,13 @@ def run_layout(trainer_nnodes: int, trainer_gpus_per_node: int, trainer_tp: int,
     }
 
 
+def replica_count(cfg: object) -> int:
+    """Rollout replicas of a `RunConfig`: `rollout.replicas`, or the rollout accelerators / tensor_parallel_size."""
+    res, r = cfg.resources, cfg.rollout  # type: ignore[attr-defined]
+    units = res.rollout.nnodes * res.rollout.gpus_per_node
+    return int(r.replicas or max(1, units // r.tensor_parallel_size))
+
+
 def config_layout(cfg: object, replicas: int) -> dict[str, PoolLayout]:
     """`run_layout` for a `RunConfig` (duck-typed: no schema import) with `replicas` rollout replicas."""
     res, t, r = cfg.resources, cfg.trainer, cfg.rollout  # type: ignore[attr-defined]

@@ -66,9 +66,10 @@ def _placement(cfg: Any) -> dict[str, Any]:
 
     hw = load_hardware(cfg.resources.hardware)
     device = hw.device
-    rollout_units = cfg.resources.rollout.nnodes * cfg.resources.rollout.gpus_per_node
+    from asyncrl_cli.config.layout import replica_count
+
     tp = cfg.rollout.tensor_parallel_size
-    replicas = cfg.rollout.replicas or max(1, rollout_units // tp)
+    replicas = replica_count(cfg)  # the count the collective weight sync's group is sized by, too
     ranks = trainer_ranks(cfg)
     if device == "cpu":
         cores = os.cpu_count() or 2
