@@ -8,7 +8,8 @@ replicas before generation starts), runs both loops to the end, prints progress,
 
 * 0 when the trainer finished its steps, or stopped gracefully on request (with a checkpoint);
 * 1 with one line naming the cause otherwise: bad input found by the preflight, a cluster without the GPUs
-  the run needs (checked right after Ray starts, instead of waiting forever), a failed actor, the replica
+  the run needs (checked right after Ray starts, instead of waiting forever), placement groups not placed
+  within `resources.placement_timeout_s` (`placement_groups.py`), a failed actor, the replica
   restart budget spent (after a checkpoint); the line says which checkpoint a `--resume auto` would use;
 * 130 on Ctrl-C or SIGTERM, after asking the trainer for a stop checkpoint (a second Ctrl-C abandons it).
 
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.runtime.controller import NAMESPACE  # a light module: no ray at import
-from engine.runtime.placement_groups import RAY_ACCELERATOR, PlacementTimeout
+from engine.runtime.placement_groups import RAY_ACCELERATOR, PlacementTimeout, accelerators
 
 STOP_TIMEOUT_S = 120.0
 """How long an interrupted driver waits for the trainer's stop checkpoint."""
@@ -98,13 +99,6 @@ def _placement(cfg: Any) -> dict[str, Any]:
     return {"device": device, "replicas": replicas, "replica_res": {**accelerators(device, tp), "num_cpus": 1},
             "trainer_ranks": ranks, "trainer_res": {**accelerators(device, 1), "num_cpus": 1}, "replica_threads": 4,
             "trainer_threads": 4, "layouts": layouts, "placement_timeout_s": cfg.resources.placement_timeout_s}
-
-
-def accelerators(device: str, count: int) -> dict[str, Any]:
-    """The actor options that ask Ray for `count` accelerators of `device`."""
-    if device == "cuda":
-        return {"num_gpus": count}
-    return {"resources": {RAY_ACCELERATOR[device]: count}}
 
 
 def _threads(setting: int | str, automatic: int, cores: int) -> int:
@@ -225,9 +219,7 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
 
 
 def _reserve(placement: dict[str, Any], name: str):
-    """On accelerator hardware: reserve the pools' placement groups (`placement_groups.reserve`) and put each
-    actor's options (its node's group and bundle) into `placement`. None on CPU hardware (one machine, no
-    accelerators to reserve)."""
+    """Accelerator hardware: reserve the pools' placement groups, put each actor's options into `placement`."""
     if "layouts" not in placement:
         return None
     from engine.runtime.placement_groups import reserve

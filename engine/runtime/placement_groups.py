@@ -15,11 +15,14 @@ child tasks captured) starts one GPU worker per bundle there, as verl does.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl_cli.config.layout import PoolLayout
+
+log = logging.getLogger(__name__)
 
 RAY_ACCELERATOR = {"cuda": "GPU", "npu": "NPU"}
 """Ray's resource name per accelerator device (GPUs are `num_gpus`, Ascend NPUs the custom resource "NPU")."""
@@ -51,7 +54,7 @@ class Pools:
         opts["num_cpus"] = 1
         env = dict(opts.get("runtime_env", {}).get("env_vars", {}))
         if len(slot.bundles) == 1:
-            opts.update(_ask(self.device, 1))
+            opts.update(accelerators(self.device, 1))
         else:
             opts["num_gpus"] = 0
             env["VLLM_RAY_BUNDLE_INDICES"] = ",".join(map(str, slot.bundles))
@@ -73,12 +76,13 @@ class Pools:
             for pg in groups:
                 try:
                     remove_placement_group(pg)
-                except Exception:
-                    pass
+                except Exception as e:  # noqa: BLE001 — best effort on the way out: never mask the real error
+                    log.debug("placement group not removed: %s", e)
         self.groups = {}
 
 
-def _ask(device: str, count: int) -> dict[str, Any]:
+def accelerators(device: str, count: int) -> dict[str, Any]:
+    """The actor options that ask Ray for `count` accelerators of `device`."""
     return {"num_gpus": count} if device == "cuda" else {"resources": {RAY_ACCELERATOR[device]: count}}
 
 
@@ -100,7 +104,7 @@ def reserve(device: str, layouts: dict[str, PoolLayout], timeout_s: float, run_n
     deadline = time.monotonic() + timeout_s
     waiting = list(pending)
     while waiting:
-        ready, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=max(0.0, deadline - time.monotonic()))
+        _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=max(0.0, deadline - time.monotonic()))
         if waiting and time.monotonic() >= deadline:
             missing = [pending[r] for r in waiting]
             free = {k: v for k, v in ray.available_resources().items() if k in ("CPU", RAY_ACCELERATOR[device])}

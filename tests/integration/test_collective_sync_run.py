@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from run_helpers import read_jsonl, tiny_config, train_records
 
 from engine.runtime.driver import run
-
-import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -32,8 +31,9 @@ def test_collective_sync_gives_both_replicas_the_trained_weights(run_dir):
 
 
 def test_collective_sync_is_refused_for_vllm_and_with_replica_restarts(tmp_path):
-    from asyncrl_cli.config.loader import analyze_run_config
     from run_helpers import TINY
+
+    from asyncrl_cli.config.loader import analyze_run_config
 
     an = analyze_run_config(TINY, ['rollout.weight_sync="collective"'])
     assert [p.key for p in an.problems if p.code == "collective-sync-restarts"] == ["rollout.max_replica_restarts"]

@@ -105,7 +105,7 @@ def reference(cfg: Any, model_dir: Path, batch: Any, out_dir: Path) -> dict[str,
     lp1, _ = backend.compute_log_probs(batch)
     backend.model.save_pretrained(out_dir)
     source = SafetensorsSource(out_dir)
-    return {"lp0": lp0, "lp1": lp1, "m1": m1, "state": {k: source(k) for k in source.keys()}}
+    return {"lp0": lp0, "lp1": lp1, "m1": m1, "state": {k: source(k) for k in source}}
 
 
 def run_group(cfg: Any, model_dir: Path, tmp_path: Path) -> tuple[dict, dict, Any]:
