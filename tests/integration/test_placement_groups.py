@@ -14,7 +14,7 @@ import ray
 from asyncrl_cli.config.layout import run_layout
 from engine.runtime.placement_groups import PlacementTimeout, reserve
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
 GPUS = 4
 
@@ -101,3 +101,30 @@ def test_a_pool_the_cluster_cannot_hold_fails_in_one_line(on_cluster) -> None:
     assert "\n" not in msg and msg.startswith("could not place the ") and "node" in msg and "within 3 s" in msg
     assert ray.util.placement_group_table() and all(  # nothing left reserved
         v["state"] == "REMOVED" for v in ray.util.placement_group_table().values() if v["name"].startswith("test-too"))
+
+
+def test_the_driver_reserves_what_dry_run_shows(on_cluster, tmp_path) -> None:
+    """`driver._placement` + `driver._reserve` for a CUDA preset: the options it hands the replicas and trainer
+    ranks place them on the bundles `asyncrl_cli.config.layout` (the dry-run's formula) names."""
+    from run_helpers import tiny_config
+
+    from engine.runtime import driver
+
+    cfg = tiny_config(tmp_path / "run", 'resources.hardware="h100"', "resources.trainer.gpus_per_node=4",
+                      "resources.rollout.nnodes=3", "resources.rollout.gpus_per_node=4")
+    placement = driver._placement(cfg)
+    assert placement["replicas"] == 12 and placement["trainer_ranks"] == 4
+    pools = driver._reserve(placement, "test-driver")
+    try:
+        ranks = [Probe.options(**o).remote() for o in placement["trainer_options"]]
+        replicas = [Probe.options(**o).remote() for o in placement["replica_options"]]
+        t = ray.get([r.where.remote() for r in ranks])
+        r = ray.get([p.where.remote() for p in replicas])
+        assert len({x["node"] for x in t}) == 1 and sorted(x["gpus"] for x in t) == ["0", "1", "2", "3"]
+        nodes = [x["node"] for x in r]
+        assert [nodes[i] == nodes[i - i % 4] for i in range(12)] == [True] * 12  # 4 TP-1 replicas per node
+        assert len(set(nodes)) == 3 and t[0]["node"] not in nodes
+        for a in ranks + replicas:
+            ray.kill(a)
+    finally:
+        pools.release()
