@@ -49,9 +49,14 @@ def build_rollout_backend(cfg: Any, model_dir: str):
     from engine.models.loader import load_causal_lm, load_tokenizer
 
     if cfg.rollout.backend == "vllm":
+        import os
+
         from engine.rollout.vllm_backend import VLLMRolloutBackend
 
         max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+        # a TP > 1 replica placed on several placement-group bundles (engine.runtime.placement_groups) holds no
+        # GPU itself: vLLM's Ray executor starts its TP workers on those bundles
+        executor = "ray" if os.environ.get("VLLM_RAY_BUNDLE_INDICES") else None
         return VLLMRolloutBackend(
             model_dir,
             tensor_parallel_size=cfg.rollout.tensor_parallel_size,
@@ -60,6 +65,7 @@ def build_rollout_backend(cfg: Any, model_dir: str):
             max_model_len=max_len,
             dtype=cfg.model.dtype,
             seed=cfg.trainer.seed,
+            distributed_executor_backend=executor,
         )
     from engine.rollout.hf import HFRolloutBackend
 
