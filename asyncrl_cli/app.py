@@ -10,7 +10,9 @@ from typing import Annotated
 
 import typer
 
-from asyncrl_cli.commands import attach, bench, ctl, data, import_, init, launch, presets, schema, status, validate
+from asyncrl_cli.commands import (
+    attach, bench, ctl, data, import_, init, launch, presets, schema, simulate, status, validate,
+)
 from asyncrl_cli.errors import AsyncrlError, debug_enabled, report_error
 
 LIFECYCLE = "Run lifecycle"
@@ -58,6 +60,7 @@ app.command("schema", rich_help_panel=INSPECT)(schema.command)
 app.add_typer(import_.app, name="import", rich_help_panel=TOOLS)
 app.add_typer(data.app, name="data", rich_help_panel=TOOLS)
 app.command("bench", rich_help_panel=TOOLS)(bench.command)
+app.command("simulate", rich_help_panel=TOOLS)(simulate.command)
 
 
 def main() -> None:

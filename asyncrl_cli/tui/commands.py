@@ -31,7 +31,7 @@ def palette_commands(app: DashboardApp) -> list[tuple[str, str, Callable[[], obj
                 "trigger_parameter_sync_step, applied at the next local step",
                 app.action_set_sync_interval,
             ),
-            ("Set staleness threshold…", "applied at the next weight sync", app.action_set_staleness),
+            ("Set staleness threshold…", "applied at once to the staleness budget", app.action_set_staleness),
             (
                 "Resume generation" if paused else "Pause generation",
                 "rollouter pause/resume",

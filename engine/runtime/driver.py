@@ -248,7 +248,9 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
         raise RunFailed(f"a run named {cfg.name!r} is already live on this cluster; pick another `name`")
     total_steps = total_train_steps(cfg) * cfg.async_training.trigger_parameter_sync_step
     actors: list[Any] = []
-    controller = create_run_controller(cfg.name, namespace=NAMESPACE, run_dir=str(run_dir), config=cfg_dict,
+    plan = resumed["plan"] if resumed else None
+    controller = create_run_controller(cfg.name, namespace=NAMESPACE, run_dir=str(run_dir),
+                                       config=_with_live_knobs(cfg_dict, plan.state if plan else None),
                                        provenance=provenance, total_steps=total_steps)
     actors.append(controller)
     console = ConsoleProgress(total_steps, enabled=progress and cfg.logging.progress and not tui)
@@ -261,7 +263,6 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
             cfg, model_dir, i, placement["replica_threads"]) for i in range(placement["replicas"])]
         actors += [queue, *replicas]
         _wait_ready([r.ready.remote() for r in replicas], "rollout replica")
-        plan = resumed["plan"] if resumed else None
         # options per replica slot when the pools are placement groups: a replacement takes the dead one's bundles
         spec = {"options": placement.get("replica_options") or placement["replica_res"],
                 "threads": placement["replica_threads"]}
@@ -306,6 +307,21 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
                 ray.kill(a, no_restart=True)
             except Exception:
                 pass
+
+
+def _with_live_knobs(cfg_dict: dict, state: dict | None) -> dict:
+    """The config the controller starts its knobs from: on resume, the sync interval and staleness threshold
+    in force at the checkpoint (changed live before it) win over the run file's."""
+    if not state:
+        return cfg_dict
+    out = json.loads(json.dumps(cfg_dict))
+    ac = out["async_training"]
+    if state.get("trigger") is not None:
+        ac["trigger_parameter_sync_step"] = int(state["trigger"])
+    rollout = state.get("rollout", {})
+    if rollout.get("staleness_threshold") is not None and ac.get("mode") != "sync":
+        ac["staleness_threshold"] = float(rollout["staleness_threshold"])
+    return out
 
 
 def _event(level: str, kind: str, message: str, step: int | None, version: int | None, **extra: Any) -> dict:

@@ -51,3 +51,46 @@ class Scorer:
 
     def counters(self) -> dict[str, float]:
         return {"asyncrl/reward/errors": self.errors}
+
+
+def validation_record(scorer: Scorer, scored: list[tuple[Prompt, Any]], *, version: int,
+                      step: int) -> tuple[dict[str, Any], str]:
+    """The metrics record of one validation and its one-line summary.
+
+    Per data source: `val-core/<source>/acc/mean@1` — the mean accuracy (the reward's `acc` when it reports
+    one) of one greedy answer per prompt, as verl names what the metric holds — and, when the shaped reward
+    differs from the accuracy, `val-core/<source>/reward/mean@1` beside it."""
+    acc: dict[str, list[float]] = {}
+    reward: dict[str, list[float]] = {}
+    for prompt, r in scored:
+        score, info = scorer._score(prompt, r.response_ids, r.finish_reason == "stop")
+        src = prompt.data_source or "val"
+        acc.setdefault(src, []).append(float(info.get("acc", score)))
+        reward.setdefault(src, []).append(float(score))
+    rec: dict[str, Any] = {"training/global_step": step, "fully_async/count/current_param_version": version}
+    for src, xs in acc.items():
+        rec[f"val-core/{src}/acc/mean@1"] = sum(xs) / len(xs)
+        if reward[src] != xs:
+            rec[f"val-core/{src}/reward/mean@1"] = sum(reward[src]) / len(reward[src])
+    summary = ", ".join(f"{src}={sum(xs) / len(xs):.3f}" for src, xs in acc.items())
+    return rec, summary
+
+
+REWARD_ERROR_REPORTS = (1, 10, 100, 1000, 10000)
+"""Reward-failure counts at which an event is written (the counter `asyncrl/reward/errors` has them all)."""
+
+
+def reward_errors_message(seen: int, errors: int, last_error: str | None) -> str | None:
+    """The event text when the failure count crossed 1, 10, 100, ... since `seen` (each scored 0.0)."""
+    if not any(seen < k <= errors for k in REWARD_ERROR_REPORTS):
+        return None
+    return f"the reward function failed on {errors} response(s) so far; each scored 0.0 (last: {last_error})"
+
+
+def filtered_message(epoch: int, counters: dict[str, int]) -> str | None:
+    """The event text when rendering dropped training prompts (empty, or over data.max_prompt_length)."""
+    empty, long = counters.get("filtered_empty", 0), counters.get("filtered_overlong", 0)
+    if not empty + long:
+        return None
+    return (f"{empty + long} of {counters.get('rows', 0)} training prompts filtered out in epoch {epoch}: "
+            f"{empty} empty, {long} over data.max_prompt_length (counters data/filtered_*)")

@@ -25,8 +25,9 @@ from typing import Any
 
 import ray
 
+from engine.loop.trainer import TrainerLoop, TrainerParams
 from engine.runtime.backends import build_trainer_backend
-from engine.runtime.batching import LogRatioObserver, is_ratio_metrics, prepare_batch, staleness_of
+from engine.runtime.batching import LogRatioObserver, is_ratio_metrics, prepare_batch
 from engine.runtime.ledger import Ledger
 from engine.runtime.trainer_group import TrainerGroup, trainer_world
 from engine.sync.runtime import build_weight_sync, publish
@@ -63,8 +64,8 @@ class TrainerCore:
         self.rc = cfg.algorithm.rollout_correction
         self.loss_fn = LogRatioObserver(build_loss_fn(cfg.trainer, self.rc))
         self.required = required_samples(cfg)
-        self.trigger = cfg.async_training.trigger_parameter_sync_step
-        self.total_local_steps = total_train_steps(cfg) * self.trigger
+        trigger = cfg.async_training.trigger_parameter_sync_step
+        self.loop = TrainerLoop(TrainerParams.from_config(cfg, total_train_steps(cfg) * trigger))
         self.sync_mode = cfg.async_training.mode == "sync"
         self.cap = cfg.async_training.max_staleness_versions
         self.stale_policy = cfg.async_training.stale_policy
@@ -72,17 +73,12 @@ class TrainerCore:
         self.weight_sync = build_weight_sync(cfg)  # object store or collective broadcast (engine.sync.runtime)
         self.run_dir = run_dir
         self.ledger = Ledger(run_dir)
-        self.version = 0
-        self.local_step = 0
-        self.since_sync = 0
         self.stale_processed = 0
-        self.dropped_stale = 0
         self.skipped_updates = 0
-        self._buffer: list = []
-        self._closed = False
         self._stop = False
         self._stop_reason: str | None = None
-        self._postponed = False
+        self._postponed_reported = False
+        self._owed_rec: dict[str, Any] = {}  # a sync made at a boundary (a lowered interval), for the next record
         self._current: list[TrajectoryGroup] = []  # groups of the step in progress
         self._weights_dirty = False  # True from the optimizer step until the step is in the ledger
         self._sync_snapshot: dict | None = None  # rollout-side cut taken at a sync, for a periodic checkpoint
@@ -93,14 +89,21 @@ class TrainerCore:
         if not self.rc.bypass_mode:
             self.backend.snapshot_params()
 
+    # the loop's state, read by the shell
+    version = property(lambda self: self.loop.version)
+    local_step = property(lambda self: self.loop.local_step)
+    trigger = property(lambda self: self.loop.trigger)
+    total_local_steps = property(lambda self: self.loop.p.total_local_steps)
+    dropped_stale = property(lambda self: self.loop.dropped_stale)
+
     def _restore(self, resume: dict[str, Any]) -> None:
-        """Weights, optimizer and RNG from the checkpoint's trainer directory; version, step and counters."""
+        """Weights, optimizer and RNG from the checkpoint's trainer directory; version, step, the live sync
+        interval and counters."""
         self.backend.load(resume["trainer_dir"])
         st = resume["state"]
-        self.version, self.local_step, self.since_sync = int(st["version"]), int(st["step"]), int(st["since_sync"])
         counters = st["trainer"]
+        self.loop.restore({**st, "dropped_stale": counters["dropped_stale"]})
         self.stale_processed = int(counters["stale_processed"])
-        self.dropped_stale = int(counters["dropped_stale"])
         self.skipped_updates = int(counters["skipped_updates"])
         self.t0 = time.time() - float(counters["elapsed_s"])
         self._last_ckpt_step = self.local_step
@@ -136,11 +139,11 @@ class TrainerCore:
 
     def _step(self) -> bool:
         t_start = time.monotonic()
-        groups = self._pull(self.required)
-        wait_s = time.monotonic() - t_start
-        if not groups:
+        if not self._pull():
             return False
-        groups = self._filter_stale(groups)
+        wait_s = time.monotonic() - t_start
+        groups, stale = self.loop.take_batch()
+        self._record_stale_drops(stale)
         if not groups:
             return True
         self._current = groups
@@ -176,15 +179,15 @@ class TrainerCore:
             self.controller.record_event.remote(self._ev("warning", "warning",
                                                          "no trainable tokens in this batch; update skipped"))
         up_s = time.monotonic() - t_up
-        self.local_step += 1
-        self.since_sync += 1
+        self.loop.step_done()
         if self.cfg.debug.kill_trainer_at_step == self.local_step:
             os._exit(17)  # fault injection ([debug] kill_trainer_at_step): the process dies mid-run
         self.ledger.record(prep.uids, "trained", step=self.local_step, version=self.version)
         self._current, self._weights_dirty = [], False
         rec.update(self._alarms(rec))
-        if self._should_sync():
-            rec.update(self._sync())
+        rec.update(self._owed_rec)
+        self._owed_rec = {}
+        rec.update(self._maybe_sync())
         step_s = time.monotonic() - t_start
         compute_s = max(1e-9, lp_s + up_s)
         rec.update({
@@ -221,39 +224,27 @@ class TrainerCore:
         return True
 
     # ------------------------------------------------------------------ data
-    def _pull(self, n: int) -> list:
-        """`n` groups from the queue (in sync mode a whole cycle is generated before training starts)."""
-        if self.sync_mode and not self._buffer and self.since_sync == 0:
-            want = n * self.trigger
-        else:
-            want = max(0, n - len(self._buffer))
-        while want > 0 and not self._closed and not self._stop:
-            got, closed = ray.get(self.queue.get_batch.remote(want, 1.0))
-            self._buffer.extend(got)
-            want -= len(got)
-            self._closed = closed
+    def _pull(self) -> bool:
+        """Pull until the loop can take a step (in sync mode a whole cycle is generated before training)."""
+        while not self.loop.can_step() and not self.loop.closed and not self._stop:
+            got, closed = ray.get(self.queue.get_batch.remote(self.loop.want(), 1.0))
+            self.loop.offer(got, closed)
             if not got:
                 self._apply_knobs()
-        if self._stop and len(self._buffer) < n:
-            return []  # stopping: no partial step; the buffer goes into the stop checkpoint
-        out, self._buffer = self._buffer[:n], self._buffer[n:]
-        return out
+        if self._stop and len(self.loop.buffer) < self.required:
+            return False  # stopping: no partial step; the buffer goes into the stop checkpoint
+        return self.loop.can_step()
 
-    def _filter_stale(self, groups: list) -> list:
-        """Hard version cap: with `stale_policy = "drop"` groups older than the cap are dropped and logged."""
-        if self.cap is None or self.stale_policy != "drop":
-            return groups
-        keep, drop = [], []
-        for g in groups:
-            (drop if staleness_of(g, self.version) > self.cap else keep).append(g)
-        if drop:
-            self.dropped_stale += len(drop)
-            uids = [g.prompt.uid for g in drop]
-            self.ledger.record(uids, "dropped", step=self.local_step, version=self.version, reason="stale")
-            self.controller.record_event.remote(self._ev(
-                "warning", "drop", f"dropped {len(drop)} prompt(s) older than max_staleness_versions={self.cap}",
-                uids=uids, reason="stale"))
-        return keep
+    def _record_stale_drops(self, drop: list) -> None:
+        """Groups the hard version cap dropped (`stale_policy = "drop"`): ledger, budget, event."""
+        if not drop:
+            return
+        uids = [g.prompt.uid for g in drop]
+        self.ledger.record(uids, "dropped", step=self.local_step, version=self.version, reason="stale")
+        self.rollouter.release.remote(uids, "stale")
+        self.controller.record_event.remote(self._ev(
+            "warning", "drop", f"dropped {len(drop)} prompt(s) older than max_staleness_versions={self.cap}",
+            uids=uids, reason="stale"))
 
     def _staleness_bound(self) -> float:
         """The hard cap when set, else verl's nominal bound ceil(staleness_threshold) (0 in sync mode)."""
@@ -262,33 +253,43 @@ class TrainerCore:
         return 0.0 if self.sync_mode else float(math.ceil(self.cfg.async_training.staleness_threshold))
 
     # ------------------------------------------------------------------ sync
-    def _should_sync(self) -> bool:
-        if self.since_sync < self.trigger:
-            return False
-        if self.cap is not None and self.stale_policy == "wait":
-            oldest = [v for v in (ray.get(self.rollouter.outstanding_min_version.remote()),
-                                  ray.get(self.queue.min_version.remote())) if v is not None]
-            if oldest and self.version + 1 - min(oldest) > self.cap:
-                if not self._postponed:
-                    self.controller.record_event.remote(self._ev(
-                        "info", "sync", "sync postponed: outstanding work would exceed max_staleness_versions"))
-                self._postponed = True
-                return False
-        self._postponed = False
-        return True
+    def _maybe_sync(self) -> dict[str, Any]:
+        """At a local-step boundary: sync when the loop says so; under `stale_policy = "wait"` a postponed
+        sync lets the rollouter admit just what the next step lacks."""
+        p, outstanding = self.loop.p, None
+        if p.max_staleness_versions is not None and p.stale_policy == "wait" and self.loop.since_sync >= self.trigger:
+            vs = [ray.get(self.rollouter.outstanding_min_version.remote()), ray.get(self.queue.min_version.remote())]
+            outstanding = min((v for v in vs if v is not None), default=None)
+        decision = self.loop.sync_decision(outstanding)
+        if decision.action == "sync":
+            self._postponed_reported = False
+            return self._sync()
+        if decision.action == "postpone":
+            if not self._postponed_reported:
+                self._postponed_reported = True
+                self.controller.record_event.remote(self._ev(
+                    "info", "sync", "sync postponed: outstanding work would exceed max_staleness_versions; "
+                    "admitting only what the next step lacks"))
+            ray.get(self.rollouter.allow.remote(decision.need))
+        return {}
 
     def _sync(self) -> dict[str, float]:
         """version += 1; push the weights (bucketed, by `rollout.weight_sync`'s transport) to every replica."""
         t0 = time.monotonic()
-        self.version += 1
-        self.since_sync = 0
+        version = self.version + 1
         every = self.cfg.checkpoint.every_versions
-        cut = bool(every) and self.version % every == 0  # a periodic checkpoint follows this step
-        pending, nbytes = publish(self.weight_sync, self.version, self.backend.export_weights(self.bucket_bytes),
-                                  lambda refs: self.rollouter.update_weights.remote(self.version, refs,
-                                                                                    self.local_step, cut))
+        cut = bool(every) and version % every == 0  # a periodic checkpoint follows this step
+        knob = self._pending_trigger() if self.sync_mode else None  # sync mode: a new interval starts here
+        trigger = int(knob["value"]) if knob else None
+        pending, nbytes = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
+                                  lambda refs: self.rollouter.update_weights.remote(version, refs, self.local_step,
+                                                                                    cut, trigger))
         export_s = time.monotonic() - t0
         out = ray.get(pending)
+        self.loop.synced()
+        if knob:
+            self.loop.set_trigger(trigger)
+            self.controller.ack_knob.remote("trigger_parameter_sync_step", knob["version"], self.local_step)
         self._sync_snapshot = out.pop("snapshot", None)
         if not self.rc.bypass_mode:
             t_snap = time.monotonic()
@@ -304,13 +305,20 @@ class TrainerCore:
         return out
 
     # ------------------------------------------------------------------ control plane
+    def _pending_trigger(self) -> dict[str, Any] | None:
+        k = ray.get(self.controller.get_knobs.remote()).get("trigger_parameter_sync_step")
+        return k if k and k.get("pending") else None
+
     def _apply_knobs(self) -> None:
-        knobs = ray.get(self.controller.get_knobs.remote())
-        k = knobs.get("trigger_parameter_sync_step")
-        if k and k.get("pending"):
-            self.trigger = int(k["value"])
-            self.rollouter.set_trigger.remote(self.trigger)
+        """At a local-step boundary: the sync interval (async mode; sync mode takes it at the sync), applied
+        by the rollouter's budget in the same breath; a lowered interval can make a sync due at once."""
+        k = None if self.sync_mode else self._pending_trigger()
+        if k:
+            self.loop.set_trigger(int(k["value"]))
+            ray.get(self.rollouter.set_trigger.remote(self.trigger))
             self.controller.ack_knob.remote("trigger_parameter_sync_step", k["version"], self.local_step)
+            if self.loop.sync_owed() and not self.loop.finished():
+                self._owed_rec.update(self._maybe_sync())
         for action in ray.get(self.controller.take_actions.remote("trainer")):
             if action == "stop":
                 self.request_stop("requested through the controller")
@@ -342,7 +350,7 @@ class TrainerCore:
         if snapshot is None:
             snapshot = ray.get(self.rollouter.snapshot.remote(True))
         state = {
-            "step": self.local_step, "version": self.version, "since_sync": self.since_sync, "reason": reason,
+            **self.loop.state(), "reason": reason,
             "time": time.time(), "run_dir": os.path.abspath(self.run_dir),
             "fingerprint": config_fingerprint(self.cfg),
             **ledger_position(self.ledger.path),
@@ -350,7 +358,7 @@ class TrainerCore:
                         "skipped_updates": self.skipped_updates, "elapsed_s": time.time() - self.t0},
             "rollout": snapshot["rollout"],
         }
-        queued = [g.to_json() for g in self._current + self._buffer] + snapshot["queued"]
+        queued = [g.to_json() for g in self._current + self.loop.buffer] + snapshot["queued"]
         path = write_checkpoint(checkpoint_root(self.cfg, self.run_dir), self.local_step,
                                 save_trainer=lambda p: self.backend.save(str(p)), state=state, queued=queued,
                                 in_flight=snapshot["in_flight"], keep_last=self.cfg.checkpoint.keep_last)
@@ -378,7 +386,8 @@ class TrainerCore:
                 "error", "checkpoint", "no checkpoint at the failure: it happened during an optimizer step; "
                 "resume from the previous checkpoint"))
             return
-        self._buffer, self._current = self._current + self._buffer, []
+        self.loop.put_back(self._current)
+        self._current = []
         self._last_ckpt_step = None
         self._checkpoint_best_effort("failure")
 
@@ -387,11 +396,14 @@ class TrainerCore:
         try:
             left = ray.get(self.rollouter.stop.remote())
             queued = [g.prompt.uid for g in ray.get(self.queue.drain.remote())]
-            queued += [g.prompt.uid for g in self._current + self._buffer]
+            queued += [g.prompt.uid for g in self._current + self.loop.buffer]
             self.ledger.record(left["in_flight"] + queued, "in_flight_at_end", step=self.local_step,
                                version=self.version)
-            self.ledger.record(left["evicted"], "dropped", step=self.local_step, version=self.version,
-                               reason="queue_overflow")
+            by_reason: dict[str, list[str]] = {}
+            for uid, reason in left["dropped"]:
+                by_reason.setdefault(reason, []).append(uid)
+            for reason, uids in by_reason.items():
+                self.ledger.record(uids, "dropped", step=self.local_step, version=self.version, reason=reason)
         except ray.exceptions.RayError as e:  # the rollouter or queue is gone: the run is failing anyway
             self.controller.record_event.remote(self._ev(
                 "error", "error", f"cannot account for the prompts still in flight: {type(e).__name__}"))
@@ -406,12 +418,8 @@ class TrainerCore:
 
 
 def _jsonable(rec: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for k, v in rec.items():
-        if hasattr(v, "item"):
-            v = v.item()
-        out[k] = v
-    return out
+    """Tensor/numpy scalars as plain Python numbers."""
+    return {k: v.item() if hasattr(v, "item") else v for k, v in rec.items()}
 
 
 @ray.remote(max_concurrency=2)

@@ -50,7 +50,7 @@ def stream_uids(cfg: Any, count: int) -> list[str]:
     config), computed independently of the run."""
     from engine.data.prompts import load_prompts
     from engine.models.loader import load_tokenizer, resolve_model_path
-    from engine.runtime.prompt_stream import PromptStream
+    from engine.loop.stream import PromptStream
 
     tok = load_tokenizer(resolve_model_path(cfg.model.path, seed=cfg.trainer.seed))
     stream = PromptStream(lambda e: load_prompts(cfg.data, tok, split="train", epoch=e)[0],

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from engine.runtime.prompt_stream import PromptStream
-from engine.runtime.rollout_state import InFlight, in_flight_from_json, in_flight_summary, in_flight_to_json
+from engine.loop.stream import PromptStream
+from engine.loop.inflight import InFlight, in_flight_from_json, in_flight_summary, in_flight_to_json
 from engine.types import GenRequest, Prompt, Trajectory
 
 PROMPT = Prompt("0:7", 7, 0, [5, 6, 7], ground_truth="67", data_source="asyncrl/copy")

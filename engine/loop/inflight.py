@@ -1,4 +1,4 @@
-"""The rollouter's per-prompt state and its checkpoint form.
+"""The rollout loop's per-prompt state and its checkpoint form.
 
 An `InFlight` is one admitted prompt whose `n` trajectories are being generated: the finished ones (`done`),
 the requests waiting for (re)dispatch (`pending`: new ones, or ones resumed from a prefix after a sync) and

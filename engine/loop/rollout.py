@@ -1,0 +1,432 @@
+"""`RolloutLoop`: every decision of the rollouter, as a pure state machine (no Ray, torch or clock).
+
+It owns the prompt stream, the in-flight table, the staleness budget, the queue's size and bound, which
+replica runs what, the sync state, validation and the live knobs. Events are method calls (`tick`,
+`generation_finished`, `begin_sync`, `finish_sync`, `set_trigger`, `replica_died`, …); each returns the
+`commands` the shell must carry out. Time only enters as the `now` an event carries.
+
+The protocol of a sync (the trainer pushes version v):
+1. `begin_sync(v)`: no new training work is dispatched; the replicas running training work are aborted at
+   their next token boundary. Validation is never aborted: a validation of the current weights still
+   pending or running finishes first (a sync waits for it, as verl's trainer waits for validation).
+2. `sync_ready()` turns true once no training dispatch is out and the validation is done; the shell
+   loads the weights on every replica, then calls
+3. `finish_sync(v)`: the budget restarts at the prompts in flight or queued; aborted generations resume
+   from their prefix (`partial_rollout = true`) or their prompt is dropped (`false`, as current verl does);
+   a validation of v is queued every `test_freq` versions.
+
+Knobs take effect at once (the trainer applies `trigger_parameter_sync_step` at its local-step boundary and
+tells the rollouter in the same breath), so the budget, the queue bound and the trainer's cadence always use
+the same value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.loop.budget import StalenessBudget
+from engine.loop.commands import (
+    Abort,
+    CloseQueue,
+    Command,
+    Dispatch,
+    Event,
+    Put,
+    Resume,
+    SetQueueBound,
+    ValidationDone,
+)
+from engine.loop.inflight import InFlight, in_flight_from_json, in_flight_to_json, request_id
+from engine.types import GenRequest, GenResult, Prompt, Trajectory
+
+
+@dataclass(frozen=True)
+class RolloutParams:
+    """What the rollout loop needs from a run's config."""
+
+    n: int
+    max_new_tokens: int
+    required_samples: int
+    staleness_threshold: float
+    """In force at start (0 in sync mode)."""
+    trigger: int
+    partial_rollout: bool
+    """True: aborted generations resume from their prefix after a sync; False: they are dropped."""
+    seqs_per_call: int
+    test_freq: int = 0
+    sync_mode: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "RolloutParams":
+        """From a validated `RunConfig` (duck-typed: only attribute reads)."""
+        ac, ro = cfg.async_training, cfg.rollout
+        sync = ac.mode == "sync"
+        return cls(n=ro.n, max_new_tokens=cfg.data.max_response_length,
+                   required_samples=cfg.trainer.ppo_mini_batch_size * ac.require_batches,
+                   staleness_threshold=0.0 if sync else float(ac.staleness_threshold),
+                   trigger=ac.trigger_parameter_sync_step, partial_rollout=bool(ac.partial_rollout) and not sync,
+                   seqs_per_call=max(ro.n, ro.max_num_seqs), test_freq=cfg.trainer.test_freq, sync_mode=sync)
+
+
+@dataclass
+class Running:
+    """One dispatch on a replica."""
+
+    kind: str  # "train" | "val"
+    requests: list[GenRequest]
+    started: float
+
+
+@dataclass
+class SyncState:
+    version: int
+    step: int
+    aborted: set[int] = field(default_factory=set)
+
+
+class RolloutLoop:
+    """The rollouter's state machine (see the module docstring)."""
+
+    def __init__(self, params: RolloutParams, stream: Any, val_prompts: list[Prompt], replicas: int) -> None:
+        self.p = params
+        self.stream = stream  # engine.loop.stream.PromptStream (pure: next/state/restore)
+        self.val_prompts = list(val_prompts)
+        self.budget = StalenessBudget(params.required_samples, params.staleness_threshold, params.trigger)
+        self.queue_size = 0
+        self.queue_bound = max(1, self.budget.limit)
+        self.version = 0
+        self.step = 0
+        self.live: set[int] = set(range(replicas))
+        self.running: dict[int, Running] = {}
+        self.aborted: set[int] = set()  # replicas told to abort and not resumed yet
+        self.in_flight: dict[str, InFlight] = {}
+        self.paused = False
+        self.stopped = False
+        self.closed = False
+        self.hold = False  # a checkpoint cut is being taken: nothing new is dispatched
+        self.sync: SyncState | None = None
+        self._stream_empty = False
+        self.val_pending: list[GenRequest] = []
+        self.val_results: dict[str, GenResult] = {}
+        self.val_version: int | None = None  # version of the validation pending or running
+        self.validated_version: int | None = None  # last version whose validation completed
+        self.dropped: list[tuple[str, str]] = []  # (uid, reason), for the ledger
+        self.total_generated = 0
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def busy(self) -> set[int]:
+        return set(self.running)
+
+    def exhausted(self) -> bool:
+        """Stream done, nothing admitted left, no validation pending: the queue can close."""
+        return (self.stream.emitted >= self.stream.total or self._stream_empty) and not self.in_flight \
+            and not self.running and not self.val_pending
+
+    def sync_ready(self) -> bool:
+        """During a sync: no training dispatch is out and the current version's validation is done."""
+        return self.sync is not None and not any(r.kind == "train" for r in self.running.values()) \
+            and not self.validating()
+
+    def validating(self) -> bool:
+        return bool(self.val_pending) or any(r.kind == "val" for r in self.running.values())
+
+    def train_running(self) -> list[int]:
+        return sorted(rid for rid, r in self.running.items() if r.kind == "train")
+
+    def outstanding_min_version(self) -> int | None:
+        """Oldest version still feeding an unfinished prompt (for the `wait` stale policy)."""
+        vs = [t.min_version for st in self.in_flight.values() for t in st.done.values()]
+        vs += [r.min_version for st in self.in_flight.values() for r in st.pending.values()
+               if r.min_version is not None]
+        vs += [st.admitted_version for st in self.in_flight.values()]
+        return min(vs, default=None)
+
+    # ------------------------------------------------------------------ events
+    def tick(self, now: float) -> list[Command]:
+        """Give idle replicas work: validation first, then resumed prefixes, then new prompts."""
+        cmds: list[Command] = []
+        if self.stopped:
+            return cmds
+        if not self.closed and self.exhausted():
+            self.closed = True
+            cmds += [CloseQueue(), Event("info", "finish", "prompt stream exhausted; queue closed")]
+        if self.hold:
+            return cmds
+        for rid in sorted(self.live - set(self.running) - self.aborted):
+            if self.val_pending:
+                reqs = self.val_pending[: self.p.seqs_per_call]
+                self.val_pending = self.val_pending[self.p.seqs_per_call:]
+                cmds.append(self._dispatch(rid, reqs, "val", now))
+                continue
+            if self.sync is not None:
+                continue
+            reqs = self._take_pending(self.p.seqs_per_call)
+            if not self.paused:
+                reqs += self._admit(self.p.seqs_per_call - len(reqs), now)
+            if reqs:
+                cmds.append(self._dispatch(rid, reqs, "train", now))
+        return cmds
+
+    def generation_finished(self, rid: int, results: list[GenResult], now: float) -> list[Command]:
+        """Replica `rid` returned its dispatch."""
+        run = self.running.pop(rid, None)
+        if run is None:
+            return []
+        if run.kind == "val":
+            return self._on_val_results(results, run)
+        return self._on_train_results(results, now)
+
+    def replica_died(self, rid: int) -> list[Command]:
+        """Its dispatch is put back (train requests pending with their prefix, validation in front)."""
+        self.live.discard(rid)
+        self.aborted.discard(rid)
+        run = self.running.pop(rid, None)
+        if run is not None:
+            self._requeue(run)
+        return []
+
+    def replica_up(self, rid: int) -> list[Command]:
+        """A replacement replica in slot `rid` is up with the current weights."""
+        self.live.add(rid)
+        return []
+
+    def queue_seen(self, size: int) -> None:
+        """The queue's actual size (the trainer took groups)."""
+        self.queue_size = size
+
+    def group_put(self, evicted_uid: str | None) -> list[Command]:
+        """A `Put` was carried out; `evicted_uid`: the group the full queue evicted, if any."""
+        self.queue_size += 1
+        self.total_generated += 1
+        if evicted_uid is None:
+            return []
+        self.queue_size -= 1
+        self._drop(evicted_uid, "queue_overflow")
+        return [Event("warning", "drop", f"queue full: evicted prompt {evicted_uid}", {"uid": evicted_uid,
+                                                                                   "reason": "queue_overflow"})]
+
+    def begin_sync(self, version: int, step: int) -> list[Command]:
+        """The trainer pushes `version`: stop dispatching training work and abort what runs."""
+        self.sync = SyncState(version, step, set(self.train_running()))
+        if not self.sync.aborted:
+            return []
+        self.aborted |= self.sync.aborted
+        return [Abort(tuple(sorted(self.sync.aborted)))]
+
+    def finish_sync(self, version: int, step: int) -> list[Command]:
+        """The weights of `version` are on every replica: restart the budget, resume, queue validation."""
+        assert self.sync is not None, "finish_sync without begin_sync"
+        cmds: list[Command] = []
+        self.version, self.step = version, step
+        self.budget.on_sync(len(self.in_flight), self.queue_size)
+        cmds += self._bound_changed()
+        resume = sorted(self.aborted & self.live)
+        self.aborted.clear()
+        if resume:
+            cmds.append(Resume(tuple(resume)))
+        if self.p.test_freq and self.val_prompts and version % self.p.test_freq == 0:
+            self.queue_validation(version)
+        self.sync = None
+        return cmds
+
+    def set_trigger(self, trigger: int) -> list[Command]:
+        """The trainer applied a new sync interval at its local-step boundary: the budget uses it now."""
+        self.budget.set_knobs(trigger=trigger)
+        return self._bound_changed()
+
+    def set_staleness(self, value: float) -> list[Command]:
+        """A new staleness_threshold, in force now (ignored in sync mode, where it is 0)."""
+        if self.p.sync_mode:
+            return []
+        self.budget.set_knobs(staleness_threshold=value)
+        return self._bound_changed()
+
+    def set_paused(self, paused: bool) -> None:
+        self.paused = paused
+
+    def allow(self, k: int) -> list[Command]:
+        """The trainer postponed a sync and still lacks `k` prompts for its next step."""
+        self.budget.allow(max(0, k - len(self.in_flight) - self.queue_size))
+        return self._bound_changed()
+
+    def release(self, uids: list[str], reason: str) -> None:
+        """The trainer dropped these groups (e.g. stale): they no longer use the budget."""
+        self.budget.release(len(uids))
+
+    def begin_hold(self, drain: bool) -> list[Command]:
+        """A checkpoint cut: dispatch nothing; with `drain` (partial rollout) abort training work so its
+        partial responses are in the cut."""
+        self.hold = True
+        if not (drain and self.p.partial_rollout):
+            return []
+        rids = [r for r in self.train_running() if r not in self.aborted]
+        self.aborted |= set(rids)
+        return [Abort(tuple(rids))] if rids else []
+
+    def end_hold(self) -> list[Command]:
+        self.hold = False
+        if self.sync is not None:  # a sync's aborts stay until it finishes
+            return []
+        resume = sorted(self.aborted & self.live)
+        self.aborted.clear()
+        return [Resume(tuple(resume))] if resume else []
+
+    def stop(self) -> list[Command]:
+        """Stop streaming: abort every replica."""
+        self.stopped = True
+        rids = tuple(sorted(self.live))
+        return [Abort(rids)] if rids else []
+
+    def queue_validation(self, version: int) -> None:
+        """Validate `version`: one greedy request per validation prompt."""
+        self.val_version = version
+        self.val_results = {}
+        self.val_pending = [GenRequest(f"{p.uid}#0", p.prompt_ids, max_new_tokens=self.p.max_new_tokens,
+                                       images=p.images) for p in self.val_prompts]
+
+    def request_final_validation(self, version: int) -> bool:
+        """At the end of training: validate `version` unless done or under way. True if there is one."""
+        if not self.val_prompts or self.stopped:
+            return False
+        if self.validated_version != version and self.val_version != version:
+            self.queue_validation(version)
+        return True
+
+    # ------------------------------------------------------------------ internals
+    def _dispatch(self, rid: int, reqs: list[GenRequest], kind: str, now: float) -> Dispatch:
+        self.running[rid] = Running(kind, list(reqs), now)
+        return Dispatch(rid, tuple(reqs), kind)
+
+    def _take_pending(self, capacity: int) -> list[GenRequest]:
+        out: list[GenRequest] = []
+        for st in self.in_flight.values():
+            for idx in sorted(st.pending):
+                if len(out) >= capacity:
+                    return out
+                out.append(st.pending.pop(idx))
+                st.running.add(idx)
+        return out
+
+    def _admit(self, capacity: int, now: float) -> list[GenRequest]:
+        out: list[GenRequest] = []
+        while capacity - len(out) >= self.p.n and self.budget.can_admit() and self.queue_size < self.queue_bound:
+            p = self.stream.next()
+            if p is None:
+                self._stream_empty = True
+                break
+            self.budget.admit()
+            st = InFlight(p, now, self.version)
+            for i in range(self.p.n):
+                st.running.add(i)
+                out.append(GenRequest(request_id(p.uid, i), p.prompt_ids, max_new_tokens=self.p.max_new_tokens,
+                                      images=p.images))
+            self.in_flight[p.uid] = st
+        return out
+
+    def _on_train_results(self, results: list[GenResult], now: float) -> list[Command]:
+        cmds: list[Command] = []
+        finished: list[InFlight] = []
+        for r in results:
+            uid, idx = r.request_id.rsplit("#", 1)
+            st = self.in_flight.get(uid)
+            if st is None:  # dropped or stopped meanwhile
+                continue
+            i = int(idx)
+            st.running.discard(i)
+            if r.finish_reason == "abort":
+                if self.stopped:
+                    continue
+                if not self.p.partial_rollout and self.sync is not None:
+                    self._drop(uid, "aborted_at_sync")
+                    cmds.append(Event("info", "drop", f"prompt {uid} aborted at the sync to v{self.sync.version} "
+                                      "and dropped (partial_rollout = false)", {"uid": uid,
+                                                                                "reason": "aborted_at_sync"}))
+                    continue
+                st.pending[i] = GenRequest(r.request_id, st.prompt.prompt_ids, images=st.prompt.images,
+                                           prefix_ids=list(r.response_ids), prefix_log_probs=list(r.log_probs),
+                                           max_new_tokens=self.p.max_new_tokens - len(r.response_ids),
+                                           min_version=r.min_version)
+                continue
+            st.done[i] = Trajectory(list(r.response_ids), list(r.log_probs), r.finish_reason,
+                                    r.min_version, r.max_version)
+            if len(st.done) == self.p.n:
+                finished.append(st)
+        for st in finished:
+            del self.in_flight[st.prompt.uid]
+            cmds.append(Put(st.prompt, tuple(st.done[i] for i in range(self.p.n)), st.admitted_version,
+                            st.admitted_at))
+        return cmds
+
+    def _on_val_results(self, results: list[GenResult], run: Running) -> list[Command]:
+        lost = [q for q, r in zip(run.requests, results) if r.finish_reason == "abort"]
+        if lost and not self.stopped:  # never score a cut-off answer: ask again
+            self.val_pending = lost + self.val_pending
+        for r in results:
+            if r.finish_reason != "abort":
+                self.val_results[r.request_id] = r
+        if len(self.val_results) < len(self.val_prompts) or self.val_version is None:
+            return []
+        done = ValidationDone(self.val_version, tuple(self.val_results[f"{p.uid}#0"] for p in self.val_prompts))
+        self.validated_version, self.val_version, self.val_results = self.val_version, None, {}
+        return [done]
+
+    def _requeue(self, run: Running) -> None:
+        if run.kind == "val":
+            self.val_pending = list(run.requests) + self.val_pending
+            return
+        for req in run.requests:
+            uid, idx = req.request_id.rsplit("#", 1)
+            st = self.in_flight.get(uid)
+            if st is not None:
+                st.running.discard(int(idx))
+                st.pending[int(idx)] = req
+
+    def _drop(self, uid: str, reason: str) -> None:
+        self.in_flight.pop(uid, None)
+        self.dropped.append((uid, reason))
+        self.budget.release(1)
+
+    def _bound_changed(self) -> list[Command]:
+        bound = max(1, self.budget.limit + self.budget.extra, self.budget.staleness_samples, self.queue_size)
+        if bound == self.queue_bound:
+            return []
+        self.queue_bound = bound
+        return [SetQueueBound(bound)]
+
+    # ------------------------------------------------------------------ checkpoint
+    def snapshot_state(self) -> dict[str, Any]:
+        """The rollout side of a checkpoint (the shell adds the queued groups)."""
+        dispatched = {r.request_id: r for run in self.running.values() if run.kind == "train"
+                      for r in run.requests}
+        return {
+            "rollout": {
+                "version": self.version, "step": self.step, "stream": self.stream.state(),
+                "staleness_samples": self.budget.staleness_samples, "total_generated": self.total_generated,
+                "dropped_with_reason": [list(d) for d in self.dropped],
+                "evicted": [u for u, why in self.dropped if why == "queue_overflow"],
+                "dropped": len(self.dropped),
+                "trigger": self.budget.trigger, "staleness_threshold": self.budget.staleness_threshold,
+            },
+            "in_flight": [in_flight_to_json(st, dispatched) for st in self.in_flight.values()],
+        }
+
+    def restore_state(self, state: dict[str, Any], in_flight: list[dict[str, Any]], now: float) -> None:
+        """Continue from `snapshot_state()`'s output: every unfinished trajectory is pending again."""
+        st = state
+        self.version, self.step = int(st["version"]), int(st["step"])
+        self.stream.restore(st["stream"])
+        self.total_generated = int(st["total_generated"])
+        if "dropped_with_reason" in st:
+            self.dropped = [(u, why) for u, why in st["dropped_with_reason"]]
+        else:  # checkpoints of earlier versions kept only the evicted uids
+            self.dropped = [(u, "queue_overflow") for u in st.get("evicted", [])]
+        self.budget.set_knobs(trigger=st.get("trigger"), staleness_threshold=None if self.p.sync_mode
+                              else st.get("staleness_threshold"))
+        for d in in_flight:
+            s = in_flight_from_json(d, n=self.p.n, max_new_tokens=self.p.max_new_tokens,
+                                    keep_prefixes=self.p.partial_rollout, now=now)
+            self.in_flight[s.prompt.uid] = s
+        self.budget.staleness_samples = int(st["staleness_samples"])
+        self._bound_changed()

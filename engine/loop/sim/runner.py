@@ -1,0 +1,33 @@
+"""Run many random scenarios and collect the violations (what `asyncrl simulate --check` prints)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+
+from engine.loop.sim.scenario import Scenario, draw
+from engine.loop.sim.world import Outcome, World
+
+
+def run_scenario(scenario: Scenario) -> Outcome:
+    """Run one scenario to its end."""
+    return World(scenario).run()
+
+
+def scenario_seeds(count: int, seed: int) -> Iterator[int]:
+    """The seeds of `count` scenarios drawn from master seed `seed` (each replays alone)."""
+    r = random.Random(seed)
+    for _ in range(count):
+        yield r.randrange(2**31)
+
+
+def check(count: int, seed: int, on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+    """Run `count` random scenarios; returns the outcomes that have violations."""
+    bad: list[Outcome] = []
+    for s in scenario_seeds(count, seed):
+        out = run_scenario(draw(s))
+        if on_outcome is not None:
+            on_outcome(out)
+        if out.violations:
+            bad.append(out)
+    return bad

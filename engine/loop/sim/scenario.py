@@ -1,0 +1,132 @@
+"""Random scenarios for the loop simulator: a config within the schema's ranges, costs, faults and operator
+actions, all drawn from one seed, so `asyncrl simulate --replay SEED` reproduces a run exactly."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Action:
+    """An operator action at simulated time `at`: a knob (`trigger_parameter_sync_step`,
+    `staleness_threshold`, `paused`) set to `value`, or `checkpoint` / `stop`."""
+
+    at: float
+    name: str
+    value: Any = None
+
+
+@dataclass
+class Scenario:
+    seed: int
+    n: int = 2
+    ppo_mini_batch_size: int = 2
+    require_batches: int = 1
+    trigger: int = 1
+    staleness_threshold: float = 0.0
+    partial_rollout: bool = True
+    mode: str = "async"
+    max_staleness_versions: int | None = None
+    stale_policy: str = "drop"
+    replicas: int = 1
+    seqs_per_call: int = 4
+    total_prompts: int = 32
+    max_new_tokens: int = 16
+    long_tail: float = 0.1
+    """Probability that a response runs to the token limit (the long tail of lengths)."""
+    token_cost: float = 0.01
+    """Simulated seconds per decode step of a replica."""
+    straggler: int | None = None
+    """A replica whose decode steps cost 5× (None: none)."""
+    train_token_cost: float = 0.001
+    sync_cost: float = 0.05
+    test_freq: int = 0
+    val_prompts: int = 0
+    val_before_train: bool = False
+    checkpoint_every_versions: int = 0
+    replica_deaths: list[float] = field(default_factory=list)
+    max_replica_restarts: int = 3
+    trainer_deaths: list[float] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
+
+    @property
+    def required_samples(self) -> int:
+        return self.ppo_mini_batch_size * self.require_batches
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def draw(seed: int) -> Scenario:
+    """A random scenario (small values on purpose: they hit the edge cases)."""
+    r = random.Random(seed)
+    s = Scenario(seed=seed)
+    s.n = r.choice([1, 2, 3, 4])
+    s.ppo_mini_batch_size = r.choice([1, 2, 3, 4])
+    s.require_batches = r.choice([1, 1, 2, 3])
+    s.trigger = r.choice([1, 1, 2, 3, 4, 6])
+    s.staleness_threshold = r.choice([0.0, 0.0, 0.1, 0.25, 0.5, 1.0, 2.0])
+    s.partial_rollout = r.random() < 0.6
+    s.mode = "sync" if r.random() < 0.15 else "async"
+    if r.random() < 0.3:
+        s.max_staleness_versions = r.choice([0, 0, 1, 2])
+        s.stale_policy = r.choice(["drop", "wait"])
+    s.replicas = r.choice([1, 1, 2, 3])
+    s.seqs_per_call = max(s.n, r.choice([1, 2, 4, 8, 16]))
+    s.max_new_tokens = r.choice([4, 16, 64])
+    s.long_tail = r.choice([0.0, 0.1, 0.5])
+    s.token_cost = r.choice([0.001, 0.01, 0.05])
+    s.straggler = r.randrange(s.replicas) if s.replicas > 1 and r.random() < 0.2 else None
+    s.train_token_cost = r.choice([0.0001, 0.001, 0.01])
+    s.sync_cost = r.choice([0.0, 0.05, 0.5])
+    cycle = s.required_samples * s.trigger
+    s.total_prompts = min(240, cycle * r.randint(2, 8) + r.randint(0, s.required_samples))
+    if r.random() < 0.4:
+        s.val_prompts = r.choice([1, 3, 8])
+        s.test_freq = r.choice([1, 2, 3])
+        s.val_before_train = r.random() < 0.5
+    if r.random() < 0.4:
+        s.checkpoint_every_versions = r.choice([1, 2, 3])
+    horizon = _work_estimate(s)
+    if r.random() < 0.25:
+        s.replica_deaths = sorted(r.uniform(0, horizon) for _ in range(r.randint(1, 3)))
+        s.max_replica_restarts = r.choice([0, 2, 5])
+    if r.random() < 0.2:
+        s.trainer_deaths = sorted(r.uniform(0, horizon) for _ in range(r.randint(1, 2)))
+    for _ in range(r.choice([0, 0, 1, 2, 4, 6])):
+        at = r.uniform(0, horizon)
+        kind = r.choice(["trigger_parameter_sync_step", "trigger_parameter_sync_step", "staleness_threshold",
+                         "paused", "checkpoint", "stop"])
+        if kind == "trigger_parameter_sync_step":
+            s.actions.append(Action(at, kind, r.choice([1, 2, 3, 4, 8])))
+        elif kind == "staleness_threshold":
+            s.actions.append(Action(at, kind, r.choice([0.0, 0.5, 1.0, 3.0])))
+        elif kind == "paused":  # a pause is always followed by a resume
+            s.actions.append(Action(at, kind, True))
+            s.actions.append(Action(at + r.uniform(0, horizon / 4), kind, False))
+        elif kind == "stop" and r.random() < 0.5:
+            s.actions.append(Action(at, kind))
+        elif kind == "checkpoint":
+            s.actions.append(Action(at, kind))
+    s.actions.sort(key=lambda a: a.at)
+    return s
+
+
+def _work_estimate(s: Scenario) -> float:
+    """Rough simulated duration of the scenario's work, to place faults and actions inside it."""
+    gen = s.total_prompts * s.n / max(1, s.replicas * s.seqs_per_call) * s.max_new_tokens * s.token_cost
+    train = s.total_prompts * s.n * s.max_new_tokens * s.train_token_cost
+    return max(1.0, gen + train)
+
+
+def time_bound(s: Scenario) -> float:
+    """Simulated time within which the scenario must end: its work done strictly serially (every request
+    alone, every step, sync and validation in turn), plus the operator's pauses and the faults, times 4."""
+    tokens = (s.total_prompts * s.n + (s.val_prompts * (s.total_prompts + 1))) * s.max_new_tokens
+    gen = tokens * s.token_cost * (5 if s.straggler is not None else 1)
+    train = s.total_prompts * s.n * s.max_new_tokens * s.train_token_cost
+    syncs = (s.total_prompts + 1) * (s.sync_cost + s.token_cost)
+    last_action = max([a.at for a in s.actions] + s.replica_deaths + s.trainer_deaths + [0.0])
+    return 4 * (gen + train + syncs) * (1 + len(s.trainer_deaths)) + last_action + 10.0

@@ -1,0 +1,109 @@
+"""The loop's decision cores under the deterministic simulator: thousands of random scenarios keep every
+property (`asyncrl simulate --check`), and each hang the simulator found is a shrunk regression scenario here.
+Each regression test also shows the simulator catching the bug when the fix is taken out."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from asyncrl_cli.app import app
+from engine.loop.rollout import RolloutLoop
+from engine.loop.sim.runner import run_scenario
+from engine.loop.sim.scenario import Action, Scenario, draw
+from engine.loop.trainer import TrainerLoop
+
+
+def test_simulate_check_cli_runs_thousands_of_scenarios_clean() -> None:
+    result = CliRunner().invoke(app, ["simulate", "--check", "--scenarios", "2000", "--seed", "1"])
+    assert result.exit_code == 0, result.output
+    assert "2000 scenarios, 0 violations" in result.output
+
+
+def test_replay_reproduces_a_scenario_exactly() -> None:
+    a, b = run_scenario(draw(414056766)), run_scenario(draw(414056766))
+    assert (a.sim_time, a.steps, a.versions, a.staleness) == (b.sim_time, b.steps, b.versions, b.staleness)
+    result = CliRunner().invoke(app, ["simulate", "--replay", "414056766"])
+    assert result.exit_code == 0 and "scenario 414056766" in result.output
+
+
+def _raise_trigger() -> Scenario:
+    """The issue's hang: the tiny preset at trigger 1, the operator raises it to 4 mid-run."""
+    return Scenario(seed=1, n=2, ppo_mini_batch_size=4, trigger=1, staleness_threshold=0.5, total_prompts=96,
+                    actions=[Action(1.0, "trigger_parameter_sync_step", 4)])
+
+
+def test_raising_the_sync_interval_live_finishes(monkeypatch) -> None:
+    out = run_scenario(_raise_trigger())
+    assert out.finished and not out.violations
+    assert out.steps == 24
+    # the bug it was: the budget took the new interval only at the next sync, which then never came
+    monkeypatch.setattr(RolloutLoop, "set_trigger", lambda self, trigger: [])
+    broken = run_scenario(_raise_trigger())
+    assert any("deadlock" in v for v in broken.violations), broken.violations
+
+
+def _lower_trigger() -> Scenario:
+    """Trigger 4 lowered to 1 after a few steps of a version: the sync is owed at once."""
+    return Scenario(seed=2, n=2, ppo_mini_batch_size=3, require_batches=1, trigger=4, staleness_threshold=0.0,
+                    total_prompts=60, token_cost=0.01, actions=[Action(0.5, "trigger_parameter_sync_step", 1)])
+
+
+def test_lowering_the_sync_interval_below_the_steps_done_syncs_at_once(monkeypatch) -> None:
+    out = run_scenario(_lower_trigger())
+    assert out.finished and not out.violations
+    monkeypatch.setattr(TrainerLoop, "sync_owed", lambda self: False)
+    assert any("deadlock" in v for v in run_scenario(_lower_trigger()).violations)
+
+
+def _wait_cap_zero() -> Scenario:
+    return Scenario(seed=3, n=2, ppo_mini_batch_size=4, trigger=1, staleness_threshold=0.5,
+                    max_staleness_versions=0, stale_policy="wait", total_prompts=40)
+
+
+def test_wait_policy_with_a_zero_cap_finishes_on_policy(monkeypatch) -> None:
+    out = run_scenario(_wait_cap_zero())
+    assert out.finished and not out.violations
+    assert set(out.staleness) == {0}
+    monkeypatch.setattr(RolloutLoop, "allow", lambda self, k: [])  # the old rule: postpone and wait
+    assert any("deadlock" in v for v in run_scenario(_wait_cap_zero()).violations)
+
+
+def test_a_raised_interval_survives_a_trainer_death_and_resume() -> None:
+    s = Scenario(seed=4, n=2, ppo_mini_batch_size=2, trigger=1, total_prompts=60, checkpoint_every_versions=1,
+                 actions=[Action(0.2, "trigger_parameter_sync_step", 3)], trainer_deaths=[2.0])
+    out = run_scenario(s)
+    assert out.finished and not out.violations
+
+
+def test_sync_mode_interval_change_keeps_it_on_policy() -> None:
+    s = Scenario(seed=5, n=1, ppo_mini_batch_size=2, trigger=3, mode="sync", total_prompts=60,
+                 actions=[Action(1.0, "trigger_parameter_sync_step", 1), Action(3.0, "trigger_parameter_sync_step", 4)])
+    out = run_scenario(s)
+    assert out.finished and not out.violations and set(out.staleness) == {0}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 4), mini=st.integers(1, 4), rb=st.integers(1, 3), trigger=st.integers(1, 6),
+       staleness=st.sampled_from([0.0, 0.1, 0.5, 1.0, 3.0]), partial=st.booleans(),
+       cap=st.sampled_from([None, 0, 1, 2]), policy=st.sampled_from(["drop", "wait"]),
+       replicas=st.integers(1, 3), seqs=st.sampled_from([1, 4, 16]), sync=st.booleans(),
+       new_trigger=st.integers(1, 8), at=st.floats(0.0, 5.0), val=st.sampled_from([0, 2]))
+def test_any_schema_valid_config_with_a_live_change_finishes(n, mini, rb, trigger, staleness, partial, cap, policy,
+                                                             replicas, seqs, sync, new_trigger, at, val) -> None:
+    """Hypothesis shrinks a failing config to a minimal one."""
+    s = Scenario(seed=7, n=n, ppo_mini_batch_size=mini, require_batches=rb, trigger=trigger,
+                 staleness_threshold=staleness, partial_rollout=partial, mode="sync" if sync else "async",
+                 max_staleness_versions=cap, stale_policy=policy, replicas=replicas, seqs_per_call=max(n, seqs),
+                 total_prompts=mini * rb * trigger * 3 + 1, val_prompts=val, test_freq=2 if val else 0,
+                 actions=[Action(at, "trigger_parameter_sync_step", new_trigger)])
+    out = run_scenario(s)
+    assert not out.violations, out.violations
+
+
+@pytest.mark.slow
+def test_ten_thousand_scenarios() -> None:
+    result = CliRunner().invoke(app, ["simulate", "--check", "--scenarios", "10000", "--seed", "1"])
+    assert result.exit_code == 0 and "10000 scenarios, 0 violations" in result.output, result.output
