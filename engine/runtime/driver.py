@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.runtime.controller import NAMESPACE  # a light module: no ray at import
-from engine.runtime.placement_groups import RAY_ACCELERATOR, PlacementTimeout, accelerators
+from engine.runtime.placement_groups import RAY_ACCELERATOR, PlacementTimeout, accelerators, reserve_run
 
 STOP_TIMEOUT_S = 120.0
 """How long an interrupted driver waits for the trainer's stop checkpoint."""
@@ -64,11 +64,10 @@ def _placement(cfg: Any) -> dict[str, Any]:
     """How many replicas and trainer ranks, and what each actor asks Ray for (`trainer_res` and
     `trainer_threads` are per trainer rank)."""
     from asyncrl_cli.config.hardware import load_hardware
+    from asyncrl_cli.config.layout import LayoutError, config_layout, replica_count
 
     hw = load_hardware(cfg.resources.hardware)
     device = hw.device
-    from asyncrl_cli.config.layout import replica_count
-
     tp = cfg.rollout.tensor_parallel_size
     replicas = replica_count(cfg)  # the count the collective weight sync's group is sized by, too
     ranks = trainer_ranks(cfg)
@@ -90,8 +89,6 @@ def _placement(cfg: Any) -> dict[str, Any]:
             res["runtime_env"] = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}
         return {"device": "cpu", "replicas": replicas, "trainer_ranks": ranks, "replica_res": res,
                 "trainer_res": dict(res), "replica_threads": replica_threads, "trainer_threads": trainer_threads}
-    from asyncrl_cli.config.layout import LayoutError, config_layout
-
     try:  # the same formula `launch --dry-run` shows: which node and bundles each actor takes
         layouts = config_layout(cfg, replicas)
     except LayoutError as e:
@@ -206,7 +203,10 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
     pools = None
     try:
         _check_capacity(placement)
-        pools = _reserve(placement, cfg.name)
+        try:  # accelerator hardware: the pools' placement groups, each actor's options into `placement`
+            pools = reserve_run(placement, cfg.name)
+        except PlacementTimeout as e:
+            raise RunFailed(str(e)) from None
         return _run_actors(cfg, cfg_dict, provenance, run_dir, model_dir, placement, resumed, tui, progress)
     finally:
         restore_sigterm()
@@ -216,21 +216,6 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
             import ray
 
             ray.shutdown()
-
-
-def _reserve(placement: dict[str, Any], name: str):
-    """Accelerator hardware: reserve the pools' placement groups, put each actor's options into `placement`."""
-    if "layouts" not in placement:
-        return None
-    from engine.runtime.placement_groups import reserve
-
-    try:
-        pools = reserve(placement["device"], placement["layouts"], placement["placement_timeout_s"], name)
-    except PlacementTimeout as e:
-        raise RunFailed(str(e)) from None
-    placement["replica_options"] = pools.all_options("rollout", placement["replica_res"])
-    placement["trainer_options"] = pools.all_options("trainer", placement["trainer_res"])
-    return pools
 
 
 def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placement, resumed, tui, progress) -> int:

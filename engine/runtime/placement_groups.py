@@ -114,3 +114,15 @@ def reserve(device: str, layouts: dict[str, PoolLayout], timeout_s: float, run_n
                                    f"group needs one node with that many free; the cluster has {free} free "
                                    "(`ray status`), so add nodes or lower resources.*")
     return pools
+
+
+def reserve_run(placement: dict[str, Any], run_name: str) -> Pools | None:
+    """The driver's reservation: `reserve` the pools of `placement["layouts"]` and put every actor's options
+    (`replica_options`, `trainer_options`: its node's group and bundle) into `placement`. None on CPU hardware
+    (no layouts: one machine, nothing to reserve). Raises `PlacementTimeout`."""
+    if "layouts" not in placement:
+        return None
+    pools = reserve(placement["device"], placement["layouts"], placement["placement_timeout_s"], run_name)
+    placement["replica_options"] = pools.all_options("rollout", placement["replica_res"])
+    placement["trainer_options"] = pools.all_options("trainer", placement["trainer_res"])
+    return pools

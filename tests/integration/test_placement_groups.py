@@ -104,7 +104,7 @@ def test_a_pool_the_cluster_cannot_hold_fails_in_one_line(on_cluster) -> None:
 
 
 def test_the_driver_reserves_what_dry_run_shows(on_cluster, tmp_path) -> None:
-    """`driver._placement` + `driver._reserve` for a CUDA preset: the options it hands the replicas and trainer
+    """`driver._placement` + `placement_groups.reserve_run` (what the driver calls) for a CUDA preset: the options it hands the replicas and trainer
     ranks place them on the bundles `asyncrl_cli.config.layout` (the dry-run's formula) names."""
     from run_helpers import tiny_config
 
@@ -114,7 +114,9 @@ def test_the_driver_reserves_what_dry_run_shows(on_cluster, tmp_path) -> None:
                       "resources.rollout.nnodes=3", "resources.rollout.gpus_per_node=4")
     placement = driver._placement(cfg)
     assert placement["replicas"] == 12 and placement["trainer_ranks"] == 4
-    pools = driver._reserve(placement, "test-driver")
+    from engine.runtime.placement_groups import reserve_run
+
+    pools = reserve_run(placement, "test-driver")
     try:
         ranks = [Probe.options(**o).remote() for o in placement["trainer_options"]]
         replicas = [Probe.options(**o).remote() for o in placement["replica_options"]]
