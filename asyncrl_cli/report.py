@@ -152,3 +152,13 @@ def render_placement(con: Console, plan: Placement) -> None:
         nodes = ", ".join(a.nodes) if len(a.nodes) <= 4 else f"{a.nodes[0]} … {a.nodes[-1]} ({len(a.nodes)})"
         t.add_row(a.name, str(a.count), str(a.gpus_per_actor), nodes, escape(a.layout))
     con.print(t)
+    rows = plan.node_rows()
+    if rows:
+        g = Table(title=f"placement groups ({len(rows)} nodes, one bundle per accelerator, STRICT_PACK per node)",
+                  title_justify="left")
+        g.add_column("node", style="bold")
+        g.add_column("bundles", justify="right")
+        g.add_column("actors → bundles")
+        for node, bundles, what in rows:
+            g.add_row(node, str(bundles), escape(what))
+        con.print(g)

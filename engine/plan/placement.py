@@ -4,7 +4,9 @@ Trainer and rollout pools are disjoint (verl fully async). The trainer is M = `t
 GPU; the rollout is R = `rollout_replicas` engines of `tensor_parallel_size` GPUs each, packed node by node (a
 replica never spans nodes). Controller, message queue and rollouter are CPU actors on the head node.
 
-`plan_placement` is the layout `launch --dry-run` prints; `actor_resources` is what the driver asks Ray for.
+`plan_placement` is the layout `launch --dry-run` prints (which node and bundles each actor takes comes from
+`engine.plan.layout`, the formula the driver reserves Ray placement groups with); `actor_resources` is what
+the driver asks Ray for.
 Both count M and R with the same functions (`engine.plan.sizes`).
 
 CPU cores (`device = "cpu"`, C = the cores): in sync mode the phases alternate, so the replicas get C threads
@@ -18,6 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.plan.layout import LayoutError, PoolLayout, config_layout, describe_slots
 from engine.plan.sizes import Derived, rollout_replicas, trainer_world
 
 RAY_ACCELERATOR = {"cuda": "GPU", "npu": "NPU"}
@@ -44,6 +47,16 @@ class Placement:
     nodes: dict[str, int]
     """Node label → accelerators used on it."""
     actors: list[ActorGroup]
+    pools: dict[str, PoolLayout] = field(default_factory=dict)
+    """The placement groups: per pool, bundles per node and each actor's node and bundles."""
+
+    def node_rows(self) -> list[tuple[str, int, str]]:
+        """(node label, bundles reserved, what the actors there take) for every reserved node."""
+        rows = []
+        for name, pool in self.pools.items():
+            for n, bundles in enumerate(pool.node_bundles):
+                rows.append((f"{name}-node-{n}", bundles, describe_slots(pool, n)))
+        return rows
 
     @property
     def total_gpus(self) -> int:
@@ -57,24 +70,30 @@ class Placement:
             "nodes": self.nodes,
             "total_gpus": self.total_gpus,
             "actors": [asdict(a) for a in self.actors],
+            "placement_groups": {name: pool.to_json() for name, pool in self.pools.items()},
         }
 
 
 def plan_placement(cfg: Any, d: Derived, device: str | None) -> Placement:
     """Lay the trainer and rollout pools out over their nodes (`device` None: the hardware is unknown)."""
     res, t, r = cfg.resources, cfg.trainer, cfg.rollout
-    nodes: dict[str, int] = {}
-    trainer_nodes = [f"trainer-node-{i}" for i in range(res.trainer.nnodes)]
-    rollout_nodes = [f"rollout-node-{i}" for i in range(res.rollout.nnodes)]
-    for n in trainer_nodes:
-        nodes[n] = res.trainer.gpus_per_node
     tp = r.tensor_parallel_size
-    per_node = max(1, res.rollout.gpus_per_node // tp)
-    replica_nodes: list[str] = []
-    for i in range(d.rollout_replicas):
-        replica_nodes.append(rollout_nodes[min(i // per_node, len(rollout_nodes) - 1)])
-    for n in rollout_nodes:
-        nodes[n] = replica_nodes.count(n) * tp
+    try:
+        pools = config_layout(cfg, d.rollout_replicas)
+    except LayoutError:  # `validate` reports the layout problem with its key; show the pools as asked
+        pools = {}
+    nodes: dict[str, int] = {}
+    if pools:
+        for name, pool in pools.items():
+            for n, bundles in enumerate(pool.node_bundles):
+                nodes[f"{name}-node-{n}"] = bundles
+        trainer_nodes = [f"trainer-node-{n}" for n in range(pools["trainer"].nnodes)]
+        replica_nodes = [f"rollout-node-{s.node}" for s in pools["rollout"].slots]
+    else:
+        trainer_nodes = [f"trainer-node-{i}" for i in range(res.trainer.nnodes)]
+        for n in trainer_nodes:
+            nodes[n] = res.trainer.gpus_per_node
+        replica_nodes = []
     if t.backend == "megatron":
         layout = f"megatron tp{t.tp} × pp{t.pp} × cp{t.cp} × dp{d.trainer_dp} (ep{t.ep})"
     else:
@@ -84,11 +103,16 @@ def plan_placement(cfg: Any, d: Derived, device: str | None) -> Placement:
         ActorGroup("MessageQueue", 1, 0, ["head"], f"bounded at {d.max_queue_size} prompt groups"),
         ActorGroup("Rollouter", 1, 0, ["head"], f"admits ≤ {d.max_required_samples} prompts per version"),
         ActorGroup(
-            "RolloutReplica", d.rollout_replicas, tp, sorted(set(replica_nodes)), f"{r.backend} tp{tp}"
+            "RolloutReplica", d.rollout_replicas, tp, sorted(set(replica_nodes), key=_node_order),
+            f"{r.backend} tp{tp}"
         ),
         ActorGroup("TrainerWorker", d.trainer_world, 1, trainer_nodes, layout),
     ]
-    return Placement(device or "unknown", nodes, actors)
+    return Placement(device or "unknown", nodes, actors, pools)
+
+
+def _node_order(label: str) -> int:
+    return int(label.rsplit("-", 1)[1])
 
 
 def accelerators(device: str, count: int) -> dict[str, Any]:

@@ -119,11 +119,14 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         release_kv_cache_on_sync: bool | None = None,
         weight_transport: WeightTransport | None = None,
         abort_poll_s: float = 0.005,
+        distributed_executor_backend: str | None = None,
     ) -> None:
         """`device` defaults to "cuda" when torch sees one, else "cpu". On CPU `kv_cache_gib` (default 1)
         sizes the KV cache and `gpu_memory_utilization` is ignored. `release_kv_cache_on_sync` (default:
         on CUDA) frees the KV cache while weights load (vLLM sleep mode). `weight_transport` defaults to
-        a /dev/shm file where one exists, else bytes through the RPC."""
+        a /dev/shm file where one exists, else bytes through the RPC. `distributed_executor_backend="ray"` runs
+        the TP workers as Ray tasks in the caller's placement group (on the bundles `VLLM_RAY_BUNDLE_INDICES`
+        names: `engine.runtime.placement_groups`)."""
         self.model_dir = str(model_dir)
         self.device = device or _default_device()
         self.max_model_len = int(max_model_len)
@@ -153,6 +156,8 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
             "worker_extension_cls": EXTENSION_CLS,
             "disable_log_stats": True,
         }
+        if distributed_executor_backend:
+            engine_kwargs["distributed_executor_backend"] = distributed_executor_backend
         if self.device == "cpu":
             engine_kwargs["kv_cache_memory_bytes"] = int((kv_cache_gib or 1.0) * (1 << 30))
         else:

@@ -60,9 +60,14 @@ def build_rollout_backend(cfg: Any, model_dir: str):
     from engine.models.loader import load_causal_lm, load_tokenizer
 
     if cfg.rollout.backend == "vllm":
+        import os
+
         from engine.rollout.vllm_backend import VLLMRolloutBackend
 
         max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+        # a TP > 1 replica placed on several placement-group bundles (engine.runtime.placement_groups) holds no
+        # GPU itself: vLLM's Ray executor starts its TP workers on those bundles
+        executor = "ray" if os.environ.get("VLLM_RAY_BUNDLE_INDICES") else None
         return VLLMRolloutBackend(
             model_dir,
             tensor_parallel_size=cfg.rollout.tensor_parallel_size,
@@ -71,6 +76,7 @@ def build_rollout_backend(cfg: Any, model_dir: str):
             max_model_len=max_len,
             dtype=rollout_dtype(cfg),
             seed=cfg.trainer.seed,
+            distributed_executor_backend=executor,
         )
     from engine.rollout.hf import HFRolloutBackend
 
@@ -88,8 +94,8 @@ def build_rollout_backend(cfg: Any, model_dir: str):
 def build_trainer_backend(cfg: Any, model_dir: str, distributed: bool = False):
     """The configured training backend for `model_dir` (backends imported lazily). `distributed`: this process
     is one rank of a trainer group (`engine.runtime.trainer_group`, process group already joined), so the torch
-    backend is the FSDP2 one; Megatron has no such mode in this runtime. The torch backends compute on
-    `compute_device(cfg)`; Megatron places itself."""
+    backend is the FSDP2 one and Megatron builds its TP/PP/CP/EP/DP groups over that world. The torch backends
+    compute on `compute_device(cfg)`; Megatron places itself."""
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
     optim = cfg.trainer.optim.model_dump()
     if optim.pop("name", "adamw") != "adamw":
@@ -97,16 +103,19 @@ def build_trainer_backend(cfg: Any, model_dir: str, distributed: bool = False):
     # verl's actor loop: require_batches mini-batches × ppo_epochs passes per local step
     update = {"mini_batches": cfg.async_training.require_batches, "ppo_epochs": cfg.trainer.ppo_epochs,
               "shuffle": cfg.trainer.shuffle}
-    if distributed and cfg.trainer.backend != "torch":
-        raise ValueError(f'trainer.backend = "{cfg.trainer.backend}" runs one trainer rank only in this runtime')
     if cfg.trainer.backend == "megatron":
         from engine.trainer.megatron.backend import MegatronTrainerBackend
 
+        world: dict[str, Any] = {}
+        if distributed:
+            import torch.distributed as dist
+
+            world = {"rank": dist.get_rank(), "world_size": dist.get_world_size()}
         return MegatronTrainerBackend(
             model_dir, tp=cfg.trainer.tp, pp=cfg.trainer.pp, cp=cfg.trainer.cp, ep=cfg.trainer.ep,
             optim_cfg=optim, grad_clip=cfg.trainer.grad_clip,
             micro_batch_size=cfg.trainer.ppo_micro_batch_size_per_gpu, temperature=temperature,
-            seed=cfg.trainer.seed, **update,
+            seed=cfg.trainer.seed, **update, **world,
         )
     from engine.models.loader import load_causal_lm
     from engine.trainer.torch_trainer import TorchTrainerBackend

@@ -10,8 +10,9 @@ replicas before generation starts), runs both loops to the end, prints progress,
 
 * 0 when the trainer finished its steps, or stopped gracefully on request (with a checkpoint);
 * 1 with one line naming the cause otherwise: bad input found by the preflight, a cluster without the GPUs
-  the run needs (checked right after Ray starts, instead of waiting forever), a failed actor, the replica
-  restart budget spent (after a checkpoint); the line names the checkpoint and the command that resumes it;
+  the run needs (checked right after Ray starts, instead of waiting forever), placement groups not placed
+  within `resources.placement_timeout_s` (`placement_groups.py`), a failed actor, the replica restart budget
+  spent (after a checkpoint); the line names the checkpoint and the command that resumes it;
 * 130 on Ctrl-C or SIGTERM, after asking the trainer for a stop checkpoint (a second Ctrl-C abandons it).
 
 Every actor is killed on the way out, so no orphan processes remain, and the registry entry is removed.
@@ -32,6 +33,7 @@ from typing import Any
 from engine.plan.placement import RAY_ACCELERATOR  # light modules: no ray at import
 from engine.plan.sizes import trainer_world
 from engine.runtime.controller import NAMESPACE
+from engine.runtime.placement_groups import PlacementTimeout, reserve_run
 from engine.runtime.run_dirs import prepare_run_dir, resume_hint
 from engine.telemetry.sinks import CONFIG_FILE, PROVENANCE_FILE
 
@@ -44,24 +46,33 @@ class RunFailed(RuntimeError):
 
 
 def trainer_ranks(cfg: Any) -> int:
-    """M = `resources.trainer.nnodes × gpus_per_node` trainer ranks. Raises RunFailed for a Megatron trainer of
-    more than one rank: this runtime runs Megatron as a single rank (multi-rank is the torch backend's FSDP2)."""
+    """M = `resources.trainer.nnodes × gpus_per_node` trainer ranks. Raises RunFailed for a Megatron layout the
+    backend cannot run: pipeline (pp > 1) and context (cp > 1) parallelism are not implemented by it."""
     ranks = trainer_world(cfg)
-    if ranks > 1 and cfg.trainer.backend != "torch":
-        raise RunFailed(f'trainer.backend = "{cfg.trainer.backend}" runs one trainer rank in this runtime, but '
-                        f"resources.trainer asks for {ranks} (nnodes × gpus_per_node); set both to 1, or use "
-                        'trainer.backend = "torch" (FSDP2 across ranks)')
+    t = cfg.trainer
+    if t.backend == "megatron" and (t.pp > 1 or t.cp > 1):
+        raise RunFailed(f"trainer.pp = {t.pp}, trainer.cp = {t.cp}: this runtime's Megatron trainer runs tp × ep × dp "
+                        "with pp = 1 and cp = 1 (fold cp into dp, e.g. cp = 1 and the same GPUs)")
     return ranks
 
 
 def _placement(cfg: Any) -> dict[str, Any]:
     """How many replicas and trainer ranks, and what each actor asks Ray for (`engine.plan.placement`, on the
-    hardware preset's device and this machine's cores); refuses a layout this runtime cannot run."""
+    hardware preset's device and this machine's cores); on accelerators also which node and bundles each actor
+    takes (`engine.plan.layout`, the formula `launch --dry-run` shows). Refuses a layout it cannot run."""
     from engine.plan.hardware import hardware_device
+    from engine.plan.layout import LayoutError, config_layout
     from engine.plan.placement import actor_resources
 
     trainer_ranks(cfg)
-    return actor_resources(cfg, hardware_device(cfg), os.cpu_count() or 2)
+    placement = actor_resources(cfg, hardware_device(cfg), os.cpu_count() or 2)
+    if placement["device"] != "cpu":
+        try:
+            placement["layouts"] = config_layout(cfg, placement["replicas"])
+        except LayoutError as e:
+            raise RunFailed(str(e)) from None
+        placement["placement_timeout_s"] = cfg.resources.placement_timeout_s
+    return placement
 
 
 def object_store_bytes(model_dir: Path) -> int:
@@ -186,15 +197,22 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
     placement["namespace"] = run_namespace(entry.id)
     started_ray = _init_ray(address, placement)
     restore_sigterm = _sigterm_as_interrupt()
+    pools = None
     try:
         import ray
 
         registry.update(entry, address=str(ray.get_runtime_context().gcs_address))
         registry.write_run_file(run_dir, entry, resumed_from=plan.ckpt["path"] if plan else None)
         _check_capacity(placement)
+        try:  # accelerator hardware: the pools' placement groups, each actor's options into `placement`
+            pools = reserve_run(placement, cfg.name)
+        except PlacementTimeout as e:
+            raise RunFailed(str(e)) from None
         return _run_actors(cfg, cfg_dict, provenance, run_dir, model_dir, placement, resumed, tui, progress, ident)
     finally:
         restore_sigterm()
+        if pools is not None:
+            pools.release()
         if started_ray:
             import ray
 
@@ -228,16 +246,21 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
     ok = False
     try:
         queue = MessageQueue.remote(max_queue_size(cfg))
-        replicas = [RolloutReplica.options(**placement["replica_res"]).remote(
+        replica_opts = placement.get("replica_options") or [placement["replica_res"]] * placement["replicas"]
+        trainer_opts = placement.get("trainer_options") or placement["trainer_res"]
+        replicas = [RolloutReplica.options(**replica_opts[i]).remote(
             cfg, model_dir, i, placement["replica_threads"]) for i in range(placement["replicas"])]
         actors += [queue, *replicas]
         _wait_ready([r.ready.remote() for r in replicas], "rollout replica")
-        spec = {"options": placement["replica_res"], "threads": placement["replica_threads"]}
+        # options per replica slot when the pools are placement groups: a replacement takes the dead one's bundles
+        spec = {"options": placement.get("replica_options") or placement["replica_res"],
+                "threads": placement["replica_threads"]}
         rollouter = Rollouter.remote(cfg, model_dir, queue, controller, replicas,
                                      plan.rollout_resume() if plan else None, spec)
-        trainer = Trainer.options(**placement["trainer_res"]).remote(
+        # rank 0 is this actor; `trainer_opts` (one dict, or one per rank) places the ranks it starts
+        trainer = Trainer.options(**(trainer_opts[0] if isinstance(trainer_opts, list) else trainer_opts)).remote(
             cfg, model_dir, str(run_dir), queue, rollouter, controller, placement["trainer_threads"],
-            plan.trainer_resume() if plan else None, placement["trainer_res"])
+            plan.trainer_resume() if plan else None, trainer_opts)
         actors += [rollouter, trainer]
         step, version = (plan.step, plan.version) if plan else (0, 0)
         if plan is not None:

@@ -78,9 +78,12 @@ class RolloutReplica:
         self._abort.clear()
 
     def update_weights(self, bucket_refs: list, version: int) -> float:
-        """Load weights from object-store buckets (refs are resolved by Ray, zero-copy numpy). Returns seconds."""
+        """Load weights from object-store buckets (refs are resolved by Ray, zero-copy numpy) or, with the
+        collective sync, from the trainer's broadcast as it arrives (`engine.sync.runtime`). Returns seconds."""
+        from engine.sync.runtime import resolve_buckets
+
         t0 = time.monotonic()
-        buckets = [ray.get(r) if isinstance(r, ray.ObjectRef) else r for r in bucket_refs]
+        buckets = resolve_buckets(bucket_refs, self.replica_id)
         self.backend.update_weights(buckets, version)
         self._abort.clear()
         return time.monotonic() - t0

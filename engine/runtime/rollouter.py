@@ -435,7 +435,8 @@ def _spawner(cfg: Any, model_dir: str, spec: dict | None):
     def spawn(rid: int) -> Any:
         from engine.runtime.replica import RolloutReplica
 
-        return RolloutReplica.options(**spec["options"]).remote(cfg, model_dir, rid, spec["threads"])
+        opts = spec["options"][rid] if isinstance(spec["options"], list) else spec["options"]  # per slot: its bundles
+        return RolloutReplica.options(**opts).remote(cfg, model_dir, rid, spec["threads"])
 
     return spawn
 

@@ -30,6 +30,7 @@ from engine.runtime.backends import build_trainer_backend
 from engine.runtime.batching import LogRatioObserver, is_ratio_metrics, prepare_batch
 from engine.runtime.ledger import Ledger
 from engine.runtime.trainer_group import TrainerGroup, trainer_world
+from engine.sync.runtime import build_weight_sync, publish
 from engine.types import TrajectoryGroup
 
 
@@ -69,6 +70,7 @@ class TrainerCore:
         self.cap = cfg.async_training.max_staleness_versions
         self.stale_policy = cfg.async_training.stale_policy
         self.bucket_bytes = cfg.rollout.weight_sync_bucket_mb * 2**20
+        self.weight_sync = build_weight_sync(cfg)  # object store or collective broadcast (engine.sync.runtime)
         self.run_dir = run_dir
         self.ledger = Ledger(run_dir)
         self.stale_processed = 0
@@ -273,19 +275,18 @@ class TrainerCore:
         return {}
 
     def _sync(self) -> dict[str, float]:
-        """version += 1; push the weights (bucketed, through the object store) to every replica."""
+        """version += 1; push the weights (bucketed, by `rollout.weight_sync`'s transport) to every replica."""
         t0 = time.monotonic()
         version = self.version + 1
-        refs, nbytes = [], 0
-        for bucket in self.backend.export_weights(self.bucket_bytes):
-            nbytes += sum(a.nbytes for a in bucket.values())
-            refs.append(ray.put(bucket))
-        export_s = time.monotonic() - t0
         every = self.cfg.checkpoint.every_versions
         cut = bool(every) and version % every == 0  # a periodic checkpoint follows this step
         knob = self._pending_trigger() if self.sync_mode else None  # sync mode: a new interval starts here
         trigger = int(knob["value"]) if knob else None
-        out = ray.get(self.rollouter.update_weights.remote(version, refs, self.local_step, cut, trigger))
+        pending, nbytes = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
+                                  lambda refs: self.rollouter.update_weights.remote(version, refs, self.local_step,
+                                                                                    cut, trigger))
+        export_s = time.monotonic() - t0
+        out = ray.get(pending)
         self.loop.synced()
         if knob:
             self.loop.set_trigger(trigger)

@@ -1,16 +1,22 @@
 """A trainer of M > 1 ranks (`resources.trainer.nnodes × gpus_per_node`; on CPU hardware a "GPU" is a worker
-process): FSDP2 (`engine.trainer.fsdp`) across M Ray actors.
+process): FSDP2 (`engine.trainer.fsdp`, DP = M) or Megatron (`engine.trainer.megatron`, DP = M / (TP·PP·CP),
+experts split EP ways inside DP) across M Ray actors.
 
 Rank 0 is the `Trainer` actor. Its `TrainerCore` is the only rank that talks to the queue, the rollouter and the
 controller; it sees the ranks through a `BackendGroup`, which has the `TrainerBackend` methods the loop calls.
 Ranks 1 … M−1 are `TrainerRank` actors that only compute:
 
     TrainerCore ─▶ BackendGroup.train_step(batch)
-                     ├─ shard_rows(batch, M): M contiguous row shards, sizes as equal as possible
-                     ├─ shard r ─▶ TrainerRank r (`.remote`)                  ┐ together: FSDP2 collectives
-                     └─ shard 0 ─▶ rank 0's own FSDPTrainerBackend (same time) ┘ (gloo / NCCL)
-                   ◀─ rank 0's metrics (already global: the backend reduces them across ranks);
-                      log-prob tensors come back concatenated in row order
+                     ├─ shard_rows(batch, DP): DP contiguous row shards, sizes as equal as possible
+                     ├─ rank r gets shard dp(r) (`.remote`)             ┐ together: FSDP2 / Megatron
+                     └─ rank 0 its shard dp(0) = 0 on its own backend   ┘ collectives (gloo / NCCL)
+                   ◀─ rank 0's metrics (already global: the backend reduces them over the DP ranks);
+                      log-prob tensors of one leader per DP index, concatenated in row order
+
+dp(r) is the rank's data-parallel index as the backend reports it (FSDP2: r; Megatron: its
+`parallel_state` DP rank, so the TP/CP peers of one DP replica get the same rows, as Megatron needs). Each DP
+index's lowest rank is its leader: its log-probs (π_θ and the proximal π_prox alike) and its loss observations
+stand for the replica's (its TP peers computed the same numbers).
 
 Collective calls without data (`snapshot_params`, `export_weights`, `save`, `load`, `set_lr`) run on every
 rank; `export_weights` yields rank 0's buckets while the other ranks drop theirs (they are empty). Ray runs a
@@ -24,8 +30,9 @@ The worker actors are owned by rank 0's actor and die with it. A failure on any 
 (a rank still inside a collective gives up after the process group's timeout, 300 s) and breaks the group: later
 calls raise at once instead of waiting on a dead peer, and the run resumes from its last checkpoint.
 Checkpoints are written by every rank into the same directory (rank 0 the weights and optimizer, each rank its
-RNG state), so multi-node groups need a shared filesystem for `checkpoint.dir`. Megatron has no multi-rank
-mode in this runtime: the driver refuses it at start-up.
+RNG state; Megatron: every rank its optimizer shard, RNG and snapshot, rank 0 the gathered HF weights), so
+multi-node groups need a shared filesystem for `checkpoint.dir`. Ray options per rank (`rank_options`: one
+dict for all, or a list indexed by rank) place each rank on its placement-group bundle.
 """
 
 from __future__ import annotations
@@ -74,9 +81,9 @@ class TrainerRank:
         self.backends = rank_backends(cfg, model_dir)
         self.loss_fn = LogRatioObserver(build_loss_fn(cfg.trainer, cfg.algorithm.rollout_correction))
 
-    def ready(self) -> int:
-        """This rank's pid, once its backends are built."""
-        return os.getpid()
+    def ready(self) -> tuple[int, int]:
+        """This rank's pid and data-parallel index, once its backends are built."""
+        return os.getpid(), dp_rank(self.backends[POLICY], self.rank)
 
     def call(self, which: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """`method(*args, **kwargs)` of backend `which` (POLICY or REF)."""
@@ -93,12 +100,27 @@ class TrainerRank:
             pass
 
 
+def dp_rank(backend: Any, rank: int) -> int:
+    """The data-parallel index of `backend` (Megatron reports its own; FSDP2's is the global rank)."""
+    return int(getattr(backend, "dp_rank", rank))
+
+
+def dp_leaders(dp_of: list[int]) -> list[int]:
+    """The lowest rank of each DP index, in DP order (`dp_of[r]` = rank r's DP index; every index present)."""
+    leaders: dict[int, int] = {}
+    for r, d in enumerate(dp_of):
+        leaders.setdefault(d, r)
+    if sorted(leaders) != list(range(len(leaders))):
+        raise RuntimeError(f"data-parallel indices {sorted(leaders)} are not 0 … {len(leaders) - 1}")
+    return [leaders[d] for d in range(len(leaders))]
+
+
 class TrainerGroup:
     """The M ranks of one trainer, seen from rank 0: `policy` and `ref` (None without KL loss) are the
     `BackendGroup`s `TrainerCore` uses in place of its backends."""
 
-    def __init__(self, cfg: Any, model_dir: str, world: int, rank_options: dict[str, Any] | None = None,
-                 num_threads: int = 1) -> None:
+    def __init__(self, cfg: Any, model_dir: str, world: int,
+                 rank_options: dict[str, Any] | list[dict[str, Any]] | None = None, num_threads: int = 1) -> None:
         from engine.trainer.fsdp import free_port, init_distributed
 
         if world < 2:
@@ -107,11 +129,17 @@ class TrainerGroup:
         self.broken: str | None = None
         port, addr = free_port(), ray.util.get_node_ip_address()
         # the workers first: every rank must be inside init_process_group at the same time
-        self.workers = [TrainerRank.options(**(rank_options or {})).remote(
+        per_rank = rank_options if isinstance(rank_options, list) else [rank_options or {}] * world
+        self.workers = [TrainerRank.options(**per_rank[r]).remote(
             cfg, model_dir, r, world, port, addr, num_threads) for r in range(1, world)]
         init_distributed(0, world, port, addr, backend=process_group_backend(compute_device(cfg)))
         local = rank_backends(cfg, model_dir)
-        self.pids: list[int] = ray.get([w.ready.remote() for w in self.workers])
+        ready = ray.get([w.ready.remote() for w in self.workers])
+        self.pids: list[int] = [pid for pid, _ in ready]
+        self.dp_of = [dp_rank(local[POLICY], 0), *(d for _, d in ready)]
+        """rank → its data-parallel index."""
+        self.leaders = dp_leaders(self.dp_of)
+        """DP index → the rank whose log-probs and loss observations stand for that replica."""
         self.policy = BackendGroup(self, local[POLICY], POLICY)
         self.ref = BackendGroup(self, local[REF], REF) if REF in local else None
 
@@ -135,6 +163,10 @@ class BackendGroup:
     @property
     def world_size(self) -> int:
         return self.group.world
+
+    @property
+    def dp_size(self) -> int:
+        return len(self.group.leaders)
 
     # --- plumbing ---------------------------------------------------------------------------------------
     def _check(self) -> None:
@@ -167,9 +199,16 @@ class BackendGroup:
         return out
 
     def _shards(self, batch: Any) -> list[Any]:
+        """Rank r's rows: DP shard dp(r) (the TP/CP peers of one DP replica get the same shard)."""
         from engine.trainer.batch import shard_rows
 
-        return shard_rows(batch, self.world_size)
+        by_dp = shard_rows(batch, self.dp_size)
+        return [by_dp[d] for d in self.group.dp_of]
+
+    def _leaders_parts(self, first: Any, rest: list[Any]) -> list[Any]:
+        """Rank 0's result and the workers' (`rest[r - 1]` is rank r's), reduced to one per DP index."""
+        parts = [first, *rest]
+        return [parts[r] for r in self.group.leaders]
 
     # --- data -------------------------------------------------------------------------------------------
     def compute_log_probs(self, batch: Any, *, with_entropy: bool = False) -> tuple[Any, Any]:
@@ -180,7 +219,7 @@ class BackendGroup:
         first, rest = self._run(
             lambda: self.local.compute_log_probs(shards[0], with_entropy=with_entropy),
             lambda w, r: w.call.remote(self.which, "compute_log_probs", shards[r], with_entropy=with_entropy))
-        parts = [first, *rest]
+        parts = self._leaders_parts(first, rest)
         log_probs = torch.cat([lp for lp, _ in parts])
         return log_probs, torch.cat([ent for _, ent in parts]) if with_entropy else None
 
@@ -191,7 +230,7 @@ class BackendGroup:
         shards = self._shards(batch)
         first, rest = self._run(lambda: self.local.proximal_log_probs(shards[0]),
                                 lambda w, r: w.call.remote(self.which, "proximal_log_probs", shards[r]))
-        return torch.cat([first, *rest])
+        return torch.cat(self._leaders_parts(first, rest))
 
     def train_step(self, batch: Any, loss_fn: Any) -> dict[str, float]:
         """One local step over the whole batch (each rank its shard, gradients reduced by FSDP); rank 0's
@@ -200,8 +239,8 @@ class BackendGroup:
         shards = self._shards(batch)
         metrics, rest = self._run(lambda: self.local.train_step(shards[0], loss_fn),
                                   lambda w, r: w.train_step.remote(self.which, shards[r]))
-        if hasattr(loss_fn, "extend"):
-            loss_fn.extend([seen for _, seen in rest])
+        if hasattr(loss_fn, "extend"):  # the other DP replicas' rows (rank 0 observed its own replica's)
+            loss_fn.extend([rest[r - 1][1] for r in self.group.leaders[1:]])
         return metrics
 
     # --- collective, no data ----------------------------------------------------------------------------

@@ -1,7 +1,14 @@
-"""The receiving end of a weight sync: copy HF-named numpy arrays into a torch model's parameters."""
+"""The receiving end of a weight sync: copy HF-named numpy arrays into a torch model's parameters.
+
+Names are HF *checkpoint* names. Where the in-memory model fuses what the checkpoint keeps per expert
+(transformers 5's MoE blocks: `experts.gate_up_proj` [E, 2I, H] = per expert cat(gate_proj, up_proj) on dim 0,
+`experts.down_proj` [E, H, I]), `experts.<e>.{gate,up,down}_proj.weight` is written into its slice of the
+fused tensor — what a Megatron export or a vLLM-bound bucket carries lands in an `hf` replica unchanged.
+"""
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Iterable
 
@@ -15,6 +22,25 @@ def named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every persistent tensor of `model` by its state-dict (HF) name — tied weights appear under each of
     their names (`lm_head.weight` and `model.embed_tokens.weight` are then the same tensor)."""
     return dict(model.state_dict(keep_vars=True))
+
+
+_EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
+
+
+def fused_expert_view(targets: dict[str, torch.Tensor], name: str) -> torch.Tensor | None:
+    """The slice of a fused expert tensor that checkpoint name `name` stands for (None when it is not one)."""
+    m = _EXPERT.match(name)
+    if m is None:
+        return None
+    e, prefix, proj = int(m["e"]), m["prefix"], m["proj"]
+    if proj == "down_proj":
+        fused = targets.get(f"{prefix}.down_proj")
+        return None if fused is None or fused.dim() != 3 else fused.detach()[e]
+    fused = targets.get(f"{prefix}.gate_up_proj")
+    if fused is None or fused.dim() != 3:
+        return None
+    half = fused.shape[1] // 2
+    return fused.detach()[e, :half] if proj == "gate_proj" else fused.detach()[e, half:]
 
 
 def load_buckets_into(model: torch.nn.Module, buckets: Iterable[Bucket], strict: bool = True) -> int:
@@ -32,6 +58,8 @@ def load_buckets_into(model: torch.nn.Module, buckets: Iterable[Bucket], strict:
         for bucket in buckets:
             for name, array in bucket.items():
                 target = targets.get(name)
+                if target is None:
+                    target = fused_expert_view(targets, name)
                 if target is None:
                     if strict:
                         raise KeyError(f"weight {name!r} is not a tensor of the model")

@@ -71,14 +71,33 @@ def test_parallel_layout_and_batch_divisibility(write, minimal) -> None:
     assert by_code(an, "rollout-tp-node").category == "fit"
 
 
-def test_megatron_on_many_trainer_ranks_warns_that_launch_refuses_it() -> None:
+def test_megatron_on_many_trainer_ranks_validates_and_only_cp_warns() -> None:
     an = analyze_run_config(MOE)
-    assert an.exit_code == EXIT_OK  # the seed's layout still validates and dry-runs
-    problem = by_code(an, "megatron-one-rank")
-    assert problem.severity == "warning" and "launch` refuses it" in problem.message
-    one = analyze_run_config(MOE, ["resources.trainer.nnodes=1", "resources.trainer.gpus_per_node=1",
-                                   "trainer.tp=1", "trainer.ep=1", "trainer.pp=1", "trainer.cp=1"])
-    assert not [p for p in one.problems if p.code == "megatron-one-rank"]
+    assert an.exit_code == EXIT_OK  # the seed's 32-rank Megatron layout validates and dry-runs
+    assert "megatron-one-rank" not in [p.code for p in an.problems]
+    problem = by_code(an, "megatron-cp-pp")  # its cp = 2 is the one part launch cannot run yet
+    assert problem.severity == "warning" and problem.key == "trainer.cp"
+    folded = analyze_run_config(MOE, ["trainer.cp=1"])
+    assert folded.exit_code == EXIT_OK and not [p for p in folded.problems if p.code.startswith("megatron")]
+
+
+def test_bad_megatron_layouts_are_refused_with_the_key_and_the_reason() -> None:
+    cases = {  # --set → (code, key, words of the reason)
+        "trainer.tp=8": ("tp-heads", "trainer.tp", "4 KV heads"),  # 32 heads split, 4 KV heads do not
+        "trainer.ep=7": ("ep-experts", "trainer.ep", "128 experts"),
+        "trainer.ep=32": ("megatron-ep", "trainer.ep", "dp × cp = 8×2 = 16"),
+        "rollout.tensor_parallel_size=16": ("rollout-tp-node", "rollout.tensor_parallel_size", "fit in one node"),
+        "trainer.pp=3": ("megatron-layout", "trainer.tp", "does not divide the 32 trainer GPUs"),
+    }
+    for setting, (code, key, reason) in cases.items():
+        an = analyze_run_config(MOE, [setting])
+        assert an.exit_code != EXIT_OK, setting
+        p = by_code(an, code)
+        assert p.severity == "error" and p.key == key and reason in p.message, (setting, p.render())
+    an = analyze_run_config(MOE, ["resources.trainer.gpus_per_node=6", "trainer.tp=4", "trainer.cp=1",
+                                  "trainer.ep=1", "trainer.ppo_mini_batch_size=96"])
+    p = by_code(an, "tp-across-nodes")
+    assert p.severity == "error" and p.key == "trainer.tp" and "span nodes" in p.message
 
 
 def test_torch_backend_rejects_model_parallel_and_grpo_needs_groups(write, minimal) -> None:

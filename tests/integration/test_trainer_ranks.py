@@ -92,11 +92,11 @@ def test_two_trainer_ranks_resume_after_the_trainer_dies(run_dir, capsys):
     _assert_accounted(run_dir, 8, 8)
 
 
-def test_megatron_with_several_trainer_ranks_is_refused_before_starting(run_dir, capsys):
-    cfg = tiny_config(run_dir, *SMALL, 'trainer.backend="megatron"')
+def test_megatron_context_parallelism_is_refused_before_starting(run_dir, capsys):
+    cfg = tiny_config(run_dir, *SMALL, 'trainer.backend="megatron"', "trainer.cp=2")
     assert run(cfg, progress=False) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "run failed" in err[0] and "one trainer rank" in err[0] and "Traceback" not in err[0]
+    assert len(err) == 1 and "run failed" in err[0] and "trainer.cp = 2" in err[0] and "Traceback" not in err[0]
     assert not run_dir.exists()  # refused before the run directory is made or Ray starts
 
 

@@ -34,3 +34,27 @@ def test_tiny_async_run_with_megatron_trainer_in_decoupled_mode(tmp_path: Path) 
     ckpt = run_dir / "checkpoints" / "global_step_4" / "trainer"
     assert (ckpt / "model.safetensors").exists() and (ckpt / "prox_rank0.pt").exists()
     assert json.loads((ckpt / "trainer_state.json").read_text())["backend"] == "megatron"
+
+
+def test_tiny_async_run_with_two_megatron_trainer_ranks(tmp_path: Path) -> None:
+    """Megatron DP 2 through the driver: the `Trainer` actor and one `TrainerRank` in one gloo world, each DP rank
+    its half of every batch, decoupled mode (π_prox from both ranks' snapshots), a sharded checkpoint."""
+    from run_helpers import tiny_config, train_records
+
+    from engine.runtime.driver import run
+
+    run_dir = tmp_path / "run"
+    cfg = tiny_config(run_dir, 'trainer.backend="megatron"', "resources.trainer.gpus_per_node=2",
+                      "trainer.ppo_mini_batch_size=8", "trainer.ppo_micro_batch_size_per_gpu=16", "rollout.n=4",
+                      "rollout.total_rollout_steps=32", "trainer.test_freq=0",
+                      "async_training.trigger_parameter_sync_step=2", "algorithm.rollout_correction.bypass_mode=false",
+                      "checkpoint.every_versions=1")
+    assert run(cfg, progress=False) == 0
+    recs = train_records(run_dir)
+    assert [r["training/global_step"] for r in recs] == list(range(1, 5))
+    assert all(r["asyncrl/trainer/world_size"] == 2 for r in recs)
+    updates = [r for r in recs if "actor/pg_loss" in r]  # a batch whose groups all had one reward trains nothing
+    assert updates and all(r["actor/grad_norm"] > 0 and "timing_s/prox_log_probs" in r for r in updates)
+    ckpt = run_dir / "checkpoints" / "global_step_2" / "trainer"
+    assert {"model.safetensors", "optimizer_rank0.pt", "optimizer_rank1.pt", "rng_rank1.pt"} <= \
+        {p.name for p in ckpt.iterdir()}

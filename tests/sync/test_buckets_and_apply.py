@@ -53,3 +53,26 @@ def test_load_buckets_into_rejects_unknown_names_and_shapes(tiny_lm) -> None:
     assert load_buckets_into(model, [{"nope.weight": np.zeros(3, dtype=np.float32)}], strict=False) == 0
     with pytest.raises(ValueError):
         load_buckets_into(model, [{"model.norm.weight": np.zeros(3, dtype=np.float32)}])
+
+
+def test_per_expert_checkpoint_names_land_in_the_fused_expert_tensors(tmp_path) -> None:
+    """A Megatron export carries `experts.<e>.{gate,up,down}_proj.weight`; transformers' Qwen3-MoE holds them fused."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from engine.sync.apply import load_buckets_into
+    from engine.trainer.megatron.convert import SafetensorsSource
+
+    cfg = Qwen3MoeConfig(vocab_size=32, hidden_size=16, intermediate_size=32, moe_intermediate_size=8,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                         num_experts=4, num_experts_per_tok=2)
+    torch.manual_seed(0)
+    source_model = Qwen3MoeForCausalLM(cfg)
+    source_model.save_pretrained(tmp_path)
+    source = SafetensorsSource(tmp_path)
+    assert "model.layers.0.mlp.experts.3.up_proj.weight" in list(source)
+    torch.manual_seed(1)
+    model = Qwen3MoeForCausalLM(cfg)
+    load_buckets_into(model, [{k: source(k).numpy() for k in source}])
+    for name, t in source_model.state_dict().items():
+        assert torch.equal(model.state_dict()[name], t), name

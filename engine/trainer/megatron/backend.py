@@ -12,8 +12,10 @@ must be given the same batch, and each DP rank its own rows (as with the torch b
   and Megatron DDP averages over DP, so the update follows ∇ Σ_k (m_k / Σm) L_k over the global batch.
   `finalize_model_grads` then reduces DP grads and sums the TP-replicated norm grads (q/k-norm, sequence
   parallel); AdamW on `main_grad` (CPU) or Megatron's distributed optimizer (GPU) steps with clipping.
-  Every rank runs the same number of micro-batches (shorter ranks repeat their last one with weight 0),
-  so expert-parallel collectives line up.
+  Every rank runs the same number of micro-batches (shorter ranks repeat their last one with weight 0 and a
+  zero loss that still backpropagates, so no loss function observes a row twice), so the TP / expert-parallel
+  collectives line up. A `FILLER` shard (a DP rank without rows of its own, `engine.trainer.batch.shard_rows`)
+  is stepped through the same way with mass 0 and contributes nothing: no log-probs, tokens or metrics.
 * the proximal snapshot (`snapshot.py`) and checkpoints (`checkpointing.py`) as documented there.
 """
 
@@ -32,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from engine.trainer.base import LossFn, TrainBatch
-from engine.trainer.batch import FILLER, split_micro_batches, trim_padding
+from engine.trainer.batch import FILLER, is_filler, split_micro_batches, trim_padding
 from engine.trainer.megatron import checkpointing as mckpt
 from engine.trainer.megatron.convert import (
     SafetensorsSource,
@@ -202,6 +204,14 @@ class MegatronTrainerBackend:
         return self.layout.dp
 
     @property
+    def dp_rank(self) -> int:
+        """This rank's data-parallel index: the ranks of one DP replica (its TP/CP peers) share it and must be
+        given the same rows."""
+        from megatron.core import parallel_state as ps
+
+        return ps.get_data_parallel_rank()
+
+    @property
     def is_main(self) -> bool:
         return self.rank == 0
 
@@ -211,6 +221,16 @@ class MegatronTrainerBackend:
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, group=self._dp_group())
         return t.tolist()
+
+    def _names_over_dp(self, sums: dict[str, float]) -> list[str]:
+        """The metric names of every DP rank (a filler rank has none of its own), sorted, so the reduction
+        below sums the same vector everywhere."""
+        names = set(sums)
+        if self.dp_size > 1:
+            everyone: list[Any] = [None] * self.dp_size
+            dist.all_gather_object(everyone, sorted(names), group=self._dp_group())
+            names = set().union(*everyone)
+        return sorted(names)
 
     def _max_over_world(self, value: int) -> int:
         if dist.get_world_size() == 1:
@@ -280,6 +300,8 @@ class MegatronTrainerBackend:
                     if ent is not None:
                         entropies.append(self._pad_to(ent, width).cpu())
         mask = batch.response_mask.to(torch.float32)
+        if is_filler(batch):  # no rows of this rank's own
+            return mask[:0], (mask[:0] if with_entropy else None)
         return torch.cat(log_probs) * mask, (torch.cat(entropies) * mask if with_entropy else None)
 
     # --- update ----------------------------------------------------------------------------------------
@@ -300,7 +322,8 @@ class MegatronTrainerBackend:
                 updates.append(self._update(mini, loss_fn, real=bool(idx)))
                 applied += int(not updates[-1]["actor/skipped_step"])
         out = combine_update_metrics(updates)
-        out["actor/response_tokens"] = self._sum_over_dp([float(batch.response_mask.sum())])[0]
+        own = 0.0 if is_filler(batch) else float(batch.response_mask.sum())
+        out["actor/response_tokens"] = self._sum_over_dp([own])[0]
         out["actor/optimizer_step"] = float(self.global_step)
         out["timing_s/update_actor"] = time.perf_counter() - start
         out.update(self.extra_metrics)
@@ -315,7 +338,8 @@ class MegatronTrainerBackend:
         self.ddp.train()
         micros = split_micro_batches(batch, self.micro_batch_size)
         mass_fn: Callable[[TrainBatch], float] = batch.meta.get("micro_weight_fn") or token_mass
-        masses = [float(mass_fn(m)) if real else 0.0 for m in micros]
+        has_rows = real and not is_filler(batch)  # a rank without rows of its own steps through with weight 0
+        masses = [float(mass_fn(m)) if has_rows else 0.0 for m in micros]
         (total_mass,) = self._sum_over_dp([sum(masses)])
         steps = self._max_over_world(len(micros))
         needs_entropy = bool(getattr(loss_fn, "needs_entropy", False))
@@ -324,13 +348,16 @@ class MegatronTrainerBackend:
         self.ddp.zero_grad_buffer()
         sums: dict[str, float] = defaultdict(float)
         for k in range(steps):
-            real = k < len(micros)
+            real = k < len(micros) and has_rows
             micro, _ = trim_padding(micros[min(k, len(micros) - 1)])
             micro = self._to_device(micro)
             weight = masses[k] / total_mass if real and total_mass > 0 else 0.0
             log_probs, entropy = self._forward(micro, with_entropy)
             if entropy is not None and not entropy_grad:
                 entropy = entropy.detach()
+            if not real:  # the same graph (and collectives) backpropagated with weight 0; nothing observed
+                (log_probs.sum() * 0.0 + (entropy.sum() * 0.0 if entropy is not None else 0.0)).backward()
+                continue
             loss, metrics = loss_fn(log_probs, entropy, micro)
             (loss * (weight * self.dp_size)).backward()
             sums["actor/loss"] += weight * float(loss.detach())
@@ -343,7 +370,7 @@ class MegatronTrainerBackend:
         if not skipped:
             self.global_step += 1
         self.ddp.zero_grad_buffer()
-        names = sorted(sums)
+        names = self._names_over_dp(sums)
         out = dict(zip(names, self._sum_over_dp([sums[n] for n in names])))
         out.update(update_metrics(grad_norm, lr, skipped, steps))
         return out
