@@ -24,12 +24,13 @@ def _answer(ids: list[int]) -> GenResult:
 
 
 def test_accuracy_is_core_and_the_shaped_reward_goes_beside_it_in_val_aux() -> None:
-    """The built-in `copy` reward gives partial credit (its score) but acc only for an exact copy."""
+    """The built-in `copy` reward gives partial credit (half for the digits, half for stopping right after as
+    many characters as the target has) but acc only for an exact copy."""
     scorer = Scorer(SimpleNamespace(data=SimpleNamespace(reward="copy")), _Tok())
     scored = [(_prompt(0, "copy", "abc"), _answer([0, 1, 2])), (_prompt(1, "copy", "abc"), _answer([0, 1, 5]))]
     rec, summary = validation_record(scorer, scored, version=3, step=12)
     assert rec == {"training/global_step": 12, "fully_async/count/current_param_version": 3,
-                   "val-core/copy/acc/mean@1": 0.5, "val-aux/copy/reward/mean@1": pytest.approx((1 + 2 / 3) / 2)}
+                   "val-core/copy/acc/mean@1": 0.5, "val-aux/copy/reward/mean@1": pytest.approx((1 + (0.5 * 2 / 3 + 0.5)) / 2)}
     assert summary == "copy=0.500"
 
 
