@@ -11,7 +11,6 @@ import pytest
 import ray
 from reliability_helpers import assert_ledger_exact, events, tiny_config, train_steps
 
-from engine.runtime.controller import run_namespace
 from engine.runtime.driver import run
 
 pytestmark = pytest.mark.integration
@@ -29,8 +28,9 @@ def _operator(run_dir, name: str, plan: list[tuple[int, str, object]], done: lis
             time.sleep(0.02)
         while controller is None and time.monotonic() < deadline:
             try:
-                controller = ray.get_actor(name, namespace=run_namespace(name))
-            except ValueError:
+                # the driver's namespace, asyncrl.<run id>: this thread shares its process
+                controller = ray.get_actor(name, namespace=ray.get_runtime_context().namespace)
+            except (ValueError, RuntimeError, AssertionError):  # Ray or the controller not up yet
                 time.sleep(0.05)
         if knob == "stop":
             ray.get(controller.request_action.remote("stop", "tester@test"))
