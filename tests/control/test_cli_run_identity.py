@@ -19,6 +19,16 @@ DEAD_ADDRESS = "127.0.0.1:1"  # refused at once
 cli = CliRunner()
 
 
+@pytest.fixture(autouse=True)
+def _no_ray_connection() -> None:
+    """These commands run as a fresh `asyncrl` process would: with no Ray connection left by an earlier test."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
 def invoke(*args: str) -> tuple[int, str]:
     result = cli.invoke(app, [str(a) for a in args])
     assert "Traceback" not in result.output
