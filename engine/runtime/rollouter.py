@@ -35,6 +35,7 @@ from engine.types import GenResult, Prompt, TrajectoryGroup
 
 DRAIN_TIMEOUT_S = 60.0
 """Longest wait for generations aborted for a checkpoint cut to come back."""
+SYNC_WAIT_TIMEOUT_S = 1800.0  # a sync waiting longer on a replica that neither answers nor dies fails the run
 
 
 class RolloutShell:
@@ -210,6 +211,9 @@ class RolloutShell:
         with self.lock:
             self._execute(self.loop.begin_sync(version, step))
             while not self.loop.sync_ready() and not self.loop.stopped and self._running:
+                if time.monotonic() - t0 > SYNC_WAIT_TIMEOUT_S:
+                    raise RuntimeError(f"the sync to v{version} waited {SYNC_WAIT_TIMEOUT_S:.0f} s for rollout "
+                                       f"replica(s) {sorted(self.loop.running)}: a replica is hung")
                 self.lock.wait(0.05)
         pause_s = time.monotonic() - t0
         t1 = time.monotonic()
