@@ -28,8 +28,8 @@ def main(out: Path) -> None:
     import ray
 
     from asyncrl_cli.config import load_run_config
-    from engine.runtime.control_client import ControlClient
-    from engine.runtime.controller import live_run_names
+    from engine.control.client import ControlClient
+    from engine.control.controller import live_run_names
     from engine.runtime.driver import run
 
     tmp = Path(tempfile.mkdtemp()) / "run"

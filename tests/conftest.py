@@ -1,6 +1,6 @@
 """Suite-wide fixtures and settings.
 
-- The registry of live runs (`engine.runtime.run_registry`) lives in a private directory for the test session,
+- The registry of live runs (`engine.control.registry`) lives in a private directory for the test session,
   so test runs never see — or are refused because of — the user's own live runs, or another session's.
 - A tiny random-init Qwen2 causal LM over raw token ids (no tokenizer needed: token ids are the vocabulary),
   and one torch thread for the folders that compare numbers on it. torch is imported only inside the

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from asyncrl_cli.errors import AsyncrlError
+from asyncrl_cli.errors import EXIT_INVALID, EXIT_USAGE, AsyncrlError
 
 EXIT_NO_RUN = 4
 
@@ -21,18 +21,36 @@ def _ray_connected() -> bool:
     return bool(ray is not None and ray.is_initialized())
 
 
+def control_exit_code(err: BaseException) -> int:
+    """The CLI's exit code for a control-plane error (`engine.control.errors`; the engine raises typed errors
+    and knows nothing of exit codes): 4 no cluster / run not found / controller unreachable, 2 a RUN that
+    matches several live runs, 1 a refused change, a name in use, or any other control error."""
+    from engine.control import errors
+    from engine.control.registry import NameInUse
+
+    codes: list[tuple[type[BaseException], int]] = [
+        (errors.NoClusterError, EXIT_NO_RUN),
+        (errors.RunNotFoundError, EXIT_NO_RUN),
+        (errors.SourceUnavailable, EXIT_NO_RUN),
+        (errors.AmbiguousRunError, EXIT_USAGE),
+        (errors.KnobRejected, EXIT_INVALID),
+        (NameInUse, EXIT_INVALID),
+    ]
+    return next((code for cls, code in codes if isinstance(err, cls)), EXIT_INVALID)
+
+
 @contextmanager
 def control_errors() -> Iterator[None]:
     """Turn `ControlError` / `KnobError` raised inside into an `AsyncrlError` with the right exit code."""
-    from engine.runtime.control_errors import ControlError
-    from engine.runtime.knobs import KnobError
+    from engine.control.errors import ControlError
+    from engine.control.knobs import KnobError
 
     try:
         yield
     except ControlError as err:
-        raise AsyncrlError(str(err), exit_code=err.exit_code) from None
+        raise AsyncrlError(str(err), exit_code=control_exit_code(err)) from None
     except KnobError as err:
-        raise AsyncrlError(str(err), exit_code=1) from None
+        raise AsyncrlError(str(err), exit_code=EXIT_INVALID) from None
 
 
 @contextmanager

@@ -96,7 +96,7 @@ def _attach(
     run: str | None, address: str | None, replay: Path | None, read_only: bool, as_json: bool, once: bool,
     interval: float,
 ) -> None:
-    from engine.runtime.control_client import open_source
+    from engine.control.client import open_source
 
     with control_errors():
         source = open_source(run, address, str(replay) if replay is not None else None, read_only)

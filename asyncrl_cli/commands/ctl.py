@@ -70,7 +70,7 @@ def _run_argument(
 
 
 def _client(ctx: typer.Context, address: str | None) -> Any:
-    from engine.runtime.control_client import ControlClient
+    from engine.control.client import ControlClient
 
     return ControlClient(ctx.obj["run"], address or ctx.obj["address"])
 
@@ -102,7 +102,7 @@ def set_knob(
     as_json: JsonOpt = False,
 ) -> None:
     """Set a knob; it shows as pending until the consumer applies it at its next boundary."""
-    from engine.runtime.knobs import parse_knob_value
+    from engine.control.knobs import parse_knob_value
 
     with command_connection(), control_errors():
         parsed = parse_knob_value(knob, value)

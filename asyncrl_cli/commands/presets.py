@@ -12,7 +12,7 @@ from rich.table import Table
 
 from asyncrl_cli.commands._common import JsonOpt
 from asyncrl_cli.config.catalog import KINDS, find_preset, list_presets, preset_names
-from asyncrl_cli.config.rc_presets import RC_PRESETS, canonical_preset_name
+from engine.config.rc_presets import RC_PRESETS, canonical_preset_name
 from asyncrl_cli.errors import UsageProblem, handle_errors
 from asyncrl_cli.output import emit_json, stdout_console
 

@@ -119,8 +119,8 @@ def _print_human(doc: dict[str, Any]) -> None:
 def _list_runs(address: str | None, as_json: bool) -> None:
     from rich.table import Table
 
-    from engine.runtime.control_client import list_live_runs
-    from engine.runtime.run_registry import format_time
+    from engine.control.client import list_live_runs
+    from engine.control.registry import format_time
 
     with command_connection(), control_errors():
         runs = list_live_runs(address)
@@ -156,7 +156,7 @@ def command(
     ] = None,
 ) -> None:
     """Show a run's state, progress, KPIs, knobs (with pending changes), workers and latest events."""
-    from engine.runtime.control_client import ControlClient, ReplaySource
+    from engine.control.client import ControlClient, ReplaySource
 
     if replay is not None and (run or address):
         raise UsageProblem("--replay reads a run directory: do not also pass RUN or --address")

@@ -29,7 +29,7 @@ from asyncrl_cli.config.dotted import get_path, nearest, set_path
 from asyncrl_cli.config.envexpand import EnvExpansionError, expand
 from asyncrl_cli.config.problems import Problem
 from asyncrl_cli.config.provenance import Origin, Provenance
-from asyncrl_cli.config.rc_presets import RC_PRESETS, canonical_preset_name
+from engine.config.rc_presets import RC_PRESETS, canonical_preset_name
 from asyncrl_cli.config.toml_lines import key_lines
 
 RC_KEY = "algorithm.rollout_correction"

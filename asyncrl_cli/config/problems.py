@@ -79,3 +79,18 @@ _ORDER = {"error": 0, "warning": 1, "info": 2}
 def sorted_problems(problems: Iterable[Problem]) -> list[Problem]:
     """Errors first, then warnings, then notes; stable within a severity."""
     return sorted(problems, key=lambda p: _ORDER[p.severity])
+
+
+def warn(code: str, key: str, msg: str, hint: str | None = None) -> Problem:
+    """A warning about `key` (the config rules' shorthand)."""
+    return Problem("warning", code, msg, key, hint=hint)
+
+
+def error(code: str, key: str, msg: str, hint: str | None = None, category: str = "invalid") -> Problem:
+    """An error about `key`: category `invalid` (exit 1) or `fit` (exit 3)."""
+    return Problem("error", code, msg, key, hint=hint, category=category)  # type: ignore[arg-type]
+
+
+def note(code: str, key: str, msg: str, hint: str | None = None) -> Problem:
+    """An informational note about `key`."""
+    return Problem("info", code, msg, key, hint=hint)

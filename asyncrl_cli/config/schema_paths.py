@@ -31,7 +31,7 @@ class Knob:
 
 def runtime_mutable_paths() -> list[tuple[str, ...]]:
     """Config paths of the knobs a running controller may change: the knob table's `config_path`s."""
-    from engine.runtime.knobs import KNOB_SPECS  # pure Python: the table `ctl set` and the TUI use
+    from engine.control.knobs import KNOB_SPECS  # pure Python: the table `ctl set` and the TUI use
 
     return [spec.config_path for spec in KNOB_SPECS.values() if spec.config_path]
 

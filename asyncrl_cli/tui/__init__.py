@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from asyncrl_cli.tui.app import DashboardApp
-    from engine.runtime.control_client import MetricsSource
+    from engine.control.client import MetricsSource
 
 T = TypeVar("T")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual import work
 from textual.app import App, ComposeResult
@@ -37,7 +37,9 @@ from asyncrl_cli.tui.widgets.run_header import RunHeader
 from asyncrl_cli.tui.widgets.sync_chart import SyncChart
 from asyncrl_cli.tui.widgets.time_chart import Line, TimeChart
 from asyncrl_cli.tui.widgets.workers_table import WorkersTable
-from engine.runtime.control_client import MetricsSource
+
+if TYPE_CHECKING:  # the dashboard reads any source; the control client loads only in the command that opens one
+    from engine.control.client import MetricsSource
 
 MUTATING_ACTIONS = frozenset({"set_sync_interval", "set_staleness", "toggle_pause", "checkpoint", "stop_run"})
 READ_ONLY_REFUSAL = "read-only session: changes are disabled"

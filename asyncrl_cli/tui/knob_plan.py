@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl_cli.tui.format import fmt_value
-from engine.runtime.knobs import KNOB_SPECS
+from engine.control.knobs import KNOB_SPECS
 
 
 @dataclass

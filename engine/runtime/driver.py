@@ -1,6 +1,6 @@
 """The driver: the one entry point the CLI uses to run a job (`engine.runtime.driver.run`).
 
-It claims a run id in the per-user registry of live runs (`run_registry`: a second live run of one name on
+It claims a run id in the per-user registry of live runs (`engine.control.registry`: a second live run of one name on
 this machine is refused unless `allow_same_name`), checks the model and the data (`preflight`, before the
 run directory is touched or Ray starts), picks
 the checkpoint to continue from with `--resume` (`resume.py`: chosen, checked, run directory rewound),
@@ -32,7 +32,7 @@ from typing import Any
 
 from engine.plan.placement import RAY_ACCELERATOR  # light modules: no ray at import
 from engine.plan.sizes import trainer_world
-from engine.runtime.controller import NAMESPACE
+from engine.control.controller import NAMESPACE
 from engine.runtime.placement_groups import PlacementTimeout, reserve_run
 from engine.runtime.run_dirs import prepare_run_dir, resume_hint
 from engine.telemetry.sinks import CONFIG_FILE, PROVENANCE_FILE
@@ -95,7 +95,7 @@ def _init_ray(address: str | None, placement: dict[str, Any]) -> bool:
     namespace = placement["namespace"]
     quiet = not os.environ.get("ASYNCRL_DEBUG")
     if address:
-        from engine.runtime.control_client import cluster_unreachable, use_local_token_for
+        from engine.control.client import cluster_unreachable, use_local_token_for
 
         why = cluster_unreachable(address)
         if why:
@@ -120,7 +120,7 @@ def run(cfg: Any, *, provenance: dict | None = None, address: str | None = None,
     user typed it (without `--resume`); the resume hint appends `--resume <run dir>` to it."""
     from engine.runtime.preflight import PreflightError
     from engine.runtime.resume import ResumeError
-    from engine.runtime.run_registry import NameInUse, claim, release
+    from engine.control.registry import NameInUse, claim, release
 
     try:
         entry = claim(cfg.name, allow_same_name=allow_same_name)
@@ -162,8 +162,8 @@ def _sigterm_as_interrupt():
 
 def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tui: Any, progress: bool,
          ident: dict[str, Any]) -> int:
-    from engine.runtime import run_registry as registry
-    from engine.runtime.controller import run_namespace
+    from engine.control import registry
+    from engine.control.controller import run_namespace
     from engine.runtime.preflight import preflight
     from engine.runtime.resume import ResumeError, plan_resume, resume_message, rewind_run_dir
 
@@ -224,7 +224,7 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
     import ray
 
     from engine.plan.sizes import max_queue_size, total_local_steps
-    from engine.runtime.controller import create_run_controller, live_run_names
+    from engine.control.controller import create_run_controller, live_run_names
     from engine.runtime.queue import MessageQueue
     from engine.runtime.replica import RolloutReplica
     from engine.runtime.rollouter import Rollouter
@@ -280,7 +280,7 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
             return _supervise(trainer, rollouter, controller, console, hint)
 
         if tui:  # the dashboard owns the main thread (Textual needs it); the supervision loop runs beside it
-            from engine.runtime.control_client import ActorSource
+            from engine.control.client import ActorSource
 
             ok = tui(ActorSource(controller), supervise)
         else:

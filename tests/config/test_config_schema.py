@@ -10,10 +10,10 @@ from pydantic import ValidationError
 
 from asyncrl_cli.config.jsonschema import dumps, hardware_schema, run_schema
 from asyncrl_cli.config.rc_options import parse_is_threshold, parse_rs_options, parse_rs_thresholds
-from asyncrl_cli.config.rc_presets import RC_PRESETS
+from engine.config.rc_presets import RC_PRESETS
 from asyncrl_cli.config.schema_paths import runtime_knobs
 from asyncrl_cli.config.schema import RolloutCorrectionConfig, RunConfig, Section
-from engine.runtime.knobs import KNOB_SPECS
+from engine.control.knobs import KNOB_SPECS
 
 PRESETS = Path(__file__).resolve().parents[2] / "presets"
 BASE = {"model": {"path": "builtin:tiny-qwen"}, "data": {"train_files": ["builtin:copy"]}}

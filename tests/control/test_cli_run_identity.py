@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from asyncrl_cli.app import app
-from engine.runtime import run_registry as reg
+from engine.control import registry as reg
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "presets" / "runs" / "tiny-cpu.toml"
@@ -37,7 +37,7 @@ def invoke(*args: str) -> tuple[int, str]:
 
 @pytest.fixture
 def two_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[reg.RunEntry, reg.RunEntry]:
-    from engine.runtime.control_client import ray_connected
+    from engine.control.client import ray_connected
 
     if ray_connected():
         pytest.skip("this process holds a Ray connection: commands would use it instead of the registry")

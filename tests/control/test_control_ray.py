@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from asyncrl_cli.commands._control import control_exit_code
+
 pytestmark = pytest.mark.integration
 
 ray = pytest.importorskip("ray")
@@ -37,7 +39,7 @@ def ray_session() -> Iterator[None]:
 
 @pytest.fixture
 def run(ray_session: None, tmp_path: Path) -> Iterator[tuple[str, Any, Path]]:
-    from engine.runtime.controller import create_run_controller
+    from engine.control.controller import create_run_controller
 
     name = f"itest-{uuid.uuid4().hex[:8]}"
     config = {
@@ -60,7 +62,7 @@ def events(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def test_client_changes_a_knob_and_the_ack_is_audited(run: tuple[str, Any, Path]) -> None:
-    from engine.runtime.control_client import ControlClient
+    from engine.control.client import ControlClient
 
     name, handle, run_dir = run
     alice = ControlClient(name, who="alice@lab")
@@ -92,26 +94,26 @@ def test_client_changes_a_knob_and_the_ack_is_audited(run: tuple[str, Any, Path]
 
 
 def test_run_lookup_errors_name_the_live_runs(run: tuple[str, Any, Path]) -> None:
-    from engine.runtime.control_client import AmbiguousRunError, ControlClient, RunNotFoundError
-    from engine.runtime.controller import create_run_controller
+    from engine.control.client import AmbiguousRunError, ControlClient, RunNotFoundError
+    from engine.control.controller import create_run_controller
 
     name, _, _ = run
     with pytest.raises(RunNotFoundError, match=name) as err:
         ControlClient("no-such-run")
-    assert err.value.exit_code == 4
+    assert control_exit_code(err.value) == 4
     assert ControlClient(None).run_name == name
     other = create_run_controller(f"{name}-b", sinks=[])
     try:
         with pytest.raises(AmbiguousRunError, match="several runs") as amb:
             ControlClient(None)
-        assert amb.value.exit_code == 2
+        assert control_exit_code(amb.value) == 2
     finally:
         ray.kill(other, no_restart=True)
 
 
 def test_a_dead_controller_becomes_source_unavailable(ray_session: None) -> None:
-    from engine.runtime.control_client import ControlClient, SourceUnavailable
-    from engine.runtime.controller import create_run_controller
+    from engine.control.client import ControlClient, SourceUnavailable
+    from engine.control.controller import create_run_controller
 
     name = f"itest-dead-{uuid.uuid4().hex[:6]}"
     handle = create_run_controller(name, sinks=[])
@@ -163,7 +165,7 @@ def test_cli_ctl_status_and_attach_against_the_live_run(run: tuple[str, Any, Pat
 
 async def test_dashboard_changes_the_sync_interval_over_ray(run: tuple[str, Any, Path]) -> None:
     from asyncrl_cli.tui import make_app
-    from engine.runtime.control_client import ControlClient
+    from engine.control.client import ControlClient
     from tests.tui.helpers import answer_confirmation, open_knob_input, wait_until
 
     name, handle, _ = run

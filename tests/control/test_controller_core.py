@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.runtime.controller import (
+from engine.control.core import (
     KNOB_SPECS,
     ControllerCore,
     KnobError,

@@ -42,7 +42,7 @@ def wait_for(condition: Any, timeout: float, what: str) -> None:
 def test_sync_interval_change_takes_effect_and_is_audited(tmp_path: Path) -> None:
     ray = pytest.importorskip("ray")
     from asyncrl_cli.config import load_run_config
-    from engine.runtime.control_client import ControlClient
+    from engine.control.client import ControlClient
     from engine.runtime.driver import run
 
     if ray.is_initialized():

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from engine.runtime.control_client import (
+from engine.control.client import (
     LocalSource,
     MetricsSource,
     ReadOnlySource,
     ReplaySource,
     RunNotFoundError,
 )
-from engine.runtime.controller import ControllerCore
+from engine.control.core import ControllerCore
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "run_tiny"
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.runtime import run_registry as reg
-from engine.runtime.control_errors import AmbiguousRunError, RunNotFoundError
+from asyncrl_cli.commands._control import control_exit_code
+from engine.control import registry as reg
+from engine.control.errors import AmbiguousRunError, RunNotFoundError
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +51,7 @@ def test_a_second_claim_of_a_live_name_is_refused_naming_the_live_run(state: Pat
         reg.claim("tiny-cpu")
     msg = str(err.value)
     assert first.id in msg and "/runs/tiny-cpu" in msg and "--allow-same-name" in msg and "--name" in msg
-    assert err.value.exit_code == 1 and "\n" not in msg
+    assert control_exit_code(err.value) == 1 and "\n" not in msg
     second = reg.claim("tiny-cpu", allow_same_name=True)
     other = reg.claim("other")
     assert len({first.id, second.id, other.id}) == 3
@@ -129,7 +130,7 @@ def test_an_ambiguous_name_lists_every_candidate_with_dir_and_start() -> None:
     with pytest.raises(AmbiguousRunError) as err:
         reg.resolve("tiny-cpu", _entries())
     msg = str(err.value)
-    assert err.value.exit_code == 2
+    assert control_exit_code(err.value) == 2
     for rid, run_dir in (("tiny-cpu-3fa9c2", "/r/tiny-cpu"), ("tiny-cpu-81bb0e", "/r/tiny-cpu-2")):
         assert f"{rid} (dir {run_dir}, started " in msg
     assert "big" not in msg and reg.format_time(1000.0) in msg
@@ -137,7 +138,7 @@ def test_an_ambiguous_name_lists_every_candidate_with_dir_and_start() -> None:
         reg.resolve(None, _entries())
     with pytest.raises(RunNotFoundError, match="no run named 'nope'") as missing:
         reg.resolve("nope", _entries())
-    assert missing.value.exit_code == 4 and "tiny-cpu-3fa9c2" in str(missing.value)
+    assert control_exit_code(missing.value) == 4 and "tiny-cpu-3fa9c2" in str(missing.value)
 
 
 def test_run_json_records_this_launch_and_the_earlier_ones(tmp_path: Path) -> None:

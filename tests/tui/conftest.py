@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.runtime.control_client import LocalSource
-from engine.runtime.controller import ControllerCore
+from engine.control.client import LocalSource
+from engine.control.core import ControllerCore
 from tests.tui.helpers import live_core
 
 

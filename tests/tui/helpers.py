@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.runtime.control_client import ReplaySource, SourceUnavailable
-from engine.runtime.controller import ControllerCore
+from engine.control.client import ReplaySource, SourceUnavailable
+from engine.control.core import ControllerCore
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "run_tiny"
 SIZE = (120, 40)
@@ -20,7 +20,7 @@ def fixture_lines(name: str) -> list[dict[str, Any]]:
 
 
 def fixture_config() -> tuple[dict[str, Any], dict[str, Any]]:
-    from engine.runtime.replay_source import load_resolved_config
+    from engine.control.replay import load_resolved_config
 
     return load_resolved_config(FIXTURE)
 

@@ -24,8 +24,8 @@ from asyncrl_cli.tui.widgets.run_header import RunHeader
 from asyncrl_cli.tui.widgets.sync_chart import SyncChart
 from asyncrl_cli.tui.widgets.time_chart import TimeChart
 from asyncrl_cli.tui.widgets.workers_table import WorkersTable
-from engine.runtime.control_client import LocalSource
-from engine.runtime.controller import ControllerCore
+from engine.control.client import LocalSource
+from engine.control.core import ControllerCore
 from tests.tui.helpers import (
     SIZE,
     FlakySource,

@@ -12,7 +12,7 @@ from textual.widgets import Input
 
 from asyncrl_cli.tui import make_app
 from asyncrl_cli.tui.screens.confirm import ConfirmScreen
-from engine.runtime.control_client import LocalSource
+from engine.control.client import LocalSource
 from tests.tui.helpers import SIZE, FlakySource, live_core, open_knob_input, replay_source, wait_until
 
 

@@ -8,7 +8,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Markdown
 
-from engine.runtime.knobs import KNOB_SPECS
+from engine.control.knobs import KNOB_SPECS
 
 KEYS_MUTATING = """\
 | key | action |

@@ -12,7 +12,7 @@ from textual.validation import ValidationResult, Validator
 from textual.widgets import Input, Label, Static
 
 from asyncrl_cli.tui.format import fmt_value
-from engine.runtime.knobs import KNOB_SPECS, KnobError, parse_knob_value
+from engine.control.knobs import KNOB_SPECS, KnobError, parse_knob_value
 
 
 class KnobValidator(Validator):

@@ -1,6 +1,6 @@
 """Runtime knobs: their specs (type, range, consumer), validation and parsing, and per-knob state.
 
-Pure Python; used by the controller (`engine.runtime.controller`), the dashboard's input validator and
+Pure Python; used by the controller (`engine.control.controller`), the dashboard's input validator and
 `asyncrl ctl`, so a value is accepted or refused by exactly the same rule everywhere.
 """
 

@@ -3,21 +3,21 @@
 - `ControlClient`: a live run's `RunController` on a Ray cluster (used by the TUI, `asyncrl ctl`, `status`),
   found by `find_run` (below).
 - `ActorSource`: the same over an actor handle the caller already holds (the driver, for `launch --tui`).
-- `ReplaySource` (in `engine.runtime.replay_source`, re-exported here): a run directory's `metrics.jsonl` /
+- `ReplaySource` (in `engine.control.replay`, re-exported here): a run directory's `metrics.jsonl` /
   `events.jsonl` / `config.resolved.json`, read-only; it tails the files, so it also follows a live run.
 - `LocalSource`: an in-process `ControllerCore` (tests, embedding without Ray).
 - `ReadOnlySource`: wraps any source and refuses every mutation (`attach --read-only`).
 
 Finding a run (`find_run`). What the user typed — a run id, a name, or a unique id prefix — is resolved
-without a process-wide Ray connection through the registry of live runs on this machine (`run_registry`),
+without a process-wide Ray connection through the registry of live runs on this machine (`engine.control.registry`),
 and the client joins *that run's own* Ray cluster by the address the run recorded; `ray_current_cluster`
 and `address="auto"` are never consulted, so several local runs (each with its private Ray) and a stale file
 left by an old `ray start` cannot redirect a command. With `--address` (or a connection this process already
 holds) the run is looked up among the cluster's run namespaces (`asyncrl.<run id>`) instead. A name that
 matches several live runs is refused with the candidates (id, dir, start time).
 
-Errors carry the CLI exit code: 4 for no cluster / run not found / controller unreachable, 2 for an
-ambiguous run choice (a usage error).
+Errors are typed (`engine.control.errors`): no cluster, run not found, controller unreachable, an ambiguous
+run choice, a refused change; `asyncrl_cli.commands._control` maps each type to the CLI's exit code.
 """
 
 from __future__ import annotations
@@ -28,16 +28,17 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from engine.runtime.control_errors import (
+from engine.control.errors import (
     AmbiguousRunError,
     ControlError,
     NoClusterError,
     RunNotFoundError,
     SourceUnavailable,
 )
-from engine.runtime.controller import NAMESPACE, ControllerCore, default_who, live_run_names, run_namespace
-from engine.runtime.replay_source import ReplaySource
-from engine.runtime.run_registry import RunEntry, ambiguity_message, live_runs, match, resolve
+from engine.control.controller import NAMESPACE, live_run_names, run_namespace
+from engine.control.core import ControllerCore, default_who
+from engine.control.replay import ReplaySource
+from engine.control.registry import RunEntry, ambiguity_message, live_runs, match, resolve
 
 __all__ = [
     "ActorSource",
@@ -212,7 +213,7 @@ def find_run(run: str | None, address: str | None = None, namespace: str = NAMES
 
     Without `address` and without a Ray connection in this process: through the registry of live runs on this
     machine, then to the address that run recorded. Otherwise: among the runs on the cluster at `address` (or
-    the connected one). Raises `RunNotFoundError` (exit 4), `AmbiguousRunError` (exit 2), `NoClusterError`.
+    the connected one). Raises `RunNotFoundError`, `AmbiguousRunError`, `NoClusterError`.
     """
     if address is None and not ray_connected():
         try:
@@ -239,7 +240,7 @@ def find_run(run: str | None, address: str | None = None, namespace: str = NAMES
 def cluster_runs(namespace: str = NAMESPACE, describe: bool = True) -> list[RunEntry]:
     """The runs on the connected cluster as registry-style entries (dir, start time, address asked from each
     controller when `describe`)."""
-    from engine.runtime.controller import live_runs_on_cluster
+    from engine.control.controller import live_runs_on_cluster
 
     entries = [RunEntry(id=rid, name=name, pid=0, host="", started=0.0) for name, rid in
                live_runs_on_cluster(namespace)]
@@ -266,7 +267,7 @@ def connect_cluster(address: str | None = None, namespace: str = NAMESPACE) -> N
     """Join the Ray cluster at `address` unless already connected (`None`/"auto": Ray's own discovery on this
     machine — only `launch --address auto` and an explicit `--address auto` use it; `find_run` never does).
 
-    Raises `NoClusterError` (exit 4) with a one-line reason when none is reachable.
+    Raises `NoClusterError` with a one-line reason when none is reachable.
     """
     import ray
 

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.runtime.control_errors import RunNotFoundError
-from engine.runtime.controller import STEP_KEY, TIME_KEY, VERSION_KEY
-from engine.runtime.knobs import KnobRequest, KnobState, initial_knobs, knob_view
+from engine.control.errors import RunNotFoundError
+from engine.control.core import STEP_KEY, TIME_KEY, VERSION_KEY
+from engine.control.knobs import KnobRequest, KnobState, initial_knobs, knob_view
 from engine.telemetry.sinks import CONFIG_FILE, EVENTS_FILE, METRICS_FILE, PROVENANCE_FILE
 
 REPLAY_REASON = "replay is read-only: changes are disabled"

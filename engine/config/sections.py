@@ -1,0 +1,264 @@
+"""The run-config schema's sections for the model, data, resources, optimizer, trainer and rollout (pydantic v2,
+one model per TOML table); `engine.config.schema` has the asynchrony, algorithm, checkpoint, logging and
+debug sections and `RunConfig` itself.
+
+Every model forbids unknown keys, and every field has an attribute docstring: it becomes the field's
+description in the JSON Schema (`asyncrl schema`) and in CLI help. Names follow verl where verl has the
+concept. Pure Python + pydantic: no torch, ray, vllm or transformers.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from engine.config.names import BUILTIN_DATASETS, BUILTIN_MODELS, NAMED_REWARDS
+
+_REWARD_FN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class Section(BaseModel):
+    """Base of every table: unknown keys are errors, docstrings are descriptions."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
+                              allow_inf_nan=False)
+
+
+class ModelConfig(Section):
+    """The policy model (`[model]`)."""
+
+    path: str
+    """Local Hugging Face directory, hub id (read offline from the HF cache), or `builtin:tiny-qwen` /
+    `builtin:smollm2`. `${ENV:-default}` expansion works here as in every string."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter and compute dtype of the trainer, and of the rollout unless `rollout.dtype` says otherwise
+    (mixed precision keeps fp32 master weights)."""
+    tokenizer_path: str | None = None
+    """Tokenizer directory or hub id when it differs from `path`."""
+    trust_remote_code: bool = False
+    """Allow the model's own Python code from its directory (as in transformers)."""
+
+    @field_validator("path")
+    @classmethod
+    def _builtin_known(cls, v: str) -> str:
+        if v.startswith("builtin:") and v.removeprefix("builtin:") not in BUILTIN_MODELS:
+            raise ValueError(f"unknown built-in model {v!r}; choose one of {', '.join(BUILTIN_MODELS)}")
+        if not v.strip():
+            raise ValueError("model path is empty")
+        return v
+
+
+class DataConfig(Section):
+    """Prompts, lengths and the reward (`[data]`)."""
+
+    train_files: list[str] = Field(min_length=1)
+    """Training parquet files in verl's row layout, or one `builtin:NAME` (copy, reverse, arith)."""
+    val_files: list[str] = []
+    """Validation parquet files (or `builtin:NAME`); empty = no validation."""
+    max_prompt_length: int = Field(512, gt=0)
+    """Longest prompt in tokens; longer prompts are filtered (see `filter_overlong_prompts`)."""
+    max_response_length: int = Field(512, gt=0)
+    """Generation budget per response in tokens (a resumed partial rollout keeps the remaining budget)."""
+    reward: str = "auto"
+    """Named reward (`gsm8k`, `math`, `geo3k`, `copy`, `reverse`, `arith`), `module:function`, or `auto`
+    (chosen per row by its `data_source`)."""
+    prompt_key: str = "prompt"
+    """Column that holds the chat-format prompt."""
+    image_key: str | None = None
+    """Column that holds the images of a multimodal prompt (verl's `data.image_key`, e.g. `images`)."""
+    filter_overlong_prompts: bool = True
+    """Drop prompts longer than `max_prompt_length` instead of failing."""
+    shuffle: bool = True
+    """Shuffle the training prompts each epoch."""
+    seed: int = 0
+    """Seed of the shuffle and of built-in dataset generation."""
+    train_size: int | None = Field(None, gt=0)
+    """Rows of a built-in training set (None = the task's default size)."""
+    val_size: int | None = Field(None, gt=0)
+    """Rows of a built-in validation set (None = the task's default size)."""
+    val_max_samples: int | None = Field(None, gt=0)
+    """Validate on at most this many prompts (None = all)."""
+
+    @field_validator("train_files", "val_files")
+    @classmethod
+    def _files(cls, v: list[str]) -> list[str]:
+        builtin = [f for f in v if f.startswith("builtin:")]
+        for f in builtin:
+            if f.removeprefix("builtin:") not in BUILTIN_DATASETS:
+                raise ValueError(
+                    f"unknown built-in dataset {f!r}; choose one of {', '.join(BUILTIN_DATASETS)}"
+                )
+        if builtin and len(v) > 1:
+            raise ValueError("a builtin: dataset cannot be mixed with other files")
+        return v
+
+    @field_validator("reward")
+    @classmethod
+    def _reward(cls, v: str) -> str:
+        if v in NAMED_REWARDS or _REWARD_FN.match(v):
+            return v
+        raise ValueError(f"reward {v!r} is neither one of {', '.join(NAMED_REWARDS)} nor `module:function`")
+
+
+class NodeGroup(Section):
+    """A pool of nodes for one role."""
+
+    nnodes: int = Field(1, gt=0)
+    """Number of nodes (verl's `n_nodes_train` / `n_nodes_rollout`)."""
+    gpus_per_node: int = Field(1, gt=0)
+    """Accelerators used per node (verl's `n_gpus_training` / `n_gpus_rollout`); at most the hardware's
+    `gpus_per_node`. On `device = "cpu"` hardware these are worker processes."""
+    cpu_threads: int | Literal["all"] = 0
+    """On `device = "cpu"` hardware: intra-op threads of each worker of this pool. 0 = automatic — fully async:
+    the replicas share half the cores and the trainer ranks the rest (no oversubscription); sync: every core.
+    "all" = every core. Oversubscribing is safe (OpenMP threads wait passively), and pays off for a trainer
+    when the rollouter idles most of the time (a model whose update is much slower than its generation)."""
+
+    @field_validator("cpu_threads")
+    @classmethod
+    def _threads(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 0:
+            raise ValueError("cpu_threads must be 0 (automatic), a positive number of threads, or \"all\"")
+        return v
+
+
+class ResourcesConfig(Section):
+    """Where the run goes (`[resources]`): separate pools for trainer and rollout, as in verl fully async."""
+
+    hardware: str = "cpu"
+    """Name of a `presets/hardware/*.toml` preset (or a path to one)."""
+    trainer: NodeGroup = Field(default_factory=NodeGroup)
+    """Trainer pool (`trainer.nnodes`, `trainer.n_gpus_per_node` in verl)."""
+    rollout: NodeGroup = Field(default_factory=NodeGroup)
+    """Rollout pool (`rollout.nnodes`, `rollout.n_gpus_per_node` in verl)."""
+    placement_timeout_s: float = Field(300.0, gt=0)
+    """On accelerator hardware: how long `launch` waits for Ray to place the pools' placement groups (one per
+    node, one bundle per accelerator) before it fails with one line naming what could not be placed."""
+
+
+class OptimConfig(Section):
+    """Optimizer of the policy (`[trainer.optim]`)."""
+
+    name: Literal["adamw"] = "adamw"
+    """Optimizer (AdamW with decoupled weight decay)."""
+    lr: float = Field(1e-6, gt=0, lt=1, strict=True)
+    """Learning rate after warm-up (constant schedule)."""
+    betas: list[float] = Field([0.9, 0.999], min_length=2, max_length=2)
+    """Adam β1, β2."""
+    weight_decay: float = Field(0.01, ge=0)
+    """Decoupled weight decay."""
+    eps: float = Field(1e-8, gt=0)
+    """Adam ε."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up over this many local steps."""
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v: list[float]) -> list[float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError("each beta must be in [0, 1)")
+        return v
+
+
+class TrainerConfig(Section):
+    """The policy update (`[trainer]`; verl's `actor_rollout_ref.actor.*` and `trainer.*`)."""
+
+    backend: Literal["torch", "megatron"] = "torch"
+    """`torch` = FSDP2 data parallel (CPU gloo or GPU); `megatron` = Megatron-core with tp/pp/cp/ep."""
+    tp: int = Field(1, gt=0)
+    """Tensor parallel size (megatron)."""
+    pp: int = Field(1, gt=0)
+    """Pipeline parallel size (megatron)."""
+    cp: int = Field(1, gt=0)
+    """Context parallel size (megatron)."""
+    ep: int = Field(1, gt=0)
+    """Expert parallel size (megatron, MoE models)."""
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    """Optimizer settings."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Clip the global gradient norm to this value."""
+    ppo_mini_batch_size: int = Field(32, gt=0)
+    """Prompts per mini-batch (each with `rollout.n` responses), as in verl: a local step trains on
+    `async_training.require_batches` mini-batches, one optimizer step each, `ppo_epochs` times over."""
+    ppo_micro_batch_size_per_gpu: int = Field(8, gt=0)
+    """Sequences per forward/backward on one GPU (gradient accumulation splits the mini-batch)."""
+    ppo_epochs: int = Field(1, gt=0, le=1000)
+    """Passes over the local step's mini-batches (verl's key): optimizer steps per local step =
+    `require_batches × ppo_epochs`; every pass takes its PPO ratio against the same π_old."""
+    shuffle: bool = False
+    """Permute the rows anew before each PPO epoch (seeded by `seed`); False = the same consecutive
+    mini-batches every epoch (verl's `actor.shuffle`, default false)."""
+    clip_ratio_low: float = Field(0.2, ge=0, lt=1)
+    """PPO clip ε_low: ratio r is clipped to [1 − ε_low, 1 + ε_high]."""
+    clip_ratio_high: float = Field(0.2, ge=0)
+    """PPO clip ε_high (DAPO's clip-higher uses 0.28)."""
+    clip_ratio_c: float = Field(3.0, gt=1)
+    """Dual-clip constant c for A < 0: the loss is bounded by c·|A|."""
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    """How per-token losses are aggregated into the batch loss (verl's names)."""
+    use_kl_loss: bool = False
+    """Add a KL(π_θ‖π_ref) penalty to the loss (needs a reference model)."""
+    kl_loss_coef: float = Field(0.001, ge=0)
+    """Weight of the KL loss."""
+    kl_loss_type: Literal["low_var_kl", "k1", "k2"] = "low_var_kl"
+    """KL estimator: k1 = log r, k2 = ½(log r)², low_var_kl = k3 = r − 1 − log r (clamped)."""
+    entropy_coeff: float = Field(0.0, ge=0)
+    """Entropy bonus weight (0 = off)."""
+    total_steps: int | None = Field(None, gt=0)
+    """Total policy versions to train (overrides the count derived from data and `total_rollout_steps`)."""
+    total_epochs: int = Field(1, gt=0, le=100_000)
+    """Passes over the training data."""
+    test_freq: int = Field(0, ge=0)
+    """Validate every N policy versions (0 = never)."""
+    val_before_train: bool = False
+    """Validate once before the first update."""
+    skip_zero_advantage: bool = False
+    """Opt-in speed-up: drop the rows of groups whose responses all got the same reward (GRPO advantage 0)
+    before the update. They carry no policy gradient, but dropping them changes the loss: the token-mean (or
+    seq-mean) denominator no longer counts their tokens, and their entropy and KL-loss terms are gone. verl
+    keeps them (its group filtering is off by default), so False matches verl."""
+    seed: int = 0
+    """Seed of initialisation and sampling on the trainer."""
+
+
+class RolloutConfig(Section):
+    """Generation (`[rollout]`; verl's `actor_rollout_ref.rollout.*`)."""
+
+    backend: Literal["hf", "vllm"] = "hf"
+    """`hf` = asyncrl's own sampler on transformers (CPU and small GPUs); `vllm` = vLLM replicas."""
+    n: int = Field(8, gt=0, le=4096)
+    """Responses per prompt (the GRPO group size)."""
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature (the rollout log-probs are those of the sampling distribution)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass (1.0 = off)."""
+    top_k: int = Field(0, ge=0)
+    """Top-k sampling (0 = off; verl's −1 for vLLM)."""
+    tensor_parallel_size: int = Field(1, gt=0)
+    """GPUs per rollout replica (vLLM tensor parallel)."""
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
+    """Fraction of each rollout GPU vLLM may take for weights plus KV cache."""
+    max_num_seqs: int = Field(256, gt=0)
+    """Concurrent sequences per replica."""
+    dtype: Literal["fp32", "bf16"] | None = None
+    """Weights and compute precision of the rollout replicas, set apart from the trainer's `model.dtype`
+    (None = the same). Synced weights are cast on load; a bf16 rollout against an fp32 trainer is a
+    train–inference mismatch (per-token ratios ~0.6–1.5): pair it with rollout correction."""
+    total_rollout_steps: int | None = Field(None, gt=0)
+    """Total prompts to generate (verl's name; None = the whole data × `trainer.total_epochs`)."""
+    val_temperature: float = Field(0.0, ge=0)
+    """Temperature of validation generation (0 = greedy)."""
+    replicas: int | None = Field(None, gt=0)
+    """Rollout replicas (None = rollout GPUs / `tensor_parallel_size`)."""
+    weight_sync_bucket_mb: int = Field(512, gt=0)
+    """Size of one weight-sync bucket in MiB."""
+    weight_sync: Literal["object_store", "collective"] = "object_store"
+    """How new weights reach the replicas: `object_store` (Ray's object store, one `ray.put` per bucket) or
+    `collective` (trainer rank 0 broadcasts the buckets over a gloo group on CPU / NCCL on CUDA with the
+    replicas, as it exports them; `hf` replicas only, and no replica restarts)."""
+    max_replica_restarts: int = Field(3, ge=0)
+    """Replacement replicas the rollouter may start over the whole run after replica processes die (their
+    in-flight prompts are re-queued and the replacement gets the current weights). One failure more stops
+    the run cleanly: a checkpoint, exit code 1 and a message; resume it with `--resume auto`."""
