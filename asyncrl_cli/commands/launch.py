@@ -94,17 +94,18 @@ def command(
         render_headline(con, an)
         render_problems(con, an.problems)
         raise typer.Exit(an.exit_code or 1)
-    assert an.derived is not None
-    from asyncrl_cli.config.placement import plan_placement
+    assert an.derived is not None and an.hardware is not None  # exit code 0: both were resolved
+    from engine.plan.run_plan import resolve_plan  # pure Python: M, R, the placement, once for both paths
 
-    plan = plan_placement(an.config, an.derived, an.hardware)
+    plan = resolve_plan(an.config, hardware=an.hardware, derived=an.derived, provenance=an.provenance.to_json(),
+                        base_dir=run_file.resolve().parent)
     if dry_run:
         files = write_artifacts(an)
         if json_:
             emit_json(
                 {
                     "config": an.config.model_dump(mode="json"),
-                    "placement": plan.to_json(),
+                    "placement": plan.placement.to_json(),
                     "derived": an.derived.to_json(),
                     "files": files,
                     "problems": [p.to_json() for p in an.problems],
@@ -121,7 +122,7 @@ def command(
             )
         )
         render_derived(con, an)
-        render_placement(con, plan)
+        render_placement(con, plan.placement)
         render_problems(con, [p for p in an.problems if p.severity == "warning"])
         con.print(f"dry run: nothing started. Wrote {files['config']} and {files['provenance']}.")
         return
@@ -136,7 +137,7 @@ def command(
     from asyncrl_cli.tui import run_dashboard_with  # light: Textual loads when the dashboard starts
 
     relaunch = relaunch_command(run_file, set_, address, allow_same_name)
-    rc = run(an.config, provenance=an.provenance.to_json(), address=address, resume=resume,
+    rc = run(plan, address=address, resume=resume,
              tui=run_dashboard_with if tui else None, allow_same_name=allow_same_name, command=relaunch)
     show_validation_curve(int(rc or 0), an.config.logging.run_dir)
     raise typer.Exit(int(rc or 0))

@@ -1,4 +1,8 @@
-"""The driver: the one entry point the CLI uses to run a job (`engine.runtime.driver.run`).
+"""The driver: the one entry point the CLI uses to run a job (`engine.runtime.driver.run(plan)`).
+
+It takes a `RunPlan` (`engine.plan.run_plan`: the validated `RunConfig`, the derived sizes with M and R, the
+hardware preset, the placement and each actor's Ray resources, all computed once by `resolve_plan`); a bare
+`RunConfig` is resolved into one here (tests, benchmarks and scripts call it so).
 
 It claims a run id in the per-user registry of live runs (`engine.control.registry`: a second live run of one name on
 this machine is refused unless `allow_same_name`), checks the model and the data (`preflight`, before the
@@ -20,6 +24,7 @@ Every actor is killed on the way out, so no orphan processes remain, and the reg
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -28,14 +33,17 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from engine.plan.placement import RAY_ACCELERATOR  # light modules: no ray at import
-from engine.plan.sizes import trainer_world
 from engine.control.controller import NAMESPACE
+from engine.plan.placement import RAY_ACCELERATOR  # light modules: no ray at import
+from engine.plan.run_plan import RunPlan, resolve_plan
 from engine.runtime.placement_groups import PlacementTimeout, reserve_run
 from engine.runtime.run_dirs import prepare_run_dir, resume_hint
 from engine.telemetry.sinks import CONFIG_FILE, PROVENANCE_FILE
+
+if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
 
 STOP_TIMEOUT_S = 120.0
 """How long an interrupted driver waits for the trainer's stop checkpoint."""
@@ -45,33 +53,27 @@ class RunFailed(RuntimeError):
     """A run-time failure with a message meant for the user."""
 
 
-def trainer_ranks(cfg: Any) -> int:
-    """M = `resources.trainer.nnodes × gpus_per_node` trainer ranks. Raises RunFailed for a Megatron layout the
-    backend cannot run: pipeline (pp > 1) and context (cp > 1) parallelism are not implemented by it."""
-    ranks = trainer_world(cfg)
-    t = cfg.trainer
+def trainer_ranks(plan: RunPlan) -> int:
+    """M, the plan's trainer ranks. Raises RunFailed for a Megatron layout the backend cannot run: pipeline
+    (pp > 1) and context (cp > 1) parallelism are not implemented by it."""
+    t = plan.config.trainer
     if t.backend == "megatron" and (t.pp > 1 or t.cp > 1):
         raise RunFailed(f"trainer.pp = {t.pp}, trainer.cp = {t.cp}: this runtime's Megatron trainer runs tp × ep × dp "
                         "with pp = 1 and cp = 1 (fold cp into dp, e.g. cp = 1 and the same GPUs)")
-    return ranks
+    return plan.trainer_ranks
 
 
-def _placement(cfg: Any) -> dict[str, Any]:
-    """How many replicas and trainer ranks, and what each actor asks Ray for (`engine.plan.placement`, on the
-    hardware preset's device and this machine's cores); on accelerators also which node and bundles each actor
-    takes (`engine.plan.layout`, the formula `launch --dry-run` shows). Refuses a layout it cannot run."""
-    from engine.plan.hardware import hardware_device
-    from engine.plan.layout import LayoutError, config_layout
-    from engine.plan.placement import actor_resources
-
-    trainer_ranks(cfg)
-    placement = actor_resources(cfg, hardware_device(cfg), os.cpu_count() or 2)
+def _placement(plan: RunPlan) -> dict[str, Any]:
+    """The plan's actor resources (replicas, trainer ranks, what each asks Ray for), copied for the driver to add
+    to; on accelerators also which node and bundles each actor takes (the plan's pools, the layout `launch
+    --dry-run` shows). Refuses a layout it cannot run."""
+    trainer_ranks(plan)
+    placement = copy.deepcopy(plan.actors)
     if placement["device"] != "cpu":
-        try:
-            placement["layouts"] = config_layout(cfg, placement["replicas"])
-        except LayoutError as e:
-            raise RunFailed(str(e)) from None
-        placement["placement_timeout_s"] = cfg.resources.placement_timeout_s
+        if plan.layout_error:
+            raise RunFailed(plan.layout_error)
+        placement["layouts"] = plan.placement.pools
+        placement["placement_timeout_s"] = plan.config.resources.placement_timeout_s
     return placement
 
 
@@ -110,10 +112,10 @@ def _init_ray(address: str | None, placement: dict[str, Any]) -> bool:
     return True
 
 
-def run(cfg: Any, *, provenance: dict | None = None, address: str | None = None, resume: str | None = None,
+def run(plan: RunPlan | RunConfig, *, provenance: dict | None = None, address: str | None = None, resume: str | None = None,
         tui: Callable[[Any, Callable[[], bool]], bool] | None = None, progress: bool = True,
         allow_same_name: bool = False, command: list[str] | None = None) -> int:
-    """Run the job described by `cfg` to the end. Returns the process exit code.
+    """Run the job `plan` describes to the end (a `RunConfig` is resolved first). Returns the exit code.
 
     `tui`: the dashboard runner for `launch --tui`, `tui(metrics_source, work) -> work()`; the CLI passes it in
     (its dashboard lives in the CLI package, which the engine does not import). `command` is the launch as the
@@ -122,8 +124,10 @@ def run(cfg: Any, *, provenance: dict | None = None, address: str | None = None,
     from engine.runtime.resume import ResumeError
     from engine.control.registry import NameInUse, claim, release
 
+    if not isinstance(plan, RunPlan):
+        plan = resolve_plan(plan, provenance=provenance)
     try:
-        entry = claim(cfg.name, allow_same_name=allow_same_name)
+        entry = claim(plan.config.name, allow_same_name=allow_same_name)
     except NameInUse as e:
         print(f"asyncrl: cannot start: {e}", file=sys.stderr)
         return 1
@@ -133,7 +137,7 @@ def run(cfg: Any, *, provenance: dict | None = None, address: str | None = None,
         return 1
     ident = {"entry": entry, "command": command, "allow_same_name": allow_same_name}
     try:
-        return _run(cfg, provenance or {}, address, resume, tui, progress, ident)
+        return _run(plan, provenance or plan.provenance, address, resume, tui, progress, ident)
     except (PreflightError, ResumeError) as e:
         print(f"asyncrl: cannot start: {e}", file=sys.stderr)
         return 1
@@ -160,16 +164,17 @@ def _sigterm_as_interrupt():
     return lambda: signal.signal(signal.SIGTERM, previous)
 
 
-def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tui: Any, progress: bool,
+def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | None, tui: Any, progress: bool,
          ident: dict[str, Any]) -> int:
     from engine.control import registry
     from engine.control.controller import run_namespace
     from engine.runtime.preflight import preflight
     from engine.runtime.resume import ResumeError, plan_resume, resume_message, rewind_run_dir
 
-    trainer_ranks(cfg)  # a layout this runtime cannot run is refused before anything starts
+    cfg = plan.config
+    placement = _placement(plan)  # a layout this runtime cannot run is refused before anything starts
     model_dir = preflight(cfg)  # nothing is written before the inputs are known to be usable
-    plan = plan_resume(cfg, resume) if resume else None
+    run_plan, plan = plan, plan_resume(cfg, resume) if resume else None
     for path, why in plan.skipped if plan else []:
         print(f"asyncrl: checkpoint {path} is corrupt ({why}); skipped, using an older one", file=sys.stderr)
     if plan is None and resume:
@@ -192,7 +197,6 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
         message = resume_message(plan, rewind_run_dir(plan), cfg.async_training.partial_rollout)
         print(f"asyncrl: {message}", file=sys.stderr)
         resumed = {"plan": plan, "message": message}
-    placement = _placement(cfg)
     placement["object_store_bytes"] = object_store_bytes(Path(model_dir))
     placement["namespace"] = run_namespace(entry.id)
     started_ray = _init_ray(address, placement)
@@ -208,7 +212,7 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
             pools = reserve_run(placement, cfg.name)
         except PlacementTimeout as e:
             raise RunFailed(str(e)) from None
-        return _run_actors(cfg, cfg_dict, provenance, run_dir, model_dir, placement, resumed, tui, progress, ident)
+        return _run_actors(run_plan, cfg_dict, provenance, run_dir, model_dir, placement, resumed, tui, progress, ident)
     finally:
         restore_sigterm()
         if pools is not None:
@@ -219,11 +223,10 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
             ray.shutdown()
 
 
-def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placement, resumed, tui, progress,
+def _run_actors(run_plan: RunPlan, cfg_dict, provenance, run_dir: Path, model_dir: str, placement, resumed, tui, progress,
                 ident) -> int:
     import ray
 
-    from engine.plan.sizes import max_queue_size, total_local_steps
     from engine.control.controller import create_run_controller, live_run_names
     from engine.runtime.queue import MessageQueue
     from engine.runtime.replica import RolloutReplica
@@ -231,11 +234,11 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
     from engine.runtime.trainer_actor import Trainer
     from engine.telemetry.console import ConsoleProgress
 
-    entry = ident["entry"]
+    entry, cfg = ident["entry"], run_plan.config
     if cfg.name in live_run_names(NAMESPACE) and not ident["allow_same_name"]:
         raise RunFailed(f"a run named {cfg.name!r} is already live on this cluster; choose another name with "
                         "--name NAME (or --set name=NAME), or pass --allow-same-name")
-    total_steps = total_local_steps(cfg)
+    total_steps = run_plan.total_local_steps()
     actors: list[Any] = []
     plan = resumed["plan"] if resumed else None
     controller = create_run_controller(cfg.name, run_id=entry.id, namespace=NAMESPACE, run_dir=str(run_dir),
@@ -245,7 +248,7 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
     console = ConsoleProgress(total_steps, enabled=progress and cfg.logging.progress and not tui)
     ok = False
     try:
-        queue = MessageQueue.remote(max_queue_size(cfg))
+        queue = MessageQueue.remote(run_plan.derived.max_queue_size)
         replica_opts = placement.get("replica_options") or [placement["replica_res"]] * placement["replicas"]
         trainer_opts = placement.get("trainer_options") or placement["trainer_res"]
         replicas = [RolloutReplica.options(**replica_opts[i]).remote(
@@ -320,7 +323,7 @@ def _event(level: str, kind: str, message: str, step: int | None, version: int |
             "message": message, **extra}
 
 
-def _checkpoint_root(cfg: Any, run_dir: Path) -> Path:
+def _checkpoint_root(cfg: RunConfig, run_dir: Path) -> Path:
     from engine.runtime.checkpoint import checkpoint_root
 
     return checkpoint_root(cfg, run_dir)

@@ -63,9 +63,28 @@ def test_tui_hands_the_driver_the_dashboard_runner(cli, monkeypatch) -> None:
     from asyncrl_cli.tui import run_dashboard_with
 
     calls: list[dict] = []
-    monkeypatch.setattr(driver, "run", lambda cfg, **kw: calls.append(kw) or 0)
+    monkeypatch.setattr(driver, "run", lambda plan, **kw: calls.append({"plan": plan, **kw}) or 0)
     for extra in (["--tui"], []):
         r = cli("launch", RUNS / "tiny-cpu.toml", *extra)
         assert r.exit_code == 0, r.output
     assert calls[0]["tui"] is run_dashboard_with and calls[1]["tui"] is None
-    assert calls[0]["provenance"]["keys"]  # the provenance travels with the config
+    assert calls[0]["plan"].provenance["keys"]  # the provenance travels with the config, in the plan
+
+
+def test_the_driver_gets_the_plan_dry_run_shows(cli, monkeypatch) -> None:
+    """`launch` hands the driver one typed `RunPlan`: the validated config with M, R and the placement that
+    `launch --dry-run --json` prints, computed once."""
+    import engine.runtime.driver as driver
+    from engine.plan.run_plan import RunPlan
+
+    sets = ("--set", "resources.trainer.gpus_per_node=2", "--set", "resources.rollout.gpus_per_node=3",
+            "--set", "rollout.replicas=3")
+    dry = json.loads(cli("launch", RUNS / "tiny-cpu.toml", "--dry-run", "--json", *sets).stdout)
+    got: list[RunPlan] = []
+    monkeypatch.setattr(driver, "run", lambda plan, **kw: got.append(plan) or 0)
+    assert cli("launch", RUNS / "tiny-cpu.toml", *sets).exit_code == 0
+    plan = got[0]
+    assert isinstance(plan, RunPlan) and (plan.trainer_ranks, plan.replicas) == (2, 3)
+    assert (plan.actors["trainer_ranks"], plan.actors["replicas"]) == (2, 3)  # what the driver asks Ray for
+    assert plan.placement.to_json() == dry["placement"] and plan.derived.to_json() == dry["derived"]
+    assert plan.device == "cpu" and plan.config.name == dry["config"]["name"]

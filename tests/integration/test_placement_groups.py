@@ -112,7 +112,9 @@ def test_the_driver_reserves_what_dry_run_shows(on_cluster, tmp_path) -> None:
 
     cfg = tiny_config(tmp_path / "run", 'resources.hardware="h100"', "resources.trainer.gpus_per_node=4",
                       "resources.rollout.nnodes=3", "resources.rollout.gpus_per_node=4")
-    placement = driver._placement(cfg)
+    from engine.plan.run_plan import resolve_plan
+
+    placement = driver._placement(resolve_plan(cfg))
     assert placement["replicas"] == 12 and placement["trainer_ranks"] == 4
     from engine.runtime.placement_groups import reserve_run
 

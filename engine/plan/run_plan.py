@@ -1,0 +1,83 @@
+"""`RunPlan`: the one typed object the CLI hands the engine (`engine.runtime.driver.run(plan)`).
+
+A plan is a validated `RunConfig` with what follows from it, computed once here:
+
+    derived    the `Derived` table (`engine.plan.sizes.derive`): required/max samples, queue bound, total steps,
+               M = trainer_world (trainer ranks), R = rollout_replicas, the trainer's data-parallel size
+    hardware   the `resources.hardware` preset (its `device` is where replicas and trainer ranks compute)
+    placement  the layout `launch --dry-run` prints (`plan_placement`: actors, nodes, pools' bundles)
+    actors     what each actor asks Ray for (`actor_resources`, on this machine's cores), from the same M and R
+    layout_error  why the pools cannot be laid out on their nodes (None when they can); the driver refuses
+               such a plan on accelerators, `validate` reports it with its key
+
+`resolve_plan(cfg)` builds one; the CLI passes the hardware preset and the `Derived` table it computed
+while validating, so nothing is read twice. Pure Python + pydantic (no torch, no Ray).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engine.plan.hardware import HardwarePreset, load_hardware
+from engine.plan.layout import LayoutError, config_layout
+from engine.plan.placement import Placement, actor_resources, plan_placement
+from engine.plan.sizes import Derived, dataset_train_size, derive
+
+if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A validated run config and the quantities derived from it (see the module docstring)."""
+
+    config: RunConfig
+    derived: Derived
+    hardware: HardwarePreset
+    placement: Placement
+    actors: dict[str, Any]
+    provenance: dict[str, Any] = field(default_factory=dict)
+    layout_error: str | None = None
+
+    @property
+    def device(self) -> str:
+        """`cpu`, `cuda` or `npu`: the hardware preset's device."""
+        return self.hardware.device
+
+    @property
+    def trainer_ranks(self) -> int:
+        """M: trainer ranks (`resources.trainer.nnodes × gpus_per_node`)."""
+        return self.derived.trainer_world
+
+    @property
+    def replicas(self) -> int:
+        """R: rollout replicas."""
+        return self.derived.rollout_replicas
+
+    def total_local_steps(self) -> int:
+        """Trainer local steps of the whole run; ValueError (one line) when the data size is unknown."""
+        if self.derived.total_local_steps is None:
+            raise ValueError("total_local_steps cannot be derived: the training data is not available locally; "
+                             "set trainer.total_steps or rollout.total_rollout_steps")
+        return self.derived.total_local_steps
+
+
+def resolve_plan(cfg: RunConfig, *, hardware: HardwarePreset | None = None, derived: Derived | None = None,
+                 provenance: dict[str, Any] | None = None, base_dir: Path | None = None,
+                 cores: int | None = None) -> RunPlan:
+    """The plan of `cfg`. `hardware` / `derived`: what the caller already computed for the same config (else
+    done here, reading relative paths from `base_dir`); `cores`: this machine's CPUs (`os.cpu_count()`)."""
+    hw = hardware if hardware is not None else load_hardware(cfg.resources.hardware, base_dir)
+    derived = derived if derived is not None else derive(cfg, dataset_train_size(cfg, base_dir))
+    placement = plan_placement(cfg, derived, hw.device)
+    actors = actor_resources(cfg, hw.device, cores or os.cpu_count() or 2)
+    layout_error = None
+    if not placement.pools:
+        try:
+            config_layout(cfg, derived.rollout_replicas)
+        except LayoutError as e:
+            layout_error = str(e)
+    return RunPlan(cfg, derived, hw, placement, actors, dict(provenance or {}), layout_error)
