@@ -29,7 +29,7 @@ passed. The configs must have presets already resolved into the rollout-correcti
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,8 +39,11 @@ from engine.algo.rc_config import validate_rc_config
 from engine.algo.rollout_correction import compute_rollout_correction
 from engine.trainer.base import TrainBatch
 
+if TYPE_CHECKING:
+    from engine.config.schema import RolloutCorrectionConfig, TrainerConfig
 
-def rc_kwargs(rc_cfg: Any) -> dict[str, Any]:
+
+def rc_kwargs(rc_cfg: RolloutCorrectionConfig) -> dict[str, Any]:
     """The `compute_rollout_correction` keyword arguments of an `algorithm.rollout_correction` section."""
     return {
         "rollout_is": getattr(rc_cfg, "rollout_is", None),
@@ -57,7 +60,7 @@ def micro_batch_weight(mode: str, mb_mask: torch.Tensor, full_mask: torch.Tensor
     return agg_denominator(mb_mask, mode) / full if full > 0 else 0.0
 
 
-def prepare_decoupled(batch: TrainBatch, rc_cfg: Any) -> tuple[TrainBatch, dict[str, float]]:
+def prepare_decoupled(batch: TrainBatch, rc_cfg: RolloutCorrectionConfig) -> tuple[TrainBatch, dict[str, float]]:
     """Decoupled mode, once per batch: rollout correction with old = π_prox (`batch.old_log_probs`) vs π_rollout.
 
     Returns a new batch with `is_weights` (None when rollout_is is None), the RS-modified `response_mask`
@@ -151,7 +154,7 @@ class GRPOLoss:
         )
 
 
-def build_loss_fn(trainer_cfg: Any, rc_cfg: Any) -> GRPOLoss:
+def build_loss_fn(trainer_cfg: TrainerConfig, rc_cfg: RolloutCorrectionConfig) -> GRPOLoss:
     """A `LossFn` from the `trainer` and `algorithm.rollout_correction` config sections (validated here)."""
     mode = getattr(trainer_cfg, "loss_agg_mode", "token-mean")
     if mode not in AGG_MODES:

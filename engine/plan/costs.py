@@ -22,7 +22,10 @@ Without a calibration, responses are assumed uniform on 1..max/2 with 5 % runnin
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
 
 ETA_BW = 0.6
 """Fraction of peak memory bandwidth a decode step reaches."""
@@ -81,7 +84,7 @@ class Layout:
         return self.rollout_world + self.trainer_world
 
     @classmethod
-    def from_config(cls, cfg: Any, total_versions: int | None, device: str = "cuda") -> "Layout":
+    def from_config(cls, cfg: RunConfig, total_versions: int | None, device: str = "cuda") -> "Layout":
         """From a validated RunConfig (attribute reads only). Prompts are assumed half of max_prompt_length."""
         a, t, r = cfg.async_training, cfg.trainer, cfg.rollout
         res = cfg.resources

@@ -10,11 +10,14 @@ from __future__ import annotations
 import difflib
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.plan.presets import presets_dir
+
+if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
 
 
 class HardwarePreset(BaseModel):
@@ -87,6 +90,6 @@ def load_hardware(name: str, base_dir: Path | None = None) -> HardwarePreset:
         raise HardwareInvalid(f"{path}: {e}") from None
 
 
-def hardware_device(cfg: Any) -> str:
+def hardware_device(cfg: RunConfig) -> str:
     """`cpu`, `cuda` or `npu`: the device of the run's `resources.hardware` preset."""
     return load_hardware(cfg.resources.hardware).device

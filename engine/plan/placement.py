@@ -18,10 +18,13 @@ trainer rank (C − R·replica_threads) // M, at least 1; `resources.{trainer,ro
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.plan.layout import LayoutError, PoolLayout, config_layout, describe_slots
 from engine.plan.sizes import Derived, rollout_replicas, trainer_world
+
+if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
 
 RAY_ACCELERATOR = {"cuda": "GPU", "npu": "NPU"}
 """Ray's resource name per accelerator device: GPUs are `num_gpus`, Ascend NPUs the custom resource "NPU"
@@ -74,7 +77,7 @@ class Placement:
         }
 
 
-def plan_placement(cfg: Any, d: Derived, device: str | None) -> Placement:
+def plan_placement(cfg: RunConfig, d: Derived, device: str | None) -> Placement:
     """Lay the trainer and rollout pools out over their nodes (`device` None: the hardware is unknown)."""
     res, t, r = cfg.resources, cfg.trainer, cfg.rollout
     tp = r.tensor_parallel_size
@@ -129,7 +132,7 @@ def resolve_threads(setting: int | str, automatic: int, cores: int) -> int:
     return int(setting) or automatic
 
 
-def actor_resources(cfg: Any, device: str, cores: int) -> dict[str, Any]:
+def actor_resources(cfg: RunConfig, device: str, cores: int) -> dict[str, Any]:
     """How many replicas and trainer ranks, and what each actor asks Ray for (`trainer_res` and
     `trainer_threads` are per trainer rank); `cores` counts this machine's CPUs (used on `device = "cpu"`)."""
     replicas, ranks = rollout_replicas(cfg), trainer_world(cfg)

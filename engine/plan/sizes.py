@@ -20,15 +20,18 @@ and the sizes of the two pools:
 `total_train_steps` counts policy versions, like verl. In `mode = "sync"` the staleness threshold is
 forced to 0, so `max_required_samples = required_samples × trigger`.
 
-`cfg` is the validated `RunConfig` (the CLI's config schema); only its attributes are read here, so this
-module does not import the schema (the engine must not import the CLI package).
+`cfg` is the validated `RunConfig` (`engine.config.schema`, imported for the annotations only, so this module
+stays cheap to import).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
 
 
 @dataclass(frozen=True)
@@ -60,17 +63,17 @@ class Derived:
         return asdict(self)
 
 
-def effective_staleness(cfg: Any) -> float:
+def effective_staleness(cfg: RunConfig) -> float:
     """The staleness threshold in force: 0 in sync mode."""
     return 0.0 if cfg.async_training.mode == "sync" else cfg.async_training.staleness_threshold
 
 
-def required_samples(cfg: Any) -> int:
+def required_samples(cfg: RunConfig) -> int:
     """Prompts per local step: ppo_mini_batch_size × require_batches."""
     return cfg.trainer.ppo_mini_batch_size * cfg.async_training.require_batches
 
 
-def max_required_samples(cfg: Any) -> int:
+def max_required_samples(cfg: RunConfig) -> int:
     """int(required_samples × (1 + staleness) × trigger_parameter_sync_step), by the rollouter's own budget rule
     (`engine.loop.budget`, pure Python), so the number printed is the one the run admits."""
     from engine.loop.budget import max_required_samples as budget_limit
@@ -79,39 +82,39 @@ def max_required_samples(cfg: Any) -> int:
     return budget_limit(required_samples(cfg), effective_staleness(cfg), trigger)
 
 
-def max_queue_size(cfg: Any) -> int:
+def max_queue_size(cfg: RunConfig) -> int:
     """Bound of the message queue in prompt groups: max_required_samples."""
     return max_required_samples(cfg)
 
 
-def trainer_world(cfg: Any) -> int:
+def trainer_world(cfg: RunConfig) -> int:
     """M, the trainer ranks: `resources.trainer.nnodes × gpus_per_node` (on CPU hardware a "GPU" is a process)."""
     return int(cfg.resources.trainer.nnodes * cfg.resources.trainer.gpus_per_node)
 
 
-def rollout_world(cfg: Any) -> int:
+def rollout_world(cfg: RunConfig) -> int:
     """Accelerators of the rollout pool: `resources.rollout.nnodes × gpus_per_node`."""
     return int(cfg.resources.rollout.nnodes * cfg.resources.rollout.gpus_per_node)
 
 
-def rollout_replicas(cfg: Any) -> int:
+def rollout_replicas(cfg: RunConfig) -> int:
     """R, the rollout engines: `rollout.replicas`, else one per `tensor_parallel_size` rollout GPUs (at least 1)."""
     return cfg.rollout.replicas or max(1, rollout_world(cfg) // cfg.rollout.tensor_parallel_size)
 
 
-def optimizer_steps_per_local_step(cfg: Any) -> int:
+def optimizer_steps_per_local_step(cfg: RunConfig) -> int:
     """require_batches × ppo_epochs: verl's actor makes one optimizer step per mini-batch and pass."""
     return cfg.async_training.require_batches * cfg.trainer.ppo_epochs
 
 
-def trainer_dp(cfg: Any) -> int:
+def trainer_dp(cfg: RunConfig) -> int:
     """Data-parallel size of the trainer: M / (tp·pp·cp) for megatron, M for torch (FSDP2); at least 1."""
     t = cfg.trainer
     model_par = t.tp * t.pp * t.cp if t.backend == "megatron" else 1
     return max(1, trainer_world(cfg) // model_par)
 
 
-def builtin_train_size(cfg: Any) -> int | None:
+def builtin_train_size(cfg: RunConfig) -> int | None:
     """`data.train_size`, or the built-in task's default size, for a `builtin:NAME` training set."""
     files = cfg.data.train_files
     if len(files) != 1 or not files[0].startswith("builtin:"):
@@ -148,7 +151,7 @@ def parquet_rows(files: list[str], base_dir: Path | None = None) -> int | None:
         return None
 
 
-def derive(cfg: Any, train_size: int | None = None) -> Derived:
+def derive(cfg: RunConfig, train_size: int | None = None) -> Derived:
     """All derived quantities; `train_size` (prompts) comes from the caller when the data is local."""
     a, t, r = cfg.async_training, cfg.trainer, cfg.rollout
     req = required_samples(cfg)
@@ -182,7 +185,7 @@ def derive(cfg: Any, train_size: int | None = None) -> Derived:
     )
 
 
-def dataset_train_size(cfg: Any, base_dir: Path | None = None) -> int | None:
+def dataset_train_size(cfg: RunConfig, base_dir: Path | None = None) -> int | None:
     """Training prompts: the built-in task's size, or the rows of local parquet files (None if unknown)."""
     size = builtin_train_size(cfg)
     if size is None and not cfg.data.train_files[0].startswith("builtin:"):
@@ -199,16 +202,16 @@ def _known(value: int | None, what: str) -> int:
     return value
 
 
-def total_rollout_steps(cfg: Any) -> int:
+def total_rollout_steps(cfg: RunConfig) -> int:
     """Prompts to generate over the run: min(rollout.total_rollout_steps, train_size × total_epochs)."""
     return _known(derive(cfg, dataset_train_size(cfg)).total_rollout_steps, "total_rollout_steps")
 
 
-def total_train_steps(cfg: Any) -> int:
+def total_train_steps(cfg: RunConfig) -> int:
     """Policy versions to train: trainer.total_steps or total_rollout_steps / (required_samples × trigger)."""
     return _known(derive(cfg, dataset_train_size(cfg)).total_train_steps, "total_train_steps")
 
 
-def total_local_steps(cfg: Any) -> int:
+def total_local_steps(cfg: RunConfig) -> int:
     """Trainer local steps: total_train_steps × trigger_parameter_sync_step."""
     return total_train_steps(cfg) * cfg.async_training.trigger_parameter_sync_step

@@ -12,11 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.config.schema import RunConfig  # the actors' config type (they import it from here)
+
+__all__ = ["PROCESS_GROUPS", "RunConfig", "build_rollout_backend", "build_trainer_backend", "compute_device",
+           "process_group_backend", "rollout_dtype"]
+
 PROCESS_GROUPS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 """torch.distributed backend of a trainer group per device type."""
 
 
-def compute_device(cfg: Any) -> str:
+def compute_device(cfg: RunConfig) -> str:
     """`cpu`, `cuda` or `npu`: the device of `resources.hardware`."""
     from engine.plan.hardware import hardware_device
 
@@ -48,13 +53,13 @@ ROLLOUT_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 """`rollout.dtype` → torch dtype name."""
 
 
-def rollout_dtype(cfg: Any) -> str:
+def rollout_dtype(cfg: RunConfig) -> str:
     """The rollout's torch dtype name: `rollout.dtype` when set, else the trainer's `model.dtype`."""
     chosen = getattr(cfg.rollout, "dtype", None)
     return ROLLOUT_DTYPES[chosen] if chosen else cfg.model.dtype
 
 
-def build_rollout_backend(cfg: Any, model_dir: str):
+def build_rollout_backend(cfg: RunConfig, model_dir: str):
     """The configured rollout backend for `model_dir` (imported lazily), in `rollout_dtype(cfg)`; `hf` computes
     on `compute_device(cfg)`."""
     from engine.models.loader import load_causal_lm, load_tokenizer
@@ -91,7 +96,7 @@ def build_rollout_backend(cfg: Any, model_dir: str):
     )
 
 
-def build_trainer_backend(cfg: Any, model_dir: str, distributed: bool = False):
+def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = False):
     """The configured training backend for `model_dir` (backends imported lazily). `distributed`: this process
     is one rank of a trainer group (`engine.runtime.trainer_group`, process group already joined), so the torch
     backend is the FSDP2 one and Megatron builds its TP/PP/CP/EP/DP groups over that world. The torch backends

@@ -4,11 +4,14 @@ per-step batch metrics (verl names)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.types import TrajectoryGroup
+
+if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
 
 ROW_INDEX = "row_index"
 """`meta` key: each row's position in the local step's batch (a list, so every row selection carries it)."""
@@ -29,7 +32,7 @@ def staleness_of(group: TrajectoryGroup, trainer_version: int) -> int:
     return trainer_version - group.min_version
 
 
-def prepare_batch(groups: list[TrajectoryGroup], cfg: Any, pad_token_id: int, trainer_version: int) -> PreparedBatch:
+def prepare_batch(groups: list[TrajectoryGroup], cfg: RunConfig, pad_token_id: int, trainer_version: int) -> PreparedBatch:
     """Collate the groups (one row per trajectory), attach group-normalised advantages, drop zero-advantage rows
     when `trainer.skip_zero_advantage` (opt-in) and compute reward / length / staleness / partial-rollout
     metrics. `meta["row_index"]` numbers the rows, so a loss wrapper can tell which rows a micro-batch holds."""

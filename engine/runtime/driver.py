@@ -112,8 +112,8 @@ def _init_ray(address: str | None, placement: dict[str, Any]) -> bool:
     return True
 
 
-def run(plan: RunPlan | RunConfig, *, provenance: dict | None = None, address: str | None = None, resume: str | None = None,
-        tui: Callable[[Any, Callable[[], bool]], bool] | None = None, progress: bool = True,
+def run(plan: RunPlan | RunConfig, *, provenance: dict | None = None, address: str | None = None,
+        resume: str | None = None, tui: Callable[[Any, Callable[[], bool]], bool] | None = None, progress: bool = True,
         allow_same_name: bool = False, command: list[str] | None = None) -> int:
     """Run the job `plan` describes to the end (a `RunConfig` is resolved first). Returns the exit code.
 
@@ -223,8 +223,8 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
             ray.shutdown()
 
 
-def _run_actors(run_plan: RunPlan, cfg_dict, provenance, run_dir: Path, model_dir: str, placement, resumed, tui, progress,
-                ident) -> int:
+def _run_actors(run_plan: RunPlan, cfg_dict, provenance, run_dir: Path, model_dir: str, placement, resumed, tui,
+                progress, ident) -> int:
     import ray
 
     from engine.control.controller import create_run_controller, live_run_names

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
 
 WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt")
 
@@ -26,7 +29,7 @@ class PreflightError(ValueError):
     """An input problem found before the run starts (one line)."""
 
 
-def preflight(cfg: Any) -> str:
+def preflight(cfg: RunConfig) -> str:
     """The resolved model directory, after checking the model and the data; raises PreflightError."""
     from engine.models.loader import load_tokenizer, resolve_model_path
 
@@ -74,7 +77,7 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     return config
 
 
-def check_lengths(cfg: Any, model_dir: Path) -> None:
+def check_lengths(cfg: RunConfig, model_dir: Path) -> None:
     """max_prompt_length + max_response_length must fit the model's context (`max_position_embeddings`)."""
     config = read_config(model_dir)
     context = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
@@ -143,7 +146,7 @@ def _compare(expected: dict[str, Any], found: dict[str, tuple[int, ...]]) -> str
     return "; ".join(parts)
 
 
-def check_data(cfg: Any, tokenizer: Any) -> None:
+def check_data(cfg: RunConfig, tokenizer: Any) -> None:
     """Training and validation prompts load, render and are not all filtered out."""
     from engine.data.prompts import load_prompts
 

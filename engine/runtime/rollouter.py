@@ -30,7 +30,7 @@ from engine.loop.rollout import RolloutLoop, RolloutParams
 from engine.loop.stream import PromptStream
 from engine.rollout.base import SamplingParams
 from engine.runtime.replica_pool import ReplicaPool, describe_failure
-from engine.runtime.scoring import filtered_message, reward_errors_message
+from engine.runtime.scoring import RunConfig, filtered_message, reward_errors_message
 from engine.types import GenResult, Prompt, TrajectoryGroup
 
 DRAIN_TIMEOUT_S = 60.0
@@ -42,7 +42,7 @@ class RolloutShell:
     """Runs inside the `Rollouter` actor. `replica_spec` (`{"options", "threads"}`) lets it start replacement
     replicas; `resume_state` is a checkpoint's rollout part (`{"rollout", "queued", "in_flight"}`)."""
 
-    def __init__(self, cfg: Any, model_dir: str, queue: Any, controller: Any, replicas: list[Any],
+    def __init__(self, cfg: RunConfig, model_dir: str, queue: Any, controller: Any, replicas: list[Any],
                  resume_state: dict | None = None, replica_spec: dict | None = None) -> None:
         from engine.plan.sizes import total_rollout_steps
         from engine.data.prompts import load_prompts

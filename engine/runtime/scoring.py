@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.config.schema import RunConfig
 from engine.types import Prompt, Trajectory
 
 
 class Scorer:
     """Decodes responses and applies the reward chosen by `data.reward` (or by data_source when "auto")."""
 
-    def __init__(self, cfg: Any, tokenizer: Any) -> None:
+    def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         self.reward_name = cfg.data.reward
         self.tokenizer = tokenizer
         self._fns: dict[str, Any] = {}

@@ -26,7 +26,7 @@ from typing import Any
 import ray
 
 from engine.loop.trainer import TrainerLoop, TrainerParams
-from engine.runtime.backends import build_trainer_backend
+from engine.runtime.backends import RunConfig, build_trainer_backend
 from engine.runtime.batching import LogRatioObserver, is_ratio_metrics, prepare_batch
 from engine.runtime.ledger import Ledger
 from engine.runtime.trainer_group import TrainerGroup, trainer_world
@@ -39,7 +39,7 @@ class TrainerCore:
     (`TrainerGroup`, placed with Ray `rank_options`, `num_threads` each) and drives them through `BackendGroup`s
     in place of its backends; it alone talks to the queue, the rollouter and the controller."""
 
-    def __init__(self, cfg: Any, model_dir: str, run_dir: str, queue: Any, rollouter: Any, controller: Any,
+    def __init__(self, cfg: RunConfig, model_dir: str, run_dir: str, queue: Any, rollouter: Any, controller: Any,
                  resume: dict | None = None, rank_options: dict[str, Any] | None = None,
                  num_threads: int = 1) -> None:
         import torch
@@ -428,7 +428,7 @@ def _jsonable(rec: dict[str, Any]) -> dict[str, Any]:
 class Trainer:
     """Thin actor around `TrainerCore` (rank 0 of the trainer; `rank_options`: Ray options of the other ranks)."""
 
-    def __init__(self, cfg: Any, model_dir: str, run_dir: str, queue: Any, rollouter: Any, controller: Any,
+    def __init__(self, cfg: RunConfig, model_dir: str, run_dir: str, queue: Any, rollouter: Any, controller: Any,
                  num_threads: int = 1, resume: dict | None = None,
                  rank_options: dict[str, Any] | None = None) -> None:
         import torch
