@@ -20,6 +20,7 @@ Usage:  python scripts/gpu_check.py --out PATH [--cpu-smoke] [--budget-s S] [--d
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import tempfile
@@ -40,37 +41,27 @@ VLLM_NOTE = "not measurable: not installable on the device (no registry access, 
 ADAM_BYTES_PER_PARAM = 18  # Megatron bf16: weight 2 + fp32 main grad 4 + fp32 master 4 + two fp32 moments 8
 
 
+_SIZES: dict[str, tuple[Any, Any]] = {  # name: (CPU smoke run, GPU)
+    "device": ("cpu", "cuda"),
+    "dtype": ("float32", "bfloat16"),
+    "rollout_small": ({"prompts": 2, "n": 2, "prompt_len": 8, "new_tokens": 6},
+                      {"prompts": 16, "n": 4, "prompt_len": 256, "new_tokens": 256}),
+    "rollout_big": ({"prompts": 2, "n": 2, "prompt_len": 8, "new_tokens": 4},
+                    {"prompts": 16, "n": 4, "prompt_len": 256, "new_tokens": 128}),
+    "train_small": ({"micro": 2, "steps": 2}, {"micro": 16, "steps": 3}),
+    "train_big": ({"micro": 2, "steps": 2}, {"micro": 8, "steps": 3}),
+    "bucket_bytes": (1 << 16, 512 << 20),
+    "async": ({"steps": 3, "prompts": 2, "n": 2, "prompt_len": 6, "new_tokens": 4, "micro": 4},
+              {"steps": 20, "prompts": 8, "n": 4, "prompt_len": 64, "new_tokens": 64, "micro": 32}),
+    "sync_transports": (["gloo", "ipc"], ["nccl", "ipc"]),
+}
+
+
 def settings(smoke: bool) -> dict[str, Any]:
-    """Sizes of every section: real sizes on a GPU, a few tokens on the CPU smoke run."""
-    if smoke:
-        return {
-            "device": "cpu",
-            "dtype": "float32",
-            "small": "qwen3-0.6b",
-            "big": "qwen2.5-7b",
-            "rollout_small": {"prompts": 2, "n": 2, "prompt_len": 8, "new_tokens": 6},
-            "rollout_big": {"prompts": 2, "n": 2, "prompt_len": 8, "new_tokens": 4},
-            "train_small": {"micro": 2, "steps": 2},
-            "train_big": {"micro": 2, "steps": 2},
-            "bucket_bytes": 1 << 16,
-            "async": {"steps": 3, "prompts": 2, "n": 2, "prompt_len": 6, "new_tokens": 4, "micro": 4},
-            "sync_transports": ["gloo", "ipc"],
-            "budget_s": 300,
-        }
-    return {
-        "device": "cuda",
-        "dtype": "bfloat16",
-        "small": "qwen3-0.6b",
-        "big": "qwen2.5-7b",
-        "rollout_small": {"prompts": 16, "n": 4, "prompt_len": 256, "new_tokens": 256},
-        "rollout_big": {"prompts": 16, "n": 4, "prompt_len": 256, "new_tokens": 128},
-        "train_small": {"micro": 16, "steps": 3},
-        "train_big": {"micro": 8, "steps": 3},
-        "bucket_bytes": 512 << 20,
-        "async": {"steps": 20, "prompts": 8, "n": 4, "prompt_len": 64, "new_tokens": 64, "micro": 32},
-        "sync_transports": ["nccl", "ipc"],
-        "budget_s": 300,
-    }
+    """Sizes of every section: real sizes on a GPU, a few tokens on the CPU smoke run (same models, budget)."""
+    column = 0 if smoke else 1
+    return {"small": "qwen3-0.6b", "big": "qwen2.5-7b", "budget_s": 300,
+            **{name: copy.deepcopy(sizes[column]) for name, sizes in _SIZES.items()}}
 
 
 class Check:

@@ -24,6 +24,17 @@ SetOpt = Annotated[
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of tables.")]
 
+# The options of the commands that read a live run (`attach`, `status`; `ctl` spells its own RUN argument).
+RunAddressOpt = Annotated[
+    str | None,
+    typer.Option("--address", help="Ray cluster address (default: the run's own, from this machine's registry)."),
+]
+ReplayOpt = Annotated[
+    Path | None,
+    typer.Option("--replay", help="Read a run directory (metrics.jsonl, events.jsonl, config.resolved.json) "
+                 "instead of a live run."),
+]
+
 
 def analyze(path: Path, sets: list[str] | None) -> Analysis:
     """Load and check a run file; a missing file or a malformed --set is a usage error (exit 2)."""

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from asyncrl_cli.commands._common import ReplayOpt, RunAddressOpt
 from asyncrl_cli.commands._control import command_connection, control_errors
 from asyncrl_cli.errors import UsageProblem, handle_errors
 from asyncrl_cli.output import emit_json, stderr_console
@@ -62,27 +63,12 @@ def command(
         str | None,
         typer.Argument(help="Run id, name or unique id prefix; omit when exactly one run is live."),
     ] = None,
-    address: Annotated[
-        str | None,
-        typer.Option(
-            "--address", help="Ray cluster address (default: the run's own, from this machine's registry)."
-        ),
-    ] = None,
+    address: RunAddressOpt = None,
     read_only: Annotated[
-        bool,
-        typer.Option(
-            "--read-only", help="Watch only: no knob, pause, checkpoint or stop action is available."
-        ),
+        bool, typer.Option("--read-only", help="Watch only: no knob, pause, checkpoint or stop action is available.")
     ] = False,
-    replay: Annotated[
-        Path | None,
-        typer.Option(
-            "--replay", help="Replay a run directory (metrics.jsonl, events.jsonl, config.resolved.json)."
-        ),
-    ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print snapshots as JSON instead of the dashboard.")
-    ] = False,
+    replay: ReplayOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print snapshots as JSON instead of the dashboard.")] = False,
     once: Annotated[bool, typer.Option("--once", help="With --json: print one snapshot and exit.")] = False,
     interval: Annotated[float, typer.Option("--interval", min=0.1, help="Seconds between polls.")] = 1.0,
 ) -> None:

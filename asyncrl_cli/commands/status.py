@@ -8,11 +8,11 @@ pure `DashboardModel` from one `snapshot()`, so the numbers match what `asyncrl 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from asyncrl_cli.commands._common import ReplayOpt, RunAddressOpt
 from asyncrl_cli.commands._control import command_connection, control_errors
 from asyncrl_cli.errors import UsageProblem, handle_errors
 from asyncrl_cli.output import emit_json, stdout_console
@@ -145,15 +145,8 @@ def command(
         str | None, typer.Argument(help="Run id, name or unique id prefix; omit to list the live runs.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
-    address: Annotated[
-        str | None,
-        typer.Option(
-            "--address", help="Ray cluster address (default: the run's own, from this machine's registry)."
-        ),
-    ] = None,
-    replay: Annotated[
-        Path | None, typer.Option("--replay", help="Summarize a run directory instead of a live run.")
-    ] = None,
+    address: RunAddressOpt = None,
+    replay: ReplayOpt = None,
 ) -> None:
     """Show a run's state, progress, KPIs, knobs (with pending changes), workers and latest events."""
     from engine.control.client import ControlClient, ReplaySource

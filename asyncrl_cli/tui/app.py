@@ -41,6 +41,15 @@ from asyncrl_cli.tui.widgets.workers_table import WorkersTable
 if TYPE_CHECKING:  # the dashboard reads any source; the control client loads only in the command that opens one
     from engine.control.client import MetricsSource
 
+OVERVIEW_CHARTS = (  # (widget id, title, [(metric, label, colour), ...]) of the overview's time charts
+    ("chart-throughput", "throughput (tok/s)",
+     [(m.TRAINER_TPS, "trainer", "cyan"), (m.ROLLOUT_TPS, "rollout", "magenta")]),
+    ("chart-staleness", "staleness (versions)",
+     [(m.STALE_MEAN, "mean", "green"), (m.STALE_MAX, "max", "orange"), (m.STALE_BOUND, "bound", "red")]),
+    ("chart-is", "IS ratio π_train/π_rollout",
+     [(m.IS_MEAN, "mean", "green"), (m.IS_MIN, "min", "blue"), (m.IS_MAX, "max", "red")]),
+    ("chart-reward", "reward", [(m.REWARD, "reward", "green"), (m.SCORE, "score", "cyan")]),
+)
 MUTATING_ACTIONS = frozenset({"set_sync_interval", "set_staleness", "toggle_pause", "checkpoint", "stop_run"})
 READ_ONLY_REFUSAL = "read-only session: changes are disabled"
 
@@ -103,34 +112,8 @@ class DashboardApp(App[int]):
         yield KpiRow(id="kpis")
         with TabbedContent(initial="overview", id="tabs"):
             with TabPane("1 Overview", id="overview"), Grid(id="charts"):
-                yield TimeChart(
-                    "throughput (tok/s)",
-                    [Line(m.TRAINER_TPS, "trainer", "cyan"), Line(m.ROLLOUT_TPS, "rollout", "magenta")],
-                    id="chart-throughput",
-                )
-                yield TimeChart(
-                    "staleness (versions)",
-                    [
-                        Line(m.STALE_MEAN, "mean", "green"),
-                        Line(m.STALE_MAX, "max", "orange"),
-                        Line(m.STALE_BOUND, "bound", "red"),
-                    ],
-                    id="chart-staleness",
-                )
-                yield TimeChart(
-                    "IS ratio π_train/π_rollout",
-                    [
-                        Line(m.IS_MEAN, "mean", "green"),
-                        Line(m.IS_MIN, "min", "blue"),
-                        Line(m.IS_MAX, "max", "red"),
-                    ],
-                    id="chart-is",
-                )
-                yield TimeChart(
-                    "reward",
-                    [Line(m.REWARD, "reward", "green"), Line(m.SCORE, "score", "cyan")],
-                    id="chart-reward",
-                )
+                for chart_id, title, lines in OVERVIEW_CHARTS:
+                    yield TimeChart(title, [Line(*line) for line in lines], id=chart_id)
                 yield SyncChart(id="chart-sync")
                 yield EventsLog(id="events-tail", max_lines=200, compact=True)
             with TabPane("2 Distributions", id="distributions"), Horizontal(id="histograms"):
