@@ -114,12 +114,19 @@ def build_tiny_model_dir(
         seed=seed,
         layers=layers,
     )
+    meta = {"builder": "asyncrl tiny-qwen", "format_version": TINY_FORMAT_VERSION, "seed": seed,
+            "layers": layers, "tasks": list(tasks)}
+    return save_model_dir(model, tokenizer, out, meta)
+
+
+def save_model_dir(model: Any, tokenizer: Any, out: Path, meta: dict[str, Any]) -> Path:
+    """Save a built model and its tokenizer as an ordinary HF directory under `out`, plus the builder's
+    `asyncrl_tiny.json` (`meta`: what rebuilds it). The generation config takes the tokenizer's pad and EOS
+    ids; BOS = EOS (the tiny tokenizers have no BOS of their own)."""
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    meta = {"builder": "asyncrl tiny-qwen", "format_version": TINY_FORMAT_VERSION, "seed": seed,
-            "layers": layers, "tasks": list(tasks)}
     (out / "asyncrl_tiny.json").write_text(json.dumps(meta, indent=2) + "\n")
     return out

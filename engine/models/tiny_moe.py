@@ -9,10 +9,9 @@ normalised top-k probabilities (`norm_topk_prob`, as Qwen3-30B-A3B), untied embe
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from engine.models.tiny import DEFAULT_TASKS, MAX_POSITIONS, build_tiny_tokenizer
+from engine.models.tiny import DEFAULT_TASKS, MAX_POSITIONS, build_tiny_tokenizer, save_model_dir, seeded_model
 
 TINY_MOE_FORMAT_VERSION = 1
 EXPERTS, TOP_K = 4, 2
@@ -20,7 +19,6 @@ EXPERTS, TOP_K = 4, 2
 
 def build_tiny_moe_model_dir(out_dir: str | Path, seed: int = 0, layers: int = 2) -> Path:
     """Tokenizer + random Qwen3-MoE saved as an HF directory under `out_dir`; returns the path."""
-    import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     out = Path(out_dir)
@@ -35,15 +33,7 @@ def build_tiny_moe_model_dir(out_dir: str | Path, seed: int = 0, layers: int = 2
         initializer_range=0.02, router_aux_loss_coef=0.0, output_router_logits=False,
     )
     config.architectures = ["Qwen3MoeForCausalLM"]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen3MoeForCausalLM(config).float().eval()
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.bos_token_id = tok.eos_token_id
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
+    model = seeded_model(Qwen3MoeForCausalLM, config, seed)
     meta = {"builder": "asyncrl tiny-qwen3-moe", "format_version": TINY_MOE_FORMAT_VERSION, "seed": seed,
             "layers": layers}
-    (out / "asyncrl_tiny.json").write_text(json.dumps(meta, indent=2) + "\n")
-    return out
+    return save_model_dir(model, tok, out, meta)

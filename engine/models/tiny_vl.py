@@ -22,12 +22,11 @@ becomes a 6 × 6 patch grid, i.e. 9 vision tokens.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.data.figures import corpus_texts
-from engine.models.tiny import seeded_model
+from engine.models.tiny import save_model_dir, seeded_model
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
@@ -126,13 +125,8 @@ def build_tiny_vl_model_dir(out_dir: str | Path, seed: int = 0, layers: int = 2)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_vl_tokenizer()
     model = build_tiny_vl_model(tokenizer, seed=seed, layers=layers)
-    gen = model.generation_config
-    gen.pad_token_id, gen.eos_token_id, gen.bos_token_id = (
-        tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.eos_token_id)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
     build_image_processor().save_pretrained(out)
     meta = {"builder": "asyncrl tiny-qwen3-vl", "format_version": TINY_VL_FORMAT_VERSION, "seed": seed,
             "layers": layers}
-    (out / "asyncrl_tiny.json").write_text(json.dumps(meta, indent=2) + "\n")
+    save_model_dir(model, tokenizer, out, meta)
     return out

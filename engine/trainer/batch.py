@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.trainer.base import TrainBatch
+from engine.trainer.minibatch import contiguous_bounds
 from engine.types import Trajectory, TrajectoryGroup
 
 Row = tuple[list[int], Trajectory] | tuple[list[int], Trajectory, Sequence[str]]
@@ -128,13 +129,7 @@ def shard_bounds(rows: int, world: int) -> list[tuple[int, int]]:
     (the first `rows % world` ranges get one row more; with fewer rows than ranks the last ranges are empty)."""
     if world < 1 or rows < 0:
         raise ValueError(f"need world >= 1 and rows >= 0, got world={world}, rows={rows}")
-    base, extra = divmod(rows, world)
-    bounds, lo = [], 0
-    for r in range(world):
-        hi = lo + base + (1 if r < extra else 0)
-        bounds.append((lo, hi))
-        lo = hi
-    return bounds
+    return contiguous_bounds(rows, world)
 
 
 def shard_rows(batch: TrainBatch, world: int) -> list[TrainBatch]:

@@ -27,6 +27,18 @@ from __future__ import annotations
 import numpy as np
 
 
+def contiguous_bounds(rows: int, parts: int) -> list[tuple[int, int]]:
+    """`parts` contiguous `[lo, hi)` ranges covering `range(rows)` in order, sizes as equal as possible: the
+    first `rows % parts` ranges get one row more (with fewer rows than parts the last ranges are empty)."""
+    base, extra = divmod(rows, parts)
+    bounds, lo = [], 0
+    for k in range(parts):
+        hi = lo + base + (1 if k < extra else 0)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
 def mini_batch_plan(num_rows: int, num_mini_batches: int, epochs: int = 1, *, shuffle: bool = False,
                     seed: int = 0, step: int = 0) -> list[list[list[int]]]:
     """`plan[e][k]`: the row indices of mini-batch k in epoch e (see the module docstring).
@@ -36,12 +48,7 @@ def mini_batch_plan(num_rows: int, num_mini_batches: int, epochs: int = 1, *, sh
     if num_mini_batches < 1 or epochs < 1 or num_rows < 0:
         raise ValueError(f"need num_mini_batches >= 1, epochs >= 1 and num_rows >= 0, got {num_mini_batches}, "
                          f"{epochs}, {num_rows}")
-    base, extra = divmod(num_rows, num_mini_batches)
-    bounds, lo = [], 0
-    for k in range(num_mini_batches):
-        hi = lo + base + (1 if k < extra else 0)
-        bounds.append((lo, hi))
-        lo = hi
+    bounds = contiguous_bounds(num_rows, num_mini_batches)
     plan: list[list[list[int]]] = []
     for epoch in range(epochs):
         order = list(range(num_rows))
