@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import PRESETS, finish_result, new_result, sig, table, write_json
+from benchmarks.common import PRESETS, new_result, publish, sig, table
 from benchmarks.engine_runs import SYNC_OVERRIDES, RunSummary, launch, ray_session
 from benchmarks.metrics import ideal_speedup, overlap_efficiency, within_noise
 from benchmarks.plots import bars, pyplot, save
@@ -111,9 +111,7 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
             "SmolLM2 runs are 8 trained steps (32 prompts × n=8): its final reward is "
             "a short-run indication, not a converged curve."
         )
-    write_json(finish_result(result, started), out_dir)
-    plot(comparisons, out_dir)
-    return result
+    return publish(result, started, out_dir, lambda: plot(comparisons, out_dir))
 
 
 def _tables(comparisons: list[dict[str, Any]]) -> list[dict[str, Any]]:

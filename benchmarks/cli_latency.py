@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import PRESETS, finish_result, new_result, subprocess_env, table, write_json
+from benchmarks.common import PRESETS, new_result, publish, subprocess_env, table
 from benchmarks.metrics import median
 from benchmarks.plots import pyplot, save
 from benchmarks.targets import evaluate
@@ -103,9 +103,7 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
             "run directory."
         )
     ]
-    write_json(finish_result(result, started), out_dir)
-    plot(rows, out_dir)
-    return result
+    return publish(result, started, out_dir, lambda: plot(rows, out_dir))
 
 
 def plot(rows: list[dict[str, Any]], out_dir: Path) -> Path:

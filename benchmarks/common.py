@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from importlib import metadata
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,14 @@ def finish_result(result: dict[str, Any], started: float) -> dict[str, Any]:
     """Stamp the load at the end and the study's wall time."""
     result["load_after"] = load_average()
     result["study_wall_s"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def publish(result: dict[str, Any], started: float, out_dir: Path, draw: Callable[[], Any]) -> dict[str, Any]:
+    """How a study ends: stamp the load and wall time (`finish_result`), write `<study>.json`, `draw()` its
+    figure; returns the result."""
+    write_json(finish_result(result, started), out_dir)
+    draw()
     return result
 
 

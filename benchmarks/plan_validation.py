@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import PRESETS, finish_result, load_average, new_result, sig, table, write_json
+from benchmarks.common import PRESETS, load_average, new_result, publish, sig, table
 from benchmarks.targets import evaluate
 
 STUDY = "plan-validation"
@@ -195,9 +195,7 @@ def run(size: str, out_dir: Path, run_dirs: dict[str, Path] | None = None) -> di
                            + ", ".join(f"{k}={v}" for k, v in run_dirs.items())),
         "Samples are prompts (each with n responses), as in verl; all figures over the steps after the first 3.",
     ]
-    write_json(finish_result(result, started), out_dir)
-    plot(result, out_dir)
-    return result
+    return publish(result, started, out_dir, lambda: plot(result, out_dir))
 
 
 def plot(result: dict[str, Any], out_dir: Path) -> Path:

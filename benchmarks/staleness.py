@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import PRESETS, finish_result, new_result, sig, table, write_json
+from benchmarks.common import PRESETS, new_result, publish, sig, table
 from benchmarks.engine_runs import SYNC_OVERRIDES, RunSummary, launch, ray_session
 from benchmarks.plots import bars, pyplot, save
 
@@ -119,9 +119,7 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
             "share of trajectories resumed across a weight sync."
         ),
     ]
-    write_json(finish_result(result, started), out_dir)
-    plot(rows, out_dir)
-    return result
+    return publish(result, started, out_dir, lambda: plot(rows, out_dir))
 
 
 def plot(rows: list[dict[str, Any]], out_dir: Path) -> Path:

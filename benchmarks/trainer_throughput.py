@@ -13,12 +13,11 @@ from typing import Any
 
 from benchmarks.common import (
     PRESETS,
-    finish_result,
     new_result,
+    publish,
     python_exe,
     run_json_subprocess,
     table,
-    write_json,
 )
 from benchmarks.plots import pyplot, save
 
@@ -116,9 +115,7 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
     result["notes"] += [
         f"{r['backend']} on {r['preset']} skipped: {r['error']}" for r in rows if "error" in r
     ]
-    write_json(finish_result(result, started), out_dir)
-    plot(rows, out_dir)
-    return result
+    return publish(result, started, out_dir, lambda: plot(rows, out_dir))
 
 
 def plot(rows: list[dict[str, Any]], out_dir: Path) -> Path:
