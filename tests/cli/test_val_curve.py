@@ -93,8 +93,8 @@ def test_launch_prints_the_curve_at_the_end_of_a_successful_run(
     """The launch command, with the driver replaced by one that replays a recorded run's metrics."""
     import engine.runtime.driver as driver
 
-    def fake_run(cfg, **kwargs) -> int:
-        run_dir = Path(cfg.logging.run_dir)
+    def fake_run(plan, **kwargs) -> int:  # launch hands the driver a RunPlan
+        run_dir = Path(plan.config.logging.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         shutil.copy(RECORDED, run_dir / "metrics.jsonl")
         return 0
