@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from engine.plan.sizes import effective_staleness, required_samples, rollout_replicas, trainer_world
+
 if TYPE_CHECKING:
     from engine.config.schema import RunConfig
 
@@ -87,20 +89,17 @@ class Layout:
     def from_config(cls, cfg: RunConfig, total_versions: int | None, device: str = "cuda") -> "Layout":
         """From a validated RunConfig (attribute reads only). Prompts are assumed half of max_prompt_length."""
         a, t, r = cfg.async_training, cfg.trainer, cfg.rollout
-        res = cfg.resources
-        tw = res.trainer.nnodes * res.trainer.gpus_per_node
-        rw = res.rollout.nnodes * res.rollout.gpus_per_node
         tp = r.tensor_parallel_size
         sync = a.mode == "sync"
         passes = (0 if cfg.algorithm.rollout_correction.bypass_mode else 1) + (1 if t.use_kl_loss else 0)
         return cls(
             name=cfg.name, mode="sync" if sync else "async", n=r.n,
-            required_samples=t.ppo_mini_batch_size * a.require_batches, trigger=a.trigger_parameter_sync_step,
-            staleness=0.0 if sync else float(a.staleness_threshold),
+            required_samples=required_samples(cfg), trigger=a.trigger_parameter_sync_step,
+            staleness=float(effective_staleness(cfg)),
             partial_rollout=bool(a.partial_rollout) and not sync, max_staleness_versions=a.max_staleness_versions,
             stale_policy=a.stale_policy, max_new_tokens=cfg.data.max_response_length,
             prompt_tokens=max(1, cfg.data.max_prompt_length // 2), seqs_per_call=max(r.n, r.max_num_seqs),
-            replicas=r.replicas or max(1, rw // tp), rollout_tp=tp, trainer_world=tw,
+            replicas=rollout_replicas(cfg), rollout_tp=tp, trainer_world=trainer_world(cfg),
             trainer_model_parallel=t.tp * t.pp * t.cp if t.backend == "megatron" else 1,
             total_versions=total_versions, log_prob_passes=passes, device=device,
         )
