@@ -1,7 +1,7 @@
 """The run-config schema: pydantic v2 models, one per TOML table, and `RunConfig`, the whole run.
 
 It lives in the engine because the engine runs on it: the CLI validates a run file into a `RunConfig`
-(`asyncrl_cli.config.schema` re-exports these names) and hands the engine a `RunPlan` holding it
+(its config package re-exports these names) and hands the engine a `RunPlan` holding it
 (`engine.plan.run_plan`); the engine's actors read the typed sections they need. The sections of the
 model, data, resources, optimizer, trainer and rollout are in `engine.config.sections`.
 
@@ -9,11 +9,11 @@ Names follow verl where verl has the concept, so a verl script maps one to one (
 Every model forbids unknown keys, and every field has an attribute docstring: it becomes the field's
 description in the JSON Schema (`asyncrl schema`) and in CLI help. Knobs the running controller may change
 are the knob table's (`engine.control.knobs.KNOB_SPECS`, each with its `config_path`);
-`asyncrl_cli.config.schema_paths.runtime_knobs()` lists their fields, and the JSON Schema marks those, and
+the CLI's `schema_paths.runtime_knobs()` lists their fields, and the JSON Schema marks those, and
 only those, `x-runtime-mutable`.
 
 Single-field formats (ranges, enumerations, verl's rollout-correction spec strings) are validated here;
-rules that relate several fields live in the CLI's `asyncrl_cli.config.checks`, where they can name file
+rules that relate several fields live in the CLI's config checks, where they can name file
 and line.
 
 This module must stay importable without torch, ray, vllm or transformers.

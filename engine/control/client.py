@@ -17,7 +17,7 @@ holds) the run is looked up among the cluster's run namespaces (`asyncrl.<run id
 matches several live runs is refused with the candidates (id, dir, start time).
 
 Errors are typed (`engine.control.errors`): no cluster, run not found, controller unreachable, an ambiguous
-run choice, a refused change; `asyncrl_cli.commands._control` maps each type to the CLI's exit code.
+run choice, a refused change; the CLI maps each type to its exit code.
 """
 
 from __future__ import annotations

@@ -63,3 +63,10 @@ def test_engine_plan_loads_without_heavy_packages() -> None:
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_engine_does_not_even_name_the_cli_package() -> None:
+    """The acceptance check `grep -rn asyncrl_cli engine/` stays empty: docstrings say "the CLI" instead."""
+    named = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "engine").rglob("*")
+                   if p.is_file() and p.suffix in (".py", ".toml", ".md") and "asyncrl_cli" in p.read_text("utf-8"))
+    assert named == []
