@@ -35,7 +35,7 @@ from engine.plan.sizes import trainer_world
 from engine.runtime.controller import NAMESPACE
 from engine.runtime.placement_groups import PlacementTimeout, reserve_run
 from engine.runtime.run_dirs import prepare_run_dir, resume_hint
-from engine.telemetry.sinks import CONFIG_FILE, PROVENANCE_FILE
+from engine.telemetry.sinks import CONFIG_FILE, PLAN_FILE, PROVENANCE_FILE
 
 STOP_TIMEOUT_S = 120.0
 """How long an interrupted driver waits for the trainer's stop checkpoint."""
@@ -112,12 +112,13 @@ def _init_ray(address: str | None, placement: dict[str, Any]) -> bool:
 
 def run(cfg: Any, *, provenance: dict | None = None, address: str | None = None, resume: str | None = None,
         tui: Callable[[Any, Callable[[], bool]], bool] | None = None, progress: bool = True,
-        allow_same_name: bool = False, command: list[str] | None = None) -> int:
+        allow_same_name: bool = False, command: list[str] | None = None, prediction: dict | None = None) -> int:
     """Run the job described by `cfg` to the end. Returns the process exit code.
 
     `tui`: the dashboard runner for `launch --tui`, `tui(metrics_source, work) -> work()`; the CLI passes it in
     (its dashboard lives in the CLI package, which the engine does not import). `command` is the launch as the
-    user typed it (without `--resume`); the resume hint appends `--resume <run dir>` to it."""
+    user typed it (without `--resume`); the resume hint appends `--resume <run dir>` to it. `prediction`: the plan's
+    expectation (`launch --plan`), written to `<run dir>/plan.json` and shown by the dashboard."""
     from engine.runtime.preflight import PreflightError
     from engine.runtime.resume import ResumeError
     from engine.runtime.run_registry import NameInUse, claim, release
@@ -131,7 +132,7 @@ def run(cfg: Any, *, provenance: dict | None = None, address: str | None = None,
         print(f"asyncrl: cannot start: cannot write the registry of live runs ({e}); set ASYNCRL_STATE_DIR to a "
               "writable directory", file=sys.stderr)
         return 1
-    ident = {"entry": entry, "command": command, "allow_same_name": allow_same_name}
+    ident = {"entry": entry, "command": command, "allow_same_name": allow_same_name, "prediction": prediction}
     try:
         return _run(cfg, provenance or {}, address, resume, tui, progress, ident)
     except (PreflightError, ResumeError) as e:
@@ -187,6 +188,8 @@ def _run(cfg: Any, provenance: dict, address: str | None, resume: str | None, tu
     cfg_dict["logging"]["run_dir"] = str(run_dir)
     (run_dir / CONFIG_FILE).write_text(json.dumps(cfg_dict, indent=2))
     (run_dir / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2))
+    if ident.get("prediction") is not None:
+        (run_dir / PLAN_FILE).write_text(json.dumps(ident["prediction"], indent=2))
     resumed: dict[str, Any] | None = None
     if plan is not None:
         message = resume_message(plan, rewind_run_dir(plan), cfg.async_training.partial_rollout)
@@ -240,7 +243,8 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
     plan = resumed["plan"] if resumed else None
     controller = create_run_controller(cfg.name, run_id=entry.id, namespace=NAMESPACE, run_dir=str(run_dir),
                                        config=_with_live_knobs(cfg_dict, plan.state if plan else None),
-                                       provenance=provenance, total_steps=total_steps)
+                                       provenance=provenance, total_steps=total_steps,
+                                       prediction=ident.get("prediction"))
     actors.append(controller)
     console = ConsoleProgress(total_steps, enabled=progress and cfg.logging.progress and not tui)
     ok = False
@@ -277,7 +281,12 @@ def _run_actors(cfg, cfg_dict, provenance, run_dir: Path, model_dir: str, placem
         hint = {"root": _checkpoint_root(cfg, run_dir), "run_dir": run_dir, "command": ident["command"]}
 
         def supervise() -> bool:
-            return _supervise(trainer, rollouter, controller, console, hint)
+            done = _supervise(trainer, rollouter, controller, console, hint)
+            try:  # at once, not when the dashboard closes: `launch --tui` shows FINISHED / FAILED while it stays open
+                ray.get(controller.set_state.remote("finished" if done else "failed"), timeout=10)
+            except Exception:
+                pass
+            return done
 
         if tui:  # the dashboard owns the main thread (Textual needs it); the supervision loop runs beside it
             from engine.runtime.control_client import ActorSource
