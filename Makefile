@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.asyncrl-installed
 VVENV  := .venv-vllm
 VPY    := $(VVENV)/bin/python
 VSTAMP := $(VVENV)/.asyncrl-installed
-PYTEST_FLAGS ?= -q
+PYTEST_FLAGS ?= -q --durations=25
 
 .PHONY: install demo lint test test-fast test-slow test-vllm test-all clean
 

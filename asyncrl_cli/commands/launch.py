@@ -54,6 +54,17 @@ def relaunch_command(
     return args
 
 
+def _predict(run_file: Path, sets: list[str] | None, calibration: Path | None) -> dict:
+    """`--plan`: the prediction the run carries (one line on stderr); a run that cannot be planned is not started."""
+    from asyncrl_cli.commands.plan import expectation
+
+    pred = expectation(run_file, sets, calibration)
+    stderr_console().print(f"plan: step {pred['step_time_s']:.3g} s, {pred['samples_per_s']:.3g} samples/s, "
+                           f"trainer idle {pred['trainer_idle_ratio']:.2f}, rollout idle "
+                           f"{pred['rollout_idle_ratio']:.2f} (costs: {', '.join(sorted(set(pred['sources'].values())))})")
+    return pred
+
+
 @handle_errors
 def command(
     run_file: Annotated[Path, typer.Argument(metavar="RUN.toml", help="The run file.")],
@@ -83,6 +94,13 @@ def command(
         bool,
         typer.Option("--allow-same-name", help="Start even if a run of this name is live on this machine."),
     ] = False,
+    with_plan: Annotated[
+        bool, typer.Option("--plan", help="Predict the step time first (asyncrl plan); the dashboard shows it "
+                           "beside the measured one.")
+    ] = False,
+    calibration: Annotated[
+        Path | None, typer.Option("--calibration", help="With --plan: a calibration.json (asyncrl plan --calibrate).")
+    ] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Validate RUN.toml and start it on Ray; exits with the run's status."""
@@ -127,6 +145,7 @@ def command(
         con.print(f"dry run: nothing started. Wrote {files['config']} and {files['provenance']}.")
         return
     render_problems(stderr_console(), [p for p in an.problems if p.severity == "warning"])
+    prediction = _predict(run_file, set_, calibration) if with_plan or calibration else None
     try:
         from engine.runtime.driver import run
     except ImportError as e:
@@ -137,7 +156,9 @@ def command(
     from asyncrl_cli.tui import run_dashboard_with  # light: Textual loads when the dashboard starts
 
     relaunch = relaunch_command(run_file, set_, address, allow_same_name)
-    rc = run(plan, address=address, resume=resume,
-             tui=run_dashboard_with if tui else None, allow_same_name=allow_same_name, command=relaunch)
+    if prediction is not None:
+        relaunch += ["--plan"] + (["--calibration", str(calibration)] if calibration else [])
+    rc = run(plan, address=address, resume=resume, tui=run_dashboard_with if tui else None,
+             allow_same_name=allow_same_name, command=relaunch, prediction=prediction)
     show_validation_curve(int(rc or 0), an.config.logging.run_dir)
     raise typer.Exit(int(rc or 0))

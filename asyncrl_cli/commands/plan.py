@@ -164,6 +164,21 @@ def _render_sweep(points: list[Any], top: int, seconds: float) -> None:
               "trains on staler samples)")
 
 
+def expectation(run_file: Path, sets: list[str] | None, cal_path: Path | None) -> dict[str, Any]:
+    """What `launch --plan` hands the run: the plan's predicted step time, samples/s and idle ratios for this
+    run file, with the cost sources, so the dashboard can set the measured step time beside the prediction.
+
+    Raises the same one-line errors as `asyncrl plan` (invalid run file, no cost source)."""
+    from engine.plan.predict import predict
+
+    layout, costs = _setup(run_file, sets, cal_path)
+    p = predict(layout, costs)["plan"]
+    return {"step_time_s": p.step_time_s, "samples_per_s": p.samples_per_s,
+            "trainer_idle_ratio": p.trainer_idle_ratio, "rollout_idle_ratio": p.rollout_idle_ratio,
+            "sources": dict(costs.sources), "calibration": str(cal_path) if cal_path else None,
+            "made_at": time.time()}
+
+
 @handle_errors
 def command(
     run_file: Annotated[Path | None, typer.Argument(metavar="RUN.toml", help="The run file to plan.")] = None,

@@ -3,6 +3,7 @@
 Series use the local step `training/global_step` as x. Sync fields (`asyncrl/sync/*`) only appear on steps
 that synced, so `latest(key)` looks back for the most recent record that has the key.
 ETA = (total − step) × elapsed / step (mean wall time per local step so far).
+Plan drift = measured step time ÷ planned step time − 1 (the plan comes with the run info of `launch --plan`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ SYNC_TRANSFER = "asyncrl/sync/transfer_s"
 IS_HIST = "asyncrl/is_hist"
 STALE_HIST = "asyncrl/staleness_hist"
 SYNC_KNOB = "trigger_parameter_sync_step"
+STEP_TIME = "timing_s/step"
 
 
 class DashboardModel:
@@ -176,6 +178,17 @@ class DashboardModel:
         if step is None or total is None or elapsed is None or step <= 0:
             return None
         return max(0, total - step) * elapsed / step
+
+    def step_time(self, window: int = 20) -> float | None:
+        """Measured wall time per step (`timing_s/step`, waits and syncs included): the mean of the last
+        `window` steps that report it, the same quantity `asyncrl plan` predicts as its step time."""
+        values = [float(r[STEP_TIME]) for r in self.metrics if is_number(r.get(STEP_TIME))][-window:]
+        return sum(values) / len(values) if values else None
+
+    def planned_step_time(self) -> float | None:
+        """The plan's predicted step time when the run was launched with `--plan`, else None."""
+        value = (self.run.get("plan") or {}).get("step_time_s")
+        return float(value) if is_number(value) and value > 0 else None
 
     def worker_rows(self) -> list[dict[str, Any]]:
         """Workers with canonical fields, trainer ranks first: `role` (or the engine's `kind`),

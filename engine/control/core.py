@@ -109,6 +109,7 @@ class ControllerCore:
         max_metrics: int = 10_000,
         max_events: int = 10_000,
         run_id: str | None = None,
+        prediction: dict[str, Any] | None = None,
     ) -> None:
         self._lock = threading.RLock()
         self._clock = clock
@@ -122,6 +123,7 @@ class ControllerCore:
             "address": address,
             "config": self._config,
             "provenance": dict(provenance or {}),
+            "plan": dict(prediction) if prediction else None,
         }
         if sinks is None:
             logging_cfg = (

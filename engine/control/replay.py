@@ -18,7 +18,7 @@ from typing import Any
 from engine.control.errors import RunNotFoundError
 from engine.control.core import STEP_KEY, TIME_KEY, VERSION_KEY
 from engine.control.knobs import KnobRequest, KnobState, initial_knobs, knob_view
-from engine.telemetry.sinks import CONFIG_FILE, EVENTS_FILE, METRICS_FILE, PROVENANCE_FILE
+from engine.telemetry.sinks import CONFIG_FILE, EVENTS_FILE, METRICS_FILE, PLAN_FILE, PROVENANCE_FILE
 
 REPLAY_REASON = "replay is read-only: changes are disabled"
 _EVENT_FIELDS = ("kind", "message", "level", "time", "worker", "step", "version")
@@ -52,6 +52,15 @@ def load_resolved_config(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]
         except (OSError, json.JSONDecodeError):
             provenance = {}
     return config, provenance if isinstance(provenance, dict) else {}
+
+
+def _load_plan(run_dir: Path) -> dict[str, Any] | None:
+    """The run's `plan.json` (written by `launch --plan`), or None when absent or unreadable."""
+    try:
+        data = json.loads((run_dir / PLAN_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 class _Tail:
@@ -108,6 +117,7 @@ class ReplaySource:
         self._clock = clock
         self._live_window_s = live_window_s
         self.config, self.provenance = load_resolved_config(self.run_dir)
+        self.prediction = _load_plan(self.run_dir)
         self._metrics_tail = _Tail(self.run_dir / METRICS_FILE)
         self._events_tail = _Tail(self.run_dir / EVENTS_FILE)
         self._seq = 0
@@ -287,6 +297,7 @@ class ReplaySource:
                 "address": self.label,
                 "config": self.config,
                 "provenance": self.provenance,
+                "plan": self.prediction,
             },
             "knobs": {n: knob_view(n, st, self._last_request.get(n)) for n, st in self._knobs.items()},
             "workers": self._workers(state, now),

@@ -1,8 +1,5 @@
-"""The driver: the one entry point the CLI uses to run a job (`engine.runtime.driver.run(plan)`).
-
-It takes a `RunPlan` (`engine.plan.run_plan`: the validated `RunConfig`, the derived sizes with M and R, the
-hardware preset, the placement and each actor's Ray resources, all computed once by `resolve_plan`); a bare
-`RunConfig` is resolved into one here (tests, benchmarks and scripts call it so).
+"""The driver: the one entry point the CLI uses to run a job, `engine.runtime.driver.run(plan)` of a `RunPlan`
+(`engine.plan.run_plan`: config, sizes with M and R, hardware preset, placement, the actors' Ray resources).
 
 It claims a run id in the per-user registry of live runs (`engine.control.registry`: a second live run of one name on
 this machine is refused unless `allow_same_name`), checks the model and the data (`preflight`, before the
@@ -40,7 +37,7 @@ from engine.plan.placement import RAY_ACCELERATOR  # light modules: no ray at im
 from engine.plan.run_plan import RunPlan, resolve_plan
 from engine.runtime.placement_groups import PlacementTimeout, reserve_run
 from engine.runtime.run_dirs import prepare_run_dir, resume_hint
-from engine.telemetry.sinks import CONFIG_FILE, PROVENANCE_FILE
+from engine.telemetry.sinks import CONFIG_FILE, PLAN_FILE, PROVENANCE_FILE
 
 if TYPE_CHECKING:
     from engine.config.schema import RunConfig
@@ -64,9 +61,8 @@ def trainer_ranks(plan: RunPlan) -> int:
 
 
 def _placement(plan: RunPlan) -> dict[str, Any]:
-    """The plan's actor resources (replicas, trainer ranks, what each asks Ray for), copied for the driver to add
-    to; on accelerators also which node and bundles each actor takes (the plan's pools, the layout `launch
-    --dry-run` shows). Refuses a layout it cannot run."""
+    """A copy of the plan's actor resources for the driver to add to; on accelerators also the plan's pools (the layout
+    `launch --dry-run` shows: which node and bundles each actor takes). Refuses a layout it cannot run."""
     trainer_ranks(plan)
     placement = copy.deepcopy(plan.actors)
     if placement["device"] != "cpu":
@@ -113,19 +109,20 @@ def _init_ray(address: str | None, placement: dict[str, Any]) -> bool:
 
 
 def run(plan: RunPlan | RunConfig, *, provenance: dict | None = None, address: str | None = None,
-        resume: str | None = None, tui: Callable[[Any, Callable[[], bool]], bool] | None = None, progress: bool = True,
-        allow_same_name: bool = False, command: list[str] | None = None) -> int:
+        resume: str | None = None, tui: Callable[[Any, Callable[[], bool]], bool] | None = None,
+        progress: bool = True, allow_same_name: bool = False, command: list[str] | None = None,
+        prediction: dict | None = None) -> int:
     """Run the job `plan` describes to the end (a `RunConfig` is resolved first). Returns the exit code.
 
     `tui`: the dashboard runner for `launch --tui`, `tui(metrics_source, work) -> work()`; the CLI passes it in
     (its dashboard lives in the CLI package, which the engine does not import). `command` is the launch as the
-    user typed it (without `--resume`); the resume hint appends `--resume <run dir>` to it."""
+    user typed it (without `--resume`); the resume hint appends `--resume <run dir>` to it. `prediction`: the plan's
+    expectation (`launch --plan`), written to `<run dir>/plan.json` and shown by the dashboard."""
     from engine.runtime.preflight import PreflightError
     from engine.runtime.resume import ResumeError
     from engine.control.registry import NameInUse, claim, release
 
-    if not isinstance(plan, RunPlan):
-        plan = resolve_plan(plan, provenance=provenance)
+    plan = plan if isinstance(plan, RunPlan) else resolve_plan(plan, provenance=provenance)
     try:
         entry = claim(plan.config.name, allow_same_name=allow_same_name)
     except NameInUse as e:
@@ -135,7 +132,7 @@ def run(plan: RunPlan | RunConfig, *, provenance: dict | None = None, address: s
         print(f"asyncrl: cannot start: cannot write the registry of live runs ({e}); set ASYNCRL_STATE_DIR to a "
               "writable directory", file=sys.stderr)
         return 1
-    ident = {"entry": entry, "command": command, "allow_same_name": allow_same_name}
+    ident = {"entry": entry, "command": command, "allow_same_name": allow_same_name, "prediction": prediction}
     try:
         return _run(plan, provenance or plan.provenance, address, resume, tui, progress, ident)
     except (PreflightError, ResumeError) as e:
@@ -192,6 +189,8 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
     cfg_dict["logging"]["run_dir"] = str(run_dir)
     (run_dir / CONFIG_FILE).write_text(json.dumps(cfg_dict, indent=2))
     (run_dir / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2))
+    if ident.get("prediction") is not None:
+        (run_dir / PLAN_FILE).write_text(json.dumps(ident["prediction"], indent=2))
     resumed: dict[str, Any] | None = None
     if plan is not None:
         message = resume_message(plan, rewind_run_dir(plan), cfg.async_training.partial_rollout)
@@ -243,7 +242,8 @@ def _run_actors(run_plan: RunPlan, cfg_dict, provenance, run_dir: Path, model_di
     plan = resumed["plan"] if resumed else None
     controller = create_run_controller(cfg.name, run_id=entry.id, namespace=NAMESPACE, run_dir=str(run_dir),
                                        config=_with_live_knobs(cfg_dict, plan.state if plan else None),
-                                       provenance=provenance, total_steps=total_steps)
+                                       provenance=provenance, total_steps=total_steps,
+                                       prediction=ident.get("prediction"))
     actors.append(controller)
     console = ConsoleProgress(total_steps, enabled=progress and cfg.logging.progress and not tui)
     ok = False
@@ -280,7 +280,12 @@ def _run_actors(run_plan: RunPlan, cfg_dict, provenance, run_dir: Path, model_di
         hint = {"root": _checkpoint_root(cfg, run_dir), "run_dir": run_dir, "command": ident["command"]}
 
         def supervise() -> bool:
-            return _supervise(trainer, rollouter, controller, console, hint)
+            done = _supervise(trainer, rollouter, controller, console, hint)
+            try:  # at once, not when the dashboard closes: `launch --tui` shows FINISHED / FAILED while it stays open
+                ray.get(controller.set_state.remote("finished" if done else "failed"), timeout=10)
+            except Exception:
+                pass
+            return done
 
         if tui:  # the dashboard owns the main thread (Textual needs it); the supervision loop runs beside it
             from engine.control.client import ActorSource

@@ -21,6 +21,8 @@ EVENTS_FILE = "events.jsonl"
 CONFIG_FILE = "config.resolved.json"
 PROVENANCE_FILE = "config.provenance.json"
 """Where each resolved value came from (file and line): written by `launch` and `launch --dry-run` alike."""
+PLAN_FILE = "plan.json"
+"""`launch --plan`: the predicted step time, samples/s and idle ratios the dashboard compares with the run."""
 
 
 @runtime_checkable

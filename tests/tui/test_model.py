@@ -130,3 +130,22 @@ def test_formatting() -> None:
     assert (fmt_rate(950), fmt_rate(1350.0), fmt_rate(None)) == ("950", "1.35k", "—")
     assert (fmt_duration(42), fmt_duration(185), fmt_duration(7620)) == ("42s", "3m05s", "2h07m")
     assert (fmt_num(2.0), fmt_num(0.94581), fmt_num(float("nan"))) == ("2", "0.946", "—")
+
+
+def test_step_time_is_the_recent_mean_and_the_plan_comes_from_the_run_info() -> None:
+    from asyncrl_cli.tui.widgets.kpi_row import step_time_kpi
+
+    model = DashboardModel()
+    model.apply(snap(1, [{"training/global_step": i, "timing_s/step": 9.0 if i < 5 else 0.5} for i in range(1, 30)]))
+    assert model.step_time() == pytest.approx(0.5)  # the last 20 steps: warm-up steps no longer count
+    assert model.planned_step_time() is None
+    assert step_time_kpi(model) == ("0.5 s", "")
+    model.apply(snap(2, run={"plan": {"step_time_s": 0.4}}))
+    assert model.planned_step_time() == pytest.approx(0.4)
+    assert step_time_kpi(model) == ("0.5 / 0.4 +25%", "")
+    model.apply(snap(3, [{"training/global_step": 30 + i, "timing_s/step": 0.7} for i in range(20)],
+                     run={"plan": {"step_time_s": 0.4}}))
+    assert step_time_kpi(model) == ("0.7 / 0.4 +75%", "alert")  # drifting far from the expectation
+    model.apply(snap(4, [{"training/global_step": 60 + i, "timing_s/step": 0.54} for i in range(20)],
+                     run={"plan": {"step_time_s": 0.4}}))
+    assert step_time_kpi(model) == ("0.54 / 0.4 +35%", "warn")

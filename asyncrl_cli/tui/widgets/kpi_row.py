@@ -1,4 +1,5 @@
-"""The KPI row: throughputs, queue, staleness vs bound, IS clip/mask, ESS, sync interval (pending marker)."""
+"""The KPI row: throughputs, step time (against the plan), queue, staleness vs bound, IS clip/mask, ESS, sync
+interval (pending marker)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,22 @@ def staleness_kpi(model: m.DashboardModel) -> tuple[str, str]:
     return text, ""
 
 
+DRIFT_WARN = 0.25
+"""|measured ÷ planned − 1| above this colours the step-time box (warn; twice it: alert)."""
+
+
+def step_time_kpi(model: m.DashboardModel) -> tuple[str, str]:
+    """Measured step time in s; with a plan (`launch --plan`) `measured / planned drift`, e.g. `0.41 / 0.38 +8%`."""
+    measured, planned = model.step_time(), model.planned_step_time()
+    if measured is None:
+        return (f"{MISSING} / {fmt_num(planned, 2)}" if planned else MISSING), ""
+    if planned is None:
+        return f"{fmt_num(measured, 3)} s", ""
+    drift = measured / planned - 1
+    level = "alert" if abs(drift) > 2 * DRIFT_WARN else "warn" if abs(drift) > DRIFT_WARN else ""
+    return f"{fmt_num(measured, 2)} / {fmt_num(planned, 2)} {drift:+.0%}", level
+
+
 def sync_kpi(model: m.DashboardModel) -> tuple[str, str]:
     """Applied sync interval in local steps, with `→ new (pending)` until the trainer acknowledges."""
     applied, pending, requested = model.sync_interval()
@@ -78,6 +95,7 @@ class KpiRow(Horizontal):
             for key, label in (
                 ("trainer", "train tok/s"),
                 ("rollout", "gen tok/s"),
+                ("step", "step s / plan"),
                 ("queue", "queue"),
                 ("staleness", "staleness"),
                 ("is", "clip/mask"),
@@ -93,6 +111,7 @@ class KpiRow(Horizontal):
         box = self.boxes
         box["trainer"].set(fmt_rate(model.latest(m.TRAINER_TPS)))
         box["rollout"].set(fmt_rate(model.latest(m.ROLLOUT_TPS)))
+        box["step"].set(*step_time_kpi(model))
         box["queue"].set(fmt_num(model.latest(m.QUEUE)))
         box["staleness"].set(*staleness_kpi(model))
         box["is"].set(f"{fmt_pct(model.latest(m.IS_CLIP))} / {fmt_pct(model.latest(m.RS_MASK))}")
