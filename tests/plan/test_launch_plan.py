@@ -12,7 +12,7 @@ from pathlib import Path
 from asyncrl_cli.tui.format import fmt_num
 from asyncrl_cli.tui.model import DashboardModel
 from asyncrl_cli.tui.widgets.kpi_row import step_time_kpi
-from engine.runtime.replay_source import ReplaySource
+from engine.control.replay import ReplaySource
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "presets" / "runs" / "tiny-cpu.toml"
