@@ -123,6 +123,20 @@ def test_help_does_not_build_the_config_schema() -> None:
     assert r.stdout.strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["attach", "--help"], ["status", "--help"], ["ctl", "--help"]])
+def test_help_loads_neither_the_control_client_nor_the_dashboard(argv: list[str]) -> None:
+    """The control plane and the Textual dashboard load when a command talks to a run, not for its help."""
+    code = (
+        "import sys; from asyncrl_cli.app import app\n"
+        f"try:\n    app({argv!r})\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('engine.control.client', 'engine.control.controller',"
+        " 'asyncrl_cli.tui.app', 'textual', 'ray'))))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_validate_in_a_subprocess_loads_no_heavy_packages() -> None:
     code = (
         "import sys; from asyncrl_cli.app import app\n"
