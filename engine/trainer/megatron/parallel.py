@@ -2,9 +2,9 @@
 model-parallel groups.
 
 World layout (Megatron's): world = TP × CP × PP × DP, and expert parallelism is carved out of DP × CP
-(EP must divide DP × CP; the expert-data-parallel size is DP × CP / EP). On CPU only TP, EP and DP are
-available: pipeline parallelism needs Megatron's CUDA p2p schedule and context parallelism needs
-Transformer Engine's attention, so PP > 1 or CP > 1 on CPU is rejected up front with a clear error.
+(EP must divide DP × CP; the expert-data-parallel size is DP × CP / EP). TP, PP, EP and DP run on CPU
+(gloo) and GPU; context parallelism needs Transformer Engine's attention, which this backend does not
+build, so CP > 1 is rejected up front with a clear error.
 """
 
 from __future__ import annotations
@@ -42,10 +42,6 @@ class ParallelLayout:
         if self.world_size % (self.tp * self.pp * self.cp):
             raise ParallelConfigError(
                 f"world_size {self.world_size} is not divisible by tp×pp×cp = {self.tp * self.pp * self.cp}")
-        if not on_gpu and self.pp > 1:
-            raise ParallelConfigError("pipeline parallelism (pp > 1) needs CUDA; on CPU use pp = 1")
-        if self.pp > 1:
-            raise ParallelConfigError("pipeline parallelism (pp > 1) is not implemented by this backend yet")
         if self.cp > 1:
             raise ParallelConfigError(
                 "context parallelism (cp > 1) needs Transformer Engine attention; this backend uses "
