@@ -47,12 +47,15 @@ class RunFailed(RuntimeError):
 
 def trainer_ranks(cfg: Any) -> int:
     """M = `resources.trainer.nnodes × gpus_per_node` trainer ranks. Raises RunFailed for a Megatron layout the
-    backend cannot run: pipeline (pp > 1) and context (cp > 1) parallelism are not implemented by it."""
+    backend cannot run on the run's device: context parallelism (cp > 1) on CPU (it needs Transformer Engine)."""
+    from engine.plan.hardware import hardware_device
+
     ranks = trainer_world(cfg)
     t = cfg.trainer
-    if t.backend == "megatron" and (t.pp > 1 or t.cp > 1):
-        raise RunFailed(f"trainer.pp = {t.pp}, trainer.cp = {t.cp}: this runtime's Megatron trainer runs tp × ep × dp "
-                        "with pp = 1 and cp = 1 (fold cp into dp, e.g. cp = 1 and the same GPUs)")
+    if t.backend == "megatron" and t.cp > 1 and hardware_device(cfg) == "cpu":
+        raise RunFailed(f"trainer.cp = {t.cp}: context parallelism needs Transformer Engine's attention "
+                        "(megatron-core's local attention runs cp = 1 only) and Transformer Engine needs CUDA; "
+                        "on CPU set trainer.cp = 1")
     return ranks
 
 

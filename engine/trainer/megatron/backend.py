@@ -39,7 +39,7 @@ import torch.distributed as dist
 from engine.trainer.base import LossFn, TrainBatch
 from engine.trainer.batch import FILLER, is_filler, split_micro_batches, trim_padding
 from engine.trainer.megatron import checkpointing as mckpt
-from engine.trainer.megatron import pipeline
+from engine.trainer.megatron import context_parallel, pipeline
 from engine.trainer.megatron.convert import (
     SafetensorsSource,
     TensorGetter,
@@ -274,11 +274,14 @@ class MegatronTrainerBackend:
 
     def _forward(self, micro: TrainBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log π(responses) [b, r] (fp32, differentiable) and entropy, for a trimmed micro-batch."""
-        inp = pack_batch(micro, multiple_of=self.layout.tp)
+        cp = self.layout.cp
+        inp = pack_batch(micro, multiple_of=self.layout.tp * (2 * cp if cp > 1 else 1))
         rows = inp.shape[0]
         if self._uniform_shapes:
             inp = inp.pad_to(*self._max_shape_over_world(inp.shape))
         inp = inp.to(self.device)
+        if cp > 1:  # CUDA + Transformer Engine only
+            return context_parallel.forward_log_probs(self, inp, micro.responses.to(self.device), with_entropy, rows)
         logits = self.ddp(inp.tokens, inp.position_ids, inp.attention_mask)[:rows]  # [b, S, V/tp]
         inp.response_index = inp.response_index[:rows]
         index = inp.response_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
@@ -371,7 +374,7 @@ class MegatronTrainerBackend:
                 (log_probs.sum() * 0.0 + (entropy.sum() * 0.0 if entropy is not None else 0.0)).backward()
                 continue
             loss, metrics = loss_fn(log_probs, entropy, micro)
-            (loss * (weight * self.dp_size)).backward()
+            (loss * (weight * self.dp_size * self.layout.cp)).backward()  # DDP averages over dp × cp
             sums["actor/loss"] += weight * float(loss.detach())
             for name, value in metrics.items():
                 sums[name] += weight * float(value)

@@ -8,7 +8,8 @@ experts (Qwen3-MoE): router logits r = x W_routerᵀ in fp32, p = softmax(r); to
 renormalised over the top-k when `norm_topk_prob` (Megatron: top-k of r, then softmax over the k), else
 the raw softmax probabilities (Megatron `moe_router_pre_softmax`). No dropout, no aux loss.
 
-Megatron's *local* layer spec is used (no Transformer Engine), with one change: its norms are
+Megatron's *local* layer spec is used (no Transformer Engine; with CP > 1, on CUDA, only its core
+attention is Transformer Engine's, see `context_parallel.py`), with one change: its norms are
 `SPRMSNorm`, a `torch.nn.RMSNorm` that accepts Megatron's constructor and marks its weight for
 sequence parallelism, which Megatron requires for MoE with TP > 1 and which `WrappedTorchNorm` refuses.
 
@@ -125,6 +126,10 @@ def layer_block_spec(config: object):
     for spec in {id(s): s for s in block.layer_specs}.values():
         _use_sp_norms(spec)
     block.layer_norm = SPRMSNorm
+    if getattr(config, "context_parallel_size", 1) > 1:  # CUDA + TE only (`context_parallel.py`)
+        from engine.trainer.megatron.context_parallel import use_te_attention
+
+        use_te_attention(block)
     return block
 
 
