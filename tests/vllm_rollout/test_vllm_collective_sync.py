@@ -24,8 +24,14 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 PROMPTS = [[5, 17, 33, 90, 120], [7, 8, 9, 200, 41, 3, 77]]
 
 
-def test_collective_sync_into_the_vllm_worker_matches_the_trainer_weights(backend, tiny) -> None:
+def test_collective_sync_into_the_vllm_worker_matches_the_trainer_weights(backend, tiny, monkeypatch) -> None:
+    from engine.rollout import vllm_backend
     from engine.trainer.fsdp import free_port
+
+    def no_driver_copy(*_: object) -> None:
+        raise AssertionError("the buckets went through the replica's driver, not the worker's group")
+
+    monkeypatch.setattr(vllm_backend, "send_bucket", no_driver_copy)
 
     # replica 1 of 2 (one TP-1 worker each): group rank 2; rank 1 (replica 0) is this test's other receiver
     sync = CollectiveSync("127.0.0.1", free_port(), world=3)
