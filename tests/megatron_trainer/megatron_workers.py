@@ -91,3 +91,19 @@ def pipeline_parallel_rank(rank: int, world: int, port: int, dirs: dict[str, str
         out[kind]["after_lp"] = backend.compute_log_probs(batch)[0]
         out[kind]["after_export"] = backend.hf_state_dict()
     return out
+
+
+def pipeline_expert_rank(rank: int, world: int, port: int, directory: str) -> dict[str, Any]:
+    """PP 2 × EP 2 × DP 2 (world 4): each DP replica (a two-stage pipeline) trains on its half of the rows."""
+    from engine.trainer.megatron.backend import MegatronTrainerBackend
+
+    backend = MegatronTrainerBackend(directory, pp=2, ep=2, optim_cfg={"lr": 1e-2}, micro_batch_size=1,
+                                     temperature=TEMPERATURE, grad_clip=1e9, rank=rank, world_size=world,
+                                     master_port=port)
+    full = make_batch(rows=4)
+    half = len(full) // 2
+    mine = full.select(slice(backend.dp_rank * half, (backend.dp_rank + 1) * half))
+    out = exercise(backend, mine)
+    out["dp_rank"] = backend.dp_rank
+    out["export"] = {}  # compared in the PP 2 test; keep the payload small
+    return out
