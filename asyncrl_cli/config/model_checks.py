@@ -31,6 +31,9 @@ def model_rules(cfg: RunConfig, f: ModelFacts) -> list[Problem]:
                 "divisible by tp (it does not replicate KV heads)",
             )
         )
+    if t.backend == "megatron" and t.pp > 1 and f.layers % t.pp:
+        out.append(error("pp-layers", "trainer.pp", f"pp = {t.pp} does not split the {f.layers} layers into "
+                         "equal pipeline stages", "choose a pp that divides the layer count"))
     tp = r.tensor_parallel_size
     if f.heads % tp or (f.kv_heads % tp and tp % f.kv_heads):
         out.append(

@@ -36,7 +36,8 @@ a sequence can span two versions.
 Weight update (`update_weights`): pause the engine ("keep": in-flight requests are frozen), on GPU
 release the KV cache when nothing is in flight, stream each bucket to the workers (`vllm_weights`:
 safetensors bytes or a /dev/shm file, tied `lm_head.weight` always included; `vllm_worker_ext` loads
-them layer-wise), reset the prefix cache — preempting kept requests so their KV cache is recomputed
+them layer-wise; with the collective weight sync each worker receives the trainer's broadcast itself),
+reset the prefix cache — preempting kept requests so their KV cache is recomputed
 under the new weights — wake the KV cache, set `version`, resume. `self_test_resume_continuity` (from
 `vllm_selftest`) checks that an abort or a keep-pause loses no token.
 """
@@ -48,7 +49,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Self, TypeVar
 
@@ -66,6 +67,7 @@ from engine.rollout.vllm_weights import (
     tie_lm_head,
     tied_embeddings,
 )
+from engine.sync.runtime import CollectiveBuckets
 from engine.types import FinishReason, GenRequest, GenResult
 
 __all__ = ["PauseMode", "ResumeContinuityReport", "VLLMRolloutBackend"]
@@ -368,10 +370,16 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
                 self._stats["kv_cache_releases"] += 1
             await engine.collective_rpc("asyncrl_begin_update")
             sent = 0
-            for bucket in buckets:
-                sent += await send_bucket(
-                    engine, tie_lm_head(bucket, self.tied_embeddings), self.weight_transport
+            if isinstance(buckets, CollectiveBuckets):  # the workers receive the broadcast themselves
+                got = await engine.collective_rpc(
+                    "asyncrl_receive_collective", args=(asdict(buckets.handle), buckets.rank, self.tied_embeddings)
                 )
+                sent = int(got[0]) if got else 0
+            else:
+                for bucket in buckets:
+                    sent += await send_bucket(
+                        engine, tie_lm_head(bucket, self.tied_embeddings), self.weight_transport
+                    )
             await engine.collective_rpc("asyncrl_finish_update")
             await engine.reset_prefix_cache(reset_running_requests=True)
             self.version = version

@@ -11,7 +11,17 @@ weights can arrive in several buckets:
     asyncrl_begin_update()            layer-wise reload armed: each layer's new tensors are buffered until
                                       the layer is complete, then loaded and post-processed (CPU repacking)
     asyncrl_load_bytes(blob) | asyncrl_load_file(path)    × number of buckets
+      or asyncrl_receive_collective(handle, first_rank, tied)   once: the collective weight sync
     asyncrl_finish_update()           layers that received nothing keep their current tensors
+
+Collective weight sync (`rollout.weight_sync = "collective"`, `engine.sync.collective`): each worker joins the
+trainer's broadcast group itself, as group rank `first_rank + self.rank` (its TP rank), and feeds the buckets
+to the loaders as they arrive, so the weights never pass through the replica's driver process. Gloo on CPU
+(tested); NCCL on CUDA uses the same code with a `ProcessGroupNCCL` on the worker's GPU — UNTESTED here (no
+GPU). vLLM 0.32 also ships a native weight-transfer engine (`weight_transfer_config`, backend "nccl":
+`NCCLWeightTransferEngine` in the worker, `NCCLTrainerWeightTransferEngine` on the trainer); it is not used
+because its trainer side needs vLLM in the trainer's environment and drives the inference engine through its
+own client, and it has no CPU backend.
 
 A fused layer may therefore be split across buckets. Only bytes or a file path cross the RPC boundary
 (vLLM's multiprocess transport cannot carry tensors). `model.load_weights` alone cannot be used after
@@ -57,6 +67,21 @@ class WeightSyncExtension:
         runner.reset_lora_state()
         runner.reset_encoder_cache()
         runner.reset_mm_cache()
+
+    def asyncrl_receive_collective(self, handle: dict[str, Any], first_rank: int, tied: bool) -> int:
+        """Receive one version of the collective broadcast (`handle`: a `CollectiveHandle` as a dict) as group
+        rank `first_rank` + this worker's rank, loading bucket by bucket. Returns the bytes received."""
+        import torch
+
+        from engine.rollout.vllm_weights import tie_lm_head
+        from engine.sync.collective import CollectiveHandle, pull
+
+        nbytes = 0
+        for bucket in pull(CollectiveHandle(**handle), int(first_rank) + int(getattr(self, "rank", 0))):
+            bucket = tie_lm_head(bucket, tied)
+            nbytes += sum(a.nbytes for a in bucket.values())
+            self._asyncrl_feed({name: torch.from_numpy(a) for name, a in bucket.items()})
+        return nbytes
 
     def _asyncrl_feed(self, state: dict[str, Any]) -> int:
         self.model_runner.get_model().load_weights(iter(state.items()))

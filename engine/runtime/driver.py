@@ -51,12 +51,13 @@ class RunFailed(RuntimeError):
 
 
 def trainer_ranks(plan: RunPlan) -> int:
-    """M, the plan's trainer ranks. Raises RunFailed for a Megatron layout the backend cannot run: pipeline
-    (pp > 1) and context (cp > 1) parallelism are not implemented by it."""
+    """M, the plan's trainer ranks. Raises RunFailed for a Megatron layout the backend cannot run on the run's
+    device: context parallelism (cp > 1) on CPU (it needs Transformer Engine's attention, which needs CUDA)."""
     t = plan.config.trainer
-    if t.backend == "megatron" and (t.pp > 1 or t.cp > 1):
-        raise RunFailed(f"trainer.pp = {t.pp}, trainer.cp = {t.cp}: this runtime's Megatron trainer runs tp × ep × dp "
-                        "with pp = 1 and cp = 1 (fold cp into dp, e.g. cp = 1 and the same GPUs)")
+    if t.backend == "megatron" and t.cp > 1 and plan.device == "cpu":
+        raise RunFailed(f"trainer.cp = {t.cp}: context parallelism needs Transformer Engine's attention "
+                        "(megatron-core's local attention runs cp = 1 only) and Transformer Engine needs CUDA; "
+                        "on CPU set trainer.cp = 1")
     return plan.trainer_ranks
 
 

@@ -1,5 +1,7 @@
-"""Weight sync by broadcast over a torch.distributed group: trainer rank 0 (group rank 0) → every rollout replica
-(group rank 1 + replica id). Gloo on CPU, NCCL on CUDA; no Ray in this module.
+"""Weight sync by broadcast over a torch.distributed group: trainer rank 0 (group rank 0) → every rollout receiver
+(group rank 1 + replica id × receivers per replica + worker: an hf replica is one receiver, a vLLM replica of
+TP t has t, its workers, which join from inside vLLM: `engine.rollout.vllm_worker_ext`). Gloo on CPU, NCCL on
+CUDA; no Ray in this module.
 
 The group is *stateless*: its own `TCPStore` (hosted by the trainer, address carried in the handle) and a
 `ProcessGroupGloo` / `ProcessGroupNCCL` object that is not the process's default group, so it lives beside the
@@ -46,6 +48,11 @@ class CollectiveHandle:
     gen: int = 0
     nbytes: int = 0
     num_buckets: int = 0
+    per_replica: int = 1  # receivers per replica: 1 (hf, or a vLLM replica's driver), t for a vLLM TP-t replica
+
+    def first_rank(self, replica_id: int) -> int:
+        """Group rank of replica `replica_id`'s first receiver (its worker w is this + w)."""
+        return 1 + replica_id * self.per_replica
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -128,12 +135,14 @@ class CollectiveSync:
     `announce(version)` returns the handle; `send(handle, buckets)` joins the group on first use and
     broadcasts. `push` does both, for a caller whose consumers already pull concurrently."""
 
-    def __init__(self, host: str, port: int, world: int, backend: str = "gloo", timeout_s: float = 300.0) -> None:
+    def __init__(self, host: str, port: int, world: int, backend: str = "gloo", timeout_s: float = 300.0,
+                 per_replica: int = 1) -> None:
         self.host, self.port, self.world, self.backend, self.timeout_s = host, port, world, backend, timeout_s
+        self.per_replica = per_replica
         self.group: BroadcastGroup | None = None
 
     def announce(self, version: int) -> CollectiveHandle:
-        return CollectiveHandle(version, self.host, self.port, self.world, self.backend)
+        return CollectiveHandle(version, self.host, self.port, self.world, self.backend, per_replica=self.per_replica)
 
     def send(self, handle: CollectiveHandle, buckets: Iterable[Bucket]) -> CollectiveHandle:
         if self.group is None:
@@ -148,14 +157,15 @@ class CollectiveSync:
         """Nothing to free: the bytes live only in the receivers' models."""
 
 
-_RECEIVERS: dict[tuple[str, int, int], BroadcastGroup] = {}
-"""This process's consumer groups by handle key (one per trainer group generation)."""
+_RECEIVERS: dict[tuple[tuple[str, int, int], int], BroadcastGroup] = {}
+"""This process's consumer groups by (handle key, rank): one per trainer group generation and receiver (an
+in-process vLLM worker and another receiver may share a process)."""
 
 
 def pull(handle: CollectiveHandle, rank: int, timeout_s: float = 300.0) -> Iterator[Bucket]:
     """The buckets of `handle` received as group rank `rank` (≥ 1); joins the group on first use."""
-    group = _RECEIVERS.get(handle.key)
+    group = _RECEIVERS.get((handle.key, rank))
     if group is None:
         group = BroadcastGroup(handle.host, handle.port, rank, handle.world, handle.backend, timeout_s, handle.gen)
-        _RECEIVERS[handle.key] = group
+        _RECEIVERS[handle.key, rank] = group
     return group.receive()

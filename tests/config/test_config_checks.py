@@ -71,14 +71,19 @@ def test_parallel_layout_and_batch_divisibility(write, minimal) -> None:
     assert by_code(an, "rollout-tp-node").category == "fit"
 
 
-def test_megatron_on_many_trainer_ranks_validates_and_only_cp_warns() -> None:
+def test_megatron_on_many_trainer_ranks_validates_with_its_cp_and_pp() -> None:
     an = analyze_run_config(MOE)
-    assert an.exit_code == EXIT_OK  # the seed's 32-rank Megatron layout validates and dry-runs
-    assert "megatron-one-rank" not in [p.code for p in an.problems]
-    problem = by_code(an, "megatron-cp-pp")  # its cp = 2 is the one part launch cannot run yet
-    assert problem.severity == "warning" and problem.key == "trainer.cp"
-    folded = analyze_run_config(MOE, ["trainer.cp=1"])
-    assert folded.exit_code == EXIT_OK and not [p for p in folded.problems if p.code.startswith("megatron")]
+    assert an.exit_code == EXIT_OK  # the seed's 32-rank Megatron layout (cp = 2) validates and dry-runs
+    assert not [p for p in an.problems if p.code.startswith("megatron") and p.severity != "info"]
+    piped = analyze_run_config(MOE, ["trainer.cp=1", "trainer.pp=2"])
+    assert piped.exit_code == EXIT_OK and not [p for p in piped.problems if p.code.startswith("megatron")]
+
+
+def test_context_parallelism_on_a_cpu_preset_is_refused_with_the_reason() -> None:
+    an = analyze_run_config(RUNS / "seed000-mini-cpu.toml", ["trainer.ep=1", "trainer.cp=2"])
+    p = by_code(an, "megatron-cp-cpu")
+    assert an.exit_code != EXIT_OK and p.severity == "error" and p.key == "trainer.cp"
+    assert "Transformer Engine needs CUDA" in p.message
 
 
 def test_bad_megatron_layouts_are_refused_with_the_key_and_the_reason() -> None:
@@ -88,6 +93,7 @@ def test_bad_megatron_layouts_are_refused_with_the_key_and_the_reason() -> None:
         "trainer.ep=32": ("megatron-ep", "trainer.ep", "dp × cp = 8×2 = 16"),
         "rollout.tensor_parallel_size=16": ("rollout-tp-node", "rollout.tensor_parallel_size", "fit in one node"),
         "trainer.pp=3": ("megatron-layout", "trainer.tp", "does not divide the 32 trainer GPUs"),
+        "trainer.pp=16": ("pp-layers", "trainer.pp", "48 layers"),
     }
     for setting, (code, key, reason) in cases.items():
         an = analyze_run_config(MOE, [setting])

@@ -170,9 +170,10 @@ def test_save_and_load_work_in_decoupled_mode(build: Build, tmp_path: Path) -> N
         assert torch.equal(_params(second)[name], value), name
 
 
-def test_pipeline_parallel_on_cpu_is_refused_with_a_clear_error(hf_dirs: dict[str, Path]) -> None:
-    with pytest.raises(ParallelConfigError, match="pipeline parallelism"):
-        MegatronTrainerBackend(str(hf_dirs["qwen3"]), pp=2, world_size=2, rank=0, master_port=1)
+def test_context_parallel_on_cpu_is_refused_with_the_reason(hf_dirs: dict[str, Path]) -> None:
+    """Before any process group: megatron-core's local attention asserts cp = 1 and TE needs CUDA."""
+    with pytest.raises(ParallelConfigError, match="Transformer Engine's attention .* needs CUDA; on CPU use cp = 1"):
+        MegatronTrainerBackend(str(hf_dirs["qwen3"]), cp=2, world_size=2, rank=0, master_port=1)
 
 
 def test_cpu_shims_are_idempotent_and_fork_the_cpu_generator() -> None:

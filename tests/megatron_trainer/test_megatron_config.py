@@ -71,7 +71,7 @@ def test_vocab_is_padded_to_a_multiple_of_tp() -> None:
 
 
 @pytest.mark.parametrize("layout, message", [
-    (ParallelLayout(pp=2, world_size=2), "pipeline parallelism"),
+    (ParallelLayout(pp=2, world_size=3), "not divisible"),
     (ParallelLayout(cp=2, world_size=2), "context parallelism"),
     (ParallelLayout(tp=2, world_size=3), "not divisible"),
     (ParallelLayout(ep=2, world_size=1), "must divide"),
@@ -82,6 +82,9 @@ def test_unavailable_layouts_fail_before_any_process_group(layout: ParallelLayou
 
 
 def test_model_shape_constraints_on_layout() -> None:
+    ParallelLayout(pp=2, world_size=2).validate(on_gpu=False, num_layers=2)  # PP runs on CPU
+    with pytest.raises(ParallelConfigError, match="num_layers 3 is not divisible by pp 2"):
+        ParallelLayout(pp=2, world_size=2).validate(on_gpu=False, num_layers=3)
     with pytest.raises(ParallelConfigError, match="num_key_value_heads"):
         ParallelLayout(tp=4, world_size=4).validate(on_gpu=False, num_query_groups=2)
     with pytest.raises(ParallelConfigError, match="num_experts"):

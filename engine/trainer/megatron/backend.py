@@ -1,7 +1,10 @@
 """`MegatronTrainerBackend`: the `TrainerBackend` protocol on Megatron-core (`trainer.backend = "megatron"`).
 
-One instance per trainer process (rank). The world is TP × DP (× EP inside DP); every rank of a TP group
-must be given the same batch, and each DP rank its own rows (as with the torch backend). Per call:
+One instance per trainer process (rank). The world is TP × PP × DP (× EP inside DP); every rank of a DP
+replica (its TP group at every pipeline stage) must be given the same batch, and each DP rank its own rows
+(as with the torch backend). With PP > 1 the forward/backward passes run through Megatron's pipeline
+schedule (`pipeline.py`): log-probs are computed on the last stage and broadcast to the replica's other
+stages, and so are the loss metrics. Per call:
 
 * log-probs: `pack_batch` (left padding removed, so Megatron's RoPE positions equal HF's), a GPTModel
   forward giving vocab-parallel logits, then `vocab_parallel_log_probs` at the rollout temperature.
@@ -36,15 +39,16 @@ import torch.distributed as dist
 from engine.trainer.base import LossFn, TrainBatch
 from engine.trainer.batch import FILLER, is_filler, split_micro_batches, trim_padding
 from engine.trainer.megatron import checkpointing as mckpt
+from engine.trainer.megatron import context_parallel, pipeline
 from engine.trainer.megatron.convert import (
     SafetensorsSource,
     TensorGetter,
     hf_to_megatron,
     is_tp_sharded,
-    megatron_rules,
+    stage_rules,
     state_dict_getter,
 )
-from engine.trainer.megatron.export import current_ep, current_shard_info, export_hf, iter_hf_tensors
+from engine.trainer.megatron.export import current_shard_info, export_hf, iter_hf_tensors
 from engine.trainer.megatron.hf_config import load_arch
 from engine.trainer.megatron.inputs import pack_batch
 from engine.trainer.megatron.model import build_gpt_model
@@ -177,7 +181,7 @@ class MegatronTrainerBackend:
         get = state_dict_getter(source) if isinstance(source, Mapping) else source
         params = dict(self.model.named_parameters())
         seen: set[str] = set()
-        sharded = {r.megatron for r in megatron_rules(self.arch, *current_ep()) if is_tp_sharded(r)}
+        sharded = {r.megatron for r in stage_rules(self.arch, current_shard_info()) if is_tp_sharded(r)}
         for name, tensor in hf_to_megatron(get, self.arch, current_shard_info()):
             p = params.get(name)
             if p is None:
@@ -270,11 +274,14 @@ class MegatronTrainerBackend:
 
     def _forward(self, micro: TrainBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log π(responses) [b, r] (fp32, differentiable) and entropy, for a trimmed micro-batch."""
-        inp = pack_batch(micro, multiple_of=self.layout.tp)
+        cp = self.layout.cp
+        inp = pack_batch(micro, multiple_of=self.layout.tp * (2 * cp if cp > 1 else 1))
         rows = inp.shape[0]
         if self._uniform_shapes:
             inp = inp.pad_to(*self._max_shape_over_world(inp.shape))
         inp = inp.to(self.device)
+        if cp > 1:  # CUDA + Transformer Engine only
+            return context_parallel.forward_log_probs(self, inp, micro.responses.to(self.device), with_entropy, rows)
         logits = self.ddp(inp.tokens, inp.position_ids, inp.attention_mask)[:rows]  # [b, S, V/tp]
         inp.response_index = inp.response_index[:rows]
         index = inp.response_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
@@ -288,6 +295,8 @@ class MegatronTrainerBackend:
     def compute_log_probs(self, batch: TrainBatch, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log π_θ(response token) [B, R] in fp32 on CPU at the trainer temperature (0 on padding)."""
         self.ddp.eval()
+        if self.layout.pp > 1:
+            return pipeline.compute_log_probs(self, batch, with_entropy)
         micros = split_micro_batches(batch, self.micro_batch_size)
         steps = self._max_over_world(len(micros))
         log_probs, entropies = [], []
@@ -347,7 +356,13 @@ class MegatronTrainerBackend:
         entropy_grad = needs_entropy or self.entropy_mode == "grad"
         self.ddp.zero_grad_buffer()
         sums: dict[str, float] = defaultdict(float)
-        for k in range(steps):
+        if self.layout.pp > 1:
+            reals = [k < len(micros) and has_rows for k in range(steps)]
+            pipeline.accumulate(
+                self, [self._to_device(trim_padding(micros[min(k, len(micros) - 1)])[0]) for k in range(steps)],
+                [masses[k] / total_mass if reals[k] and total_mass > 0 else 0.0 for k in range(steps)], reals,
+                loss_fn, sums, with_entropy=with_entropy, entropy_grad=entropy_grad)
+        for k in range(steps if self.layout.pp == 1 else 0):
             real = k < len(micros) and has_rows
             micro, _ = trim_padding(micros[min(k, len(micros) - 1)])
             micro = self._to_device(micro)
@@ -359,7 +374,7 @@ class MegatronTrainerBackend:
                 (log_probs.sum() * 0.0 + (entropy.sum() * 0.0 if entropy is not None else 0.0)).backward()
                 continue
             loss, metrics = loss_fn(log_probs, entropy, micro)
-            (loss * (weight * self.dp_size)).backward()
+            (loss * (weight * self.dp_size * self.layout.cp)).backward()  # DDP averages over dp × cp
             sums["actor/loss"] += weight * float(loss.detach())
             for name, value in metrics.items():
                 sums[name] += weight * float(value)
@@ -372,6 +387,8 @@ class MegatronTrainerBackend:
         self.ddp.zero_grad_buffer()
         names = self._names_over_dp(sums)
         out = dict(zip(names, self._sum_over_dp([sums[n] for n in names])))
+        if self.layout.pp > 1:  # the loss and its metrics live on the last stage
+            out = pipeline.broadcast_object_from_last(out)
         out.update(update_metrics(grad_norm, lr, skipped, steps))
         return out
 

@@ -21,6 +21,7 @@ The merges in `merge_shards` invert the splits exactly, so HF → Megatron → H
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,8 @@ class ShardInfo:
     etp_size: int = 1
     ep_rank: int = 0
     ep_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
 
 
 def _layer_rules(arch: ArchSpec, i: int, local_experts: Iterable[tuple[int, int]]) -> list[Rule]:
@@ -104,6 +107,34 @@ def megatron_rules(arch: ArchSpec, ep_rank: int = 0, ep_size: int = 1,
     if not arch.tie_word_embeddings:
         rules.append(Rule("output_layer.weight", ("lm_head.weight",), "vocab"))
     return rules
+
+
+def stage_rules(arch: ArchSpec, info: ShardInfo) -> list[Rule]:
+    """The rules of one pipeline stage's model, with Megatron's stage-local layer names.
+
+    Stage s of p holds HF layers s·L/p … (s+1)·L/p − 1 as `decoder.layers.0 …`; the embedding lives on the
+    first stage, the final norm and output layer on the last. With tied embeddings and p > 1 the last stage
+    keeps its own copy of the embedding as `output_layer.weight` (Megatron sums the two copies' gradients
+    over the embedding group), loaded from `model.embed_tokens.weight`. For p = 1 this is `megatron_rules`.
+    """
+    if info.pp_size == 1:
+        return megatron_rules(arch, info.ep_rank, info.ep_size)
+    per = arch.num_layers // info.pp_size
+    first, last = info.pp_rank == 0, info.pp_rank == info.pp_size - 1
+    offset = info.pp_rank * per
+    out: list[Rule] = []
+    for rule in megatron_rules(arch, info.ep_rank, info.ep_size, range(offset, offset + per)):
+        m = re.match(r"decoder\.layers\.(\d+)\.(.*)", rule.megatron)
+        if m:
+            out.append(Rule(f"decoder.layers.{int(m.group(1)) - offset}.{m.group(2)}", rule.hf, rule.kind,
+                            rule.expert))
+        elif rule.megatron.startswith("embedding.") and first:
+            out.append(rule)
+        elif not rule.megatron.startswith("embedding.") and last:
+            out.append(rule)
+    if last and arch.tie_word_embeddings:
+        out.append(Rule("output_layer.weight", ("model.embed_tokens.weight",), "vocab"))
+    return out
 
 
 def fuse_hf(rule: Rule, tensors: list[torch.Tensor], arch: ArchSpec) -> torch.Tensor:
@@ -180,7 +211,8 @@ TensorGetter = Callable[[str], torch.Tensor]
 def hf_to_megatron(get: TensorGetter, arch: ArchSpec, info: ShardInfo,
                    layers: Iterable[int] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """(Megatron name, this rank's shard) for every tensor of this rank, reading HF tensors through `get`."""
-    for rule in megatron_rules(arch, info.ep_rank, info.ep_size, layers):
+    rules = stage_rules(arch, info) if layers is None else megatron_rules(arch, info.ep_rank, info.ep_size, layers)
+    for rule in rules:
         full = fuse_hf(rule, [get(n) for n in rule.hf], arch)
         rank, size = _split_group(rule, info)
         yield rule.megatron, shard(rule, full, rank, size, arch, info.tp_size)

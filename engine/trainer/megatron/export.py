@@ -3,7 +3,11 @@
 Each TP-split tensor is all-gathered over its split group (TP, or expert-TP for experts) and merged by
 `convert.megatron_to_hf`; routed experts are then all-gathered over the EP group, local expert j of EP
 rank e being global expert e·E/ep + j. Every rank takes part in the collectives and every rank yields the
-same full tensors (the caller keeps one rank's output). `lm_head.weight` is always included — for tied
+same full tensors (the caller keeps one rank's output). With pipeline parallelism each stage gathers its
+own layers (HF layer names restored from the stage offset), then the stages take turns: stage s
+broadcasts each of its tensors over the pipeline group (a header (name, shape, dtype) then the data), so
+one tensor at a time is in flight and no rank ever holds the whole model. The last stage's tied copy of
+the embedding is not exported twice. `lm_head.weight` is always included — for tied
 embeddings it is the embedding matrix — because vLLM leaves the LM head stale otherwise.
 
 Numpy export: numpy has no bfloat16, so bf16 tensors are exported as float32 arrays (exact widening).
@@ -19,7 +23,7 @@ import torch.distributed as dist
 
 from engine.sync.buckets import Bucket, bucketize
 from engine.sync.export import host_array
-from engine.trainer.megatron.convert import ShardInfo, megatron_rules, megatron_to_hf
+from engine.trainer.megatron.convert import ShardInfo, megatron_to_hf, stage_rules
 from engine.trainer.megatron.hf_config import ArchSpec
 
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
@@ -42,6 +46,7 @@ def current_shard_info() -> ShardInfo:
         tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=ps.get_tensor_model_parallel_world_size(),
         etp_rank=ps.get_expert_tensor_parallel_rank(), etp_size=ps.get_expert_tensor_parallel_world_size(),
         ep_rank=ps.get_expert_model_parallel_rank(), ep_size=ps.get_expert_model_parallel_world_size(),
+        pp_rank=ps.get_pipeline_model_parallel_rank(), pp_size=ps.get_pipeline_model_parallel_world_size(),
     )
 
 
@@ -53,16 +58,53 @@ def current_ep() -> tuple[int, int]:
 
 @torch.no_grad()
 def iter_hf_tensors(model: torch.nn.Module, arch: ArchSpec) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, full tensor) for every HF weight, gathered from all TP / EP ranks (`model`: a GPTModel)."""
+    """(HF name, full tensor) for every HF weight, gathered from all TP / EP / PP ranks (`model`: a GPTModel)."""
     from megatron.core import parallel_state as ps
 
     info = current_shard_info()
+    if info.pp_size == 1:
+        yield from _stage_tensors(model, arch, info)
+        return
+    group = ps.get_pipeline_model_parallel_group()
+    embed: torch.Tensor | None = None
+    for stage in range(info.pp_size):
+        src = dist.get_global_rank(group, stage)
+        mine = _stage_tensors(model, arch, info) if stage == info.pp_rank else None
+        while True:
+            item = next(mine, None) if mine is not None else None
+            header = [None if item is None else (item[0], tuple(item[1].shape), item[1].dtype)]
+            dist.broadcast_object_list(header, src=src, group=group)
+            if header[0] is None:
+                break
+            name, shape, dtype = header[0]
+            tensor = item[1].contiguous() if item is not None else torch.empty(shape, dtype=dtype,
+                                                                               device=_device(model))
+            dist.broadcast(tensor, src=src, group=group)
+            if name == "model.embed_tokens.weight":
+                embed = tensor
+            if name != "lm_head.weight" or not arch.tie_word_embeddings:
+                yield name, tensor
+    if arch.tie_word_embeddings:
+        assert embed is not None
+        yield "lm_head.weight", embed
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _stage_tensors(model: torch.nn.Module, arch: ArchSpec, info: ShardInfo) -> Iterator[tuple[str, torch.Tensor]]:
+    """This stage's HF tensors, gathered over TP / EP (the HF names of `megatron_rules`)."""
+    from megatron.core import parallel_state as ps
+
     params = dict(model.named_parameters())
     tp_group, etp_group, ep_group = (ps.get_tensor_model_parallel_group(), ps.get_expert_tensor_parallel_group(),
                                      ps.get_expert_model_parallel_group())
     per_rank = arch.num_experts // info.ep_size if arch.num_experts else 0
     embed: torch.Tensor | None = None
-    for rule in megatron_rules(arch, info.ep_rank, info.ep_size):
+    for rule in stage_rules(arch, info):  # stage-local Megatron names, global HF names
+        if rule.megatron == "output_layer.weight" and arch.tie_word_embeddings:
+            continue  # the last stage's copy of the tied embedding
         local = params[rule.megatron].detach()
         if rule.kind == "replicated":
             shards = [local]
@@ -79,7 +121,7 @@ def iter_hf_tensors(model: torch.nn.Module, arch: ArchSpec) -> Iterator[tuple[st
                 if name == "model.embed_tokens.weight":
                     embed = tensor
                 yield name, tensor
-    if arch.tie_word_embeddings:
+    if arch.tie_word_embeddings and info.pp_size == 1:
         assert embed is not None
         yield "lm_head.weight", embed
 

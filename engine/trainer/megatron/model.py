@@ -8,7 +8,8 @@ experts (Qwen3-MoE): router logits r = x W_routerᵀ in fp32, p = softmax(r); to
 renormalised over the top-k when `norm_topk_prob` (Megatron: top-k of r, then softmax over the k), else
 the raw softmax probabilities (Megatron `moe_router_pre_softmax`). No dropout, no aux loss.
 
-Megatron's *local* layer spec is used (no Transformer Engine), with one change: its norms are
+Megatron's *local* layer spec is used (no Transformer Engine; with CP > 1, on CUDA, only its core
+attention is Transformer Engine's, see `context_parallel.py`), with one change: its norms are
 `SPRMSNorm`, a `torch.nn.RMSNorm` that accepts Megatron's constructor and marks its weight for
 sequence parallelism, which Megatron requires for MoE with TP > 1 and which `WrappedTorchNorm` refuses.
 
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 
 from engine.trainer.megatron.hf_config import ArchSpec
 from engine.trainer.megatron.parallel import ParallelLayout
+from engine.trainer.megatron.shims import tensor_cuda_is_identity
 
 
 class SPRMSNorm(torch.nn.RMSNorm):
@@ -94,6 +96,10 @@ def transformer_config(arch: ArchSpec, layout: ParallelLayout, dtype: torch.dtyp
         gradient_accumulation_fusion=False,
         apply_rope_fusion=False,
         attention_softmax_in_fp32=True,
+        # pipeline p2p on gloo: plain isend/irecv (batched p2p synchronises CUDA), activations in `dtype`
+        pipeline_dtype=dtype,
+        batch_p2p_comm=on_gpu,
+        batch_p2p_sync=on_gpu,
         **moe,
     )
 
@@ -120,6 +126,10 @@ def layer_block_spec(config: object):
     for spec in {id(s): s for s in block.layer_specs}.values():
         _use_sp_norms(spec)
     block.layer_norm = SPRMSNorm
+    if getattr(config, "context_parallel_size", 1) > 1:  # CUDA + TE only (`context_parallel.py`)
+        from engine.trainer.megatron.context_parallel import use_te_attention
+
+        use_te_attention(block)
     return block
 
 
@@ -127,23 +137,27 @@ def build_gpt_model(arch: ArchSpec, layout: ParallelLayout, dtype: torch.dtype, 
     """An uninitialised `GPTModel` for `arch` on this rank (weights are filled by `convert`).
 
     Call after `init_model_parallel(layout)` and `seed_model_parallel_rng`. Logits stay vocab-parallel.
+    With PP > 1 this rank builds its stage only: the embedding on the first stage, the final norm and
+    output layer on the last (`convert.stage_rules` names the same tensors).
     """
+    from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
     config = transformer_config(arch, layout, dtype, on_gpu)
-    model = GPTModel(
-        config=config,
-        transformer_layer_spec=layer_block_spec(config),
-        vocab_size=padded_vocab_size(arch.vocab_size, layout.tp),
-        max_sequence_length=arch.max_position_embeddings,
-        pre_process=True,
-        post_process=True,
-        parallel_output=True,
-        share_embeddings_and_output_weights=arch.tie_word_embeddings,
-        position_embedding_type="rope",
-        rotary_percent=1.0,
-        rotary_base=arch.rope_theta,
-    )
+    with tensor_cuda_is_identity():
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=layer_block_spec(config),
+            vocab_size=padded_vocab_size(arch.vocab_size, layout.tp),
+            max_sequence_length=arch.max_position_embeddings,
+            pre_process=ps.is_pipeline_first_stage(),
+            post_process=ps.is_pipeline_last_stage(),
+            parallel_output=True,
+            share_embeddings_and_output_weights=arch.tie_word_embeddings,
+            position_embedding_type="rope",
+            rotary_percent=1.0,
+            rotary_base=arch.rope_theta,
+        )
     if on_gpu:
         model = model.cuda()
     return model

@@ -6,8 +6,11 @@ Megatron DDP accumulates in each parameter's `main_grad` (already averaged over 
 
 Gradient norm across model parallelism — each gradient element counted exactly once:
 
-    ‖g‖² = Σ_TP-group Σ_{dense p: TP-sharded or tp_rank = 0} ‖g_p‖²
-         + Σ_EP×ETP-group Σ_{expert p: ETP-sharded or etp_rank = 0} ‖g_p‖²
+    ‖g‖² = Σ_TP×PP-group Σ_{dense p: TP-sharded or tp_rank = 0} ‖g_p‖²
+         + Σ_EP×ETP×PP-group Σ_{expert p: ETP-sharded or etp_rank = 0} ‖g_p‖²
+
+A parameter marked `shared` (the last pipeline stage's copy of a tied embedding, whose gradient equals the
+first stage's after Megatron's embedding all-reduce) is left out, as Megatron's `param_is_not_shared` does.
 
 then clipping scales every gradient by c = min(1, max_norm / (‖g‖ + 1e-6)). A non-finite norm skips the
 update (gradients are dropped), as Megatron does.
@@ -56,7 +59,7 @@ def global_grad_norm(params: list[torch.nn.Parameter]) -> float:
     expert_sq = torch.zeros(1, dtype=torch.float64)
     tp_rank, etp_rank = ps.get_tensor_model_parallel_rank(), ps.get_expert_tensor_parallel_rank()
     for p in params:
-        if p.grad is None:
+        if p.grad is None or getattr(p, "shared", False):
             continue
         sharded = bool(getattr(p, "tensor_model_parallel", False))
         sq = p.grad.detach().double().pow(2).sum().cpu()
@@ -66,13 +69,14 @@ def global_grad_norm(params: list[torch.nn.Parameter]) -> float:
         elif sharded or tp_rank == 0:
             dense_sq += sq
     device = params[0].device if params else torch.device("cpu")
-    if ps.get_tensor_model_parallel_world_size() > 1:
+    if ps.get_tensor_model_parallel_world_size() * ps.get_pipeline_model_parallel_world_size() > 1:
         t = dense_sq.to(device)
-        dist.all_reduce(t, group=ps.get_tensor_model_parallel_group())
+        dist.all_reduce(t, group=ps.get_model_parallel_group())
         dense_sq = t.cpu()
-    if any(_is_expert(p) for p in params):
+    expert_group = ps.get_expert_tensor_model_pipeline_parallel_group()
+    if dist.get_world_size(expert_group) > 1:  # on every rank: a pipeline stage may hold no experts
         t = expert_sq.to(device)
-        dist.all_reduce(t, group=ps.get_expert_tensor_model_pipeline_parallel_group())
+        dist.all_reduce(t, group=expert_group)
         expert_sq = t.cpu()
     return math.sqrt(float(dense_sq + expert_sq))
 

@@ -2,9 +2,9 @@
 model-parallel groups.
 
 World layout (Megatron's): world = TP × CP × PP × DP, and expert parallelism is carved out of DP × CP
-(EP must divide DP × CP; the expert-data-parallel size is DP × CP / EP). On CPU only TP, EP and DP are
-available: pipeline parallelism needs Megatron's CUDA p2p schedule and context parallelism needs
-Transformer Engine's attention, so PP > 1 or CP > 1 on CPU is rejected up front with a clear error.
+(EP must divide DP × CP; the expert-data-parallel size is DP × CP / EP). TP, PP, EP and DP run on CPU
+(gloo) and GPU; context parallelism needs Transformer Engine's attention, hence CUDA
+(`context_parallel.py`), so CP > 1 on CPU is rejected up front with a clear error.
 """
 
 from __future__ import annotations
@@ -42,14 +42,9 @@ class ParallelLayout:
         if self.world_size % (self.tp * self.pp * self.cp):
             raise ParallelConfigError(
                 f"world_size {self.world_size} is not divisible by tp×pp×cp = {self.tp * self.pp * self.cp}")
-        if not on_gpu and self.pp > 1:
-            raise ParallelConfigError("pipeline parallelism (pp > 1) needs CUDA; on CPU use pp = 1")
-        if self.pp > 1:
-            raise ParallelConfigError("pipeline parallelism (pp > 1) is not implemented by this backend yet")
-        if self.cp > 1:
-            raise ParallelConfigError(
-                "context parallelism (cp > 1) needs Transformer Engine attention; this backend uses "
-                "Megatron's local attention, so use cp = 1")
+        from engine.trainer.megatron.context_parallel import require_cp_support
+
+        require_cp_support(self.cp, self.pp, on_gpu)
         if (self.dp * self.cp) % self.ep:
             raise ParallelConfigError(f"ep {self.ep} must divide dp×cp = {self.dp * self.cp}")
         if self.ep > 1 and not num_experts:

@@ -1,13 +1,21 @@
 """The only place where megatron-core is patched to run without CUDA (megatron-core 0.16.1, gloo).
 
-Megatron assumes a CUDA device in two places that no config flag reaches:
+Megatron assumes a CUDA device in four places that no config flag reaches:
 
 1. `torch.cuda.current_device()` is used as a *device* (RoPE's `inv_freq.to(...)`, the global memory buffer
    of the local attention). Without CUDA we answer ``"cpu"``.
 2. The model-parallel RNG tracker forks the *CUDA* generator (dropout inside tensor-parallel regions).
    Without CUDA we install a tracker with the same seeding rules that forks the CPU generator instead.
 
-Both patches are applied only when `torch.cuda.is_available()` is False, and applying them twice is a no-op.
+3. The pipeline schedules allocate their token counter with `torch.zeros(..., device="cuda")`. The
+   `schedules` module's `torch` is replaced by a view of torch whose `zeros` maps device "cuda" to "cpu"
+   (nothing else in that module or elsewhere changes); pipeline p2p then runs over gloo.
+
+4. With PP > 1 and tied embeddings, building the last stage calls `weight.data.cuda()` before the
+   all-reduce that copies the first stage's embedding. `tensor_cuda_is_identity()` makes `Tensor.cuda`
+   return the tensor itself for the duration of the model constructor only (CPU only).
+
+The first three patches are applied only when `torch.cuda.is_available()` is False, and applying them twice is a no-op.
 One more fix is needed whenever Transformer Engine is absent (CPU or GPU): 0.16.1's MoE router reads the
 module global `te_general_gemm`, which is never defined when the TE import fails (`NameError`); we define
 it as None so the router takes its plain `torch.mm` path.
@@ -42,8 +50,33 @@ def fix_missing_te_symbols() -> None:
         moe_utils.te_general_gemm = None
 
 
+class _TorchZerosOnCPU:
+    """`torch`, except that `zeros(..., device="cuda")` allocates on the CPU (for Megatron's schedules)."""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args: object, device: object = None, **kwargs: object) -> torch.Tensor:
+        return torch.zeros(*args, device="cpu" if device == "cuda" else device, **kwargs)
+
+
+@contextlib.contextmanager
+def tensor_cuda_is_identity() -> Iterator[None]:
+    """On CPU, `Tensor.cuda()` returns the tensor unchanged inside this block (see point 4); no-op on GPU."""
+    if not cpu_shims_needed():
+        yield
+        return
+    original = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = original  # type: ignore[method-assign]
+
+
 def apply_cpu_shims() -> bool:
-    """Patch `torch.cuda.current_device` to return "cpu" (CPU only, idempotent). Returns True if patched.
+    """Patch `torch.cuda.current_device` to return "cpu" and the schedules' CUDA zeros (CPU only, idempotent). Returns True if patched.
 
     Also applies `fix_missing_te_symbols` (on every device)."""
     global _APPLIED
@@ -51,7 +84,10 @@ def apply_cpu_shims() -> bool:
     if not cpu_shims_needed():
         return False
     if not _APPLIED:
+        from megatron.core.pipeline_parallel import schedules
+
         torch.cuda.current_device = _cpu_current_device  # type: ignore[assignment]
+        schedules.torch = _TorchZerosOnCPU()  # type: ignore[assignment]
         _APPLIED = True
     return True
 
