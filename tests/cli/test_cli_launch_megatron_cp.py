@@ -12,12 +12,14 @@ RUNS = Path(__file__).resolve().parents[2] / "presets" / "runs"
 
 
 def test_cp_on_cpu_is_refused_by_validate_naming_transformer_engine(cli) -> None:
-    for verb in ("validate", "launch"):
-        r = cli(verb, RUNS / "seed000-mini-cpu.toml", "--set", "trainer.ep=1", "--set", "trainer.cp=2", "--json")
-        assert r.exit_code == 1, r.output
-        problems = [p for p in json.loads(r.output)["problems"] if p["severity"] == "error"]
-        assert [(p["code"], p["key"]) for p in problems] == [("megatron-cp-cpu", "trainer.cp")]
-        assert "Transformer Engine needs CUDA" in problems[0]["message"]
+    sets = ("--set", "trainer.ep=1", "--set", "trainer.cp=2")
+    r = cli("validate", RUNS / "seed000-mini-cpu.toml", *sets, "--json")
+    assert r.exit_code == 1, r.output
+    problems = [p for p in json.loads(r.output)["problems"] if p["severity"] == "error"]
+    assert [(p["code"], p["key"]) for p in problems] == [("megatron-cp-cpu", "trainer.cp")]
+    assert "Transformer Engine needs CUDA" in problems[0]["message"]
+    r = cli("launch", RUNS / "seed000-mini-cpu.toml", *sets)
+    assert r.exit_code == 1 and "Transformer Engine needs CUDA" in r.output and "Traceback" not in r.output
 
 
 def test_the_driver_refuses_cp_on_cpu_in_one_line() -> None:
@@ -26,7 +28,8 @@ def test_the_driver_refuses_cp_on_cpu_in_one_line() -> None:
     from engine.plan.run_plan import resolve_plan
     from engine.runtime.driver import RunFailed, trainer_ranks
 
-    cfg = load_run_config(RUNS / "seed000-mini-cpu.toml", ["trainer.ep=1", "trainer.cp=2"]).config
+    cfg = load_run_config(RUNS / "seed000-mini-cpu.toml", ["trainer.ep=1"]).config
+    cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"cp": 2})})  # past validate's refusal
     with pytest.raises(RunFailed, match="Transformer Engine needs CUDA; on CPU set trainer.cp = 1"):
         trainer_ranks(resolve_plan(cfg))
 

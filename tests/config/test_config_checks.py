@@ -93,7 +93,6 @@ def test_bad_megatron_layouts_are_refused_with_the_key_and_the_reason() -> None:
         "trainer.ep=32": ("megatron-ep", "trainer.ep", "dp × cp = 8×2 = 16"),
         "rollout.tensor_parallel_size=16": ("rollout-tp-node", "rollout.tensor_parallel_size", "fit in one node"),
         "trainer.pp=3": ("megatron-layout", "trainer.tp", "does not divide the 32 trainer GPUs"),
-        "trainer.pp=16": ("pp-layers", "trainer.pp", "48 layers"),
     }
     for setting, (code, key, reason) in cases.items():
         an = analyze_run_config(MOE, [setting])
@@ -102,6 +101,8 @@ def test_bad_megatron_layouts_are_refused_with_the_key_and_the_reason() -> None:
         assert p.severity == "error" and p.key == key and reason in p.message, (setting, p.render())
     an = analyze_run_config(MOE, ["resources.trainer.gpus_per_node=6", "trainer.tp=4", "trainer.cp=1",
                                   "trainer.ep=1", "trainer.ppo_mini_batch_size=96"])
+    p = by_code(analyze_run_config(MOE, ["trainer.tp=1", "trainer.cp=1", "trainer.ep=1", "trainer.pp=32"]), "pp-layers")
+    assert p.severity == "error" and p.key == "trainer.pp" and "48 layers" in p.message
     p = by_code(an, "tp-across-nodes")
     assert p.severity == "error" and p.key == "trainer.tp" and "span nodes" in p.message
 
