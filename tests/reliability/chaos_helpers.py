@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import os
+import random
+import signal
+import time
 from pathlib import Path
 
-from reliability_helpers import events, read_jsonl, session_pids
+from reliability_helpers import events, kill_session, launch, read_jsonl, session_pids, wait_for
 
 DETERMINISTIC = ("trainer.deterministic=true", "async_training.staleness_threshold=0",
                  "async_training.trigger_parameter_sync_step=1", "data.max_response_length=4")
@@ -52,3 +56,45 @@ def role_pids(sid: int) -> dict[str, list[int]]:
         elif title.startswith("ray::RolloutReplica"):
             roles["replica"].append(pid)
     return roles
+
+
+def newest_checkpoint(run_dir: Path) -> int:
+    """The step of the newest published checkpoint (-1 when there is none)."""
+    from engine.runtime.checkpoint import list_checkpoints, step_of
+
+    return max((step_of(p) for p in list_checkpoints(run_dir / "checkpoints")), default=-1)
+
+
+def chaos_run(run_dir: Path, extra: tuple[str, ...], kills: int, rng: random.Random,
+              roles: tuple[str, ...] = ("driver", "trainer", "replica"), max_delay_s: float = 1.5) -> list[str]:
+    """Launch the tiny preset with `extra`; `kills` times: wait for a checkpoint newer than any seen, wait a
+    random delay, SIGKILL a random role's process (`role_pids`); after a driver or trainer kill the launch is
+    gone (a dead trainer fails it) and `--resume auto` relaunches it; a killed replica is replaced by the
+    run itself. Then wait for the last launch to exit 0. Returns what was killed, in order ("role@step")."""
+    done: list[str] = []
+    proc = launch(run_dir, *extra)
+    try:
+        for _ in range(kills):
+            seen = newest_checkpoint(run_dir)
+            wait_for(lambda: newest_checkpoint(run_dir) > seen, timeout=300, proc=proc)
+            time.sleep(rng.uniform(0.0, max_delay_s))
+            role = rng.choice(roles)
+            pids = role_pids(proc.pid)[role]
+            assert proc.poll() is None, f"the run ended before kill {len(done) + 1} ({done})"
+            assert pids, f"no {role} process in the launch's session"
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            done.append(f"{role}@{newest_checkpoint(run_dir)}")
+            if role == "replica":
+                continue
+            proc.wait(timeout=120)  # a driver dies at once; a dead trainer fails the run
+            kill_session(proc.pid)
+            proc.stdout.close()
+            proc = launch(run_dir, *extra, resume="auto")
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"the last launch exited {proc.returncode} after {done}: {out[-3000:]}"
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        kill_session(proc.pid)
+    return done
