@@ -98,3 +98,21 @@ def chaos_run(run_dir: Path, extra: tuple[str, ...], kills: int, rng: random.Ran
             os.kill(proc.pid, signal.SIGKILL)
         kill_session(proc.pid)
     return done
+
+
+def checkpoint_hashes(run_dir: Path) -> dict[int, str]:
+    """`weights_sha256` of every checkpoint still on disk, by step."""
+    import json
+
+    from engine.runtime.checkpoint import list_checkpoints, step_of
+
+    return {step_of(p): json.loads((p / "state.json").read_text())["weights_sha256"]
+            for p in list_checkpoints(run_dir / "checkpoints")}
+
+
+def assert_same_checkpoint_hashes(run_dir: Path, reference: Path, why: str) -> None:
+    """Checkpoints of one step in both runs hold the same weights (at least one step in common)."""
+    mine, ref = checkpoint_hashes(run_dir), checkpoint_hashes(reference)
+    common = sorted(set(mine) & set(ref))
+    assert common, f"no checkpoint step in common ({sorted(mine)} vs {sorted(ref)})"
+    assert {s: mine[s] for s in common} == {s: ref[s] for s in common}, why

@@ -11,7 +11,7 @@ import random
 import time
 
 import pytest
-from chaos_helpers import chaos_run, final_hash, ledger_by_step, step_metrics
+from chaos_helpers import assert_same_checkpoint_hashes, chaos_run, final_hash, ledger_by_step, step_metrics
 from reliability_helpers import assert_ledger_exact, tiny_config, train_steps
 
 from engine.runtime.driver import run
@@ -39,3 +39,4 @@ def test_three_random_kill_9s_end_with_the_uninterrupted_weights(tmp_path) -> No
     assert ledger_by_step(run_dir) == ledger_by_step(reference), why
     assert step_metrics(run_dir) == step_metrics(reference), why
     assert final_hash(run_dir) == final_hash(reference), why
+    assert_same_checkpoint_hashes(run_dir, reference, why)

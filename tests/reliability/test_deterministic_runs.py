@@ -11,7 +11,14 @@ import random
 import time
 
 import pytest
-from chaos_helpers import DETERMINISTIC, chaos_run, final_hash, ledger_by_step, step_metrics
+from chaos_helpers import (
+    DETERMINISTIC,
+    assert_same_checkpoint_hashes,
+    chaos_run,
+    final_hash,
+    ledger_by_step,
+    step_metrics,
+)
 from reliability_helpers import assert_ledger_exact, events, tiny_config, train_steps
 
 from engine.runtime.driver import run
@@ -37,6 +44,7 @@ def test_async_at_staleness_0_trains_the_batches_of_sync_mode(reference, tmp_pat
     assert ledger_by_step(run_dir) == ledger_by_step(reference)  # the same prompts in the same steps
     assert step_metrics(run_dir) == step_metrics(reference)  # the same rewards, losses, staleness, ...
     assert final_hash(run_dir) == final_hash(reference)
+    assert_same_checkpoint_hashes(run_dir, reference, "sync vs async")
 
 
 def test_killed_with_kill_9_and_resumed_ends_bit_identical(reference, tmp_path) -> None:
@@ -55,3 +63,4 @@ def test_killed_with_kill_9_and_resumed_ends_bit_identical(reference, tmp_path) 
     assert ledger_by_step(run_dir) == ledger_by_step(reference), why
     assert step_metrics(run_dir, since) == step_metrics(reference, since), why
     assert final_hash(run_dir) == final_hash(reference), why
+    assert_same_checkpoint_hashes(run_dir, reference, why)
