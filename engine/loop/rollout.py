@@ -154,6 +154,8 @@ class RolloutLoop:
         cmds: list[Command] = []
         if self.stopped:
             return cmds
+        if self.p.deterministic:  # a prompt restored from a checkpoint may be finished already
+            cmds += self._on_train_results([], now)
         if not self.closed and self.exhausted():
             self.closed = True
             cmds += [CloseQueue(), Event("info", "finish", "prompt stream exhausted; queue closed")]
@@ -357,6 +359,8 @@ class RolloutLoop:
                                     r.min_version, r.max_version)
             if len(st.done) == self.p.n:
                 finished.append(st)
+        if self.p.deterministic:  # into the queue in admission (stream) order, whatever finished first
+            finished = deterministic.ready_in_order(self.in_flight, self.p.n)
         if dropped:
             cmds.append(Event("info", "drop", f"{len(dropped)} prompt(s) aborted at the sync to v{self.sync.version} "
                               "and dropped (partial_rollout = false)", {"uids": dropped, "reason": "aborted_at_sync"}))

@@ -137,3 +137,28 @@ def test_validate_refuses_what_breaks_determinism(override: str, key: str) -> No
     assert [p.key for p in errors] == [key] and errors[0].code == "deterministic-unsupported"
     ok = analyze_run_config(TINY, ["trainer.deterministic=true"])
     assert not [p for p in ok.problems if p.severity == "error"]
+
+
+def test_groups_reach_the_queue_in_stream_order_whatever_finishes_first() -> None:
+    from engine.loop.commands import Put
+
+    loop = _loop(0.5)
+    loop.p = RolloutParams(**{**loop.p.__dict__, "seqs_per_call": 6})
+    (d,) = [c for c in loop.tick(0.0) if isinstance(c, Dispatch)]
+    results = _answer(d, 0)  # p0, p1, p2 with two samples each; p1 and p2 come back before p0
+    assert [c for c in loop._on_train_results(results[2:], 0.0) if isinstance(c, Put)] == []
+    puts = [c.prompt.uid for c in loop._on_train_results(results[:2], 0.0) if isinstance(c, Put)]
+    assert puts == ["p0", "p1", "p2"]
+
+
+def test_a_finished_prompt_restored_from_a_checkpoint_is_put_at_the_next_tick() -> None:
+    from engine.loop.commands import Put
+
+    loop = _loop(0.5)
+    (d,) = [c for c in loop.tick(0.0) if isinstance(c, Dispatch)]
+    loop._on_train_results(_answer(d, 0)[:1], 0.0)  # p0: one of its two samples done
+    snap = loop.snapshot_state()
+    snap["in_flight"][0]["done"]["1"] = snap["in_flight"][0]["done"]["0"]  # a cut where p0 had finished
+    restored = _loop(0.5)
+    restored.restore_state(snap["rollout"], snap["in_flight"], 0.0)
+    assert [c.prompt.uid for c in restored.tick(0.0) if isinstance(c, Put)] == ["p0"]
