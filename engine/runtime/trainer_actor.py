@@ -28,8 +28,8 @@ import ray
 from engine.loop.trainer import TrainerLoop, TrainerParams
 from engine.runtime.backends import build_trainer_backend
 from engine.runtime.batching import LogRatioObserver, is_ratio_metrics, prepare_batch
-from engine.runtime.trainer_checkpoints import TrainerCheckpoints
 from engine.runtime.ledger import Ledger
+from engine.runtime.trainer_checkpoints import TrainerCheckpoints
 from engine.runtime.trainer_group import TrainerGroup, trainer_world
 from engine.sync.runtime import build_weight_sync, publish
 from engine.types import TrajectoryGroup
