@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from asyncrl_cli.config import checks, data_checks
 from asyncrl_cli.config.derived import Derived, dataset_train_size, derive
+from asyncrl_cli.config.determinism_checks import determinism_rules
 from asyncrl_cli.config.fit import FitReport, estimate_fit
 from asyncrl_cli.config.hardware import HardwareInvalid, HardwareNotFound, HardwarePreset, load_hardware
 from asyncrl_cli.config.hf_model import ModelConfigError, ModelFacts, read_model_facts
@@ -149,6 +150,7 @@ def analyze_config(cfg: RunConfig, prov: Provenance, base_dir: Path | None = Non
     if an.hardware is not None:
         problems += checks.resource_rules(cfg, an.hardware, an.derived)
         problems += checks.pitfall_rules(cfg, an.hardware)
+        problems += determinism_rules(cfg, an.hardware)
         if an.model is not None:
             an.fit = estimate_fit(cfg, an.model, an.hardware)
             problems += checks.fit_rules(an.fit, an.hardware)

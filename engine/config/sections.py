@@ -221,6 +221,10 @@ class TrainerConfig(Section):
     keeps them (its group filtering is off by default), so False matches verl."""
     seed: int = 0
     """Seed of initialisation and sampling on the trainer."""
+    deterministic: bool = False
+    """Bit-reproducible run (CPU, fp32, one `hf` replica): sampling keyed by (seed, prompt uid, sample,
+    position), each prompt generated alone, a schedule independent of timing, one thread per process; a run
+    killed and resumed, or async at staleness 0 / trigger 1 vs `mode = "sync"`, ends with the same weights."""
 
 
 class RolloutConfig(Section):

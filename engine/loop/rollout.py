@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.loop import deterministic
 from engine.loop.budget import StalenessBudget
 from engine.loop.commands import (
     Abort,
@@ -56,17 +57,21 @@ class RolloutParams:
     seqs_per_call: int
     test_freq: int = 0
     sync_mode: bool = False
+    deterministic: bool = False
+    """`trainer.deterministic`: syncs wait for the loaded version's work instead of aborting it
+    (`engine.loop.deterministic`)."""
 
     @classmethod
     def from_config(cls, cfg: Any) -> "RolloutParams":
         """From a validated `RunConfig` (duck-typed: only attribute reads)."""
         ac, ro = cfg.async_training, cfg.rollout
-        sync = ac.mode == "sync"
+        sync, det = ac.mode == "sync", bool(getattr(cfg.trainer, "deterministic", False))
         return cls(n=ro.n, max_new_tokens=cfg.data.max_response_length,
                    required_samples=cfg.trainer.ppo_mini_batch_size * ac.require_batches,
                    staleness_threshold=0.0 if sync else float(ac.staleness_threshold),
-                   trigger=ac.trigger_parameter_sync_step, partial_rollout=bool(ac.partial_rollout) and not sync,
-                   seqs_per_call=max(ro.n, ro.max_num_seqs), test_freq=cfg.trainer.test_freq, sync_mode=sync)
+                   trigger=ac.trigger_parameter_sync_step, partial_rollout=bool(ac.partial_rollout) and not sync and not det,
+                   seqs_per_call=max(ro.n, ro.max_num_seqs), test_freq=cfg.trainer.test_freq, sync_mode=sync,
+                   deterministic=det)
 
 
 @dataclass
@@ -127,7 +132,7 @@ class RolloutLoop:
     def sync_ready(self) -> bool:
         """During a sync: no training dispatch is out and the current version's validation is done."""
         return self.sync is not None and not any(r.kind == "train" for r in self.running.values()) \
-            and not self.validating()
+            and not self.validating() and (not self.p.deterministic or deterministic.version_done(self))
 
     def validating(self) -> bool:
         return bool(self.val_pending) or any(r.kind == "val" for r in self.running.values())
@@ -149,6 +154,8 @@ class RolloutLoop:
         cmds: list[Command] = []
         if self.stopped:
             return cmds
+        if self.p.deterministic:  # a prompt restored from a checkpoint may be finished already
+            cmds += self._on_train_results([], now)
         if not self.closed and self.exhausted():
             self.closed = True
             cmds += [CloseQueue(), Event("info", "finish", "prompt stream exhausted; queue closed")]
@@ -160,7 +167,7 @@ class RolloutLoop:
                 self.val_pending = self.val_pending[self.p.seqs_per_call:]
                 cmds.append(self._dispatch(rid, reqs, "val", now))
                 continue
-            if self.sync is not None:
+            if self.sync is not None and not (self.p.deterministic and deterministic.owes_work(self)):
                 continue
             reqs = self._take_pending(self.p.seqs_per_call)
             if not self.paused:
@@ -209,7 +216,7 @@ class RolloutLoop:
 
     def begin_sync(self, version: int, step: int) -> list[Command]:
         """The trainer pushes `version`: stop dispatching training work and abort what runs."""
-        self.sync = SyncState(version, step, set(self.train_running()))
+        self.sync = SyncState(version, step, set() if self.p.deterministic else set(self.train_running()))
         if not self.sync.aborted:
             return []
         self.aborted |= self.sync.aborted
@@ -352,6 +359,8 @@ class RolloutLoop:
                                     r.min_version, r.max_version)
             if len(st.done) == self.p.n:
                 finished.append(st)
+        if self.p.deterministic:  # into the queue in admission (stream) order, whatever finished first
+            finished = deterministic.ready_in_order(self.in_flight, self.p.n)
         if dropped:
             cmds.append(Event("info", "drop", f"{len(dropped)} prompt(s) aborted at the sync to v{self.sync.version} "
                               "and dropped (partial_rollout = false)", {"uids": dropped, "reason": "aborted_at_sync"}))

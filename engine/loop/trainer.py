@@ -32,6 +32,8 @@ class TrainerParams:
     max_staleness_versions: int | None = None
     stale_policy: str = "drop"
     checkpoint_every_versions: int = 0
+    ordered: bool = False
+    """`trainer.deterministic`: a batch's groups are ordered by prompt (epoch, index), not by arrival."""
 
     @classmethod
     def from_config(cls, cfg: Any, total_local_steps: int) -> "TrainerParams":
@@ -39,7 +41,8 @@ class TrainerParams:
         return cls(required_samples=cfg.trainer.ppo_mini_batch_size * ac.require_batches,
                    trigger=ac.trigger_parameter_sync_step, total_local_steps=total_local_steps,
                    sync_mode=ac.mode == "sync", max_staleness_versions=ac.max_staleness_versions,
-                   stale_policy=ac.stale_policy, checkpoint_every_versions=cfg.checkpoint.every_versions)
+                   stale_policy=ac.stale_policy, checkpoint_every_versions=cfg.checkpoint.every_versions,
+                   ordered=bool(getattr(cfg.trainer, "deterministic", False)))
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ class TrainerLoop:
     def take_batch(self) -> tuple[list[Any], list[Any]]:
         """The next step's groups, split into (kept, dropped by the hard staleness cap)."""
         batch, self.buffer = self.buffer[: self.p.required_samples], self.buffer[self.p.required_samples:]
+        if self.p.ordered:
+            batch.sort(key=lambda g: (int(g.prompt.epoch), int(g.prompt.index)))
         cap = self.p.max_staleness_versions
         if cap is None or self.p.stale_policy != "drop":
             return batch, []

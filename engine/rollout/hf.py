@@ -9,6 +9,10 @@ is polled at every token boundary). `capacity()` is the number of rows a new req
 Results come back in request order as the *whole* response: `prefix_ids + new tokens`,
 `prefix_log_probs + new log-probs`.
 
+Deterministic mode (`deterministic=True`, for `trainer.deterministic`): calls run one at a time and each
+prompt's rows are generated as a batch of their own with draws keyed by (seed, request id, position)
+(`engine.rollout.keyed`) instead of joining the running batch; an abort is honoured between groups only.
+
 Precision: `dtype` (the replica's `rollout.dtype`) may differ from the trainer's; `update_weights` casts
 the synced arrays to it on load.
 
@@ -39,6 +43,7 @@ from engine.multimodal.vision import ImageEncoder, VisionSpec, model_dir_of
 from engine.rollout.base import SamplingParams, account_results, new_rollout_stats
 from engine.rollout.continuous import BatchCall, ContinuousBatcher
 from engine.rollout.decode import DecodeCounters, ForwardAdapter, MultimodalForward, RowOutput, RowSpec
+from engine.rollout.keyed import generate_alone, split_groups
 from engine.sync.apply import load_buckets_into
 from engine.types import GenRequest, GenResult
 
@@ -60,6 +65,7 @@ class HFRolloutBackend:
         device: str | torch.device = "cpu",
         dtype: torch.dtype | str | None = None,
         image_encoder: ImageEncoder | None = None,
+        deterministic: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
@@ -82,6 +88,9 @@ class HFRolloutBackend:
         self._stats: dict[str, float] = new_rollout_stats("image_mismatch")
         self._model_lock = threading.RLock()
         self._stats_lock = threading.Lock()
+        self.deterministic = bool(deterministic)
+        self._alone_lock = threading.Lock()  # deterministic mode: one call at a time
+        self._alone_seconds = 0.0
         self._batcher = ContinuousBatcher(self._forward, eos_ids=self._eos_tensor, pad_id=self.pad_token_id,
                                           device=self.device, max_rows=self.max_batch_size,
                                           counters=self._counters, model_lock=self._model_lock,
@@ -107,16 +116,43 @@ class HFRolloutBackend:
                 outputs[i] = RowOutput(finish_reason="length")
             else:
                 pending.append(i)
-        call = BatchCall([RowSpec(requests[i].prompt_ids + requests[i].prefix_ids, requests[i].max_new_tokens,
-                                  tuple(requests[i].images)) for i in pending],
-                         sampling, should_abort, self._generator(sampling.seed))
-        self._batcher.run(call)
+        specs = [RowSpec(requests[i].prompt_ids + requests[i].prefix_ids, requests[i].max_new_tokens,
+                         tuple(requests[i].images)) for i in pending]
         started: list[int | None] = [None] * len(requests)
-        for k, i in enumerate(pending):
-            outputs[i], started[i] = call.outputs[k], call.start_versions[k]
+        if self.deterministic:
+            self._generate_alone([requests[i] for i in pending], specs, sampling, should_abort, pending, outputs,
+                                 started)
+        else:
+            call = BatchCall(specs, sampling, should_abort, self._generator(sampling.seed))
+            self._batcher.run(call)
+            for k, i in enumerate(pending):
+                outputs[i], started[i] = call.outputs[k], call.start_versions[k]
         results = [self._result(req, out, v) for req, out, v in zip(requests, outputs, started)]
         self._account(results, time.perf_counter() - start)
         return results
+
+    def _generate_alone(self, reqs: list[GenRequest], specs: list[RowSpec], sampling: SamplingParams,
+                        should_abort: Callable[[], bool], where: list[int], outputs: list[RowOutput | None],
+                        started: list[int | None]) -> None:
+        """Deterministic mode: each prompt's rows alone, in order; rows of groups not started when
+        `should_abort` turns true come back empty (`abort`)."""
+        with self._alone_lock:
+            for members in split_groups([r.request_id for r in reqs]):
+                if should_abort():
+                    for k in members:
+                        outputs[where[k]] = RowOutput(finish_reason="abort")
+                    continue
+                t0 = time.perf_counter()
+                with self._model_lock, torch.inference_mode():
+                    version = self.version
+                    outs = generate_alone(self._forward, [specs[k] for k in members],
+                                          [reqs[k].request_id for k in members],
+                                          [len(reqs[k].prefix_ids) for k in members], sampling,
+                                          eos_ids=self.eos_ids, pad_id=self.pad_token_id, device=self.device)
+                self._alone_seconds += time.perf_counter() - t0
+                self._counters.prefill_tokens += sum(len(specs[k].context) for k in members)
+                for k, out in zip(members, outs):
+                    outputs[where[k]], started[where[k]] = out, version
 
     def capacity(self) -> int:
         """Rows a new request could take now (`max_batch_size` − running − waiting)."""
@@ -201,7 +237,7 @@ class HFRolloutBackend:
         with self._stats_lock:
             out: dict[str, Any] = dict(self._stats)
         out.setdefault("call_seconds", 0.0)
-        out["gen_seconds"] = self._batcher.busy_seconds
+        out["gen_seconds"] = self._batcher.busy_seconds + self._alone_seconds
         out["capacity"] = float(self.capacity())
         out["prefill_tokens"] = float(self._counters.prefill_tokens)
         out["decode_steps"] = float(self._counters.decode_steps)

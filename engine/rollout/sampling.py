@@ -11,6 +11,10 @@ The reported log-prob is log q(token), i.e. `log_softmax` of the filtered logits
 exactly `log_softmax(z / T)`, which is what the trainer recomputes.
 
 T = 0 is greedy: token = argmax z, reported under T = 1 without filtering: log softmax(z)[token].
+
+The uniform u of a draw comes from a `torch.Generator` (one stream per `generate` call), or is given per row
+(`uniforms`): deterministic mode keys it by (seed, request id, response position) with `engine.rollout.keyed`,
+so a token does not depend on which other rows were sampled before it.
 """
 
 from __future__ import annotations
@@ -39,13 +43,15 @@ def filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 
 
 def select_tokens(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+    uniforms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row of `logits` [N, V] and return `(tokens [N] long, log_probs [N] float32)`.
 
     Sampling draws from q (see the module docstring) by inverting its CDF at one uniform per row from
     `generator` (≈10× cheaper than `torch.multinomial` over a 50k vocabulary on CPU), so a seeded generator
-    makes the draw reproducible for the same logits; greedy ignores the generator.
+    makes the draw reproducible for the same logits; greedy ignores the generator. `uniforms` [N] in [0, 1),
+    when given, replace the generator's draws (one per row).
     """
     logits = logits.float()
     if params.temperature <= 0.0:
@@ -54,18 +60,21 @@ def select_tokens(
         return tokens, log_probs
     filtered = filter_logits(logits / params.temperature, params.top_k, params.top_p)
     log_q = torch.log_softmax(filtered, dim=-1)
-    tokens = sample_from_cdf(log_q.exp(), generator)
+    tokens = sample_from_cdf(log_q.exp(), generator, uniforms)
     return tokens, log_q.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def sample_from_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def sample_from_cdf(probs: torch.Tensor, generator: torch.Generator | None,
+                    uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """One draw per row of `probs` [N, V]: the first v with CDF(v) > u·CDF(V−1), u ~ U[0, 1).
 
     Zero-probability tokens are never returned: their CDF equals their predecessor's, so they are never the
     *first* index above u (the last index, chosen only if rounding puts u at the very top, is replaced by
     the most likely token when it has zero mass)."""
     cdf = probs.cumsum(dim=-1)
-    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    if uniforms is None:
+        uniforms = torch.rand((probs.shape[0],), generator=generator, device=probs.device, dtype=cdf.dtype)
+    u = uniforms.to(device=probs.device, dtype=cdf.dtype)[:, None] * cdf[:, -1:]
     tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
     empty = probs.gather(-1, tokens[:, None]).squeeze(-1) <= 0
     if bool(empty.any()):

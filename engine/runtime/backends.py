@@ -59,11 +59,22 @@ def rollout_dtype(cfg: RunConfig) -> str:
     return ROLLOUT_DTYPES[chosen] if chosen else cfg.model.dtype
 
 
+def deterministic_threads(cfg: RunConfig) -> None:
+    """`trainer.deterministic`: one intra-op thread in this process, whatever the core split gave it (a
+    reduction's summation order, hence its last bits, can follow the thread count, which differs between
+    `mode = "sync"` and fully async placements)."""
+    if cfg.trainer.deterministic:
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def build_rollout_backend(cfg: RunConfig, model_dir: str):
     """The configured rollout backend for `model_dir` (imported lazily), in `rollout_dtype(cfg)`; `hf` computes
     on `compute_device(cfg)`."""
     from engine.models.loader import load_causal_lm, load_tokenizer
 
+    deterministic_threads(cfg)
     if cfg.rollout.backend == "vllm":
         import os
 
@@ -93,6 +104,7 @@ def build_rollout_backend(cfg: RunConfig, model_dir: str):
         pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
         max_batch_size=cfg.rollout.max_num_seqs,
         device=check_device(compute_device(cfg)),
+        deterministic=bool(getattr(cfg.trainer, "deterministic", False)),
     )
 
 
@@ -101,6 +113,7 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
     is one rank of a trainer group (`engine.runtime.trainer_group`, process group already joined), so the torch
     backend is the FSDP2 one and Megatron builds its TP/PP/CP/EP/DP groups over that world. The torch backends
     compute on `compute_device(cfg)`; Megatron places itself."""
+    deterministic_threads(cfg)
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
     optim = cfg.trainer.optim.model_dump()
     if optim.pop("name", "adamw") != "adamw":

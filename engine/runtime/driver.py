@@ -432,6 +432,8 @@ def _supervise(trainer, rollouter, controller, console, hint: dict[str, Any]) ->
 
 
 def _report_stop(result: dict[str, Any], hint: dict[str, Any]) -> None:
+    if result.get("weights_sha256"):
+        print(f"asyncrl: final weights sha256 {result['weights_sha256']}", file=sys.stderr)
     if result.get("stopped"):
         print(f"asyncrl: run stopped at step {result.get('local_step')} ({result['stopped']}); "
               f"{resume_hint(**hint)}", file=sys.stderr)

@@ -29,12 +29,13 @@ from engine.loop.trainer import TrainerLoop, TrainerParams
 from engine.runtime.backends import RunConfig, build_trainer_backend
 from engine.runtime.batching import LogRatioObserver, is_ratio_metrics, prepare_batch
 from engine.runtime.ledger import Ledger
+from engine.runtime.trainer_checkpoints import TrainerCheckpoints
 from engine.runtime.trainer_group import TrainerGroup, trainer_world
 from engine.sync.runtime import build_weight_sync, publish
 from engine.types import TrajectoryGroup
 
 
-class TrainerCore:
+class TrainerCore(TrainerCheckpoints):
     """The training loop of rank 0. With M = `trainer_world(cfg)` > 1 ranks it starts the other ranks
     (`TrainerGroup`, placed with Ray `rank_options`, `num_threads` each) and drives them through `BackendGroup`s
     in place of its backends; it alone talks to the queue, the rollouter and the controller."""
@@ -127,6 +128,7 @@ class TrainerCore:
                 if not self._step():
                     break
             self._checkpoint_best_effort("stop" if self._stop else "final")
+            digest = self.report_weights_hash()
             if not self._stop and self.cfg.trainer.test_freq:
                 # the last version's validation score, as verl validates at the end of training
                 ray.get(self.rollouter.final_validation.remote(self.version, self.local_step))
@@ -136,7 +138,8 @@ class TrainerCore:
             raise
         finally:
             self._finish()
-        return {"local_step": self.local_step, "version": self.version, "stopped": self._stop_reason}
+        return {"local_step": self.local_step, "version": self.version, "stopped": self._stop_reason,
+                "weights_sha256": digest}
 
     def _step(self) -> bool:
         t_start = time.monotonic()
@@ -342,56 +345,6 @@ class TrainerCore:
         if not self._stop:
             self._stop, self._stop_reason = True, reason
             self.controller.record_event.remote(self._ev("info", "knob", f"graceful stop: {reason}"))
-
-    def save_checkpoint(self, reason: str, snapshot: dict | None = None) -> str:
-        """Write a checkpoint now (between steps). `snapshot` is a rollout-side cut taken at this step's sync;
-        without one the rollouter is paused briefly to take it."""
-        from engine.runtime.checkpoint import checkpoint_root, ledger_position, write_checkpoint
-        from engine.runtime.resume import config_fingerprint
-
-        if snapshot is None:
-            snapshot = ray.get(self.rollouter.snapshot.remote(True))
-        state = {
-            **self.loop.state(), "reason": reason,
-            "time": time.time(), "run_dir": os.path.abspath(self.run_dir),
-            "fingerprint": config_fingerprint(self.cfg),
-            **ledger_position(self.ledger.path),
-            "trainer": {"stale_processed": self.stale_processed, "dropped_stale": self.dropped_stale,
-                        "skipped_updates": self.skipped_updates, "elapsed_s": time.time() - self.t0},
-            "rollout": snapshot["rollout"],
-        }
-        queued = [g.to_json() for g in self._current + self.loop.buffer] + snapshot["queued"]
-        path = write_checkpoint(checkpoint_root(self.cfg, self.run_dir), self.local_step,
-                                save_trainer=lambda p: self.backend.save(str(p)), state=state, queued=queued,
-                                in_flight=snapshot["in_flight"], keep_last=self.cfg.checkpoint.keep_last)
-        self._last_ckpt_step = self.local_step
-        self.controller.record_event.remote(self._ev(
-            "info", "checkpoint", f"checkpoint saved ({reason}): {path}", path=str(path), reason=reason,
-            queued=len(queued), in_flight=len(snapshot["in_flight"])))
-        return str(path)
-
-    def _checkpoint_best_effort(self, reason: str) -> None:
-        """A stop/final/on-demand checkpoint; a failure is an event, not a crash (the last one stays)."""
-        if reason in ("stop", "final") and self._last_ckpt_step == self.local_step:
-            return  # this step is already saved
-        try:
-            self.save_checkpoint(reason)
-        except Exception as e:  # noqa: BLE001 - reported, and the previous checkpoint remains usable
-            self.controller.record_event.remote(self._ev(
-                "error", "checkpoint", f"{reason} checkpoint failed: {type(e).__name__}: {e}"))
-
-    def _checkpoint_after_failure(self) -> None:
-        """After a step raised: save what is consistent (the step's groups go back to the buffer), unless
-        the optimizer already changed the weights for a step that is not in the ledger."""
-        if self._weights_dirty:
-            self.controller.record_event.remote(self._ev(
-                "error", "checkpoint", "no checkpoint at the failure: it happened during an optimizer step; "
-                "resume from the previous checkpoint"))
-            return
-        self.loop.put_back(self._current)
-        self._current = []
-        self._last_ckpt_step = None
-        self._checkpoint_best_effort("failure")
 
     def _finish(self) -> None:
         """Stop the rollouter and account for every prompt still in flight or queued."""
