@@ -6,9 +6,12 @@ STAMP  := $(VENV)/.asyncrl-installed
 VVENV  := .venv-vllm
 VPY    := $(VVENV)/bin/python
 VSTAMP := $(VVENV)/.asyncrl-installed
+TVENV  := .venv-trl
+TPY    := $(TVENV)/bin/python
+TSTAMP := $(TVENV)/.asyncrl-installed
 PYTEST_FLAGS ?= -q
 
-.PHONY: install demo lint test test-fast test-slow test-vllm test-all clean
+.PHONY: install demo lint test test-fast test-slow test-vllm test-all bench-trl-venv bench-trl clean
 
 # torch first and pinned: the CPU build of 2.13.0 is what the machine serves; an unpinned torch would pull CUDA.
 $(STAMP): pyproject.toml Makefile
@@ -53,5 +56,21 @@ test-vllm: $(VSTAMP)
 
 test-all: test test-slow
 
+# TRL's GRPOTrainer for the side-by-side study (benchmarks/trl_grpo.py), in a venv of its own so that trl's
+# pins never touch the project's: torch first and pinned (CPU 2.13.0), then trl with the project's
+# transformers/accelerate versions, so both sides run the same model code.
+$(TSTAMP): Makefile
+	@test -x $(TPY) || $(PYTHON) -m venv $(TVENV)
+	$(TPY) -m pip install -q torch==2.13.0 numpy
+	$(TPY) -m pip install -q trl==1.16.0 transformers==5.24.0 accelerate==1.15.0
+	@touch $(TSTAMP)
+
+bench-trl-venv: $(TSTAMP)
+
+# The full TRL-vs-asyncrl study (estimated 50 min on a quiet 2-core machine, not yet measured): it waits up to
+# 30 min for the 1-minute load to drop below 1.5 first.
+bench-trl: $(STAMP) $(TSTAMP)
+	$(PY) -m benchmarks trl-grpo --max-load 1.5 --wait 1800
+
 clean:
-	rm -rf $(VENV) $(VVENV) .pytest_cache
+	rm -rf $(VENV) $(VVENV) $(TVENV) .pytest_cache
