@@ -115,3 +115,16 @@ def test_trl_summary_rates_and_time_to_threshold() -> None:
     assert s["tokens_per_s"] == pytest.approx(1000 / 50.0)  # from the first validation to the last step
     assert s["time_to_threshold_s"] == 35.0
     assert first_time_at(s["curve"], 0.95) is None
+
+
+def test_report_shows_the_trl_method_before_a_full_run() -> None:
+    from benchmarks.report import COMMENTARY, render
+
+    other = {"study": "cli-latency", "size": "full", "command": "c", "date": "2026-01-01T00:00:00+00:00",
+             "load_before": [0.1, 0.1, 0.1], "load_after": [0.1, 0.1, 0.1], "study_wall_s": 1.0,
+             "machine": {"cpu": "c", "cores": 2, "ram_gib": 1.0, "os": "o", "versions": {}, "commit": None},
+             "tables": [], "targets": [], "notes": []}
+    text = render({"cli-latency": other})
+    assert "## 8. TRL GRPOTrainer side by side" in text
+    assert "Not run at full size yet: `python -m benchmarks trl-grpo`." in text
+    assert (COMMENTARY / "trl-grpo.md").read_text().strip().splitlines()[0] in text
