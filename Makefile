@@ -62,7 +62,7 @@ test-all: test test-slow
 $(TSTAMP): Makefile
 	@test -x $(TPY) || $(PYTHON) -m venv $(TVENV)
 	$(TPY) -m pip install -q torch==2.13.0 numpy
-	$(TPY) -m pip install -q trl==1.16.0 transformers==5.24.0 accelerate==1.15.0
+	$(TPY) -m pip install -q trl==1.16.0 transformers==5.24.0 accelerate==1.15.0 torch==2.13.0
 	@touch $(TSTAMP)
 
 bench-trl-venv: $(TSTAMP)

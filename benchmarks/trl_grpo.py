@@ -160,6 +160,8 @@ def run_asyncrl(overrides: list[str], root: Path) -> list[dict[str, Any]]:
 
 
 def run(size: str, out_dir: Path) -> dict[str, Any]:
+    if trl_python() is None:  # without TRL there is nothing to compare: say so before 40 min of asyncrl runs
+        raise SystemExit(f"trl-grpo: {TRL_HINT} (expected {TRL_VENV / 'bin' / 'python'})")
     started = time.monotonic()
     plan = SIZES[size]
     cfg = load_config(PRESETS / PRESET, plan["overrides"])

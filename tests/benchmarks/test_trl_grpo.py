@@ -128,3 +128,13 @@ def test_report_shows_the_trl_method_before_a_full_run() -> None:
     assert "## 8. TRL GRPOTrainer side by side" in text
     assert "Not run at full size yet: `python -m benchmarks trl-grpo`." in text
     assert (COMMENTARY / "trl-grpo.md").read_text().strip().splitlines()[0] in text
+
+
+def test_study_without_the_trl_venv_stops_in_one_line(monkeypatch, tmp_path) -> None:
+    import benchmarks.trl_grpo as study
+
+    monkeypatch.setattr(study, "TRL_VENV", tmp_path / "no-venv")
+    with pytest.raises(SystemExit) as exc:
+        study.run("toy", tmp_path)
+    assert "make bench-trl-venv" in str(exc.value) and "\n" not in str(exc.value)
+    assert not (tmp_path / "trl-grpo.json").exists()
