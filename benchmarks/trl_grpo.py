@@ -232,9 +232,10 @@ def _tables(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _notes(runs: list[dict[str, Any]], size: str) -> list[str]:
     notes = [
         "TRL runs `GRPOTrainer` with `shuffle_dataset=False` on asyncrl's train stream, `lr_scheduler_type="
-        "'constant'`, `gradient_checkpointing=False` (TRL's default is on; off is faster on CPU at this size), "
+        "'constant'`, `gradient_checkpointing=False` (TRL's default is on; it trades recompute for memory, which is not short here), "
         "`loss_type='dapo'` (token mean over the step's batch, as asyncrl's token-mean), `beta=0`.",
-        "TRL's `bf16` is autocast over fp32 master weights, generation included; asyncrl runs the preset's "
+        "TRL's `bf16` is autocast over fp32 master weights (accelerate wraps `forward`, so sampling and "
+        "validation compute in bf16 too); asyncrl runs the preset's "
         "precision (fp32) in both of its modes.",
     ]
     bad = [r["label"] for r in runs if r.get("prompt_ids_match") is False]

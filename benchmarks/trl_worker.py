@@ -7,8 +7,8 @@ the converted SmolLM2 directory, and the train / validation prompts in asyncrl's
 asyncrl's prompt renderer gave them (the worker checks TRL renders the same ids). Training runs on CPU
 with `shuffle_dataset=False`, so TRL trains on asyncrl's prompt stream in asyncrl's (sync-mode) order.
 
-Precision: `fp32` trains and generates in fp32; `bf16` is TRL's `bf16=True` (autocast to bf16 over fp32
-master weights, generation included).
+Precision: `fp32` trains and generates in fp32; `bf16` is TRL's `bf16=True`: accelerate wraps the model's
+`forward` in a CPU bf16 autocast over fp32 master weights, so sampling and greedy validation run in bf16 too.
 
 Greedy validation (a callback): the validation prompts, greedy (`do_sample=False`), up to
 `max_completion_length` new tokens, at the steps `trl_spec.validation_steps` names; accuracy = mean of the
