@@ -6,12 +6,9 @@ STAMP  := $(VENV)/.asyncrl-installed
 VVENV  := .venv-vllm
 VPY    := $(VVENV)/bin/python
 VSTAMP := $(VVENV)/.asyncrl-installed
-TVENV  := .venv-trl
-TPY    := $(TVENV)/bin/python
-TSTAMP := $(TVENV)/.asyncrl-installed
 PYTEST_FLAGS ?= -q
 
-.PHONY: install demo lint test test-fast test-slow test-vllm test-all bench-trl-venv bench-trl clean
+.PHONY: install demo lint test test-fast test-slow test-vllm test-all clean
 
 # torch first and pinned: the CPU build of 2.13.0 is what the machine serves; an unpinned torch would pull CUDA.
 $(STAMP): pyproject.toml Makefile
@@ -55,6 +52,11 @@ test-vllm: $(VSTAMP)
 	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VPY) -m pytest $(PYTEST_FLAGS) -m vllm -p no:cacheprovider tests/vllm_rollout tests/multimodal/test_mm_vllm.py
 
 test-all: test test-slow
+
+TVENV  := .venv-trl
+TPY    := $(TVENV)/bin/python
+TSTAMP := $(TVENV)/.asyncrl-installed
+.PHONY: bench-trl-venv bench-trl
 
 # TRL's GRPOTrainer for the side-by-side study (benchmarks/trl_grpo.py), in a venv of its own so that trl's
 # pins never touch the project's: torch first and pinned (CPU 2.13.0), then trl with the project's
