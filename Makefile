@@ -53,5 +53,26 @@ test-vllm: $(VSTAMP)
 
 test-all: test test-slow
 
+TVENV  := .venv-trl
+TPY    := $(TVENV)/bin/python
+TSTAMP := $(TVENV)/.asyncrl-installed
+.PHONY: bench-trl-venv bench-trl
+
+# TRL's GRPOTrainer for the side-by-side study (benchmarks/trl_grpo.py), in a venv of its own so that trl's
+# pins never touch the project's: torch first and pinned (CPU 2.13.0), then trl with the project's
+# transformers/accelerate versions, so both sides run the same model code.
+$(TSTAMP): Makefile
+	@test -x $(TPY) || $(PYTHON) -m venv $(TVENV)
+	$(TPY) -m pip install -q torch==2.13.0 numpy
+	$(TPY) -m pip install -q trl==1.16.0 transformers==5.24.0 accelerate==1.15.0 torch==2.13.0
+	@touch $(TSTAMP)
+
+bench-trl-venv: $(TSTAMP)
+
+# The full TRL-vs-asyncrl study (estimated 50 min on a quiet 2-core machine, not yet measured): it waits up to
+# 30 min for the 1-minute load to drop below 1.5 first.
+bench-trl: $(STAMP) $(TSTAMP)
+	$(PY) -m benchmarks trl-grpo --max-load 1.5 --wait 1800
+
 clean:
-	rm -rf $(VENV) $(VVENV) .pytest_cache
+	rm -rf $(VENV) $(VVENV) $(TVENV) .pytest_cache

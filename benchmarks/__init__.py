@@ -14,6 +14,7 @@ STUDIES: dict[str, str] = {
     "cli-latency": "benchmarks.cli_latency",
     "staleness": "benchmarks.staleness",
     "plan-validation": "benchmarks.plan_validation",
+    "trl-grpo": "benchmarks.trl_grpo",
 }
 """Study name → module; each module exposes `run(size: str, out_dir: Path) -> dict`."""
 

@@ -20,6 +20,7 @@ TITLES = {
     "trainer-throughput": "4. Trainer throughput",
     "cli-latency": "5. CLI latency",
     "staleness": "6. Staleness vs speed",
+    "trl-grpo": "8. TRL GRPOTrainer side by side",
 }
 
 
@@ -159,6 +160,10 @@ def render(results: dict[str, dict[str, Any]]) -> str:
     for name in STUDIES:
         if name in results:
             lines += study_section(name, results[name])
+        elif (COMMENTARY / f"{name}.md").exists():  # not run at full size yet: its method (and any smoke)
+            lines += [f"## {TITLES.get(name, name)}", "",
+                      f"Not run at full size yet: `python -m benchmarks {name}`.", "",
+                      (COMMENTARY / f"{name}.md").read_text().strip(), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

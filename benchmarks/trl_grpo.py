@@ -1,0 +1,271 @@
+"""Study — TRL side by side: TRL's `GRPOTrainer` (trl 1.16.0 in `.venv-trl`, CPU, fp32 and bf16 autocast)
+against asyncrl (`mode = "sync"` and fully async) on the demo preset's exact recipe.
+
+Same model (the converted SmolLM2-135M-Instruct), same prompts (asyncrl's train stream, in its order, and
+its greedy validation set), same n, prompts per step, max tokens, optimiser, lr, clipping and reward (the
+project's scorer, `benchmarks.trl_spec.make_reward_adapter`), same number of steps, greedy validation at
+the same steps. Each side is timed from its run's start (model loading included; asyncrl: the controller's
+clock inside an already initialised Ray, TRL: just after the worker's imports).
+
+Reported per run:
+
+    median step (s)       = median wall of one optimizer step (TRL: validation excluded; asyncrl:
+                            `timing_s/step`, its median is not moved by the steps a validation lengthens)
+    tokens/s              = Σ trained response tokens (EOS included) ÷ (end of the last step − end of
+                            the first validation): the whole training, validations included on both sides
+    sampling tokens/s     = TRL: Σ generated tokens ÷ Σ `generate` time; asyncrl: mean of
+                            `asyncrl/rollout/tokens_per_s` (the rollouter's output per wall second)
+    time to val ≥ 0.75    = the wall time of the first greedy validation at or above 0.75 (None: never)
+
+and the target ratio  t_TRL(0.75) ÷ t_async(0.75)  (≥ 1.5 wanted), TRL at fp32, the demo's precision.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import PRESETS, REPO, finish_result, new_result, run_json_subprocess, sig, table, write_json
+from benchmarks.engine_runs import SYNC_OVERRIDES, launch, load_config, ray_session, read_jsonl
+from benchmarks.plots import bars, pyplot, save
+from benchmarks.targets import evaluate
+from benchmarks.trl_spec import first_time_at, recipe_from_config
+
+STUDY = "trl-grpo"
+PRESET = "smollm2-arith-cpu.toml"
+THRESHOLD = 0.75
+TRL_VENV = REPO / ".venv-trl"
+TRL_HINT = "TRL's venv is missing: run `make bench-trl-venv`"
+
+SIZES: dict[str, dict[str, Any]] = {
+    # The demo exactly: 20 steps of 4 prompts × 8, greedy validation of 48 prompts at 0, 5, 10, 15, 20.
+    "full": {"overrides": [], "precisions": ["fp32", "bf16"], "timeout_s": 5400},
+    # The smoke: 1 step of 4 prompts × 4, 16 tokens, 4 validation prompts at 0 and 1 — proves the pipeline
+    # end to end on a loaded machine, measures nothing.
+    "toy": {
+        "overrides": ["rollout.total_rollout_steps=4", "rollout.n=4", "data.max_response_length=16",
+                      "data.val_max_samples=4", "trainer.test_freq=1"],
+        "precisions": ["fp32", "bf16"],
+        "timeout_s": 1800,
+    },
+}
+
+
+def trl_python() -> Path | None:
+    exe = TRL_VENV / "bin" / "python"
+    return exe if exe.exists() else None
+
+
+def build_spec(cfg: Any, work_dir: Path) -> dict[str, Any]:
+    """The worker's input: the recipe, the model directory, and the prompts asyncrl would train on (the
+    first `max_steps × prompts_per_step` of its epoch-0 stream) and validate on, with their token ids."""
+    from engine.data.prompts import load_prompts, load_rows
+    from engine.models.loader import load_tokenizer, resolve_model_path
+
+    recipe = recipe_from_config(cfg)
+    model_dir = resolve_model_path(cfg.model.path)
+    tokenizer = load_tokenizer(cfg.model.path)
+    out: dict[str, Any] = {**recipe, "model_dir": str(model_dir), "work_dir": str(work_dir)}
+    for split, count in (("train", recipe["max_steps"] * recipe["prompts_per_step"]), ("val", None)):
+        rows = load_rows(cfg.data, split)
+        prompts, _ = load_prompts(cfg.data, tokenizer, split=split, epoch=0)
+        chosen = prompts[:count] if count is not None else prompts
+        out[split] = [
+            {"prompt": rows[p.index].prompt, "prompt_ids": list(p.prompt_ids), "ground_truth": p.ground_truth,
+             "data_source": p.data_source, "split": p.extra_info.get("split", split),
+             "index": int(p.extra_info.get("index", p.index))}
+            for p in chosen
+        ]
+    return out
+
+
+def run_trl(spec_path: Path, precision: str, timeout_s: float) -> dict[str, Any]:
+    """One TRL run in its own venv (all cores); `{"label", "error"}` when it cannot run or fails."""
+    exe = trl_python()
+    label = f"trl-{precision}"
+    if exe is None:
+        return {"label": label, "error": TRL_HINT}
+    res = run_json_subprocess([str(exe), "-m", "benchmarks.trl_worker", str(spec_path), precision],
+                              threads=os.cpu_count() or 2, timeout_s=timeout_s)
+    res.setdefault("label", label)
+    return summarize_trl(res) if "error" not in res else res
+
+
+def summarize_trl(res: dict[str, Any]) -> dict[str, Any]:
+    """The worker's JSON reduced to the study's per-run numbers (see the module docstring)."""
+    steps, points = res["steps"], res["validation"]
+    start = points[0]["time_s"] if points and points[0]["step"] == 0 else steps[0]["time_s"] - steps[0]["step_s"]
+    span = steps[-1]["time_s"] - start if steps else 0.0
+    tokens = sum(s["tokens"] for s in steps)
+    return {
+        **res,
+        "side": "trl",
+        "n_steps": len(steps),
+        "median_step_s": statistics.median(s["step_s"] for s in steps) if steps else None,
+        "tokens": tokens,
+        "tokens_per_s": tokens / span if span > 0 else None,
+        "sampling_tokens_per_s": res.get("gen_tokens_per_s"),
+        "curve": [{"step": p["step"], "time_s": p["time_s"], "acc": p["acc"]} for p in points],
+        "time_to_threshold_s": first_time_at(points, THRESHOLD),
+    }
+
+
+def summarize_asyncrl(label: str, run_dir: Path, wall_s: float) -> dict[str, Any]:
+    """A finished asyncrl run's metrics.jsonl reduced like `summarize_trl`."""
+    from asyncrl_cli.val_curve import validation_curve
+
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    train = [r for r in records if "critic/rewards/mean" in r]
+    curve = []
+    for p in validation_curve(run_dir / "metrics.jsonl"):
+        acc = next(iter(p.accuracy.values())) if p.accuracy else None
+        curve.append({"step": p.version, "time_s": p.time_s, "acc": acc})
+    tokens = sum(float(r.get("actor/response_tokens", 0.0)) for r in train)
+    start = curve[0]["time_s"] if curve and curve[0]["time_s"] is not None else 0.0
+    span = float(train[-1]["asyncrl/time"]) - start if train else 0.0
+    rollout_tps = [float(r["asyncrl/rollout/tokens_per_s"]) for r in train if "asyncrl/rollout/tokens_per_s" in r]
+    return {
+        "label": label,
+        "side": "asyncrl",
+        "n_steps": len(train),
+        "median_step_s": statistics.median(float(r.get("timing_s/step", 0.0)) for r in train) if train else None,
+        "tokens": tokens,
+        "tokens_per_s": tokens / span if span > 0 else None,
+        "sampling_tokens_per_s": statistics.fmean(rollout_tps) if rollout_tps else None,
+        "wall_s": wall_s,
+        "rewards": [float(r["critic/rewards/mean"]) for r in train],
+        "curve": curve,
+        "time_to_threshold_s": first_time_at(curve, THRESHOLD),
+    }
+
+
+def run_asyncrl(overrides: list[str], root: Path) -> list[dict[str, Any]]:
+    """The demo preset in sync mode, then fully async, in one Ray session (each timed from its start)."""
+    out = []
+    with ray_session():
+        for label, extra in (("asyncrl-sync", list(SYNC_OVERRIDES)), ("asyncrl-async", [])):
+            start = time.perf_counter()
+            try:
+                launch(PRESETS / PRESET, [*overrides, *extra], root, label)
+            except (RuntimeError, ValueError) as exc:
+                out.append({"label": label, "side": "asyncrl", "error": str(exc).splitlines()[0][:300]})
+                continue
+            out.append(summarize_asyncrl(label, root / label, time.perf_counter() - start))
+    return out
+
+
+def run(size: str, out_dir: Path) -> dict[str, Any]:
+    if trl_python() is None:  # without TRL there is nothing to compare: say so before 40 min of asyncrl runs
+        raise SystemExit(f"trl-grpo: {TRL_HINT} (expected {TRL_VENV / 'bin' / 'python'})")
+    started = time.monotonic()
+    plan = SIZES[size]
+    cfg = load_config(PRESETS / PRESET, plan["overrides"])
+    recipe = recipe_from_config(cfg)
+    result = new_result(STUDY, size, {"preset": PRESET, "overrides": plan["overrides"], "recipe": recipe,
+                                      "precisions": plan["precisions"], "threshold": THRESHOLD})
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="asyncrl-trl-") as tmp:
+        work = Path(tmp)
+        spec_path = work / "spec.json"
+        spec_path.write_text(json.dumps(build_spec(cfg, work)))
+        for precision in plan["precisions"]:
+            runs.append(run_trl(spec_path, precision, plan["timeout_s"]))
+        runs += run_asyncrl(plan["overrides"], work / "asyncrl")
+    result["runs"] = runs
+    result["tables"] = _tables(runs)
+    result["targets"] = _targets(runs)
+    result["notes"] = _notes(runs, size)
+    write_json(finish_result(result, started), out_dir)
+    plot(runs, out_dir)
+    return result
+
+
+def _by_label(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {r["label"]: r for r in runs}
+
+
+def _targets(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by = _by_label(runs)
+    trl, fast = by.get("trl-fp32", {}), by.get("asyncrl-async", {})
+    t_trl, t_async = trl.get("time_to_threshold_s"), fast.get("time_to_threshold_s")
+    why = ""
+    if trl.get("error") or fast.get("error"):
+        why = (trl.get("error") or fast.get("error") or "")[:120]
+    elif t_async is None:
+        why = f"asyncrl fully async never reached {THRESHOLD}"
+    elif t_trl is None:
+        why = f"TRL never reached {THRESHOLD} in the same budget (asyncrl async did, at {t_async:.0f} s)"
+    ratio = round(t_trl / t_async, 3) if t_trl and t_async else None
+    return [evaluate(f"TRL fp32 time to val {THRESHOLD} ÷ asyncrl fully async's", ratio, 1.5, ">=", "×", why)]
+
+
+def _fmt(value: Any, digits: int = 3) -> Any:
+    return "—" if value is None else sig(float(value), digits)
+
+
+def _tables(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows, curve_rows = [], []
+    for r in runs:
+        if "error" in r:
+            rows.append([r["label"], "error: " + r["error"][:80], "—", "—", "—", "—", "—", "—"])
+            continue
+        accs = [p["acc"] for p in r["curve"] if p["acc"] is not None]
+        rows.append([
+            r["label"], r["n_steps"], _fmt(r["median_step_s"]), int(r["tokens"]), _fmt(r["tokens_per_s"]),
+            _fmt(r["sampling_tokens_per_s"]), f"{accs[0]:.3f} → {accs[-1]:.3f}" if accs else "—",
+            _fmt(r["time_to_threshold_s"], 4),
+        ])
+        curve_rows += [[r["label"], p["step"], _fmt(p["time_s"], 4), round(p["acc"], 3)] for p in r["curve"]]
+    return [
+        table("Runs (same recipe, same prompts, same number of steps)",
+              ["run", "steps", "median step (s)", "trained tokens", "tokens/s (training)", "sampling tokens/s",
+               "greedy val acc first → last", f"time to val ≥ {THRESHOLD} (s)"], rows),
+        table("Validation curves", ["run", "step", "wall since start (s)", "greedy val acc"], curve_rows),
+    ]
+
+
+def _notes(runs: list[dict[str, Any]], size: str) -> list[str]:
+    notes = [
+        "TRL runs `GRPOTrainer` with `shuffle_dataset=False` on asyncrl's train stream, `lr_scheduler_type="
+        "'constant'`, `gradient_checkpointing=False` (TRL's default is on; it trades recompute for memory, which is not short here), "
+        "`loss_type='dapo'` (token mean over the step's batch, as asyncrl's token-mean), `beta=0`.",
+        "TRL's `bf16` is autocast over fp32 master weights (accelerate wraps `forward`, so sampling and "
+        "validation compute in bf16 too); asyncrl runs the preset's "
+        "precision (fp32) in both of its modes.",
+    ]
+    bad = [r["label"] for r in runs if r.get("prompt_ids_match") is False]
+    if bad:
+        notes.append(f"TRL rendered prompt token ids that differ from asyncrl's in {', '.join(bad)}.")
+    if size != "full":
+        notes.append("Toy (smoke) size: 1 step of 4 prompts × 4 samples, 16 tokens, 4 validation prompts; "
+                     "these numbers prove the harness runs end to end and measure nothing.")
+    return notes
+
+
+COLORS = {"trl-fp32": "tab:green", "trl-bf16": "tab:olive", "asyncrl-sync": "tab:blue",
+          "asyncrl-async": "tab:orange"}
+
+
+def plot(runs: list[dict[str, Any]], out_dir: Path) -> Path:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    ok = [r for r in runs if "error" not in r]
+    for r in ok:
+        pts = [p for p in r["curve"] if p["time_s"] is not None and p["acc"] is not None]
+        color = COLORS.get(r["label"])
+        axes[0].plot([p["time_s"] for p in pts], [p["acc"] for p in pts], marker="o", color=color, label=r["label"])
+        axes[1].plot([p["step"] for p in pts], [p["acc"] for p in pts], marker="o", color=color, label=r["label"])
+    for ax, xlabel in ((axes[0], "wall time since the run's start (s)"), (axes[1], "step (policy version)")):
+        ax.axhline(THRESHOLD, color="grey", linestyle="--", linewidth=1)
+        ax.set(xlabel=xlabel, ylabel="greedy val accuracy", ylim=(0, 1))
+        ax.legend(fontsize=8)
+    axes[0].set_title("greedy validation vs wall time", fontsize=10)
+    axes[1].set_title("greedy validation vs step", fontsize=10)
+    bars(axes[2], [r["label"] for r in ok], [r["median_step_s"] or 0.0 for r in ok], ylabel="median step (s)",
+         title="wall time per step", fmt="{:.1f}", colors=[COLORS.get(r["label"], "tab:grey") for r in ok])
+    return save(fig, out_dir, STUDY)
