@@ -121,10 +121,6 @@ class RolloutLoop:
         """The dispatches out now, per replica (only replicas with at least one)."""
         return self.dispatches.by_replica()
 
-    @property
-    def busy(self) -> set[int]:
-        return set(self.running)
-
     def exhausted(self) -> bool:
         """Stream done, nothing admitted left, no validation pending: the queue can close."""
         return (self.stream.emitted >= self.stream.total or self._stream_empty) and not self.in_flight \
@@ -160,9 +156,11 @@ class RolloutLoop:
             cmds += [CloseQueue(), Event("info", "finish", "prompt stream exhausted; queue closed")]
         if self.hold:
             return cmds
-        for rid in sorted(self.live):
-            while (d := self._next_dispatch(rid, now)) is not None:
-                cmds.append(d)
+        want = sorted(self.live)
+        while want:  # round robin: one dispatch per replica and round, so the replicas share the work
+            got = [(rid, self._next_dispatch(rid, now)) for rid in want]
+            cmds += [d for _, d in got if d is not None]
+            want = [rid for rid, d in got if d is not None]
         return cmds
 
     def _next_dispatch(self, rid: int, now: float) -> Dispatch | None:

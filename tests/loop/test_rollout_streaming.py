@@ -119,8 +119,14 @@ def test_a_replica_of_one_call_gets_one_batch_of_all_its_rows_as_before() -> Non
 def test_rows_too_few_for_a_group_take_only_put_back_requests() -> None:
     loop = _loop([Capacity(rows=5, calls=3), Capacity(rows=2, calls=1)], required=4)
     ds = _dispatches(loop.tick(0.0))  # replica 0: chunk 2, two groups, 1 row left (< n): no third group
-    assert [(d.replica, len(d.requests)) for d in ds] == [(0, 2), (0, 2), (1, 2)]
+    assert [(d.replica, len(d.requests)) for d in ds] == [(0, 2), (1, 2), (0, 2)]  # round robin
     loop.replica_died(1)  # its group's two requests are pending again
     (d,) = _dispatches(loop.tick(0.1))
     assert (d.replica, len(d.requests)) == (0, 1) and loop.dispatches.rows_on(0) == 5
     assert sum(len(st.pending) for st in loop.in_flight.values()) == 1
+
+
+def test_replicas_share_a_small_budget_round_robin() -> None:
+    loop = _loop([Capacity(rows=8, calls=4), Capacity(rows=8, calls=4)], staleness=1.0)  # budget: 4 prompts
+    ds = _dispatches(loop.tick(0.0))
+    assert len(ds) == 4 and [d.replica for d in ds].count(0) == [d.replica for d in ds].count(1) == 2
