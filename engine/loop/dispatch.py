@@ -6,18 +6,19 @@ running batch; one without: 1, one batch per call). The loop streams work to a r
 
     Σ rows of its dispatches < rows   and   its dispatches < calls,
 
-each new dispatch taking at most `min(free rows, chunk)` rows, with
+each new dispatch taking at most `room` rows:
 
-    chunk = rows                                   if calls = 1 (one batch per call, as before streaming)
-    chunk = n · ⌈⌈rows / calls⌉ / n⌉, at most rows   otherwise (whole groups; `calls` chunks fill the rows).
+    room = free rows          if it is the replica's last free call (calls = 1: one batch per call, as before)
+    room = min(free rows, n)  otherwise (one group, or put-back requests, per call).
 
-So a group's answers come back as soon as its own chunk is done, and the rows it frees are refilled at the
-next tick instead of idling until the replica's longest answer ends.
+So while work is scarce (the staleness budget admits fewer prompts than the rows hold) every group runs in
+its own call and is queued as soon as its own samples finish; when work is plenty the last call fills the
+rows left. The rows a finished call frees are refilled at the next tick instead of idling until the
+replica's longest answer ends.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from engine.types import GenRequest
@@ -30,11 +31,12 @@ class Capacity:
     rows: int
     calls: int = 1
 
-    def chunk(self, n: int) -> int:
-        """Rows per dispatch (whole groups of `n` when the replica takes several calls)."""
-        if self.calls <= 1:
-            return self.rows
-        return max(1, min(self.rows, n * math.ceil(math.ceil(self.rows / self.calls) / max(1, n))))
+    def room(self, n: int, rows_out: int, calls_out: int) -> int:
+        """Rows the next dispatch may take with `rows_out` rows in `calls_out` calls out (0: none)."""
+        free = self.rows - rows_out
+        if calls_out >= self.calls or free <= 0:
+            return 0
+        return free if self.calls - calls_out == 1 else min(free, n)
 
 
 @dataclass

@@ -165,10 +165,7 @@ class RolloutLoop:
 
     def _next_dispatch(self, rid: int, now: float) -> Dispatch | None:
         """One more dispatch for replica `rid` if it has a free call and free rows and there is work for it."""
-        cap = self.capacity[rid]
-        if self.dispatches.calls_on(rid) >= cap.calls:
-            return None
-        room = min(cap.rows - self.dispatches.rows_on(rid), cap.chunk(self.p.n))
+        room = self.capacity[rid].room(self.p.n, self.dispatches.rows_on(rid), self.dispatches.calls_on(rid))
         if room <= 0:
             return None
         if self.val_pending:  # an aborted replica still runs validation: its abort holds training work only

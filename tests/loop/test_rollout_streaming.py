@@ -29,8 +29,8 @@ def _dispatches(cmds: list) -> list[Dispatch]:
     return [c for c in cmds if isinstance(c, Dispatch)]
 
 
-def test_a_replica_gets_one_dispatch_per_chunk_up_to_its_calls_and_rows() -> None:
-    loop = _loop([Capacity(rows=8, calls=4)])  # chunk = 2 rows = one group of n = 2
+def test_a_replica_gets_one_group_per_call_up_to_its_calls_and_rows() -> None:
+    loop = _loop([Capacity(rows=8, calls=4)])  # one group (n = 2 rows) per call, the last takes what is left
     ds = _dispatches(loop.tick(0.0))
     assert len(ds) == 4 and all(len(d.requests) == 2 and d.replica == 0 for d in ds)
     assert len({d.dispatch_id for d in ds}) == 4
@@ -118,7 +118,7 @@ def test_a_replica_of_one_call_gets_one_batch_of_all_its_rows_as_before() -> Non
 
 def test_rows_too_few_for_a_group_take_only_put_back_requests() -> None:
     loop = _loop([Capacity(rows=5, calls=3), Capacity(rows=2, calls=1)], required=4)
-    ds = _dispatches(loop.tick(0.0))  # replica 0: chunk 2, two groups, 1 row left (< n): no third group
+    ds = _dispatches(loop.tick(0.0))  # replica 0: two groups, 1 row left for its last call (< n): no group
     assert [(d.replica, len(d.requests)) for d in ds] == [(0, 2), (1, 2), (0, 2)]  # round robin
     loop.replica_died(1)  # its group's two requests are pending again
     (d,) = _dispatches(loop.tick(0.1))
