@@ -1,5 +1,6 @@
 """docs/benchmarks.md, generated from `benchmarks/results/*.json` (plus the hand-written analysis in
-`benchmarks/commentary/<study>.md`, when present). Never edit the generated file by hand."""
+`benchmarks/commentary/<study>.md`, when present, and the dated measurements of `benchmarks/notes/*.md`, which
+are not studies: appended as they are). Never edit the generated file by hand."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from benchmarks.targets import describe
 
 DOCS = REPO / "docs" / "benchmarks.md"
 COMMENTARY = REPO / "benchmarks" / "commentary"
+NOTES = REPO / "benchmarks" / "notes"
 TITLES = {
     "async-vs-sync": "1. Async vs sync",
     "rollout-throughput": "2. Rollout throughput",
@@ -164,6 +166,8 @@ def render(results: dict[str, dict[str, Any]]) -> str:
             lines += [f"## {TITLES.get(name, name)}", "",
                       f"Not run at full size yet: `python -m benchmarks {name}`.", "",
                       (COMMENTARY / f"{name}.md").read_text().strip(), ""]
+    for note in sorted(NOTES.glob("*.md")):
+        lines += [note.read_text().strip(), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -15,18 +15,23 @@ from engine.types import GenRequest, GenResult, Prompt, Trajectory
 
 @dataclass(frozen=True)
 class Dispatch:
-    """Send `requests` to replica `replica` (`kind`: "train" or "val", which selects the sampling params)."""
+    """Send `requests` to replica `replica` (`kind`: "train" or "val", which selects the sampling params) as
+    one call; a replica may run several at once. Report the answers with `generation_finished(replica,
+    results, now, dispatch_id)`."""
 
     replica: int
     requests: tuple[GenRequest, ...]
     kind: str
+    dispatch_id: int = 0
 
 
 @dataclass(frozen=True)
 class Abort:
-    """Abort the running generations of these replicas at their next token boundary."""
+    """Abort the running training generations of these replicas (all their calls) at their next token
+    boundary, and any training call they get before `Resume`; with `validation` their validation calls too."""
 
     replicas: tuple[int, ...]
+    validation: bool = False
 
 
 @dataclass(frozen=True)

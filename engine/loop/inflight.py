@@ -30,6 +30,15 @@ class InFlight:
     running: set[int] = field(default_factory=set)  # on a replica now
 
 
+def oldest_version(states: list[InFlight]) -> int | None:
+    """Oldest policy version still feeding an unfinished prompt: its finished samples, its resumable prefixes
+    and the version it was admitted under (for the `wait` stale policy)."""
+    vs = [t.min_version for st in states for t in st.done.values()]
+    vs += [r.min_version for st in states for r in st.pending.values() if r.min_version is not None]
+    vs += [st.admitted_version for st in states]
+    return min(vs, default=None)
+
+
 def request_id(uid: str, index: int) -> str:
     """The id of trajectory `index` of prompt `uid` (`"{uid}#{index}"`)."""
     return f"{uid}#{index}"

@@ -1,23 +1,26 @@
 """`RolloutLoop`: every decision of the rollouter, as a pure state machine (no Ray, torch or clock).
 
 It owns the prompt stream, the in-flight table, the staleness budget, the queue's size and bound, which
-replica runs what, the sync state, validation and the live knobs. Events are method calls (`tick`,
+replica runs what, the sync state, validation and the live knobs. Work is streamed: a replica with free rows
+gets another dispatch at the next tick, up to its `Capacity` (`engine.loop.dispatch`: rows and concurrent
+calls; one call of all its rows for a backend without concurrency). Events are method calls (`tick`,
 `generation_finished`, `begin_sync`, `finish_sync`, `set_trigger`, `replica_died`, …); each returns the
 `commands` the shell must carry out. Time only enters as the `now` an event carries.
 
 The protocol of a sync (the trainer pushes version v):
 1. `begin_sync(v)`: no new training work is dispatched; the replicas running training work are aborted at
-   their next token boundary. Validation is never aborted: a validation of the current weights still
-   pending or running finishes first (a sync waits for it, as verl's trainer waits for validation).
+   their next token boundary (every training dispatch of theirs). Validation is never aborted (an `Abort`
+   reaches a replica's validation calls only at `stop`): a validation of the current weights still pending
+   or running finishes first — it may still be dispatched to an aborted replica — and a sync waits for it,
+   as verl's trainer waits for validation.
 2. `sync_ready()` turns true once no training dispatch is out and the validation is done; the shell
    loads the weights on every replica, then calls
 3. `finish_sync(v)`: the budget restarts at the prompts in flight or queued; aborted generations resume
    from their prefix (`partial_rollout = true`) or their prompt is dropped (`false`, as current verl does);
    a validation of v is queued every `test_freq` versions.
 
-Knobs take effect at once (the trainer applies `trigger_parameter_sync_step` at its local-step boundary and
-tells the rollouter in the same breath), so the budget, the queue bound and the trainer's cadence always use
-the same value.
+Knobs take effect at once, so the budget, the queue bound and the trainer's cadence always use the same value.
+`trainer.deterministic`: a sync aborts nothing and waits for the loaded version's work (`engine.loop.deterministic`).
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ from engine.loop.commands import (
     SetQueueBound,
     ValidationDone,
 )
-from engine.loop.inflight import InFlight, in_flight_from_json, in_flight_to_json, request_id
+from engine.loop.dispatch import Capacity, DispatchTable, Running
+from engine.loop.inflight import InFlight, in_flight_from_json, in_flight_to_json, oldest_version, request_id
 from engine.types import GenRequest, GenResult, Prompt, Trajectory
 
 
@@ -55,11 +59,11 @@ class RolloutParams:
     partial_rollout: bool
     """True: aborted generations resume from their prefix after a sync; False: they are dropped."""
     seqs_per_call: int
+    """Rows a replica runs at once when the loop is not told its `Capacity` (max(n, rollout.max_num_seqs))."""
     test_freq: int = 0
     sync_mode: bool = False
     deterministic: bool = False
-    """`trainer.deterministic`: syncs wait for the loaded version's work instead of aborting it
-    (`engine.loop.deterministic`)."""
+    """`trainer.deterministic`: syncs wait for the loaded version's work instead of aborting it."""
 
     @classmethod
     def from_config(cls, cfg: Any) -> "RolloutParams":
@@ -75,15 +79,6 @@ class RolloutParams:
 
 
 @dataclass
-class Running:
-    """One dispatch on a replica."""
-
-    kind: str  # "train" | "val"
-    requests: list[GenRequest]
-    started: float
-
-
-@dataclass
 class SyncState:
     version: int
     step: int
@@ -93,7 +88,9 @@ class SyncState:
 class RolloutLoop:
     """The rollouter's state machine (see the module docstring)."""
 
-    def __init__(self, params: RolloutParams, stream: Any, val_prompts: list[Prompt], replicas: int) -> None:
+    def __init__(self, params: RolloutParams, stream: Any, val_prompts: list[Prompt], replicas: int,
+                 capacities: list[Capacity] | None = None) -> None:
+        """`capacities[rid]`: what replica `rid` takes at once (default: one call of `seqs_per_call` rows)."""
         self.p = params
         self.stream = stream  # engine.loop.stream.PromptStream (pure: next/state/restore)
         self.val_prompts = list(val_prompts)
@@ -103,8 +100,10 @@ class RolloutLoop:
         self.version = 0
         self.step = 0
         self.live: set[int] = set(range(replicas))
-        self.running: dict[int, Running] = {}
-        self.aborted: set[int] = set()  # replicas told to abort and not resumed yet
+        self.capacity = [Capacity(max(params.n, c.rows), max(1, c.calls)) for c in capacities] if capacities \
+            else [Capacity(params.seqs_per_call)] * replicas
+        self.dispatches = DispatchTable()
+        self.aborted: set[int] = set()  # replicas whose training work was told to abort and not resumed yet
         self.in_flight: dict[str, InFlight] = {}
         self.paused = False
         self.stopped = False
@@ -121,36 +120,34 @@ class RolloutLoop:
 
     # ------------------------------------------------------------------ queries
     @property
-    def busy(self) -> set[int]:
-        return set(self.running)
+    def running(self) -> dict[int, list[Running]]:
+        """The dispatches out now, per replica (only replicas with at least one)."""
+        return self.dispatches.by_replica()
 
     def exhausted(self) -> bool:
         """Stream done, nothing admitted left, no validation pending: the queue can close."""
         return (self.stream.emitted >= self.stream.total or self._stream_empty) and not self.in_flight \
-            and not self.running and not self.val_pending
+            and not self.dispatches and not self.val_pending
 
     def sync_ready(self) -> bool:
         """During a sync: no training dispatch is out and the current version's validation is done."""
-        return self.sync is not None and not any(r.kind == "train" for r in self.running.values()) \
-            and not self.validating() and (not self.p.deterministic or deterministic.version_done(self))
+        return self.sync is not None and not self.dispatches.any("train") and not self.validating() \
+            and (not self.p.deterministic or deterministic.version_done(self))
 
     def validating(self) -> bool:
-        return bool(self.val_pending) or any(r.kind == "val" for r in self.running.values())
+        return bool(self.val_pending) or self.dispatches.any("val")
 
     def train_running(self) -> list[int]:
-        return sorted(rid for rid, r in self.running.items() if r.kind == "train")
+        """Replicas with at least one training dispatch out."""
+        return self.dispatches.replicas_running("train")
 
     def outstanding_min_version(self) -> int | None:
-        """Oldest version still feeding an unfinished prompt (for the `wait` stale policy)."""
-        vs = [t.min_version for st in self.in_flight.values() for t in st.done.values()]
-        vs += [r.min_version for st in self.in_flight.values() for r in st.pending.values()
-               if r.min_version is not None]
-        vs += [st.admitted_version for st in self.in_flight.values()]
-        return min(vs, default=None)
+        """Oldest version still feeding an unfinished prompt (`engine.loop.inflight.oldest_version`)."""
+        return oldest_version(list(self.in_flight.values()))
 
     # ------------------------------------------------------------------ events
     def tick(self, now: float) -> list[Command]:
-        """Give idle replicas work: validation first, then resumed prefixes, then new prompts."""
+        """Fill the free rows of every live replica: validation first, then resumed prefixes, then new prompts."""
         cmds: list[Command] = []
         if self.stopped:
             return cmds
@@ -161,36 +158,46 @@ class RolloutLoop:
             cmds += [CloseQueue(), Event("info", "finish", "prompt stream exhausted; queue closed")]
         if self.hold:
             return cmds
-        for rid in sorted(self.live - set(self.running) - self.aborted):
-            if self.val_pending:
-                reqs = self.val_pending[: self.p.seqs_per_call]
-                self.val_pending = self.val_pending[self.p.seqs_per_call:]
-                cmds.append(self._dispatch(rid, reqs, "val", now))
-                continue
-            if self.sync is not None and not (self.p.deterministic and deterministic.owes_work(self)):
-                continue
-            reqs = self._take_pending(self.p.seqs_per_call)
-            if not self.paused:
-                reqs += self._admit(self.p.seqs_per_call - len(reqs), now)
-            if reqs:
-                cmds.append(self._dispatch(rid, reqs, "train", now))
+        want = sorted(self.live)
+        while want:  # round robin: one dispatch per replica and round, so the replicas share the work
+            got = [(rid, self._next_dispatch(rid, now)) for rid in want]
+            cmds += [d for _, d in got if d is not None]
+            want = [rid for rid, d in got if d is not None]
         return cmds
 
-    def generation_finished(self, rid: int, results: list[GenResult], now: float) -> list[Command]:
-        """Replica `rid` returned its dispatch."""
-        run = self.running.pop(rid, None)
-        if run is None:
+    def _next_dispatch(self, rid: int, now: float) -> Dispatch | None:
+        """One more dispatch for replica `rid` if it has a free call and free rows and there is work for it."""
+        room = self.capacity[rid].room(self.p.n, self.dispatches.rows_on(rid), self.dispatches.calls_on(rid))
+        if room <= 0:
+            return None
+        if self.val_pending:  # an aborted replica still runs validation: its abort holds training work only
+            reqs, self.val_pending = self.val_pending[:room], self.val_pending[room:]
+            return self._dispatch(rid, reqs, "val", now)
+        if rid in self.aborted or (self.sync is not None and not (self.p.deterministic
+                                                                   and deterministic.owes_work(self))):
+            return None  # deterministic mode: a sync waits for the loaded version's work, which goes on
+        reqs = self._take_pending(room)
+        if not self.paused:
+            reqs += self._admit(room - len(reqs), now)
+        return self._dispatch(rid, reqs, "train", now) if reqs else None
+
+    def generation_finished(self, rid: int, results: list[GenResult], now: float,
+                            dispatch_id: int | None = None) -> list[Command]:
+        """Replica `rid` returned dispatch `dispatch_id` (None: the one whose requests these are)."""
+        run = self.dispatches.by_id.get(dispatch_id) if dispatch_id is not None else \
+            self.dispatches.find(rid, [r.request_id for r in results])
+        if run is None or run.replica != rid:
             return []
+        self.dispatches.pop(run.id)
         if run.kind == "val":
             return self._on_val_results(results, run)
         return self._on_train_results(results, now)
 
     def replica_died(self, rid: int) -> list[Command]:
-        """Its dispatch is put back (train requests pending with their prefix, validation in front)."""
+        """Its dispatches are put back (train requests pending with their prefix, validation in front)."""
         self.live.discard(rid)
         self.aborted.discard(rid)
-        run = self.running.pop(rid, None)
-        if run is not None:
+        for run in reversed(self.dispatches.pop_replica(rid)):
             self._requeue(run)
         return []
 
@@ -281,10 +288,10 @@ class RolloutLoop:
         return [Resume(tuple(resume))] if resume else []
 
     def stop(self) -> list[Command]:
-        """Stop streaming: abort every replica."""
+        """Stop streaming: abort every replica, validation included."""
         self.stopped = True
         rids = tuple(sorted(self.live))
-        return [Abort(rids)] if rids else []
+        return [Abort(rids, validation=True)] if rids else []
 
     def queue_validation(self, version: int) -> None:
         """Validate `version`: one greedy request per validation prompt."""
@@ -303,8 +310,8 @@ class RolloutLoop:
 
     # ------------------------------------------------------------------ internals
     def _dispatch(self, rid: int, reqs: list[GenRequest], kind: str, now: float) -> Dispatch:
-        self.running[rid] = Running(kind, list(reqs), now)
-        return Dispatch(rid, tuple(reqs), kind)
+        run = self.dispatches.add(rid, kind, reqs, now)
+        return Dispatch(rid, tuple(reqs), kind, run.id)
 
     def _take_pending(self, capacity: int) -> list[GenRequest]:
         out: list[GenRequest] = []
@@ -409,7 +416,7 @@ class RolloutLoop:
     # ------------------------------------------------------------------ checkpoint
     def snapshot_state(self) -> dict[str, Any]:
         """The rollout side of a checkpoint (the shell adds the queued groups)."""
-        dispatched = {r.request_id: r for run in self.running.values() if run.kind == "train"
+        dispatched = {r.request_id: r for run in self.dispatches.by_id.values() if run.kind == "train"
                       for r in run.requests}
         return {
             "rollout": {

@@ -3,9 +3,12 @@
 It is threaded (`max_concurrency=MAX_CONCURRENCY`): several `generate()` calls may run at once — their
 requests join the backend's running batch at the next decode step and each call returns when its own
 requests are done — and `abort()` can land while they run: the backend polls the abort flag at every token
-boundary and returns every call's unfinished sequences with `finish_reason="abort"`. The flag stays set
-until the next `update_weights` or `resume`, so a request dispatched during a sync cannot slip through.
-`capacity()` is the number of sequences a new call could add now.
+boundary and returns every training call's unfinished sequences with `finish_reason="abort"` (validation
+calls too with `abort(validation=True)`, at a stop). The flags stay set until the next `update_weights` or
+`resume`, so a training request dispatched during a sync cannot slip through, while a validation of the
+current weights still runs. `capacity()` is the number of sequences a new call could add now; `limits()`
+what the rollouter may send at once: `rows` (the backend's batch) and `calls` (`GENERATE_CALLS` for a
+backend with continuous batching, 1 for one without a `capacity()`: one batch per call).
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from engine.types import GenRequest, GenResult
 
 MAX_CONCURRENCY = 16
 """Threads of a replica actor: concurrent `generate` calls plus the control calls (abort, stats, ...)."""
+GENERATE_CALLS = MAX_CONCURRENCY - 4
+"""Concurrent `generate` calls the rollouter sends one replica: the other threads stay free for `abort`,
+`resume`, `update_weights` and `stats`, so a sync never waits behind a full thread pool."""
 
 
 @ray.remote(max_concurrency=MAX_CONCURRENCY)
@@ -37,7 +43,11 @@ class RolloutReplica:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.replica_id = replica_id
         self.backend = build_rollout_backend(cfg, model_dir)
-        self._abort = threading.Event()
+        self._abort = threading.Event()  # training calls
+        self._abort_val = threading.Event()  # validation calls (a stop)
+        concurrent = callable(getattr(self.backend, "capacity", None))
+        rows = int(self.backend.capacity()) if concurrent else int(cfg.rollout.max_num_seqs)
+        self._limits = {"rows": max(1, rows), "calls": GENERATE_CALLS if concurrent else 1}
         self._lock = threading.Lock()
         self._busy_s = 0.0  # time with at least one generate call running
         self._running = 0
@@ -49,14 +59,16 @@ class RolloutReplica:
         """Returns the replica's pid once the model is loaded."""
         return os.getpid()
 
-    def generate(self, requests: list[GenRequest], sampling: SamplingParams) -> list[GenResult]:
-        """Generate `requests` (joining any running batch); returns when they are finished or aborted."""
+    def generate(self, requests: list[GenRequest], sampling: SamplingParams, kind: str = "train") -> list[GenResult]:
+        """Generate `requests` (joining any running batch); returns when they are finished or aborted.
+        `kind` "val": a validation call, aborted only by `abort(validation=True)`."""
+        flag = self._abort_val if kind == "val" else self._abort
         with self._lock:
             if self._running == 0:
                 self._busy_since = time.monotonic()
             self._running += 1
         try:
-            out = self.backend.generate(requests, sampling, should_abort=self._abort.is_set)
+            out = self.backend.generate(requests, sampling, should_abort=flag.is_set)
         finally:
             with self._lock:
                 self._running -= 1
@@ -68,14 +80,24 @@ class RolloutReplica:
 
     def capacity(self) -> int:
         """Sequences a new `generate` call could add to the running batch now."""
+        if self._limits["calls"] == 1:
+            return self._limits["rows"] if self._running == 0 else 0
         return int(self.backend.capacity())
 
-    def abort(self) -> None:
-        """Interrupt the running `generate` at the next token boundary (and any before `resume`)."""
+    def limits(self) -> dict[str, int]:
+        """`{"rows", "calls"}`: what the rollouter may have out on this replica at once."""
+        return dict(self._limits)
+
+    def abort(self, validation: bool = False) -> None:
+        """Interrupt the running training `generate` calls at the next token boundary (and any before
+        `resume`); with `validation` the validation calls too."""
         self._abort.set()
+        if validation:
+            self._abort_val.set()
 
     def resume(self) -> None:
         self._abort.clear()
+        self._abort_val.clear()
 
     def update_weights(self, bucket_refs: list, version: int) -> float:
         """Load weights from object-store buckets (refs are resolved by Ray, zero-copy numpy) or, with the
@@ -86,6 +108,7 @@ class RolloutReplica:
         buckets = resolve_buckets(bucket_refs, self.replica_id)
         self.backend.update_weights(buckets, version)
         self._abort.clear()
+        self._abort_val.clear()
         return time.monotonic() - t0
 
     def version(self) -> int:

@@ -110,6 +110,21 @@ class ReplicaPool:
                 dead.append((rid, describe_failure(e)))
         return dead
 
-    def signal(self, rids: list[int], method: str) -> list:
-        """Call `abort` / `resume` on the given live slots; returns the refs (a dead one is noticed elsewhere)."""
-        return [getattr(self.replicas[rid], method).remote() for rid in rids if rid not in self.down]
+    def signal(self, rids: list[int], method: str, *args: Any) -> list:
+        """Call `abort` / `resume` (with `args`) on the given live slots; returns the refs (a dead one is
+        noticed elsewhere)."""
+        return [getattr(self.replicas[rid], method).remote(*args) for rid in rids if rid not in self.down]
+
+
+def replica_spawner(cfg: Any, model_dir: str, spec: dict | None):
+    """A function starting a replacement replica in slot `rid` (None without a spec: no restarts)."""
+    if spec is None:
+        return None
+
+    def spawn(rid: int) -> Any:
+        from engine.runtime.replica import RolloutReplica
+
+        opts = spec["options"][rid] if isinstance(spec["options"], list) else spec["options"]  # per slot: its bundles
+        return RolloutReplica.options(**opts).remote(cfg, model_dir, rid, spec["threads"])
+
+    return spawn

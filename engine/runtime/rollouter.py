@@ -1,6 +1,7 @@
 """The Rollouter actor: a thin shell around `engine.loop.rollout.RolloutLoop`, which makes every decision.
 
-The shell delivers events to the loop — replica results (`ray.wait` on the dispatched calls), replica deaths
+The shell delivers events to the loop — replica results (`ray.wait` on the dispatched calls, several per
+replica up to its `limits()`: `engine.runtime.replica_calls`), replica deaths
 and replacements, the queue's size, knob changes, the trainer's sync and checkpoint requests — and carries
 out the commands it returns: `generate` on a replica, abort/resume, score a finished group and put it into
 the MessageQueue, close the queue, set its bound, record validation metrics and events.
@@ -29,7 +30,8 @@ from engine.loop.commands import (
 from engine.loop.rollout import RolloutLoop, RolloutParams
 from engine.loop.stream import PromptStream
 from engine.rollout.base import SamplingParams
-from engine.runtime.replica_pool import ReplicaPool, describe_failure
+from engine.runtime.replica_calls import ReplicaCalls, replica_capacities
+from engine.runtime.replica_pool import ReplicaPool, describe_failure, replica_spawner
 from engine.runtime.scoring import RunConfig, filtered_message, reward_errors_message
 from engine.types import GenResult, Prompt, TrajectoryGroup
 
@@ -51,7 +53,7 @@ class RolloutShell:
 
         self.cfg = cfg
         self.queue, self.controller = queue, controller
-        self.pool = ReplicaPool(replicas, _spawner(cfg, model_dir, replica_spec), cfg.rollout.max_replica_restarts)
+        self.pool = ReplicaPool(replicas, replica_spawner(cfg, model_dir, replica_spec), cfg.rollout.max_replica_restarts)
         self.tokenizer = load_tokenizer(model_dir)
         self.scorer = Scorer(cfg, self.tokenizer)
         self.sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.trainer.seed)
@@ -76,10 +78,10 @@ class RolloutShell:
             if cfg.data.val_max_samples:
                 val_prompts = val_prompts[: cfg.data.val_max_samples]
         stream = PromptStream(prompts_for_epoch, cfg.trainer.total_epochs, total_rollout_steps(cfg))
-        self.loop = RolloutLoop(RolloutParams.from_config(cfg), stream, val_prompts, len(replicas))
+        self.loop = RolloutLoop(RolloutParams.from_config(cfg), stream, val_prompts, len(replicas),
+                                replica_capacities(replicas))
         self.lock = threading.Condition()
-        self.refs: dict[Any, int] = {}  # dispatched generate call -> replica
-        self.started: dict[int, float] = {}
+        self.calls = ReplicaCalls()  # the generate calls out
         self._running = False
         self.failure: str | None = None
         self._error: str | None = None
@@ -88,7 +90,6 @@ class RolloutShell:
         self._reward_errors_seen = 0
         self.tokens_since_report = 0
         self.last_report = self.version_started = time.monotonic()
-        self.active_s = 0.0
         self._last_knob_poll = self._last_worker_push = 0.0
         if resume_state:
             self._restore(resume_state)
@@ -120,7 +121,7 @@ class RolloutShell:
                     self._execute(self.loop.tick(time.monotonic()))
                     self.lock.notify_all()
                 self._push_workers()
-                if not self.refs:
+                if not self.calls:
                     time.sleep(0.01)
         except Exception as e:  # surfaced through fit() to the driver
             self._error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
@@ -131,26 +132,23 @@ class RolloutShell:
                 self.lock.notify_all()
 
     def _collect(self, timeout: float) -> None:
-        refs = list(self.refs)
-        if not refs:
-            return
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        for ref in ready:
+        for ref in self.calls.ready(timeout):
             try:
                 results: list[GenResult] | None = ray.get(ref)
                 cause = None
             except ray.exceptions.RayActorError as e:  # the replica's process died
                 results, cause = None, describe_failure(e)
             with self.lock:
-                rid = self.refs.pop(ref)
-                self.active_s += time.monotonic() - self.started.pop(rid, time.monotonic())
+                rid, did = self.calls.done(ref, time.monotonic())
                 if results is None:
-                    requeued = len(self.loop.running[rid].requests) if rid in self.loop.running else 0
+                    if did not in self.loop.dispatches.by_id:  # this process's death is handled already
+                        continue
+                    requeued = sum(len(r.requests) for r in self.loop.running.get(rid, []))
                     self._execute(self.loop.replica_died(rid))
                     self._replica_failed(rid, cause or "died", requeued)
                 else:
                     self.tokens_since_report += sum(r.new_tokens for r in results)
-                    self._execute(self.loop.generation_finished(rid, results, time.monotonic()))
+                    self._execute(self.loop.generation_finished(rid, results, time.monotonic(), did))
                 self.lock.notify_all()
 
     # ------------------------------------------------------------------ carrying out commands
@@ -160,10 +158,12 @@ class RolloutShell:
             if isinstance(c, Dispatch):
                 replica = self.pool.replicas[c.replica]
                 sampling = self.val_sampling if c.kind == "val" else self.sampling
-                self.refs[replica.generate.remote(list(c.requests), sampling)] = c.replica
-                self.started[c.replica] = time.monotonic()
-            elif isinstance(c, (Abort, Resume)):
-                self._signal(list(c.replicas), "abort" if isinstance(c, Abort) else "resume")
+                self.calls.send(replica, c.replica, c.dispatch_id, list(c.requests), sampling, c.kind,
+                                time.monotonic())
+            elif isinstance(c, Abort):
+                self._signal(list(c.replicas), "abort", c.validation)
+            elif isinstance(c, Resume):
+                self._signal(list(c.replicas), "resume")
             elif isinstance(c, Put):
                 self._put(c)
             elif isinstance(c, CloseQueue):
@@ -184,9 +184,9 @@ class RolloutShell:
         evicted = ray.get(self.queue.put.remote(group))
         self._execute(self.loop.group_put(evicted.prompt.uid if evicted is not None else None))
 
-    def _signal(self, rids: list[int], method: str) -> None:
+    def _signal(self, rids: list[int], method: str, *args: Any) -> None:
         """`abort`/`resume` the given replicas and wait until each took it (a dead one is noticed elsewhere)."""
-        for ref in self.pool.signal(rids, method):
+        for ref in self.pool.signal(rids, method, *args):
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError:
@@ -226,14 +226,15 @@ class RolloutShell:
                 self._replica_failed(rid, cause)
             now = time.monotonic()
             version_time = max(1e-9, now - self.version_started)
+            active_s = self.calls.take_active(now)
             metrics: dict[str, Any] = {
-                "fully_async/rollouter/active_time": self.active_s,
+                "fully_async/rollouter/active_time": active_s,
                 "fully_async/rollouter/version_time": version_time,
-                "fully_async/rollouter/idle_ratio": max(0.0, 1.0 - self.active_s / (version_time * len(self.pool))),
+                "fully_async/rollouter/idle_ratio": max(0.0, 1.0 - active_s / (version_time * len(self.pool))),
                 "asyncrl/sync/pause_s": pause_s,
                 "asyncrl/sync/transfer_s": transfer_s,
             }
-            self.version_started, self.active_s = now, 0.0
+            self.version_started = now
             self.loop.queue_seen(size)
             if trigger is not None:
                 self._execute(self.loop.set_trigger(trigger))
@@ -429,20 +430,6 @@ class RolloutShell:
         self.controller.record_event.remote({"time": time.time(), "kind": kind, "level": level,
                                              "step": self.loop.step, "version": self.loop.version,
                                              "message": message, **extra})
-
-
-def _spawner(cfg: Any, model_dir: str, spec: dict | None):
-    """A function starting a replacement replica in slot `rid` (None without a spec: no restarts)."""
-    if spec is None:
-        return None
-
-    def spawn(rid: int) -> Any:
-        from engine.runtime.replica import RolloutReplica
-
-        opts = spec["options"][rid] if isinstance(spec["options"], list) else spec["options"]  # per slot: its bundles
-        return RolloutReplica.options(**opts).remote(cfg, model_dir, rid, spec["threads"])
-
-    return spawn
 
 
 @ray.remote(num_cpus=0, max_concurrency=8)

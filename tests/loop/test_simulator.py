@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from asyncrl_cli.app import app
+from engine.loop.dispatch import DispatchTable
 from engine.loop.rollout import RolloutLoop
 from engine.loop.sim.runner import run_scenario
 from engine.loop.sim.scenario import Action, Scenario, draw
@@ -99,6 +100,55 @@ def test_any_schema_valid_config_with_a_live_change_finishes(n, mini, rb, trigge
                  max_staleness_versions=cap, stale_policy=policy, replicas=replicas, seqs_per_call=max(n, seqs),
                  total_prompts=mini * rb * trigger * 3 + 1, val_prompts=val, test_freq=2 if val else 0,
                  actions=[Action(at, "trigger_parameter_sync_step", new_trigger)])
+    out = run_scenario(s)
+    assert not out.violations, out.violations
+
+
+def _streaming_deaths() -> Scenario:
+    """Two replicas of several calls each; replica deaths while their calls are out."""
+    return Scenario(seed=11, n=2, ppo_mini_batch_size=4, trigger=2, staleness_threshold=1.0, replicas=2,
+                    seqs_per_call=8, replica_rows=[8, 6], replica_calls=[4, 3], total_prompts=64,
+                    long_tail=0.5, replica_deaths=[0.3, 0.9], max_replica_restarts=5)
+
+
+def test_a_dead_streaming_replica_puts_back_all_its_calls(monkeypatch) -> None:
+    out = run_scenario(_streaming_deaths())
+    assert out.finished and not out.violations, out.violations
+
+    def requeue_one(self, rid):  # the bug it guards: only one of the replica's dispatches put back
+        self.live.discard(rid)
+        self.aborted.discard(rid)
+        runs = self.dispatches.pop_replica(rid)
+        if runs:
+            self._requeue(runs[0])
+        return []
+
+    monkeypatch.setattr(RolloutLoop, "replica_died", requeue_one)
+    broken = run_scenario(_streaming_deaths())
+    assert any("deadlock" in v or "liveness" in v or "ledger" in v for v in broken.violations), broken.violations
+
+
+def test_the_loop_never_sends_a_replica_more_than_its_capacity(monkeypatch) -> None:
+    s = Scenario(seed=12, n=2, ppo_mini_batch_size=4, staleness_threshold=2.0, replicas=1, seqs_per_call=8,
+                 replica_rows=[8], replica_calls=[3], total_prompts=24)
+    assert not run_scenario(s).violations
+    monkeypatch.setattr(DispatchTable, "rows_on", lambda self, rid: 0)  # the bug: rows out not counted
+    assert any("capacity" in v for v in run_scenario(s).violations)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 4), mini=st.integers(1, 4), trigger=st.integers(1, 4),
+       staleness=st.sampled_from([0.0, 0.5, 1.0, 3.0]), partial=st.booleans(), replicas=st.integers(1, 3),
+       rows=st.lists(st.integers(1, 24), min_size=3, max_size=3),
+       calls=st.lists(st.sampled_from([1, 2, 3, 12]), min_size=3, max_size=3),
+       deaths=st.lists(st.floats(0.0, 3.0), max_size=2), val=st.sampled_from([0, 2]), sync=st.booleans())
+def test_streaming_replicas_of_any_capacity_finish(n, mini, trigger, staleness, partial, replicas, rows, calls,
+                                                   deaths, val, sync) -> None:
+    s = Scenario(seed=13, n=n, ppo_mini_batch_size=mini, trigger=trigger, staleness_threshold=staleness,
+                 partial_rollout=partial, mode="sync" if sync else "async", replicas=replicas,
+                 seqs_per_call=max(n, 4), replica_rows=rows[:replicas], replica_calls=calls[:replicas],
+                 total_prompts=mini * trigger * 3 + 1, val_prompts=val, test_freq=1 if val else 0,
+                 replica_deaths=sorted(deaths), max_replica_restarts=3)
     out = run_scenario(s)
     assert not out.violations, out.violations
 

@@ -64,3 +64,26 @@ def test_concurrent_calls_share_the_batch_and_abort_ends_them_all(replica) -> No
     assert all(r.finish_reason in ("stop", "length") and r.response_ids for r in again)
     stats = ray.get(replica.stats.remote())
     assert stats["capacity"] == 12 and 0 < stats["busy_ratio"] <= 1
+
+
+def test_limits_and_an_abort_that_spares_validation_calls(replica) -> None:
+    import ray
+
+    from engine.runtime.replica import GENERATE_CALLS
+
+    assert ray.get(replica.limits.remote()) == {"rows": 12, "calls": GENERATE_CALLS}
+    ray.get(replica.resume.remote())
+    sampling = SamplingParams(temperature=1.0, seed=3)
+    train = replica.generate.remote(_reqs("t", 4, 60), sampling, "train")
+    val = replica.generate.remote(_reqs("v", 2, 6), SamplingParams(temperature=0.0), "val")
+    ray.get(replica.abort.remote())  # a sync: training calls end, validation finishes
+    assert all(len(r.response_ids) <= 60 for r in ray.get(train, timeout=60))
+    answers = ray.get(val, timeout=60)
+    assert all(r.finish_reason in ("stop", "length") for r in answers)
+    # while the training abort holds, validation still starts and finishes; a stop aborts it too
+    assert all(r.finish_reason != "abort" for r in ray.get(replica.generate.remote(_reqs("w", 2, 4),
+                                                                              SamplingParams(temperature=0.0), "val")))
+    ray.get(replica.abort.remote(True))
+    cut = ray.get(replica.generate.remote(_reqs("x", 2, 4), SamplingParams(temperature=0.0), "val"))
+    assert all(r.finish_reason == "abort" and r.response_ids == [] for r in cut)
+    ray.get(replica.resume.remote())

@@ -10,7 +10,9 @@ a = `token_cost` (seconds per decode step: reading the weights), b = `row_cost` 
 step: its KV cache and its share of the FLOPs), p = `prefill_cost` (seconds per prompt token; a resumed partial
 rollout prefills its prefix again). Rows leave the batch as they finish, so a long tail costs a + b·(few rows)
 per step. An abort returns at the first step boundary k with start + T(k) > now (at most the dispatch's end). A training step takes
-`tokens · train_token_cost + train_step_overhead`. With b = p = overhead = 0 and `short_max = None` this is
+`tokens · train_token_cost + train_step_overhead`. Several dispatches on one replica (a drawn capacity of
+several calls) each follow T(k) on their own clock: the per-row cost of the others' rows is not charged to
+them. With b = p = overhead = 0 and `short_max = None` this is
 exactly `World`'s cost model (and `World` itself, untouched, is what `asyncrl simulate --check` runs).
 """
 
@@ -19,8 +21,9 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 
+from engine.loop.sim.replicas import SimDispatch
 from engine.loop.sim.scenario import Scenario
-from engine.loop.sim.world import SimReplica, World
+from engine.loop.sim.world import World
 from engine.types import GenRequest
 
 
@@ -60,7 +63,7 @@ class CostedWorld(World):
     """`World` with the costs of `CostedScenario` and a sync timeline (`marks`)."""
 
     def __init__(self, s: CostedScenario) -> None:
-        self.costs: dict[int, _Dispatch] = {}
+        self.costs: dict[int, _Dispatch] = {}  # by dispatch id
         self.marks: list[SyncMark] = []
         self.trained_prompts = 0
         self._lengths: dict[str, int] = {}
@@ -83,46 +86,47 @@ class CostedWorld(World):
         self._lengths[request_id] = got
         return got
 
-    def _elapsed(self, rid: int, k: int) -> float:
-        rep, d = self.replicas[rid], self.costs[rid]
+    def _elapsed(self, rid: int, did: int, k: int) -> float:
+        rep, d = self.replicas[rid], self.costs[did]
         return d.prefill + k * rep.cost + self.s.row_cost * self.slow[rid] * sum(min(r, k) for r in d.rem)
 
     def _simple(self) -> bool:
         return not (self.s.row_cost or self.s.prefill_cost)
 
-    def _start(self, rid: int, reqs: list[GenRequest]) -> None:
-        if self._simple():
-            super()._start(rid, reqs)
-            return
-        rep: SimReplica = self.replicas[rid]
-        rep.epoch += 1
-        rep.start, rep.requests = self.now, reqs
-        if rep.aborted:
-            self._at(self.now, "generated", (rid, rep.epoch, 0))
+    def _start(self, rid: int, did: int, kind: str, reqs: list[GenRequest]) -> None:
+        if self._simple() or self.replicas[rid].is_aborted(kind):
+            super()._start(rid, did, kind, reqs)
             return
         rem = [self._remaining(r) for r in reqs]
         tokens = sum(self.s.prompt_tokens + len(r.prefix_ids) for r in reqs)
-        self.costs[rid] = _Dispatch(rem, self.s.prefill_cost * self.slow[rid] * tokens)
-        steps = max(rem)
-        self._at(self.now + self._elapsed(rid, steps), "generated", (rid, rep.epoch, steps))
+        self.costs[did] = _Dispatch(rem, self.s.prefill_cost * self.slow[rid] * tokens)
+        super()._start(rid, did, kind, reqs)
 
-    def _abort(self, rid: int) -> None:
+    def _schedule(self, rid: int, d: SimDispatch, steps: int) -> None:
         if self._simple():
-            super()._abort(rid)
+            super()._schedule(rid, d, steps)
             return
-        rep = self.replicas[rid]
-        rep.aborted = True
-        if not (rep.requests and rep.alive) or rid not in self.costs:
+        self._at(d.start + self._elapsed(rid, d.id, steps), "generated", (rid, d.id, d.token, steps))
+
+    def _abort_dispatch(self, rid: int, d: SimDispatch) -> None:
+        if self._simple() or d.id not in self.costs:
+            super()._abort_dispatch(rid, d)
             return
-        lo, hi = 1, max(self.costs[rid].rem)
+        lo, hi = 1, max(self.costs[d.id].rem)
         while lo < hi:  # the first step boundary strictly after now
             mid = (lo + hi) // 2
-            if rep.start + self._elapsed(rid, mid) > self.now:
+            if d.start + self._elapsed(rid, d.id, mid) > self.now:
                 hi = mid
             else:
                 lo = mid + 1
-        rep.epoch += 1
-        self._at(max(self.now, rep.start + self._elapsed(rid, lo)), "generated", (rid, rep.epoch, lo))
+        d.token = self._new_token()
+        self._at(max(self.now, d.start + self._elapsed(rid, d.id, lo)), "generated", (rid, d.id, d.token, lo))
+
+    def _on_generated(self, rid: int, did: int, token: int, steps: int) -> None:
+        d = self.replicas[rid].dispatches.get(did)
+        if d is not None and d.token == token:
+            self.costs.pop(did, None)
+        super()._on_generated(rid, did, token, steps)
 
     def _at(self, t: float, kind: str, args: tuple) -> None:
         if kind == "trained":  # the fixed cost of a step (World charges only its tokens)

@@ -7,6 +7,8 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.loop.dispatch import Capacity
+
 
 @dataclass
 class Action:
@@ -32,6 +34,10 @@ class Scenario:
     stale_policy: str = "drop"
     replicas: int = 1
     seqs_per_call: int = 4
+    replica_rows: list[int] = field(default_factory=list)
+    """Rows each replica runs at once (empty: `seqs_per_call` each)."""
+    replica_calls: list[int] = field(default_factory=list)
+    """Dispatches each replica takes at once (empty: 1 each, one batch per call)."""
     total_prompts: int = 32
     max_new_tokens: int = 16
     long_tail: float = 0.1
@@ -54,6 +60,12 @@ class Scenario:
     @property
     def required_samples(self) -> int:
         return self.ppo_mini_batch_size * self.require_batches
+
+    def capacities(self) -> list[Capacity]:
+        """Each replica's `Capacity` (rows at least `n`, as `RolloutLoop` makes them)."""
+        return [Capacity(max(self.n, self.replica_rows[i] if i < len(self.replica_rows) else self.seqs_per_call),
+                         max(1, self.replica_calls[i] if i < len(self.replica_calls) else 1))
+                for i in range(self.replicas)]
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,6 +123,10 @@ def draw(seed: int) -> Scenario:
         elif kind == "checkpoint":
             s.actions.append(Action(at, kind))
     s.actions.sort(key=lambda a: a.at)
+    if r.random() < 0.6:  # streaming replicas of random capacities (drawn last: the fields above are as before)
+        s.replica_calls = [r.choice([1, 2, 3, 4, 12]) for _ in range(s.replicas)]
+        s.replica_rows = [r.choice([s.n, s.n + 1, 2 * s.n, 3 * s.n, s.seqs_per_call, 16, 64])
+                          for _ in range(s.replicas)]
     return s
 
 

@@ -1,8 +1,9 @@
 """One simulated run: the real `RolloutLoop` and `TrainerLoop`, with simulated replicas, queue, trainer,
 operator and faults, in simulated time from one seed.
 
-A replica generates a dispatch in `max(remaining tokens) × token_cost` (one batch per call); an abort
-returns at the next token boundary with the tokens generated so far. A training step takes its tokens ×
+Replicas (`engine.loop.sim.replicas`) take several dispatches at once up to their drawn capacity; each
+generates in `max(remaining tokens) × token_cost`; an abort returns at the next token boundary with the
+tokens generated so far. A training step takes its tokens ×
 `train_token_cost`, a sync `sync_cost`. A checkpoint is a copy of both cores' checkpoint state, the queue,
 the trainer's buffer and the ledger's length; a trainer death resumes from the last one (or from scratch).
 Everything is drawn from the scenario's seed, so a run replays exactly.
@@ -13,8 +14,7 @@ from __future__ import annotations
 import copy
 import heapq
 import random
-import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from engine.loop.commands import (
@@ -22,23 +22,13 @@ from engine.loop.commands import (
 )
 from engine.loop.rollout import RolloutLoop, RolloutParams
 from engine.loop.sim.checks import Checker
+from engine.loop.sim.replicas import SimReplica, SimReplicas
 from engine.loop.sim.scenario import Scenario, time_bound
 from engine.loop.trainer import TrainerLoop, TrainerParams, staleness_of
 from engine.loop.stream import PromptStream
-from engine.types import GenRequest, GenResult, Prompt, TrajectoryGroup
+from engine.types import Prompt, TrajectoryGroup
 
 RESTART_DELAY = 1.0
-
-
-@dataclass
-class SimReplica:
-    version: int = 0
-    alive: bool = True
-    aborted: bool = False
-    epoch: int = 0  # bumps on every new dispatch, abort or death: stale completions are ignored
-    start: float = 0.0
-    requests: list[GenRequest] = field(default_factory=list)
-    cost: float = 0.01
 
 
 @dataclass
@@ -66,7 +56,7 @@ def _prompt(epoch: int, i: int) -> Prompt:
     return Prompt(uid=f"p{epoch}-{i}", index=i, epoch=epoch, prompt_ids=[1, 2, 3])
 
 
-class World:
+class World(SimReplicas):
     """Runs one scenario (see the module docstring); `run()` returns an `Outcome`."""
 
     def __init__(self, s: Scenario) -> None:
@@ -87,7 +77,9 @@ class World:
                                 s.stale_policy, s.checkpoint_every_versions)
         self.val = [Prompt(uid=f"v{i}", index=i, epoch=0, prompt_ids=[4, 5]) for i in range(s.val_prompts)]
         self.check = Checker(s, self)
-        self.replicas = [SimReplica(cost=s.token_cost * (5 if i == s.straggler else 1)) for i in range(s.replicas)]
+        self.capacities = s.capacities()
+        self.replicas = [SimReplica(cost=s.token_cost * (5 if i == s.straggler else 1), rows=c.rows, calls=c.calls)
+                         for i, c in enumerate(self.capacities)]
         self.restarts = 0
         self.ledger: list[tuple[str, str]] = []  # (uid, outcome)
         self.checkpoint: dict[str, Any] | None = None
@@ -114,14 +106,13 @@ class World:
     def _new_run(self, ckpt: dict[str, Any] | None) -> None:
         stream = PromptStream(lambda e: [_prompt(e, i) for i in range(self.s.total_prompts)], 1,
                               self.s.total_prompts)
-        self.rollout = RolloutLoop(self.rp, stream, self.val, len(self.replicas))
+        self.rollout = RolloutLoop(self.rp, stream, self.val, len(self.replicas), list(self.capacities))
         self.trainer = TrainerLoop(self.tp)
         self.queue: list[TrajectoryGroup] = []
         self.queue_closed = False
         self.run_epoch = getattr(self, "run_epoch", 0) + 1
         for r in self.replicas:
-            r.epoch += 1
-            r.aborted = False
+            r.reset()
         self.rollout.live = {i for i, r in enumerate(self.replicas) if r.alive}
         if ckpt is None:
             self.ledger = []
@@ -202,13 +193,13 @@ class World:
     def _execute(self, cmds: list) -> None:
         for c in cmds:
             if isinstance(c, Dispatch):
-                self._start(c.replica, list(c.requests))
+                self._start(c.replica, c.dispatch_id, c.kind, list(c.requests))
             elif isinstance(c, Abort):
                 for rid in c.replicas:
-                    self._abort(rid)
+                    self._abort(rid, c.validation)
             elif isinstance(c, Resume):
                 for rid in c.replicas:
-                    self.replicas[rid].aborted = False
+                    self._resume(rid)
             elif isinstance(c, Put):
                 group = TrajectoryGroup(c.prompt, list(c.trajectories), admitted_version=c.admitted_version)
                 evicted = None
@@ -229,53 +220,6 @@ class World:
             elif isinstance(c, Event):
                 pass
 
-    def _length(self, request_id: str) -> int:
-        """The full response length of a request (a pure function of seed and id: the same on resume)."""
-        h = zlib.crc32(f"{self.s.seed}:{request_id}".encode())
-        if (h % 1000) / 1000 < self.s.long_tail:
-            return self.s.max_new_tokens
-        return 1 + (h >> 10) % max(1, self.s.max_new_tokens // 3)
-
-    def _remaining(self, req: GenRequest) -> int:
-        return max(1, min(req.max_new_tokens, self._length(req.request_id) - len(req.prefix_ids)))
-
-    def _start(self, rid: int, reqs: list[GenRequest]) -> None:
-        rep = self.replicas[rid]
-        rep.epoch += 1
-        rep.start, rep.requests = self.now, reqs
-        if rep.aborted:  # an aborted replica returns at once (the core never sends to one; safety)
-            self._at(self.now, "generated", (rid, rep.epoch, 0))
-            return
-        steps = max(self._remaining(r) for r in reqs)
-        self._at(self.now + steps * rep.cost, "generated", (rid, rep.epoch, steps))
-
-    def _abort(self, rid: int) -> None:
-        rep = self.replicas[rid]
-        rep.aborted = True
-        if rep.requests and rep.alive:
-            done = int((self.now - rep.start) / rep.cost) + 1  # the next token boundary
-            rep.epoch += 1
-            self._at(rep.start + done * rep.cost, "generated", (rid, rep.epoch, done))
-
-    def _on_generated(self, rid: int, epoch: int, steps: int) -> None:
-        rep = self.replicas[rid]
-        if epoch != rep.epoch or not rep.alive or not rep.requests:
-            return
-        reqs, rep.requests = rep.requests, []
-        self.rollout_busy += self.now - rep.start
-        out = []
-        for req in reqs:
-            remaining = self._remaining(req)
-            k = min(steps, remaining)
-            ids = list(req.prefix_ids) + [7] * k
-            first = req.min_version if req.prefix_ids and req.min_version is not None else rep.version
-            if k < remaining:
-                reason = "abort"
-            else:
-                reason = "length" if k >= req.max_new_tokens and self._length(req.request_id) > len(ids) else "stop"
-            out.append(GenResult(req.request_id, ids, [0.0] * len(ids), reason, first, rep.version, k))
-        self._execute(self.rollout.generation_finished(rid, out, self.now))
-
     # ------------------------------------------------------------------ faults and the operator
     def _on_replica_death(self) -> None:
         alive = [i for i, r in enumerate(self.replicas) if r.alive]
@@ -283,8 +227,8 @@ class World:
             return
         rid = self.rng.choice(alive)
         rep = self.replicas[rid]
-        rep.alive, rep.requests, rep.aborted = False, [], False
-        rep.epoch += 1
+        rep.alive = False
+        rep.reset()
         self._execute(self.rollout.replica_died(rid))
         if self.restarts >= self.s.max_replica_restarts:
             self._fail(f"rollout replica {rid} died and the restart budget ({self.s.max_replica_restarts}) is spent")

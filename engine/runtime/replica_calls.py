@@ -1,0 +1,77 @@
+"""The `generate` calls the rollouter has out on its replicas, several per replica, and their busy time.
+
+Each call is one `Dispatch` of the loop core (`engine.loop.rollout`), known by its ray ref, its replica and
+its dispatch id. A replica is busy while at least one of its calls is out; `take_active(now)` returns the
+busy seconds summed over replicas since the last take (intervals still open are counted up to `now`), which
+the rollouter reports as verl's `fully_async/rollouter/active_time`.
+
+Seeds: a backend seeds each call's sampler from `SamplingParams.seed`, so calls sharing one seed would draw
+the same uniforms row for row (the i-th sample of every group alike). Each call is sent the seed
+`(seed · 1_000_003 + dispatch_id) mod 2^63` instead: reproducible for a given schedule, distinct per call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import ray
+
+from engine.loop.dispatch import Capacity
+
+
+def replica_capacities(replicas: list[Any]) -> list[Capacity]:
+    """Each replica's `limits()` (rows, concurrent calls) as the loop core's `Capacity`."""
+    return [Capacity(int(lim["rows"]), int(lim["calls"])) for lim in ray.get([r.limits.remote() for r in replicas])]
+
+
+def dispatch_seed(sampling: Any, dispatch_id: int) -> Any:
+    """`sampling` with the seed of call `dispatch_id` (see the module docstring); unseeded stays unseeded."""
+    if sampling.seed is None:
+        return sampling
+    return dataclasses.replace(sampling, seed=(sampling.seed * 1_000_003 + dispatch_id) % (1 << 63))
+
+
+class ReplicaCalls:
+    """ref → (replica, dispatch id) of the calls out, and each replica's open busy interval."""
+
+    def __init__(self) -> None:
+        self.refs: dict[Any, tuple[int, int]] = {}
+        self._open: dict[int, tuple[int, float]] = {}  # replica -> (calls out, busy since)
+        self._active = 0.0
+
+    def __bool__(self) -> bool:
+        return bool(self.refs)
+
+    def send(self, actor: Any, rid: int, dispatch_id: int, requests: list, sampling: Any, kind: str,
+             now: float) -> None:
+        """Start `generate` on `actor` under `dispatch_seed(sampling, dispatch_id)`."""
+        call = actor.generate.remote(requests, dispatch_seed(sampling, dispatch_id), kind)
+        self.refs[call] = (rid, dispatch_id)
+        count, since = self._open.get(rid, (0, now))
+        self._open[rid] = (count + 1, since)
+
+    def ready(self, timeout: float) -> list[Any]:
+        """The refs whose call returned (or failed), waiting at most `timeout` seconds."""
+        if not self.refs:
+            return []
+        ready, _ = ray.wait(list(self.refs), num_returns=len(self.refs), timeout=timeout)
+        return ready
+
+    def done(self, ref: Any, now: float) -> tuple[int, int]:
+        """The call of `ref` is over: (replica, dispatch id)."""
+        rid, did = self.refs.pop(ref)
+        count, since = self._open.get(rid, (1, now))
+        if count <= 1:
+            self._open.pop(rid, None)
+            self._active += now - since
+        else:
+            self._open[rid] = (count - 1, since)
+        return rid, did
+
+    def take_active(self, now: float) -> float:
+        """Busy replica-seconds since the last take."""
+        active = self._active + sum(now - since for _, since in self._open.values())
+        self._open = {rid: (count, now) for rid, (count, _) in self._open.items()}
+        self._active = 0.0
+        return active
