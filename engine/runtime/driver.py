@@ -2,10 +2,8 @@
 (`engine.plan.run_plan`: config, sizes with M and R, hardware preset, placement, the actors' Ray resources).
 
 It claims a run id in the per-user registry of live runs (`engine.control.registry`: a second live run of one name on
-this machine is refused unless `allow_same_name`), checks the model and the data (`preflight`, before the
-run directory is touched or Ray starts), picks
-the checkpoint to continue from with `--resume` (`resume.py`: chosen, checked, run directory rewound),
-starts (or joins) Ray, creates the named RunController, the MessageQueue, the rollout replicas, the
+this machine is refused unless `allow_same_name`), checks the model and the data (`preflight`, before the run
+directory is touched or Ray starts), picks the checkpoint to continue from with `--resume` (`resume.py`), starts Ray, creates the named RunController, the MessageQueue, the rollout replicas, the
 Rollouter and the Trainer (on resume the trainer restores its checkpoint and pushes the weights to the
 replicas before generation starts), runs both loops to the end, prints progress, and returns an exit code:
 
