@@ -197,7 +197,8 @@ def command(
     top: Annotated[int, typer.Option("--top", min=1, help="With --sweep: how many layouts to print.")] = 5,
     slots: Annotated[
         int, typer.Option("--slots", min=1, help="Model replicas that serve K dispatches at once (continuous "
-                          "batching of per-prompt requests, as verl's server); asyncrl's loop: 1.")
+                          "batching of per-prompt requests, as asyncrl's streaming rollouter and verl's server); default 1: one "
+                          "dispatch per replica.")
     ] = 1,
     json_: JsonOpt = False,
 ) -> None:

@@ -73,9 +73,9 @@ class Layout:
     log_prob_passes: int
     device: str = "cuda"
     slots: int = 1
-    """Dispatches one replica serves at once. asyncrl's loop sends one dispatch (`seqs_per_call` rows) per
-    replica and gets it back whole: 1. A server with continuous batching that takes each prompt on its own
-    (verl's rollouter, `concurrent_samples_per_replica` prompts at once) is `slots` = that many."""
+    """Dispatches one replica serves at once: 1 models one dispatch (`seqs_per_call` rows) per replica, got
+    back whole (asyncrl's loop before it streamed); a server with continuous batching that takes each prompt
+    on its own (asyncrl's streaming rollouter, verl's `concurrent_samples_per_replica`) is that many."""
 
     @property
     def rollout_world(self) -> int:
