@@ -8,6 +8,8 @@ the rollouter reports as verl's `fully_async/rollouter/active_time`.
 Seeds: a backend seeds each call's sampler from `SamplingParams.seed`, so calls sharing one seed would draw
 the same uniforms row for row (the i-th sample of every group alike). Each call is sent the seed
 `(seed · 1_000_003 + dispatch_id) mod 2^63` instead: reproducible for a given schedule, distinct per call.
+In deterministic mode (`keyed = True`) the run's seed goes as it is: the draws are keyed by (seed, request id,
+position) already (`engine.rollout.keyed`), and dispatch ids restart at a resume, so they must not enter them.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def dispatch_seed(sampling: Any, dispatch_id: int) -> Any:
 class ReplicaCalls:
     """ref → (replica, dispatch id) of the calls out, and each replica's open busy interval."""
 
-    def __init__(self) -> None:
+    def __init__(self, keyed: bool = False) -> None:
+        self.keyed = keyed
         self.refs: dict[Any, tuple[int, int]] = {}
         self._open: dict[int, tuple[int, float]] = {}  # replica -> (calls out, busy since)
         self._active = 0.0
@@ -45,8 +48,8 @@ class ReplicaCalls:
 
     def send(self, actor: Any, rid: int, dispatch_id: int, requests: list, sampling: Any, kind: str,
              now: float) -> None:
-        """Start `generate` on `actor` under `dispatch_seed(sampling, dispatch_id)`."""
-        call = actor.generate.remote(requests, dispatch_seed(sampling, dispatch_id), kind)
+        """Start `generate` on `actor` under `dispatch_seed(sampling, dispatch_id)` (unless `keyed`)."""
+        call = actor.generate.remote(requests, sampling if self.keyed else dispatch_seed(sampling, dispatch_id), kind)
         self.refs[call] = (rid, dispatch_id)
         count, since = self._open.get(rid, (0, now))
         self._open[rid] = (count + 1, since)

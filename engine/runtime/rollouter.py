@@ -81,7 +81,7 @@ class RolloutShell:
         self.loop = RolloutLoop(RolloutParams.from_config(cfg), stream, val_prompts, len(replicas),
                                 replica_capacities(replicas))
         self.lock = threading.Condition()
-        self.calls = ReplicaCalls()  # the generate calls out
+        self.calls = ReplicaCalls(keyed=cfg.trainer.deterministic)  # the generate calls out
         self._running = False
         self.failure: str | None = None
         self._error: str | None = None

@@ -63,6 +63,7 @@ def test_weight_sync(tmp_path: Path, shared_ray: None) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # two studies end to end (~35 s); the study formulas are tested in the default suite
 def test_async_vs_sync_and_staleness(tmp_path: Path, shared_ray: None) -> None:
     assert main(["async-vs-sync", "--toy", "--out", str(tmp_path)]) == 0
     data = _written(tmp_path, "async-vs-sync")

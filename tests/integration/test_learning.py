@@ -16,6 +16,7 @@ from engine.runtime.driver import run
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow  # the whole 400-step preset (~3 min on 2 cores); the short learning runs stay in the default suite
 def test_tiny_preset_learns(run_dir):
     cfg = tiny_config(run_dir)
     assert run(cfg, progress=False) == 0

@@ -93,7 +93,8 @@ def test_two_trainer_ranks_resume_after_the_trainer_dies(run_dir, capsys):
 
 
 def test_megatron_context_parallelism_is_refused_before_starting(run_dir, capsys):
-    cfg = tiny_config(run_dir, *SMALL, 'trainer.backend="megatron"', "trainer.cp=2")
+    cfg = tiny_config(run_dir, *SMALL, 'trainer.backend="megatron"')  # validate refuses cp = 2 on CPU already;
+    cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"cp": 2})})  # the driver does too
     assert run(cfg, progress=False) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "run failed" in err[0] and "trainer.cp = 2" in err[0] and "Traceback" not in err[0]

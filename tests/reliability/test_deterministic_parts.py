@@ -142,8 +142,10 @@ def test_validate_refuses_what_breaks_determinism(override: str, key: str) -> No
 def test_groups_reach_the_queue_in_stream_order_whatever_finishes_first() -> None:
     from engine.loop.commands import Put
 
+    from engine.loop.dispatch import Capacity
+
     loop = _loop(0.5)
-    loop.p = RolloutParams(**{**loop.p.__dict__, "seqs_per_call": 6})
+    loop.capacity = [Capacity(rows=6)]  # one call of three prompts
     (d,) = [c for c in loop.tick(0.0) if isinstance(c, Dispatch)]
     results = _answer(d, 0)  # p0, p1, p2 with two samples each; p1 and p2 come back before p0
     assert [c for c in loop._on_train_results(results[2:], 0.0) if isinstance(c, Put)] == []
