@@ -32,6 +32,34 @@ TRAIN_EXTRA_SPLIT = "train"
 VAL_EXTRA_SPLIT = "val"
 
 
+_COPIED: dict[str, tuple[str, Any]] = {  # recipe key: (the preset's key, its type) — copied as they are
+    "model_path": ("model.path", str),
+    "dtype": ("model.dtype", str),
+    "reward": ("data.reward", str),
+    "train_files": ("data.train_files", list),
+    "val_files": ("data.val_files", list),
+    "data_seed": ("data.seed", int),
+    "max_prompt_length": ("data.max_prompt_length", int),
+    "max_completion_length": ("data.max_response_length", int),
+    "val_max_samples": ("data.val_max_samples", lambda v: v),
+    "learning_rate": ("trainer.optim.lr", float),
+    "adam_epsilon": ("trainer.optim.eps", float),
+    "weight_decay": ("trainer.optim.weight_decay", float),
+    "warmup_steps": ("trainer.optim.warmup_steps", int),
+    "max_grad_norm": ("trainer.grad_clip", float),
+    "epsilon": ("trainer.clip_ratio_low", float),
+    "epsilon_high": ("trainer.clip_ratio_high", float),
+    "num_iterations": ("trainer.ppo_epochs", int),
+    "temperature": ("rollout.temperature", float),
+    "top_p": ("rollout.top_p", float),
+    "top_k": ("rollout.top_k", int),
+    "val_temperature": ("rollout.val_temperature", float),
+    "test_freq": ("trainer.test_freq", int),
+    "val_before_train": ("trainer.val_before_train", bool),
+    "seed": ("trainer.seed", int),
+}
+
+
 def _get(obj: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
@@ -60,42 +88,20 @@ def recipe_from_config(cfg: Any) -> dict[str, Any]:
     if agg != "token-mean":
         raise SpecError(f"loss_agg_mode={agg!r}: only token-mean has a TRL equivalent here (loss_type='dapo')")
     betas = list(_get(cfg, "trainer.optim.betas"))
-    return {
-        "model_path": str(_get(cfg, "model.path")),
-        "dtype": str(_get(cfg, "model.dtype")),
-        "reward": str(_get(cfg, "data.reward")),
-        "train_files": list(_get(cfg, "data.train_files")),
-        "val_files": list(_get(cfg, "data.val_files")),
-        "data_seed": int(_get(cfg, "data.seed")),
-        "max_prompt_length": int(_get(cfg, "data.max_prompt_length")),
-        "max_completion_length": int(_get(cfg, "data.max_response_length")),
-        "val_max_samples": _get(cfg, "data.val_max_samples"),
+    recipe = {name: cast(_get(cfg, key)) for name, (key, cast) in _COPIED.items()}
+    recipe.update({
         "prompts_per_step": prompts,
         "num_generations": n,
         "per_device_train_batch_size": micro,
         "gradient_accumulation_steps": prompts * n // micro,
         "max_steps": total_prompts // prompts,
-        "learning_rate": float(_get(cfg, "trainer.optim.lr")),
         "adam_beta1": float(betas[0]),
         "adam_beta2": float(betas[1]),
-        "adam_epsilon": float(_get(cfg, "trainer.optim.eps")),
-        "weight_decay": float(_get(cfg, "trainer.optim.weight_decay")),
-        "warmup_steps": int(_get(cfg, "trainer.optim.warmup_steps")),
-        "max_grad_norm": float(_get(cfg, "trainer.grad_clip")),
-        "epsilon": float(_get(cfg, "trainer.clip_ratio_low")),
-        "epsilon_high": float(_get(cfg, "trainer.clip_ratio_high")),
-        "num_iterations": int(_get(cfg, "trainer.ppo_epochs")),
         "beta": float(_get(cfg, "trainer.kl_loss_coef")) if use_kl else 0.0,
         "loss_type": "dapo",
         "scale_rewards": "group" if bool(_get(cfg, "algorithm.norm_adv_by_std_in_grpo")) else "none",
-        "temperature": float(_get(cfg, "rollout.temperature")),
-        "top_p": float(_get(cfg, "rollout.top_p")),
-        "top_k": int(_get(cfg, "rollout.top_k")),
-        "val_temperature": float(_get(cfg, "rollout.val_temperature")),
-        "test_freq": int(_get(cfg, "trainer.test_freq")),
-        "val_before_train": bool(_get(cfg, "trainer.val_before_train")),
-        "seed": int(_get(cfg, "trainer.seed")),
-    }
+    })
+    return recipe
 
 
 def validation_steps(max_steps: int, test_freq: int, before_train: bool) -> list[int]:

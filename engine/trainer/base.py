@@ -33,6 +33,10 @@ class TrainBatch:
     is_weights: torch.Tensor | None = None  # [B, R] rollout-correction IS weights (decoupled mode)
     meta: dict = field(default_factory=dict)
 
+    TENSORS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask",
+               "rollout_log_probs", "advantages", "old_log_probs", "ref_log_probs", "is_weights")
+    """The tensor fields, in declaration order (`select` and `to` walk them)."""
+
     @property
     def prompt_len(self) -> int:
         return self.input_ids.shape[1] - self.responses.shape[1]
@@ -43,16 +47,17 @@ class TrainBatch:
     def select(self, idx: torch.Tensor | slice) -> "TrainBatch":
         """Rows `idx` of every tensor; per-row entries of `meta` (lists and tensors as long as the batch) are
         sliced too, the rest is shared."""
-        kw = {}
-        for name in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask",
-                     "rollout_log_probs", "advantages", "old_log_probs", "ref_log_probs", "is_weights"):
-            t = getattr(self, name)
-            kw[name] = None if t is None else t[idx]
+        kw = {name: None if (t := getattr(self, name)) is None else t[idx] for name in self.TENSORS}
         rows = range(len(self))[idx] if isinstance(idx, slice) else [int(i) for i in idx]
         meta = {k: ([v[i] for i in rows] if isinstance(v, list) and len(v) == len(self) else
                     v[list(rows)] if isinstance(v, torch.Tensor) and v.dim() and len(v) == len(self) else v)
                 for k, v in self.meta.items()}
         return TrainBatch(**kw, meta=meta)
+
+    def to(self, device: torch.device | str) -> "TrainBatch":
+        """Every tensor on `device` (`meta` shared)."""
+        kw = {name: None if (t := getattr(self, name)) is None else t.to(device) for name in self.TENSORS}
+        return TrainBatch(**kw, meta=self.meta)
 
 
 LossFn = Callable[[torch.Tensor, torch.Tensor | None, TrainBatch], tuple[torch.Tensor, dict[str, float]]]

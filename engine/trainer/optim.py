@@ -50,3 +50,21 @@ def warmup_lr(base_lr: float, step: int, warmup_steps: int) -> float:
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+class WarmupSchedule:
+    """`set_lr` / `current_lr` of a trainer backend, lr(t) of the module docstring at its `global_step`; the
+    backend sets `base_lr`, `global_step` and `warmup_steps`."""
+
+    base_lr: float
+    global_step: int
+    warmup_steps: int
+
+    def set_lr(self, lr: float) -> None:
+        """Change the base learning rate (the warmup factor still applies) from the next step on."""
+        if not lr > 0:
+            raise ValueError("lr must be > 0")
+        self.base_lr = float(lr)
+
+    def current_lr(self) -> float:
+        return warmup_lr(self.base_lr, self.global_step, self.warmup_steps)

@@ -57,14 +57,12 @@ from engine.trainer.base import LossFn, TrainBatch
 from engine.trainer.batch import FILLER, is_filler, split_micro_batches, trim_padding
 from engine.trainer.logprobs import response_log_probs
 from engine.trainer.minibatch import combine_update_metrics, mini_batch_plan
-from engine.trainer.optim import OptimConfig, build_optimizer, set_lr, warmup_lr
+from engine.trainer.optim import OptimConfig, WarmupSchedule, build_optimizer, set_lr
 from engine.trainer.step_metrics import update_metrics
 
 EntropyMode = Literal["none", "metric", "grad"]
 MicroWeightFn = Callable[[TrainBatch], float]
 
-_TENSOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask",
-                  "rollout_log_probs", "advantages", "old_log_probs", "ref_log_probs", "is_weights")
 
 
 def token_mass(micro: TrainBatch) -> float:
@@ -94,7 +92,7 @@ def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
     return aliases
 
 
-class TorchTrainerBackend:
+class TorchTrainerBackend(WarmupSchedule):
     """`TrainerBackend` for one process (the FSDP2 subclass handles several).
 
     `entropy`: what `train_step` hands the loss as entropy — "none" (None), "metric" (detached, for the
@@ -139,7 +137,7 @@ class TorchTrainerBackend:
         self._model_dir = model_dir_of(model)
         self.model = self._prepare_model(model.to(self.device))
         self.optimizer = build_optimizer(self.model.parameters(), self.optim_cfg)
-        self.base_lr = self.optim_cfg.lr
+        self.base_lr, self.warmup_steps = self.optim_cfg.lr, self.optim_cfg.warmup_steps
         self.global_step = 0
         self.extra_metrics: dict[str, float] = {}
         self._snapshot: list[torch.Tensor] | None = None
@@ -179,20 +177,9 @@ class TorchTrainerBackend:
     def _state_dict_options(self, loading: bool = False) -> StateDictOptions:
         return StateDictOptions(full_state_dict=True, cpu_offload=not loading)
 
-    # --- learning rate ----------------------------------------------------------------------------------
-    def set_lr(self, lr: float) -> None:
-        """Change the base learning rate (the warmup factor still applies) from the next step on."""
-        if not lr > 0:
-            raise ValueError("lr must be > 0")
-        self.base_lr = float(lr)
-
-    def current_lr(self) -> float:
-        return warmup_lr(self.base_lr, self.global_step, self.optim_cfg.warmup_steps)
-
     # --- forward ----------------------------------------------------------------------------------------
     def _to_device(self, batch: TrainBatch) -> TrainBatch:
-        kw = {name: None if getattr(batch, name) is None else getattr(batch, name).to(self.device) for name in _TENSOR_FIELDS}
-        return TrainBatch(**kw, meta=batch.meta)
+        return batch.to(self.device)
 
     def _prepare(self, micro: TrainBatch) -> tuple[TrainBatch, int]:
         """Trim all-padding columns and move to the device; returns the batch and the original width R."""

@@ -58,14 +58,12 @@ from engine.trainer.megatron.shims import apply_cpu_shims, seed_model_parallel_r
 from engine.trainer.megatron.snapshot import ParamSnapshot, snapshot_targets
 from engine.trainer.megatron.vocab_parallel import vocab_parallel_log_probs
 from engine.trainer.minibatch import combine_update_metrics, mini_batch_plan
-from engine.trainer.optim import OptimConfig, warmup_lr
+from engine.trainer.optim import OptimConfig, WarmupSchedule
 from engine.trainer.step_metrics import update_metrics
 
 log = logging.getLogger(__name__)
 
 EntropyMode = Literal["none", "metric", "grad"]
-_TENSOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask",
-                  "rollout_log_probs", "advantages", "old_log_probs", "ref_log_probs", "is_weights")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
@@ -90,7 +88,7 @@ def _resolve_dtype(dtype: str | torch.dtype | None, on_gpu: bool) -> torch.dtype
     return _DTYPES[dtype]
 
 
-class MegatronTrainerBackend:
+class MegatronTrainerBackend(WarmupSchedule):
     """Policy weights + optimizer of one Megatron trainer rank (see the module docstring)."""
 
     def __init__(
@@ -148,7 +146,7 @@ class MegatronTrainerBackend:
         self.grad_clip = float(grad_clip)
         self.entropy_mode: EntropyMode = entropy
         self.optim_settings = optim_settings(optim_cfg)
-        self.base_lr = self.optim_settings.lr
+        self.base_lr, self.warmup_steps = self.optim_settings.lr, self.optim_settings.warmup_steps
         self.global_step = 0
         self.extra_metrics: dict[str, float] = {}
 
@@ -257,20 +255,9 @@ class MegatronTrainerBackend:
         if dist.get_world_size() > 1:
             dist.barrier()
 
-    # --- learning rate ---------------------------------------------------------------------------------
-    def set_lr(self, lr: float) -> None:
-        """Change the base learning rate (warm-up still applies) from the next step on."""
-        if not lr > 0:
-            raise ValueError("lr must be > 0")
-        self.base_lr = float(lr)
-
-    def current_lr(self) -> float:
-        return warmup_lr(self.base_lr, self.global_step, self.optim_settings.warmup_steps)
-
     # --- forward ---------------------------------------------------------------------------------------
     def _to_device(self, batch: TrainBatch) -> TrainBatch:
-        kw = {n: None if getattr(batch, n) is None else getattr(batch, n).to(self.device) for n in _TENSOR_FIELDS}
-        return TrainBatch(**kw, meta=batch.meta)
+        return batch.to(self.device)
 
     def _forward(self, micro: TrainBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log π(responses) [b, r] (fp32, differentiable) and entropy, for a trimmed micro-batch."""
