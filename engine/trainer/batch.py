@@ -18,7 +18,7 @@ truncated (`max_prompt_len` would cut its vision tokens): it raises instead.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -183,3 +183,31 @@ def trim_padding(batch: TrainBatch) -> tuple[TrainBatch, int]:
         meta=batch.meta,
     )
     return trimmed, r_full
+
+
+def pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
+    """Right-pad the last dimension of a [b, r] output of a trimmed micro-batch back to `width` columns."""
+    return torch.nn.functional.pad(t, (0, width - t.shape[1])) if t.shape[1] < width else t
+
+
+def lockstep_log_probs(forward: Callable[[int], tuple[torch.Tensor, torch.Tensor | None, int]], steps: int,
+                       kept: int, response_mask: torch.Tensor, with_entropy: bool, filler: bool
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) of a rank's micro-batches, in lockstep with its peers.
+
+    `forward(k) -> (log_probs [b, r], entropy or None, R)` runs micro-batch k; every rank makes `steps`
+    calls (the most micro-batches any rank has), so collectives inside the forward pair up, and keeps the
+    first `kept` results — right-padded to R, concatenated in row order and multiplied by the response mask
+    (0 on padding). A `filler` shard (no rows of this rank's own) returns empty [0, R] tensors."""
+    log_probs, entropies = [], []
+    with torch.no_grad():
+        for k in range(steps):
+            lp, ent, width = forward(k)
+            if k < kept:
+                log_probs.append(pad_to(lp, width).cpu())
+                if ent is not None:
+                    entropies.append(pad_to(ent, width).cpu())
+    mask = response_mask.to(torch.float32)
+    if filler:
+        return mask[:0], (mask[:0] if with_entropy else None)
+    return torch.cat(log_probs) * mask, (torch.cat(entropies) * mask if with_entropy else None)

@@ -54,7 +54,7 @@ from engine.sync.buckets import bucketize
 from engine.sync.export import host_array
 from engine.trainer import checkpoint as ckpt
 from engine.trainer.base import LossFn, TrainBatch
-from engine.trainer.batch import FILLER, is_filler, split_micro_batches, trim_padding
+from engine.trainer.batch import FILLER, is_filler, lockstep_log_probs, split_micro_batches, trim_padding
 from engine.trainer.logprobs import response_log_probs
 from engine.trainer.minibatch import combine_update_metrics, mini_batch_plan
 from engine.trainer.optim import OptimConfig, WarmupSchedule, build_optimizer, set_lr
@@ -223,30 +223,17 @@ class TorchTrainerBackend(WarmupSchedule):
         micros = split_micro_batches(batch, self.micro_batch_size)
         return micros, micros[-1] if micros else batch
 
-    @staticmethod
-    def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
-        return torch.nn.functional.pad(t, (0, width - t.shape[1])) if t.shape[1] < width else t
-
     def compute_log_probs(self, batch: TrainBatch, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log π_θ(response token) [B, R] in fp32 on CPU, at the trainer temperature (0 on padding)."""
         self.model.eval()
         micros, repeat = self._micro_batches(batch)
-        steps = self._max_across_ranks(len(micros))
-        log_probs, entropies = [], []
-        with torch.no_grad():
-            for k in range(steps):
-                micro, width = self._prepare(micros[k] if k < len(micros) else repeat)
-                lp, ent = self._log_probs(micro, with_entropy)
-                if k < len(micros):
-                    log_probs.append(self._pad_to(lp, width).cpu())
-                    if ent is not None:
-                        entropies.append(self._pad_to(ent, width).cpu())
-        mask = batch.response_mask.to(torch.float32)
-        if not micros:  # a filler batch: no rows of this rank's own
-            empty = mask[:0]
-            return empty, (empty if with_entropy else None)
-        out = torch.cat(log_probs) * mask
-        return out, (torch.cat(entropies) * mask if with_entropy else None)
+
+        def forward(k: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+            micro, width = self._prepare(micros[k] if k < len(micros) else repeat)
+            return (*self._log_probs(micro, with_entropy), width)
+
+        return lockstep_log_probs(forward, self._max_across_ranks(len(micros)), len(micros), batch.response_mask,
+                                  with_entropy, filler=not micros)
 
     # --- update -----------------------------------------------------------------------------------------
     def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from engine.trainer.base import LossFn, TrainBatch
-from engine.trainer.batch import FILLER, is_filler, split_micro_batches, trim_padding
+from engine.trainer.batch import FILLER, is_filler, lockstep_log_probs, split_micro_batches, trim_padding
 from engine.trainer.megatron import checkpointing as mckpt
 from engine.trainer.megatron import context_parallel, pipeline
 from engine.trainer.megatron.convert import (
@@ -275,30 +275,19 @@ class MegatronTrainerBackend(WarmupSchedule):
         z = logits.gather(1, index).float() / self.temperature
         return vocab_parallel_log_probs(z, micro.responses.to(self.device), self.arch.vocab_size, with_entropy)
 
-    @staticmethod
-    def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
-        return torch.nn.functional.pad(t, (0, width - t.shape[1])) if t.shape[1] < width else t
-
     def compute_log_probs(self, batch: TrainBatch, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log π_θ(response token) [B, R] in fp32 on CPU at the trainer temperature (0 on padding)."""
         self.ddp.eval()
         if self.layout.pp > 1:
             return pipeline.compute_log_probs(self, batch, with_entropy)
         micros = split_micro_batches(batch, self.micro_batch_size)
-        steps = self._max_over_world(len(micros))
-        log_probs, entropies = [], []
-        with torch.no_grad():
-            for k in range(steps):
-                micro, width = trim_padding(micros[min(k, len(micros) - 1)])
-                lp, ent = self._forward(micro, with_entropy)
-                if k < len(micros):
-                    log_probs.append(self._pad_to(lp, width).cpu())
-                    if ent is not None:
-                        entropies.append(self._pad_to(ent, width).cpu())
-        mask = batch.response_mask.to(torch.float32)
-        if is_filler(batch):  # no rows of this rank's own
-            return mask[:0], (mask[:0] if with_entropy else None)
-        return torch.cat(log_probs) * mask, (torch.cat(entropies) * mask if with_entropy else None)
+
+        def forward(k: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+            micro, width = trim_padding(micros[min(k, len(micros) - 1)])
+            return (*self._forward(micro, with_entropy), width)
+
+        return lockstep_log_probs(forward, self._max_over_world(len(micros)), len(micros), batch.response_mask,
+                                  with_entropy, filler=is_filler(batch))
 
     # --- update ----------------------------------------------------------------------------------------
     def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from engine.trainer.base import TrainBatch
-from engine.trainer.batch import is_filler, split_micro_batches, trim_padding
+from engine.trainer.batch import is_filler, pad_to, split_micro_batches, trim_padding
 from engine.trainer.megatron.inputs import MegatronInputs, pack_batch
 from engine.trainer.megatron.vocab_parallel import vocab_parallel_log_probs
 
@@ -111,9 +111,9 @@ def compute_log_probs(backend: Any, batch: TrainBatch, with_entropy: bool) -> tu
 
     def head(k: int, lp: torch.Tensor, ent: torch.Tensor | None) -> torch.Tensor:
         if k < len(micros):
-            lps.append(backend._pad_to(lp, trimmed[k][1]).float())
+            lps.append(pad_to(lp, trimmed[k][1]).float())
             if ent is not None:
-                ents.append(backend._pad_to(ent, trimmed[k][1]).float())
+                ents.append(pad_to(ent, trimmed[k][1]).float())
         return lp.sum() * 0.0
 
     with torch.no_grad():
