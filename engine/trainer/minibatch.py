@@ -84,3 +84,16 @@ def combine_update_metrics(updates: list[dict[str, float]]) -> dict[str, float]:
             out[name] = sum(values) / len(values)
     out["asyncrl/trainer/optimizer_steps"] = float(len(updates) - out.get("actor/skipped_step", 0.0))
     return out
+
+
+def local_step_metrics(updates: list[dict[str, float]], response_tokens: float, optimizer_step: int,
+                       seconds: float, extra: dict[str, float]) -> dict[str, float]:
+    """A backend's `train_step` result: `combine_update_metrics(updates)` plus `actor/response_tokens` (Σ over
+    the data-parallel ranks), `actor/optimizer_step` (optimizer steps so far), `timing_s/update_actor` and the
+    backend's `extra` metrics of the step."""
+    out = combine_update_metrics(updates)
+    out["actor/response_tokens"] = float(response_tokens)
+    out["actor/optimizer_step"] = float(optimizer_step)
+    out["timing_s/update_actor"] = seconds
+    out.update(extra)
+    return out

@@ -56,7 +56,7 @@ from engine.trainer import checkpoint as ckpt
 from engine.trainer.base import LossFn, TrainBatch
 from engine.trainer.batch import FILLER, is_filler, lockstep_log_probs, split_micro_batches, trim_padding
 from engine.trainer.logprobs import response_log_probs
-from engine.trainer.minibatch import combine_update_metrics, mini_batch_plan
+from engine.trainer.minibatch import local_step_metrics, mini_batch_plan
 from engine.trainer.optim import OptimConfig, WarmupSchedule, build_optimizer, set_lr
 from engine.trainer.step_metrics import update_metrics
 
@@ -238,7 +238,7 @@ class TorchTrainerBackend(WarmupSchedule):
     # --- update -----------------------------------------------------------------------------------------
     def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
         """One local step: `mini_batches × ppo_epochs` optimizer updates over `batch` (see the module
-        docstring); the metrics combined by `combine_update_metrics`."""
+        docstring); the metrics combined by `local_step_metrics`."""
         start = time.perf_counter()
         rows = 0 if is_filler(batch) else len(batch)
         plan = mini_batch_plan(rows, self.mini_batches, self.ppo_epochs, shuffle=self.shuffle, seed=self.seed,
@@ -252,11 +252,8 @@ class TorchTrainerBackend(WarmupSchedule):
                 mini.meta["ppo_epoch"], mini.meta["fresh"] = epoch, applied == 0
                 updates.append(self._update(mini, loss_fn))
                 applied += int(not updates[-1]["actor/skipped_step"])
-        out = combine_update_metrics(updates)
-        out["actor/response_tokens"] = self._sum_across_ranks([tokens])[0]
-        out["actor/optimizer_step"] = float(self.global_step)
-        out["timing_s/update_actor"] = time.perf_counter() - start
-        out.update(self.extra_metrics)
+        out = local_step_metrics(updates, self._sum_across_ranks([tokens])[0], self.global_step,
+                                 time.perf_counter() - start, self.extra_metrics)
         self.extra_metrics = {}
         return out
 

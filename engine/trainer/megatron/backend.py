@@ -57,7 +57,7 @@ from engine.trainer.megatron.parallel import ParallelLayout, init_model_parallel
 from engine.trainer.megatron.shims import apply_cpu_shims, seed_model_parallel_rng
 from engine.trainer.megatron.snapshot import ParamSnapshot, snapshot_targets
 from engine.trainer.megatron.vocab_parallel import vocab_parallel_log_probs
-from engine.trainer.minibatch import combine_update_metrics, mini_batch_plan
+from engine.trainer.minibatch import local_step_metrics, mini_batch_plan
 from engine.trainer.optim import OptimConfig, WarmupSchedule
 from engine.trainer.step_metrics import update_metrics
 
@@ -306,12 +306,9 @@ class MegatronTrainerBackend(WarmupSchedule):
                     mini.meta[FILLER] = True
                 updates.append(self._update(mini, loss_fn, real=bool(idx)))
                 applied += int(not updates[-1]["actor/skipped_step"])
-        out = combine_update_metrics(updates)
         own = 0.0 if is_filler(batch) else float(batch.response_mask.sum())
-        out["actor/response_tokens"] = self._sum_over_dp([own])[0]
-        out["actor/optimizer_step"] = float(self.global_step)
-        out["timing_s/update_actor"] = time.perf_counter() - start
-        out.update(self.extra_metrics)
+        out = local_step_metrics(updates, self._sum_over_dp([own])[0], self.global_step,
+                                 time.perf_counter() - start, self.extra_metrics)
         self.extra_metrics = {}
         return out
 
