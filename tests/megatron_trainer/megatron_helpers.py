@@ -158,3 +158,13 @@ def spawn(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 150.0
 
 def as_tensor(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.asarray(a))
+
+
+def assert_exports_checkpoint(exported: dict[str, Any], hf_dir: Path, extra: frozenset[str] = frozenset()) -> None:
+    """`exported` holds exactly the HF checkpoint's tensors in `hf_dir` (plus the names in `extra`), bit for bit."""
+    from engine.trainer.megatron.convert import SafetensorsSource
+
+    source = SafetensorsSource(hf_dir)
+    assert set(exported) == set(source.keys()) | extra
+    for name in source:
+        assert torch.equal(as_tensor(exported[name]), source(name)), name

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from megatron_helpers import as_tensor, hf_grad_norm, hf_log_probs, make_batch, nll_loss, spawn, tiny_hf_model
+from megatron_helpers import as_tensor, assert_exports_checkpoint, hf_grad_norm, hf_log_probs, make_batch, nll_loss, spawn, tiny_hf_model
 from megatron_workers import TEMPERATURE, pipeline_parallel_rank
 
 pytestmark = [pytest.mark.megatron, pytest.mark.timeout(300)]
@@ -70,14 +70,8 @@ def test_pp2_training_follows_pp1(pp2: list[dict], pp1: dict, kind: str) -> None
 @pytest.mark.parametrize("kind", KINDS)
 def test_pp2_export_gathers_the_checkpoint_across_stages(pp2: list[dict], hf_dirs: dict[str, Path],
                                                          kind: str) -> None:
-    from engine.trainer.megatron.convert import SafetensorsSource
-
-    source = SafetensorsSource(hf_dirs[kind])
     for rank in pp2:
-        exported = rank[kind]["export"]
-        assert set(exported) == set(source.keys()) | {"lm_head.weight"}
-        for name in source:
-            assert torch.equal(as_tensor(exported[name]), source(name)), name
+        assert_exports_checkpoint(rank[kind]["export"], hf_dirs[kind], frozenset({"lm_head.weight"}))
 
 
 @pytest.mark.parametrize("kind", KINDS)

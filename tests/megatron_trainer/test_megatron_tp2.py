@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from megatron_helpers import as_tensor, hf_grad_norm, hf_log_probs, make_batch, spawn, tiny_hf_model
+from megatron_helpers import as_tensor, assert_exports_checkpoint, hf_grad_norm, hf_log_probs, make_batch, spawn, tiny_hf_model
 from megatron_workers import TEMPERATURE, tensor_parallel_rank
 
 pytestmark = [pytest.mark.megatron, pytest.mark.timeout(240)]
@@ -46,13 +46,7 @@ def test_tp2_forward_backward_trains_with_the_true_gradient_norm(tp2: list[dict]
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_tp2_export_gathers_the_checkpoint_bit_exactly(tp2: list[dict], hf_dirs: dict[str, Path], kind: str) -> None:
-    from engine.trainer.megatron.convert import SafetensorsSource
-
-    source = SafetensorsSource(hf_dirs[kind])
-    exported = tp2[0][kind]["export"]
-    assert set(exported) == set(source.keys())
-    for name in source:
-        assert torch.equal(as_tensor(exported[name]), source(name)), name
+    assert_exports_checkpoint(tp2[0][kind]["export"], hf_dirs[kind])
 
 
 @pytest.mark.parametrize("kind", KINDS)
