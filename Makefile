@@ -69,8 +69,8 @@ $(TSTAMP): Makefile
 
 bench-trl-venv: $(TSTAMP)
 
-# The full TRL-vs-asyncrl study (estimated 50 min on a quiet 2-core machine, not yet measured): it waits up to
-# 30 min for the 1-minute load to drop below 1.5 first.
+# The full TRL-vs-asyncrl study (40 min on a quiet 2-core machine, 2026-12-02): it waits up to 30 min for the
+# 1-minute load to drop below 1.5 first.
 bench-trl: $(STAMP) $(TSTAMP)
 	$(PY) -m benchmarks trl-grpo --max-load 1.5 --wait 1800
 

@@ -15,6 +15,8 @@ STUDIES: dict[str, str] = {
     "staleness": "benchmarks.staleness",
     "plan-validation": "benchmarks.plan_validation",
     "trl-grpo": "benchmarks.trl_grpo",
+    "precision": "benchmarks.precision",
+    "demo-sweep": "benchmarks.demo_sweep",
 }
 """Study name → module; each module exposes `run(size: str, out_dir: Path) -> dict`."""
 

@@ -23,6 +23,8 @@ TITLES = {
     "cli-latency": "5. CLI latency",
     "staleness": "6. Staleness vs speed",
     "trl-grpo": "8. TRL GRPOTrainer side by side",
+    "precision": "9. Precision per role",
+    "demo-sweep": "10. Demo recipe sweep",
 }
 
 

@@ -20,7 +20,8 @@ Mapping of the preset onto TRL (one TRL optimizer step = one asyncrl local step)
     loss_type          = "dapo" for token-mean (token-level mean over the whole step's batch)
     scale_rewards      = "group" if norm_adv_by_std_in_grpo else "none":  A = (r − mean_g) / (std_g + ε)
     temperature, top_p, top_k = rollout.*
-    greedy validation  = data.val_max_samples prompts of the val split, every trainer.test_freq steps,
+    greedy validation  = data.val_max_samples prompts of the val split, every trainer.test_freq versions
+                         (× async_training.trigger_parameter_sync_step steps),
                          before training when trainer.val_before_train, and at the end
 """
 
@@ -100,6 +101,8 @@ def recipe_from_config(cfg: Any) -> dict[str, Any]:
         "beta": float(_get(cfg, "trainer.kl_loss_coef")) if use_kl else 0.0,
         "loss_type": "dapo",
         "scale_rewards": "group" if bool(_get(cfg, "algorithm.norm_adv_by_std_in_grpo")) else "none",
+        # asyncrl validates every test_freq policy versions; a version is trigger_parameter_sync_step steps
+        "test_freq": int(_get(cfg, "trainer.test_freq")) * int(_get(cfg, "async_training.trigger_parameter_sync_step")),
     })
     return recipe
 

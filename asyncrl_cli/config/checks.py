@@ -78,12 +78,13 @@ def correction_rules(cfg: RunConfig, prov: Provenance) -> list[Problem]:
         except ValueError as e:
             out.append(error("rs-threshold-format", f"{RC}.rollout_rs_threshold", str(e)))
     precision = {"fp32": "float32", "bf16": "bfloat16"}.get(cfg.rollout.dtype or "", cfg.model.dtype)
-    if precision != cfg.model.dtype and rc.rollout_is is None and rc.rollout_rs is None:
+    trainer_compute = "bfloat16" if cfg.trainer.precision == "bf16" else cfg.model.dtype
+    if precision != trainer_compute and rc.rollout_is is None and rc.rollout_rs is None:
         out.append(
             note(
                 "precision-mismatch-uncorrected",
                 "rollout.dtype",
-                f"the rollout runs in {precision}, the trainer in {cfg.model.dtype}, and no rollout correction "
+                f"the rollout runs in {precision}, the trainer in {trainer_compute}, and no rollout correction "
                 "is on: per-token ratios of 0.6–1.5 go uncorrected",
                 'e.g. [algorithm.rollout_correction] preset = "decoupled_geo_rs_seq_tis"',
             )

@@ -42,6 +42,11 @@ def resource_rules(cfg: RunConfig, hw: HardwarePreset, d: Derived) -> list[Probl
                 )
             )
     t, r = cfg.trainer, cfg.rollout
+    if t.backend == "megatron" and t.precision != "fp32":
+        out.append(error("precision-backend", "trainer.precision",
+                         f"trainer.precision = {t.precision!r} is the torch backend's autocast; the megatron "
+                         "backend computes in model.dtype", "remove trainer.precision, or set "
+                         "trainer.backend = \"torch\"", "invalid"))
     if t.backend == "megatron":
         mp = t.tp * t.pp * t.cp
         if d.trainer_world % mp:

@@ -33,8 +33,9 @@ class ModelConfig(Section):
     """Local Hugging Face directory, hub id (read offline from the HF cache), or `builtin:tiny-qwen` /
     `builtin:smollm2`. `${ENV:-default}` expansion works here as in every string."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter and compute dtype of the trainer, and of the rollout unless `rollout.dtype` says otherwise
-    (mixed precision keeps fp32 master weights)."""
+    """Parameter dtype of the trainer (its weights, gradients and optimizer state), and of the rollout unless
+    `rollout.dtype` says otherwise. For bf16 compute over fp32 master weights keep this at float32 and set
+    `trainer.precision = "bf16"`."""
     tokenizer_path: str | None = None
     """Tokenizer directory or hub id when it differs from `path`."""
     trust_remote_code: bool = False
@@ -177,6 +178,10 @@ class TrainerConfig(Section):
     """Expert parallel size (megatron, MoE models)."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
     """Optimizer settings."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """Compute precision of the trainer's forward and backward (torch backend). `bf16` = autocast: matmuls
+    run in bf16 (AMX / AVX-512-BF16 on CPU, tensor cores on GPU) while the weights, gradients and AdamW
+    state stay in `model.dtype` (fp32 master weights); log-softmax, the loss and the update are fp32."""
     grad_clip: float = Field(1.0, gt=0)
     """Clip the global gradient norm to this value."""
     ppo_mini_batch_size: int = Field(32, gt=0)

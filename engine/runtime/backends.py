@@ -141,7 +141,7 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
     model = load_causal_lm(model_dir, dtype=cfg.model.dtype)
     kwargs = {"optim_cfg": optim, "grad_clip": cfg.trainer.grad_clip, "device": check_device(compute_device(cfg)),
               "micro_batch_size": cfg.trainer.ppo_micro_batch_size_per_gpu, "temperature": temperature,
-              "seed": cfg.trainer.seed, **update}
+              "seed": cfg.trainer.seed, "precision": cfg.trainer.precision, **update}
     if distributed:
         from engine.trainer.fsdp import FSDPTrainerBackend
 

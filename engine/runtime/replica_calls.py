@@ -55,10 +55,14 @@ class ReplicaCalls:
         self._open[rid] = (count + 1, since)
 
     def ready(self, timeout: float) -> list[Any]:
-        """The refs whose call returned (or failed), waiting at most `timeout` seconds."""
+        """The refs whose call returned (or failed): waits until the first one does, at most `timeout` seconds,
+        then takes every other one that is also done."""
         if not self.refs:
             return []
-        ready, _ = ray.wait(list(self.refs), num_returns=len(self.refs), timeout=timeout)
+        ready, rest = ray.wait(list(self.refs), num_returns=1, timeout=timeout)
+        if ready and rest:
+            more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+            ready += more
         return ready
 
     def done(self, ref: Any, now: float) -> tuple[int, int]:

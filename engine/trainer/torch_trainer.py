@@ -12,6 +12,9 @@ one, else its count of response tokens Σ response_mask — and the accumulated 
 which equals the gradient of the same loss computed over the whole batch at once (for token-mean use
 token counts, for seq-mean-* use row counts). Then the pre-clip global norm ‖g‖ is logged as
 `actor/grad_norm`, g is clipped to `grad_clip`, and AdamW steps at the warmup-scheduled lr (`optim.py`).
+With `precision = "bf16"` every forward runs under `torch.autocast(bf16)`: matmuls compute in bf16 (and
+their backward too), while the parameters, gradients and AdamW state stay in the model's dtype (fp32 master
+weights) and the log-softmax (`logprobs.py`), the loss and the update stay fp32.
 An update whose gradient is non-finite, or whose total mass is 0, is skipped (counted in `actor/skipped_step`).
 The learning-rate schedule counts optimizer updates. Micro-batches carry `meta["ppo_epoch"]` and
 `meta["fresh"]` (True while no update of this local step has been applied yet), so a loss wrapper can tell a
@@ -115,6 +118,7 @@ class TorchTrainerBackend(WarmupSchedule):
         ppo_epochs: int = 1,
         shuffle: bool = False,
         seed: int = 0,
+        precision: Literal["fp32", "bf16"] = "fp32",
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError("micro_batch_size must be >= 1")
@@ -129,6 +133,9 @@ class TorchTrainerBackend(WarmupSchedule):
         self.mini_batches, self.ppo_epochs = int(mini_batches), int(ppo_epochs)
         self.shuffle, self.seed = bool(shuffle), int(seed)
         self.temperature = float(temperature)
+        if precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
+        self.precision = precision
         self.entropy_mode: EntropyMode = entropy
         self.aliases = tied_aliases(model)
         self.vision = VisionSpec.from_config(getattr(model, "config", None))
@@ -209,11 +216,12 @@ class TorchTrainerBackend(WarmupSchedule):
     def _log_probs(
         self, micro: TrainBatch, with_entropy: bool, entropy_grad: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return response_log_probs(
-            self.model, micro.input_ids, micro.attention_mask, micro.position_ids, micro.responses,
-            self.temperature, with_entropy, entropy_grad=entropy_grad, model_kwargs=self._model_kwargs(micro),
-            suppress_ids=self.suppress_ids,
-        )
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+            return response_log_probs(
+                self.model, micro.input_ids, micro.attention_mask, micro.position_ids, micro.responses,
+                self.temperature, with_entropy, entropy_grad=entropy_grad, model_kwargs=self._model_kwargs(micro),
+                suppress_ids=self.suppress_ids,
+            )
 
     def _micro_batches(self, batch: TrainBatch) -> tuple[list[TrainBatch], TrainBatch]:
         """The micro-batches of `batch`, and the one this rank repeats with weight 0 while other ranks still

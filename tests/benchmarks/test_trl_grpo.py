@@ -83,7 +83,7 @@ def test_study_recipe_is_the_demo_preset() -> None:
     assert r["reward"] == cfg.data.reward and r["val_max_samples"] == cfg.data.val_max_samples
     assert r["beta"] == 0.0 and r["loss_type"] == "dapo" and r["scale_rewards"] == "group"
     assert validation_steps(r["max_steps"], r["test_freq"], r["val_before_train"]) == list(
-        range(0, r["max_steps"] + 1, cfg.trainer.test_freq))
+        range(0, r["max_steps"] + 1, cfg.trainer.test_freq * cfg.async_training.trigger_parameter_sync_step))
 
 
 def test_recipe_refuses_work_trl_cannot_repeat() -> None:

@@ -201,3 +201,15 @@ def test_bf16_rollout_against_fp32_trainer_without_correction_is_noted() -> None
     assert "precision-mismatch-uncorrected" not in [q.code for q in analyze_run_config(tiny).problems]
     bad = analyze_run_config(tiny, ["rollout.dtype=fp16"])
     assert bad.exit_code == EXIT_INVALID and any(q.key == "rollout.dtype" for q in bad.problems)
+
+
+def test_trainer_bf16_autocast_validates_on_torch_and_is_refused_where_it_does_nothing() -> None:
+    tiny = RUNS / "tiny-cpu.toml"
+    both = analyze_run_config(tiny, ["rollout.dtype=bf16", "trainer.precision=bf16"])
+    assert both.exit_code == EXIT_OK  # bf16 on both sides: no precision mismatch to note
+    assert "precision-mismatch-uncorrected" not in [q.code for q in both.problems]
+    mega = analyze_run_config(RUNS / "seed000-mini-cpu.toml", ["trainer.precision=bf16"])
+    p = by_code(mega, "precision-backend")
+    assert mega.exit_code == EXIT_INVALID and p.key == "trainer.precision" and "megatron" in p.message
+    det = analyze_run_config(tiny, ["trainer.deterministic=true", "trainer.precision=bf16"])
+    assert det.exit_code == EXIT_INVALID and any(q.key == "trainer.precision" for q in det.problems)

@@ -1,0 +1,79 @@
+"""The demo studies' reductions (precision, demo-sweep, and the asyncrl side of trl-grpo): a run directory as
+the engine writes it becomes times since launch, the validation landmarks and the mismatch means."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.demo_runs import Variant, runs_table, summarize
+from benchmarks.demo_sweep import rank_key
+from benchmarks.trl_grpo import _targets, summarize_asyncrl
+
+T0 = 1_000_000.0  # epoch just before the launch command
+
+
+def write_run(run_dir: Path, vals: list[tuple[int, float, float]], steps: int, kl: float = 0.01) -> Path:
+    """A run directory: validations (version, seconds since launch, acc) and `steps` training records."""
+    run_dir.mkdir(parents=True)
+    records, events = [], []
+    for version, since_launch, acc in vals:
+        records.append({"fully_async/count/current_param_version": version, "asyncrl/time": since_launch - 10.0,
+                        "val-core/asyncrl/arith/acc/mean@1": acc})
+        events.append({"time": T0 + since_launch, "kind": "validation"})
+    for k in range(1, steps + 1):
+        records.append({"critic/rewards/mean": 0.1 * k, "timing_s/step": 10.0 + k, "actor/response_tokens": 100.0,
+                        "asyncrl/time": 20.0 * k, "asyncrl/rollout/tokens_per_s": 50.0, "rollout_corr/kl": kl,
+                        "fully_async/rollouter/active_time": 5.0,
+                        "rollout_corr/ppl_ratio": 1.0 + kl})
+    events.insert(1, {"time": T0 + 1.0, "kind": "sync"})  # other events are ignored
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return run_dir
+
+
+def test_validation_times_are_seconds_since_the_launch_command(tmp_path: Path) -> None:
+    d = write_run(tmp_path / "a", [(0, 30.0, 0.3), (5, 200.0, 0.8), (10, 400.0, 0.9)], steps=10)
+    run = summarize(Variant("a", ("x=1",)), d, T0, 0, 420.0)
+    assert [p["time_s"] for p in run.curve] == [30.0, 200.0, 400.0]
+    assert run.time_to(0.78) == 200.0 and run.time_to(0.95) is None
+    assert run.acc_at_or_before(300.0) == 0.8 and run.acc_at_or_before(10.0) is None
+    assert run.final_acc == 0.9 and run.steps == 10 and run.median_step_s == pytest.approx(15.5)
+    # trained tokens/s: 1000 response tokens from the first validation (asyncrl/time 20) to the last step (200)
+    assert run.trained_tokens == 1000.0 and run.trained_tokens_per_s == pytest.approx(1000.0 / 180.0)
+    # the sampler's busy rate: 50 tokens/s × 200 s of reports over 10 × 5 s with a call out
+    assert run.busy_tokens_per_s == pytest.approx(50.0 * 200.0 / 50.0)
+    assert run.mismatch["kl"] == pytest.approx(0.01) and "rollout_rs_masked_fraction" not in run.mismatch
+
+
+def test_sweep_ranks_by_accuracy_within_five_minutes_then_speed(tmp_path: Path) -> None:
+    slow_high = summarize(Variant("slow"), write_run(tmp_path / "s", [(0, 30, 0.3), (5, 320, 0.95)], 5), T0, 0, 1)
+    early = summarize(Variant("early"), write_run(tmp_path / "e", [(0, 30, 0.3), (5, 250, 0.8)], 5), T0, 0, 1)
+    earlier = summarize(Variant("earlier"), write_run(tmp_path / "r", [(0, 30, 0.3), (5, 150, 0.8)], 5), T0, 0, 1)
+    assert [r.label for r in sorted([slow_high, early, earlier], key=rank_key)] == ["earlier", "early", "slow"]
+    table = runs_table("t", [early])
+    assert table["rows"][0][4] == "0.30 → 0.80" and len(table["rows"][0]) == len(table["columns"])
+
+
+def test_trl_targets_compare_time_to_threshold_and_read_the_demo_targets(tmp_path: Path) -> None:
+    fast = summarize(Variant("asyncrl-async"), write_run(tmp_path / "f", [(0, 30, 0.3), (5, 150, 0.8),
+                                                                         (10, 290, 0.9)], 10), T0, 0, 470.0)
+    sync = summarize(Variant("asyncrl-sync"), write_run(tmp_path / "y", [(0, 30, 0.3), (5, 180, 0.8)], 5), T0, 0, 1)
+    trl = {"label": "trl-bf16", "time_to_threshold_s": 450.0}
+    rows = {t["target"]: t for t in _targets([trl, summarize_asyncrl(sync), summarize_asyncrl(fast)], "bf16")}
+    assert rows["TRL bf16 time to val 0.75 ÷ asyncrl fully async's"]["measured"] == 3.0
+    assert rows["TRL fp32 time to val 0.75 ÷ asyncrl fully async's"]["status"] == "not measured"
+    assert rows["asyncrl sync time to val 0.75 ÷ fully async's"]["measured"] == 1.2
+    assert rows["demo: best greedy val within 300 s of launch"]["status"] == "met"
+    assert rows["demo: last greedy val"]["status"] == "met" and rows["demo: launch to exit"]["status"] == "met"
+
+
+def test_trl_targets_read_the_in_loop_sampler_rates(tmp_path: Path) -> None:
+    sync = summarize_asyncrl(summarize(Variant("asyncrl-sync"), write_run(tmp_path / "y", [(0, 30, 0.3)], 10),
+                                       T0, 0, 1))
+    trl = {"label": "trl-fp32", "sampling_tokens_per_s": 50.0}
+    rows = {t["target"]: t for t in _targets([trl, sync], "fp32")}
+    row = rows["hf sampler (asyncrl sync) ÷ TRL fp32 `generate`, tokens/s inside the loop"]
+    assert row["measured"] == 4.0 and row["status"] == "met"  # 200 busy tokens/s against 50
