@@ -25,12 +25,13 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import PRESETS, REPO, subprocess_env
+from benchmarks.common import PRESETS, REPO, new_result, subprocess_env
 from benchmarks.engine_runs import read_jsonl
 
 PRESET = PRESETS / "smollm2-arith-cpu.toml"
@@ -102,6 +103,15 @@ def launch(variant: Variant, root: Path, timeout_s: float) -> DemoRun:
     if code != 0:
         out.error = f"exit {code}: {tail[0][:200] if tail else 'no output'}"
     return out
+
+
+def run_variants(study: str, size: str, variants: list[Variant]) -> tuple[dict[str, Any], list[DemoRun]]:
+    """A study's result skeleton (`new_result`, listing the variants) and every variant launched in turn."""
+    result = new_result(study, size, {"preset": PRESET.name, "variants": [
+        {"label": v.label, "overrides": list(v.overrides), "why": v.why} for v in variants]})
+    with tempfile.TemporaryDirectory(prefix=f"asyncrl-{study}-") as tmp:
+        runs = [launch(v, Path(tmp), timeout_s=1800) for v in variants]
+    return result, runs
 
 
 def summarize(variant: Variant, run_dir: Path, t0: float, code: int, wall_s: float) -> DemoRun:

@@ -9,21 +9,19 @@ issue's 0.78 target), then the time to 0.78, then the final validation (the 0.88
 
 from __future__ import annotations
 
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import finish_result, new_result, write_json
+from benchmarks.common import finish_result, write_json
 from benchmarks.demo_runs import (
     EARLY,
     EARLY_S,
-    PRESET,
     DemoRun,
     Variant,
     curves_table,
-    launch,
     plot_runs,
+    run_variants,
     runs_table,
     to_json,
 )
@@ -58,11 +56,7 @@ def rank_key(run: DemoRun) -> tuple[float, float, float]:
 def run(size: str, out_dir: Path, variants: list[Variant] | None = None) -> dict[str, Any]:
     started = time.monotonic()
     chosen = variants or VARIANTS[size]
-    result = new_result(STUDY, size, {"preset": PRESET.name,
-                                      "variants": [{"label": v.label, "overrides": list(v.overrides), "why": v.why}
-                                                   for v in chosen]})
-    with tempfile.TemporaryDirectory(prefix="asyncrl-sweep-") as tmp:
-        runs = [launch(v, Path(tmp), timeout_s=1800) for v in chosen]
+    result, runs = run_variants(STUDY, size, chosen)
     ok = sorted((r for r in runs if not r.error), key=rank_key)
     result["runs"] = [to_json(r) for r in runs]
     result["ranking"] = [r.label for r in ok]

@@ -14,13 +14,12 @@ numbers reported.
 
 from __future__ import annotations
 
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import finish_result, new_result, write_json
-from benchmarks.demo_runs import PRESET, Variant, curves_table, launch, plot_runs, runs_table, to_json
+from benchmarks.common import finish_result, write_json
+from benchmarks.demo_runs import Variant, curves_table, plot_runs, run_variants, runs_table, to_json
 from benchmarks.targets import evaluate
 
 STUDY = "precision"
@@ -50,11 +49,7 @@ VARIANTS = {
 def run(size: str, out_dir: Path, variants: list[Variant] | None = None) -> dict[str, Any]:
     started = time.monotonic()
     chosen = variants or VARIANTS[size]
-    result = new_result(STUDY, size, {"preset": PRESET.name,
-                                      "variants": [{"label": v.label, "overrides": list(v.overrides), "why": v.why}
-                                                   for v in chosen]})
-    with tempfile.TemporaryDirectory(prefix="asyncrl-precision-") as tmp:
-        runs = [launch(v, Path(tmp), timeout_s=1800) for v in chosen]
+    result, runs = run_variants(STUDY, size, chosen)
     by = {r.label: r for r in runs}
     result["runs"] = [to_json(r) for r in runs]
     result["tables"] = [runs_table("Precision per role (demo preset, fully async, 20 steps each)", runs),

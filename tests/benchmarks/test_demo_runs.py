@@ -77,3 +77,33 @@ def test_trl_targets_read_the_in_loop_sampler_rates(tmp_path: Path) -> None:
     rows = {t["target"]: t for t in _targets([trl, sync], "fp32")}
     row = rows["hf sampler (asyncrl sync) ÷ TRL fp32 `generate`, tokens/s inside the loop"]
     assert row["measured"] == 4.0 and row["status"] == "met"  # 200 busy tokens/s against 50
+
+
+@pytest.mark.parametrize("study", ["precision", "demo-sweep"])
+def test_study_writes_its_json_and_plot_from_the_runs(tmp_path: Path, monkeypatch, study: str) -> None:
+    """The study's pipeline around the launches (which the full studies make for real): every variant is
+    launched once, in order, and the JSON holds its runs, the tables and the ranking or targets."""
+    import importlib
+
+    import benchmarks.demo_runs as demo_runs
+
+    module = importlib.import_module({"precision": "benchmarks.precision", "demo-sweep": "benchmarks.demo_sweep"}[study])
+    launched: list[str] = []
+
+    def fake_launch(variant: Variant, root: Path, timeout_s: float):
+        launched.append(variant.label)
+        d = write_run(tmp_path / "runs" / f"{len(launched)}", [(0, 30, 0.3), (5, 150 + len(launched), 0.8)], 5)
+        return summarize(variant, d, T0, 0, 200.0)
+
+    monkeypatch.setattr(demo_runs, "launch", fake_launch)
+    variants = module.VARIANTS["full"]
+    result = module.run("full", tmp_path / "out", variants=variants)
+    assert launched == [v.label for v in variants]
+    saved = json.loads((tmp_path / "out" / f"{study}.json").read_text())
+    assert [r["label"] for r in saved["runs"]] == launched and (tmp_path / "out" / f"{study}.png").exists()
+    assert saved["params"]["variants"][0]["overrides"] == list(variants[0].overrides)
+    assert len(result["tables"][0]["rows"]) == len(variants)
+    if study == "demo-sweep":
+        assert saved["ranking"][0] == launched[0]  # all reach 0.8; the first reached it soonest
+    else:
+        assert saved["targets"][0]["measured"] == pytest.approx(1.0)  # equal step times: bf16 ÷ fp32 = 1
