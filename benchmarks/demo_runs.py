@@ -37,6 +37,8 @@ from benchmarks.engine_runs import read_jsonl
 PRESET = PRESETS / "smollm2-arith-cpu.toml"
 EARLY, EARLY_S, FINAL = 0.78, 300.0, 0.88
 """The issue's demo targets: greedy validation ≥ 0.78 within 5 minutes of launch and ≥ 0.88 by the end."""
+LAUNCH_NOTE = ("Each run is `asyncrl launch presets/runs/smollm2-arith-cpu.toml --set …` in its own process (its "
+               "own local Ray), timed from the command's start; the variants ran one after the other on the same cores.")
 MISMATCH = ("kl", "ppl_ratio", "chi2_token", "rollout_rs_masked_fraction", "rollout_is_mean")
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from benchmarks.common import finish_result, write_json
 from benchmarks.demo_runs import (
     EARLY,
+    LAUNCH_NOTE,
     EARLY_S,
     DemoRun,
     Variant,
@@ -64,8 +65,7 @@ def run(size: str, out_dir: Path, variants: list[Variant] | None = None) -> dict
                         curves_table(runs)]
     result["targets"] = []  # the demo's targets are read off its whole run (the trl-grpo study)
     result["notes"] = [
-        "Each run is `asyncrl launch presets/runs/smollm2-arith-cpu.toml --set …` in its own process (its own "
-        "local Ray), timed from the command's start; the variants ran one after the other on the same cores.",
+        LAUNCH_NOTE,
         f"Ranking (best first: best val within {EARLY_S:.0f} s, then time to {EARLY}, then final val): "
         + ", ".join(result["ranking"]),
     ]

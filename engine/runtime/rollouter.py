@@ -36,11 +36,11 @@ from engine.runtime.scoring import RunConfig, filtered_message, reward_errors_me
 from engine.types import GenResult, Prompt, TrajectoryGroup
 
 DRAIN_TIMEOUT_S = 60.0
+"""Longest wait for generations aborted for a checkpoint cut to come back."""
 LOOP_WAIT_S = 0.05
 """Longest wait of one dispatch-loop turn: a finishing call wakes it at once (`ReplicaCalls.ready`); otherwise
 it looks at the queue, the knobs and the clock 20 times a second. At 50–100 turns a second (each one an
 actor call to the queue) the loop and the queue took a fifth of a core on the 2-core demo."""
-"""Longest wait for generations aborted for a checkpoint cut to come back."""
 SYNC_WAIT_TIMEOUT_S = 1800.0  # a sync waiting longer on a replica that neither answers nor dies fails the run
 
 
