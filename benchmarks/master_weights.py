@@ -114,7 +114,7 @@ def one_policy(label: str, pure_bf16: bool) -> dict[str, Any]:
                 params[n].copy_(start[n])
         for h in hooks:
             h.remove()
-        del trainer, start, grads_nonzero
+        del trainer, start
         gc.collect()
     decoder = [out["groups"][g] for g in ("layer 0", "layer 1")]
     out["decoder_changed"] = sum(g["changed"] for g in decoder) / sum(g["with_grad"] for g in decoder)
