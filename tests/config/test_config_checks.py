@@ -33,7 +33,8 @@ def test_is_weights_unused_in_bypass_ppo_clip_is_a_warning_at_its_line() -> None
     assert an.exit_code == EXIT_OK
     p = by_code(an, "is-weights-unused")
     assert p.severity == "warning" and p.key == "algorithm.rollout_correction.rollout_is"
-    assert p.file.endswith("16-16.toml") and p.line == 52
+    line = next(i for i, text in enumerate(VL16.read_text().splitlines(), 1) if text.startswith("rollout_is ="))
+    assert p.file.endswith("16-16.toml") and p.line == line
     an2 = analyze_run_config(VL16, ["algorithm.rollout_correction.bypass_mode=false"])
     assert "is-weights-unused" not in [q.code for q in an2.problems]
 
