@@ -34,7 +34,7 @@ def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
                 build(seed=0), gradient_checkpointing=True, logprob_chunk_tokens=3, **common), rank, world)
         # bf16 compute over fp32 shards (MixedPrecisionPolicy) at the presets' lr
         mixed = FSDPTrainerBackend(build_tiny_lm(seed=0), optim_cfg={"lr": 1e-6, "weight_decay": 0.0},
-                                   grad_clip=1e6, micro_batch_size=2, precision="bf16")
+                                   grad_clip=1e6, micro_batch_size=2, precision="bf16", logprob_chunk_tokens=3)
         shards = [p.to_local() if isinstance(p, DTensor) else p for p in mixed.model.parameters()]
         result["mixed/shard_dtypes"] = sorted({str(p.dtype) for p in shards})
         before = [s.detach().clone() for s in shards]

@@ -88,7 +88,7 @@ def test_fp32_master_weights_move_at_lr_1e6_where_pure_bf16_does_not() -> None:
     batch = random_batch(rows=8)
     model = build_tiny_lm()
     optim = {"lr": 1e-6, "weight_decay": 0.0}
-    master = make(copy.deepcopy(model), optim_cfg=optim, precision="bf16")
+    master = make(copy.deepcopy(model), optim_cfg=optim, precision="bf16", logprob_chunk_tokens=4)
     pure = make(copy.deepcopy(model).to(torch.bfloat16), optim_cfg=optim, precision="bf16")
     assert master._autocast() and not pure._autocast()
 
