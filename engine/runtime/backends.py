@@ -141,7 +141,10 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
     model = load_causal_lm(model_dir, dtype=cfg.model.dtype)
     kwargs = {"optim_cfg": optim, "grad_clip": cfg.trainer.grad_clip, "device": check_device(compute_device(cfg)),
               "micro_batch_size": cfg.trainer.ppo_micro_batch_size_per_gpu, "temperature": temperature,
-              "seed": cfg.trainer.seed, "precision": cfg.trainer.precision, **update}
+              "seed": cfg.trainer.seed, "precision": cfg.trainer.precision, **update,
+              "use_dynamic_bsz": cfg.trainer.use_dynamic_bsz,
+              "ppo_max_token_len_per_gpu": cfg.trainer.ppo_max_token_len_per_gpu,
+              "log_prob_max_token_len_per_gpu": cfg.trainer.log_prob_max_token_len_per_gpu}
     if distributed:
         from engine.trainer.fsdp import FSDPTrainerBackend
 

@@ -213,3 +213,12 @@ def test_trainer_bf16_autocast_validates_on_torch_and_is_refused_where_it_does_n
     assert mega.exit_code == EXIT_INVALID and p.key == "trainer.precision" and "megatron" in p.message
     det = analyze_run_config(tiny, ["trainer.deterministic=true", "trainer.precision=bf16"])
     assert det.exit_code == EXIT_INVALID and any(q.key == "trainer.precision" for q in det.problems)
+
+
+def test_dynamic_bsz_is_refused_on_megatron_and_a_budget_below_the_longest_row() -> None:
+    p = by_code(analyze_run_config(MOE, ["trainer.use_dynamic_bsz=true"]), "dynamic-bsz-megatron")
+    assert p.severity == "error" and p.key == "trainer.use_dynamic_bsz"
+    an = analyze_run_config(VL16, ["trainer.use_dynamic_bsz=true", "trainer.log_prob_max_token_len_per_gpu=100"])
+    p = by_code(an, "token-budget-row")
+    assert p.key == "trainer.log_prob_max_token_len_per_gpu" and "at least" in p.message
+    assert an.exit_code == EXIT_INVALID
