@@ -252,14 +252,15 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
 
 
 def token_budget_rules(cfg: RunConfig) -> list[Problem]:
-    """`use_dynamic_bsz`: torch backend only, and every budget holds the longest row (prompt + response)."""
+    """`use_dynamic_bsz`: not with Megatron's pipeline (pp > 1), and every budget holds the longest row."""
     t = cfg.trainer
     if not t.use_dynamic_bsz:
         return []
-    if t.backend == "megatron":
-        return [error("dynamic-bsz-megatron", "trainer.use_dynamic_bsz",
-                      "use_dynamic_bsz is implemented for the torch (FSDP2) backend only; on megatron set "
-                      "use_dynamic_bsz = false and size ppo_micro_batch_size_per_gpu")]
+    if t.backend == "megatron" and t.pp > 1:
+        return [error("dynamic-bsz-megatron-pp", "trainer.use_dynamic_bsz",
+                      "use_dynamic_bsz is implemented for megatron with pp = 1 only (the pipeline schedule "
+                      "needs equal micro-batches); set use_dynamic_bsz = false and size "
+                      "ppo_micro_batch_size_per_gpu, or pp = 1")]
     longest = cfg.data.max_prompt_length + cfg.data.max_response_length
     out = []
     for key, budget in (("ppo_max_token_len_per_gpu", t.ppo_max_token_len_per_gpu),

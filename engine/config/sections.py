@@ -194,7 +194,7 @@ class TrainerConfig(Section):
     its rows into micro-batches of at most `ppo_max_token_len_per_gpu` tokens (prompt + response, balanced by
     tokens, the ranks agreeing on one count; `log_prob_max_token_len_per_gpu` for the log-prob passes), each
     padded only to its own longest row. The gradient equals the unsplit one for every `loss_agg_mode`. torch
-    backend only."""
+    backend, and megatron with pp = 1."""
     ppo_max_token_len_per_gpu: int = Field(16384, gt=0)
     """Tokens per update micro-batch and rank with `use_dynamic_bsz` (verl's key; ≥ the longest row)."""
     log_prob_max_token_len_per_gpu: int | None = Field(None, gt=0)

@@ -121,6 +121,9 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
     # verl's actor loop: require_batches mini-batches × ppo_epochs passes per local step
     update = {"mini_batches": cfg.async_training.require_batches, "ppo_epochs": cfg.trainer.ppo_epochs,
               "shuffle": cfg.trainer.shuffle}
+    budgets = {"use_dynamic_bsz": cfg.trainer.use_dynamic_bsz,
+               "ppo_max_token_len_per_gpu": cfg.trainer.ppo_max_token_len_per_gpu,
+               "log_prob_max_token_len_per_gpu": cfg.trainer.log_prob_max_token_len_per_gpu}
     if cfg.trainer.backend == "megatron":
         from engine.trainer.megatron.backend import MegatronTrainerBackend
 
@@ -133,7 +136,7 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
             model_dir, tp=cfg.trainer.tp, pp=cfg.trainer.pp, cp=cfg.trainer.cp, ep=cfg.trainer.ep,
             optim_cfg=optim, grad_clip=cfg.trainer.grad_clip,
             micro_batch_size=cfg.trainer.ppo_micro_batch_size_per_gpu, temperature=temperature,
-            seed=cfg.trainer.seed, **update, **world,
+            seed=cfg.trainer.seed, **update, **world, **budgets,
         )
     from engine.models.loader import load_causal_lm
     from engine.trainer.torch_trainer import TorchTrainerBackend
@@ -141,10 +144,7 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
     model = load_causal_lm(model_dir, dtype=cfg.model.dtype)
     kwargs = {"optim_cfg": optim, "grad_clip": cfg.trainer.grad_clip, "device": check_device(compute_device(cfg)),
               "micro_batch_size": cfg.trainer.ppo_micro_batch_size_per_gpu, "temperature": temperature,
-              "seed": cfg.trainer.seed, "precision": cfg.trainer.precision, **update,
-              "use_dynamic_bsz": cfg.trainer.use_dynamic_bsz,
-              "ppo_max_token_len_per_gpu": cfg.trainer.ppo_max_token_len_per_gpu,
-              "log_prob_max_token_len_per_gpu": cfg.trainer.log_prob_max_token_len_per_gpu}
+              "seed": cfg.trainer.seed, "precision": cfg.trainer.precision, **update, **budgets}
     if distributed:
         from engine.trainer.fsdp import FSDPTrainerBackend
 

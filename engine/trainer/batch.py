@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from engine.trainer.base import TrainBatch
-from engine.trainer.minibatch import contiguous_bounds, token_budget_micro_batches
+from engine.trainer.minibatch import contiguous_bounds, micro_batch_count, token_budget_micro_batches
 from engine.types import Trajectory, TrajectoryGroup
 
 Row = tuple[list[int], Trajectory] | tuple[list[int], Trajectory, Sequence[str]]
@@ -129,6 +129,17 @@ def split_by_token_budget(batch: TrainBatch, count: int) -> tuple[list[TrainBatc
     `token_budget_micro_batches`), and the row order they hold when concatenated (to map outputs back)."""
     groups = token_budget_micro_batches(row_lengths(batch), count)
     return [batch.select(torch.tensor(g, dtype=torch.long)) for g in groups], [i for g in groups for i in g]
+
+
+def plan_micro_batches(batch: TrainBatch, micro_size: int, max_tokens: int | None,
+                       agree: Callable[[int], int]) -> tuple[list[TrainBatch], list[int] | None]:
+    """A rank's micro-batches of `batch` and the row order they hold (None: in order): `micro_size` rows each,
+    or with a token budget `max_tokens` token-balanced ones whose count the ranks agree on first —
+    `agree(k)` is the max of k over the ranks, a collective every rank must join once per call."""
+    if max_tokens is None:
+        return split_micro_batches(batch, micro_size), None
+    count = agree(micro_batch_count(row_lengths(batch), max_tokens))
+    return split_by_token_budget(batch, count)
 
 
 FILLER = "filler"

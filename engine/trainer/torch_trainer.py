@@ -63,13 +63,11 @@ from engine.trainer.batch import (
     FILLER,
     is_filler,
     lockstep_log_probs,
-    row_lengths,
-    split_by_token_budget,
-    split_micro_batches,
+    plan_micro_batches,
     trim_padding,
 )
 from engine.trainer.logprobs import response_log_probs
-from engine.trainer.minibatch import local_step_metrics, micro_batch_count, mini_batch_plan
+from engine.trainer.minibatch import local_step_metrics, mini_batch_plan
 from engine.trainer.optim import OptimConfig, WarmupSchedule, build_optimizer, set_lr
 from engine.trainer.step_metrics import update_metrics
 
@@ -242,21 +240,15 @@ class TorchTrainerBackend(WarmupSchedule):
             )
 
     def _micro_batches(self, batch: TrainBatch, max_tokens: int) -> tuple[list[TrainBatch], TrainBatch, list[int] | None]:
-        """The micro-batches of `batch`, the one this rank repeats with weight 0 while other ranks still have
-        micro-batches to run (the last one, or a `FILLER` batch itself, which has no real micro-batch), and
-        the row order the micro-batches hold (None: in order). With `use_dynamic_bsz` the ranks first agree
-        on the count for `max_tokens` (a collective: every rank calls this once per pass)."""
-        if self.use_dynamic_bsz:
-            lengths = [] if is_filler(batch) else row_lengths(batch)
-            count = self._max_across_ranks(micro_batch_count(lengths, max_tokens))
-            if not lengths:
-                return [], batch, None
-            micros, order = split_by_token_budget(batch, count)
-            return micros, micros[-1], order
-        if is_filler(batch):
+        """The micro-batches of `batch` (`plan_micro_batches`; `max_tokens` with `use_dynamic_bsz`), the one this
+        rank repeats with weight 0 while other ranks still have micro-batches to run (the last one, or a
+        `FILLER` batch itself, which has no real micro-batch), and the row order the micro-batches hold."""
+        filler = is_filler(batch)
+        if filler and not self.use_dynamic_bsz:
             return [], batch, None
-        micros = split_micro_batches(batch, self.micro_batch_size)
-        return micros, micros[-1] if micros else batch, None
+        micros, order = plan_micro_batches(batch.select(slice(0, 0)) if filler else batch, self.micro_batch_size,
+                                           max_tokens if self.use_dynamic_bsz else None, self._max_across_ranks)
+        return micros, micros[-1] if micros else batch, order
 
     def compute_log_probs(self, batch: TrainBatch, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log π_θ(response token) [B, R] in fp32 on CPU, at the trainer temperature (0 on padding)."""

@@ -215,8 +215,8 @@ def test_trainer_bf16_autocast_validates_on_torch_and_is_refused_where_it_does_n
     assert det.exit_code == EXIT_INVALID and any(q.key == "trainer.precision" for q in det.problems)
 
 
-def test_dynamic_bsz_is_refused_on_megatron_and_a_budget_below_the_longest_row() -> None:
-    p = by_code(analyze_run_config(MOE, ["trainer.use_dynamic_bsz=true"]), "dynamic-bsz-megatron")
+def test_dynamic_bsz_is_refused_on_megatron_pipelines_and_a_budget_below_the_longest_row() -> None:
+    p = by_code(analyze_run_config(MOE, ["trainer.use_dynamic_bsz=true", "trainer.pp=2"]), "dynamic-bsz-megatron-pp")
     assert p.severity == "error" and p.key == "trainer.use_dynamic_bsz"
     an = analyze_run_config(VL16, ["trainer.use_dynamic_bsz=true", "trainer.log_prob_max_token_len_per_gpu=100"])
     p = by_code(an, "token-budget-row")
