@@ -178,7 +178,7 @@ def fit(size: dict[str, Any], log: list[dict[str, Any]]) -> dict[str, Any]:
     def pair(shape: dict[str, Any], recompute: bool, name: str) -> tuple[float, dict[str, Any]]:
         spec = {**shape, "layers": 2, "recompute": recompute}
         m1, m2 = (measure({**spec, "micro_batches": [[t]]}) for t in (t1, t2))
-        log += [{"name": f"{name} T={t}", "role": "fit", **m} for t, m in ((t1, m1), (t2, m2))]
+        log.extend({"name": f"{name} T={t}", "role": "fit", **m} for t, m in ((t1, m1), (t2, m2)))
         return _slope(m1, m2, t1, t2) / 2, {"m1": m1, "m2": m2, "spec": spec}
 
     d1, d2, moe = size["dense"], size["dense2"], size["moe"]
@@ -203,7 +203,7 @@ def fit(size: dict[str, Any], log: list[dict[str, Any]]) -> dict[str, Any]:
     c_t = sum(intercepts) / len(intercepts)
     v = size["head_vocab"]
     h1, h2 = (measure({"kind": "head", "tokens": t // 4, "vocab": v}) for t in (t1, t2))
-    log += [{"name": f"head V={v} T={t // 4}", "role": "fit", **m} for t, m in ((t1, h1), (t2, h2))]
+    log.extend({"name": f"head V={v} T={t // 4}", "role": "fit", **m} for t, m in ((t1, h1), (t2, h2)))
     c_v = (h2["activation_peak"] - h1["activation_peak"]) / ((t2 - t1) // 4) / v
     return {"c_h": c_h, "c_i": c_i, "c_m": c_m, "c_ck": c_ck, "c_t": c_t, "c_v": c_v}
 

@@ -4,7 +4,7 @@ One function, `predict_memory`, with named terms in bytes (`validate --json` / `
 P parameters (P_e of them in routed experts, P_d = P − P_e), L layers, h hidden, I intermediate (dense MLP),
 k·I_m routed intermediate per token (MoE), V vocabulary; b_c bytes of the trainer's compute dtype
 (`trainer.precision`, else `model.dtype`), b_p of its parameters (4: fp32 master weights, unless
-`trainer.fp32_master_weights = false`, then `model.dtype`), b_r of the rollout's (`rollout.dtype`, else
+`trainer.fp32_master_weights = false`; `engine.config.precision`), b_r of the rollout's (`rollout.dtype`, else
 `model.dtype`).
 
 Trainer rank, `torch` backend (FSDP2 over W = trainer_dp ranks, one rank = plain torch):
@@ -23,11 +23,15 @@ Activations of the update micro-batch, T tokens (`ppo_max_token_len_per_gpu` wit
 parallel) on Megatron, T on torch:
 
     per-token, per-layer a = (c_h·h + c_i·I + c_m·k·I_m [MoE layers]) · b_c/2          (calibrated, bytes)
+    log-prob pass   T_lp'·a (no-grad forward of the log-prob micro-batch, `log_prob_max_token_len_per_gpu`:
+                    one layer's working set at a time); `activations` is the larger of it and the update's
     recompute off:  T'·L·a              (Megatron: L/pp layers × pp micro-batches in flight on stage 0 = L)
-    recompute on:   T'·(L·c_ck·h·b_c/2 + a)  — each layer keeps its input, one layer is rebuilt at a time
+    recompute on:   T'·(⌈L/g⌉·c_ck·h·b_c/2 + g·a) — each group of g layers keeps its input, one group is
+                    rebuilt at a time (g = 1 for `enable_gradient_checkpointing`; Megatron full/uniform:
+                    `recompute_num_layers`)
     transient       c_t · (params of one layer) · b_c  (a weight gradient being accumulated)
-    log-prob head   T_head·V/tp·c_v: T_head = `trainer.logprob_chunk_tokens` when set, else the response
-                    tokens of the micro-batch (T · max_response / (max_prompt + max_response))
+    log-prob head   T_head·V/tp·c_v: T_head = min(`trainer.logprob_chunk_tokens`, the response tokens of
+                    the micro-batch, T · max_response / (max_prompt + max_response))
     moe_dispatch    Megatron MoE: 2·T'·k·h·b_c (the token dispatcher's permuted input and output)
 
 c_h, c_i, c_m, c_ck, c_t, c_v are measured, not guessed: `python -m benchmarks memory-model` runs real HF
@@ -50,6 +54,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from engine.config.precision import policy_of
 
 if TYPE_CHECKING:
     from engine.config.schema import RunConfig
@@ -130,11 +136,13 @@ def activation_per_token_layer(m: ModelShape, compute_bytes: int, cal: dict[str,
 
 
 def activation_bytes(m: ModelShape, tokens: float, layers: int, recompute: bool, compute_bytes: int,
-                     cal: dict[str, Any]) -> float:
-    """Activations of `tokens` tokens through `layers` layers, with or without per-layer recompute."""
+                     cal: dict[str, Any], group: int = 1) -> float:
+    """Activations of `tokens` tokens through `layers` layers, with or without recompute in groups of `group`
+    layers (each group keeps its input; one group is rebuilt at a time)."""
     a = activation_per_token_layer(m, compute_bytes, cal)
     if recompute:
-        return tokens * (layers * cal["coefficients"]["c_ck"] * m.hidden * compute_bytes / 2 + a)
+        groups = -(-layers // group)
+        return tokens * (groups * cal["coefficients"]["c_ck"] * m.hidden * compute_bytes / 2 + min(group, layers) * a)
     return tokens * layers * a
 
 
@@ -155,8 +163,16 @@ def _bytes(name: str | None, default: int) -> int:
 def update_tokens(cfg: RunConfig) -> int:
     """T: tokens of one update micro-batch on one rank."""
     t, d = cfg.trainer, cfg.data
-    if getattr(t, "use_dynamic_bsz", False):
+    if t.use_dynamic_bsz:
         return int(t.ppo_max_token_len_per_gpu)
+    return int(t.ppo_micro_batch_size_per_gpu * (d.max_prompt_length + d.max_response_length))
+
+
+def log_prob_tokens(cfg: RunConfig) -> int:
+    """Tokens of one log-prob (π_old, π_prox, reference) micro-batch on one rank."""
+    t, d = cfg.trainer, cfg.data
+    if t.use_dynamic_bsz:
+        return int(t.log_prob_max_token_len_per_gpu or t.ppo_max_token_len_per_gpu)
     return int(t.ppo_micro_batch_size_per_gpu * (d.max_prompt_length + d.max_response_length))
 
 
@@ -165,16 +181,14 @@ def trainer_memory(cfg: RunConfig, m: ModelShape, world: int, capacity: float, d
     """One trainer rank's predicted peak (module docstring); `world` = trainer ranks."""
     cal = cal or calibration()
     t, d = cfg.trainer, cfg.data
-    b_model = _bytes(cfg.model.dtype, 4)
-    b_c = _bytes(getattr(t, "precision", None), b_model)
-    b_p = 4 if getattr(t, "fp32_master_weights", True) else b_model
-    ref_offload = bool(getattr(t, "ref_param_offload", False))
-    p = m.params_total + int(getattr(m, "params_vision", 0) or 0)
+    policy = policy_of(cfg)
+    b_c, b_p = DTYPE_BYTES[policy.compute], DTYPE_BYTES[policy.params]
+    p = m.params_total
     terms: dict[str, float] = {}
     host: dict[str, float] = {}
     tokens = update_tokens(cfg)
     if t.backend == "megatron":
-        etp = int(getattr(t, "etp", 1) or 1)
+        etp = t.etp
         p_e = m.params_expert
         dense, expert = (p - p_e) / (t.tp * t.pp), p_e / (t.ep * etp * t.pp)
         dp, edp = max(1, world // (t.tp * t.pp * t.cp)), max(1, world // (t.ep * etp * t.pp))
@@ -182,9 +196,10 @@ def trainer_memory(cfg: RunConfig, m: ModelShape, world: int, capacity: float, d
         terms["gradients"] = (dense + expert) * 4
         terms["optimizer"] = 12 * (dense / dp + expert / edp)
         if t.use_kl_loss:
-            (host if ref_offload else terms)["reference"] = (dense + expert) * b_c
+            (host if t.ref_param_offload else terms)["reference"] = (dense + expert) * b_c
         shard_tokens, tp, dp_share = tokens / (t.cp * t.tp), t.tp, dp
-        recompute = getattr(t, "recompute_granularity", None) == "full"
+        recompute = t.recompute_granularity == "full"
+        group = t.recompute_num_layers if t.recompute_method == "uniform" else 1
         if m.is_moe:
             terms["moe_dispatch"] = 2 * shard_tokens * m.experts_per_token * m.hidden * b_c
     else:
@@ -197,27 +212,33 @@ def trainer_memory(cfg: RunConfig, m: ModelShape, world: int, capacity: float, d
         elif world > 1:
             terms["compute_copy"] = 2 * layer_params(m) * b_p
         if t.use_kl_loss:
-            (host if ref_offload else terms)["reference"] = p * b_c / world
+            (host if t.ref_param_offload else terms)["reference"] = p * b_c / world
         shard_tokens, tp, dp_share = float(tokens), 1, world
-        recompute = bool(getattr(t, "enable_gradient_checkpointing", False))
-    terms["activations"] = activation_bytes(m, shard_tokens, m.layers, recompute, b_c, cal)
+        recompute, group = t.enable_gradient_checkpointing, 1
+    update_act = activation_bytes(m, shard_tokens, m.layers, recompute, b_c, cal, group)
+    # the no-grad log-prob passes keep one layer's working set of their (larger) micro-batch at a time
+    lp_tokens = log_prob_tokens(cfg) * shard_tokens / max(tokens, 1)  # split as the update's (cp·tp)
+    lp_act = activation_per_token_layer(m, b_c, cal) * lp_tokens
+    terms["activations"] = max(update_act, lp_act)
     terms["backward_transient"] = transient_bytes(m, b_c, cal)
     seq = d.max_prompt_length + d.max_response_length
-    chunk = getattr(t, "logprob_chunk_tokens", None)
-    head_tokens = chunk or shard_tokens * tp * d.max_response_length / seq
-    terms["logprob_head"] = head_bytes(min(head_tokens, shard_tokens * tp), m.vocab // tp, cal)
-    decoupled = not cfg.algorithm.rollout_correction.bypass_mode
+    response_tokens = shard_tokens * tp * d.max_response_length / seq
+    terms["logprob_head"] = head_bytes(min(t.logprob_chunk_tokens, response_tokens), m.vocab // tp, cal)
+    if not cfg.algorithm.rollout_correction.bypass_mode:  # decoupled: π_prox snapshot of this rank's shards
+        host["prox_snapshot"] = terms["weights"] * (b_p / b_c if t.backend == "megatron" else 1)
+    host["weight_sync_bucket"] = cfg.rollout.weight_sync_bucket_mb * 2**20
     on_cpu = device == "cpu"
-    if decoupled:
-        (terms if on_cpu else host)["prox_snapshot"] = terms["weights"] * (b_p / b_c if t.backend == "megatron"
-                                                                            else 1)
-    (terms if on_cpu else host)["weight_sync_bucket"] = cfg.rollout.weight_sync_bucket_mb * 2**20
+    if on_cpu:  # host memory is the device's memory
+        terms.update(host)
+        host = {}
     terms["runtime"] = CPU_RUNTIME if on_cpu else ACCEL_RUNTIME
     total = sum(terms.values())
     return RoleMemory("trainer", terms, capacity, total <= capacity, host, {
         "tokens_per_micro_batch": tokens, "tokens_per_rank": round(shard_tokens), "world": world,
+        "log_prob_tokens_per_micro_batch": log_prob_tokens(cfg),
+        "activations_from": "update" if update_act >= lp_act else "log-prob pass",
         "data_parallel": dp_share, "recompute": recompute, "compute_bytes": b_c, "param_bytes": b_p,
-        "use_dynamic_bsz": bool(getattr(t, "use_dynamic_bsz", False)),
+        "use_dynamic_bsz": t.use_dynamic_bsz, "precision": policy.describe(),
         "calibration": cal.get("source", str(CALIBRATION.name))})
 
 
@@ -227,7 +248,7 @@ def rollout_memory(cfg: RunConfig, m: ModelShape, memory: float, device: str) ->
     b_r = _bytes(r.dtype, _bytes(cfg.model.dtype, 4))
     tp = r.tensor_parallel_size
     budget = memory * (r.gpu_memory_utilization if r.backend == "vllm" else 0.9)
-    p = m.params_total + int(getattr(m, "params_vision", 0) or 0)
+    p = m.params_total
     weights = p * b_r / tp
     reserve = max(1 * GB, 0.05 * budget)
     bucket = r.weight_sync_bucket_mb * 2**20
