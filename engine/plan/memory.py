@@ -67,6 +67,27 @@ ACCEL_RUNTIME = 2.0 * GB
 CPU_RUNTIME = 0.3 * GB
 
 
+TERMS = {
+    "weights": "this rank's parameters (torch: P·b_p/W, fp32 masters; megatron: the tp/pp/ep·etp shard in b_c)",
+    "gradients": "gradients of those parameters (torch: P·b_p/W; megatron: fp32 main grads of the shard)",
+    "optimizer": "AdamW m and v (torch: 2·P·b_p/W; megatron distributed optimizer: fp32 master + m + v over DP)",
+    "compute_copy": "compute-dtype copies (1 rank: autocast's weight cache; FSDP2: 2 gathered layers + embeddings)",
+    "reference": "the frozen KL reference in b_c (no gradients, no optimizer; host memory with ref_param_offload)",
+    "activations": "saved activations of the update micro-batch (calibrated per token per layer, recompute-aware)"
+                   ", or the log-prob pass's working set if larger",
+    "backward_transient": "a weight gradient being accumulated in the backward (calibrated, per layer)",
+    "logprob_head": "fp32 log-softmax and its gradient over min(logprob_chunk_tokens, response tokens) × V/tp",
+    "moe_dispatch": "Megatron MoE token dispatcher: permuted input and output, 2·T'·k·h·b_c",
+    "prox_snapshot": "π_prox snapshot of this rank's parameters (decoupled mode; pinned host memory)",
+    "weight_sync_bucket": "one weight-sync bucket (rollout.weight_sync_bucket_mb)",
+    "runtime": "CUDA/CANN context and allocator fragmentation (2 GB; 0.3 GB on CPU)",
+    "activation_reserve": "vLLM's activation reserve: max(1 GB, 5 % of the budget)",
+    "kv_cache": "KV cache: 2·L·⌈n_kv/TP⌉·d·b_r per token, max_num_seqs full-length sequences, capped by the budget",
+}
+ROLLOUT_TERMS = {**TERMS, "weights": "the replica's weights on this GPU, P·b_r/TP (rollout.dtype)"}
+"""What each named term is (`validate --explain` prints it beside the number); the rollout's variant."""
+
+
 class ModelShape(Protocol):
     """What the memory model reads of a model (`asyncrl_cli.config.hf_model.ModelFacts` has it)."""
 
