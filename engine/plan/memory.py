@@ -89,7 +89,7 @@ ROLLOUT_TERMS = {**TERMS, "weights": "the replica's weights on this GPU, P·b_r/
 
 
 class ModelShape(Protocol):
-    """What the memory model reads of a model (`asyncrl_cli.config.hf_model.ModelFacts` has it)."""
+    """What the memory model reads of a model (the CLI's model facts from config.json have it)."""
 
     params_total: int
     layers: int
