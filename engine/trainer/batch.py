@@ -23,7 +23,12 @@ from collections.abc import Callable, Sequence
 import torch
 
 from engine.trainer.base import TrainBatch
-from engine.trainer.minibatch import contiguous_bounds, micro_batch_count, token_budget_micro_batches
+from engine.trainer.minibatch import (
+    balanced_partitions,
+    contiguous_bounds,
+    micro_batch_count,
+    token_budget_micro_batches,
+)
 from engine.types import Trajectory, TrajectoryGroup
 
 Row = tuple[list[int], Trajectory] | tuple[list[int], Trajectory, Sequence[str]]
@@ -155,19 +160,32 @@ def shard_bounds(rows: int, world: int) -> list[tuple[int, int]]:
     return contiguous_bounds(rows, world)
 
 
-def shard_rows(batch: TrainBatch, world: int) -> list[TrainBatch]:
-    """Rank r's contiguous share of `batch` (see `shard_bounds`). A rank whose range is empty gets the batch's
-    first row as a `FILLER` shard, so every rank has a batch to step through the collectives with."""
+def shard_indices(batch: TrainBatch, world: int, balance: bool = False) -> list[list[int]]:
+    """The rows of each of `world` DP ranks: contiguous ranges (`shard_bounds`), or with `balance` (token budgets,
+    verl's `balance_batch`) equal-sized groups of near-equal token sums (`balanced_partitions(equal_size=True)`
+    over `row_lengths`) when `world` divides the rows — contiguous otherwise. Each rank's rows ascend."""
+    rows = len(batch)
+    if balance and world > 1 and rows and rows % world == 0:
+        groups = balanced_partitions(row_lengths(batch), world, equal_size=True)
+        return sorted(groups, key=lambda g: g[0])
+    return [list(range(lo, hi)) for lo, hi in shard_bounds(rows, world)]
+
+
+def shard_rows(batch: TrainBatch, world: int, balance: bool = False) -> list[TrainBatch]:
+    """Rank r's share of `batch` (`shard_indices`). A rank whose share is empty gets the batch's first row as a
+    `FILLER` shard, so every rank has a batch to step through the collectives with."""
     if len(batch) == 0:
         raise ValueError("cannot shard an empty batch")
     shards = []
-    for lo, hi in shard_bounds(len(batch), world):
-        if hi > lo:
-            shards.append(batch.select(slice(lo, hi)))
-        else:
+    for idx in shard_indices(batch, world, balance):
+        if not idx:
             filler = batch.select(slice(0, 1))
             filler.meta[FILLER] = True
             shards.append(filler)
+        elif idx == list(range(idx[0], idx[-1] + 1)):
+            shards.append(batch.select(slice(idx[0], idx[-1] + 1)))
+        else:
+            shards.append(batch.select(torch.tensor(idx, dtype=torch.long)))
     return shards
 
 
