@@ -210,9 +210,10 @@ class TrainerConfig(Section):
     """Expert tensor parallel size of Megatron MoE layers (`expert_tensor_parallel_size`; verl's default 1):
     experts are split etp × ep ways, and etp × ep must divide tp × cp × dp."""
     logprob_chunk_tokens: int = Field(4096, gt=0)
-    """Response tokens per chunk of the log-prob / entropy head: the output projection, log-softmax and
-    entropy run chunk by chunk (recomputed in backward), so at most [chunk × vocab] fp32 logits exist at
-    once instead of [tokens × vocab]."""
+    """Response tokens per chunk of the log-prob / entropy head: torch / FSDP2 run the output projection,
+    log-softmax and entropy chunk by chunk (recomputed in backward), so at most [chunk × vocab] logits exist at
+    once instead of [tokens × vocab]; Megatron chunks the fp32 log-softmax over its vocab-parallel logits.
+    The entropy is computed only when a loss uses it or `actor/entropy` is logged."""
     grad_clip: float = Field(1.0, gt=0)
     """Clip the global gradient norm to this value."""
     ppo_mini_batch_size: int = Field(32, gt=0)

@@ -154,4 +154,7 @@ def response_log_probs(
         packed = response_logits(model, input_ids, attention_mask, position_ids, r, model_kwargs)
     finally:
         del head.forward
-    return packed[..., 0], packed[..., 1] if with_entropy else None
+    entropy = packed[..., 1] if with_entropy else None
+    if entropy is not None and not entropy_grad:
+        entropy = entropy.detach()  # a metric: it shares `packed` with the log-probs, not their graph
+    return packed[..., 0], entropy

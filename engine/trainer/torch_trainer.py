@@ -20,7 +20,7 @@ dtype every forward runs under `torch.autocast(compute)` (the FSDP2 subclass cas
 `MixedPrecisionPolicy` instead): matmuls compute in bf16 (and their backward too), while the log-softmax
 (`logprobs.py`), the loss and the update stay fp32. `gradient_checkpointing` recomputes each decoder layer in
 backward (HF's mechanism); `logprob_chunk_tokens` bounds the log-prob head's logits (`logprobs.py`).
-`frozen = True` builds a reference model (`engine.trainer.reference`): no gradients, no optimizer, only
+`frozen = True` builds a reference model (`engine.runtime.backends.build_reference_backend`): no gradients, no optimizer, only
 `compute_log_probs`, with its weights in host memory between calls when `param_offload` (on an accelerator).
 An update whose gradient is non-finite, or whose total mass is 0, is skipped (counted in `actor/skipped_step`).
 The learning-rate schedule counts optimizer updates. Micro-batches carry `meta["ppo_epoch"]` and
@@ -168,11 +168,14 @@ class TorchTrainerBackend(WarmupSchedule):
         self.param_dtype = next(model.parameters()).dtype
         self.logprob_chunk_tokens = logprob_chunk_tokens
         self.frozen, self.param_offload = bool(frozen), bool(param_offload) and torch.device(device).type != "cpu"
-        if frozen:  # a reference: no gradients, no optimizer (see `engine.trainer.reference`)
+        if frozen:  # a reference: no gradients, no optimizer (`engine.runtime.backends.build_reference_backend`)
             model.requires_grad_(False)
             model.eval()
         elif gradient_checkpointing:  # HF: each decoder layer's forward is recomputed in backward (train mode)
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.2's name
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.entropy_mode: EntropyMode = entropy
         self.aliases = tied_aliases(model)
         self.vision = VisionSpec.from_config(getattr(model, "config", None))

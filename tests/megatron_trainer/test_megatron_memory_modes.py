@@ -81,3 +81,17 @@ def test_bf16_compute_updates_fp32_main_params_that_a_bf16_optimizer_would_lose(
     total = sum(b.numel() for b in before)
     assert moved / total > 0.95
     assert pure_moved / total < 0.2
+
+
+def test_fp32_main_params_survive_a_checkpoint(build: Build, tmp_path: Path) -> None:
+    """The bf16 weights alone would lose the masters' low bits: `save` writes the masters, `load` restores them."""
+    batch = make_batch()
+    settings = {"optim_cfg": {"lr": 1e-6, "weight_decay": 0.0}, "dtype": "bfloat16"}
+    trained = build("qwen3", **settings)
+    trained.train_step(batch, nll_loss)
+    trained.save(str(tmp_path / "ckpt"))
+    resumed = build("qwen3", **settings)
+    resumed.load(str(tmp_path / "ckpt"))
+    for a, b in zip(trained.optimizer.mains, resumed.optimizer.mains):
+        assert torch.equal(a, b)
+    assert any(not torch.equal(m, p.detach().float()) for m, p in zip(resumed.optimizer.mains, resumed.optimizer.params))

@@ -54,12 +54,12 @@ def test_token_budget_recompute_and_chunking_each_bound_their_term() -> None:
 
 
 def test_precision_reference_and_rollout_dtype_terms() -> None:
-    p, an = _predict(MOE)
+    p, an = _predict(MOE, "trainer.ref_param_offload=false")
     assert "reference" in p.trainer.terms  # use_kl_loss: the frozen reference's shard in bf16
     assert p.trainer.terms["reference"] == pytest.approx(p.trainer.terms["weights"])
     off, _ = _predict(MOE, "trainer.ref_param_offload=true")
     assert "reference" not in off.trainer.terms and off.trainer.host["reference"] > 0
-    etp, _ = _predict(MOE, "trainer.etp=2")
+    etp, _ = _predict(MOE, "trainer.ref_param_offload=false", "trainer.etp=2")
     assert etp.trainer.terms["weights"] < p.trainer.terms["weights"]  # experts split ep × etp ways
     fp32_rollout, _ = _predict(SEVEN_B, 'rollout.dtype="fp32"')
     bf16_rollout, _ = _predict(SEVEN_B)

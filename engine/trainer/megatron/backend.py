@@ -207,6 +207,14 @@ class MegatronTrainerBackend(WarmupSchedule):
     def _wrap_ddp(self, model: torch.nn.Module, fp32_master_weights: bool = True) -> torch.nn.Module:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
+        if self.layout.etp != self.layout.tp:
+            # megatron-core 0.16 routes expert gradients through the expert-data-parallel reduction only when
+            # ep > 1 (`allreduce = not (is_expert and ep > 1)`); with etp < tp and ep = 1 the TP ranks hold
+            # whole experts fed different sequence-parallel tokens, whose gradients must be summed over the
+            # expert-DP group (which spans those TP ranks), so mark them as expert-parallel here
+            for name, p in model.named_parameters():
+                if ".experts." in name:
+                    p.allreduce = False
         cfg = DistributedDataParallelConfig(
             grad_reduce_in_fp32=fp32_master_weights, overlap_grad_reduce=False,
             use_distributed_optimizer=self.on_gpu)
