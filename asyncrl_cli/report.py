@@ -121,6 +121,33 @@ def render_fit(con: Console, an: Analysis) -> None:
     )
 
 
+def render_memory_terms(con: Console, an: Analysis) -> None:
+    """`validate --explain`: each role's predicted peak term by term, with what the term is."""
+    from engine.plan.memory import ROLLOUT_TERMS, TERMS
+
+    if an.fit is None:
+        return
+    for rf in (an.fit.trainer, an.fit.rollout):
+        unit = "trainer rank" if rf.role == "trainer" else "rollout replica GPU"
+        notes = TERMS if rf.role == "trainer" else ROLLOUT_TERMS
+        t = Table(title=f"predicted peak per {unit}: {rf.total_gb:.1f} of {rf.capacity_gb:.1f} GB",
+                  title_justify="left")
+        t.add_column("term", style="bold")
+        t.add_column("GB", justify="right")
+        t.add_column("what")
+        for name, gb in rf.components_gb.items():
+            t.add_row(name, f"{gb:.2f}", notes.get(name, ""))
+        for name, gb in rf.host_gb.items():
+            t.add_row(f"[dim]{name} (host)[/]", f"[dim]{gb:.2f}[/]", f"[dim]{notes.get(name, '')}; not on the device[/]")
+        con.print(t)
+    d = an.fit.trainer.details
+    if "tokens_per_micro_batch" in d:
+        con.print(f"[dim]trainer: {d['tokens_per_micro_batch']} tokens per update micro-batch, "
+                  f"{d['log_prob_tokens_per_micro_batch']} per log-prob micro-batch, recompute "
+                  f"{'on' if d['recompute'] else 'off'}, activations from the {d['activations_from']}; "
+                  f"{d['precision']}[/]")
+
+
 def render_provenance(con: Console, an: Analysis) -> None:
     """Which file or flag set each key (defaults omitted)."""
     if an.config is None:

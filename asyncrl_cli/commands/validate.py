@@ -14,6 +14,7 @@ from asyncrl_cli.output import emit_json, stdout_console
 from asyncrl_cli.report import (
     render_derived,
     render_fit,
+    render_memory_terms,
     render_headline,
     render_model,
     render_problems,
@@ -35,7 +36,8 @@ def command(
     run_files: Annotated[list[Path], typer.Argument(metavar="RUN.toml", help="Run files to check.")],
     set_: SetOpt = None,
     explain: Annotated[
-        bool, typer.Option("--explain", help="Show which file, line or flag set each key.")
+        bool, typer.Option("--explain", help="Show which file, line or flag set each key, and each role's "
+                           "predicted peak memory term by term.")
     ] = False,
     json_: JsonOpt = False,
 ) -> None:
@@ -65,5 +67,6 @@ def command(
             render_derived(con, a)
             render_fit(con, a)
         if explain:
+            render_memory_terms(con, a)
             render_provenance(con, a)
     raise typer.Exit(code)

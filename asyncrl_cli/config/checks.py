@@ -205,7 +205,7 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                 f"{d.trainer_dp} data-parallel ranks",
             )
         )
-    elif (seqs // d.trainer_dp) % t.ppo_micro_batch_size_per_gpu:
+    elif not t.use_dynamic_bsz and (seqs // d.trainer_dp) % t.ppo_micro_batch_size_per_gpu:
         out.append(
             error(
                 "batch-micro",
@@ -214,6 +214,7 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                 f"{seqs // d.trainer_dp} sequences each rank gets per mini-batch",
             )
         )
+    out.extend(token_budget_rules(cfg))
     if t.total_steps is not None and r.total_rollout_steps is not None:
         out.append(
             note(
@@ -275,4 +276,25 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                           "weight sync", 'set rollout.max_replica_restarts = 0, or weight_sync = "object_store"'))
     if "jsonl" not in cfg.logging.sinks:
         out.append(note("jsonl-always", "logging.sinks", "metrics.jsonl is always written"))
+    return out
+
+
+def token_budget_rules(cfg: RunConfig) -> list[Problem]:
+    """`use_dynamic_bsz`: not with Megatron's pipeline (pp > 1), and every budget holds the longest row."""
+    t = cfg.trainer
+    if not t.use_dynamic_bsz:
+        return []
+    if t.backend == "megatron" and t.pp > 1:
+        return [error("dynamic-bsz-megatron-pp", "trainer.use_dynamic_bsz",
+                      "use_dynamic_bsz is implemented for megatron with pp = 1 only (the pipeline schedule "
+                      "needs equal micro-batches); set use_dynamic_bsz = false and size "
+                      "ppo_micro_batch_size_per_gpu, or pp = 1")]
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    out = []
+    for key, budget in (("ppo_max_token_len_per_gpu", t.ppo_max_token_len_per_gpu),
+                        ("log_prob_max_token_len_per_gpu", t.log_prob_max_token_len_per_gpu)):
+        if budget is not None and budget < longest:
+            out.append(error("token-budget-row", f"trainer.{key}",
+                             f"{key} = {budget} is below the longest row, max_prompt_length + "
+                             f"max_response_length = {longest}: raise it to at least {longest}"))
     return out

@@ -145,7 +145,7 @@ def fit_rules(fit: FitReport, hw: HardwarePreset) -> list[Problem]:
                 "resources.trainer",
                 f"trainer needs ~{tr.total_gb:.1f} GB per GPU ({parts}) but '{hw.name}' has "
                 f"{hw.memory_gb:g} GB",
-                "add trainer GPUs, use megatron with larger tp/ep, or lower ppo_micro_batch_size_per_gpu",
+                "add trainer GPUs, use megatron with larger tp/ep, recompute, or lower the micro-batch (token budget)",
                 "fit",
             )
         )

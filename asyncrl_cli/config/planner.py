@@ -10,7 +10,8 @@ Rules (each choice is recorded with its reason, and written as a comment):
 - Trainer GPUs: the fewest (whole nodes beyond one node) for which `fit.trainer_fit` leaves 15 % headroom,
   and at least a quarter (MoE) or half (dense) of all GPUs; the rest roll out (a multiple of the TP).
 - Batches: n = 16 for math, 4 for multimodal geo3k, 8 otherwise; ppo_mini_batch_size ≈ 512 sequences
-  and a multiple of the data-parallel size; micro-batch ≤ 16k tokens per GPU and dividing each rank's share.
+  and a multiple of the data-parallel size; micro-batch ≤ 16k tokens per GPU and dividing each rank's share; on
+  accelerators token-budget micro-batches (max(16k, one sequence) tokens) and recompute, as verl's scripts.
 - Async: staleness 0.5, sync every 4 local steps (every step on CPU), partial rollout on; 100 versions.
 """
 
@@ -112,6 +113,20 @@ def _batches(plan: Plan, n: int, dp: int, total_len: int, cpu: bool) -> None:
     plan.set(
         "trainer.ppo_micro_batch_size_per_gpu", micro, f"≤ 16k tokens per forward ({total_len} per sequence)"
     )
+    if not cpu:  # verl's production scripts: token-budget micro-batches (and recompute, `_recompute`)
+        budget = max(16384, total_len)
+        plan.set("trainer.use_dynamic_bsz", True, "micro-batches by tokens, not rows (verl's use_dynamic_bsz)")
+        plan.set("trainer.ppo_max_token_len_per_gpu", budget, f"max(16k, one {total_len}-token sequence)")
+        plan.set("trainer.log_prob_max_token_len_per_gpu", budget)
+
+
+def _recompute(plan: Plan, megatron: bool) -> None:
+    """Activation recompute on accelerators, as verl's scripts: HF gradient checkpointing (torch / FSDP2) or
+    Megatron's full uniform recompute of one layer at a time."""
+    if megatron:
+        plan.set("trainer.recompute_granularity", "full", "recompute each layer in the backward")
+    else:
+        plan.set("trainer.enable_gradient_checkpointing", True, "recompute each layer in the backward")
 
 
 def plan_run(f: ModelFacts, hw: HardwarePreset, data: dict[str, Any], gpus: int | None) -> Plan:
@@ -181,6 +196,7 @@ def _plan_accelerators(
             t // (plan.get("trainer.tp") * plan.get("trainer.pp") * plan.get("trainer.cp")) if megatron else t
         )
         _batches(plan, n, dp, total_len, cpu=False)
+        _recompute(plan, megatron)
         cfg = _config(
             {
                 **plan.values,

@@ -221,6 +221,17 @@ class TrainerConfig(Section):
     `async_training.require_batches` mini-batches, one optimizer step each, `ppo_epochs` times over."""
     ppo_micro_batch_size_per_gpu: int = Field(8, gt=0)
     """Sequences per forward/backward on one GPU (gradient accumulation splits the mini-batch)."""
+    use_dynamic_bsz: bool = False
+    """Token-budget micro-batches (verl's key): instead of `ppo_micro_batch_size_per_gpu` rows, each rank groups
+    its rows into micro-batches of at most `ppo_max_token_len_per_gpu` tokens (prompt + response, balanced by
+    tokens, the ranks agreeing on one count; `log_prob_max_token_len_per_gpu` for the log-prob passes), each
+    padded only to its own longest row. The gradient equals the unsplit one for every `loss_agg_mode`. torch
+    backend, and megatron with pp = 1."""
+    ppo_max_token_len_per_gpu: int = Field(16384, gt=0)
+    """Tokens per update micro-batch and rank with `use_dynamic_bsz` (verl's key; ≥ the longest row)."""
+    log_prob_max_token_len_per_gpu: int | None = Field(None, gt=0)
+    """Tokens per micro-batch of the no-grad log-prob passes (π_old, π_prox, reference) with `use_dynamic_bsz`
+    (verl's key); None = `ppo_max_token_len_per_gpu`."""
     ppo_epochs: int = Field(1, gt=0, le=1000)
     """Passes over the local step's mini-batches (verl's key): optimizer steps per local step =
     `require_batches × ppo_epochs`; every pass takes its PPO ratio against the same π_old."""

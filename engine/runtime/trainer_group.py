@@ -7,7 +7,8 @@ controller; it sees the ranks through a `BackendGroup`, which has the `TrainerBa
 Ranks 1 … M−1 are `TrainerRank` actors that only compute:
 
     TrainerCore ─▶ BackendGroup.train_step(batch)
-                     ├─ shard_rows(batch, DP): DP contiguous row shards, sizes as equal as possible
+                     ├─ shard_rows(batch, DP): DP contiguous row shards, sizes as equal as possible (with token
+                     │  budgets: equal-sized token-balanced shards, verl's balance_batch; results back in row order)
                      ├─ rank r gets shard dp(r) (`.remote`)             ┐ together: FSDP2 / Megatron
                      └─ rank 0 its shard dp(0) = 0 on its own backend   ┘ collectives (gloo / NCCL)
                    ◀─ rank 0's metrics (already global: the backend reduces them over the DP ranks);
@@ -126,6 +127,7 @@ class TrainerGroup:
         if world < 2:
             raise ValueError(f"a trainer group needs at least 2 ranks, got {world}")
         self.world = world
+        self.balance = bool(cfg.trainer.use_dynamic_bsz)  # token-balanced DP shards with token budgets
         self.broken: str | None = None
         port, addr = free_port(), ray.util.get_node_ip_address()
         # the workers first: every rank must be inside init_process_group at the same time
@@ -199,11 +201,24 @@ class BackendGroup:
         return out
 
     def _shards(self, batch: Any) -> list[Any]:
-        """Rank r's rows: DP shard dp(r) (the TP/CP peers of one DP replica get the same shard)."""
+        """Rank r's rows: DP shard dp(r) (the TP/CP peers of one DP replica get the same shard); token-balanced
+        shards with token budgets (`shard_indices`)."""
         from engine.trainer.batch import shard_rows
 
-        by_dp = shard_rows(batch, self.dp_size)
+        by_dp = shard_rows(batch, self.dp_size, balance=self.group.balance)
         return [by_dp[d] for d in self.group.dp_of]
+
+    def _in_row_order(self, batch: Any, parts: list[Any]) -> Any:
+        """The leaders' [rows, R] results, concatenated and put back in the batch's row order."""
+        import torch
+
+        from engine.trainer.batch import shard_indices
+
+        out = torch.cat(parts)
+        if not self.group.balance:
+            return out
+        order = [i for idx in shard_indices(batch, self.dp_size, balance=True) for i in idx]
+        return out[torch.argsort(torch.tensor(order, dtype=torch.long))]
 
     def _leaders_parts(self, first: Any, rest: list[Any]) -> list[Any]:
         """Rank 0's result and the workers' (`rest[r - 1]` is rank r's), reduced to one per DP index."""
@@ -213,24 +228,22 @@ class BackendGroup:
     # --- data -------------------------------------------------------------------------------------------
     def compute_log_probs(self, batch: Any, *, with_entropy: bool = False) -> tuple[Any, Any]:
         """log π_θ [B, R] (and entropy) of the whole batch: each rank its shard, concatenated in row order."""
-        import torch
 
         shards = self._shards(batch)
         first, rest = self._run(
             lambda: self.local.compute_log_probs(shards[0], with_entropy=with_entropy),
             lambda w, r: w.call.remote(self.which, "compute_log_probs", shards[r], with_entropy=with_entropy))
         parts = self._leaders_parts(first, rest)
-        log_probs = torch.cat([lp for lp, _ in parts])
-        return log_probs, torch.cat([ent for _, ent in parts]) if with_entropy else None
+        log_probs = self._in_row_order(batch, [lp for lp, _ in parts])
+        return log_probs, self._in_row_order(batch, [ent for _, ent in parts]) if with_entropy else None
 
     def proximal_log_probs(self, batch: Any) -> Any:
         """log π_prox [B, R] of the whole batch (every rank swaps its own snapshot shards in)."""
-        import torch
 
         shards = self._shards(batch)
         first, rest = self._run(lambda: self.local.proximal_log_probs(shards[0]),
                                 lambda w, r: w.call.remote(self.which, "proximal_log_probs", shards[r]))
-        return torch.cat(self._leaders_parts(first, rest))
+        return self._in_row_order(batch, self._leaders_parts(first, rest))
 
     def train_step(self, batch: Any, loss_fn: Any) -> dict[str, float]:
         """One local step over the whole batch (each rank its shard, gradients reduced by FSDP); rank 0's

@@ -3,7 +3,9 @@
 One `train_step(batch, loss_fn)` is one local step: `mini_batches × ppo_epochs` optimizer updates, verl's
 mini-batch loop (`engine.trainer.minibatch.mini_batch_plan` gives the split; the PPO ratios use the batch's
 fixed `old_log_probs` in every pass). Each update's mini-batch is split into micro-batches
-b_1 … b_k of `micro_batch_size` rows; `loss_fn` returns a loss L_i normalised *within* b_i (token-mean,
+b_1 … b_k of `micro_batch_size` rows — or, with `use_dynamic_bsz`, into token-balanced micro-batches of at most
+`ppo_max_token_len_per_gpu` tokens (`log_prob_max_token_len_per_gpu` for the no-grad log-prob passes; the
+ranks agree on one count, see `engine.trainer.minibatch`), each padded only to its own longest row; `loss_fn` returns a loss L_i normalised *within* b_i (token-mean,
 seq-mean, …). Each micro-batch gets a mass m_i — `batch.meta["micro_weight_fn"](b_i)` if the loss supplies
 one, else its count of response tokens Σ response_mask — and the accumulated gradient is
 
@@ -63,7 +65,13 @@ from engine.sync.buckets import bucketize
 from engine.sync.export import host_array
 from engine.trainer import checkpoint as ckpt
 from engine.trainer.base import LossFn, TrainBatch
-from engine.trainer.batch import FILLER, is_filler, lockstep_log_probs, split_micro_batches, trim_padding
+from engine.trainer.batch import (
+    FILLER,
+    is_filler,
+    lockstep_log_probs,
+    plan_micro_batches,
+    trim_padding,
+)
 from engine.trainer.logprobs import response_log_probs
 from engine.trainer.minibatch import local_step_metrics, mini_batch_plan
 from engine.trainer.optim import OptimConfig, WarmupSchedule, build_optimizer, set_lr
@@ -131,6 +139,9 @@ class TorchTrainerBackend(WarmupSchedule):
         logprob_chunk_tokens: int | None = None,
         frozen: bool = False,
         param_offload: bool = False,
+        use_dynamic_bsz: bool = False,
+        ppo_max_token_len_per_gpu: int = 16384,
+        log_prob_max_token_len_per_gpu: int | None = None,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError("micro_batch_size must be >= 1")
@@ -142,6 +153,11 @@ class TorchTrainerBackend(WarmupSchedule):
         self.optim_cfg = OptimConfig.from_dict(optim_cfg)
         self.grad_clip = float(grad_clip)
         self.micro_batch_size = int(micro_batch_size)
+        if ppo_max_token_len_per_gpu < 1 or (log_prob_max_token_len_per_gpu or 1) < 1:
+            raise ValueError("token budgets must be >= 1")
+        self.use_dynamic_bsz = bool(use_dynamic_bsz)
+        self.ppo_max_token_len = int(ppo_max_token_len_per_gpu)
+        self.log_prob_max_token_len = int(log_prob_max_token_len_per_gpu or ppo_max_token_len_per_gpu)
         self.mini_batches, self.ppo_epochs = int(mini_batches), int(ppo_epochs)
         self.shuffle, self.seed = bool(shuffle), int(seed)
         self.temperature = float(temperature)
@@ -257,18 +273,21 @@ class TorchTrainerBackend(WarmupSchedule):
                 suppress_ids=self.suppress_ids, chunk_tokens=self.logprob_chunk_tokens,
             )
 
-    def _micro_batches(self, batch: TrainBatch) -> tuple[list[TrainBatch], TrainBatch]:
-        """The micro-batches of `batch`, and the one this rank repeats with weight 0 while other ranks still
-        have micro-batches to run: the last one, or a `FILLER` batch itself (which has no real micro-batch)."""
-        if is_filler(batch):
-            return [], batch
-        micros = split_micro_batches(batch, self.micro_batch_size)
-        return micros, micros[-1] if micros else batch
+    def _micro_batches(self, batch: TrainBatch, max_tokens: int) -> tuple[list[TrainBatch], TrainBatch, list[int] | None]:
+        """The micro-batches of `batch` (`plan_micro_batches`; `max_tokens` with `use_dynamic_bsz`), the one this
+        rank repeats with weight 0 while other ranks still have micro-batches to run (the last one, or a
+        `FILLER` batch itself, which has no real micro-batch), and the row order the micro-batches hold."""
+        filler = is_filler(batch)
+        if filler and not self.use_dynamic_bsz:
+            return [], batch, None
+        micros, order = plan_micro_batches(batch.select(slice(0, 0)) if filler else batch, self.micro_batch_size,
+                                           max_tokens if self.use_dynamic_bsz else None, self._max_across_ranks)
+        return micros, micros[-1] if micros else batch, order
 
     def compute_log_probs(self, batch: TrainBatch, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log π_θ(response token) [B, R] in fp32 on CPU, at the trainer temperature (0 on padding)."""
         self.model.eval()
-        micros, repeat = self._micro_batches(batch)
+        micros, repeat, order = self._micro_batches(batch, self.log_prob_max_token_len)
 
         def forward(k: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
             micro, width = self._prepare(micros[k] if k < len(micros) else repeat)
@@ -279,7 +298,7 @@ class TorchTrainerBackend(WarmupSchedule):
         try:
             with torch.no_grad() if self.frozen else contextlib.nullcontext():
                 return lockstep_log_probs(forward, self._max_across_ranks(len(micros)), len(micros),
-                                          batch.response_mask, with_entropy, filler=not micros)
+                                          batch.response_mask, with_entropy, filler=not micros, order=order)
         finally:
             if self.param_offload:
                 self._offload(True)
@@ -311,7 +330,7 @@ class TorchTrainerBackend(WarmupSchedule):
     def _update(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer update over the mini-batch `batch` (see the module docstring for the weights)."""
         self.model.train()
-        micros, repeat = self._micro_batches(batch)
+        micros, repeat, _ = self._micro_batches(batch, self.ppo_max_token_len)
         mass_fn: MicroWeightFn = batch.meta.get("micro_weight_fn") or token_mass
         masses = [float(mass_fn(m)) for m in micros]
         (total_mass,) = self._sum_across_ranks([sum(masses)])

@@ -62,10 +62,10 @@ def test_env_var_redirects_data_paths(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_parallel_layout_and_batch_divisibility(write, minimal) -> None:
-    an = analyze_run_config(MOE, ["trainer.pp=3"])
+    an = analyze_run_config(MOE, ["trainer.pp=3", "trainer.use_dynamic_bsz=false"])
     assert an.exit_code == EXIT_DOES_NOT_FIT
     assert by_code(an, "megatron-layout").key == "trainer.tp"
-    an = analyze_run_config(MOE, ["trainer.ppo_micro_batch_size_per_gpu=3"])
+    an = analyze_run_config(MOE, ["trainer.ppo_micro_batch_size_per_gpu=3", "trainer.use_dynamic_bsz=false"])
     assert an.exit_code == EXIT_INVALID
     assert by_code(an, "batch-micro").key == "trainer.ppo_micro_batch_size_per_gpu"
     an = analyze_run_config(MOE, ["rollout.tensor_parallel_size=16"])
@@ -76,7 +76,8 @@ def test_megatron_on_many_trainer_ranks_validates_with_its_cp_and_pp() -> None:
     an = analyze_run_config(MOE)
     assert an.exit_code == EXIT_OK  # the seed's 32-rank Megatron layout (cp = 2) validates and dry-runs
     assert not [p for p in an.problems if p.code.startswith("megatron") and p.severity != "info"]
-    piped = analyze_run_config(MOE, ["trainer.cp=1", "trainer.pp=2"])
+    piped = analyze_run_config(MOE, ["trainer.cp=1", "trainer.pp=2", "trainer.use_dynamic_bsz=false",
+                                     "trainer.recompute_granularity=\"full\""])
     assert piped.exit_code == EXIT_OK and not [p for p in piped.problems if p.code.startswith("megatron")]
 
 
@@ -144,7 +145,7 @@ def test_memory_does_not_fit_exits_3_with_numbers() -> None:
             "resources.trainer.gpus_per_node=8",
             "trainer.tp=1",
             "trainer.cp=1",
-            "trainer.ep=8",
+            "trainer.ep=4",  # 8 ranks with ep 8 fit (~96 GB) since recompute, token budgets and the offloaded ref
         ],
     )
     assert an.exit_code == EXIT_DOES_NOT_FIT
@@ -222,3 +223,12 @@ def test_trainer_bf16_compute_validates_on_both_backends_and_a_pure_bf16_optimiz
     assert "no-fp32-master-weights" not in [q.code for q in fp32.problems]
     det = analyze_run_config(tiny, ["trainer.deterministic=true", "trainer.precision=bf16"])
     assert det.exit_code == EXIT_INVALID and any(q.key == "trainer.precision" for q in det.problems)
+
+
+def test_dynamic_bsz_is_refused_on_megatron_pipelines_and_a_budget_below_the_longest_row() -> None:
+    p = by_code(analyze_run_config(MOE, ["trainer.use_dynamic_bsz=true", "trainer.pp=2"]), "dynamic-bsz-megatron-pp")
+    assert p.severity == "error" and p.key == "trainer.use_dynamic_bsz"
+    an = analyze_run_config(VL16, ["trainer.use_dynamic_bsz=true", "trainer.log_prob_max_token_len_per_gpu=100"])
+    p = by_code(an, "token-budget-row")
+    assert p.key == "trainer.log_prob_max_token_len_per_gpu" and "at least" in p.message
+    assert an.exit_code == EXIT_INVALID

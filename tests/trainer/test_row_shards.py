@@ -61,3 +61,25 @@ def test_two_rank_shard_log_probs_equal_single_process(tmp_path) -> None:
         assert r["metrics"]["actor/response_tokens"] == reference["actor/response_tokens"]
     for name, tensor in single.model.state_dict().items():
         torch.testing.assert_close(ranks[0]["export"][name], tensor, atol=1e-5, rtol=0)
+
+
+def test_balanced_shards_even_out_tokens_and_log_probs_come_back_in_row_order() -> None:
+    """With token budgets the DP shards are equal-sized and token-balanced (verl's `balance_batch`); the group
+    puts the leaders' results back in row order."""
+    from types import SimpleNamespace
+
+    from engine.runtime.trainer_group import BackendGroup
+    from engine.trainer.batch import row_lengths, shard_indices
+
+    batch = random_batch(rows=12, seed=7)
+    lengths = row_lengths(batch)
+    idx = shard_indices(batch, 3, balance=True)
+    assert [len(g) for g in idx] == [4, 4, 4] and sorted(sum(idx, [])) == list(range(12))
+    spread = lambda groups: max(sum(lengths[i] for i in g) for g in groups) - min(  # noqa: E731
+        sum(lengths[i] for i in g) for g in groups)
+    assert spread(idx) <= spread(shard_indices(batch, 3))
+    shards = shard_rows(batch, 3, balance=True)
+    group = BackendGroup(SimpleNamespace(balance=True, leaders=[0, 1, 2]), None, "policy")
+    restored = group._in_row_order(batch, [s.input_ids for s in shards])
+    assert torch.equal(restored, batch.input_ids)
+    assert shard_indices(random_batch(rows=7, seed=7), 3, balance=True) == [[0, 1, 2], [3, 4], [5, 6]]

@@ -46,7 +46,7 @@ import torch.distributed as dist
 import torch.utils.checkpoint
 
 from engine.trainer.base import LossFn, TrainBatch
-from engine.trainer.batch import FILLER, is_filler, lockstep_log_probs, split_micro_batches, trim_padding
+from engine.trainer.batch import FILLER, is_filler, lockstep_log_probs, plan_micro_batches, trim_padding
 from engine.trainer.megatron import checkpointing as mckpt
 from engine.trainer.megatron import context_parallel, pipeline
 from engine.trainer.megatron.convert import (
@@ -130,6 +130,9 @@ class MegatronTrainerBackend(WarmupSchedule):
         logprob_chunk_tokens: int | None = None,
         frozen: bool = False,
         param_offload: bool = False,
+        use_dynamic_bsz: bool = False,
+        ppo_max_token_len_per_gpu: int = 16384,
+        log_prob_max_token_len_per_gpu: int | None = None,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError("micro_batch_size must be >= 1")
@@ -159,6 +162,12 @@ class MegatronTrainerBackend(WarmupSchedule):
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
         self.dtype = _resolve_dtype(dtype, self.on_gpu)
         self.micro_batch_size = int(micro_batch_size)
+        if use_dynamic_bsz and pp > 1:
+            raise ValueError("use_dynamic_bsz needs pp = 1 on the megatron backend")
+        # token budgets (`use_dynamic_bsz`): None = fixed micro_batch_size rows per micro-batch
+        self.update_budget = int(ppo_max_token_len_per_gpu) if use_dynamic_bsz else None
+        self.log_prob_budget = int(log_prob_max_token_len_per_gpu or ppo_max_token_len_per_gpu) \
+            if use_dynamic_bsz else None
         self.temperature = float(temperature)
         self.grad_clip = float(grad_clip)
         self.entropy_mode: EntropyMode = entropy
@@ -348,14 +357,14 @@ class MegatronTrainerBackend(WarmupSchedule):
     def _compute_log_probs(self, batch: TrainBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.layout.pp > 1:
             return pipeline.compute_log_probs(self, batch, with_entropy)
-        micros = split_micro_batches(batch, self.micro_batch_size)
+        micros, order = plan_micro_batches(batch, self.micro_batch_size, self.log_prob_budget, self._max_over_world)
 
         def forward(k: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
             micro, width = trim_padding(micros[min(k, len(micros) - 1)])
             return (*self._forward(micro, with_entropy), width)
 
         return lockstep_log_probs(forward, self._max_over_world(len(micros)), len(micros), batch.response_mask,
-                                  with_entropy, filler=is_filler(batch))
+                                  with_entropy, filler=is_filler(batch), order=order)
 
     # --- update ----------------------------------------------------------------------------------------
     def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
@@ -388,7 +397,7 @@ class MegatronTrainerBackend(WarmupSchedule):
         from megatron.core.distributed import finalize_model_grads
 
         self.ddp.train()
-        micros = split_micro_batches(batch, self.micro_batch_size)
+        micros, _ = plan_micro_batches(batch, self.micro_batch_size, self.update_budget, self._max_over_world)
         mass_fn: Callable[[TrainBatch], float] = batch.meta.get("micro_weight_fn") or token_mass
         has_rows = real and not is_filler(batch)  # a rank without rows of its own steps through with weight 0
         masses = [float(mass_fn(m)) if has_rows else 0.0 for m in micros]

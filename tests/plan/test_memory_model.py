@@ -1,0 +1,75 @@
+"""The memory model (`engine.plan.memory`): each named term answers to the config key it models, `fit.py` is a
+view of it, and the shipped production presets fit their hardware with their response lengths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asyncrl_cli.config.fit import estimate_fit
+from asyncrl_cli.config.loader import analyze_run_config
+from engine.plan.memory import CALIBRATION, GB, calibration, predict_memory
+
+RUNS = Path(__file__).resolve().parents[2] / "presets" / "runs"
+SEVEN_B = RUNS / "qwen2.5-math-7b-dapo-fsdp2-64-64.toml"
+MOE = RUNS / "qwen3-30b-a3b-base-dapo-megatron-96-32.toml"
+PRODUCTION = ["qwen2.5-math-7b-dapo-fsdp2-64-64", "qwen3-30b-a3b-base-dapo-megatron-96-32",
+              "qwen3-30b-a3b-base-dapo-megatron-96-32-mis", "qwen3-vl-8b-geo3k-fsdp2-npu-16-16",
+              "qwen3-vl-8b-geo3k-fsdp2-npu-2x8"]
+
+
+def _predict(path: Path, *overrides: str):
+    an = analyze_run_config(path, list(overrides))
+    assert an.config is not None and an.model is not None and an.hardware is not None
+    return predict_memory(an.config, an.model, trainer_world=an.derived.trainer_world,
+                          memory_gb=an.hardware.memory_gb, device=an.hardware.device), an
+
+
+def test_the_shipped_calibration_is_a_measured_table() -> None:
+    cal = calibration()
+    assert CALIBRATION.exists() and set(cal["coefficients"]) == {"c_h", "c_i", "c_m", "c_ck", "c_t", "c_v"}
+    assert all(v > 0 for v in cal["coefficients"].values())
+
+
+@pytest.mark.parametrize("name", PRODUCTION)
+def test_production_presets_fit_their_hardware(name: str) -> None:
+    p, an = _predict(RUNS / f"{name}.toml")
+    assert p.trainer.fits and p.rollout.fits, (p.trainer.terms, p.rollout.terms)
+    assert an.config.trainer.use_dynamic_bsz  # token budgets, as the verl scripts they come from
+    assert estimate_fit(an.config, an.model, an.hardware).trainer.total_gb == pytest.approx(p.trainer.total / GB)
+
+
+def test_token_budget_recompute_and_chunking_each_bound_their_term() -> None:
+    fixed, _ = _predict(SEVEN_B, "trainer.use_dynamic_bsz=false", "trainer.enable_gradient_checkpointing=false")
+    budget, _ = _predict(SEVEN_B, "trainer.ppo_max_token_len_per_gpu=30720",
+                         "trainer.log_prob_max_token_len_per_gpu=30720", "trainer.enable_gradient_checkpointing=false")
+    assert budget.trainer.terms["activations"] == pytest.approx(fixed.trainer.terms["activations"])  # 1 × 30720
+    half, _ = _predict(SEVEN_B, "trainer.ppo_max_token_len_per_gpu=30720",
+                       "trainer.log_prob_max_token_len_per_gpu=30720")
+    assert half.trainer.terms["activations"] < budget.trainer.terms["activations"] / 3  # recompute
+    small_chunk, _ = _predict(SEVEN_B, "trainer.logprob_chunk_tokens=1024")
+    full, _ = _predict(SEVEN_B)
+    assert small_chunk.trainer.terms["logprob_head"] == pytest.approx(full.trainer.terms["logprob_head"] / 4)
+
+
+def test_precision_reference_and_rollout_dtype_terms() -> None:
+    p, an = _predict(MOE, "trainer.ref_param_offload=false")
+    assert "reference" in p.trainer.terms  # use_kl_loss: the frozen reference's shard in bf16
+    assert p.trainer.terms["reference"] == pytest.approx(p.trainer.terms["weights"])
+    off, _ = _predict(MOE, "trainer.ref_param_offload=true")
+    assert "reference" not in off.trainer.terms and off.trainer.host["reference"] > 0
+    etp, _ = _predict(MOE, "trainer.ref_param_offload=false", "trainer.etp=2")
+    assert etp.trainer.terms["weights"] < p.trainer.terms["weights"]  # experts split ep × etp ways
+    fp32_rollout, _ = _predict(SEVEN_B, 'rollout.dtype="fp32"')
+    bf16_rollout, _ = _predict(SEVEN_B)
+    assert fp32_rollout.rollout.terms["weights"] == pytest.approx(2 * bf16_rollout.rollout.terms["weights"])
+    pure, _ = _predict(SEVEN_B, "trainer.fp32_master_weights=false")
+    assert pure.trainer.terms["optimizer"] == pytest.approx(bf16_rollout.trainer.terms["optimizer"] / 2)
+
+
+def test_host_terms_count_on_cpu_hardware() -> None:
+    gpu, _ = _predict(SEVEN_B)
+    assert set(gpu.trainer.host) == {"prox_snapshot", "weight_sync_bucket"}  # decoupled: π_prox on the host
+    cpu, _ = _predict(SEVEN_B, "resources.hardware=cpu")
+    assert cpu.trainer.host == {} and {"prox_snapshot", "weight_sync_bucket"} <= set(cpu.trainer.terms)
