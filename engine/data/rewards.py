@@ -294,6 +294,17 @@ def load_user_reward(spec: str) -> RewardFn:
     return _adapt(fn)
 
 
+def overlong_penalty(response_length: int, max_response_length: int, buffer_len: int, penalty_factor: float) -> float:
+    """DAPO's soft overlong punishment (verl's `dapo` reward manager), added to the score:
+
+        expected = L_max − L_buf,   penalty = min(0, −(|y| − expected) / L_buf · penalty_factor)
+
+    with |y| the response length in tokens (its EOS included), L_max = `max_response_length` and L_buf =
+    `buffer_len` > 0. Zero up to `expected` tokens, then linear down to −penalty_factor at |y| = L_max."""
+    expected = max_response_length - buffer_len
+    return min(-(response_length - expected) / buffer_len * penalty_factor, 0.0)
+
+
 def get_reward_fn(name: str, data_source: str = "") -> RewardFn:
     """The reward function for config value `name` (a built-in name, `auto`, or `module:function`)."""
     if name == "auto":
