@@ -17,6 +17,7 @@ STUDIES: dict[str, str] = {
     "trl-grpo": "benchmarks.trl_grpo",
     "precision": "benchmarks.precision",
     "demo-sweep": "benchmarks.demo_sweep",
+    "memory-model": "benchmarks.memory_model",
 }
 """Study name → module; each module exposes `run(size: str, out_dir: Path) -> dict`."""
 

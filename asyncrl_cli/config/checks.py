@@ -17,6 +17,7 @@ from asyncrl_cli.config.problems import Problem, error, note, warn
 from asyncrl_cli.config.provenance import Provenance
 from asyncrl_cli.config.rc_options import parse_rs_options, parse_rs_thresholds
 from asyncrl_cli.config.schema import RunConfig
+from engine.config.precision import SHORT, policy_of
 
 RC = "algorithm.rollout_correction"
 
@@ -78,7 +79,7 @@ def correction_rules(cfg: RunConfig, prov: Provenance) -> list[Problem]:
         except ValueError as e:
             out.append(error("rs-threshold-format", f"{RC}.rollout_rs_threshold", str(e)))
     precision = {"fp32": "float32", "bf16": "bfloat16"}.get(cfg.rollout.dtype or "", cfg.model.dtype)
-    trainer_compute = "bfloat16" if cfg.trainer.precision == "bf16" else cfg.model.dtype
+    trainer_compute = policy_of(cfg).compute
     if precision != trainer_compute and rc.rollout_is is None and rc.rollout_rs is None:
         out.append(
             note(
@@ -138,6 +139,25 @@ def correction_rules(cfg: RunConfig, prov: Provenance) -> list[Problem]:
     return out
 
 
+def precision_rules(cfg: RunConfig) -> list[Problem]:
+    """The trainer's precision policy (`engine.config.precision`): a pure low-precision optimizer is allowed
+    only by its explicit key, and said out loud."""
+    policy = policy_of(cfg)
+    if cfg.trainer.fp32_master_weights or policy.params == "float32":
+        return []
+    lr = cfg.trainer.optim.lr
+    return [
+        warn(
+            "no-fp32-master-weights",
+            "trainer.fp32_master_weights",
+            f"WITHOUT fp32 master weights the trainer's parameters, gradients and AdamW state are "
+            f"{SHORT[policy.params]}: every update is rounded to {SHORT[policy.params]} (a weight of 0.02 has an "
+            f"ulp of ~1.2e-4 in bf16), so at lr = {lr:g} most weights never move and the run does not learn",
+            "remove trainer.fp32_master_weights (verl and Megatron keep fp32 masters with bf16 compute)",
+        )
+    ]
+
+
 def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]:
     """Loss, batch and backend settings."""
     t, r = cfg.trainer, cfg.rollout
@@ -156,8 +176,9 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                 out.append(
                     warn("kl-noop", f"trainer.{k}", f"trainer.{k} has no effect while use_kl_loss = false")
                 )
+    out += precision_rules(cfg)
     if t.backend == "torch":
-        for k in ("tp", "pp", "cp", "ep"):
+        for k in ("tp", "pp", "cp", "ep", "etp"):
             if getattr(t, k) > 1:
                 out.append(
                     error(
@@ -167,6 +188,13 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                         "data parallel (FSDP2) only",
                     )
                 )
+    if t.backend == "torch" and t.recompute_granularity is not None:
+        out.append(warn("recompute-backend", "trainer.recompute_granularity", "recompute_granularity is "
+                        "Megatron's; the torch backend ignores it", "use trainer.enable_gradient_checkpointing"))
+    if t.backend == "megatron" and t.enable_gradient_checkpointing:
+        out.append(warn("checkpointing-backend", "trainer.enable_gradient_checkpointing", "enable_gradient_"
+                        "checkpointing is the torch / FSDP2 backends'; Megatron ignores it",
+                        'use trainer.recompute_granularity = "full" (or "selective")'))
     seqs = t.ppo_mini_batch_size * r.n
     if seqs % d.trainer_dp:
         out.append(
@@ -177,7 +205,7 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                 f"{d.trainer_dp} data-parallel ranks",
             )
         )
-    elif (seqs // d.trainer_dp) % t.ppo_micro_batch_size_per_gpu:
+    elif not t.use_dynamic_bsz and (seqs // d.trainer_dp) % t.ppo_micro_batch_size_per_gpu:
         out.append(
             error(
                 "batch-micro",
@@ -186,6 +214,7 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                 f"{seqs // d.trainer_dp} sequences each rank gets per mini-batch",
             )
         )
+    out.extend(token_budget_rules(cfg))
     if t.total_steps is not None and r.total_rollout_steps is not None:
         out.append(
             note(
@@ -247,4 +276,25 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                           "weight sync", 'set rollout.max_replica_restarts = 0, or weight_sync = "object_store"'))
     if "jsonl" not in cfg.logging.sinks:
         out.append(note("jsonl-always", "logging.sinks", "metrics.jsonl is always written"))
+    return out
+
+
+def token_budget_rules(cfg: RunConfig) -> list[Problem]:
+    """`use_dynamic_bsz`: not with Megatron's pipeline (pp > 1), and every budget holds the longest row."""
+    t = cfg.trainer
+    if not t.use_dynamic_bsz:
+        return []
+    if t.backend == "megatron" and t.pp > 1:
+        return [error("dynamic-bsz-megatron-pp", "trainer.use_dynamic_bsz",
+                      "use_dynamic_bsz is implemented for megatron with pp = 1 only (the pipeline schedule "
+                      "needs equal micro-batches); set use_dynamic_bsz = false and size "
+                      "ppo_micro_batch_size_per_gpu, or pp = 1")]
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    out = []
+    for key, budget in (("ppo_max_token_len_per_gpu", t.ppo_max_token_len_per_gpu),
+                        ("log_prob_max_token_len_per_gpu", t.log_prob_max_token_len_per_gpu)):
+        if budget is not None and budget < longest:
+            out.append(error("token-budget-row", f"trainer.{key}",
+                             f"{key} = {budget} is below the longest row, max_prompt_length + "
+                             f"max_response_length = {longest}: raise it to at least {longest}"))
     return out

@@ -1,26 +1,6 @@
-"""Memory fit per accelerator for the trainer and the rollout, from model facts and the config.
-
-All sizes in GB (10⁹ bytes). P = total parameters, W = trainer GPUs, b = bytes of `model.dtype`.
-
-Trainer (AdamW, mixed precision keeps fp32 master weights when b < 4):
-- `torch` (FSDP2, full shard over W): weights P·b/W, gradients P·b/W, optimizer P·(8 + m)/W with
-  m = 4 for the fp32 master copy (0 in fp32), plus the gathered parameters of one layer (current and
-  prefetched, 2·L₁·b).
-- `megatron`: dense parameters split over tp·pp, expert parameters over ep·pp: weights
-  (P_dense/(tp·pp) + P_expert/(ep·pp))·b, fp32 main gradients of the same shard ·4, and the distributed
-  optimizer sharded over every rank: P·(8 + m)/W.
-- reference model (only with `use_kl_loss`): one more copy of the weight shard.
-- activations, with activation checkpointing, for T = ppo_micro_batch_size_per_gpu × (max_prompt +
-  max_response) / cp tokens per GPU and tensor/sequence parallel tp: layer inputs T/tp·H·b per layer on
-  this pipeline stage, one layer's recompute working set T/tp·(8H + 3I')·b (I' = k·I_moe for MoE), and
-  the logits in fp32 for the log-probs and their gradient 2·T·V/tp·4.
-- runtime overhead (CUDA/CANN context, allocator fragmentation): 2 GB on accelerators.
-
-Rollout, per GPU of a replica with tensor parallel TP: weights P·b/TP; a reserve for activations of
-max(1 GB, 5 % of the budget); the KV cache gets the rest of the budget (gpu_memory_utilization × memory
-for vLLM, 90 % of memory for the HF sampler). KV bytes per token = 2·layers·⌈n_kv/TP⌉·head_dim·b, and a
-full-length sequence needs (max_prompt + max_response) tokens of it.
-"""
+"""Memory fit per accelerator for the trainer and the rollout: a view of `engine.plan.memory.predict_memory`
+(the one memory model, with its named terms and measured activation coefficients) in GB (10⁹ bytes) for
+`validate`, `init` and the planner. No arithmetic of its own."""
 
 from __future__ import annotations
 
@@ -31,15 +11,15 @@ from asyncrl_cli.config.derived import trainer_world
 from asyncrl_cli.config.hardware import HardwarePreset
 from asyncrl_cli.config.hf_model import ModelFacts
 from asyncrl_cli.config.schema import RunConfig
+from engine.plan.memory import DTYPE_BYTES, GB, RoleMemory, predict_memory, rollout_memory, trainer_memory
 
-GB = 1e9
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-ACCEL_OVERHEAD_GB = 2.0
+__all__ = ["DTYPE_BYTES", "FitReport", "RoleFit", "estimate_fit", "rollout_fit", "trainer_fit"]
 
 
 @dataclass
 class RoleFit:
-    """Per-accelerator memory of one role: named components, their total, and the capacity."""
+    """Per-accelerator memory of one role: named components, their total, and the capacity (GB); `host_gb`:
+    terms held in host memory on accelerator hardware (not counted in the total)."""
 
     role: str
     components_gb: dict[str, float]
@@ -47,6 +27,12 @@ class RoleFit:
     capacity_gb: float
     fits: bool
     details: dict[str, Any] = field(default_factory=dict)
+    host_gb: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, m: RoleMemory) -> RoleFit:
+        return cls(m.role, {k: v / GB for k, v in m.terms.items()}, m.total / GB, m.capacity / GB, m.fits,
+                   dict(m.details), {k: v / GB for k, v in m.host.items()})
 
     @property
     def headroom(self) -> float:
@@ -57,98 +43,20 @@ class RoleFit:
         """A plain dict (rounded to 0.01 GB) for `--json` output."""
         d = asdict(self)
         d["components_gb"] = {k: round(v, 2) for k, v in self.components_gb.items()}
+        d["host_gb"] = {k: round(v, 2) for k, v in self.host_gb.items()}
         d["total_gb"] = round(self.total_gb, 2)
         d["capacity_gb"] = round(self.capacity_gb, 2)
         return d
 
 
-def _layer_params(f: ModelFacts) -> int:
-    """Parameters of one decoder layer (all experts included)."""
-    attn = f.hidden * f.heads * f.head_dim * 2 + 2 * f.hidden * f.kv_heads * f.head_dim
-    mlp = 3 * f.hidden * (f.experts * f.moe_intermediate if f.is_moe else f.intermediate)
-    return attn + mlp
-
-
 def trainer_fit(cfg: RunConfig, f: ModelFacts, hw: HardwarePreset) -> RoleFit:
-    """Per-GPU memory of one trainer rank (see the module docstring for the model)."""
-    t = cfg.trainer
-    b = DTYPE_BYTES[cfg.model.dtype]
-    master = 0 if b == 4 else 4
-    world = trainer_world(cfg)
-    p = f.params_total
-    comp: dict[str, float] = {}
-    if t.backend == "megatron":
-        p_exp = f.params_expert
-        p_dense = p - p_exp
-        shard = p_dense / (t.tp * t.pp) + p_exp / (t.ep * t.pp)
-        comp["weights"] = shard * b / GB
-        comp["gradients"] = shard * 4 / GB
-        comp["optimizer"] = p * (8 + master) / world / GB
-        tp, cp, pp = t.tp, t.cp, t.pp
-    else:
-        comp["weights"] = p * b / world / GB
-        comp["gradients"] = p * b / world / GB
-        comp["optimizer"] = p * (8 + master) / world / GB
-        comp["gathered_layer"] = 2 * _layer_params(f) * b / GB
-        tp = cp = pp = 1
-    if t.use_kl_loss:
-        comp["reference"] = comp["weights"]
-    tokens = t.ppo_micro_batch_size_per_gpu * (cfg.data.max_prompt_length + cfg.data.max_response_length) / cp
-    inter = f.experts_per_token * f.moe_intermediate if f.is_moe else f.intermediate
-    act_b = b
-    comp["activations"] = (
-        tokens / tp * f.hidden * act_b * f.layers / pp
-        + tokens / tp * (8 * f.hidden + 3 * inter) * act_b
-        + 2 * tokens * f.vocab / tp * 4
-    ) / GB
-    overhead = ACCEL_OVERHEAD_GB if hw.device != "cpu" else 0.5
-    comp["runtime_overhead"] = overhead
-    total = sum(comp.values())
-    return RoleFit(
-        "trainer",
-        comp,
-        total,
-        hw.memory_gb,
-        total <= hw.memory_gb,
-        {"tokens_per_micro_batch": int(tokens), "world": world},
-    )
+    """Per-GPU memory of one trainer rank (`engine.plan.memory.trainer_memory`)."""
+    return RoleFit.of(trainer_memory(cfg, f, trainer_world(cfg), hw.memory_gb * GB, hw.device))
 
 
 def rollout_fit(cfg: RunConfig, f: ModelFacts, hw: HardwarePreset) -> RoleFit:
-    """Per-GPU memory of one rollout replica rank: weights, reserve and KV cache within the budget."""
-    r = cfg.rollout
-    b = DTYPE_BYTES[cfg.model.dtype]
-    tp = r.tensor_parallel_size
-    budget = hw.memory_gb * (r.gpu_memory_utilization if r.backend == "vllm" else 0.9)
-    weights = f.params_total * b / tp / GB
-    reserve = max(1.0, 0.05 * budget)
-    kv_tok = f.kv_bytes_per_token(b, tp)
-    max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
-    kv_free = budget - weights - reserve
-    per_seq_gb = kv_tok * max_len / GB
-    seqs_full = int(kv_free // per_seq_gb) if kv_free > 0 else 0
-    kv_needed = r.max_num_seqs * per_seq_gb
-    kv_used = min(kv_needed, max(kv_free, 0.0))
-    comp = {"weights": weights, "activation_reserve": reserve, "kv_cache": kv_used}
-    total = weights + reserve + kv_used
-    fits = weights + reserve < budget and seqs_full >= 1
-    return RoleFit(
-        "rollout",
-        comp,
-        total,
-        budget,
-        fits,
-        {
-            "kv_bytes_per_token": kv_tok,
-            "max_sequence_tokens": max_len,
-            "kv_gb_for_max_num_seqs": round(kv_needed, 2),
-            "kv_gb_available": round(max(kv_free, 0.0), 2),
-            "seqs_at_full_length": seqs_full,
-            "max_num_seqs": r.max_num_seqs,
-            "tensor_parallel_size": tp,
-            "memory_gb": hw.memory_gb,
-        },
-    )
+    """Per-GPU memory of one rollout replica rank (`engine.plan.memory.rollout_memory`)."""
+    return RoleFit.of(rollout_memory(cfg, f, hw.memory_gb * GB, hw.device))
 
 
 @dataclass
@@ -164,5 +72,6 @@ class FitReport:
 
 
 def estimate_fit(cfg: RunConfig, f: ModelFacts, hw: HardwarePreset) -> FitReport:
-    """Both roles' memory fit."""
-    return FitReport(trainer_fit(cfg, f, hw), rollout_fit(cfg, f, hw))
+    """Both roles' memory fit (one `predict_memory` call)."""
+    p = predict_memory(cfg, f, trainer_world=trainer_world(cfg), memory_gb=hw.memory_gb, device=hw.device)
+    return FitReport(RoleFit.of(p.trainer), RoleFit.of(p.rollout))

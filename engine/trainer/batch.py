@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from engine.trainer.base import TrainBatch
-from engine.trainer.minibatch import contiguous_bounds
+from engine.trainer.minibatch import contiguous_bounds, micro_batch_count, token_budget_micro_batches
 from engine.types import Trajectory, TrajectoryGroup
 
 Row = tuple[list[int], Trajectory] | tuple[list[int], Trajectory, Sequence[str]]
@@ -119,6 +119,29 @@ def split_micro_batches(batch: TrainBatch, micro_size: int) -> list[TrainBatch]:
     return [batch.select(slice(lo, lo + micro_size)) for lo in range(0, len(batch), micro_size)]
 
 
+def row_lengths(batch: TrainBatch) -> list[int]:
+    """Real tokens (prompt + response) of each row: what a token budget counts (verl's `attention_mask.sum`)."""
+    return [int(n) for n in batch.attention_mask.sum(-1).tolist()]
+
+
+def split_by_token_budget(batch: TrainBatch, count: int) -> tuple[list[TrainBatch], list[int]]:
+    """`batch` as min(`count`, rows) token-balanced micro-batches (`engine.trainer.minibatch`'s
+    `token_budget_micro_batches`), and the row order they hold when concatenated (to map outputs back)."""
+    groups = token_budget_micro_batches(row_lengths(batch), count)
+    return [batch.select(torch.tensor(g, dtype=torch.long)) for g in groups], [i for g in groups for i in g]
+
+
+def plan_micro_batches(batch: TrainBatch, micro_size: int, max_tokens: int | None,
+                       agree: Callable[[int], int]) -> tuple[list[TrainBatch], list[int] | None]:
+    """A rank's micro-batches of `batch` and the row order they hold (None: in order): `micro_size` rows each,
+    or with a token budget `max_tokens` token-balanced ones whose count the ranks agree on first —
+    `agree(k)` is the max of k over the ranks, a collective every rank must join once per call."""
+    if max_tokens is None:
+        return split_micro_batches(batch, micro_size), None
+    count = agree(micro_batch_count(row_lengths(batch), max_tokens))
+    return split_by_token_budget(batch, count)
+
+
 FILLER = "filler"
 """`meta` key of a stand-in shard: a rank with no rows of its own gets one real row marked with it, forwards it
 with weight 0 (the collectives of FSDP need every rank in every forward) and returns no log-probs for it."""
@@ -191,14 +214,16 @@ def pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def lockstep_log_probs(forward: Callable[[int], tuple[torch.Tensor, torch.Tensor | None, int]], steps: int,
-                       kept: int, response_mask: torch.Tensor, with_entropy: bool, filler: bool
-                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       kept: int, response_mask: torch.Tensor, with_entropy: bool, filler: bool,
+                       order: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of a rank's micro-batches, in lockstep with its peers.
 
     `forward(k) -> (log_probs [b, r], entropy or None, R)` runs micro-batch k; every rank makes `steps`
     calls (the most micro-batches any rank has), so collectives inside the forward pair up, and keeps the
     first `kept` results — right-padded to R, concatenated in row order and multiplied by the response mask
-    (0 on padding). A `filler` shard (no rows of this rank's own) returns empty [0, R] tensors."""
+    (0 on padding). `order`: the batch rows the concatenated micro-batches hold, when not 0 … B−1 in order
+    (token-budget micro-batches); the results are put back in row order. A `filler` shard (no rows of this
+    rank's own) returns empty [0, R] tensors."""
     log_probs, entropies = [], []
     with torch.no_grad():
         for k in range(steps):
@@ -210,4 +235,10 @@ def lockstep_log_probs(forward: Callable[[int], tuple[torch.Tensor, torch.Tensor
     mask = response_mask.to(torch.float32)
     if filler:
         return mask[:0], (mask[:0] if with_entropy else None)
-    return torch.cat(log_probs) * mask, (torch.cat(entropies) * mask if with_entropy else None)
+    inverse = None if order is None else torch.argsort(torch.tensor(order, dtype=torch.long))
+
+    def rows(parts: list[torch.Tensor]) -> torch.Tensor:
+        out = torch.cat(parts)
+        return (out if inverse is None else out[inverse]) * mask
+
+    return rows(log_probs), (rows(entropies) if with_entropy else None)

@@ -20,9 +20,25 @@ smaller than nominal (stale groups dropped, `skip_zero_advantage`).
 Order: verl's default (`actor.shuffle = false`, and its FSDP actor never shuffles) is the same consecutive
 split in every epoch; with `shuffle` the rows are permuted anew before each epoch by a generator seeded from
 (`seed`, `step`, epoch), so a resumed run (same optimizer step count) draws the same permutation.
+
+Token-budget micro-batches (`trainer.use_dynamic_bsz`, verl's `rearrange_micro_batches`): a rank's rows of one
+mini-batch, with lengths ℓ_i (prompt + response tokens, `attention_mask.sum`), are grouped into
+
+    k = the least count ≥ ⌈Σ ℓ_i / budget⌉ whose balanced partition has every group ≤ budget
+
+micro-batches (never more than the rows; a single row longer than the budget is its own micro-batch —
+`validate` refuses such configs), by the Karmarkar–Karp largest-differencing partition of the lengths into k
+groups of near-equal token sums (verl's `get_seqlen_balanced_partitions`). The data-parallel ranks agree on the
+largest k of any rank (verl's `same_micro_num_in_dp`), then each partitions its own rows into that many groups.
+Micro-batches are ordered heaviest first (Σ ℓ_i², the attention cost, as verl's `use_dynamic_bsz_balance`), rows
+within one keep their batch order; callers map results back to row order. verl rounds k up to the count only;
+asyncrl also raises k until every group fits, so `ppo_max_token_len_per_gpu` is a bound, not a target.
 """
 
 from __future__ import annotations
+
+import heapq
+import itertools
 
 import numpy as np
 
@@ -59,6 +75,60 @@ def mini_batch_plan(num_rows: int, num_mini_batches: int, epochs: int = 1, *, sh
     return plan
 
 
+def balanced_partitions(weights: list[int], parts: int, *, equal_size: bool = False) -> list[list[int]]:
+    """`parts` groups of the indices of `weights` with near-equal sums: the Karmarkar–Karp largest differencing
+    method. Every item starts as a partial solution (the item alone in one group, the others empty); the two
+    partial solutions of largest spread (max − min group sum) are merged by pairing the heaviest group of one with
+    the lightest of the other, until one remains. With `equal_size` the items are first dealt out in rounds of
+    `parts` (by descending weight) so every group gets the same number of items (needs `parts` | len(weights)).
+    Groups list their indices ascending; the groups are in no particular order."""
+    n = len(weights)
+    if parts < 1:
+        raise ValueError(f"need parts >= 1, got {parts}")
+    if equal_size and n % parts:
+        raise ValueError(f"equal_size needs parts ({parts}) to divide the item count ({n})")
+    order = sorted(range(n), key=lambda i: (-weights[i], i))
+    counter = itertools.count()
+    heap: list[tuple[int, int, list[tuple[int, list[int]]]]] = []
+
+    def push(groups: list[tuple[int, list[int]]]) -> None:
+        groups = sorted(groups, key=lambda g: (-g[0], g[1]))
+        heapq.heappush(heap, (-(groups[0][0] - groups[-1][0]), next(counter), groups))
+
+    step = parts if equal_size else 1
+    for lo in range(0, n, step):
+        chunk = order[lo:lo + step]
+        push([(weights[i], [i]) for i in chunk] + [(0, []) for _ in range(parts - len(chunk))])
+    if not heap:
+        return [[] for _ in range(parts)]
+    while len(heap) > 1:
+        _, _, a = heapq.heappop(heap)
+        _, _, b = heapq.heappop(heap)
+        # a and b are sorted heaviest first: pair a's heaviest with b's lightest
+        push([(wa + wb, ia + ib) for (wa, ia), (wb, ib) in zip(a, reversed(b))])
+    return [sorted(idx) for _, idx in heap[0][2]]
+
+
+def micro_batch_count(lengths: list[int], max_tokens: int) -> int:
+    """k of the module docstring: the least count ≥ ⌈Σ ℓ / budget⌉ whose balanced partition fits the budget
+    in every group (at most one per row; 1 for no rows)."""
+    if max_tokens < 1:
+        raise ValueError(f"the token budget must be >= 1, got {max_tokens}")
+    if not lengths:
+        return 1
+    k = min(len(lengths), max(1, -(-sum(lengths) // max_tokens)))
+    while k < len(lengths) and max(sum(lengths[i] for i in g) for g in balanced_partitions(lengths, k)) > max_tokens:
+        k += 1
+    return k
+
+
+def token_budget_micro_batches(lengths: list[int], count: int) -> list[list[int]]:
+    """The row indices of each of min(`count`, rows) micro-batches: the balanced partition of `lengths`
+    (`balanced_partitions`), heaviest (Σ ℓ²) first, indices ascending within each."""
+    groups = [g for g in balanced_partitions(lengths, max(1, min(count, len(lengths)))) if g]
+    return sorted(groups, key=lambda g: (-sum(lengths[i] ** 2 for i in g), g[0]))
+
+
 def optimizer_steps_per_local_step(require_batches: int, ppo_epochs: int) -> int:
     """require_batches × ppo_epochs (what `asyncrl/trainer/optimizer_steps` reports when no step is skipped)."""
     return int(require_batches) * int(ppo_epochs)
@@ -69,7 +139,8 @@ def combine_update_metrics(updates: list[dict[str, float]]) -> dict[str, float]:
     that report it (loss metrics, `actor/grad_norm`, `rollout_corr/*` in bypass mode — verl averages its
     per-mini-batch lists the same way), except `actor/lr` (the last step's), `actor/skipped_step` (the number
     of steps skipped) and `actor/micro_batches` (summed); `asyncrl/trainer/optimizer_steps` counts the steps
-    applied."""
+    applied and `asyncrl/trainer/micro_batches` the forward/backward micro-batches of all of them (the most of
+    any rank: the short ranks repeat one with weight 0)."""
     out: dict[str, float] = {}
     if not updates:
         return {"asyncrl/trainer/optimizer_steps": 0.0}
@@ -83,6 +154,7 @@ def combine_update_metrics(updates: list[dict[str, float]]) -> dict[str, float]:
         else:
             out[name] = sum(values) / len(values)
     out["asyncrl/trainer/optimizer_steps"] = float(len(updates) - out.get("actor/skipped_step", 0.0))
+    out["asyncrl/trainer/micro_batches"] = out.get("actor/micro_batches", 0.0)
     return out
 
 

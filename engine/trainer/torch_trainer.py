@@ -3,7 +3,9 @@
 One `train_step(batch, loss_fn)` is one local step: `mini_batches × ppo_epochs` optimizer updates, verl's
 mini-batch loop (`engine.trainer.minibatch.mini_batch_plan` gives the split; the PPO ratios use the batch's
 fixed `old_log_probs` in every pass). Each update's mini-batch is split into micro-batches
-b_1 … b_k of `micro_batch_size` rows; `loss_fn` returns a loss L_i normalised *within* b_i (token-mean,
+b_1 … b_k of `micro_batch_size` rows — or, with `use_dynamic_bsz`, into token-balanced micro-batches of at most
+`ppo_max_token_len_per_gpu` tokens (`log_prob_max_token_len_per_gpu` for the no-grad log-prob passes; the
+ranks agree on one count, see `engine.trainer.minibatch`), each padded only to its own longest row; `loss_fn` returns a loss L_i normalised *within* b_i (token-mean,
 seq-mean, …). Each micro-batch gets a mass m_i — `batch.meta["micro_weight_fn"](b_i)` if the loss supplies
 one, else its count of response tokens Σ response_mask — and the accumulated gradient is
 
@@ -12,9 +14,14 @@ one, else its count of response tokens Σ response_mask — and the accumulated 
 which equals the gradient of the same loss computed over the whole batch at once (for token-mean use
 token counts, for seq-mean-* use row counts). Then the pre-clip global norm ‖g‖ is logged as
 `actor/grad_norm`, g is clipped to `grad_clip`, and AdamW steps at the warmup-scheduled lr (`optim.py`).
-With `precision = "bf16"` every forward runs under `torch.autocast(bf16)`: matmuls compute in bf16 (and
-their backward too), while the parameters, gradients and AdamW state stay in the model's dtype (fp32 master
-weights) and the log-softmax (`logprobs.py`), the loss and the update stay fp32.
+Precision (`engine.config.precision`): the parameters, gradients and AdamW state are in the dtype the model was
+loaded in (fp32 = master weights, the default policy); `precision` is the compute dtype. Below the parameters'
+dtype every forward runs under `torch.autocast(compute)` (the FSDP2 subclass casts by its
+`MixedPrecisionPolicy` instead): matmuls compute in bf16 (and their backward too), while the log-softmax
+(`logprobs.py`), the loss and the update stay fp32. `gradient_checkpointing` recomputes each decoder layer in
+backward (HF's mechanism); `logprob_chunk_tokens` bounds the log-prob head's logits (`logprobs.py`).
+`frozen = True` builds a reference model (`engine.trainer.reference`): no gradients, no optimizer, only
+`compute_log_probs`, with its weights in host memory between calls when `param_offload` (on an accelerator).
 An update whose gradient is non-finite, or whose total mass is 0, is skipped (counted in `actor/skipped_step`).
 The learning-rate schedule counts optimizer updates. Micro-batches carry `meta["ppo_epoch"]` and
 `meta["fresh"]` (True while no update of this local step has been applied yet), so a loss wrapper can tell a
@@ -32,6 +39,7 @@ and returns no log-probs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -57,13 +65,21 @@ from engine.sync.buckets import bucketize
 from engine.sync.export import host_array
 from engine.trainer import checkpoint as ckpt
 from engine.trainer.base import LossFn, TrainBatch
-from engine.trainer.batch import FILLER, is_filler, lockstep_log_probs, split_micro_batches, trim_padding
+from engine.trainer.batch import (
+    FILLER,
+    is_filler,
+    lockstep_log_probs,
+    plan_micro_batches,
+    trim_padding,
+)
 from engine.trainer.logprobs import response_log_probs
 from engine.trainer.minibatch import local_step_metrics, mini_batch_plan
 from engine.trainer.optim import OptimConfig, WarmupSchedule, build_optimizer, set_lr
 from engine.trainer.step_metrics import update_metrics
 
 EntropyMode = Literal["none", "metric", "grad"]
+COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+"""`precision` (the policy's compute dtype) → torch dtype."""
 MicroWeightFn = Callable[[TrainBatch], float]
 
 
@@ -119,6 +135,13 @@ class TorchTrainerBackend(WarmupSchedule):
         shuffle: bool = False,
         seed: int = 0,
         precision: Literal["fp32", "bf16"] = "fp32",
+        gradient_checkpointing: bool = False,
+        logprob_chunk_tokens: int | None = None,
+        frozen: bool = False,
+        param_offload: bool = False,
+        use_dynamic_bsz: bool = False,
+        ppo_max_token_len_per_gpu: int = 16384,
+        log_prob_max_token_len_per_gpu: int | None = None,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError("micro_batch_size must be >= 1")
@@ -130,12 +153,26 @@ class TorchTrainerBackend(WarmupSchedule):
         self.optim_cfg = OptimConfig.from_dict(optim_cfg)
         self.grad_clip = float(grad_clip)
         self.micro_batch_size = int(micro_batch_size)
+        if ppo_max_token_len_per_gpu < 1 or (log_prob_max_token_len_per_gpu or 1) < 1:
+            raise ValueError("token budgets must be >= 1")
+        self.use_dynamic_bsz = bool(use_dynamic_bsz)
+        self.ppo_max_token_len = int(ppo_max_token_len_per_gpu)
+        self.log_prob_max_token_len = int(log_prob_max_token_len_per_gpu or ppo_max_token_len_per_gpu)
         self.mini_batches, self.ppo_epochs = int(mini_batches), int(ppo_epochs)
         self.shuffle, self.seed = bool(shuffle), int(seed)
         self.temperature = float(temperature)
-        if precision not in ("fp32", "bf16"):
+        if precision not in COMPUTE_DTYPES:
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
         self.precision = precision
+        self.compute_dtype = COMPUTE_DTYPES[precision]
+        self.param_dtype = next(model.parameters()).dtype
+        self.logprob_chunk_tokens = logprob_chunk_tokens
+        self.frozen, self.param_offload = bool(frozen), bool(param_offload) and torch.device(device).type != "cpu"
+        if frozen:  # a reference: no gradients, no optimizer (see `engine.trainer.reference`)
+            model.requires_grad_(False)
+            model.eval()
+        elif gradient_checkpointing:  # HF: each decoder layer's forward is recomputed in backward (train mode)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.entropy_mode: EntropyMode = entropy
         self.aliases = tied_aliases(model)
         self.vision = VisionSpec.from_config(getattr(model, "config", None))
@@ -143,7 +180,9 @@ class TorchTrainerBackend(WarmupSchedule):
         self._encoder = image_encoder
         self._model_dir = model_dir_of(model)
         self.model = self._prepare_model(model.to(self.device))
-        self.optimizer = build_optimizer(self.model.parameters(), self.optim_cfg)
+        self.optimizer = None if frozen else build_optimizer(self.model.parameters(), self.optim_cfg)
+        if self.param_offload:
+            self._offload(True)
         self.base_lr, self.warmup_steps = self.optim_cfg.lr, self.optim_cfg.warmup_steps
         self.global_step = 0
         self.extra_metrics: dict[str, float] = {}
@@ -213,40 +252,60 @@ class TorchTrainerBackend(WarmupSchedule):
         vis = vision_inputs(self.model, self.image_encoder, micro.input_ids, micro.attention_mask, images)
         return None if vis is None else vis.model_kwargs()
 
+    def _autocast(self) -> bool:
+        """Compute below the parameters' dtype by autocast (one rank; FSDP2 casts by its MixedPrecisionPolicy)."""
+        return self.compute_dtype != self.param_dtype
+
+    def _offload(self, to_host: bool) -> None:
+        """`param_offload` (a frozen reference on an accelerator): weights to host memory, or back."""
+        self.model.to("cpu" if to_host else self.device)
+
     def _log_probs(
         self, micro: TrainBatch, with_entropy: bool, entropy_grad: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+        with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self._autocast()):
             return response_log_probs(
                 self.model, micro.input_ids, micro.attention_mask, micro.position_ids, micro.responses,
                 self.temperature, with_entropy, entropy_grad=entropy_grad, model_kwargs=self._model_kwargs(micro),
-                suppress_ids=self.suppress_ids,
+                suppress_ids=self.suppress_ids, chunk_tokens=self.logprob_chunk_tokens,
             )
 
-    def _micro_batches(self, batch: TrainBatch) -> tuple[list[TrainBatch], TrainBatch]:
-        """The micro-batches of `batch`, and the one this rank repeats with weight 0 while other ranks still
-        have micro-batches to run: the last one, or a `FILLER` batch itself (which has no real micro-batch)."""
-        if is_filler(batch):
-            return [], batch
-        micros = split_micro_batches(batch, self.micro_batch_size)
-        return micros, micros[-1] if micros else batch
+    def _micro_batches(self, batch: TrainBatch, max_tokens: int) -> tuple[list[TrainBatch], TrainBatch, list[int] | None]:
+        """The micro-batches of `batch` (`plan_micro_batches`; `max_tokens` with `use_dynamic_bsz`), the one this
+        rank repeats with weight 0 while other ranks still have micro-batches to run (the last one, or a
+        `FILLER` batch itself, which has no real micro-batch), and the row order the micro-batches hold."""
+        filler = is_filler(batch)
+        if filler and not self.use_dynamic_bsz:
+            return [], batch, None
+        micros, order = plan_micro_batches(batch.select(slice(0, 0)) if filler else batch, self.micro_batch_size,
+                                           max_tokens if self.use_dynamic_bsz else None, self._max_across_ranks)
+        return micros, micros[-1] if micros else batch, order
 
     def compute_log_probs(self, batch: TrainBatch, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log π_θ(response token) [B, R] in fp32 on CPU, at the trainer temperature (0 on padding)."""
         self.model.eval()
-        micros, repeat = self._micro_batches(batch)
+        micros, repeat, order = self._micro_batches(batch, self.log_prob_max_token_len)
 
         def forward(k: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
             micro, width = self._prepare(micros[k] if k < len(micros) else repeat)
             return (*self._log_probs(micro, with_entropy), width)
 
-        return lockstep_log_probs(forward, self._max_across_ranks(len(micros)), len(micros), batch.response_mask,
-                                  with_entropy, filler=not micros)
+        if self.param_offload:
+            self._offload(False)
+        try:
+            with torch.no_grad() if self.frozen else contextlib.nullcontext():
+                return lockstep_log_probs(forward, self._max_across_ranks(len(micros)), len(micros),
+                                          batch.response_mask, with_entropy, filler=not micros, order=order)
+        finally:
+            if self.param_offload:
+                self._offload(True)
 
     # --- update -----------------------------------------------------------------------------------------
     def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
         """One local step: `mini_batches × ppo_epochs` optimizer updates over `batch` (see the module
         docstring); the metrics combined by `local_step_metrics`."""
+        if self.optimizer is None:
+            raise RuntimeError("a frozen reference model does not train")
         start = time.perf_counter()
         rows = 0 if is_filler(batch) else len(batch)
         plan = mini_batch_plan(rows, self.mini_batches, self.ppo_epochs, shuffle=self.shuffle, seed=self.seed,
@@ -268,7 +327,7 @@ class TorchTrainerBackend(WarmupSchedule):
     def _update(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer update over the mini-batch `batch` (see the module docstring for the weights)."""
         self.model.train()
-        micros, repeat = self._micro_batches(batch)
+        micros, repeat, _ = self._micro_batches(batch, self.ppo_max_token_len)
         mass_fn: MicroWeightFn = batch.meta.get("micro_weight_fn") or token_mass
         masses = [float(mass_fn(m)) for m in micros]
         (total_mass,) = self._sum_across_ranks([sum(masses)])

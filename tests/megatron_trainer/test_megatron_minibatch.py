@@ -37,3 +37,21 @@ def test_two_mini_batches_two_epochs_equal_four_single_updates(hf_dirs: dict[str
     assert single.global_step == 1
     assert any(not torch.allclose(p.detach(), ref[n].detach(), atol=1e-4)
                for n, p in single.model.named_parameters())
+
+
+def test_token_budget_micro_batches_equal_the_unsplit_update(hf_dirs: dict[str, Path]) -> None:
+    """`use_dynamic_bsz` on Megatron: token-balanced micro-batches (rows 7–9 tokens, budget 17 → 4 micro-batches
+    of 1–2 rows), two updates equal two updates over the whole batch at once, and the log-probs come back in row
+    order."""
+    batch = make_batch(rows=6)
+    plain, dynamic = _backend(hf_dirs, micro_batch_size=6), _backend(
+        hf_dirs, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=17, log_prob_max_token_len_per_gpu=9)
+    torch.testing.assert_close(dynamic.compute_log_probs(batch)[0], plain.compute_log_probs(batch)[0],
+                               atol=1e-6, rtol=1e-5)
+    for _ in range(2):
+        plain.train_step(batch, nll_loss)
+        metrics = dynamic.train_step(batch, nll_loss)
+    assert metrics["asyncrl/trainer/micro_batches"] >= 3
+    ref = dict(plain.model.named_parameters())
+    for name, p in dynamic.model.named_parameters():
+        torch.testing.assert_close(p.detach(), ref[name].detach(), atol=1e-6, rtol=1e-5)

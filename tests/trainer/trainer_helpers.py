@@ -68,3 +68,17 @@ def spawn_ranks(worker: Callable[..., None], world: int, out_dir: Path) -> list[
     mp.start_processes(worker, args=(world, free_port(), str(out_dir)), nprocs=world, join=True,
                        start_method="spawn")
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def agg_loss_fn(batch: TrainBatch, mode: str):
+    """REINFORCE aggregated by verl's `loss_agg_mode` (`engine.algo.policy_loss.agg_loss`) within a micro-batch;
+    sets `batch.meta["micro_weight_fn"]` to the mode's denominator, as `engine.runtime.batching` does."""
+    from engine.algo.policy_loss import agg_denominator, agg_loss
+
+    batch.meta["micro_weight_fn"] = lambda mb: agg_denominator(mb.response_mask, mode)
+
+    def loss_fn(log_probs: torch.Tensor, entropy: torch.Tensor | None, mb: TrainBatch):
+        loss = agg_loss(-(mb.advantages * log_probs), mb.response_mask, mode)
+        return loss, {"actor/pg_loss": float(loss.detach())}
+
+    return loss_fn

@@ -1,0 +1,274 @@
+"""Peak memory of one trainer rank and one rollout replica GPU, from the config and the model's shape.
+
+One function, `predict_memory`, with named terms in bytes (`validate --json` / `--explain` print them). Notation:
+P parameters (P_e of them in routed experts, P_d = P − P_e), L layers, h hidden, I intermediate (dense MLP),
+k·I_m routed intermediate per token (MoE), V vocabulary; b_c bytes of the trainer's compute dtype
+(`trainer.precision`, else `model.dtype`), b_p of its parameters (4: fp32 master weights, unless
+`trainer.fp32_master_weights = false`; `engine.config.precision`), b_r of the rollout's (`rollout.dtype`, else
+`model.dtype`).
+
+Trainer rank, `torch` backend (FSDP2 over W = trainer_dp ranks, one rank = plain torch):
+
+    weights P·b_p/W   gradients P·b_p/W   optimizer (AdamW m, v) 2·P·b_p/W
+    compute_copy      b_c < b_p: W = 1 → P·b_c (autocast's weight cache); W > 1 → 2 gathered layers in b_c
+                      (current + prefetched) + the embeddings; b_c = b_p and W > 1 → 2 gathered layers in b_p
+    reference         with `use_kl_loss`: P·b_c/W, 0 with `trainer.ref_param_offload`
+
+`megatron` (tp, pp, cp, ep, etp; DP = W/(tp·pp·cp), expert DP = W/(ep·etp·pp)): the rank holds
+S = P_d/(tp·pp) + P_e/(ep·etp·pp) parameters — weights S·b_c, fp32 main gradients S·4, the distributed
+optimizer's fp32 master + m + v 12·(P_d/(tp·pp)/DP + P_e/(ep·etp·pp)/EDP), a frozen reference S·b_c.
+
+Activations of the update micro-batch, T tokens (`ppo_max_token_len_per_gpu` with `use_dynamic_bsz`, else
+`ppo_micro_batch_size_per_gpu × (max_prompt_length + max_response_length)`), per rank T' = T/(cp·tp) (sequence
+parallel) on Megatron, T on torch:
+
+    per-token, per-layer a = (c_h·h + c_i·I + c_m·k·I_m [MoE layers]) · b_c/2          (calibrated, bytes)
+    log-prob pass   T_lp'·a (no-grad forward of the log-prob micro-batch, `log_prob_max_token_len_per_gpu`:
+                    one layer's working set at a time); `activations` is the larger of it and the update's
+    recompute off:  T'·L·a              (Megatron: L/pp layers × pp micro-batches in flight on stage 0 = L)
+    recompute on:   T'·(⌈L/g⌉·c_ck·h·b_c/2 + g·a) — each group of g layers keeps its input, one group is
+                    rebuilt at a time (g = 1 for `enable_gradient_checkpointing`; Megatron full/uniform:
+                    `recompute_num_layers`)
+    transient       c_t · (params of one layer) · b_c  (a weight gradient being accumulated)
+    log-prob head   T_head·V/tp·c_v: T_head = min(`trainer.logprob_chunk_tokens`, the response tokens of
+                    the micro-batch, T · max_response / (max_prompt + max_response))
+    moe_dispatch    Megatron MoE: 2·T'·k·h·b_c (the token dispatcher's permuted input and output)
+
+c_h, c_i, c_m, c_ck, c_t, c_v are measured, not guessed: `python -m benchmarks memory-model` runs real HF
+Qwen2 / Qwen3-MoE slices at the presets' real widths on this CPU and writes `_calibration/activations.json`
+(shipped with the package). Megatron's selective recompute is counted as no recompute (not measured: an upper
+bound). Host-side terms (the π_prox snapshot in decoupled mode, P·b_p/W, pinned CPU memory; the weight-sync
+bucket, gathered to host on rank 0) count toward the rank when the "GPU" is the CPU, else they are listed
+under `host`. Accelerators add 2 GB of runtime (CUDA/CANN context, allocator fragmentation), CPU 0.3 GB.
+
+Rollout replica, per GPU (tensor parallel TP): weights P·b_r/TP, an activation reserve max(1 GB, 5 % of the
+budget), one incoming weight-sync bucket, and the KV cache 2·L·⌈n_kv/TP⌉·d·b_r per token for `max_num_seqs`
+full-length sequences, capped by what the budget leaves (`gpu_memory_utilization` × memory for vLLM, 90 % for
+the `hf` sampler).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from engine.config.precision import policy_of
+
+if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
+
+GB = 1e9
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+CALIBRATION = Path(__file__).parent / "_calibration" / "activations.json"
+ACCEL_RUNTIME = 2.0 * GB
+CPU_RUNTIME = 0.3 * GB
+
+
+class ModelShape(Protocol):
+    """What the memory model reads of a model (`asyncrl_cli.config.hf_model.ModelFacts` has it)."""
+
+    params_total: int
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    experts: int
+    experts_per_token: int
+    moe_intermediate: int
+    moe_layers: int
+
+    @property
+    def is_moe(self) -> bool: ...
+
+    @property
+    def params_expert(self) -> int: ...
+
+
+@dataclass
+class RoleMemory:
+    """Predicted peak of one trainer rank or one rollout replica GPU: named terms (bytes), their total, the
+    capacity, and host-side terms that do not count toward the device (accelerators only)."""
+
+    role: str
+    terms: dict[str, float]
+    capacity: float
+    fits: bool
+    host: dict[str, float] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return sum(self.terms.values())
+
+
+@dataclass
+class MemoryPrediction:
+    trainer: RoleMemory
+    rollout: RoleMemory
+
+
+@cache
+def calibration(path: str | None = None) -> dict[str, Any]:
+    """The measured coefficients (see the module docstring), from the shipped table or `path`."""
+    return json.loads(Path(path or CALIBRATION).read_text())
+
+
+def layer_params(m: ModelShape) -> int:
+    """Parameters of one decoder layer (all its experts included)."""
+    attn = m.hidden * m.heads * m.head_dim * 2 + 2 * m.hidden * m.kv_heads * m.head_dim
+    mlp = 3 * m.hidden * (m.experts * m.moe_intermediate if m.is_moe else m.intermediate)
+    return attn + mlp
+
+
+def activation_per_token_layer(m: ModelShape, compute_bytes: int, cal: dict[str, Any]) -> float:
+    """a of the module docstring: saved activations per token and layer, averaged over dense and MoE layers."""
+    c = cal["coefficients"]
+    moe_share = (m.moe_layers or m.layers) / m.layers if m.is_moe else 0.0
+    mlp = (moe_share * c["c_m"] * m.experts_per_token * m.moe_intermediate
+           + (1 - moe_share) * c["c_i"] * m.intermediate)
+    return (c["c_h"] * m.hidden + mlp) * compute_bytes / 2
+
+
+def activation_bytes(m: ModelShape, tokens: float, layers: int, recompute: bool, compute_bytes: int,
+                     cal: dict[str, Any], group: int = 1) -> float:
+    """Activations of `tokens` tokens through `layers` layers, with or without recompute in groups of `group`
+    layers (each group keeps its input; one group is rebuilt at a time)."""
+    a = activation_per_token_layer(m, compute_bytes, cal)
+    if recompute:
+        groups = -(-layers // group)
+        return tokens * (groups * cal["coefficients"]["c_ck"] * m.hidden * compute_bytes / 2 + min(group, layers) * a)
+    return tokens * layers * a
+
+
+def transient_bytes(m: ModelShape, compute_bytes: int, cal: dict[str, Any]) -> float:
+    """A weight gradient being accumulated during the backward."""
+    return cal["coefficients"]["c_t"] * layer_params(m) * compute_bytes
+
+
+def head_bytes(tokens: float, vocab: int, cal: dict[str, Any]) -> float:
+    """The log-prob head (fp32 log-softmax and its gradient) over `tokens` tokens."""
+    return tokens * vocab * cal["coefficients"]["c_v"]
+
+
+def _bytes(name: str | None, default: int) -> int:
+    return DTYPE_BYTES.get(str(name), default) if name else default
+
+
+def update_tokens(cfg: RunConfig) -> int:
+    """T: tokens of one update micro-batch on one rank."""
+    t, d = cfg.trainer, cfg.data
+    if t.use_dynamic_bsz:
+        return int(t.ppo_max_token_len_per_gpu)
+    return int(t.ppo_micro_batch_size_per_gpu * (d.max_prompt_length + d.max_response_length))
+
+
+def log_prob_tokens(cfg: RunConfig) -> int:
+    """Tokens of one log-prob (π_old, π_prox, reference) micro-batch on one rank."""
+    t, d = cfg.trainer, cfg.data
+    if t.use_dynamic_bsz:
+        return int(t.log_prob_max_token_len_per_gpu or t.ppo_max_token_len_per_gpu)
+    return int(t.ppo_micro_batch_size_per_gpu * (d.max_prompt_length + d.max_response_length))
+
+
+def trainer_memory(cfg: RunConfig, m: ModelShape, world: int, capacity: float, device: str,
+                   cal: dict[str, Any] | None = None) -> RoleMemory:
+    """One trainer rank's predicted peak (module docstring); `world` = trainer ranks."""
+    cal = cal or calibration()
+    t, d = cfg.trainer, cfg.data
+    policy = policy_of(cfg)
+    b_c, b_p = DTYPE_BYTES[policy.compute], DTYPE_BYTES[policy.params]
+    p = m.params_total
+    terms: dict[str, float] = {}
+    host: dict[str, float] = {}
+    tokens = update_tokens(cfg)
+    if t.backend == "megatron":
+        etp = t.etp
+        p_e = m.params_expert
+        dense, expert = (p - p_e) / (t.tp * t.pp), p_e / (t.ep * etp * t.pp)
+        dp, edp = max(1, world // (t.tp * t.pp * t.cp)), max(1, world // (t.ep * etp * t.pp))
+        terms["weights"] = (dense + expert) * b_c
+        terms["gradients"] = (dense + expert) * 4
+        terms["optimizer"] = 12 * (dense / dp + expert / edp)
+        if t.use_kl_loss:
+            (host if t.ref_param_offload else terms)["reference"] = (dense + expert) * b_c
+        shard_tokens, tp, dp_share = tokens / (t.cp * t.tp), t.tp, dp
+        recompute = t.recompute_granularity == "full"
+        group = t.recompute_num_layers if t.recompute_method == "uniform" else 1
+        if m.is_moe:
+            terms["moe_dispatch"] = 2 * shard_tokens * m.experts_per_token * m.hidden * b_c
+    else:
+        terms["weights"] = p * b_p / world
+        terms["gradients"] = p * b_p / world
+        terms["optimizer"] = 2 * p * b_p / world
+        embed = m.vocab * m.hidden
+        if b_c < b_p:
+            terms["compute_copy"] = p * b_c if world == 1 else (2 * layer_params(m) + embed) * b_c
+        elif world > 1:
+            terms["compute_copy"] = 2 * layer_params(m) * b_p
+        if t.use_kl_loss:
+            (host if t.ref_param_offload else terms)["reference"] = p * b_c / world
+        shard_tokens, tp, dp_share = float(tokens), 1, world
+        recompute, group = t.enable_gradient_checkpointing, 1
+    update_act = activation_bytes(m, shard_tokens, m.layers, recompute, b_c, cal, group)
+    # the no-grad log-prob passes keep one layer's working set of their (larger) micro-batch at a time
+    lp_tokens = log_prob_tokens(cfg) * shard_tokens / max(tokens, 1)  # split as the update's (cp·tp)
+    lp_act = activation_per_token_layer(m, b_c, cal) * lp_tokens
+    terms["activations"] = max(update_act, lp_act)
+    terms["backward_transient"] = transient_bytes(m, b_c, cal)
+    seq = d.max_prompt_length + d.max_response_length
+    response_tokens = shard_tokens * tp * d.max_response_length / seq
+    terms["logprob_head"] = head_bytes(min(t.logprob_chunk_tokens, response_tokens), m.vocab // tp, cal)
+    if not cfg.algorithm.rollout_correction.bypass_mode:  # decoupled: π_prox snapshot of this rank's shards
+        host["prox_snapshot"] = terms["weights"] * (b_p / b_c if t.backend == "megatron" else 1)
+    host["weight_sync_bucket"] = cfg.rollout.weight_sync_bucket_mb * 2**20
+    on_cpu = device == "cpu"
+    if on_cpu:  # host memory is the device's memory
+        terms.update(host)
+        host = {}
+    terms["runtime"] = CPU_RUNTIME if on_cpu else ACCEL_RUNTIME
+    total = sum(terms.values())
+    return RoleMemory("trainer", terms, capacity, total <= capacity, host, {
+        "tokens_per_micro_batch": tokens, "tokens_per_rank": round(shard_tokens), "world": world,
+        "log_prob_tokens_per_micro_batch": log_prob_tokens(cfg),
+        "activations_from": "update" if update_act >= lp_act else "log-prob pass",
+        "data_parallel": dp_share, "recompute": recompute, "compute_bytes": b_c, "param_bytes": b_p,
+        "use_dynamic_bsz": t.use_dynamic_bsz, "precision": policy.describe(),
+        "calibration": cal.get("source", str(CALIBRATION.name))})
+
+
+def rollout_memory(cfg: RunConfig, m: ModelShape, memory: float, device: str) -> RoleMemory:
+    """One rollout replica GPU's weights, activation reserve, incoming bucket and KV cache within its budget."""
+    r, d = cfg.rollout, cfg.data
+    b_r = _bytes(r.dtype, _bytes(cfg.model.dtype, 4))
+    tp = r.tensor_parallel_size
+    budget = memory * (r.gpu_memory_utilization if r.backend == "vllm" else 0.9)
+    p = m.params_total
+    weights = p * b_r / tp
+    reserve = max(1 * GB, 0.05 * budget)
+    bucket = r.weight_sync_bucket_mb * 2**20
+    kv_tok = 2 * m.layers * max(1, -(-m.kv_heads // tp)) * m.head_dim * b_r
+    seq = d.max_prompt_length + d.max_response_length
+    kv_free = budget - weights - reserve - bucket
+    seqs_full = int(kv_free // (kv_tok * seq)) if kv_free > 0 else 0
+    kv_needed = r.max_num_seqs * kv_tok * seq
+    terms = {"weights": weights, "activation_reserve": reserve, "weight_sync_bucket": bucket,
+             "kv_cache": min(kv_needed, max(kv_free, 0.0))}
+    return RoleMemory("rollout", terms, budget, kv_free > 0 and seqs_full >= 1, {}, {
+        "kv_bytes_per_token": kv_tok, "max_sequence_tokens": seq, "kv_gb_for_max_num_seqs": round(kv_needed / GB, 2),
+        "kv_gb_available": round(max(kv_free, 0.0) / GB, 2), "seqs_at_full_length": seqs_full,
+        "max_num_seqs": r.max_num_seqs, "tensor_parallel_size": tp, "rollout_bytes": b_r,
+        "memory_gb": memory / GB, "device": device})
+
+
+def predict_memory(cfg: RunConfig, m: ModelShape, *, trainer_world: int, memory_gb: float, device: str,
+                   cal: dict[str, Any] | None = None) -> MemoryPrediction:
+    """Each trainer rank's and each rollout replica GPU's predicted peak (bytes, named terms) for `cfg` on
+    devices of `memory_gb` GB (`device` "cpu" counts host-side terms on the device)."""
+    return MemoryPrediction(trainer_memory(cfg, m, trainer_world, memory_gb * GB, device, cal),
+                            rollout_memory(cfg, m, memory_gb * GB, device))
