@@ -11,6 +11,8 @@ Rules (each choice is recorded with its reason, and written as a comment):
   parallel size tp·pp (pp dividing the layers, tp splitting the heads inside a node), cp 2 for sequences ≥ 8k
   tokens (else 1), ep from 8/4/2/1 first and then the larger divisors of the experts that divide dp·cp. The
   optimizer state is sharded over every trainer rank (Megatron's distributed optimizer, FSDP2's full shard).
+  Activation recompute is on (gradient checkpointing for FSDP2, `recompute_granularity = "full"` for
+  Megatron), as verl's recipes run. The memory is `engine.plan.memory`'s model (through `fit.trainer_fit`).
   The first layout for which `fit.trainer_fit` leaves 15 % headroom and that `validate`'s own analysis passes
   without an error is written; when none does, `init` refuses with the reason (exit 3), so it never writes a
   preset that `validate` rejects.
@@ -186,6 +188,12 @@ def _errors(values: dict[str, Any], data: dict[str, Any], hw: HardwarePreset) ->
     return [p.message for p in an.problems if p.severity == "error"]
 
 
+def _choose(plan: Plan, pools_values: dict[str, Any], split: str) -> None:
+    for k, v in pools_values.items():
+        plan.set(k, v)
+    plan.reasons["resources.trainer.nnodes"] = split
+
+
 def _plan_accelerators(
     plan: Plan, f: ModelFacts, hw: HardwarePreset, data: dict[str, Any], gpus: int, total_len: int, n: int,
     model_path: str = "x",
@@ -208,6 +216,10 @@ def _plan_accelerators(
         "megatron" if megatron else "torch",
         "Megatron-core for large MoE/dense models" if megatron else "FSDP2 data parallel",
     )
+    if megatron:
+        plan.set("trainer.recompute_granularity", "full", "activation recompute, as verl's Megatron recipes")
+    else:
+        plan.set("trainer.enable_gradient_checkpointing", True, "activation recompute, as verl's FSDP recipes")
     plan.set("rollout.backend", "vllm")
     plan.set(
         "rollout.tensor_parallel_size", tp_r, f"weights {weights_gb / tp_r:.1f} GB per GPU"
@@ -218,6 +230,7 @@ def _plan_accelerators(
     pools = [t for t in pools if t >= share] + [t for t in pools if t < share]
     last_reason = "no trainer pool leaves room for a rollout replica"
     best_gb = float("inf")
+    tight: tuple[float, dict[str, Any], dict[str, Any], str] | None = None  # fits, but within the headroom
     for t in pools:
         rollout = ((gpus - t) // tp_r) * tp_r
         if rollout >= gpn:
@@ -229,6 +242,7 @@ def _plan_accelerators(
             nn, per = _layout(count, gpn)
             pools_values[f"resources.{role}.nnodes"] = nn
             pools_values[f"resources.{role}.gpus_per_node"] = per
+        split = f"{t} trainer : {rollout} rollout accelerators"
         layouts = _layouts(f, t, pools_values["resources.trainer.gpus_per_node"], total_len) if megatron else [
             (1, 1, 1, 1)]
         for tp, pp, cp, ep in layouts:
@@ -239,9 +253,9 @@ def _plan_accelerators(
                 plan.set("trainer.ep", ep, "expert parallel" if ep > 1 else None)
             _batches(plan, n, t // (tp * pp * cp), total_len, cpu=False)
             values = {**plan.values, **pools_values, "model.path": model_path}
-            cfg = _config(values, data)
-            fit = trainer_fit(cfg, f, hw)
-            if fit.total_gb > (1 - HEADROOM) * hw.memory_gb:
+            fit = trainer_fit(_config(values, data), f, hw)
+            roomy = fit.total_gb <= (1 - HEADROOM) * hw.memory_gb
+            if not roomy and (fit.total_gb > hw.memory_gb or (tight is not None and tight[0] <= fit.total_gb)):
                 if fit.total_gb < best_gb:
                     best_gb = fit.total_gb
                     shape = f", tp {tp} pp {pp} cp {cp} ep {ep}" if megatron else ""
@@ -252,10 +266,16 @@ def _plan_accelerators(
             if errors:
                 last_reason, best_gb = errors[0], -1.0  # a layout that fits memory but validate refuses
                 continue
-            for k, v in pools_values.items():
-                plan.set(k, v)
-            plan.reasons["resources.trainer.nnodes"] = f"{t} trainer : {rollout} rollout accelerators"
+            if not roomy:  # remember the leanest that fits, in case none leaves the headroom
+                tight = (fit.total_gb, dict(plan.values), pools_values, split)
+                continue
+            _choose(plan, pools_values, split)
             return
+    if tight is not None:
+        plan.values = tight[1]
+        _choose(plan, tight[2], f"{tight[3]}; ~{tight[0]:.0f} of {hw.memory_gb:g} GB per GPU (no layout leaves "
+                                f"{HEADROOM:.0%} headroom)")
+        return
     need = f.params_total * (DTYPE_BYTES["bfloat16"] * 2 + 12) / 1e9
     raise PlanError(
         f"no split of {gpus} {hw.name} accelerators fits the trainer (model states ~{need:.0f} GB in all; "
