@@ -334,7 +334,12 @@ class RolloutConfig(Section):
     total_rollout_steps: int | None = Field(None, gt=0)
     """Total prompts to generate (verl's name; None = the whole data × `trainer.total_epochs`)."""
     val_temperature: float = Field(0.0, ge=0)
-    """Temperature of validation generation (0 = greedy)."""
+    """Temperature of validation generation (0 = greedy; verl's `val_kwargs.temperature`, and 0 when
+    `val_kwargs.do_sample` is false)."""
+    val_top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus of validation sampling (verl's `val_kwargs.top_p`; no effect when greedy)."""
+    val_top_k: int = Field(0, ge=0)
+    """Top-k of validation sampling (verl's `val_kwargs.top_k`; 0 = off, verl's −1)."""
     replicas: int | None = Field(None, gt=0)
     """Rollout replicas (None = rollout GPUs / `tensor_parallel_size`)."""
     weight_sync_bucket_mb: int = Field(512, gt=0)
