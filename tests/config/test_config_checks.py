@@ -61,10 +61,10 @@ def test_env_var_redirects_data_paths(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_parallel_layout_and_batch_divisibility(write, minimal) -> None:
-    an = analyze_run_config(MOE, ["trainer.pp=3"])
+    an = analyze_run_config(MOE, ["trainer.pp=3", "trainer.use_dynamic_bsz=false"])
     assert an.exit_code == EXIT_DOES_NOT_FIT
     assert by_code(an, "megatron-layout").key == "trainer.tp"
-    an = analyze_run_config(MOE, ["trainer.ppo_micro_batch_size_per_gpu=3"])
+    an = analyze_run_config(MOE, ["trainer.ppo_micro_batch_size_per_gpu=3", "trainer.use_dynamic_bsz=false"])
     assert an.exit_code == EXIT_INVALID
     assert by_code(an, "batch-micro").key == "trainer.ppo_micro_batch_size_per_gpu"
     an = analyze_run_config(MOE, ["rollout.tensor_parallel_size=16"])
@@ -75,7 +75,7 @@ def test_megatron_on_many_trainer_ranks_validates_with_its_cp_and_pp() -> None:
     an = analyze_run_config(MOE)
     assert an.exit_code == EXIT_OK  # the seed's 32-rank Megatron layout (cp = 2) validates and dry-runs
     assert not [p for p in an.problems if p.code.startswith("megatron") and p.severity != "info"]
-    piped = analyze_run_config(MOE, ["trainer.cp=1", "trainer.pp=2"])
+    piped = analyze_run_config(MOE, ["trainer.cp=1", "trainer.pp=2", "trainer.use_dynamic_bsz=false"])
     assert piped.exit_code == EXIT_OK and not [p for p in piped.problems if p.code.startswith("megatron")]
 
 
