@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from engine.config.names import BUILTIN_DATASETS, BUILTIN_MODELS, NAMED_REWARDS
 
-_REWARD_FN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_REWARD_FN = re.compile(r"^(?:[A-Za-z_][\w.]*|[^:\s]+\.py):[A-Za-z_]\w*$")
+"""`module:function` or `path/to/file.py:function` (verl's `custom_reward_function.path` + `.name`)."""
 
 
 class Section(BaseModel):

@@ -156,3 +156,12 @@ def test_legacy_token_mode_is_inverted_too_and_an_upper_bound_alone_is_kept() ->
     conv = convert_script(_script("algorithm.rollout_correction.rollout_rs=geometric",
                                   "algorithm.rollout_correction.rollout_rs_threshold=1.001"))
     assert conv.values["algorithm.rollout_correction.rollout_rs_threshold"] == 1.001  # [1/u, u] is symmetric
+
+
+def test_a_custom_reward_function_maps_to_the_reward_path() -> None:
+    from engine.config.sections import DataConfig
+
+    conv = convert_script(_script("algorithm.adv_estimator=grpo", "reward.custom_reward_function.path=recipe/my/score.py",
+                                  "reward.custom_reward_function.name=compute_score"))
+    assert conv.values["data.reward"] == "recipe/my/score.py:compute_score" and not conv.errors
+    assert DataConfig(train_files=["x.parquet"], reward=conv.values["data.reward"]).reward.endswith(":compute_score")
