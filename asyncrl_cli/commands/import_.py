@@ -24,12 +24,9 @@ def verl(
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
-    """Convert a verl fully-async script: every override is mapped (verl's value; verl's defaults filled where
-    asyncrl's differ), ignored with its reason (no effect on the experiment), or an error.
+    """Convert a verl fully-async script: every override is mapped (verl's value; verl's defaults filled where asyncrl's differ), ignored with its reason (no effect on the experiment), or an error.
 
-    Exit codes: 0 = written, and validate accepts it; 1 = not converted: some override changes the experiment
-    in a way asyncrl cannot honour (every one is listed; nothing is written), or the written file is invalid;
-    2 = usage (no script, output exists, unknown hardware); 3 = written, but it does not fit the hardware."""
+    Exit codes: 0 written and valid · 1 not converted (every override asyncrl cannot honour is listed; nothing is written) or the written file is invalid · 2 usage (no script, output exists, unknown hardware) · 3 written, but it does not fit the hardware."""  # noqa: E501
     from asyncrl_cli.config.hardware import HardwareNotFound, load_hardware
     from asyncrl_cli.config.loader import analyze_run_config
     from asyncrl_cli.report import render_headline, render_problems

@@ -304,6 +304,7 @@ IGNORED: dict[str, str] = {
     f"{ROLL}.enable_sleep_mode": "vLLM memory management: speed only",
     f"{ROLL}.max_num_batched_tokens": "vLLM scheduling: speed only",
     f"{ROLL}.max_model_len": "vLLM's context window: asyncrl sizes it to max_prompt_length + max_response_length",
+    f"{ROLL}.checkpoint_engine.backend": "the weight transport to the replicas: speed only",
     f"{ROLL}.val_kwargs.do_sample": "read with val_kwargs.temperature (false = greedy = val_temperature 0)",
 }
 """verl keys with no effect on the experiment (speed, memory placement, logging, paths), with the reason."""
@@ -335,7 +336,7 @@ REFUSED_PREFIXES: dict[str, str] = {
     f"{ACTOR}.megatron.override_transformer_config.num_layers_in_": "uneven pipeline stages: asyncrl splits the "
                                                                      "layers evenly",
     "async_training.hybrid_res_pool": "a hybrid resource pool (trainer and rollout sharing devices) is not in asyncrl",
-    "async_training.partition": "a hybrid resource pool (trainer and rollout sharing devices) is not in asyncrl",
+    f"{AR}.partition": "a hybrid resource pool's partition of the devices is not in asyncrl",
     f"{AR}.model.mtp.": "multi-token prediction is not in asyncrl",
     f"{AR}.model.lora_rank": "LoRA is not in asyncrl",
     "reward_model.enable": "a reward model is not in asyncrl (rule-based rewards and functions only)",

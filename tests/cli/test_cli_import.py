@@ -165,3 +165,8 @@ def test_a_custom_reward_function_maps_to_the_reward_path() -> None:
                                   "reward.custom_reward_function.name=compute_score"))
     assert conv.values["data.reward"] == "recipe/my/score.py:compute_score" and not conv.errors
     assert DataConfig(train_files=["x.parquet"], reward=conv.values["data.reward"]).reward.endswith(":compute_score")
+
+
+def test_import_help_names_the_exit_codes(cli) -> None:
+    out = " ".join(cli("import", "verl", "--help").stdout.split())
+    assert "Exit codes: 0 written and valid" in out and "3 written, but it does not fit" in out

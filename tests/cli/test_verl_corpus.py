@@ -66,6 +66,9 @@ EXPECTED: dict[str, tuple[str | None, int, dict | None, tuple[str, ...]]] = {
     # converts faithfully; validate refuses it: 64 prompts × n 4 do not split over 12 trainer ranks
     "geo3k_qwen3vl_8b_fsdp2_16_16_npu": (None, 1, GEO3K, ("do not split evenly over 12 data-parallel ranks",)),
     "dapo_7b_math_fsdp2_64_64_mis": (None, 1, None, SP),
+    # verl shares 16 devices between the pools by partition; a plain import would ask for 24
+    "geo3k_qwen3vl_8b_fsdp2_hybrid_res_pool_npu": (None, 1, None, ("async_training.hybrid_res_pool",
+                                                                   "actor_rollout_ref.partition")),
     "dapo_30b_a3b_base_math_fsdp": (None, 1, None, ("--config-name", *SP)),
     "dapo_7b_async_retool": (None, 1, None, (
         "data.custom_cls.path", "data.custom_cls.name", SP[0], "actor_rollout_ref.rollout.val_kwargs.n",
