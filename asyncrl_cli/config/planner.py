@@ -16,7 +16,7 @@ Rules (each choice is recorded with its reason, and written as a comment):
   The first layout for which `fit.trainer_fit` leaves 15 % headroom and that `validate`'s own analysis passes
   without an error is written; when none does, `init` refuses with the reason (exit 3), so it never writes a
   preset that `validate` rejects.
-- Batches: n = 16 for math, 4 for multimodal geo3k, 8 otherwise; ppo_mini_batch_size ≈ 512 sequences
+- Batches: n = 16 for math (`math`, `math_dapo`), 4 for multimodal geo3k, 8 otherwise; ppo_mini_batch_size ≈ 512 sequences
   and a multiple of the data-parallel size; micro-batch ≤ 16k tokens per GPU and dividing each rank's share.
 - Async: staleness 0.5, sync every 4 local steps (every step on CPU), partial rollout on; 100 versions.
 """
@@ -102,7 +102,7 @@ def rollout_tp(f: ModelFacts, hw: HardwarePreset, util: float) -> int:
 
 
 def _n_for(data: dict[str, Any]) -> int:
-    return {"math": 16, "geo3k": 4}.get(str(data.get("reward", "")), 8)
+    return {"math": 16, "math_dapo": 16, "geo3k": 4}.get(str(data.get("reward", "")), 8)
 
 
 def _batches(plan: Plan, n: int, dp: int, total_len: int, cpu: bool) -> None:

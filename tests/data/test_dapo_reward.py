@@ -102,3 +102,37 @@ def test_the_seed_presets_use_the_overlong_reward_as_their_verl_scripts_do(prese
     data = an.config.data
     assert data.reward_manager == "dapo"
     assert data.overlong_buffer.model_dump() == {"enable": True, "len": 4096, "penalty_factor": 1.0, "log": False}
+
+
+@pytest.mark.parametrize(("response", "truth", "score"), [
+    ("Let me think.\nAnswer: 42", "42", 1.0),
+    ("so x = 7.\nanswer : x = 7", "7", 1.0),  # case-insensitive; the part after the last "=" counts
+    ("Answer: \\frac12", "\\frac{1}{2}", 1.0),  # \fracab -> \frac{a}{b}
+    ("Answer: 1,000 dollars", "1000", 1.0),  # spaces and units dropped, thousands separator of an integer
+    ("Answer: $\\boxed{5}$", "5", 1.0),
+    ("The answer is \\boxed{42}", "42", -1.0),  # no "Answer:" line: [INVALID]
+    ("Answer: 41", "42", -1.0),
+    ("Answer: 42\n" + "x" * 300, "42", -1.0),  # only the last 300 characters are read
+])
+def test_math_dapo_scores_plus_or_minus_one_by_hand(response: str, truth: str, score: float) -> None:
+    from engine.data.math_dapo import math_dapo
+
+    out = math_dapo(response, truth)
+    assert out["score"] == score and out["acc"] == float(score > 0)
+
+
+def test_auto_picks_the_dapo_scorer_for_verls_dapo_and_aime_sources() -> None:
+    from engine.data.math_dapo import math_dapo
+    from engine.data.rewards import get_reward_fn
+
+    assert get_reward_fn("auto", "math_dapo") is math_dapo and get_reward_fn("auto", "aime24") is math_dapo
+    assert get_reward_fn("auto", "lighteval/MATH") is not math_dapo
+
+
+def test_the_dapo_manager_adds_the_penalty_to_a_wrong_answers_minus_one() -> None:
+    """verl: reward = score + overlong_reward; a wrong answer (−1) at the full budget (−1) gets −2."""
+    cfg = DataConfig(train_files=["x.parquet"], reward="math_dapo", max_response_length=4, reward_manager="dapo",
+                     overlong_buffer={"enable": True, "len": 2, "penalty_factor": 1.0})
+    prompt = Prompt(uid="0:0", index=0, epoch=0, prompt_ids=[1], ground_truth="42", data_source="math_dapo")
+    score, info = Scorer(SimpleNamespace(data=cfg), _Tok())._score(prompt, [0, 1, 2, 3], finished=False)
+    assert score == pytest.approx(-2.0) and info["acc"] == 0.0
