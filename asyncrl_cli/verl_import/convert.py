@@ -529,6 +529,17 @@ def _special(conv: Conversion, raw: dict[str, str]) -> None:
         fn = to_str(name) if name is not None else "compute_score"
         conv.values["data.reward"] = f"{to_str(path)}:{fn}"
         conv.sources["data.reward"] = f"{prefix}.path={path} {prefix}.name={name}"
+    standalone = raw.pop(f"{ROLL}.standalone_gpu_memory_utilization", None)
+    if standalone is not None and _unquote(standalone) not in ("null", "None"):
+        conv.values["rollout.gpu_memory_utilization"] = to_float(standalone)
+        conv.sources["rollout.gpu_memory_utilization"] = f"{ROLL}.standalone_gpu_memory_utilization={standalone}"
+        shared = raw.pop(f"{ROLL}.gpu_memory_utilization", None)
+        if shared is not None:
+            conv.ignored.append((f"{ROLL}.gpu_memory_utilization={shared}", "for replicas sharing devices with the "
+                                 "trainer; asyncrl's replicas are standalone"))
+    elif standalone is not None:
+        conv.ignored.append((f"{ROLL}.standalone_gpu_memory_utilization={standalone}",
+                             "null: gpu_memory_utilization applies"))
     sample = raw.pop(f"{ROLL}.val_kwargs.do_sample", None)
     if sample is not None and not to_bool_safe(sample):
         conv.values["rollout.val_temperature"] = 0.0

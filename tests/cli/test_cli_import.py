@@ -170,3 +170,12 @@ def test_a_custom_reward_function_maps_to_the_reward_path() -> None:
 def test_import_help_names_the_exit_codes(cli) -> None:
     out = " ".join(cli("import", "verl", "--help").stdout.split())
     assert "Exit codes: 0 written and valid" in out and "3 written, but it does not fit" in out
+
+
+def test_standalone_gpu_memory_utilization_is_the_one_asyncrls_replicas_use() -> None:
+    """verl: standalone rollout replicas use standalone_gpu_memory_utilization (gpu_memory_utilization is for
+    replicas that share devices with the trainer); asyncrl's replicas are always standalone."""
+    conv = convert_script(_script("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.gpu_memory_utilization=0.35",
+                                  "+actor_rollout_ref.rollout.standalone_gpu_memory_utilization=0.8"))
+    assert conv.values["rollout.gpu_memory_utilization"] == 0.8 and not conv.errors
+    assert any(ov.startswith("actor_rollout_ref.rollout.gpu_memory_utilization") for ov, _ in conv.ignored)
