@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from asyncrl_cli.errors import UsageProblem, handle_errors
-from asyncrl_cli.output import stdout_console
+from asyncrl_cli.output import stderr_console, stdout_console
 
 app = typer.Typer(no_args_is_help=True, help="Convert other frameworks' run scripts into asyncrl run files.")
 
@@ -24,8 +24,9 @@ def verl(
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
-    """Map the Hydra overrides (DATA_CONFIG … ASYNC_CONFIG blocks, n_gpus_* / n_nodes_* variables) to
-    asyncrl keys and list [bold]every[/] override that could not be mapped."""
+    """Convert a verl fully-async script: every override is mapped (verl's value; verl's defaults filled where asyncrl's differ), ignored with its reason (no effect on the experiment), or an error.
+
+    Exit codes: 0 written and valid · 1 not converted (every override asyncrl cannot honour is listed; nothing is written) or the written file is invalid · 2 usage (no script, output exists, unknown hardware) · 3 written, but it does not fit the hardware."""  # noqa: E501
     from asyncrl_cli.config.hardware import HardwareNotFound, load_hardware
     from asyncrl_cli.config.loader import analyze_run_config
     from asyncrl_cli.report import render_headline, render_problems
@@ -37,6 +38,16 @@ def verl(
     if output.exists() and not force:
         raise UsageProblem(f"{output} exists", "pass --force to overwrite it")
     conv = convert_script(script.read_text(encoding="utf-8"))
+    con = stdout_console()
+    for n in conv.notes:
+        con.print(f"[cyan]note[/]  {escape(n)}")
+    if conv.errors:
+        err = stderr_console()
+        err.print(f"[red]not converted[/]: {len(conv.errors)} override(s) of {escape(script.name)} change the "
+                  "experiment in a way asyncrl cannot honour; nothing was written")
+        for ov, why in conv.errors:
+            err.print(f"[red]error[/]  {escape(ov)}  [dim]({escape(why)})[/]")
+        raise typer.Exit(1)
     note = None
     if hardware is None:
         hardware = guess_hardware(conv, script.name)
@@ -47,17 +58,10 @@ def verl(
         raise UsageProblem(str(e)) from None
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(render(conv, script, output, hardware, note), encoding="utf-8")
-    con = stdout_console()
-    con.print(
-        f"wrote {escape(str(output))}: {len(conv.values)} keys mapped, {len(conv.unmapped)} overrides "
-        f"not mapped, {len(conv.consumed)} not needed"
-    )
-    for n in conv.notes:
-        con.print(f"[cyan]note[/]  {escape(n)}")
+    con.print(f"wrote {escape(str(output))}: {len(conv.values)} keys mapped, {len(conv.ignored)} overrides "
+              "ignored (no effect on the experiment; listed in the file)")
     if note:
         con.print(f"[cyan]note[/]  {escape(note)}")
-    for ov, why in conv.unmapped:
-        con.print(f"[yellow]not mapped[/]  {escape(ov)}  [dim]({escape(why)})[/]")
     an = analyze_run_config(output)
     render_headline(con, an)
     render_problems(con, [p for p in an.problems if p.severity != "info"])

@@ -138,15 +138,24 @@ def command(
     except ModelConfigError as e:
         raise InvalidConfig(str(e), "pass a local directory that holds config.json") from None
     try:
-        plan = plan_run(facts, hw, data, gpus)
+        plan = plan_run(facts, hw, data, gpus, _model_ref(model))
     except PlanError as e:
         raise DoesNotFit(str(e)) from None
     cmd = f"asyncrl init --model {model} --dataset {dataset} --hardware {hardware}"
     cmd += f" --gpus {gpus}" if gpus else ""
     cmd += f" -o {output}"
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(render_run_file(plan, facts, model, dataset, hw, cmd, output), encoding="utf-8")
-    an = analyze_run_config(output)
+    draft = output.with_name(f".{output.name}.draft.toml")  # checked before it becomes the output
+    draft.write_text(render_run_file(plan, facts, model, dataset, hw, cmd, output), encoding="utf-8")
+    try:
+        an = analyze_run_config(draft)
+        if an.exit_code != 0:  # the planner checks each layout; this is the last word, and never written
+            first = next((p.message for p in an.problems if p.severity == "error"), "it does not validate")
+            raise DoesNotFit(f"init found no layout that validates: {first}")
+        draft.replace(output)
+    finally:
+        draft.unlink(missing_ok=True)
+    an = analyze_run_config(output)  # the report names the file the user has
     con = stdout_console()
     con.print(f"wrote {output}")
     render_headline(con, an)

@@ -25,21 +25,16 @@ if TYPE_CHECKING:
     from asyncrl_cli.config.loader import Analysis
 
 
-def write_artifacts(an: Analysis) -> dict[str, str]:
-    """Write `config.resolved.json` and `config.provenance.json` into the run directory."""
-    from engine.telemetry.sinks import CONFIG_FILE, PROVENANCE_FILE  # the names a real run writes too
+def artifact_paths(an: Analysis) -> dict[str, str]:
+    """The files a launch writes first, in the run directory (`logging.run_dir`; a launch moves to a timestamped
+    sibling when that directory is in use): the resolved config and where each value came from. `--dry-run` names
+    them and writes nothing."""
+    from engine.telemetry.sinks import CONFIG_FILE, PROVENANCE_FILE  # the names the driver writes
 
     assert an.config is not None
     run_dir = Path(an.config.logging.run_dir)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        resolved = run_dir / CONFIG_FILE
-        resolved.write_text(json.dumps(an.config.model_dump(mode="json"), indent=2) + "\n", encoding="utf-8")
-        provenance = run_dir / PROVENANCE_FILE
-        provenance.write_text(json.dumps(an.provenance.to_json(), indent=2) + "\n", encoding="utf-8")
-    except OSError as e:
-        raise AsyncrlError(f"cannot write to the run directory {run_dir}: {e.strerror or e}") from None
-    return {"config": str(resolved), "provenance": str(provenance)}
+    return {"run_dir": str(run_dir), "config": str(run_dir / CONFIG_FILE),
+            "provenance": str(run_dir / PROVENANCE_FILE)}
 
 
 def relaunch_command(
@@ -72,7 +67,8 @@ def command(
     run_file: Annotated[Path, typer.Argument(metavar="RUN.toml", help="The run file.")],
     set_: SetOpt = None,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the resolved config and placement; start nothing.")
+        bool, typer.Option("--dry-run", help="Print the resolved config, the placement and the files a launch "
+                           "would write (and where); start nothing, write nothing.")
     ] = False,
     address: Annotated[
         str | None,
@@ -119,8 +115,8 @@ def command(
 
     plan = resolve_plan(an.config, hardware=an.hardware, derived=an.derived, provenance=an.provenance.to_json(),
                         base_dir=run_file.resolve().parent)
-    if dry_run:
-        files = write_artifacts(an)
+    if dry_run:  # writes nothing: the files a launch would write are named, not created
+        files = artifact_paths(an)
         if json_:
             emit_json(
                 {
@@ -129,6 +125,8 @@ def command(
                     "derived": an.derived.to_json(),
                     "precision": dataclasses.asdict(policy_of(an.config)),
                     "files": files,
+                    "provenance": an.provenance.to_json(),
+                    "written": False,
                     "problems": [p.to_json() for p in an.problems],
                 }
             )
@@ -146,7 +144,8 @@ def command(
         con.print(f"[bold]trainer precision[/bold]  {policy_of(an.config).describe()}")
         render_placement(con, plan.placement)
         render_problems(con, [p for p in an.problems if p.severity == "warning"])
-        con.print(f"dry run: nothing started. Wrote {files['config']} and {files['provenance']}.")
+        con.print(f"dry run: nothing started, nothing written. A launch would create {files['run_dir']}/ and write "
+                  f"{files['config']}, {files['provenance']}, metrics.jsonl and events.jsonl there.")
         return
     render_problems(stderr_console(), [p for p in an.problems if p.severity == "warning"])
     prediction = _predict(run_file, set_, calibration) if with_plan or calibration else None

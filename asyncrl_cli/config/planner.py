@@ -2,16 +2,23 @@
 
 Rules (each choice is recorded with its reason, and written as a comment):
 - CPU: torch trainer and the hf sampler, one trainer worker, the other workers roll out, float32.
-- Accelerators: bfloat16. Megatron for MoE models above 20B parameters and for anything above 40B
-  (tp 2 when the trainer has ≥ 16 GPUs, cp 2 for sequences ≥ 8k tokens, ep = the largest of 8/4/2 that
-  divides both the experts and the trainer GPUs); FSDP2 (torch) otherwise.
+- Accelerators: bfloat16. Megatron for MoE models above 20B parameters and for anything above 40B;
+  FSDP2 (torch) otherwise.
 - Rollout TP: the smallest power of two whose weight shard is ≤ 40 % of the vLLM budget and that splits
-  the attention heads.
-- Trainer GPUs: the fewest (whole nodes beyond one node) for which `fit.trainer_fit` leaves 15 % headroom,
-  and at least a quarter (MoE) or half (dense) of all GPUs; the rest roll out (a multiple of the TP).
-- Batches: n = 16 for math, 4 for multimodal geo3k, 8 otherwise; ppo_mini_batch_size ≈ 512 sequences
+  the attention heads (at most one node; a model whose weights do not fit one node is refused).
+- The split search: trainer pools from the fewest GPUs (whole nodes beyond one node; at least a quarter (MoE)
+  or half (dense) of all GPUs first, then any), and for each pool the Megatron layouts in order of model
+  parallel size tp·pp (pp dividing the layers, tp splitting the heads inside a node), cp 2 for sequences ≥ 8k
+  tokens (else 1), ep from 8/4/2/1 first and then the larger divisors of the experts that divide dp·cp. The
+  optimizer state is sharded over every trainer rank (Megatron's distributed optimizer, FSDP2's full shard).
+  Activation recompute is on (gradient checkpointing for FSDP2, `recompute_granularity = "full"` for
+  Megatron), as verl's recipes run. The memory is `engine.plan.memory`'s model (through `fit.trainer_fit`).
+  The first layout for which `fit.trainer_fit` leaves 15 % headroom and that `validate`'s own analysis passes
+  without an error is written; when none does, `init` refuses with the reason (exit 3), so it never writes a
+  preset that `validate` rejects.
+- Batches: n = 16 for math (`math`, `math_dapo`), 4 for multimodal geo3k, 8 otherwise; ppo_mini_batch_size ≈ 512 sequences
   and a multiple of the data-parallel size; micro-batch ≤ 16k tokens per GPU and dividing each rank's share; on
-  accelerators token-budget micro-batches (max(16k, one sequence) tokens) and recompute, as verl's scripts.
+  accelerators with pp = 1, token-budget micro-batches (max(16k, one sequence) tokens), as verl's scripts.
 - Async: staleness 0.5, sync every 4 local steps (every step on CPU), partial rollout on; 100 versions.
 """
 
@@ -96,10 +103,12 @@ def rollout_tp(f: ModelFacts, hw: HardwarePreset, util: float) -> int:
 
 
 def _n_for(data: dict[str, Any]) -> int:
-    return {"math": 16, "geo3k": 4}.get(str(data.get("reward", "")), 8)
+    return {"math": 16, "math_dapo": 16, "geo3k": 4}.get(str(data.get("reward", "")), 8)
 
 
-def _batches(plan: Plan, n: int, dp: int, total_len: int, cpu: bool) -> None:
+def _batches(plan: Plan, n: int, dp: int, total_len: int, cpu: bool, budgets: bool = False) -> None:
+    """Mini- and micro-batch sizes; with `budgets` (accelerators, no pipeline) token-budget micro-batches as
+    verl's production scripts run them: max(16k, one sequence) tokens per GPU."""
     mini = 8 if cpu else max(8, 512 // n)
     while (mini * n) % dp:
         mini += 1
@@ -113,23 +122,19 @@ def _batches(plan: Plan, n: int, dp: int, total_len: int, cpu: bool) -> None:
     plan.set(
         "trainer.ppo_micro_batch_size_per_gpu", micro, f"≤ 16k tokens per forward ({total_len} per sequence)"
     )
-    if not cpu:  # verl's production scripts: token-budget micro-batches (and recompute, `_recompute`)
+    if cpu:
+        return
+    plan.set("trainer.use_dynamic_bsz", budgets,
+             "micro-batches by tokens, not rows (verl's use_dynamic_bsz)" if budgets else
+             "token budgets need pp = 1")
+    if budgets:
         budget = max(16384, total_len)
-        plan.set("trainer.use_dynamic_bsz", True, "micro-batches by tokens, not rows (verl's use_dynamic_bsz)")
         plan.set("trainer.ppo_max_token_len_per_gpu", budget, f"max(16k, one {total_len}-token sequence)")
         plan.set("trainer.log_prob_max_token_len_per_gpu", budget)
 
 
-def _recompute(plan: Plan, megatron: bool) -> None:
-    """Activation recompute on accelerators, as verl's scripts: HF gradient checkpointing (torch / FSDP2) or
-    Megatron's full uniform recompute of one layer at a time."""
-    if megatron:
-        plan.set("trainer.recompute_granularity", "full", "recompute each layer in the backward")
-    else:
-        plan.set("trainer.enable_gradient_checkpointing", True, "recompute each layer in the backward")
-
-
-def plan_run(f: ModelFacts, hw: HardwarePreset, data: dict[str, Any], gpus: int | None) -> Plan:
+def plan_run(f: ModelFacts, hw: HardwarePreset, data: dict[str, Any], gpus: int | None,
+             model_path: str = "x") -> Plan:
     """Choose everything `init` writes besides model path, dataset and hardware."""
     plan = Plan()
     total_len = int(data.get("max_prompt_length", 512)) + int(data.get("max_response_length", 512))
@@ -148,7 +153,7 @@ def plan_run(f: ModelFacts, hw: HardwarePreset, data: dict[str, Any], gpus: int 
         _batches(plan, n, 1, total_len, cpu=True)
         trigger = 1
     else:
-        _plan_accelerators(plan, f, hw, data, gpus or hw.gpus_per_node, total_len, n)
+        _plan_accelerators(plan, f, hw, data, gpus or hw.gpus_per_node, total_len, n, model_path)
         trigger = 4
     plan.set("async_training.staleness_threshold", 0.5, "rollout may run half a sync cycle ahead")
     plan.set("async_training.trigger_parameter_sync_step", trigger, "local steps per weight sync")
@@ -163,8 +168,47 @@ def plan_run(f: ModelFacts, hw: HardwarePreset, data: dict[str, Any], gpus: int 
     return plan
 
 
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _layouts(f: ModelFacts, t: int, per_node: int, total_len: int) -> list[tuple[int, int, int, int]]:
+    """Megatron (tp, pp, cp, ep) for `t` trainer GPUs with `per_node` per node, in order of preference."""
+    tps = [tp for tp in (1, 2, 4, 8) if per_node % tp == 0 and f.heads % tp == 0 and f.kv_heads % tp == 0]
+    pps = [pp for pp in _divisors(f.layers) if pp <= 16]
+    cps = (2, 1) if total_len >= 8192 else (1,)
+    out = []
+    for tp, pp in sorted(((tp, pp) for tp in tps for pp in pps), key=lambda x: (x[0] * x[1], x[1])):
+        for cp in cps:
+            if t % (tp * pp * cp):
+                continue
+            dp_cp = t // (tp * pp)
+            eps = [1]
+            if f.is_moe:
+                fits = [e for e in _divisors(f.experts) if dp_cp % e == 0]
+                eps = [e for e in (8, 4, 2, 1) if e in fits] + [e for e in fits if e > 8]
+            out += [(tp, pp, cp, ep) for ep in eps]
+    return out
+
+
+def _errors(values: dict[str, Any], data: dict[str, Any], hw: HardwarePreset) -> list[str]:
+    """The errors `validate` would report for these values (its own analysis, on the config init writes)."""
+    from asyncrl_cli.config.loader import analyze_config
+    from asyncrl_cli.config.provenance import Provenance
+
+    an = analyze_config(_config({**values, "resources.hardware": hw.name}, data), Provenance())
+    return [p.message for p in an.problems if p.severity == "error"]
+
+
+def _choose(plan: Plan, pools_values: dict[str, Any], split: str) -> None:
+    for k, v in pools_values.items():
+        plan.set(k, v)
+    plan.reasons["resources.trainer.nnodes"] = split
+
+
 def _plan_accelerators(
-    plan: Plan, f: ModelFacts, hw: HardwarePreset, data: dict[str, Any], gpus: int, total_len: int, n: int
+    plan: Plan, f: ModelFacts, hw: HardwarePreset, data: dict[str, Any], gpus: int, total_len: int, n: int,
+    model_path: str = "x",
 ) -> None:
     if gpus < 2:
         raise PlanError("a run needs at least 2 accelerators: trainer and rollout pools are separate")
@@ -172,69 +216,80 @@ def _plan_accelerators(
     plan.set("model.dtype", "bfloat16")
     util = 0.8
     tp_r = rollout_tp(f, hw, util)
+    weights_gb = f.params_total * 2 / 1e9
+    if weights_gb / tp_r + max(1.0, 0.05 * util * hw.memory_gb) >= util * hw.memory_gb:
+        raise PlanError(
+            f"the rollout cannot hold the model: {weights_gb:.0f} GB of bf16 weights need more than one "
+            f"{hw.name} node ({gpn} × {hw.memory_gb:g} GB at gpu_memory_utilization {util}); asyncrl's replicas "
+            "are tensor parallel inside one node")
     megatron = (f.is_moe and f.params_total > 20e9) or f.params_total > 40e9
     plan.set(
         "trainer.backend",
         "megatron" if megatron else "torch",
         "Megatron-core for large MoE/dense models" if megatron else "FSDP2 data parallel",
     )
+    if megatron:
+        plan.set("trainer.recompute_granularity", "full", "activation recompute, as verl's Megatron recipes")
+    else:
+        plan.set("trainer.enable_gradient_checkpointing", True, "activation recompute, as verl's FSDP recipes")
     plan.set("rollout.backend", "vllm")
     plan.set(
-        "rollout.tensor_parallel_size", tp_r, f"weights {f.params_total * 2 / 1e9 / tp_r:.1f} GB per GPU"
+        "rollout.tensor_parallel_size", tp_r, f"weights {weights_gb / tp_r:.1f} GB per GPU"
     )
     plan.set("rollout.gpu_memory_utilization", util)
     share = gpus // 4 if f.is_moe else gpus // 2
-    candidates = sorted({_round_pool(t, gpn) for t in range(1, gpus)})
-    chosen = None
-    for t in candidates:
-        if t < share and t != candidates[-1]:
+    pools = sorted({_round_pool(t, gpn) for t in range(1, gpus)})
+    pools = [t for t in pools if t >= share] + [t for t in pools if t < share]
+    last_reason = "no trainer pool leaves room for a rollout replica"
+    best_gb = float("inf")
+    tight: tuple[float, dict[str, Any], dict[str, Any], str] | None = None  # fits, but within the headroom
+    for t in pools:
+        rollout = ((gpus - t) // tp_r) * tp_r
+        if rollout >= gpn:
+            rollout = (rollout // gpn) * gpn
+        if rollout < tp_r:
             continue
-        if gpus - t < tp_r:
-            continue
-        _parallel(plan, f, t, total_len, megatron)
-        dp = (
-            t // (plan.get("trainer.tp") * plan.get("trainer.pp") * plan.get("trainer.cp")) if megatron else t
-        )
-        _batches(plan, n, dp, total_len, cpu=False)
-        _recompute(plan, megatron)
-        cfg = _config(
-            {
-                **plan.values,
-                "model.path": "x",
-                "resources.trainer.nnodes": _layout(t, gpn)[0],
-                "resources.trainer.gpus_per_node": _layout(t, gpn)[1],
-            },
-            data,
-        )
-        fit = trainer_fit(cfg, f, hw)
-        if fit.total_gb <= (1 - HEADROOM) * hw.memory_gb:
-            chosen = t
-            break
-    if chosen is None:
-        need = f.params_total * (DTYPE_BYTES["bfloat16"] * 2 + 12) / 1e9
-        raise PlanError(
-            f"no split of {gpus} {hw.name} accelerators fits the trainer (model states alone "
-            f"~{need:.0f} GB); use more GPUs (--gpus) or bigger hardware"
-        )
-    rollout = ((gpus - chosen) // tp_r) * tp_r
-    if rollout >= gpn:
-        rollout = (rollout // gpn) * gpn
-    for role, count in (("trainer", chosen), ("rollout", rollout)):
-        nn, per = _layout(count, gpn)
-        plan.set(f"resources.{role}.nnodes", nn)
-        plan.set(f"resources.{role}.gpus_per_node", per)
-    plan.reasons["resources.trainer.nnodes"] = f"{chosen} trainer : {rollout} rollout accelerators"
-
-
-def _parallel(plan: Plan, f: ModelFacts, t: int, total_len: int, megatron: bool) -> None:
-    if not megatron:
+        pools_values = {}
+        for role, count in (("trainer", t), ("rollout", rollout)):
+            nn, per = _layout(count, gpn)
+            pools_values[f"resources.{role}.nnodes"] = nn
+            pools_values[f"resources.{role}.gpus_per_node"] = per
+        split = f"{t} trainer : {rollout} rollout accelerators"
+        layouts = _layouts(f, t, pools_values["resources.trainer.gpus_per_node"], total_len) if megatron else [
+            (1, 1, 1, 1)]
+        for tp, pp, cp, ep in layouts:
+            if megatron:
+                plan.set("trainer.tp", tp, "tensor parallel inside a node" if tp > 1 else None)
+                plan.set("trainer.pp", pp, "pipeline stages" if pp > 1 else None)
+                plan.set("trainer.cp", cp, "context parallel for long sequences" if cp > 1 else None)
+                plan.set("trainer.ep", ep, "expert parallel" if ep > 1 else None)
+            _batches(plan, n, t // (tp * pp * cp), total_len, cpu=False, budgets=pp == 1)
+            values = {**plan.values, **pools_values, "model.path": model_path}
+            fit = trainer_fit(_config(values, data), f, hw)
+            roomy = fit.total_gb <= (1 - HEADROOM) * hw.memory_gb
+            if not roomy and (fit.total_gb > hw.memory_gb or (tight is not None and tight[0] <= fit.total_gb)):
+                if fit.total_gb < best_gb:
+                    best_gb = fit.total_gb
+                    shape = f", tp {tp} pp {pp} cp {cp} ep {ep}" if megatron else ""
+                    last_reason = (f"the trainer needs ~{fit.total_gb:.0f} GB per GPU at best ({t} trainer GPUs"
+                                   f"{shape}); {hw.name} has {hw.memory_gb:g} GB")
+                continue
+            errors = _errors(values, data, hw)
+            if errors:
+                last_reason, best_gb = errors[0], -1.0  # a layout that fits memory but validate refuses
+                continue
+            if not roomy:  # remember the leanest that fits, in case none leaves the headroom
+                tight = (fit.total_gb, dict(plan.values), pools_values, split)
+                continue
+            _choose(plan, pools_values, split)
+            return
+    if tight is not None:
+        plan.values = tight[1]
+        _choose(plan, tight[2], f"{tight[3]}; ~{tight[0]:.0f} of {hw.memory_gb:g} GB per GPU (no layout leaves "
+                                f"{HEADROOM:.0%} headroom)")
         return
-    tp = 2 if t >= 16 and _splits_heads(f, 2) else 1
-    cp = 2 if total_len >= 8192 and (t // tp) % 2 == 0 else 1
-    ep = 1
-    if f.is_moe:
-        ep = next(d for d in (8, 4, 2, 1) if f.experts % d == 0 and t % d == 0)
-    plan.set("trainer.tp", tp, "tensor parallel inside a node")
-    plan.set("trainer.pp", 1)
-    plan.set("trainer.cp", cp, "context parallel for long sequences" if cp > 1 else None)
-    plan.set("trainer.ep", ep, "expert parallel" if ep > 1 else None)
+    need = f.params_total * (DTYPE_BYTES["bfloat16"] * 2 + 12) / 1e9
+    raise PlanError(
+        f"no split of {gpus} {hw.name} accelerators fits the trainer (model states ~{need:.0f} GB in all; "
+        f"{last_reason}); use more GPUs (--gpus) or bigger hardware"
+    )

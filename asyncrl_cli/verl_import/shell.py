@@ -4,7 +4,10 @@ It never runs anything. It understands what verl's launch scripts use:
 - assignments `NAME=value` / `export NAME=value` (values may be multi-line double-quoted blocks);
 - quoting (`'...'`, `"..."`, backslash escapes and line continuations) and comments;
 - `$NAME`, `${NAME}`, `${NAME:-default}` and `$((arithmetic))` (bare names allowed inside);
-- word splitting of unquoted expansions, so `$DATA_CONFIG` on the command line becomes its overrides.
+- word splitting of unquoted expansions, so `$DATA_CONFIG` on the command line becomes its overrides;
+- arrays: `NAME=( word … )` / `NAME+=( … )`, and `"${NAME[@]}"` / `${NAME[*]}` expand to one word per element;
+- positional parameters: `${1:-default}` takes its default (the script runs without arguments here) and is
+  noted; a bare `$1` (no default) is reported as unparsed.
 
 Values keep their environment overrides symbolically: a variable the script does not define, or defines as
 `X=${X:-default}`, is written in asyncrl's `${X:-default}` syntax (`$HOME` → `${HOME}`). Arithmetic uses
@@ -33,6 +36,19 @@ class Script:
     commands: list[list[str]] = field(default_factory=list)
     env_defaults: dict[str, str] = field(default_factory=dict)
     """Variables written as `X=${X:-default}`: the environment overrides them."""
+    arrays: dict[str, list[str]] = field(default_factory=dict)
+    """Bash arrays (`NAME=( … )`), element by element."""
+    notes: list[str] = field(default_factory=list)
+    """What the reader assumed (a positional parameter's default)."""
+    unparsed: list[str] = field(default_factory=list)
+    """Constructs the reader could not resolve (reported, never dropped silently)."""
+
+
+ARRAY_SEP = "\x00"
+"""Separates the elements of an expanded array inside one word (they become separate words)."""
+_POSITIONAL = re.compile(r"^([0-9]+|[@*#])(:?-)?(.*)$", re.S)
+_ARRAY_REF = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\[([@*])\]$")
+_ARRAY_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=\(")
 
 
 _OPS = {
@@ -106,8 +122,23 @@ class _Reader:
                 depth -= 1
             self.i += 1
         body = self.s[start : self.i - 1]
+        arr = _ARRAY_REF.match(body)
+        if arr:
+            if arr.group(1) in self.sc.arrays:
+                return ARRAY_SEP.join(self.sc.arrays[arr.group(1)])
+            self.sc.unparsed.append(f"${{{body}}}: no such array in the script")
+            return ""
+        pos = _POSITIONAL.match(body)
+        if pos:
+            if pos.group(2):
+                default = _expand_word(pos.group(3), self.sc)
+                self.sc.notes.append(f"positional parameter ${pos.group(1)} not given: its default {default!r} used")
+                return default
+            self.sc.unparsed.append(f"${{{body}}}: a positional parameter without a default")
+            return "${" + body + "}"
         m = _NAME.match(body)
         if not m:
+            self.sc.unparsed.append(f"${{{body}}}: an expansion the reader does not evaluate")
             return "${" + body + "}"
         name, rest = m.group(0), body[m.end() :]
         if rest.startswith(":-") or rest.startswith("-"):
@@ -160,6 +191,10 @@ class _Reader:
         if m:
             self.i = m.end()
             return self.lookup(m.group(0))
+        if self.peek().isdigit():
+            self.sc.unparsed.append(f"${self.peek()}: a positional parameter without a default")
+            self.i += 1
+            return "${" + self.s[self.i - 1] + "}"
         return "$"
 
     # --- words ------------------------------------------------------------------------------------
@@ -203,6 +238,24 @@ class _Reader:
                 self.i += 1
         return parts
 
+    def read_array(self, m: re.Match[str]) -> None:
+        """`NAME=( … )` / `NAME+=( … )`: the elements, expanded (comments and newlines between them allowed)."""
+        self.i = m.end()
+        elements: list[str] = []
+        while not self.eof() and self.peek() != ")":
+            c = self.peek()
+            if c in " \t\n" or self.peek(2) == "\\\n":
+                self.i += 2 if c == "\\" else 1
+            elif c == "#":
+                while not self.eof() and self.peek() != "\n":
+                    self.i += 1
+            else:
+                elements += _split([self.read_word()])
+        self.i += 1
+        name = m.group(1)
+        self.sc.arrays[name] = (self.sc.arrays.get(name, []) if m.group(2) else []) + elements
+        self.sc.variables[name] = " ".join(self.sc.arrays[name])
+
     def statements(self) -> None:
         words: list[list[tuple[str, bool]]] = []
         while not self.eof():
@@ -218,6 +271,8 @@ class _Reader:
                 self.i += 1
                 self.finish(words)
                 words = []
+            elif not words and _ARRAY_ASSIGN.match(self.s, self.i):
+                self.read_array(_ARRAY_ASSIGN.match(self.s, self.i))
             else:
                 words.append(self.read_word())
         self.finish(words)
@@ -254,6 +309,15 @@ def _split(words: list[list[tuple[str, bool]]]) -> list[str]:
         current = ""
         have = False
         for text, splittable in parts:
+            if ARRAY_SEP in text:  # "${arr[@]}": one word per element, quoted or not
+                first, *rest = text.split(ARRAY_SEP)
+                current += first
+                for element in rest:
+                    if current:
+                        out.append(current)
+                    current = element
+                have = True
+                continue
             if not splittable:
                 current += text
                 have = True

@@ -14,15 +14,16 @@ from asyncrl_cli.config.schema_paths import field_paths
 from asyncrl_cli.verl_import.convert import Conversion
 
 ORDER = (
-    "", "model", "data", "resources", "resources.trainer", "resources.rollout", "trainer", "trainer.optim",
+    "", "model", "data", "data.overlong_buffer", "resources", "resources.trainer", "resources.rollout", "trainer", "trainer.optim",
     "rollout", "async_training", "algorithm", "algorithm.rollout_correction", "checkpoint", "logging",
 )  # fmt: skip
 
 
 def guess_hardware(conv: Conversion, script_name: str) -> str:
-    """Ascend when the script says NPU (910C for 16 per node), else H100."""
+    """Ascend when the script says NPU (`trainer.device=npu`, the name, a variable; 910C for 16 per node), else
+    H100."""
     per_node = max(int(conv.values.get(f"resources.{r}.gpus_per_node", 8)) for r in ("trainer", "rollout"))
-    npu = "npu" in script_name.lower() or any(
+    npu = "npu" in script_name.lower() or any("trainer.device=" in ov and "npu" in ov for ov, _ in conv.ignored) or any(
         "ascend" in v.lower() or "npu" in v.lower()
         for v in (conv.script.variables.values() if conv.script else [])
     )
@@ -66,10 +67,9 @@ def render(conv: Conversion, script: Path, out: Path, hardware: str, hardware_no
             item.comment(f"verl: {src}")
         tables[section].add(leaf, item)
     tail: list[str] = []
-    if conv.unmapped:
-        tail += ["", "# verl overrides with no asyncrl counterpart (not applied):"]
-        tail += [f"#   {ov}  ({why})" for ov, why in conv.unmapped]
-    if conv.consumed:
-        tail += ["", "# verl overrides asyncrl needs no key for:"]
-        tail += [f"#   {ov}  ({why})" for ov, why in conv.consumed]
+    if conv.ignored:
+        tail += ["", "# verl overrides with no effect on the experiment, or honoured without a key (not written):"]
+        tail += [f"#   {ov}  ({why})" for ov, why in conv.ignored]
+    if conv.notes:
+        tail += ["", "# notes:"] + [f"#   {n}" for n in conv.notes]
     return "\n".join(header) + tomlkit.dumps(doc) + ("\n".join(tail) + "\n" if tail else "")

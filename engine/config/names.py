@@ -9,7 +9,7 @@ BUILTIN_MODELS = ("tiny-qwen", "tiny-qwen-all", "tiny-qwen3-vl", "tiny-qwen3-moe
 BUILTIN_DATASETS = ("copy", "reverse", "arith", "figures")
 """`data.train_files = ["builtin:<name>"]`: tasks generated in-process, seeded."""
 
-NAMED_REWARDS = ("auto", "gsm8k", "math", "geo3k", "copy", "reverse", "arith")
+NAMED_REWARDS = ("auto", "gsm8k", "math", "math_dapo", "geo3k", "copy", "reverse", "arith")
 """`data.reward` values besides `module:function`."""
 
 SINKS = ("jsonl", "console", "tensorboard", "wandb")

@@ -12,11 +12,12 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.config.names import BUILTIN_DATASETS, BUILTIN_MODELS, NAMED_REWARDS
 
-_REWARD_FN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_REWARD_FN = re.compile(r"^(?:[A-Za-z_][\w.]*|[^:\s]+\.py):[A-Za-z_]\w*$")
+"""`module:function` or `path/to/file.py:function` (verl's `custom_reward_function.path` + `.name`)."""
 
 
 class Section(BaseModel):
@@ -53,6 +54,23 @@ class ModelConfig(Section):
         return v
 
 
+class OverlongBufferConfig(Section):
+    """DAPO's soft overlong punishment (`[data.overlong_buffer]`, verl's `reward_model.overlong_buffer` /
+    `reward_kwargs.overlong_buffer_cfg`; applied by the `dapo` reward manager). With L_max =
+    `data.max_response_length`, L_buf = `len` and |y| the response length in tokens:
+    penalty = min(0, −(|y| − (L_max − L_buf)) / L_buf · `penalty_factor`), added to the score."""
+
+    enable: bool = False
+    """Apply the penalty (verl's `overlong_buffer.enable`)."""
+    len: int = Field(0, ge=0)
+    """L_buf: the last `len` tokens of the budget where the penalty grows linearly to −`penalty_factor`."""
+    penalty_factor: float = Field(0.0, ge=0)
+    """The penalty at the full budget (|y| = L_max)."""
+    log: bool = False
+    """Report `overlong_reward` and `overlong` (penalty < 0) per response, as verl's reward extra info (validation
+    logs their means under `val-aux/<source>/…/mean@1`)."""
+
+
 class DataConfig(Section):
     """Prompts, lengths and the reward (`[data]`)."""
 
@@ -67,6 +85,11 @@ class DataConfig(Section):
     reward: str = "auto"
     """Named reward (`gsm8k`, `math`, `geo3k`, `copy`, `reverse`, `arith`), `module:function`, or `auto`
     (chosen per row by its `data_source`)."""
+    reward_manager: Literal["naive", "dapo"] = "naive"
+    """verl's `reward_model.reward_manager`: `naive` = the score of `reward`; `dapo` = that score plus the overlong
+    penalty of `overlong_buffer` when it is enabled."""
+    overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
+    """DAPO's overlong buffer (used by `reward_manager = "dapo"`)."""
     prompt_key: str = "prompt"
     """Column that holds the chat-format prompt."""
     image_key: str | None = None
@@ -96,6 +119,18 @@ class DataConfig(Section):
         if builtin and len(v) > 1:
             raise ValueError("a builtin: dataset cannot be mixed with other files")
         return v
+
+    @model_validator(mode="after")
+    def _overlong(self) -> DataConfig:
+        ob = self.overlong_buffer
+        if ob.enable and self.reward_manager != "dapo":
+            raise ValueError('overlong_buffer.enable needs reward_manager = "dapo" (verl applies it there only)')
+        if ob.enable and ob.len <= 0:
+            raise ValueError("overlong_buffer.enable needs overlong_buffer.len > 0 (the penalty divides by it)")
+        if ob.enable and ob.len > self.max_response_length:
+            raise ValueError(f"overlong_buffer.len ({ob.len}) exceeds max_response_length "
+                             f"({self.max_response_length}): every response would be penalised")
+        return self
 
     @field_validator("reward")
     @classmethod
@@ -301,7 +336,12 @@ class RolloutConfig(Section):
     total_rollout_steps: int | None = Field(None, gt=0)
     """Total prompts to generate (verl's name; None = the whole data × `trainer.total_epochs`)."""
     val_temperature: float = Field(0.0, ge=0)
-    """Temperature of validation generation (0 = greedy)."""
+    """Temperature of validation generation (0 = greedy; verl's `val_kwargs.temperature`, and 0 when
+    `val_kwargs.do_sample` is false)."""
+    val_top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus of validation sampling (verl's `val_kwargs.top_p`; no effect when greedy)."""
+    val_top_k: int = Field(0, ge=0)
+    """Top-k of validation sampling (verl's `val_kwargs.top_k`; 0 = off, verl's −1)."""
     replicas: int | None = Field(None, gt=0)
     """Rollout replicas (None = rollout GPUs / `tensor_parallel_size`)."""
     weight_sync_bucket_mb: int = Field(512, gt=0)

@@ -11,6 +11,8 @@ response ended with EOS (False when it hit the token budget).
 Built-in scorers (`get_reward_fn(name)`):
 - `gsm8k` (verl's strict scorer): the last `#### N` in the final 300 characters, commas and `$` removed;
   score 1.0 if it equals the ground truth string, else 0.0 (verl's `format_score`, default 0).
+- `math_dapo` (verl's scorer for `data_source = "math_dapo"` and `aime*`): +1 / −1 on the text after the
+  last `Answer:` in the final 300 characters, Minerva-normalised (`engine.data.math_dapo`).
 - `math`: the last `\\boxed{...}`; 1.0 if it equals the ground truth after Hendrycks-MATH normalisation
   (`engine.data.math_answer.normalize_math_answer`), else 0.0.
 - `geo3k` (verl's geo3k scorer): score = 0.9 · acc + 0.1 · fmt, with acc = 1 if the last boxed answer matches
@@ -52,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.data.math_answer import answers_match, last_boxed, normalize_math_answer
+from engine.data.math_dapo import math_dapo
 
 RewardFn = Callable[..., Any]
 """`fn(response_text, ground_truth, *, data_source, extra_info, finished) -> float | dict(score=...)`."""
@@ -157,8 +160,8 @@ def figures(response_text: str, ground_truth: str, *, data_source: str = "", ext
 
 
 BUILTIN_REWARDS: dict[str, RewardFn] = {
-    "gsm8k": gsm8k, "math": math, "geo3k": geo3k, "copy": copy, "reverse": reverse, "arith": arith,
-    "figures": figures,
+    "gsm8k": gsm8k, "math": math, "math_dapo": math_dapo, "geo3k": geo3k, "copy": copy, "reverse": reverse,
+    "arith": arith, "figures": figures,
 }
 _EXACT_SOURCES = {
     "openai/gsm8k": "gsm8k",
@@ -166,6 +169,7 @@ _EXACT_SOURCES = {
     "DigitalLearningGmbH/MATH-lighteval": "math",
     "HuggingFaceH4/MATH-500": "math",
     "hiyouga/geometry3k": "geo3k",
+    "math_dapo": "math_dapo",
     "asyncrl/copy": "copy",
     "asyncrl/reverse": "reverse",
     "asyncrl/arith": "arith",
@@ -178,6 +182,8 @@ def reward_name_for_source(data_source: str) -> str | None:
     if data_source in _EXACT_SOURCES:
         return _EXACT_SOURCES[data_source]
     low = data_source.lower()
+    if low.startswith("aime"):  # verl scores AIME with the DAPO scorer
+        return "math_dapo"
     for key, name in (("gsm8k", "gsm8k"), ("geo3k", "geo3k"), ("geometry3k", "geo3k"), ("math", "math")):
         if key in low:
             return name
@@ -292,6 +298,17 @@ def load_user_reward(spec: str) -> RewardFn:
     if problem is not None:
         raise ValueError(f"reward {spec!r}: {problem}")
     return _adapt(fn)
+
+
+def overlong_penalty(response_length: int, max_response_length: int, buffer_len: int, penalty_factor: float) -> float:
+    """DAPO's soft overlong punishment (verl's `dapo` reward manager), added to the score:
+
+        expected = L_max − L_buf,   penalty = min(0, −(|y| − expected) / L_buf · penalty_factor)
+
+    with |y| the response length in tokens (its EOS included), L_max = `max_response_length` and L_buf =
+    `buffer_len` > 0. Zero up to `expected` tokens, then linear down to −penalty_factor at |y| = L_max."""
+    expected = max_response_length - buffer_len
+    return min(-(response_length - expected) / buffer_len * penalty_factor, 0.0)
 
 
 def get_reward_fn(name: str, data_source: str = "") -> RewardFn:

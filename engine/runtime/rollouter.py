@@ -61,7 +61,8 @@ class RolloutShell:
         self.tokenizer = load_tokenizer(model_dir)
         self.scorer = Scorer(cfg, self.tokenizer)
         self.sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.trainer.seed)
-        self.val_sampling = SamplingParams(cfg.rollout.val_temperature, 1.0, 0, cfg.trainer.seed)
+        self.val_sampling = SamplingParams(cfg.rollout.val_temperature, cfg.rollout.val_top_p, cfg.rollout.val_top_k,
+                                           cfg.trainer.seed)
         self._counters: dict[str, int] = {}
         self._filtered_reported = False
         train_cache: dict[int, list[Prompt]] = {}

@@ -1,7 +1,10 @@
 """Scoring finished trajectories with the configured reward (runs in the rollouter, streaming per group).
 
 A reward function that raises or returns a non-number scores 0.0; the failure is counted
-(`asyncrl/reward/errors`) and the run goes on.
+(`asyncrl/reward/errors`) and the run goes on. With `data.reward_manager = "dapo"` and
+`data.overlong_buffer.enable`, the score gets DAPO's overlong penalty (`engine.data.rewards.overlong_penalty`);
+with `overlong_buffer.log` the response's info carries `overlong_reward` and `overlong` (1.0 when penalised), as
+verl's reward extra info.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ class Scorer:
 
     def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
         self.reward_name = cfg.data.reward
+        self.max_response_length = cfg.data.max_response_length
+        ob = cfg.data.overlong_buffer
+        self.overlong = ob if cfg.data.reward_manager == "dapo" and ob.enable else None
         self.tokenizer = tokenizer
         self._fns: dict[str, Any] = {}
         self.errors = 0
@@ -39,7 +45,16 @@ class Scorer:
         if error is not None:
             self.errors += 1
             self.last_error = error
-        return float(score), {k: float(v) for k, v in (info or {}).items() if isinstance(v, (int, float))}
+        info = {k: float(v) for k, v in (info or {}).items() if isinstance(v, (int, float))}
+        if self.overlong is not None:
+            from engine.data.rewards import overlong_penalty
+
+            penalty = overlong_penalty(len(response_ids), self.max_response_length, self.overlong.len,
+                                       self.overlong.penalty_factor)
+            score += penalty
+            if self.overlong.log:
+                info["overlong_reward"], info["overlong"] = penalty, float(penalty < 0)
+        return float(score), info
 
     def score_group(self, prompt: Prompt, trajectories: list[Trajectory]) -> None:
         for t in trajectories:
@@ -56,14 +71,19 @@ def validation_record(scorer: Scorer, scored: list[tuple[Prompt, Any]], *, versi
     Per data source, over one greedy answer per prompt (`@1`): when the reward reports `acc`,
     `val-core/<source>/acc/mean@1` is its mean and, when the shaped reward differs from it,
     `val-aux/<source>/reward/mean@1` goes beside it (verl files every variable but the core one under
-    `val-aux`); a reward without `acc` gives `val-core/<source>/reward/mean@1`."""
+    `val-aux`); a reward without `acc` gives `val-core/<source>/reward/mean@1`. Every other numeric entry of the
+    reward's info (e.g. `overlong_reward`, `overlong` of the DAPO manager) gives `val-aux/<source>/<key>/mean@1`."""
     acc: dict[str, list[float | None]] = {}
     reward: dict[str, list[float]] = {}
+    extra: dict[str, dict[str, list[float]]] = {}
     for prompt, r in scored:
         score, info = scorer._score(prompt, r.response_ids, r.finish_reason == "stop")
         src = prompt.data_source or "val"
         acc.setdefault(src, []).append(float(info["acc"]) if "acc" in info else None)
         reward.setdefault(src, []).append(float(score))
+        for key, value in info.items():
+            if key not in ("acc", "score"):
+                extra.setdefault(src, {}).setdefault(key, []).append(value)
     rec: dict[str, Any] = {"training/global_step": step, "fully_async/count/current_param_version": version}
     parts = []
     for src, accs in acc.items():
@@ -78,6 +98,8 @@ def validation_record(scorer: Scorer, scored: list[tuple[Prompt, Any]], *, versi
         else:
             rec[f"val-core/{src}/reward/mean@1"] = mean_reward
             parts.append(f"{src} reward={mean_reward:.3f}")
+        for key, values in extra.get(src, {}).items():
+            rec[f"val-aux/{src}/{key}/mean@1"] = sum(values) / len(values)
     return rec, ", ".join(parts)
 
 

@@ -11,6 +11,7 @@ from benchmarks.common import PRESETS
 from benchmarks.engine_runs import load_config
 from benchmarks.trl_grpo import PRESET, SIZES, summarize_trl
 from benchmarks.trl_spec import SpecError, first_time_at, make_reward_adapter, recipe_from_config, validation_steps
+from engine.config.sections import DataConfig
 from engine.models.tiny import build_tiny_tokenizer
 from engine.runtime.scoring import Scorer
 from engine.types import Prompt
@@ -32,7 +33,7 @@ def tokenizer():
 
 def _both(tokenizer, reward: str, cases, split: str) -> tuple[list[float], list[float]]:
     """(asyncrl Scorer scores, TRL adapter scores) of the same responses, token ids and rows."""
-    scorer = Scorer(SimpleNamespace(data=SimpleNamespace(reward=reward)), tokenizer)
+    scorer = Scorer(SimpleNamespace(data=DataConfig(train_files=["x.parquet"], reward=reward)), tokenizer)
     adapter = make_reward_adapter(reward, [tokenizer.eos_token_id])
     source = f"asyncrl/{reward}"
     mine, theirs, ids_all = [], [], []

@@ -1,4 +1,5 @@
-"""`asyncrl import verl`: named override blocks, resource variables, legacy keys, the unmapped list."""
+"""`asyncrl import verl`: named override blocks, arrays, positional defaults, resource variables, legacy keys,
+and the contract — every override mapped, ignored with its reason, or an error that stops the conversion."""
 
 from __future__ import annotations
 
@@ -45,16 +46,14 @@ def test_geo3k_script_maps_every_block(cli, tmp_path: Path) -> None:
     rc = data["algorithm"]["rollout_correction"]
     assert rc["rollout_rs"] == "token_k1" and rc["rollout_rs_threshold"] == "0.6_1.6"
     assert data["logging"]["sinks"] == ["jsonl", "console", "wandb"]
-    # every override that has no asyncrl key is listed, on screen and in the file
-    for unmapped in (
-        "data.truncation='error'",
-        "actor_rollout_ref.actor.use_dynamic_bsz=True",
-        "actor_rollout_ref.rollout.max_model_len=32768",
-        "actor_rollout_ref.rollout.engine_kwargs.vllm.mm_processor_cache_gb=0",
-    ):
-        assert unmapped in r.stdout
-        assert unmapped in (tmp_path / "geo3k.toml").read_text()
-    assert "data.train_batch_size=0" not in r.stdout  # required by verl: noted in the file, not a failure
+    # overrides with no effect on the experiment are listed in the file with their reason; none is an error
+    text = (tmp_path / "geo3k.toml").read_text()
+    for ignored in ("data.truncation='error'", "actor_rollout_ref.rollout.max_model_len=32768",
+                    "actor_rollout_ref.rollout.engine_kwargs.vllm.mm_processor_cache_gb=0",
+                    "data.train_batch_size=0"):
+        assert ignored in text
+    assert data["trainer"]["use_dynamic_bsz"] is True  # a token budget is mapped, not dropped
+    assert "not converted" not in r.output
 
 
 def test_geo3k_import_on_8_per_node_hardware_exits_3(cli) -> None:
@@ -63,20 +62,46 @@ def test_geo3k_import_on_8_per_node_hardware_exits_3(cli) -> None:
     assert "resources.trainer.gpus_per_node" in r.stdout
 
 
-def test_legacy_keys_are_converted(cli, tmp_path: Path) -> None:
-    r = cli("import", "verl", LEGACY, "-o", "moe.toml", "--hardware", "h20")
-    assert r.exit_code == 0, r.output
-    data = tomllib.loads((tmp_path / "moe.toml").read_text())
-    rc = data["algorithm"]["rollout_correction"]
+def test_legacy_keys_are_converted_and_a_removed_veto_refuses(cli, tmp_path: Path) -> None:
+    conv = convert_script(LEGACY.read_text())
+    rc = {k.rpartition(".")[2]: v for k, v in conv.values.items() if k.startswith("algorithm.rollout_correction.")}
     # legacy geometric bounded geo(π_train/π_rollout) to [0.999, 1.001]; seq_mean_k1 bounds the inverse ratio
     assert rc == {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.999000999001_1.001001001",
                   "bypass_mode": False}
-    assert data["trainer"]["backend"] == "megatron"  # from --config-name=…megatron…
-    assert (data["trainer"]["tp"], data["trainer"]["cp"], data["trainer"]["ep"]) == (2, 2, 8)
-    assert data["resources"]["rollout"] == {"nnodes": 12, "gpus_per_node": 8}
-    assert data["rollout"]["top_k"] == 0 and data["rollout"]["backend"] == "vllm"
-    assert "rollout_token_veto_threshold=1e-4" in r.stdout and "removed in verl" in r.stdout
+    assert conv.values["trainer.backend"] == "megatron"  # from --config-name=…megatron…
+    assert (conv.values["trainer.tp"], conv.values["trainer.cp"], conv.values["trainer.ep"]) == (2, 2, 8)
+    assert conv.values["resources.rollout.nnodes"] == 12 and conv.values["rollout.top_k"] == 0
+    r = cli("import", "verl", LEGACY, "-o", "moe.toml", "--hardware", "h20")
+    assert r.exit_code == 1 and not (tmp_path / "moe.toml").exists()  # the veto changed verl's experiment
+    assert "rollout_token_veto_threshold=1e-4" in r.stderr and "removed in verl" in r.stderr
+    assert "algorithm.adv_estimator (unset)" in r.stderr  # verl's default is gae, not asyncrl's grpo
     assert "geometric" in r.stdout  # the conversion is announced
+
+
+def test_arrays_positional_defaults_and_unknown_base_configs() -> None:
+    """`"${arr[@]}"` expands to its overrides (each accounted for), `${1:-x}` takes its default with a note, a bare
+    `$2` and an unknown `--config-name` are errors — never dropped."""
+    conv = convert_script(
+        "mtp_params=(\n  actor_rollout_ref.model.mtp.enable=True  # MTP\n"
+        "  actor_rollout_ref.model.mtp.num_layers=1\n)\nMAXLEN=${1:-4096}\n"
+        "python -m verl.experimental.fully_async_policy.fully_async_main --config-name=my_base.yaml "
+        'algorithm.adv_estimator=grpo "${mtp_params[@]}" data.max_response_length=$MAXLEN data.seed=$2\n')
+    assert conv.values["data.max_response_length"] == 4096
+    assert any("$1" in n and "4096" in n for n in conv.notes)
+    errors = {ov.partition("=")[0] for ov, _ in conv.errors}
+    assert {"actor_rollout_ref.model.mtp.enable", "actor_rollout_ref.model.mtp.num_layers", "--config-name",
+            "$2: a positional parameter without a default"} <= errors
+
+
+def test_values_asyncrl_cannot_honour_are_errors_and_verl_defaults_are_filled() -> None:
+    conv = convert_script(_script("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.name=sglang",
+                                  "actor_rollout_ref.actor.ppo_mini_batch_size=16", "trainer.some_new_key=1",
+                                  "actor_rollout_ref.model.path=Qwen/Qwen2.5-VL-7B-Instruct"))
+    errors = dict((ov.partition("=")[0], why) for ov, why in conv.errors)
+    assert "sglang" in errors["actor_rollout_ref.rollout.name"] and "trainer.some_new_key" in errors
+    assert "rollout.backend" not in conv.sources or "sglang" not in conv.sources["rollout.backend"]
+    assert conv.values["data.image_key"] == "images"  # verl's default, for a vision-language model
+    assert conv.values["rollout.n"] == 4 and conv.values["data.filter_overlong_prompts"] is False
 
 
 def test_resource_variables_are_a_fallback() -> None:
@@ -131,3 +156,26 @@ def test_legacy_token_mode_is_inverted_too_and_an_upper_bound_alone_is_kept() ->
     conv = convert_script(_script("algorithm.rollout_correction.rollout_rs=geometric",
                                   "algorithm.rollout_correction.rollout_rs_threshold=1.001"))
     assert conv.values["algorithm.rollout_correction.rollout_rs_threshold"] == 1.001  # [1/u, u] is symmetric
+
+
+def test_a_custom_reward_function_maps_to_the_reward_path() -> None:
+    from engine.config.sections import DataConfig
+
+    conv = convert_script(_script("algorithm.adv_estimator=grpo", "reward.custom_reward_function.path=recipe/my/score.py",
+                                  "reward.custom_reward_function.name=compute_score"))
+    assert conv.values["data.reward"] == "recipe/my/score.py:compute_score" and not conv.errors
+    assert DataConfig(train_files=["x.parquet"], reward=conv.values["data.reward"]).reward.endswith(":compute_score")
+
+
+def test_import_help_names_the_exit_codes(cli) -> None:
+    out = " ".join(cli("import", "verl", "--help").stdout.split())
+    assert "Exit codes: 0 written and valid" in out and "3 written, but it does not fit" in out
+
+
+def test_standalone_gpu_memory_utilization_is_the_one_asyncrls_replicas_use() -> None:
+    """verl: standalone rollout replicas use standalone_gpu_memory_utilization (gpu_memory_utilization is for
+    replicas that share devices with the trainer); asyncrl's replicas are always standalone."""
+    conv = convert_script(_script("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.gpu_memory_utilization=0.35",
+                                  "+actor_rollout_ref.rollout.standalone_gpu_memory_utilization=0.8"))
+    assert conv.values["rollout.gpu_memory_utilization"] == 0.8 and not conv.errors
+    assert any(ov.startswith("actor_rollout_ref.rollout.gpu_memory_utilization") for ov, _ in conv.ignored)

@@ -9,19 +9,28 @@ from pathlib import Path
 RUNS = Path(__file__).resolve().parents[2] / "presets" / "runs"
 
 
-def test_dry_run_writes_resolved_config_and_shows_placement(cli, tmp_path: Path) -> None:
+def test_dry_run_shows_config_and_placement_and_writes_nothing(cli, tmp_path: Path) -> None:
+    """In an empty directory a dry run leaves it empty: it names the files a launch would write, and where."""
+    assert list(tmp_path.iterdir()) == []
     r = cli("launch", RUNS / "qwen3-30b-a3b-base-dapo-megatron-96-32.toml", "--dry-run")
     assert r.exit_code == 0, r.output
     out = r.stdout
-    assert "RolloutReplica" in out and "TrainerWorker" in out and "nothing started" in out
+    assert "RolloutReplica" in out and "TrainerWorker" in out and "nothing started, nothing written" in out
     assert "megatron tp2 × pp1 × cp2 × dp8 (ep8)" in out
-    run_dir = tmp_path / "runs" / "qwen3-30b-a3b-base-dapo-96-32"
-    resolved = json.loads((run_dir / "config.resolved.json").read_text())
-    assert resolved["trainer"]["backend"] == "megatron" and resolved["rollout"]["n"] == 16
-    prov = json.loads((run_dir / "config.provenance.json").read_text())
+    assert "runs/qwen3-30b-a3b-base-dapo-96-32/config.resolved.json" in " ".join(out.split())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dry_run_json_names_the_files_and_the_provenance_without_writing(cli, tmp_path: Path) -> None:
     preset = RUNS / "qwen3-30b-a3b-base-dapo-megatron-96-32.toml"
+    r = cli("launch", preset, "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["written"] is False and doc["files"]["run_dir"] == "runs/qwen3-30b-a3b-base-dapo-96-32"
+    assert doc["config"]["trainer"]["backend"] == "megatron" and doc["config"]["rollout"]["n"] == 16
     tp_line = preset.read_text().splitlines().index("tp = 2") + 1
-    assert prov["keys"]["trainer.tp"]["where"].endswith(f"{preset.name}:{tp_line}")
+    assert doc["provenance"]["keys"]["trainer.tp"]["where"].endswith(f"{preset.name}:{tp_line}")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_dry_run_prints_the_trainers_precision_policy(cli) -> None:

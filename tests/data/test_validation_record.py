@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from types import SimpleNamespace
 
-import pytest
-
+from engine.config.sections import DataConfig
 from engine.runtime.scoring import Scorer, validation_record
 from engine.types import GenResult, Prompt
 
@@ -13,6 +13,10 @@ from engine.types import GenResult, Prompt
 class _Tok:
     def decode(self, ids, skip_special_tokens=True):
         return "".join(chr(ord("a") + i) for i in ids)
+
+
+def _cfg(reward: str):
+    return SimpleNamespace(data=DataConfig(train_files=["x.parquet"], reward=reward))
 
 
 def _prompt(i: int, source: str, truth: str) -> Prompt:
@@ -26,18 +30,20 @@ def _answer(ids: list[int]) -> GenResult:
 def test_accuracy_is_core_and_the_shaped_reward_goes_beside_it_in_val_aux() -> None:
     """The built-in `copy` reward gives partial credit (half for the digits, half for stopping right after as
     many characters as the target has) but acc only for an exact copy."""
-    scorer = Scorer(SimpleNamespace(data=SimpleNamespace(reward="copy")), _Tok())
+    scorer = Scorer(_cfg("copy"), _Tok())
     scored = [(_prompt(0, "copy", "abc"), _answer([0, 1, 2])), (_prompt(1, "copy", "abc"), _answer([0, 1, 5]))]
     rec, summary = validation_record(scorer, scored, version=3, step=12)
     assert rec == {"training/global_step": 12, "fully_async/count/current_param_version": 3,
-                   "val-core/copy/acc/mean@1": 0.5, "val-aux/copy/reward/mean@1": pytest.approx((1 + (0.5 * 2 / 3 + 0.5)) / 2)}
+                   "val-core/copy/acc/mean@1": 0.5, "val-aux/copy/reward/mean@1": pytest.approx((1 + (0.5 * 2 / 3 + 0.5)) / 2),
+                   # the reward's other info, as verl logs its reward extra info
+                   "val-aux/copy/partial/mean@1": pytest.approx((1 + 2 / 3) / 2), "val-aux/copy/stop/mean@1": 1.0}
     assert summary == "copy=0.500"
 
 
 def test_a_reward_without_acc_is_core_under_its_own_name(tmp_path, monkeypatch) -> None:
     (tmp_path / "plain_reward.py").write_text("def score(response_text, ground_truth, **kw):\n    return 0.25\n")
     monkeypatch.chdir(tmp_path)
-    scorer = Scorer(SimpleNamespace(data=SimpleNamespace(reward="plain_reward.py:score")), _Tok())
+    scorer = Scorer(_cfg("plain_reward.py:score"), _Tok())
     rec, summary = validation_record(scorer, [(_prompt(0, "mine", "x"), _answer([1]))], version=1, step=4)
     assert rec["val-core/mine/reward/mean@1"] == 0.25 and not any("/acc/" in k for k in rec)
     assert summary == "mine reward=0.250"

@@ -1,0 +1,126 @@
+"""The conformance corpus: for each of verl's fully-async launch scripts (written out as our own key=value
+scripts under `verl_corpus/`, each naming its source path and revision), the expected outcome of
+`asyncrl import verl` — the resolved asyncrl values of the keys that define the experiment and a run file that
+validates, or the exact refusal. None may convert into a different experiment with exit 0."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from asyncrl_cli.verl_import.convert import convert_script, overrides_of
+from asyncrl_cli.verl_import.shell import parse_script
+
+CORPUS = Path(__file__).parent / "verl_corpus"
+
+DAPO_REWARD = {"data.reward_manager": "dapo", "data.overlong_buffer.enable": True, "data.overlong_buffer.len": 4096,
+               "data.overlong_buffer.penalty_factor": 1.0, "data.overlong_buffer.log": False}
+GRPO_30B = {
+    "trainer.backend": "megatron", "trainer.tp": 2, "trainer.pp": 1, "trainer.cp": 2, "trainer.ep": 8, "trainer.etp": 1,
+    "data.max_prompt_length": 2048, "data.max_response_length": 8192, "data.filter_overlong_prompts": False,
+    "rollout.n": 16, "rollout.temperature": 1.0, "rollout.top_p": 1.0, "rollout.top_k": 0,
+    "rollout.tensor_parallel_size": 4, "rollout.val_temperature": 1.0, "rollout.val_top_p": 0.7,
+    "algorithm.adv_estimator": "grpo", "trainer.use_kl_loss": True, "trainer.kl_loss_coef": 0.001,
+    "trainer.clip_ratio_low": 0.2, "trainer.clip_ratio_high": 0.28, "trainer.clip_ratio_c": 10.0,
+    "trainer.loss_agg_mode": "token-mean", "trainer.entropy_coeff": 0.0, "trainer.ppo_mini_batch_size": 128,
+    "trainer.use_dynamic_bsz": True, "trainer.ppo_max_token_len_per_gpu": 10240,
+    "trainer.log_prob_max_token_len_per_gpu": 10240, "trainer.ref_param_offload": True,
+    "trainer.optim.lr": 1e-6, "trainer.optim.warmup_steps": 10, "trainer.optim.weight_decay": 0.1,
+    "resources.trainer.nnodes": 4, "resources.trainer.gpus_per_node": 8,
+    "resources.rollout.nnodes": 12, "resources.rollout.gpus_per_node": 8, "rollout.total_rollout_steps": 204800,
+    "trainer.total_epochs": 10, "trainer.test_freq": 20, "trainer.val_before_train": True,
+    "async_training.staleness_threshold": 0.5, "async_training.trigger_parameter_sync_step": 4,
+    "async_training.require_batches": 1, "async_training.partial_rollout": True, **DAPO_REWARD,
+}
+DAPO_7B_4_4 = {
+    "trainer.backend": "torch", "trainer.enable_gradient_checkpointing": True, "data.max_prompt_length": 2048,
+    "data.max_response_length": 8192, "data.filter_overlong_prompts": False, "rollout.n": 16,
+    "rollout.tensor_parallel_size": 1, "rollout.gpu_memory_utilization": 0.8, "rollout.val_top_p": 0.7,
+    "trainer.use_kl_loss": False, "trainer.clip_ratio_high": 0.28, "trainer.clip_ratio_c": 10.0,
+    "trainer.ppo_mini_batch_size": 32, "trainer.use_dynamic_bsz": True, "trainer.ppo_max_token_len_per_gpu": 20480,
+    "trainer.log_prob_max_token_len_per_gpu": 30720, "trainer.grad_clip": 1.0,
+    "resources.trainer.nnodes": 1, "resources.trainer.gpus_per_node": 4,
+    "resources.rollout.nnodes": 1, "resources.rollout.gpus_per_node": 4, "rollout.total_rollout_steps": 51200,
+    "trainer.test_freq": 10, "trainer.val_before_train": False, "async_training.staleness_threshold": 0.1,
+    "async_training.require_batches": 4, **DAPO_REWARD,
+}
+GEO3K = {
+    "trainer.backend": "torch", "data.image_key": "images", "data.shuffle": False, "data.filter_overlong_prompts": True,
+    "trainer.kl_loss_coef": 0.01, "trainer.use_dynamic_bsz": True, "trainer.ppo_max_token_len_per_gpu": 16384,
+    "rollout.n": 4, "rollout.total_rollout_steps": 51200, "resources.trainer.gpus_per_node": 12,
+    "resources.rollout.gpus_per_node": 4, "algorithm.rollout_correction.rollout_is": "sequence",
+    "algorithm.rollout_correction.rollout_rs": "token_k1", "algorithm.rollout_correction.rollout_rs_threshold": "0.6_1.6",
+    "async_training.require_batches": 2,
+}
+SP = ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor_rollout_ref.ref.ulysses_sequence_parallel_size")
+
+# script: (hardware, expected exit code of `asyncrl import verl`, resolved values | None, refused keys | why)
+EXPECTED: dict[str, tuple[str | None, int, dict | None, tuple[str, ...]]] = {
+    "grpo_30b_a3b_base_math_megatron_96_32": ("h20", 0, GRPO_30B, ()),
+    "grpo_30b_a3b_base_math_megatron_96_32_mis": ("h20", 0, {
+        **GRPO_30B, "algorithm.rollout_correction.rollout_rs": "seq_mean_k1",
+        "algorithm.rollout_correction.rollout_rs_threshold": "0.999_1.001"}, ()),
+    "dapo_7b_math_fsdp2_4_4": ("h20", 0, DAPO_7B_4_4, ()),
+    # converts faithfully; validate refuses it: 64 prompts × n 4 do not split over 12 trainer ranks
+    "geo3k_qwen3vl_8b_fsdp2_16_16_npu": (None, 1, GEO3K, ("do not split evenly over 12 data-parallel ranks",)),
+    "dapo_7b_math_fsdp2_64_64_mis": (None, 1, None, SP),
+    # verl shares 16 devices between the pools by partition; a plain import would ask for 24
+    "geo3k_qwen3vl_8b_fsdp2_hybrid_res_pool_npu": (None, 1, None, ("async_training.hybrid_res_pool",
+                                                                   "actor_rollout_ref.partition")),
+    "dapo_30b_a3b_base_math_fsdp": (None, 1, None, ("--config-name", *SP)),
+    "dapo_7b_async_retool": (None, 1, None, (
+        "data.custom_cls.path", "data.custom_cls.name", SP[0], "actor_rollout_ref.rollout.val_kwargs.n",
+        *(f"actor_rollout_ref.rollout.multi_turn.{k}" for k in ("enable", "max_user_turns", "max_assistant_turns",
+                                                               "tool_config_path", "format")))),
+    "grpo_qwen3_235b_megatron_npu": (None, 1, None, (
+        "actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size",
+        "actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage",
+        "actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_last_pipeline_stage")),
+}
+
+
+def test_the_corpus_is_the_one_the_table_describes() -> None:
+    assert {p.stem for p in CORPUS.glob("*.sh")} == set(EXPECTED)
+    for p in CORPUS.glob("*.sh"):
+        head = p.read_text().splitlines()[:3]
+        assert "verl" in head[1] and "@" in head[1], p  # source path @ repository revision
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_override_is_accounted_for(name: str) -> None:
+    """Mapped, ignored with a reason, or an error: none is dropped."""
+    text = (CORPUS / f"{name}.sh").read_text()
+    conv = convert_script(text)
+    overrides, _ = overrides_of(parse_script(text))
+    seen = " ".join([*conv.sources.values(), *(ov for ov, _ in conv.ignored), *(ov for ov, _ in conv.errors)])
+    for ov in overrides:
+        assert ov.partition("=")[0].lstrip("+~") in seen, ov
+    assert all(why for _, why in conv.ignored + conv.errors)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_import_outcome(cli, tmp_path: Path, name: str) -> None:
+    hardware, code, values, refused = EXPECTED[name]
+    args = ["import", "verl", CORPUS / f"{name}.sh", "-o", "run.toml"] + (["--hardware", hardware] if hardware else [])
+    r = cli(*args)
+    assert r.exit_code == code, r.output
+    conv = convert_script((CORPUS / f"{name}.sh").read_text())
+    if values is None:  # refused before anything is written, every reason listed
+        assert not (tmp_path / "run.toml").exists()
+        assert {ov.partition("=")[0] for ov, _ in conv.errors} == set(refused)
+        for key in refused:
+            assert key in r.stderr
+        return
+    assert not conv.errors
+    for key, want in values.items():
+        assert conv.values[key] == want, key
+    written = tomllib.loads((tmp_path / "run.toml").read_text())
+    for key, want in values.items():
+        node = written
+        for part in key.split("."):
+            node = node[part]
+        assert node == want, key
+    for why in refused:  # a faithful file that validate refuses, with the reason
+        assert why in r.output
