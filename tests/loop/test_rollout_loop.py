@@ -11,7 +11,8 @@ from engine.types import GenResult, Prompt
 def _loop(partial: bool = True, val: int = 0, replicas: int = 2, test_freq: int = 0) -> RolloutLoop:
     params = RolloutParams(n=2, max_new_tokens=8, required_samples=2, staleness_threshold=0.5, trigger=1,
                            partial_rollout=partial, seqs_per_call=2, test_freq=test_freq)
-    stream = PromptStream(lambda e: [Prompt(f"p{i}", i, e, [1, 2]) for i in range(20)], 1, 20)
+    stream = PromptStream(1, 20)
+    stream.deliver(0, [Prompt(f"p{i}", i, 0, [1, 2]) for i in range(20)])
     vals = [Prompt(f"v{i}", i, 0, [3]) for i in range(val)]
     return RolloutLoop(params, stream, vals, replicas)
 
