@@ -136,9 +136,13 @@ class TrainerLoop:
         """No step can follow: the step budget is reached, a stop was asked, or the data ran out."""
         return self.local_step >= self.p.total_local_steps or self.stopping or (self.closed and not self.buffer)
 
+    def due(self) -> bool:
+        """The sync cadence: a sync is due once the steps since the last one reach the interval in force."""
+        return self.since_sync >= self.trigger
+
     def sync_owed(self) -> bool:
         """At a boundary: a lowered interval made a sync due without a step."""
-        return self.since_sync > 0 and self.since_sync >= self.trigger
+        return self.since_sync > 0 and self.due()
 
     def staleness_bound(self) -> float:
         return staleness_bound(self.p.max_staleness_versions, self.p.sync_mode, self.threshold)
@@ -265,7 +269,7 @@ class TrainerLoop:
         return cmds + [Train(tuple(keep))]
 
     def _sync_point(self, after_step: bool) -> list[Command]:
-        if self.since_sync < self.trigger:
+        if not self.due():
             self.last_decision = SyncDecision("none")
             return [self._record("none")] + self._boundary() if after_step else self._boundary()
         if self._wait_policy() and not self.finished():
@@ -276,7 +280,7 @@ class TrainerLoop:
     def sync_decision(self, outstanding_min_version: int | None) -> SyncDecision:
         """After a step: is the sync due? `outstanding_min_version`: the oldest version feeding work that
         is queued or in flight (None when there is none); the buffer is added here."""
-        if self.since_sync < self.trigger:
+        if not self.due():
             return SyncDecision("none")
         cap = self.p.max_staleness_versions
         if cap is not None and self.p.stale_policy == "wait" and not self.finished():

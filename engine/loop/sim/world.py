@@ -54,6 +54,8 @@ class Outcome:
     trainer_busy_s: float
     rollout_busy_s: float
     events: int
+    records: list[tuple[int, int]]
+    """(local step, version) of every step record, as a real run's metrics.jsonl has them."""
 
     @property
     def trainer_idle_ratio(self) -> float:
@@ -105,6 +107,7 @@ class World(SimReplicas):
         self.trainer_busy = 0.0
         self.rollout_busy = 0.0
         self.staleness: list[int] = []
+        self.records: list[tuple[int, int]] = []
         self.steps_seen = 0
         self.events = 0
         self._new_run(None)
@@ -184,7 +187,7 @@ class World(SimReplicas):
             self.check.at_end()
         return Outcome(self.s.seed, self.done and self.failure is None, self.failure, self.now,
                        self.trainer.local_step, self.trainer.version, self.staleness, self.check.violations,
-                       self.trainer_busy, self.rollout_busy, self.events)
+                       self.trainer_busy, self.rollout_busy, self.events, self.records)
 
     def describe(self) -> str:
         ro, tr = self.rollout, self.trainer
@@ -365,6 +368,7 @@ class World(SimReplicas):
             return self._end_hold(c.reason) if self._drained() else None
         if isinstance(c, Record):
             self.check.on_record(c, self._threshold_polled)
+            self.records.append((c.step, c.version))
             return []
         if isinstance(c, Finish):
             self._finish(c.validate)
