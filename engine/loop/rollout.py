@@ -44,7 +44,7 @@ from engine.loop.commands import (
     ValidationDone,
 )
 from engine.loop.dispatch import Capacity, DispatchTable, Running
-from engine.loop.knobs import KnobChange
+from engine.loop.knobs import ROLLOUTER, KnobChange, KnobInbox
 from engine.loop.inflight import InFlight, in_flight_from_json, in_flight_to_json, oldest_version, request_id
 from engine.types import GenRequest, GenResult, Prompt, Trajectory
 
@@ -273,6 +273,10 @@ class RolloutLoop:
 
     def set_paused(self, paused: bool) -> None:
         self.paused = paused
+
+    def inbox(self) -> KnobInbox:
+        """The shell's view of the knob table for this core (`engine.loop.knobs`)."""
+        return KnobInbox(ROLLOUTER, self.p.sync_mode)
 
     def knob(self, k: KnobChange) -> list[Command]:
         """A knob change routed to the rollouter (`engine.loop.knobs`): applied at once and acknowledged, or

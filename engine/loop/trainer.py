@@ -43,7 +43,7 @@ from engine.loop.commands import (
     AckKnob, Allow, AskOutstanding, Checkpoint, Command, Drop, Event, Finish, PollControl, Pull, Record, SetTrigger,
     Sync, Train,
 )
-from engine.loop.knobs import KnobChange, boundary
+from engine.loop.knobs import TRAINER, KnobChange, KnobInbox, boundary
 
 
 @dataclass(frozen=True)
@@ -149,6 +149,10 @@ class TrainerLoop:
 
     def _wait_policy(self) -> bool:
         return self.p.max_staleness_versions is not None and self.p.stale_policy == "wait"
+
+    def inbox(self) -> KnobInbox:
+        """The shell's view of the knob table for this core (`engine.loop.knobs`)."""
+        return KnobInbox(TRAINER, self.p.sync_mode)
 
     # ------------------------------------------------------------------ events
     def start(self) -> list[Command]:

@@ -28,7 +28,6 @@ import ray
 from engine.loop.commands import (
     Abort, AckKnob, CloseQueue, Dispatch, Event, NeedPrompts, Put, Resume, SetQueueBound, ValidationDone,
 )
-from engine.loop.knobs import ROLLOUTER, KnobInbox
 from engine.loop.rollout import RolloutLoop, RolloutParams
 from engine.loop.stream import PromptStream
 from engine.rollout.base import SamplingParams
@@ -67,7 +66,6 @@ class RolloutShell:
         self._counters: dict[str, int] = {}
         self._filtered_reported = False
         self._need_epoch: int | None = None  # NeedPrompts: loaded by the dispatch thread outside the lock
-        self.inbox = KnobInbox(ROLLOUTER, cfg.async_training.mode == "sync")
         val_prompts: list[Prompt] = []
         if cfg.data.val_files and (cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train):
             val_prompts, _ = load_prompts(cfg.data, self.tokenizer, split="val", epoch=0)
@@ -76,6 +74,7 @@ class RolloutShell:
         stream = PromptStream(cfg.trainer.total_epochs, total_rollout_steps(cfg))
         self.loop = RolloutLoop(RolloutParams.from_config(cfg), stream, val_prompts, len(replicas),
                                 replica_capacities(replicas))
+        self.inbox = self.loop.inbox()
         self.lock = threading.Condition()
         self.calls = ReplicaCalls(keyed=cfg.trainer.deterministic)  # the generate calls out
         self._running = False

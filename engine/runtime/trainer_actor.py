@@ -30,7 +30,6 @@ import ray
 from engine.loop.commands import (
     AckKnob, Allow, AskOutstanding, Checkpoint, Drop, Event, Finish, PollControl, Pull, Record, SetTrigger, Sync, Train,
 )
-from engine.loop.knobs import TRAINER, KnobInbox
 from engine.loop.trainer import TrainerLoop, TrainerParams
 from engine.runtime.backends import RunConfig, build_trainer_backend
 from engine.runtime.batching import LogRatioObserver, is_ratio_metrics, prepare_batch
@@ -72,7 +71,7 @@ class TrainerCore(TrainerCheckpoints):
         self.loss_fn = LogRatioObserver(build_loss_fn(cfg.trainer, self.rc))
         trigger = cfg.async_training.trigger_parameter_sync_step
         self.loop = TrainerLoop(TrainerParams.from_config(cfg, total_train_steps(cfg) * trigger))
-        self.inbox = KnobInbox(TRAINER, self.loop.p.sync_mode)
+        self.inbox = self.loop.inbox()
         self.bucket_bytes = cfg.rollout.weight_sync_bucket_mb * 2**20
         self.weight_sync = build_weight_sync(cfg)  # object store or collective broadcast (engine.sync.runtime)
         self.run_dir = run_dir

@@ -27,7 +27,7 @@ from engine.loop.commands import (
     Abort, AckKnob, Allow, AskOutstanding, Checkpoint, CloseQueue, Command, Dispatch, Drop, Event, Finish,
     NeedPrompts, PollControl, Pull, Put, Record, Resume, SetQueueBound, SetTrigger, Sync, Train, ValidationDone,
 )
-from engine.loop.knobs import ROLLOUTER, TRAINER, KnobInbox
+from engine.loop.knobs import ROLLOUTER, TRAINER
 from engine.loop.rollout import RolloutLoop, RolloutParams
 from engine.loop.sim.checks import Checker
 from engine.loop.sim.replicas import SimReplica, SimReplicas
@@ -123,7 +123,7 @@ class World(SimReplicas):
         stream = PromptStream(1, self.s.total_prompts)
         self.rollout = RolloutLoop(self.rp, stream, self.val, len(self.replicas), list(self.capacities))
         self.trainer = TrainerLoop(self.tp)
-        self.inbox = {TRAINER: KnobInbox(TRAINER, self.tp.sync_mode), ROLLOUTER: KnobInbox(ROLLOUTER, self.tp.sync_mode)}
+        self.inbox = {TRAINER: self.trainer.inbox(), ROLLOUTER: self.rollout.inbox()}
         self.waiting, self._loading, self._cut = None, False, None
         self.queue: list[TrajectoryGroup] = []
         self.queue_closed = False
