@@ -73,18 +73,36 @@ def test_wait_policy_with_a_zero_cap_finishes_on_policy(monkeypatch) -> None:
     assert any("deadlock" in v for v in run_scenario(_wait_cap_zero()).violations)
 
 
-def test_a_raised_interval_survives_a_trainer_death_and_resume() -> None:
-    s = Scenario(seed=4, n=2, ppo_mini_batch_size=2, trigger=1, total_prompts=60, checkpoint_every_versions=1,
-                 actions=[Action(0.2, "trigger_parameter_sync_step", 3)], trainer_deaths=[2.0])
-    out = run_scenario(s)
+def _raise_then_die() -> Scenario:
+    return Scenario(seed=4, n=2, ppo_mini_batch_size=2, trigger=1, total_prompts=60, checkpoint_every_versions=1,
+                    actions=[Action(0.2, "trigger_parameter_sync_step", 3)], trainer_deaths=[2.0])
+
+
+def test_a_raised_interval_survives_a_trainer_death_and_resume(monkeypatch) -> None:
+    out = run_scenario(_raise_then_die())
     assert out.finished and not out.violations
+    restore = TrainerLoop.restore
+
+    def forget_the_interval(self, st):  # the bug it guards: the checkpoint's live interval not restored
+        restore(self, {k: v for k, v in st.items() if k != "trigger"})
+
+    monkeypatch.setattr(TrainerLoop, "restore", forget_the_interval)
+    assert any("resume reverted trigger" in v for v in run_scenario(_raise_then_die()).violations)
 
 
-def test_sync_mode_interval_change_keeps_it_on_policy() -> None:
-    s = Scenario(seed=5, n=1, ppo_mini_batch_size=2, trigger=3, mode="sync", total_prompts=60,
-                 actions=[Action(1.0, "trigger_parameter_sync_step", 1), Action(3.0, "trigger_parameter_sync_step", 4)])
-    out = run_scenario(s)
+def _sync_mode_change() -> Scenario:
+    return Scenario(seed=5, n=1, ppo_mini_batch_size=2, trigger=3, mode="sync", total_prompts=60,
+                    actions=[Action(1.0, "trigger_parameter_sync_step", 1),
+                             Action(3.0, "trigger_parameter_sync_step", 4)])
+
+
+def test_sync_mode_interval_change_keeps_it_on_policy(monkeypatch) -> None:
+    out = run_scenario(_sync_mode_change())
     assert out.finished and not out.violations and set(out.staleness) == {0}
+    # the bug it guards: sync mode taking the interval at a local-step boundary, in the middle of a cycle
+    monkeypatch.setattr("engine.loop.trainer.boundary", lambda name, sync_mode: "step")
+    broken = run_scenario(_sync_mode_change())
+    assert broken.violations, "the checker must see an interval taken mid-cycle in sync mode"
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -158,32 +176,6 @@ def test_streaming_replicas_of_any_capacity_finish(n, mini, trigger, staleness, 
 def test_ten_thousand_scenarios() -> None:
     result = CliRunner().invoke(app, ["simulate", "--check", "--scenarios", "10000", "--seed", "1"])
     assert result.exit_code == 0 and "10000 scenarios, 0 violations" in result.output, result.output
-
-
-def test_a_raised_interval_survives_a_trainer_death_and_resume_not_without_the_fix(monkeypatch) -> None:
-    s = Scenario(seed=4, n=2, ppo_mini_batch_size=2, trigger=1, total_prompts=60, checkpoint_every_versions=1,
-                 actions=[Action(0.2, "trigger_parameter_sync_step", 3)], trainer_deaths=[2.0])
-    restore = TrainerLoop.restore
-
-    def forget_the_interval(self, st):  # the bug it guards: the checkpoint's live interval not restored
-        restore(self, {k: v for k, v in st.items() if k != "trigger"})
-
-    monkeypatch.setattr(TrainerLoop, "restore", forget_the_interval)
-    assert any("resume reverted trigger" in v for v in run_scenario(s).violations)
-
-
-def _sync_mode_change() -> Scenario:
-    return Scenario(seed=5, n=1, ppo_mini_batch_size=2, trigger=3, mode="sync", total_prompts=60,
-                    actions=[Action(1.0, "trigger_parameter_sync_step", 1),
-                             Action(3.0, "trigger_parameter_sync_step", 4)])
-
-
-def test_sync_mode_takes_a_new_interval_only_at_a_sync(monkeypatch) -> None:
-    assert not run_scenario(_sync_mode_change()).violations
-    # the bug it guards: sync mode taking the interval at a local-step boundary, in the middle of a cycle
-    monkeypatch.setattr("engine.loop.trainer.boundary", lambda name, sync_mode: "step")
-    broken = run_scenario(_sync_mode_change())
-    assert broken.violations, "the checker must see an interval taken mid-cycle in sync mode"
 
 
 def _threshold_change() -> Scenario:
