@@ -13,9 +13,10 @@ ring buffer evicts it (`truncated` is then True).
 Knobs. Each knob has a desired `value` and `version` (incremented on every accepted change) and an
 `applied_value` acknowledged by its consumer. `set_knob(..., expected_version=v)` succeeds only if the
 knob is still at version `v` (compare-and-set: two operators cannot overwrite each other unknowingly).
-The consumer polls `pending_knobs(consumer)` at its boundary (the trainer at each local step, the rollouter
-at each sync), applies the value, and calls `ack_knob(name, version, step)`; the controller then writes a
-`knob` event with old → new, who, when, the step of the request and the step at which it took effect.
+The shells read `get_knobs()` and route each change with the knob router (`engine.loop.knobs`: which loop
+core takes which knob at which boundary, what is refused); the owning core applies the value and its shell
+calls `ack_knob(name, version, step)`; the controller then writes a `knob` event with old → new, who, when,
+the step of the request and the step at which it took effect.
 """
 
 from __future__ import annotations
@@ -289,15 +290,6 @@ class ControllerCore:
                 f"{st.version}{by}; re-read the knob and retry"
             )
         return None
-
-    def pending_knobs(self, consumer: str) -> dict[str, dict[str, Any]]:
-        """Knobs of `consumer` whose latest version is not yet acknowledged: `{name: {value, version}}`."""
-        with self._lock:
-            return {
-                name: {"value": st.value, "version": st.version}
-                for name, st in self._knobs.items()
-                if st.pending and KNOB_SPECS[name].consumer == consumer
-            }
 
     def ack_knob(self, name: str, version: int, step: int | None) -> dict[str, Any]:
         """Mark `version` of a knob as applied at `step` and write the `knob` applied event.

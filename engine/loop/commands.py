@@ -1,8 +1,10 @@
 """Commands the loop cores return to their shell (the Ray actors, or the simulator).
 
 A command is a request to do I/O: send requests to a replica, abort or resume replicas, put a finished group
-into the queue, record an event. The shell carries each one out and reports the outcome back as an event
-(e.g. `RolloutLoop.group_put` after a `Put`).
+into the queue, pull groups, train a batch, push weights, cut a checkpoint, record an event. The shell
+carries each one out and reports the outcome back as an event (e.g. `RolloutLoop.group_put` after a `Put`,
+`TrainerLoop.trained` after a `Train`). The first block is the rollouter's, the second the trainer's;
+`AckKnob` and `Event` are both's.
 """
 
 from __future__ import annotations
@@ -82,4 +84,111 @@ class Event:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-Command = Dispatch | Abort | Resume | Put | CloseQueue | SetQueueBound | ValidationDone | Event
+@dataclass(frozen=True)
+class NeedPrompts:
+    """The prompt stream needs epoch `epoch`'s prompts (in their seeded order): load them and report
+    `RolloutLoop.prompts_loaded(epoch, prompts)` (an empty list: the data is exhausted)."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
+class AckKnob:
+    """A knob change (`engine.loop.knobs`) is applied: acknowledge `version` of `name` to the controller."""
+
+    name: str
+    version: int
+
+
+# ---------------------------------------------------------------------------------------- the trainer's
+
+
+@dataclass(frozen=True)
+class PollControl:
+    """Read the controller's knob table and the trainer's queued actions; report `TrainerLoop.control`."""
+
+
+@dataclass(frozen=True)
+class Pull:
+    """Take up to `n` groups from the queue (waiting a little); report `TrainerLoop.pulled(groups, closed)`."""
+
+    n: int
+
+
+@dataclass(frozen=True)
+class Drop:
+    """These pulled groups are not trained (`reason`, e.g. "stale"): ledger, release from the rollout budget,
+    event."""
+
+    groups: tuple[Any, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Train:
+    """One local step on these groups; report `TrainerLoop.trained()` (or `failed(...)` when it raised)."""
+
+    groups: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class AskOutstanding:
+    """Report the oldest version feeding queued or in-flight work: `TrainerLoop.outstanding(v | None)`."""
+
+
+@dataclass(frozen=True)
+class Allow:
+    """A sync is postponed (`stale_policy = "wait"`): the rollouter may admit the `need` prompts the next
+    step lacks (`RolloutLoop.allow`)."""
+
+    need: int
+
+
+@dataclass(frozen=True)
+class SetTrigger:
+    """The trainer applied a new sync interval: the rollouter's budget takes it now (`RolloutLoop.set_trigger`)."""
+
+    value: int
+
+
+@dataclass(frozen=True)
+class Sync:
+    """Push the weights of `version` to the replicas (`begin_sync` … `finish_sync` on the rollouter). `trigger`:
+    a new sync interval the rollouter takes at this sync (sync mode); `cut`: snapshot the rollout side while it
+    is paused, for the `Checkpoint("periodic")` that follows. Report `TrainerLoop.synced()`."""
+
+    version: int
+    trigger: int | None
+    cut: bool
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Write a checkpoint (`reason`: periodic, on_demand, stop, final, failure); report
+    `TrainerLoop.checkpointed()` (a failed write is reported too: the previous checkpoint stays)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Record:
+    """The step's record is complete: publish it with these loop fields (`decision`: the sync decision after
+    the step: none, sync or postpone)."""
+
+    step: int
+    version: int
+    sync_interval: int
+    staleness_bound: float
+    decision: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The training loop is over: report the final weights; with `validate`, validate the last version."""
+
+    validate: bool
+
+
+Command = (Dispatch | Abort | Resume | Put | CloseQueue | SetQueueBound | ValidationDone | NeedPrompts | Event
+           | AckKnob | PollControl | Pull | Drop | Train | AskOutstanding | Allow | SetTrigger | Sync | Checkpoint
+           | Record | Finish)

@@ -32,16 +32,19 @@ from engine.loop import deterministic
 from engine.loop.budget import StalenessBudget
 from engine.loop.commands import (
     Abort,
+    AckKnob,
     CloseQueue,
     Command,
     Dispatch,
     Event,
+    NeedPrompts,
     Put,
     Resume,
     SetQueueBound,
     ValidationDone,
 )
 from engine.loop.dispatch import Capacity, DispatchTable, Running
+from engine.loop.knobs import ROLLOUTER, KnobChange, KnobInbox
 from engine.loop.inflight import InFlight, in_flight_from_json, in_flight_to_json, oldest_version, request_id
 from engine.types import GenRequest, GenResult, Prompt, Trajectory
 
@@ -111,6 +114,7 @@ class RolloutLoop:
         self.hold = False  # a checkpoint cut is being taken: nothing new is dispatched
         self.sync: SyncState | None = None
         self._stream_empty = False
+        self._asked_epoch: int | None = None  # NeedPrompts out for this epoch
         self.val_pending: list[GenRequest] = []
         self.val_results: dict[str, GenResult] = {}
         self.val_version: int | None = None  # version of the validation pending or running
@@ -163,7 +167,17 @@ class RolloutLoop:
             got = [(rid, self._next_dispatch(rid, now)) for rid in want]
             cmds += [d for _, d in got if d is not None]
             want = [rid for rid, d in got if d is not None]
+        need = self.stream.needs()
+        if need is not None and need != self._asked_epoch:
+            self._asked_epoch = need
+            cmds.append(NeedPrompts(need))
         return cmds
+
+    def prompts_loaded(self, epoch: int, prompts: list[Prompt]) -> list[Command]:
+        """`NeedPrompts`' outcome: epoch `epoch`'s training prompts in their order (admitted from the next tick)."""
+        self.stream.deliver(epoch, prompts)
+        self._asked_epoch = None
+        return []
 
     def _next_dispatch(self, rid: int, now: float) -> Dispatch | None:
         """One more dispatch for replica `rid` if it has a free call and free rows and there is work for it."""
@@ -260,6 +274,26 @@ class RolloutLoop:
     def set_paused(self, paused: bool) -> None:
         self.paused = paused
 
+    def inbox(self) -> KnobInbox:
+        """The shell's view of the knob table for this core (`engine.loop.knobs`)."""
+        return KnobInbox(ROLLOUTER, self.p.sync_mode)
+
+    def knob(self, k: KnobChange) -> list[Command]:
+        """A knob change routed to the rollouter (`engine.loop.knobs`): applied at once and acknowledged, or
+        refused with its reason."""
+        if not k.owned:
+            return []
+        if k.refused:
+            return [Event("warning", "knob", f"{k.name} = {k.value!r} refused: {k.refused}", {"knob": k.name})]
+        if k.name == "staleness_threshold":
+            cmds = self.set_staleness(float(k.value))
+        elif k.name == "paused":
+            self.set_paused(bool(k.value))
+            cmds = []
+        else:
+            return []
+        return cmds + [AckKnob(k.name, k.version)]
+
     def allow(self, k: int) -> list[Command]:
         """The trainer postponed a sync and still lacks `k` prompts for its next step."""
         self.budget.allow(max(0, k - len(self.in_flight) - self.queue_size))
@@ -328,7 +362,7 @@ class RolloutLoop:
         while capacity - len(out) >= self.p.n and self.budget.can_admit() and self.queue_size < self.queue_bound:
             p = self.stream.next()
             if p is None:
-                self._stream_empty = True
+                self._stream_empty = self.stream.needs() is None  # else: NeedPrompts, then more
                 break
             self.budget.admit()
             st = InFlight(p, now, self.version)

@@ -1,10 +1,28 @@
-"""`TrainerLoop`: the trainer's decisions, as a pure state machine (no Ray, torch or clock).
+"""`TrainerLoop`: every decision of the trainer, as an events-in / commands-out core (no Ray, torch or clock).
 
 The trainer takes one local step on `R = required_samples` prompt groups and syncs every `N =
-trigger_parameter_sync_step` local steps (the parameter version counts syncs). This object decides how many
-groups to pull (`want`), which of a batch the hard staleness cap drops (`take_batch`), whether the sync is
-due, postponed or not yet (`sync_decision`), and applies the live sync interval at a local-step boundary
-(`set_trigger`). The shell (the `Trainer` actor, or the simulator) pulls, trains and pushes weights.
+trigger_parameter_sync_step` local steps (the parameter version counts syncs). Events are method calls
+(`start`, `control`, `pulled`, `trained`, `outstanding`, `synced`, `checkpointed`, `stop`, `failed`); each
+returns the commands (`engine.loop.commands`) the shell carries out. A shell executes the commands of one
+answer in order; at most one of them waits for an outcome (`Pull`, `Train`, `AskOutstanding`, `Sync`,
+`Checkpoint`, `PollControl`) and it is the last one: the shell reports that outcome with the matching event
+and carries on with what it returns. `Finish` ends the run. The Ray actor
+(`engine.runtime.trainer_actor`) and the simulator (`engine.loop.sim.world`) are both such executors.
+
+One local step, as the core sequences it:
+1. at the boundary `PollControl`: knobs (routed by `engine.loop.knobs`) and operator actions come in
+   (`control`); a lowered interval can make a sync due at once; `stop` ends the run at this boundary, an
+   on-demand `checkpoint` is cut here;
+2. `Pull(want)` until a batch is buffered (a whole cycle `N · R` first in sync mode); `PollControl` before
+   every pull, so knobs apply while the trainer waits for data;
+3. the hard staleness cap drops what is too old (`Drop`), the rest is trained (`Train`); `trained` counts
+   the step;
+4. the sync decision: not due, due (`Sync(v + 1)`; with `cut` when `v + 1` is a multiple of
+   `checkpoint.every_versions`: the rollout side is snapshot while the sync has it paused, then
+   `Checkpoint("periodic")`), or postponed (`stale_policy = "wait"`: `Allow(need)`); `Record` publishes the
+   step's record with the interval and the staleness bound in force.
+At the end (steps done, data exhausted, or stop): `Checkpoint("final" | "stop")` unless this step is saved
+already, then `Finish(validate)`.
 
 Staleness of a group trained at version `v`: `v − min_version` (the oldest weights that produced any of its
 tokens). With `max_staleness_versions = c`:
@@ -12,13 +30,20 @@ tokens). With `max_staleness_versions = c`:
 - `stale_policy = "wait"`: the sync to `v + 1` is postponed while any outstanding group (queued, in flight,
   or in the trainer's buffer) has `v + 1 − min_version > c`; meanwhile the trainer keeps training at `v` and
   lets the rollouter admit just the prompts its next step lacks, so outstanding work drains and the sync comes.
-In sync mode the trainer pulls a whole cycle (`N · R` groups) before its first step of a version.
+The staleness bound reported per step: `c` when set, else ⌈staleness_threshold⌉ in force (0 in sync mode).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
+
+from engine.loop.commands import (
+    AckKnob, Allow, AskOutstanding, Checkpoint, Command, Drop, Event, Finish, PollControl, Pull, Record, SetTrigger,
+    Sync, Train,
+)
+from engine.loop.knobs import TRAINER, KnobChange, KnobInbox, boundary
 
 
 @dataclass(frozen=True)
@@ -34,6 +59,10 @@ class TrainerParams:
     checkpoint_every_versions: int = 0
     ordered: bool = False
     """`trainer.deterministic`: a batch's groups are ordered by prompt (epoch, index), not by arrival."""
+    staleness_threshold: float = 0.0
+    """In force at start (for the reported bound; the rollouter applies it)."""
+    validate_at_end: bool = False
+    """`trainer.test_freq > 0`: the last version is validated when the run ends (not after a stop)."""
 
     @classmethod
     def from_config(cls, cfg: Any, total_local_steps: int) -> "TrainerParams":
@@ -42,7 +71,9 @@ class TrainerParams:
                    trigger=ac.trigger_parameter_sync_step, total_local_steps=total_local_steps,
                    sync_mode=ac.mode == "sync", max_staleness_versions=ac.max_staleness_versions,
                    stale_policy=ac.stale_policy, checkpoint_every_versions=cfg.checkpoint.every_versions,
-                   ordered=bool(getattr(cfg.trainer, "deterministic", False)))
+                   ordered=bool(getattr(cfg.trainer, "deterministic", False)),
+                   staleness_threshold=float(ac.staleness_threshold),
+                   validate_at_end=bool(cfg.trainer.test_freq))
 
 
 @dataclass(frozen=True)
@@ -58,32 +89,44 @@ def staleness_of(group: Any, version: int) -> int:
     return version - group.min_version
 
 
+def staleness_bound(cap: int | None, sync_mode: bool, threshold: float) -> float:
+    """The hard cap when set, else verl's nominal bound ⌈staleness_threshold⌉ (0 in sync mode)."""
+    if cap is not None:
+        return float(cap)
+    return 0.0 if sync_mode else float(math.ceil(threshold))
+
+
 class TrainerLoop:
-    """The trainer's state machine (see the module docstring). `buffer` holds pulled, untrained groups."""
+    """The trainer's core (see the module docstring). `buffer` holds pulled, untrained groups."""
 
     def __init__(self, params: TrainerParams) -> None:
         self.p = params
         self.trigger = params.trigger
+        self.threshold = params.staleness_threshold
         self.version = 0
         self.local_step = 0
         self.since_sync = 0
         self.buffer: list[Any] = []
+        self.current: list[Any] = []  # the groups of the step being trained
         self.closed = False
         self.stopping = False
         self.postponed = False
         self.dropped_stale = 0
+        self.last_checkpoint_step: int | None = None
+        self.last_decision: SyncDecision | None = None
+        self.done = False
+        self._held_trigger: tuple[int, int] | None = None  # (value, knob version): sync mode, taken at the sync
+        self._sync: tuple[int, bool, bool] | None = None  # (version, cut, after a step) of the sync out
+        self._then: str = "boundary"  # what follows the Checkpoint out: "boundary" or "finish"
+        self._owed_record = False
+        self._recheck = True  # False from a postponed sync until the next pull's outcome (no loop at one instant)
 
-    # ------------------------------------------------------------------ pulling
+    # ------------------------------------------------------------------ queries
     def want(self) -> int:
         """Groups to pull before the next step can start (a whole cycle first in sync mode)."""
         if self.p.sync_mode and not self.buffer and self.since_sync == 0:
             return self.p.required_samples * self.trigger
         return max(0, self.p.required_samples - len(self.buffer))
-
-    def offer(self, groups: list[Any], closed: bool) -> None:
-        """Groups pulled from the queue; `closed`: the queue is closed and empty."""
-        self.buffer.extend(groups)
-        self.closed = self.closed or closed
 
     def can_step(self) -> bool:
         """A full batch is buffered, or the stream ended with a partial one (trained as a last step)."""
@@ -93,78 +136,217 @@ class TrainerLoop:
         """No step can follow: the step budget is reached, a stop was asked, or the data ran out."""
         return self.local_step >= self.p.total_local_steps or self.stopping or (self.closed and not self.buffer)
 
-    def take_batch(self) -> tuple[list[Any], list[Any]]:
-        """The next step's groups, split into (kept, dropped by the hard staleness cap)."""
+    def due(self) -> bool:
+        """The sync cadence: a sync is due once the steps since the last one reach the interval in force."""
+        return self.since_sync >= self.trigger
+
+    def sync_owed(self) -> bool:
+        """At a boundary: a lowered interval made a sync due without a step."""
+        return self.since_sync > 0 and self.due()
+
+    def staleness_bound(self) -> float:
+        return staleness_bound(self.p.max_staleness_versions, self.p.sync_mode, self.threshold)
+
+    def _wait_policy(self) -> bool:
+        return self.p.max_staleness_versions is not None and self.p.stale_policy == "wait"
+
+    def inbox(self) -> KnobInbox:
+        """The shell's view of the knob table for this core (`engine.loop.knobs`)."""
+        return KnobInbox(TRAINER, self.p.sync_mode)
+
+    # ------------------------------------------------------------------ events
+    def start(self) -> list[Command]:
+        """The run (or a resumed run) begins at a local-step boundary."""
+        return self._boundary()
+
+    def stop(self) -> list[Command]:
+        """A graceful stop: the run ends at the next boundary with a stop checkpoint (nothing to do now)."""
+        self.stopping = True
+        return []
+
+    def control(self, knobs: list[KnobChange], actions: list[str]) -> list[Command]:
+        """`PollControl`'s outcome: knob changes routed to the trainer and the operator's actions."""
+        cmds: list[Command] = []
+        for k in knobs:
+            cmds += self._knob(k)
+        for a in actions:
+            if a == "stop":
+                self.stopping = True
+        if "checkpoint" in actions:
+            self._then = "boundary_no_poll"
+            return cmds + [Checkpoint("on_demand")]
+        return cmds + self._after_control()
+
+    def pulled(self, groups: list[Any], closed: bool) -> list[Command]:
+        """`Pull`'s outcome; `closed`: the queue is closed and empty."""
+        self.buffer.extend(groups)
+        self.closed = self.closed or closed
+        self._recheck = True
+        if not self.can_step():
+            return self._boundary()
+        return self._take()
+
+    def trained(self) -> list[Command]:
+        """`Train`'s outcome: the optimizer step is done (the shell has it in the ledger)."""
+        self.current = []
+        self.local_step += 1
+        self.since_sync += 1
+        return self._sync_point(after_step=True)
+
+    def outstanding(self, min_version: int | None) -> list[Command]:
+        """`AskOutstanding`'s outcome: the oldest version feeding queued or in-flight work (None: none)."""
+        return self._decide(min_version, self._owed_record)
+
+    def synced(self) -> list[Command]:
+        """`Sync`'s outcome: the weights of the next version are on the replicas."""
+        assert self._sync is not None
+        version, cut, after_step = self._sync
+        self._sync = None
+        self.version = version
+        self.since_sync = 0
+        cmds: list[Command] = []
+        if self._held_trigger is not None:
+            (value, kv), self._held_trigger = self._held_trigger, None
+            self.trigger = value
+            cmds.append(AckKnob("trigger_parameter_sync_step", kv))
+        if after_step:
+            cmds.append(self._record("sync"))
+        if cut:
+            self._then = "boundary"
+            return cmds + [Checkpoint("periodic")]
+        return cmds + self._boundary()
+
+    def checkpointed(self) -> list[Command]:
+        """`Checkpoint`'s outcome (written, or failed and reported by the shell)."""
+        self.last_checkpoint_step = self.local_step
+        then, self._then = self._then, "boundary"
+        if then == "finish":
+            self.done = True
+            return [Finish(validate=self.p.validate_at_end and not self.stopping)]
+        if then == "boundary_no_poll":
+            return self._after_control()
+        return self._boundary()
+
+    def failed(self, weights_dirty: bool) -> list[Command]:
+        """A step raised. Before the optimizer changed the weights its groups go back to the buffer and a
+        checkpoint is cut; after, nothing consistent can be saved (the step is not in the ledger)."""
+        self.done = True
+        self._then = "boundary"
+        if weights_dirty:
+            return [Event("error", "checkpoint", "no checkpoint at the failure: it happened during an optimizer "
+                          "step; resume from the previous checkpoint")]
+        self.buffer = list(self.current) + self.buffer
+        self.current = []
+        return [Checkpoint("failure")]
+
+    # ------------------------------------------------------------------ the sequence
+    def _boundary(self) -> list[Command]:
+        if self.done:
+            return []
+        return [PollControl()]
+
+    def _after_control(self) -> list[Command]:
+        if self.sync_owed() and not self.finished() and self._recheck:
+            return self._sync_point(after_step=False)
+        if self.finished():
+            return self._finish()
+        if self.can_step():  # a resumed buffer can hold a whole batch
+            return self._take()
+        return [Pull(self.want())]
+
+    def _take(self) -> list[Command]:
         batch, self.buffer = self.buffer[: self.p.required_samples], self.buffer[self.p.required_samples:]
         if self.p.ordered:
             batch.sort(key=lambda g: (int(g.prompt.epoch), int(g.prompt.index)))
         cap = self.p.max_staleness_versions
-        if cap is None or self.p.stale_policy != "drop":
-            return batch, []
-        keep = [g for g in batch if staleness_of(g, self.version) <= cap]
-        drop = [g for g in batch if staleness_of(g, self.version) > cap]
-        self.dropped_stale += len(drop)
-        return keep, drop
+        keep, drop = batch, []
+        if cap is not None and self.p.stale_policy == "drop":
+            keep = [g for g in batch if staleness_of(g, self.version) <= cap]
+            drop = [g for g in batch if staleness_of(g, self.version) > cap]
+        cmds: list[Command] = []
+        if drop:
+            self.dropped_stale += len(drop)
+            cmds.append(Drop(tuple(drop), "stale"))
+        if not keep:
+            return cmds + self._boundary()
+        self.current = keep
+        return cmds + [Train(tuple(keep))]
 
-    def put_back(self, groups: list[Any]) -> None:
-        """Groups of a step that did not happen go back to the front of the buffer (for a checkpoint)."""
-        self.buffer = list(groups) + self.buffer
-
-    # ------------------------------------------------------------------ steps and syncs
-    def step_done(self) -> None:
-        self.local_step += 1
-        self.since_sync += 1
+    def _sync_point(self, after_step: bool) -> list[Command]:
+        if not self.due():
+            self.last_decision = SyncDecision("none")
+            return [self._record("none")] + self._boundary() if after_step else self._boundary()
+        if self._wait_policy() and not self.finished():
+            self._owed_record = after_step
+            return [AskOutstanding()]
+        return self._decide(None, after_step)
 
     def sync_decision(self, outstanding_min_version: int | None) -> SyncDecision:
         """After a step: is the sync due? `outstanding_min_version`: the oldest version feeding work that
         is queued or in flight (None when there is none); the buffer is added here."""
-        if self.since_sync < self.trigger:
+        if not self.due():
             return SyncDecision("none")
         cap = self.p.max_staleness_versions
         if cap is not None and self.p.stale_policy == "wait" and not self.finished():
             oldest = [v for v in [outstanding_min_version, *(g.min_version for g in self.buffer)] if v is not None]
             if oldest and self.version + 1 - min(oldest) > cap:
-                self.postponed = True
                 return SyncDecision("postpone", max(0, self.p.required_samples - len(self.buffer)))
-        self.postponed = False
         return SyncDecision("sync")
 
-    def synced(self) -> int:
-        """The weights of the next version were pushed; returns it."""
-        self.version += 1
-        self.since_sync = 0
-        return self.version
+    def _decide(self, outstanding: int | None, after_step: bool) -> list[Command]:
+        d = self.last_decision = self.sync_decision(outstanding)
+        if d.action == "sync":
+            self.postponed = False
+            version = self.version + 1
+            every = self.p.checkpoint_every_versions
+            cut = bool(every) and version % every == 0
+            self._sync = (version, cut, after_step)
+            held = self._held_trigger[0] if self._held_trigger else None
+            return [Sync(version, held, cut)]
+        cmds: list[Command] = []
+        if d.action == "postpone":
+            if not self.postponed:
+                cmds.append(Event("info", "sync", "sync postponed: outstanding work would exceed "
+                                  "max_staleness_versions; admitting only what the next step lacks"))
+            self.postponed = True
+            self._recheck = False
+            cmds.append(Allow(d.need))
+        if after_step:
+            cmds.append(self._record(d.action))
+        return cmds + self._boundary()
 
-    def checkpoint_due(self) -> bool:
-        """A periodic checkpoint follows the sync that was just made."""
-        every = self.p.checkpoint_every_versions
-        return bool(every) and self.version % every == 0
+    def _record(self, decision: str) -> Record:
+        return Record(self.local_step, self.version, self.trigger, self.staleness_bound(), decision)
 
-    def can_take_trigger(self, at_sync: bool = False) -> bool:
-        """Whether a new sync interval can apply now: in async mode at any local-step boundary; in sync mode
-        only at a sync, before the rollouter admits the next cycle (a cycle is generated for one interval)."""
-        return not self.p.sync_mode or at_sync
+    def _finish(self) -> list[Command]:
+        self._then = "finish"
+        if self.last_checkpoint_step == self.local_step:
+            return self.checkpointed()  # this step is saved already
+        return [Checkpoint("stop" if self.stopping else "final")]
 
-    def sync_owed(self) -> bool:
-        """At a boundary: a lowered interval made a sync due without a step (ask `sync_decision`)."""
-        return self.since_sync > 0 and self.since_sync >= self.trigger
-
-    def set_trigger(self, trigger: int) -> bool:
-        """A new sync interval, applied at this local-step boundary; True if it changed. A lowered interval
-        can make a sync due at once (`sync_owed`)."""
-        changed = trigger != self.trigger
-        self.trigger = trigger
-        return changed
-
-    def stop(self) -> None:
-        self.stopping = True
+    def _knob(self, k: KnobChange) -> list[Command]:
+        if k.name == "staleness_threshold" and not k.owned:
+            self.threshold = float(k.value)
+            return []
+        if k.name != "trigger_parameter_sync_step" or not k.owned:
+            return []
+        if k.refused:
+            return [Event("warning", "knob", f"{k.name} = {k.value!r} refused: {k.refused}", {"knob": k.name})]
+        if boundary(k.name, self.p.sync_mode) == "sync":
+            self._held_trigger = (int(k.value), k.version)
+            return []
+        self.trigger = int(k.value)
+        return [SetTrigger(self.trigger), AckKnob(k.name, k.version)]
 
     # ------------------------------------------------------------------ checkpoint
     def state(self) -> dict[str, Any]:
         return {"version": self.version, "step": self.local_step, "since_sync": self.since_sync,
-                "trigger": self.trigger, "dropped_stale": self.dropped_stale}
+                "trigger": self.trigger, "dropped_stale": self.dropped_stale,
+                "staleness_threshold": self.threshold}
 
     def restore(self, st: dict[str, Any]) -> None:
         self.version, self.local_step, self.since_sync = int(st["version"]), int(st["step"]), int(st["since_sync"])
         self.trigger = int(st.get("trigger", self.trigger))
         self.dropped_stale = int(st.get("dropped_stale", self.dropped_stale))
+        self.threshold = float(st.get("staleness_threshold", self.threshold))
+        self.last_checkpoint_step = self.local_step

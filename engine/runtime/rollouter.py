@@ -1,8 +1,9 @@
 """The Rollouter actor: a thin shell around `engine.loop.rollout.RolloutLoop`, which makes every decision.
 
-The shell delivers events to the loop — replica results (`ray.wait` on the dispatched calls, several per
+The shell delivers events to the loop — the training prompts of an epoch when it asks (`NeedPrompts`: read
+and rendered by the dispatch thread outside the lock), replica results (`ray.wait` on the dispatched calls, several per
 replica up to its `limits()`: `engine.runtime.replica_calls`), replica deaths
-and replacements, the queue's size, knob changes, the trainer's sync and checkpoint requests — and carries
+and replacements, the queue's size, knob changes (routed by `engine.loop.knobs`), the trainer's sync and checkpoint requests — and carries
 out the commands it returns: `generate` on a replica, abort/resume, score a finished group and put it into
 the MessageQueue, close the queue, set its bound, record validation metrics and events.
 
@@ -25,7 +26,7 @@ from typing import Any
 import ray
 
 from engine.loop.commands import (
-    Abort, CloseQueue, Dispatch, Event, Put, Resume, SetQueueBound, ValidationDone,
+    Abort, AckKnob, CloseQueue, Dispatch, Event, NeedPrompts, Put, Resume, SetQueueBound, ValidationDone,
 )
 from engine.loop.rollout import RolloutLoop, RolloutParams
 from engine.loop.stream import PromptStream
@@ -65,26 +66,16 @@ class RolloutShell:
                                            cfg.trainer.seed)
         self._counters: dict[str, int] = {}
         self._filtered_reported = False
-        train_cache: dict[int, list[Prompt]] = {}
-
-        def prompts_for_epoch(epoch: int) -> list[Prompt]:
-            if epoch not in train_cache:
-                train_cache.clear()
-                prompts, counters = load_prompts(cfg.data, self.tokenizer, split="train", epoch=epoch)
-                for k, v in counters.items():
-                    self._counters[f"data/{k}"] = v
-                self._report_filtered(epoch, counters)
-                train_cache[epoch] = prompts
-            return train_cache[epoch]
-
+        self._need_epoch: int | None = None  # NeedPrompts: loaded by the dispatch thread outside the lock
         val_prompts: list[Prompt] = []
         if cfg.data.val_files and (cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train):
             val_prompts, _ = load_prompts(cfg.data, self.tokenizer, split="val", epoch=0)
             if cfg.data.val_max_samples:
                 val_prompts = val_prompts[: cfg.data.val_max_samples]
-        stream = PromptStream(prompts_for_epoch, cfg.trainer.total_epochs, total_rollout_steps(cfg))
+        stream = PromptStream(cfg.trainer.total_epochs, total_rollout_steps(cfg))
         self.loop = RolloutLoop(RolloutParams.from_config(cfg), stream, val_prompts, len(replicas),
                                 replica_capacities(replicas))
+        self.inbox = self.loop.inbox()
         self.lock = threading.Condition()
         self.calls = ReplicaCalls(keyed=cfg.trainer.deterministic)  # the generate calls out
         self._running = False
@@ -116,6 +107,7 @@ class RolloutShell:
         try:
             while True:
                 self._poll_knobs()
+                self._deliver_prompts()
                 self._collect(timeout=LOOP_WAIT_S)
                 size = ray.get(self.queue.size.remote())
                 with self.lock:
@@ -177,8 +169,28 @@ class RolloutShell:
                 self.queue.set_max_size.remote(c.size)
             elif isinstance(c, ValidationDone):
                 self._record_validation(c)
+            elif isinstance(c, NeedPrompts):
+                self._need_epoch = c.epoch
+            elif isinstance(c, AckKnob):
+                self.controller.ack_knob.remote(c.name, c.version, self.loop.step)
             elif isinstance(c, Event):
                 self._event(c.level, c.kind, c.message, **c.extra)
+
+    def _deliver_prompts(self) -> None:
+        """`NeedPrompts`: read and render the epoch's training prompts (outside the lock), then hand them in."""
+        epoch = self._need_epoch
+        if epoch is None:
+            return
+        from engine.data.prompts import load_prompts
+
+        prompts, counters = load_prompts(self.cfg.data, self.tokenizer, split="train", epoch=epoch)
+        for k, v in counters.items():
+            self._counters[f"data/{k}"] = v
+        self._report_filtered(epoch, counters)
+        with self.lock:
+            self._need_epoch = None
+            self._execute(self.loop.prompts_loaded(epoch, prompts))
+            self.lock.notify_all()
 
     def _put(self, c: Put) -> None:
         trajs = list(c.trajectories)
@@ -341,18 +353,12 @@ class RolloutShell:
         if now - self._last_knob_poll < 0.5:
             return
         self._last_knob_poll = now
-        knobs = ray.get(self.controller.get_knobs.remote())
-        paused = knobs.get("paused")
-        if paused and paused.get("pending"):
+        changes = self.inbox.take(ray.get(self.controller.get_knobs.remote()))
+        if changes:
             with self.lock:
-                self.loop.set_paused(bool(paused["value"]))
-            self.controller.ack_knob.remote("paused", paused["version"], self.loop.step)
-        st = knobs.get("staleness_threshold")
-        if st and st.get("pending"):
-            with self.lock:
-                self._execute(self.loop.set_staleness(float(st["value"])))
+                for k in changes:  # routed by engine.loop.knobs: applied at once and acknowledged, or refused
+                    self._execute(self.loop.knob(k))
                 self.lock.notify_all()
-            self.controller.ack_knob.remote("staleness_threshold", st["version"], self.loop.step)
 
     def _poll_pool(self) -> None:
         for rid, cause in self.pool.poll():

@@ -1,13 +1,15 @@
 """The Trainer: pulls `required_samples` prompt groups per local step from the MessageQueue, computes the
 proximal / old log-probs and rollout correction, takes one optimizer step, and every
 `trigger_parameter_sync_step` local steps bumps the parameter version and pushes the weights to the
-rollouter (verl's `FullyAsyncTrainer.fit_step`). The algorithm lives in `engine.algo`; this module only
-sequences it and reports.
+rollouter (verl's `FullyAsyncTrainer.fit_step`). The algorithm lives in `engine.algo`; every decision of
+the sequence (pull, drop, train, sync or not, the checkpoint cut, knobs, stop, the end) is
+`engine.loop.trainer.TrainerLoop`'s: this module only executes its commands (`_do`) and reports each
+outcome back, as the simulator does.
 
-Checkpoints (`engine.runtime.checkpoint`) are taken between steps: every `checkpoint.every_versions` syncs
-(the rollout side is cut while the sync has it paused), on demand (controller action `checkpoint`), at a
-graceful stop and at the end. When a step raises before the weights changed, a last checkpoint is attempted
-with the step's groups put back. `resume` (from `engine.runtime.resume`) restores the backend and counters.
+Checkpoints (`engine.runtime.checkpoint`) are written when the core says `Checkpoint(reason)`: every
+`checkpoint.every_versions` syncs (the rollout side is cut while the sync has it paused), on demand (controller
+action `checkpoint`), at a graceful stop and at the end. When a step raises before the weights changed, a
+last checkpoint is attempted with the step's groups put back (`TrainerLoop.failed`). `resume` (from `engine.runtime.resume`) restores the backend and counters.
 
 With M = `resources.trainer.nnodes × gpus_per_node` > 1 this actor is rank 0 of a `TrainerGroup`
 (`engine.runtime.trainer_group`): it alone runs the loop and talks to the other actors, and every backend call
@@ -16,15 +18,18 @@ fans out to the M ranks (the batch's rows split between them).
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import time
 import traceback
+from collections import deque
 from typing import Any
 
 import ray
 
+from engine.loop.commands import (
+    AckKnob, Allow, AskOutstanding, Checkpoint, Drop, Event, Finish, PollControl, Pull, Record, SetTrigger, Sync, Train,
+)
 from engine.loop.trainer import TrainerLoop, TrainerParams
 from engine.runtime.backends import RunConfig, build_reference_backend, build_trainer_backend
 from engine.runtime.batching import LogRatioObserver, is_ratio_metrics, prepare_batch
@@ -45,7 +50,7 @@ class TrainerCore(TrainerCheckpoints):
                  num_threads: int = 1) -> None:
         import torch
 
-        from engine.plan.sizes import required_samples, total_train_steps
+        from engine.plan.sizes import total_train_steps
         from engine.algo.loss import build_loss_fn
         from engine.models.loader import load_tokenizer
 
@@ -64,26 +69,22 @@ class TrainerCore(TrainerCheckpoints):
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.rc = cfg.algorithm.rollout_correction
         self.loss_fn = LogRatioObserver(build_loss_fn(cfg.trainer, self.rc))
-        self.required = required_samples(cfg)
         trigger = cfg.async_training.trigger_parameter_sync_step
         self.loop = TrainerLoop(TrainerParams.from_config(cfg, total_train_steps(cfg) * trigger))
-        self.sync_mode = cfg.async_training.mode == "sync"
-        self.cap = cfg.async_training.max_staleness_versions
-        self.stale_policy = cfg.async_training.stale_policy
+        self.inbox = self.loop.inbox()
         self.bucket_bytes = cfg.rollout.weight_sync_bucket_mb * 2**20
         self.weight_sync = build_weight_sync(cfg)  # object store or collective broadcast (engine.sync.runtime)
         self.run_dir = run_dir
         self.ledger = Ledger(run_dir)
         self.stale_processed = 0
         self.skipped_updates = 0
-        self._stop = False
         self._stop_reason: str | None = None
-        self._postponed_reported = False
-        self._owed_rec: dict[str, Any] = {}  # a sync made at a boundary (a lowered interval), for the next record
-        self._current: list[TrajectoryGroup] = []  # groups of the step in progress
+        self._digest: str | None = None
+        self._rec: dict[str, Any] = {}  # the next record: what the steps and syncs since the last one measured
+        self._t_step = time.monotonic()
+        self._wait_s = 0.0
         self._weights_dirty = False  # True from the optimizer step until the step is in the ledger
         self._sync_snapshot: dict | None = None  # rollout-side cut taken at a sync, for a periodic checkpoint
-        self._last_ckpt_step: int | None = None
         self.t0 = time.time()
         if resume:
             self._restore(resume)
@@ -108,9 +109,8 @@ class TrainerCore(TrainerCheckpoints):
         self.stale_processed = int(counters["stale_processed"])
         self.skipped_updates = int(counters["skipped_updates"])
         self.t0 = time.time() - float(counters["elapsed_s"])
-        self._last_ckpt_step = self.local_step
 
-    # ------------------------------------------------------------------ loop
+    # ------------------------------------------------------------------ the executor
     def fit(self) -> dict[str, Any]:
         who = f"trainer@{socket.gethostname()}"
         self.controller.update_worker.remote("trainer-0", {"kind": "trainer", "state": "running",
@@ -121,38 +121,81 @@ class TrainerCore(TrainerCheckpoints):
                                                                      "pid": pid, "rank": rank,
                                                                      "world_size": self.world})
         try:
-            while self.local_step < self.total_local_steps and not self._stop:
-                self._apply_knobs()
-                if self._stop:
-                    break
-                if not self._step():
-                    break
-            self._checkpoint_best_effort("stop" if self._stop else "final")
-            digest = self.report_weights_hash()
-            if not self._stop and self.cfg.trainer.test_freq:
-                # the last version's validation score, as verl validates at the end of training
-                ray.get(self.rollouter.final_validation.remote(self.version, self.local_step))
+            self._run(self.loop.start())
         except Exception:
             self.controller.record_event.remote(self._ev("error", "error", traceback.format_exc(limit=8)))
-            self._checkpoint_after_failure()
+            self._run(self.loop.failed(self._weights_dirty))
             raise
         finally:
             self._finish()
         return {"local_step": self.local_step, "version": self.version, "stopped": self._stop_reason,
-                "weights_sha256": digest}
+                "weights_sha256": self._digest}
 
-    def _step(self) -> bool:
-        t_start = time.monotonic()
-        if not self._pull():
-            return False
-        wait_s = time.monotonic() - t_start
-        groups, stale = self.loop.take_batch()
-        self._record_stale_drops(stale)
-        if not groups:
-            return True
-        self._current = groups
+    def _run(self, cmds: list) -> None:
+        """Carry out the core's commands in order, each outcome reported back (`engine.loop.trainer`)."""
+        todo = deque(cmds)
+        while todo:
+            todo.extend(self._do(todo.popleft()))
+
+    def _do(self, c: Any) -> list:
+        """One command of `TrainerLoop`; returns what the core answers to its outcome."""
+        if isinstance(c, PollControl):
+            knobs = ray.get(self.controller.get_knobs.remote())
+            actions = ray.get(self.controller.take_actions.remote("trainer", self.local_step))
+            if "stop" in actions:
+                self.request_stop("requested through the controller")
+            return self.loop.control(self.inbox.take(knobs), actions)
+        if isinstance(c, Pull):
+            t0 = time.monotonic()
+            got, closed = ray.get(self.queue.get_batch.remote(c.n, 1.0))
+            self._wait_s += time.monotonic() - t0
+            return self.loop.pulled(got, closed)
+        if isinstance(c, Drop):
+            self._record_drops(list(c.groups), c.reason)
+            return []
+        if isinstance(c, Train):
+            self._train(list(c.groups))
+            return self.loop.trained()
+        if isinstance(c, AskOutstanding):
+            vs = [ray.get(self.rollouter.outstanding_min_version.remote()), ray.get(self.queue.min_version.remote())]
+            return self.loop.outstanding(min((v for v in vs if v is not None), default=None))
+        if isinstance(c, Allow):
+            ray.get(self.rollouter.allow.remote(c.need))
+            return []
+        if isinstance(c, SetTrigger):
+            ray.get(self.rollouter.set_trigger.remote(c.value))
+            return []
+        if isinstance(c, AckKnob):
+            self.controller.ack_knob.remote(c.name, c.version, self.local_step)
+            return []
+        if isinstance(c, Sync):
+            self._rec.update(self._sync(c))
+            return self.loop.synced()
+        if isinstance(c, Checkpoint):
+            if c.reason == "periodic":
+                snap, self._sync_snapshot = self._sync_snapshot, None
+                self.save_checkpoint("periodic", snap)
+            else:
+                self._checkpoint_best_effort(c.reason)
+            return self.loop.checkpointed()
+        if isinstance(c, Record):
+            self._publish(c)
+            return []
+        if isinstance(c, Finish):
+            self._digest = self.report_weights_hash()
+            if c.validate:  # the last version's validation score, as verl validates at the end of training
+                ray.get(self.rollouter.final_validation.remote(self.version, self.local_step))
+            return []
+        if isinstance(c, Event):
+            self.controller.record_event.remote(self._ev(c.level, c.kind, c.message, **c.extra))
+            return []
+        raise TypeError(f"not a trainer command: {c!r}")
+
+    def _train(self, groups: list[TrajectoryGroup]) -> None:
+        """One local step: proximal / reference log-probs, rollout correction, the optimizer step, the ledger."""
         prep = prepare_batch(groups, self.cfg, self.pad_id, self.version)
-        rec: dict[str, Any] = dict(prep.metrics)
+        rec = self._rec
+        rec.update(prep.metrics)
         self.stale_processed += rec["asyncrl/stale_trajectories"]
         batch = prep.batch
         t_lp = time.monotonic()
@@ -183,35 +226,35 @@ class TrainerCore(TrainerCheckpoints):
             self.controller.record_event.remote(self._ev("warning", "warning",
                                                          "no trainable tokens in this batch; update skipped"))
         up_s = time.monotonic() - t_up
-        self.loop.step_done()
-        if self.cfg.debug.kill_trainer_at_step == self.local_step:
+        if self.cfg.debug.kill_trainer_at_step == self.local_step + 1:
             os._exit(17)  # fault injection ([debug] kill_trainer_at_step): the process dies mid-run
-        self.ledger.record(prep.uids, "trained", step=self.local_step, version=self.version)
-        self._current, self._weights_dirty = [], False
-        rec.update(self._alarms(rec, batch))
-        rec.update(self._owed_rec)
-        self._owed_rec = {}
-        rec.update(self._maybe_sync())
-        step_s = time.monotonic() - t_start
-        compute_s = max(1e-9, lp_s + up_s)
+        self.ledger.record(prep.uids, "trained", step=self.local_step + 1, version=self.version)
+        self._weights_dirty = False
+        rec.update(self._alarms(rec, batch, weights_moved=self.loop.since_sync > 0))
+        rec.update({"training/epoch": max(int(g.prompt.epoch) for g in groups), "timing_s/old_log_prob": lp_s,
+                    "timing_s/update_actor": up_s,
+                    "asyncrl/trainer/tokens_per_s": prep.num_tokens / max(1e-9, lp_s + up_s)})
+
+    def _publish(self, r: Record) -> None:
+        """The step's record (`Record`): what the step and its sync measured, the loop's fields, the
+        rollouter's counters."""
+        rec, self._rec = self._rec, {}
+        step_s = time.monotonic() - self._t_step
         rec.update({
-            "training/global_step": self.local_step,
-            "training/epoch": max(int(g.prompt.epoch) for g in groups),
-            "fully_async/count/current_param_version": self.version,
+            "training/global_step": r.step,
+            "fully_async/count/current_param_version": r.version,
             "fully_async/count/stale_trajectory_processed": self.stale_processed,
-            "fully_async/trainer/idle_ratio": wait_s / max(1e-9, step_s),
-            "timing_s/gen": wait_s,
-            "timing_s/old_log_prob": lp_s,
-            "timing_s/update_actor": up_s,
+            "fully_async/trainer/idle_ratio": self._wait_s / max(1e-9, step_s),
+            "timing_s/gen": self._wait_s,
             "timing_s/step": step_s,
-            "asyncrl/trainer/tokens_per_s": prep.num_tokens / compute_s,
             "asyncrl/trainer/world_size": self.world,
-            "asyncrl/sync_interval": self.trigger,
+            "asyncrl/sync_interval": r.sync_interval,
             "asyncrl/count/skipped_updates": self.skipped_updates,
-            "asyncrl/staleness/bound": self._staleness_bound(),
+            "asyncrl/staleness/bound": r.staleness_bound,
             "asyncrl/time": time.time() - self.t0,
             "asyncrl/total_steps": self.total_local_steps,
         })
+        self._t_step, self._wait_s = time.monotonic(), 0.0
         rep = ray.get(self.rollouter.report.remote(self.local_step))
         rep["fully_async/count/dropped_stale_samples"] = rep.get("fully_async/count/dropped_stale_samples", 0) \
             + self.dropped_stale
@@ -220,80 +263,28 @@ class TrainerCore(TrainerCheckpoints):
         self.controller.record_metrics.remote(_jsonable(rec))
         self.controller.update_worker.remote("trainer-0", {"kind": "trainer", "state": "running",
                                                            "version": self.version,
-                                                           "tokens_per_s": rec["asyncrl/trainer/tokens_per_s"],
+                                                           "tokens_per_s": rec.get("asyncrl/trainer/tokens_per_s", 0.0),
                                                            "step": self.local_step})
-        if self._sync_snapshot is not None:
-            snap, self._sync_snapshot = self._sync_snapshot, None
-            self.save_checkpoint("periodic", snap)
-        return True
 
-    # ------------------------------------------------------------------ data
-    def _pull(self) -> bool:
-        """Pull until the loop can take a step (in sync mode a whole cycle is generated before training)."""
-        while not self.loop.can_step() and not self.loop.closed and not self._stop:
-            got, closed = ray.get(self.queue.get_batch.remote(self.loop.want(), 1.0))
-            self.loop.offer(got, closed)
-            if not got:
-                self._apply_knobs()
-        if self._stop and len(self.loop.buffer) < self.required:
-            return False  # stopping: no partial step; the buffer goes into the stop checkpoint
-        return self.loop.can_step()
-
-    def _record_stale_drops(self, drop: list) -> None:
-        """Groups the hard version cap dropped (`stale_policy = "drop"`): ledger, budget, event."""
-        if not drop:
-            return
+    def _record_drops(self, drop: list, reason: str) -> None:
+        """Groups the core did not train (the hard version cap: `stale_policy = "drop"`): ledger, budget, event."""
         uids = [g.prompt.uid for g in drop]
-        self.ledger.record(uids, "dropped", step=self.local_step, version=self.version, reason="stale")
-        self.rollouter.release.remote(uids, "stale")
+        self.ledger.record(uids, "dropped", step=self.local_step, version=self.version, reason=reason)
+        self.rollouter.release.remote(uids, reason)
         self.controller.record_event.remote(self._ev(
-            "warning", "drop", f"dropped {len(drop)} prompt(s) older than max_staleness_versions={self.cap}",
-            uids=uids, reason="stale"))
-
-    def _staleness_bound(self) -> float:
-        """The hard cap when set, else verl's nominal bound ceil(staleness_threshold) (0 in sync mode)."""
-        if self.cap is not None:
-            return float(self.cap)
-        return 0.0 if self.sync_mode else float(math.ceil(self.cfg.async_training.staleness_threshold))
+            "warning", "drop", f"dropped {len(drop)} prompt(s) older than max_staleness_versions="
+            f"{self.loop.p.max_staleness_versions}", uids=uids, reason=reason))
 
     # ------------------------------------------------------------------ sync
-    def _maybe_sync(self) -> dict[str, Any]:
-        """At a local-step boundary: sync when the loop says so; under `stale_policy = "wait"` a postponed
-        sync lets the rollouter admit just what the next step lacks."""
-        p, outstanding = self.loop.p, None
-        if p.max_staleness_versions is not None and p.stale_policy == "wait" and self.loop.since_sync >= self.trigger:
-            vs = [ray.get(self.rollouter.outstanding_min_version.remote()), ray.get(self.queue.min_version.remote())]
-            outstanding = min((v for v in vs if v is not None), default=None)
-        decision = self.loop.sync_decision(outstanding)
-        if decision.action == "sync":
-            self._postponed_reported = False
-            return self._sync()
-        if decision.action == "postpone":
-            if not self._postponed_reported:
-                self._postponed_reported = True
-                self.controller.record_event.remote(self._ev(
-                    "info", "sync", "sync postponed: outstanding work would exceed max_staleness_versions; "
-                    "admitting only what the next step lacks"))
-            ray.get(self.rollouter.allow.remote(decision.need))
-        return {}
-
-    def _sync(self) -> dict[str, float]:
-        """version += 1; push the weights (bucketed, by `rollout.weight_sync`'s transport) to every replica."""
+    def _sync(self, c: Sync) -> dict[str, float]:
+        """Push the weights of `c.version` (bucketed, by `rollout.weight_sync`'s transport) to every replica."""
         t0 = time.monotonic()
-        version = self.version + 1
-        every = self.cfg.checkpoint.every_versions
-        cut = bool(every) and version % every == 0  # a periodic checkpoint follows this step
-        knob = self._pending_trigger() if self.sync_mode else None  # sync mode: a new interval starts here
-        trigger = int(knob["value"]) if knob else None
+        version = c.version
         pending, nbytes = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
                                   lambda refs: self.rollouter.update_weights.remote(version, refs, self.local_step,
-                                                                                    cut, trigger))
+                                                                                    c.cut, c.trigger))
         export_s = time.monotonic() - t0
         out = ray.get(pending)
-        self.loop.synced()
-        if knob:
-            self.loop.set_trigger(trigger)
-            self.controller.ack_knob.remote("trigger_parameter_sync_step", knob["version"], self.local_step)
         self._sync_snapshot = out.pop("snapshot", None)
         if not self.rc.bypass_mode:
             t_snap = time.monotonic()
@@ -302,48 +293,27 @@ class TrainerCore(TrainerCheckpoints):
         total = time.monotonic() - t0
         out.update({"timing_s/param_sync": total, "asyncrl/sync/bytes": nbytes, "asyncrl/sync/export_s": export_s})
         self.controller.record_event.remote(self._ev(
-            "info", "sync", f"weights v{self.version} pushed: {nbytes / 2**20:.1f} MiB in {total:.2f}s "
+            "info", "sync", f"weights v{version} pushed: {nbytes / 2**20:.1f} MiB in {total:.2f}s "
             f"(pause {out['asyncrl/sync/pause_s']:.2f}s, transfer {out['asyncrl/sync/transfer_s']:.2f}s)",
             bytes=nbytes, seconds=total, pause_s=out["asyncrl/sync/pause_s"],
-            transfer_s=out["asyncrl/sync/transfer_s"], interval=self.trigger))
+            transfer_s=out["asyncrl/sync/transfer_s"], interval=c.trigger or self.trigger))
         return out
 
-    # ------------------------------------------------------------------ control plane
-    def _pending_trigger(self) -> dict[str, Any] | None:
-        k = ray.get(self.controller.get_knobs.remote()).get("trigger_parameter_sync_step")
-        return k if k and k.get("pending") else None
-
-    def _apply_knobs(self) -> None:
-        """At a local-step boundary: the sync interval (async mode; sync mode takes it at the sync), applied
-        by the rollouter's budget in the same breath; a lowered interval can make a sync due at once."""
-        k = None if self.sync_mode else self._pending_trigger()
-        if k:
-            self.loop.set_trigger(int(k["value"]))
-            ray.get(self.rollouter.set_trigger.remote(self.trigger))
-            self.controller.ack_knob.remote("trigger_parameter_sync_step", k["version"], self.local_step)
-            if self.loop.sync_owed() and not self.loop.finished():
-                self._owed_rec.update(self._maybe_sync())
-        for action in ray.get(self.controller.take_actions.remote("trainer")):
-            if action == "stop":
-                self.request_stop("requested through the controller")
-            elif action == "checkpoint":
-                self._checkpoint_best_effort("on_demand")
-
-    def _alarms(self, rec: dict[str, Any], batch: Any) -> dict[str, Any]:
+    def _alarms(self, rec: dict[str, Any], batch: Any, weights_moved: bool) -> dict[str, Any]:
+        """`weights_moved`: an earlier step since the last sync changed the weights."""
         from engine.runtime.batching import mismatch_check
 
-        # since_sync already counts this step: the weights moved since the sync when an earlier step trained
-        out, msgs = mismatch_check(batch, self.loss_fn, self.rc, self.version,
-                                   weights_moved=self.loop.since_sync > 1)
+        out, msgs = mismatch_check(batch, self.loss_fn, self.rc, self.version, weights_moved=weights_moved)
         for m in msgs:
             self.controller.record_event.remote(self._ev("warning", "warning", m, alarm="mismatch"))
         return {**out, "asyncrl/mismatch_alarm": float(bool(msgs))}
 
     # ------------------------------------------------------------------ checkpoints
     def request_stop(self, reason: str) -> None:
-        """Stop at the next step boundary; the loop then writes a stop checkpoint (graceful, resumable)."""
-        if not self._stop:
-            self._stop, self._stop_reason = True, reason
+        """Stop at the next step boundary; the core then cuts a stop checkpoint (graceful, resumable)."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+            self.loop.stop()
             self.controller.record_event.remote(self._ev("info", "knob", f"graceful stop: {reason}"))
 
     def _finish(self) -> None:
@@ -351,7 +321,7 @@ class TrainerCore(TrainerCheckpoints):
         try:
             left = ray.get(self.rollouter.stop.remote())
             queued = [g.prompt.uid for g in ray.get(self.queue.drain.remote())]
-            queued += [g.prompt.uid for g in self._current + self.loop.buffer]
+            queued += [g.prompt.uid for g in self.loop.current + self.loop.buffer]
             self.ledger.record(left["in_flight"] + queued, "in_flight_at_end", step=self.local_step,
                                version=self.version)
             by_reason: dict[str, list[str]] = {}

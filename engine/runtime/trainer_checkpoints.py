@@ -70,36 +70,19 @@ class TrainerCheckpoints:
             "rollout": snapshot["rollout"],
             "weights_sha256": self.weights_sha256(),
         }
-        queued = [g.to_json() for g in self._current + self.loop.buffer] + snapshot["queued"]
+        queued = [g.to_json() for g in self.loop.current + self.loop.buffer] + snapshot["queued"]
         path = write_checkpoint(checkpoint_root(self.cfg, self.run_dir), self.local_step,
                                 save_trainer=lambda p: self.backend.save(str(p)), state=state, queued=queued,
                                 in_flight=snapshot["in_flight"], keep_last=self.cfg.checkpoint.keep_last)
-        self._last_ckpt_step = self.local_step
         self.controller.record_event.remote(self._ev(
             "info", "checkpoint", f"checkpoint saved ({reason}): {path}", path=str(path), reason=reason,
             queued=len(queued), in_flight=len(snapshot["in_flight"]), weights_sha256=state["weights_sha256"]))
         return str(path)
 
     def _checkpoint_best_effort(self, reason: str) -> None:
-        """A stop/final/on-demand checkpoint; a failure is an event, not a crash (the last one stays)."""
-        if reason in ("stop", "final") and self._last_ckpt_step == self.local_step:
-            return  # this step is already saved
+        """A stop/final/on-demand/failure checkpoint; a failure is an event, not a crash (the last one stays)."""
         try:
             self.save_checkpoint(reason)
         except Exception as e:  # noqa: BLE001 - reported, and the previous checkpoint remains usable
             self.controller.record_event.remote(self._ev(
                 "error", "checkpoint", f"{reason} checkpoint failed: {type(e).__name__}: {e}"))
-
-    def _checkpoint_after_failure(self) -> None:
-        """After a step raised: save what is consistent (the step's groups go back to the buffer), unless
-        the optimizer already changed the weights for a step that is not in the ledger."""
-        if self._weights_dirty:
-            self.controller.record_event.remote(self._ev(
-                "error", "checkpoint", "no checkpoint at the failure: it happened during an optimizer step; "
-                "resume from the previous checkpoint"))
-            return
-        self.loop.put_back(self._current)
-        self._current = []
-        self._last_ckpt_step = None
-        self._checkpoint_best_effort("failure")
-

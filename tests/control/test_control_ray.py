@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from asyncrl_cli.commands._control import control_exit_code
+from engine.loop.knobs import TRAINER, KnobChange, KnobInbox
 
 pytestmark = pytest.mark.integration
 
@@ -76,8 +77,8 @@ def test_client_changes_a_knob_and_the_ack_is_audited(run: tuple[str, Any, Path]
     out_of_range = bob.set_knob("trigger_parameter_sync_step", 5000)
     assert not out_of_range["ok"] and "out of range" in out_of_range["reason"]
     # the trainer's side: read the pending change at a local-step boundary, apply, acknowledge
-    pending = ray.get(handle.pending_knobs.remote("trainer"))
-    assert pending == {"trigger_parameter_sync_step": {"value": 2, "version": 1}}
+    pending = KnobInbox(TRAINER).take(ray.get(handle.get_knobs.remote()))
+    assert pending == [KnobChange("trigger_parameter_sync_step", 2, 1, owned=True)]
     assert ray.get(handle.ack_knob.remote("trigger_parameter_sync_step", 1, 4))["ok"]
     applied = [e for e in events(run_dir) if e.get("phase") == "applied"]
     assert len(applied) == 1

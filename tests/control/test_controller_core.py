@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.loop.knobs import ROLLOUTER, TRAINER, KnobChange, KnobInbox
 from engine.control.core import (
     KNOB_SPECS,
     ControllerCore,
@@ -141,8 +142,10 @@ def test_ack_marks_applied_and_writes_the_audit_event(
     core.record_metrics({"training/global_step": 16, "fully_async/count/current_param_version": 4})
     clock.t = 2000.0
     core.set_knob("trigger_parameter_sync_step", 2, expected_version=0, who="alice@lab")
-    assert core.pending_knobs("trainer") == {"trigger_parameter_sync_step": {"value": 2, "version": 1}}
-    assert core.pending_knobs("rollouter") == {}
+    # the shells' side: each core's inbox (engine.loop.knobs) takes the changes routed to it
+    trainer, rollouter = KnobInbox(TRAINER), KnobInbox(ROLLOUTER)
+    assert trainer.take(core.get_knobs()) == [KnobChange("trigger_parameter_sync_step", 2, 1, owned=True)]
+    assert trainer.take(core.get_knobs()) == [] and rollouter.take(core.get_knobs()) == []
     clock.t = 2003.0
     assert core.ack_knob("trigger_parameter_sync_step", 1, 17)["ok"]
     knob = core.get_knobs()["trigger_parameter_sync_step"]

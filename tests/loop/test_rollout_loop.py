@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.loop.commands import Abort, Dispatch, Put, Resume, SetQueueBound, ValidationDone
+from engine.loop.commands import Abort, Dispatch, NeedPrompts, Put, Resume, SetQueueBound, ValidationDone
 from engine.loop.rollout import RolloutLoop, RolloutParams
 from engine.loop.stream import PromptStream
 from engine.types import GenResult, Prompt
@@ -11,7 +11,8 @@ from engine.types import GenResult, Prompt
 def _loop(partial: bool = True, val: int = 0, replicas: int = 2, test_freq: int = 0) -> RolloutLoop:
     params = RolloutParams(n=2, max_new_tokens=8, required_samples=2, staleness_threshold=0.5, trigger=1,
                            partial_rollout=partial, seqs_per_call=2, test_freq=test_freq)
-    stream = PromptStream(lambda e: [Prompt(f"p{i}", i, e, [1, 2]) for i in range(20)], 1, 20)
+    stream = PromptStream(1, 20)
+    stream.deliver(0, [Prompt(f"p{i}", i, 0, [1, 2]) for i in range(20)])
     vals = [Prompt(f"v{i}", i, 0, [3]) for i in range(val)]
     return RolloutLoop(params, stream, vals, replicas)
 
@@ -73,3 +74,18 @@ def test_finished_groups_are_put_and_count_in_the_queue() -> None:
     assert isinstance(put, Put) and len(put.trajectories) == 2
     loop.group_put(None)
     assert loop.queue_size == 1 and loop.total_generated == 1
+
+
+def test_the_core_asks_for_each_epochs_prompts_and_admits_them_once_delivered() -> None:
+    params = RolloutParams(n=2, max_new_tokens=8, required_samples=2, staleness_threshold=0.0, trigger=1,
+                           partial_rollout=True, seqs_per_call=2)
+    loop = RolloutLoop(params, PromptStream(total_epochs=2, total=3), [], 1)
+    assert loop.tick(0.0) == [NeedPrompts(0)]  # no I/O in the core: the shell reads and renders the epoch
+    assert loop.tick(0.0) == []  # asked once
+    loop.prompts_loaded(0, [Prompt(f"0:{i}", i, 0, [1]) for i in range(2)])
+    first = [c for c in loop.tick(0.0) if isinstance(c, Dispatch)]
+    assert [r.request_id for r in first[0].requests] == ["0:0#0", "0:0#1"]
+    state = loop.snapshot_state()["rollout"]["stream"]
+    again = RolloutLoop(params, PromptStream(total_epochs=2, total=3), [], 1)
+    again.stream.restore(state)
+    assert again.tick(0.0) == [NeedPrompts(0)]  # a restored stream asks for its epoch again (same order)

@@ -15,7 +15,8 @@ def _loop(capacities: list[Capacity], *, val: int = 0, staleness: float = 3.0, p
           required: int = 2) -> RolloutLoop:
     params = RolloutParams(n=2, max_new_tokens=8, required_samples=required, staleness_threshold=staleness,
                            trigger=1, partial_rollout=partial, seqs_per_call=8)
-    stream = PromptStream(lambda e: [Prompt(f"p{i}", i, e, [1, 2]) for i in range(40)], 1, 40)
+    stream = PromptStream(1, 40)
+    stream.deliver(0, [Prompt(f"p{i}", i, 0, [1, 2]) for i in range(40)])
     vals = [Prompt(f"v{i}", i, 0, [3]) for i in range(val)]
     return RolloutLoop(params, stream, vals, len(capacities), capacities)
 

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from asyncrl_cli.app import app
 from engine.loop.dispatch import DispatchTable
+from engine.loop.knobs import ROLLOUTER, ROUTES, Route
 from engine.loop.rollout import RolloutLoop
 from engine.loop.sim.runner import run_scenario
 from engine.loop.sim.scenario import Action, Scenario, draw
@@ -72,18 +73,36 @@ def test_wait_policy_with_a_zero_cap_finishes_on_policy(monkeypatch) -> None:
     assert any("deadlock" in v for v in run_scenario(_wait_cap_zero()).violations)
 
 
-def test_a_raised_interval_survives_a_trainer_death_and_resume() -> None:
-    s = Scenario(seed=4, n=2, ppo_mini_batch_size=2, trigger=1, total_prompts=60, checkpoint_every_versions=1,
-                 actions=[Action(0.2, "trigger_parameter_sync_step", 3)], trainer_deaths=[2.0])
-    out = run_scenario(s)
+def _raise_then_die() -> Scenario:
+    return Scenario(seed=4, n=2, ppo_mini_batch_size=2, trigger=1, total_prompts=60, checkpoint_every_versions=1,
+                    actions=[Action(0.2, "trigger_parameter_sync_step", 3)], trainer_deaths=[2.0])
+
+
+def test_a_raised_interval_survives_a_trainer_death_and_resume(monkeypatch) -> None:
+    out = run_scenario(_raise_then_die())
     assert out.finished and not out.violations
+    restore = TrainerLoop.restore
+
+    def forget_the_interval(self, st):  # the bug it guards: the checkpoint's live interval not restored
+        restore(self, {k: v for k, v in st.items() if k != "trigger"})
+
+    monkeypatch.setattr(TrainerLoop, "restore", forget_the_interval)
+    assert any("resume reverted trigger" in v for v in run_scenario(_raise_then_die()).violations)
 
 
-def test_sync_mode_interval_change_keeps_it_on_policy() -> None:
-    s = Scenario(seed=5, n=1, ppo_mini_batch_size=2, trigger=3, mode="sync", total_prompts=60,
-                 actions=[Action(1.0, "trigger_parameter_sync_step", 1), Action(3.0, "trigger_parameter_sync_step", 4)])
-    out = run_scenario(s)
+def _sync_mode_change() -> Scenario:
+    return Scenario(seed=5, n=1, ppo_mini_batch_size=2, trigger=3, mode="sync", total_prompts=60,
+                    actions=[Action(1.0, "trigger_parameter_sync_step", 1),
+                             Action(3.0, "trigger_parameter_sync_step", 4)])
+
+
+def test_sync_mode_interval_change_keeps_it_on_policy(monkeypatch) -> None:
+    out = run_scenario(_sync_mode_change())
     assert out.finished and not out.violations and set(out.staleness) == {0}
+    # the bug it guards: sync mode taking the interval at a local-step boundary, in the middle of a cycle
+    monkeypatch.setattr("engine.loop.trainer.boundary", lambda name, sync_mode: "step")
+    broken = run_scenario(_sync_mode_change())
+    assert broken.violations, "the checker must see an interval taken mid-cycle in sync mode"
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -157,3 +176,39 @@ def test_streaming_replicas_of_any_capacity_finish(n, mini, trigger, staleness, 
 def test_ten_thousand_scenarios() -> None:
     result = CliRunner().invoke(app, ["simulate", "--check", "--scenarios", "10000", "--seed", "1"])
     assert result.exit_code == 0 and "10000 scenarios, 0 violations" in result.output, result.output
+
+
+def _threshold_change() -> Scenario:
+    return Scenario(seed=6, n=2, ppo_mini_batch_size=2, trigger=1, staleness_threshold=0.5, total_prompts=40,
+                    actions=[Action(0.3, "staleness_threshold", 2.0)])
+
+
+def test_the_reported_staleness_bound_follows_a_live_threshold(monkeypatch) -> None:
+    out = run_scenario(_threshold_change())
+    assert out.finished and not out.violations
+    # the bug it guards: the trainer reported the bound of the initial threshold for the whole run
+    monkeypatch.setattr("engine.loop.knobs.ROUTES", {**ROUTES, "staleness_threshold": Route(ROLLOUTER)})
+    assert any("bound" in v for v in run_scenario(_threshold_change()).violations)
+
+
+def _checkpoint_cut() -> Scenario:
+    """On-demand checkpoints while long generations run: the cut aborts and drains them (begin_hold)."""
+    return Scenario(seed=7, n=2, ppo_mini_batch_size=2, trigger=2, staleness_threshold=1.0, max_new_tokens=64,
+                    long_tail=0.5, total_prompts=40, actions=[Action(0.3, "checkpoint"), Action(1.5, "checkpoint")])
+
+
+def test_an_on_demand_checkpoint_cut_drains_and_resumes_the_replicas(monkeypatch) -> None:
+    out = run_scenario(_checkpoint_cut())
+    assert out.finished and not out.violations, out.violations
+    monkeypatch.setattr(RolloutLoop, "end_hold", lambda self: [])  # the bug: the cut's hold never released
+    broken = run_scenario(_checkpoint_cut())
+    assert any("deadlock" in v or "liveness" in v for v in broken.violations), broken.violations
+
+
+def test_deterministic_mode_runs_clean_under_the_simulator() -> None:
+    for seed in range(20):
+        s = Scenario(seed=100 + seed, n=2, ppo_mini_batch_size=2, trigger=1 + seed % 3, staleness_threshold=0.5,
+                     partial_rollout=False, deterministic=True, replicas=1 + seed % 2, total_prompts=24,
+                     checkpoint_every_versions=seed % 3, trainer_deaths=[1.0] if seed % 4 == 0 else [])
+        out = run_scenario(s)
+        assert out.finished and not out.violations, out.violations

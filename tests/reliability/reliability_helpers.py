@@ -50,15 +50,11 @@ def stream_uids(cfg: Any, count: int) -> list[str]:
     config), computed independently of the run."""
     from engine.data.prompts import load_prompts
     from engine.models.loader import load_tokenizer, resolve_model_path
-    from engine.loop.stream import PromptStream
+    from engine.loop.stream import PromptStream, prompts_of
 
     tok = load_tokenizer(resolve_model_path(cfg.model.path, seed=cfg.trainer.seed))
-    stream = PromptStream(lambda e: load_prompts(cfg.data, tok, split="train", epoch=e)[0],
-                          cfg.trainer.total_epochs, count)
-    out = []
-    while (p := stream.next()) is not None:
-        out.append(p.uid)
-    return out
+    stream = PromptStream(cfg.trainer.total_epochs, count)
+    return [p.uid for p in prompts_of(stream, lambda e: load_prompts(cfg.data, tok, split="train", epoch=e)[0])]
 
 
 def assert_ledger_exact(cfg: Any, run_dir: Path, trained: int) -> list[dict]:

@@ -66,7 +66,8 @@ def test_keyed_log_probs_are_those_of_the_sampling_distribution(tiny_lm) -> None
 def _loop(staleness: float, det: bool = True) -> RolloutLoop:
     params = RolloutParams(n=2, max_new_tokens=8, required_samples=2, staleness_threshold=staleness, trigger=1,
                            partial_rollout=False, seqs_per_call=2, deterministic=det)
-    stream = PromptStream(lambda e: [Prompt(f"p{i}", i, e, [1, 2]) for i in range(20)], 1, 20)
+    stream = PromptStream(1, 20)
+    stream.deliver(0, [Prompt(f"p{i}", i, 0, [1, 2]) for i in range(20)])
     return RolloutLoop(params, stream, [], 1)
 
 
@@ -108,9 +109,9 @@ def test_batches_are_in_prompt_order_when_deterministic() -> None:
         return TrajectoryGroup(Prompt(f"0:{i}", i, 0, [1]), [Trajectory([2], [0.0], "stop", 0, 0)])
 
     loop = TrainerLoop(TrainerParams(required_samples=3, trigger=1, total_local_steps=5, ordered=True))
-    loop.offer([g(4), g(2), g(3), g(1)], False)
-    kept, _ = loop.take_batch()
-    assert [x.prompt.index for x in kept] == [2, 3, 4]
+    cmds = loop.pulled([g(4), g(2), g(3), g(1)], False)
+    assert [type(c).__name__ for c in cmds] == ["Train"]
+    assert [x.prompt.index for x in cmds[0].groups] == [2, 3, 4]
 
 
 def test_the_weights_hash_sees_every_bit_and_not_the_name_order() -> None:

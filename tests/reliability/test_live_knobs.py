@@ -9,7 +9,7 @@ import time
 
 import pytest
 import ray
-from reliability_helpers import assert_ledger_exact, events, tiny_config, train_steps
+from reliability_helpers import assert_ledger_exact, events, read_jsonl, tiny_config, train_steps
 
 from engine.runtime.driver import run
 
@@ -85,7 +85,14 @@ def test_staleness_threshold_changes_and_pause_mid_run(tmp_path) -> None:
             (16, "staleness_threshold", 1.0)]
     cfg, run_dir, rc, done = _run_with(tmp_path, plan)
     assert rc == 0 and len(done) == 4
-    assert [e["new"] for e in _applied(run_dir, "staleness_threshold")] == [0.0, 1.0]
+    to_zero, to_one = _applied(run_dir, "staleness_threshold")
+    assert (to_zero["new"], to_one["new"]) == (0.0, 1.0)
+    # the bound the trainer reports follows the value in force (⌈threshold⌉), from the step after it applied
+    bound = {r["training/global_step"]: r["asyncrl/staleness/bound"]
+             for r in read_jsonl(run_dir / "metrics.jsonl") if "asyncrl/staleness/bound" in r}
+    assert {bound[s] for s in bound if s <= to_zero["applied_step"]} == {1.0}
+    assert {bound[s] for s in bound if to_zero["applied_step"] + 2 <= s <= to_one["applied_step"]} == {0.0}
+    assert {bound[s] for s in bound if s >= to_one["applied_step"] + 2} == {1.0}
     assert [e["new"] for e in _applied(run_dir, "paused")] == [True, False]
     assert [s for s, _ in train_steps(run_dir)] == list(range(1, STEPS + 1))
     assert_ledger_exact(cfg, run_dir, trained=8 * STEPS)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from engine.loop.stream import PromptStream
+from engine.loop.stream import PromptStream, prompts_of
 from engine.loop.inflight import InFlight, in_flight_from_json, in_flight_summary, in_flight_to_json
 from engine.types import GenRequest, Prompt, Trajectory
 
@@ -47,11 +47,12 @@ def _epochs(epoch: int) -> list[Prompt]:
 
 
 def test_the_prompt_stream_continues_exactly_from_a_saved_position() -> None:
-    whole = PromptStream(_epochs, total_epochs=3, total=12)
-    expected = [p.uid for p in iter(whole.next, None)]
+    expected = [p.uid for p in prompts_of(PromptStream(total_epochs=3, total=12), _epochs)]
     assert len(expected) == 12
-    first = PromptStream(_epochs, total_epochs=3, total=12)
-    head = [first.next().uid for _ in range(7)]
-    second = PromptStream(_epochs, total_epochs=3, total=12)
+    first = PromptStream(total_epochs=3, total=12)
+    it = prompts_of(first, _epochs)
+    head = [next(it).uid for _ in range(7)]
+    second = PromptStream(total_epochs=3, total=12)
     second.restore(json.loads(json.dumps(first.state())))
-    assert head + [p.uid for p in iter(second.next, None)] == expected
+    assert second.needs() == first.state()["epoch"]  # a restored stream asks for its epoch's prompts again
+    assert head + [p.uid for p in prompts_of(second, _epochs)] == expected

@@ -136,11 +136,8 @@ class CostedWorld(World):
         super()._at(t, kind, args)
 
     # ------------------------------------------------------------------ timeline
-    def _after_step(self) -> bool:
-        started = super()._after_step()
-        if started:
-            self.marks.append(SyncMark(begin=self.now))
-        return started
+    def _sync_started(self) -> None:
+        self.marks.append(SyncMark(begin=self.now))
 
     def _on_synced(self, run_epoch: int) -> None:
         super()._on_synced(run_epoch)

@@ -56,6 +56,8 @@ class Scenario:
     max_replica_restarts: int = 3
     trainer_deaths: list[float] = field(default_factory=list)
     actions: list[Action] = field(default_factory=list)
+    deterministic: bool = False
+    """`trainer.deterministic`: syncs wait for the loaded version's work, batches in prompt order."""
 
     @property
     def required_samples(self) -> int:
@@ -127,6 +129,9 @@ def draw(seed: int) -> Scenario:
         s.replica_calls = [r.choice([1, 2, 3, 4, 12]) for _ in range(s.replicas)]
         s.replica_rows = [r.choice([s.n, s.n + 1, 2 * s.n, 3 * s.n, s.seqs_per_call, 16, 64])
                           for _ in range(s.replicas)]
+    if r.random() < 0.15:  # deterministic mode (drawn last: the fields above are as before)
+        s.deterministic = True
+        s.partial_rollout = False  # as `RolloutParams.from_config` makes it
     return s
 
 

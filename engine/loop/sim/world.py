@@ -1,11 +1,15 @@
-"""One simulated run: the real `RolloutLoop` and `TrainerLoop`, with simulated replicas, queue, trainer,
-operator and faults, in simulated time from one seed.
+"""One simulated run: the real `RolloutLoop` and `TrainerLoop` and the real control plane (`ControllerCore`,
+with the knob router `engine.loop.knobs`), with simulated replicas, queue, training and faults, in simulated
+time from one seed. Both shells here only execute the cores' commands, as the Ray actors do: the trainer's
+sequence (pull, drop, train, sync decision, sync, checkpoint cut, stop, end) is `TrainerLoop`'s alone.
 
 Replicas (`engine.loop.sim.replicas`) take several dispatches at once up to their drawn capacity; each
 generates in `max(remaining tokens) × token_cost`; an abort returns at the next token boundary with the
 tokens generated so far. A training step takes its tokens ×
 `train_token_cost`, a sync `sync_cost`. A checkpoint is a copy of both cores' checkpoint state, the queue,
-the trainer's buffer and the ledger's length; a trainer death resumes from the last one (or from scratch).
+the trainer's buffer and the ledger's length, cut as the rollouter cuts it: at a sync while the rollout side
+is paused (periodic), else under `begin_hold` with the running generations drained (on demand, stop, final);
+a trainer death resumes from the last one (or from scratch).
 Everything is drawn from the scenario's seed, so a run replays exactly.
 """
 
@@ -14,12 +18,16 @@ from __future__ import annotations
 import copy
 import heapq
 import random
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from engine.control.core import ControllerCore
 from engine.loop.commands import (
-    Abort, CloseQueue, Dispatch, Event, Put, Resume, SetQueueBound, ValidationDone,
+    Abort, AckKnob, Allow, AskOutstanding, Checkpoint, CloseQueue, Command, Dispatch, Drop, Event, Finish,
+    NeedPrompts, PollControl, Pull, Put, Record, Resume, SetQueueBound, SetTrigger, Sync, Train, ValidationDone,
 )
+from engine.loop.knobs import ROLLOUTER, TRAINER
 from engine.loop.rollout import RolloutLoop, RolloutParams
 from engine.loop.sim.checks import Checker
 from engine.loop.sim.replicas import SimReplica, SimReplicas
@@ -46,6 +54,8 @@ class Outcome:
     trainer_busy_s: float
     rollout_busy_s: float
     events: int
+    records: list[tuple[int, int]]
+    """(local step, version) of every step record, as a real run's metrics.jsonl has them."""
 
     @property
     def trainer_idle_ratio(self) -> float:
@@ -69,12 +79,16 @@ class World(SimReplicas):
         sync = s.mode == "sync"
         self.rp = RolloutParams(n=s.n, max_new_tokens=s.max_new_tokens, required_samples=s.required_samples,
                                 staleness_threshold=0.0 if sync else s.staleness_threshold, trigger=s.trigger,
-                                partial_rollout=s.partial_rollout and not sync, seqs_per_call=s.seqs_per_call,
-                                test_freq=s.test_freq, sync_mode=sync)
+                                partial_rollout=s.partial_rollout and not sync and not s.deterministic,
+                                seqs_per_call=s.seqs_per_call,
+                                test_freq=s.test_freq, sync_mode=sync, deterministic=s.deterministic)
         cycle = s.required_samples * s.trigger
         total_local = max(1, s.total_prompts // cycle) * s.trigger
         self.tp = TrainerParams(s.required_samples, s.trigger, total_local, sync, s.max_staleness_versions,
-                                s.stale_policy, s.checkpoint_every_versions)
+                                s.stale_policy, s.checkpoint_every_versions, ordered=s.deterministic,
+                                staleness_threshold=s.staleness_threshold, validate_at_end=bool(s.test_freq))
+        self.controller = ControllerCore(f"sim-{s.seed}", sinks=[], clock=lambda: self.now, config={
+            "async_training": {"trigger_parameter_sync_step": s.trigger, "staleness_threshold": s.staleness_threshold}})
         self.val = [Prompt(uid=f"v{i}", index=i, epoch=0, prompt_ids=[4, 5]) for i in range(s.val_prompts)]
         self.check = Checker(s, self)
         self.capacities = s.capacities()
@@ -83,15 +97,17 @@ class World(SimReplicas):
         self.restarts = 0
         self.ledger: list[tuple[str, str]] = []  # (uid, outcome)
         self.checkpoint: dict[str, Any] | None = None
-        self.knobs: dict[str, Any] = {}  # desired values not yet applied by the trainer
-        self.pending_actions: list[str] = []
-        self.trainer_state = "idle"  # idle | training | syncing | final_val | done
+        self.trainer_state = "running"  # running | final_val | done
+        self.waiting: Command | None = None  # the trainer core's command that waits for an outcome
+        self._loading = False
+        self._cut: dict[str, Any] | None = None  # the rollout side, snapshot at a sync with `cut`
+        self._control_dirty = False  # a knob or action arrived since the trainer last polled
         self.failure: str | None = None
         self.done = False
-        self.stopped = False
         self.trainer_busy = 0.0
         self.rollout_busy = 0.0
         self.staleness: list[int] = []
+        self.records: list[tuple[int, int]] = []
         self.steps_seen = 0
         self.events = 0
         self._new_run(None)
@@ -104,10 +120,11 @@ class World(SimReplicas):
 
     # ------------------------------------------------------------------ setup and resume
     def _new_run(self, ckpt: dict[str, Any] | None) -> None:
-        stream = PromptStream(lambda e: [_prompt(e, i) for i in range(self.s.total_prompts)], 1,
-                              self.s.total_prompts)
+        stream = PromptStream(1, self.s.total_prompts)
         self.rollout = RolloutLoop(self.rp, stream, self.val, len(self.replicas), list(self.capacities))
         self.trainer = TrainerLoop(self.tp)
+        self.inbox = {TRAINER: self.trainer.inbox(), ROLLOUTER: self.rollout.inbox()}
+        self.waiting, self._loading, self._cut = None, False, None
         self.queue: list[TrajectoryGroup] = []
         self.queue_closed = False
         self.run_epoch = getattr(self, "run_epoch", 0) + 1
@@ -130,14 +147,20 @@ class World(SimReplicas):
             del self.ledger[ckpt["ledger"]:]
             for r in self.replicas:
                 r.version = self.trainer.version
+        self._poll_rollout_knobs()  # a restarted rollouter re-reads the knobs in force
         self.queue_bound = self.rollout.queue_bound
-        self.trainer_state = "idle"
+        self.trainer_state = "running"
+        self._control_dirty = True  # a resumed trainer reads the knob table first
         self.check.on_resume(self.trainer.trigger)
 
-    def _take_checkpoint(self) -> None:
-        snap = self.rollout.snapshot_state()
-        self.checkpoint = copy.deepcopy({"trainer": self.trainer.state(), "buffer": self.trainer.buffer,
-                                         "rollout": snap, "queue": self.queue, "ledger": len(self.ledger)})
+    def _rollout_cut(self) -> dict[str, Any]:
+        return {"rollout": self.rollout.snapshot_state(), "queue": list(self.queue)}
+
+    def _take_checkpoint(self, cut: dict[str, Any], last: bool = False) -> None:
+        """`last`: the run's final or stop checkpoint, which no resume uses (kept uncopied)."""
+        ckpt = {"trainer": self.trainer.state(), "buffer": list(self.trainer.buffer), "rollout": cut["rollout"],
+                "queue": cut["queue"], "ledger": len(self.ledger)}
+        self.checkpoint = ckpt if last else copy.deepcopy(ckpt)
         self.check.on_checkpoint(self.checkpoint)
 
     # ------------------------------------------------------------------ event loop
@@ -146,6 +169,7 @@ class World(SimReplicas):
         heapq.heappush(self.heap, (t, self._seq, kind, args))
 
     def run(self) -> Outcome:
+        self._trainer_run(self.trainer.start())
         self._kick()
         while not self.done and self.heap:
             t, _, kind, args = heapq.heappop(self.heap)
@@ -163,11 +187,11 @@ class World(SimReplicas):
             self.check.at_end()
         return Outcome(self.s.seed, self.done and self.failure is None, self.failure, self.now,
                        self.trainer.local_step, self.trainer.version, self.staleness, self.check.violations,
-                       self.trainer_busy, self.rollout_busy, self.events)
+                       self.trainer_busy, self.rollout_busy, self.events, self.records)
 
     def describe(self) -> str:
         ro, tr = self.rollout, self.trainer
-        return (f"trainer={self.trainer_state} step={tr.local_step}/{tr.p.total_local_steps} v={tr.version} "
+        return (f"trainer={self.trainer_state} waiting={type(self.waiting).__name__} step={tr.local_step}/{tr.p.total_local_steps} v={tr.version} "
                 f"since_sync={tr.since_sync} trigger={tr.trigger} buffer={len(tr.buffer)} want={tr.want()} | "
                 f"rollout in_flight={len(ro.in_flight)} running={sorted(ro.running)} aborted={sorted(ro.aborted)} "
                 f"live={sorted(ro.live)} budget={ro.budget.staleness_samples}/{ro.budget.limit}+{ro.budget.extra} "
@@ -217,8 +241,14 @@ class World(SimReplicas):
                 self.check.on_validation(c)
                 if self.trainer_state == "final_val" and c.version == self.trainer.version:
                     self._end_run()
+            elif isinstance(c, NeedPrompts):
+                self._execute(self.rollout.prompts_loaded(c.epoch, [_prompt(c.epoch, i)
+                                                                    for i in range(self.s.total_prompts)]))
+            elif isinstance(c, AckKnob):
+                self._ack(c)
             elif isinstance(c, Event):
-                pass
+                if c.kind == "knob" and "refused" in c.message:
+                    self.check.on_knob_refused(c.extra.get("knob"))
 
     # ------------------------------------------------------------------ faults and the operator
     def _on_replica_death(self) -> None:
@@ -244,21 +274,28 @@ class World(SimReplicas):
     def _on_trainer_death(self) -> None:
         if self.trainer_state == "done":
             return
-        self.check.on_trainer_death()
+        self.check.on_trainer_death(self.checkpoint)
         self._new_run(self.checkpoint)
+        self._trainer_run(self.trainer.start())
 
     def _on_action(self, name: str, value: Any) -> None:
+        """The operator, through the real controller: a knob change or a one-shot action."""
         self.check.on_action(name, value, self.now)
-        if name == "trigger_parameter_sync_step":
-            self.knobs[name] = value
-        elif name == "staleness_threshold":
-            self._execute(self.rollout.set_staleness(value))
-            self.check.on_knob_applied(name, value)
-        elif name == "paused":
-            self.rollout.set_paused(value)
-            self.check.on_knob_applied(name, value)
+        if name in ("checkpoint", "stop"):
+            self.controller.request_action(name, who="sim")
         else:
-            self.pending_actions.append(name)
+            if self.controller.set_knob(name, value, who="sim")["reason"].startswith("unchanged"):
+                self.check.on_knob_applied(name, value)  # the value asked for is the one in force
+            self._poll_rollout_knobs()  # the rollouter applies its knobs at once
+        self._control_dirty = True
+
+    def _poll_rollout_knobs(self) -> None:
+        for k in self.inbox[ROLLOUTER].take(self.controller.get_knobs()):
+            self._execute(self.rollout.knob(k))
+
+    def _ack(self, c: AckKnob) -> None:
+        self.controller.ack_knob(c.name, c.version, self.trainer.local_step)
+        self.check.on_knob_applied(c.name, self.controller.get_knobs()[c.name]["applied_value"])
 
     def _fail(self, reason: str) -> None:
         self.failure = reason
@@ -266,124 +303,157 @@ class World(SimReplicas):
         self.done = True
 
     # ------------------------------------------------------------------ the trainer shell
-    def _apply_trigger(self, at_sync: bool) -> None:
-        if "trigger_parameter_sync_step" in self.knobs and self.trainer.can_take_trigger(at_sync):
-            value = self.knobs.pop("trigger_parameter_sync_step")
-            self.trainer.set_trigger(value)
-            self._execute(self.rollout.set_trigger(value))
-            self.check.on_knob_applied("trigger_parameter_sync_step", value)
+    def _trainer_run(self, cmds: list) -> None:
+        """Carry out the trainer core's commands in order; one that waits for an outcome is kept in `waiting`
+        (`_trainer_progress` reports its outcome when it comes)."""
+        todo = deque(cmds)
+        while todo and not self.done:
+            c = todo.popleft()
+            more = self._trainer_do(c)
+            if more is None:
+                self.waiting = c
+                return
+            todo.extend(more)
 
-    def _boundary(self) -> bool:
-        """A local-step boundary: apply the sync interval, take the operator's actions. True when a sync
-        (made due by a lowered interval) started."""
-        self._apply_trigger(at_sync=False)
-        actions, self.pending_actions = self.pending_actions, []
-        for a in actions:
-            if a == "checkpoint":
-                self._take_checkpoint()
-            elif a == "stop":
-                self.stopped = True
-                self.trainer.stop()
-        if self.trainer.sync_owed() and not self.trainer.finished():
-            return self._after_step()
-        return False
+    def _trainer_do(self, c: Any) -> list | None:
+        """One trainer command: its follow-up commands, or None while it waits."""
+        tr = self.trainer
+        if isinstance(c, PollControl):
+            self._control_dirty = False
+            self._threshold_polled = self.rollout.budget.staleness_threshold
+            return tr.control(self.inbox[TRAINER].take(self.controller.get_knobs()),
+                              self.controller.take_actions("trainer", tr.local_step))
+        if isinstance(c, Pull):
+            return self._pull(c.n)
+        if isinstance(c, Drop):
+            uids = [g.prompt.uid for g in c.groups]
+            self.ledger += [(u, "dropped") for u in uids]
+            self.rollout.release(uids, c.reason)
+            return []
+        if isinstance(c, Train):
+            for g in c.groups:
+                st = staleness_of(g, tr.version)
+                self.staleness.append(st)
+                self.check.on_trained(g, st)
+            cost = sum(len(t.response_ids) for g in c.groups for t in g.trajectories) * self.s.train_token_cost
+            self.trainer_busy += cost
+            self._at(self.now + cost, "trained", (self.run_epoch, [g.prompt.uid for g in c.groups]))
+            return None
+        if isinstance(c, AskOutstanding):
+            queue_min = min((g.min_version for g in self.queue), default=None)
+            outstanding = [v for v in (self.rollout.outstanding_min_version(), queue_min) if v is not None]
+            return tr.outstanding(min(outstanding, default=None))
+        if isinstance(c, Allow):
+            self._execute(self.rollout.allow(c.need))
+            return []
+        if isinstance(c, SetTrigger):
+            self._execute(self.rollout.set_trigger(c.value))
+            return []
+        if isinstance(c, AckKnob):
+            self._ack(c)
+            return []
+        if isinstance(c, Sync):
+            self.check.on_sync_start(tr, c)
+            self._loading = False
+            self._execute(self.rollout.begin_sync(c.version, tr.local_step))
+            self._sync_started()
+            return None
+        if isinstance(c, Checkpoint):
+            if c.reason == "periodic":
+                assert self._cut is not None, "a periodic checkpoint without the cut of its sync"
+                cut, self._cut = self._cut, None
+                self._take_checkpoint(cut)
+                return tr.checkpointed()
+            self._execute(self.rollout.begin_hold(True))  # the rollouter's `snapshot(drain=True)`
+            return self._end_hold(c.reason) if self._drained() else None
+        if isinstance(c, Record):
+            self.check.on_record(c, self._threshold_polled)
+            self.records.append((c.step, c.version))
+            return []
+        if isinstance(c, Finish):
+            self._finish(c.validate)
+            return []
+        if isinstance(c, Event):
+            return []
+        raise TypeError(f"not a trainer command: {c!r}")
+
+    def _pull(self, n: int) -> list | None:
+        """`Pull(n)`: what the queue has (up to n); nothing yet while knobs or actions wait (the real pull's
+        timeout); else it waits for groups."""
+        if self.queue or self.queue_closed or self._control_dirty:
+            got, self.queue = self.queue[:n], self.queue[n:]
+            self.rollout.queue_seen(len(self.queue))
+            return self.trainer.pulled(got, self.queue_closed and not self.queue)
+        return None
+
+    def _drained(self) -> bool:
+        ro = self.rollout
+        return not (ro.aborted and ro.train_running())
+
+    def _end_hold(self, reason: str) -> list:
+        self._take_checkpoint(self._rollout_cut(), last=reason in ("final", "stop"))
+        self._execute(self.rollout.end_hold())
+        return self.trainer.checkpointed()
+
+    def _sync_started(self) -> None:
+        """Hook: a sync began (the costed world marks its timeline)."""
 
     def _trainer_progress(self) -> bool:
-        """Advance the trainer if it can; True if anything changed."""
-        tr = self.trainer
-        if self.trainer_state == "syncing":
-            if self.rollout.sync_ready() and not getattr(self, "_loading", False):
+        """Report the outcome of the command the trainer waits on, if it came; True if anything changed."""
+        w = self.waiting
+        if w is None or self.done:
+            return False
+        if isinstance(w, Sync):
+            if self.rollout.sync_ready() and not self._loading:
                 self._loading = True
                 self._at(self.now + self.s.sync_cost, "synced", (self.run_epoch,))
             return False
-        if self.trainer_state != "idle":
+        if isinstance(w, Pull):
+            more = self._pull(w.n)
+        elif isinstance(w, Checkpoint):
+            more = self._end_hold(w.reason) if self._drained() else None
+        else:
             return False
-        if self._boundary():
-            return True
-        if tr.finished():
-            return self._finish_training()
-        want = tr.want()
-        if want and not tr.can_step():
-            if len(self.queue) >= want or self.queue_closed:
-                got, self.queue = self.queue[:want], self.queue[want:]
-                was_closed = tr.closed
-                tr.offer(got, self.queue_closed and not self.queue)
-                self.rollout.queue_seen(len(self.queue))
-                if not got and not tr.can_step():
-                    return tr.closed != was_closed
-            else:
-                return False
-        if not tr.can_step():
+        if more is None:
             return False
-        keep, drop = tr.take_batch()
-        if drop:
-            uids = [g.prompt.uid for g in drop]
-            self.ledger += [(u, "dropped") for u in uids]
-            self.rollout.release(uids, "stale")
-        if not keep:
-            return True
-        for g in keep:
-            st = staleness_of(g, tr.version)
-            self.staleness.append(st)
-            self.check.on_trained(g, st)
-        cost = sum(len(t.response_ids) for g in keep for t in g.trajectories) * self.s.train_token_cost
-        self.trainer_busy += cost
-        self.trainer_state = "training"
-        self._at(self.now + cost, "trained", (self.run_epoch, [g.prompt.uid for g in keep]))
+        self.waiting = None
+        self._trainer_run(more)
         return True
 
     def _on_trained(self, run_epoch: int, uids: list[str]) -> None:
         if run_epoch != self.run_epoch:
             return
-        tr = self.trainer
         self.ledger += [(u, "trained") for u in uids]
-        tr.step_done()
-        self._after_step()
-
-    def _after_step(self) -> bool:
-        """Ask the trainer loop whether to sync now; start the sync (True) or go back to pulling."""
-        tr = self.trainer
-        queue_min = min((g.min_version for g in self.queue), default=None)
-        outstanding = [v for v in (self.rollout.outstanding_min_version(), queue_min) if v is not None]
-        decision = tr.sync_decision(min(outstanding, default=None))
-        self.check.on_step(tr, decision)
-        if decision.action == "sync":
-            self.trainer_state = "syncing"
-            self._loading = False
-            self._execute(self.rollout.begin_sync(tr.version + 1, tr.local_step))
-            return True
-        if decision.action == "postpone":
-            self._execute(self.rollout.allow(decision.need))
-        self.trainer_state = "idle"
-        return False
+        self.waiting = None
+        self._trainer_run(self.trainer.trained())
 
     def _on_synced(self, run_epoch: int) -> None:
         if run_epoch != self.run_epoch:
             return
-        tr = self.trainer
-        self._loading = False
-        version = tr.version + 1
+        sync = self.waiting
+        assert isinstance(sync, Sync)
+        self.waiting, self._loading = None, False
         for r in self.replicas:
             if r.alive:
-                r.version = version
+                r.version = sync.version
         self.trainer_busy += self.s.sync_cost
-        tr.synced()
-        self._apply_trigger(at_sync=True)
-        self._execute(self.rollout.finish_sync(version, tr.local_step))
-        self.check.on_sync(tr)
-        if tr.checkpoint_due():
-            self._take_checkpoint()
-        self.trainer_state = "idle"
+        if sync.trigger is not None:
+            self._execute(self.rollout.set_trigger(sync.trigger))
+        self._execute(self.rollout.finish_sync(sync.version, self.trainer.local_step))
+        if sync.cut:
+            self._cut = self._rollout_cut()
+        cmds = self.trainer.synced()
+        self.check.on_sync(self.trainer, self.rollout, self.replicas)
+        self._trainer_run(cmds)
 
-    def _finish_training(self) -> bool:
-        if not self.stopped and self.s.test_freq and self.rollout.request_final_validation(self.trainer.version):
+    def _finish(self, validate: bool) -> None:
+        if validate and self.rollout.request_final_validation(self.trainer.version):
             if self.rollout.validated_version == self.trainer.version:
                 self._end_run()
             else:
                 self.trainer_state = "final_val"
-            return True
+            return
         self._end_run()
-        return True
 
     def _end_run(self) -> None:
         self._execute(self.rollout.stop())

@@ -1,0 +1,136 @@
+"""The trainer's Ray actor as an executor only, without Ray: `TrainerCore` (the real torch backend on the tiny
+model) driven by `TrainerLoop`'s commands against in-process stand-ins of the queue and the rollouter and
+the real `ControllerCore`. What it does — steps, syncs, the checkpoint cut, knobs, the stop — is the core's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+from engine.control.core import ControllerCore
+from engine.types import Prompt, Trajectory, TrajectoryGroup
+
+R, N = 4, 2  # prompts per step, answers per prompt
+TINY = Path(__file__).resolve().parents[2] / "presets" / "runs" / "tiny-cpu.toml"
+
+
+class _Remote:
+    """`obj.method.remote(...)` calls `obj.method(...)` at once (the shell's `ray.get` is the identity here)."""
+
+    def __init__(self, target: Any) -> None:
+        self._t = target
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._t, name)
+        return type("M", (), {"remote": staticmethod(fn)})
+
+
+class FakeQueue:
+    def __init__(self, groups: list[TrajectoryGroup]) -> None:
+        self.groups = list(groups)
+
+    def get_batch(self, n: int, timeout: float) -> tuple[list, bool]:
+        got, self.groups = self.groups[:n], self.groups[n:]
+        return got, not self.groups
+
+    def min_version(self) -> int | None:
+        return min((g.min_version for g in self.groups), default=None)
+
+    def size(self) -> int:
+        return len(self.groups)
+
+    def drain(self) -> list:
+        got, self.groups = self.groups, []
+        return got
+
+
+class FakeRollouter:
+    def __init__(self) -> None:
+        self.syncs: list[tuple[int, bool, int | None]] = []
+        self.triggers: list[int] = []
+
+    def update_weights(self, version: int, refs: list, step: int, cut: bool, trigger: int | None) -> dict:
+        self.syncs.append((version, cut, trigger))
+        out = {"asyncrl/sync/pause_s": 0.0, "asyncrl/sync/transfer_s": 0.0}
+        if cut:
+            out["snapshot"] = self.snapshot(False)
+        return out
+
+    def snapshot(self, drain: bool) -> dict:
+        return {"rollout": {"staleness_threshold": 0.5}, "queued": [], "in_flight": []}
+
+    def report(self, step: int) -> dict:
+        return {}
+
+    def set_trigger(self, trigger: int) -> None:
+        self.triggers.append(trigger)
+
+    def allow(self, need: int) -> None: ...
+
+    def release(self, uids: list, reason: str) -> None: ...
+
+    def outstanding_min_version(self) -> None:
+        return None
+
+    def final_validation(self, version: int, step: int) -> None: ...
+
+    def stop(self) -> dict:
+        return {"in_flight": [], "dropped": []}
+
+
+def _groups(k: int) -> list[TrajectoryGroup]:
+    return [TrajectoryGroup(Prompt(f"0:{i}", i, 0, [1, 2, 3]),
+                            [Trajectory([4 + j, 5], [-1.0, -1.0], "stop", 0, 0, reward=float(j)) for j in range(N)])
+            for i in range(k)]
+
+
+@pytest.fixture()
+def shell(tmp_path: Path, monkeypatch):
+    from asyncrl_cli.config import load_run_config
+    from engine.models.loader import resolve_model_path
+    from engine.runtime import trainer_actor
+
+    def build(steps: int, *extra: str):
+        sets = [f'logging.run_dir="{tmp_path / "run"}"', f"rollout.total_rollout_steps={R * steps}", "rollout.n=2",
+                "trainer.ppo_mini_batch_size=4", "trainer.ppo_micro_batch_size_per_gpu=8", "trainer.test_freq=0",
+                "async_training.trigger_parameter_sync_step=1", "checkpoint.every_versions=2", *extra]
+        cfg = load_run_config(TINY, sets).config
+        monkeypatch.setattr(ray, "get", lambda x, **_: x)
+        monkeypatch.setattr(trainer_actor, "publish", lambda ws, v, buckets, send: (send(list(buckets)), 1))
+        core = ControllerCore(cfg.name, run_dir=str(tmp_path / "run"), sinks=[], config=cfg.model_dump())
+        queue, rollouter = FakeQueue(_groups(R * steps)), FakeRollouter()
+        model = resolve_model_path(cfg.model.path, seed=cfg.trainer.seed)
+        t = trainer_actor.TrainerCore(cfg, model, str(tmp_path / "run"), _Remote(queue), _Remote(rollouter),
+                                      _Remote(core))
+        return t, core, rollouter
+
+    return build
+
+
+def test_the_shell_trains_syncs_and_cuts_checkpoints_as_the_core_says(shell, tmp_path) -> None:
+    t, core, rollouter = shell(3)
+    core.set_knob("staleness_threshold", 2.0)
+    core.ack_knob("staleness_threshold", 1, 0)  # the rollouter applied it
+    out = t.fit()
+    assert (out["local_step"], out["version"]) == (3, 3)
+    assert rollouter.syncs == [(1, False, None), (2, True, None), (3, False, None)]
+    records = [r for r in core.snapshot()["metrics"] if "training/global_step" in r]
+    assert [r["training/global_step"] for r in records] == [1, 2, 3]
+    assert {r["asyncrl/staleness/bound"] for r in records} == {2.0}  # the value in force, not the initial 0.5
+    ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.startswith("global"))
+    assert ckpts == ["global_step_2", "global_step_3"]  # periodic at v2, final at the end
+    ledger = [json.loads(x) for x in (tmp_path / "run" / "ledger.jsonl").read_text().splitlines()]
+    assert sum(e["status"] == "trained" for e in ledger) == 3 * R
+
+
+def test_a_live_interval_and_a_stop_reach_the_actor_only_through_the_core(shell) -> None:
+    t, core, rollouter = shell(6)
+    core.set_knob("trigger_parameter_sync_step", 2)
+    core.request_action("stop")
+    out = t.fit()
+    assert out["local_step"] == 0 and out["version"] == 0  # the stop is taken at the first boundary
+    assert rollouter.triggers == [2] and core.get_knobs()["trigger_parameter_sync_step"]["applied_value"] == 2
