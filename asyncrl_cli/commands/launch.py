@@ -113,6 +113,7 @@ def command(
         render_problems(con, an.problems)
         raise typer.Exit(an.exit_code or 1)
     assert an.derived is not None and an.hardware is not None  # exit code 0: both were resolved
+    from engine.plan.auto import wanted
     from engine.plan.run_plan import resolve_plan  # pure Python: M, R, the placement, once for both paths
 
     plan = resolve_plan(an.config, hardware=an.hardware, derived=an.derived, provenance=an.provenance.to_json(),
@@ -123,6 +124,7 @@ def command(
             emit_json(
                 {
                     "config": an.config.model_dump(mode="json"),
+                    "measured_at_launch": [k for k, on in wanted(an.config).items() if on],
                     "placement": plan.placement.to_json(),
                     "derived": an.derived.to_json(),
                     "files": files,
@@ -142,6 +144,10 @@ def command(
         render_derived(con, an)
         render_placement(con, plan.placement)
         render_problems(con, [p for p in an.problems if p.severity == "warning"])
+        auto_keys = [k for k, on in wanted(an.config).items() if on]
+        if auto_keys:  # the placement above shows the automatic split for an "auto" cpu_threads
+            con.print(f"auto: {', '.join(auto_keys)} measured at launch (fp32 vs bf16 and 1 vs every core at the "
+                      "run's shapes, on the machine that runs it)")
         con.print(f"dry run: nothing started. Wrote {files['config']} and {files['provenance']}.")
         return
     render_problems(stderr_console(), [p for p in an.problems if p.severity == "warning"])

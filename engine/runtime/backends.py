@@ -49,6 +49,9 @@ def check_device(device: str) -> str:
     return device
 
 
+AUTO_UNRESOLVED = ('{key} = "auto" is decided at launch (engine.runtime.probe.resolve_auto); resolve the config '
+                   "before building a backend")
+
 ROLLOUT_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 """`rollout.dtype` → torch dtype name."""
 
@@ -56,6 +59,8 @@ ROLLOUT_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 def rollout_dtype(cfg: RunConfig) -> str:
     """The rollout's torch dtype name: `rollout.dtype` when set, else the trainer's `model.dtype`."""
     chosen = getattr(cfg.rollout, "dtype", None)
+    if chosen == "auto":
+        raise ValueError(AUTO_UNRESOLVED.format(key="rollout.dtype"))
     return ROLLOUT_DTYPES[chosen] if chosen else cfg.model.dtype
 
 
@@ -114,6 +119,8 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
     backend is the FSDP2 one and Megatron builds its TP/PP/CP/EP/DP groups over that world. The torch backends
     compute on `compute_device(cfg)`; Megatron places itself."""
     deterministic_threads(cfg)
+    if cfg.trainer.precision == "auto":
+        raise ValueError(AUTO_UNRESOLVED.format(key="trainer.precision"))
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
     optim = cfg.trainer.optim.model_dump()
     if optim.pop("name", "adamw") != "adamw":
