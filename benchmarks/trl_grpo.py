@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.config.precision import SHORT, policy_of
 from benchmarks.common import PRESETS, REPO, finish_result, new_result, run_json_subprocess, sig, table, write_json
 from benchmarks.demo_runs import EARLY, EARLY_S, FINAL, DemoRun, Variant
 from benchmarks.demo_runs import launch as launch_demo
@@ -171,7 +172,7 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
         runs += run_asyncrl(plan["overrides"], work / "asyncrl")
     result["runs"] = runs
     result["tables"] = _tables(runs)
-    result["targets"] = _targets(runs, cfg.trainer.precision)
+    result["targets"] = _targets(runs, SHORT[policy_of(cfg).compute])
     result["notes"] = _notes(runs, size)
     write_json(finish_result(result, started), out_dir)
     plot(runs, out_dir)

@@ -6,6 +6,7 @@ a second launch of a name live on this machine is refused unless `--allow-same-n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -18,6 +19,7 @@ from asyncrl_cli.errors import AsyncrlError, handle_errors
 from asyncrl_cli.output import emit_json, stderr_console, stdout_console
 from asyncrl_cli.report import render_derived, render_headline, render_placement, render_problems
 from asyncrl_cli.val_curve import show_validation_curve
+from engine.config.precision import policy_of
 
 if TYPE_CHECKING:
     from asyncrl_cli.config.loader import Analysis
@@ -127,6 +129,7 @@ def command(
                     "measured_at_launch": [k for k, on in wanted(an.config).items() if on],
                     "placement": plan.placement.to_json(),
                     "derived": an.derived.to_json(),
+                    "precision": dataclasses.asdict(policy_of(an.config)),
                     "files": files,
                     "problems": [p.to_json() for p in an.problems],
                 }
@@ -142,6 +145,7 @@ def command(
             )
         )
         render_derived(con, an)
+        con.print(f"[bold]trainer precision[/bold]  {policy_of(an.config).describe()}")
         render_placement(con, plan.placement)
         render_problems(con, [p for p in an.problems if p.severity == "warning"])
         auto_keys = [k for k, on in wanted(an.config).items() if on]

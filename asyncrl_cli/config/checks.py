@@ -18,6 +18,7 @@ from asyncrl_cli.config.provenance import Provenance
 from asyncrl_cli.config.rc_options import parse_rs_options, parse_rs_thresholds
 from asyncrl_cli.config.schema import RunConfig
 from engine.plan.auto import compute_dtypes, mismatch_uncorrected
+from engine.config.precision import SHORT, policy_of
 
 RC = "algorithm.rollout_correction"
 
@@ -138,6 +139,25 @@ def correction_rules(cfg: RunConfig, prov: Provenance) -> list[Problem]:
     return out
 
 
+def precision_rules(cfg: RunConfig) -> list[Problem]:
+    """The trainer's precision policy (`engine.config.precision`): a pure low-precision optimizer is allowed
+    only by its explicit key, and said out loud."""
+    policy = policy_of(cfg)
+    if cfg.trainer.fp32_master_weights or policy.params == "float32":
+        return []
+    lr = cfg.trainer.optim.lr
+    return [
+        warn(
+            "no-fp32-master-weights",
+            "trainer.fp32_master_weights",
+            f"WITHOUT fp32 master weights the trainer's parameters, gradients and AdamW state are "
+            f"{SHORT[policy.params]}: every update is rounded to {SHORT[policy.params]} (a weight of 0.02 has an "
+            f"ulp of ~1.2e-4 in bf16), so at lr = {lr:g} most weights never move and the run does not learn",
+            "remove trainer.fp32_master_weights (verl and Megatron keep fp32 masters with bf16 compute)",
+        )
+    ]
+
+
 def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]:
     """Loss, batch and backend settings."""
     t, r = cfg.trainer, cfg.rollout
@@ -156,8 +176,9 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                 out.append(
                     warn("kl-noop", f"trainer.{k}", f"trainer.{k} has no effect while use_kl_loss = false")
                 )
+    out += precision_rules(cfg)
     if t.backend == "torch":
-        for k in ("tp", "pp", "cp", "ep"):
+        for k in ("tp", "pp", "cp", "ep", "etp"):
             if getattr(t, k) > 1:
                 out.append(
                     error(
@@ -167,6 +188,13 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                         "data parallel (FSDP2) only",
                     )
                 )
+    if t.backend == "torch" and t.recompute_granularity is not None:
+        out.append(warn("recompute-backend", "trainer.recompute_granularity", "recompute_granularity is "
+                        "Megatron's; the torch backend ignores it", "use trainer.enable_gradient_checkpointing"))
+    if t.backend == "megatron" and t.enable_gradient_checkpointing:
+        out.append(warn("checkpointing-backend", "trainer.enable_gradient_checkpointing", "enable_gradient_"
+                        "checkpointing is the torch / FSDP2 backends'; Megatron ignores it",
+                        'use trainer.recompute_granularity = "full" (or "selective")'))
     seqs = t.ppo_mini_batch_size * r.n
     if seqs % d.trainer_dp:
         out.append(

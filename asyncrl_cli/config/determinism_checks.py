@@ -32,7 +32,7 @@ def determinism_rules(cfg: RunConfig, hw: HardwarePreset) -> list[Problem]:
                "GPU kernels (atomics, split reductions) are not bit-reproducible here; use a CPU preset")
     if cfg.model.dtype != "float32":
         refuse("model.dtype", f"model.dtype = \"float32\" (got {cfg.model.dtype!r})", "set model.dtype = \"float32\"")
-    if cfg.trainer.precision != "fp32":
+    if cfg.trainer.precision not in (None, "fp32"):
         refuse("trainer.precision", f"fp32 compute (got {cfg.trainer.precision!r})", "remove trainer.precision")
     if cfg.rollout.dtype not in (None, "fp32"):
         refuse("rollout.dtype", f"an fp32 rollout (got {cfg.rollout.dtype!r})", "remove rollout.dtype")

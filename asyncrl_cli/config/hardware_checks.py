@@ -42,11 +42,6 @@ def resource_rules(cfg: RunConfig, hw: HardwarePreset, d: Derived) -> list[Probl
                 )
             )
     t, r = cfg.trainer, cfg.rollout
-    if t.backend == "megatron" and t.precision != "fp32":
-        out.append(error("precision-backend", "trainer.precision",
-                         f"trainer.precision = {t.precision!r} is the torch backend's autocast; the megatron "
-                         "backend computes in model.dtype", "remove trainer.precision, or set "
-                         "trainer.backend = \"torch\"", "invalid"))
     if t.backend == "megatron":
         mp = t.tp * t.pp * t.cp
         if d.trainer_world % mp:
@@ -59,14 +54,18 @@ def resource_rules(cfg: RunConfig, hw: HardwarePreset, d: Derived) -> list[Probl
                     category="fit",
                 )
             )
-        dp_cp = (d.trainer_world // mp) * t.cp if not d.trainer_world % mp else 0
-        if dp_cp and dp_cp % t.ep:
+        # Megatron 0.16: the expert layout is etp × ep × edp × pp over the same world, so etp × ep must divide
+        # world / pp = tp × cp × dp
+        per_stage = d.trainer_world // t.pp if not d.trainer_world % mp else 0
+        if per_stage and per_stage % (t.etp * t.ep):
             out.append(
                 error(
                     "megatron-ep",
                     "trainer.ep",
-                    f"ep = {t.ep} does not divide dp × cp = {dp_cp // t.cp}×{t.cp} = {dp_cp}: Megatron carves the "
-                    "expert-parallel groups out of the data- and context-parallel ranks",
+                    f"etp × ep = {t.etp}×{t.ep} = {t.etp * t.ep} does not divide tp × cp × dp = {per_stage}: "
+                    "Megatron lays the expert-parallel groups (etp × ep × expert-dp) over the ranks of each "
+                    "pipeline stage",
+                    "lower ep, or set trainer.etp = 1 (verl's default)",
                     category="fit",
                 )
             )

@@ -22,6 +22,8 @@ def model_rules(cfg: RunConfig, f: ModelFacts) -> list[Problem]:
             out.append(error("ep-dense", "trainer.ep", f"ep = {t.ep} but {f.model_type} has no experts"))
         elif f.experts % t.ep:
             out.append(error("ep-experts", "trainer.ep", f"ep = {t.ep} does not divide the {f.experts} experts"))
+    if t.backend == "megatron" and t.etp > 1 and not f.is_moe:
+        out.append(warn("etp-dense", "trainer.etp", f"etp = {t.etp} has no effect: {f.model_type} has no experts"))
     if t.backend == "megatron" and (f.heads % t.tp or f.kv_heads % t.tp):
         out.append(
             error(

@@ -33,9 +33,11 @@ class ModelConfig(Section):
     """Local Hugging Face directory, hub id (read offline from the HF cache), or `builtin:tiny-qwen` /
     `builtin:smollm2`. `${ENV:-default}` expansion works here as in every string."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype of the trainer (its weights, gradients and optimizer state), and of the rollout unless
-    `rollout.dtype` says otherwise. For bf16 compute over fp32 master weights keep this at float32 and set
-    `trainer.precision = "bf16"`."""
+    """The model's *compute* dtype: the default precision of the trainer's forward/backward (unless
+    `trainer.precision` says otherwise) and of the rollout (unless `rollout.dtype` says otherwise), as verl's
+    `model_dtype`. It is not the dtype of the trainer's parameters: those, the gradient reduction and the
+    optimizer state stay fp32 master weights (`trainer.fp32_master_weights`), so `bfloat16` here means bf16
+    compute over fp32 masters — verl's FSDP2 `MixedPrecisionPolicy` and Megatron's fp32 main params."""
     tokenizer_path: str | None = None
     """Tokenizer directory or hub id when it differs from `path`."""
     trust_remote_code: bool = False
@@ -180,13 +182,43 @@ class TrainerConfig(Section):
     """Expert parallel size (megatron, MoE models)."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
     """Optimizer settings."""
-    precision: Literal["fp32", "bf16", "auto"] = "fp32"
-    """Compute precision of the trainer's forward and backward (torch backend). `bf16` = autocast: matmuls
-    run in bf16 (AMX / AVX-512-BF16 on CPU, tensor cores on GPU) while the weights, gradients and AdamW
-    state stay in `model.dtype` (fp32 master weights); log-softmax, the loss and the update are fp32.
-    `auto` = decided at launch: bf16 on cuda / npu; on CPU bf16 when it times ≥ 1.1× faster than fp32 at the
-    trainer's matmul and LM-head shapes on this machine, else fp32 (`engine.plan.auto`; cached per machine and
-    shape, reported at launch and recorded in `<run dir>/machine.json`)."""
+    precision: Literal["fp32", "bf16", "auto"] | None = None
+    """Compute precision of the trainer's forward and backward, overriding `model.dtype` (None = from
+    `model.dtype`). Below fp32 the matmuls run in bf16 (AMX / AVX-512-BF16 on CPU, tensor cores on GPU) —
+    single rank: `torch.autocast` over fp32 parameters; FSDP2: `MixedPrecisionPolicy(param_dtype=bf16,
+    reduce_dtype=fp32)` over fp32 shards; Megatron: bf16 params with fp32 main params in the optimizer —
+    while log-softmax, the loss, the gradient reduction and the update stay fp32 (see `fp32_master_weights`).
+    `launch --dry-run` prints the resulting policy. `auto` = decided at launch: bf16 on cuda / npu; on CPU
+    bf16 when it times ≥ 1.1× faster than fp32 at the trainer's matmul and LM-head shapes on this machine, else
+    fp32 (`engine.plan.auto`; cached per machine and shape, reported at launch, recorded in
+    `<run dir>/machine.json`)."""
+    fp32_master_weights: bool = True
+    """Keep the trainer's parameters, gradient reduction and optimizer state in fp32 whatever the compute
+    dtype (verl and Megatron always do). False = a pure compute-dtype trainer: with bf16 compute the AdamW
+    update is rounded to bf16, and at lr ≈ 1e-6 most weights never move (`validate` warns)."""
+    ref_param_offload: bool = False
+    """Keep the frozen reference model's weights in host memory between its log-prob calls and move them to
+    the device only for them (verl's `ref.param_offload`). The reference never has gradients, an optimizer or
+    a DDP wrapper in any case."""
+    enable_gradient_checkpointing: bool = False
+    """torch / FSDP2 backends: recompute each decoder layer's activations in the backward pass instead of
+    keeping them (HF's `gradient_checkpointing_enable()`, verl's `model.enable_gradient_checkpointing`)."""
+    recompute_granularity: Literal["full", "selective"] | None = None
+    """megatron backend: activation recompute (Megatron's `recompute_granularity`): `full` = whole
+    transformer layers (see `recompute_method`), `selective` = core attention only; None = off."""
+    recompute_method: Literal["uniform", "block"] = "uniform"
+    """megatron, `recompute_granularity = "full"`: `uniform` recomputes groups of `recompute_num_layers`
+    layers, `block` the first `recompute_num_layers` layers of each pipeline stage (Megatron's meaning)."""
+    recompute_num_layers: int = Field(1, gt=0)
+    """megatron, full recompute: layers per recompute group (uniform) or recomputed layers per stage (block)."""
+    etp: int = Field(1, gt=0)
+    """Expert tensor parallel size of Megatron MoE layers (`expert_tensor_parallel_size`; verl's default 1):
+    experts are split etp × ep ways, and etp × ep must divide tp × cp × dp."""
+    logprob_chunk_tokens: int = Field(4096, gt=0)
+    """Response tokens per chunk of the log-prob / entropy head: torch / FSDP2 run the output projection,
+    log-softmax and entropy chunk by chunk (recomputed in backward), so at most [chunk × vocab] logits exist at
+    once instead of [tokens × vocab]; Megatron chunks the fp32 log-softmax over its vocab-parallel logits.
+    The entropy is computed only when a loss uses it or `actor/entropy` is logged."""
     grad_clip: float = Field(1.0, gt=0)
     """Clip the global gradient norm to this value."""
     ppo_mini_batch_size: int = Field(32, gt=0)

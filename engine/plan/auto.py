@@ -153,18 +153,17 @@ def resolved_precision(cfg: RunConfig, choices: list[Choice], role: str) -> str:
     for c in choices:
         if c.key == key:
             return str(c.value)
-    value = cfg.trainer.precision if role == "trainer" else cfg.rollout.dtype
-    if value in ("fp32", "bf16"):
-        return str(value)
-    return "bf16" if cfg.model.dtype == "bfloat16" else "fp32"
+    from engine.config.precision import SHORT
+
+    return SHORT[compute_dtypes(cfg)[0 if role == "rollout" else 1]]
 
 
 def compute_dtypes(cfg: RunConfig) -> tuple[str, str]:
     """(rollout, trainer) compute dtype names ("float32" / "bfloat16"; "auto" until the launch decides)."""
-    names = {"fp32": "float32", "bf16": "bfloat16", "auto": "auto"}
-    rollout = names.get(cfg.rollout.dtype or "", cfg.model.dtype)
-    trainer = names[cfg.trainer.precision] if cfg.trainer.precision != "fp32" else cfg.model.dtype
-    return rollout, trainer
+    from engine.config.precision import LONG, policy_of
+
+    rollout = LONG[cfg.rollout.dtype] if cfg.rollout.dtype else cfg.model.dtype
+    return rollout, policy_of(cfg).compute
 
 
 def mismatch_uncorrected(cfg: RunConfig) -> bool:

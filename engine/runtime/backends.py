@@ -14,7 +14,8 @@ from typing import Any
 
 from engine.config.schema import RunConfig  # the actors' config type (they import it from here)
 
-__all__ = ["PROCESS_GROUPS", "RunConfig", "build_rollout_backend", "build_trainer_backend", "compute_device",
+__all__ = ["PROCESS_GROUPS", "RunConfig", "build_reference_backend", "build_rollout_backend", "build_trainer_backend",
+           "compute_device",
            "process_group_backend", "rollout_dtype"]
 
 PROCESS_GROUPS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
@@ -113,22 +114,32 @@ def build_rollout_backend(cfg: RunConfig, model_dir: str):
     )
 
 
-def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = False):
+def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = False, *, frozen: bool = False):
     """The configured training backend for `model_dir` (backends imported lazily). `distributed`: this process
     is one rank of a trainer group (`engine.runtime.trainer_group`, process group already joined), so the torch
     backend is the FSDP2 one and Megatron builds its TP/PP/CP/EP/DP groups over that world. The torch backends
-    compute on `compute_device(cfg)`; Megatron places itself."""
+    compute on `compute_device(cfg)`; Megatron places itself. Precision: `engine.config.precision` (parameters
+    in `policy.params`, compute in `policy.compute`). `frozen`: the KL loss's reference model
+    (`build_reference_backend`): no gradients, optimizer or DDP wrapper, weights offloaded between uses when
+    `trainer.ref_param_offload`."""
+    from engine.config.precision import SHORT, policy_of
+
     deterministic_threads(cfg)
     if cfg.trainer.precision == "auto":
         raise ValueError(AUTO_UNRESOLVED.format(key="trainer.precision"))
+    t = cfg.trainer
+    policy = policy_of(cfg)
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
-    optim = cfg.trainer.optim.model_dump()
+    optim = t.optim.model_dump()
     if optim.pop("name", "adamw") != "adamw":
-        raise ValueError(f"trainer.optim.name = {cfg.trainer.optim.name!r}: only 'adamw' is supported")
+        raise ValueError(f"trainer.optim.name = {t.optim.name!r}: only 'adamw' is supported")
     # verl's actor loop: require_batches mini-batches × ppo_epochs passes per local step
-    update = {"mini_batches": cfg.async_training.require_batches, "ppo_epochs": cfg.trainer.ppo_epochs,
-              "shuffle": cfg.trainer.shuffle}
-    if cfg.trainer.backend == "megatron":
+    update = {"mini_batches": cfg.async_training.require_batches, "ppo_epochs": t.ppo_epochs,
+              "shuffle": t.shuffle}
+    common = {"optim_cfg": optim, "grad_clip": t.grad_clip, "micro_batch_size": t.ppo_micro_batch_size_per_gpu,
+              "temperature": temperature, "seed": t.seed, "frozen": frozen,
+              "param_offload": frozen and t.ref_param_offload, **update}
+    if t.backend == "megatron":
         from engine.trainer.megatron.backend import MegatronTrainerBackend
 
         world: dict[str, Any] = {}
@@ -137,20 +148,26 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
 
             world = {"rank": dist.get_rank(), "world_size": dist.get_world_size()}
         return MegatronTrainerBackend(
-            model_dir, tp=cfg.trainer.tp, pp=cfg.trainer.pp, cp=cfg.trainer.cp, ep=cfg.trainer.ep,
-            optim_cfg=optim, grad_clip=cfg.trainer.grad_clip,
-            micro_batch_size=cfg.trainer.ppo_micro_batch_size_per_gpu, temperature=temperature,
-            seed=cfg.trainer.seed, **update, **world,
+            model_dir, tp=t.tp, pp=t.pp, cp=t.cp, ep=t.ep, etp=t.etp, dtype=policy.compute,
+            fp32_master_weights=policy.params == "float32", recompute_granularity=t.recompute_granularity,
+            recompute_method=t.recompute_method, recompute_num_layers=t.recompute_num_layers,
+            logprob_chunk_tokens=t.logprob_chunk_tokens, **common, **world,
         )
     from engine.models.loader import load_causal_lm
     from engine.trainer.torch_trainer import TorchTrainerBackend
 
-    model = load_causal_lm(model_dir, dtype=cfg.model.dtype)
-    kwargs = {"optim_cfg": optim, "grad_clip": cfg.trainer.grad_clip, "device": check_device(compute_device(cfg)),
-              "micro_batch_size": cfg.trainer.ppo_micro_batch_size_per_gpu, "temperature": temperature,
-              "seed": cfg.trainer.seed, "precision": cfg.trainer.precision, **update}
+    # a frozen reference holds no optimizer state: its weights need no fp32 masters
+    model = load_causal_lm(model_dir, dtype=policy.compute if frozen else policy.params)
+    kwargs = {"device": check_device(compute_device(cfg)), "precision": SHORT[policy.compute],
+              "gradient_checkpointing": t.enable_gradient_checkpointing,
+              "logprob_chunk_tokens": t.logprob_chunk_tokens, **common}
     if distributed:
         from engine.trainer.fsdp import FSDPTrainerBackend
 
         return FSDPTrainerBackend(model, **kwargs)
     return TorchTrainerBackend(model, **kwargs)
+
+
+def build_reference_backend(cfg: RunConfig, model_dir: str, distributed: bool = False):
+    """The frozen reference policy of the KL loss (`trainer.use_kl_loss`): `build_trainer_backend(frozen=True)`."""
+    return build_trainer_backend(cfg, model_dir, distributed, frozen=True)

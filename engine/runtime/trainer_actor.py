@@ -26,7 +26,7 @@ from typing import Any
 import ray
 
 from engine.loop.trainer import TrainerLoop, TrainerParams
-from engine.runtime.backends import RunConfig, build_trainer_backend
+from engine.runtime.backends import RunConfig, build_reference_backend, build_trainer_backend
 from engine.runtime.batching import LogRatioObserver, is_ratio_metrics, prepare_batch
 from engine.runtime.ledger import Ledger
 from engine.runtime.trainer_checkpoints import TrainerCheckpoints
@@ -59,7 +59,7 @@ class TrainerCore(TrainerCheckpoints):
             self.backend, self.ref_backend = self.group.policy, self.group.ref
         else:
             self.backend = build_trainer_backend(cfg, model_dir)
-            self.ref_backend = build_trainer_backend(cfg, model_dir) if cfg.trainer.use_kl_loss else None
+            self.ref_backend = build_reference_backend(cfg, model_dir) if cfg.trainer.use_kl_loss else None
         tok = load_tokenizer(model_dir)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.rc = cfg.algorithm.rollout_correction

@@ -45,7 +45,7 @@ from typing import Any
 import ray
 
 from engine.plan.sizes import trainer_world  # noqa: F401 — M, re-exported for trainer_actor
-from engine.runtime.backends import build_trainer_backend, compute_device, process_group_backend
+from engine.runtime.backends import build_reference_backend, build_trainer_backend, compute_device, process_group_backend
 
 POLICY, REF = "policy", "ref"
 """Names of the two backends a rank may hold: the trained policy and the frozen reference (KL loss)."""
@@ -53,10 +53,10 @@ POLICY, REF = "policy", "ref"
 
 def rank_backends(cfg: Any, model_dir: str) -> dict[str, Any]:
     """This rank's FSDP2 backends (process group already joined): the policy and, with `trainer.use_kl_loss`, the
-    frozen reference — built in the same order on every rank, since building them is collective."""
+    frozen reference (no gradients, optimizer or DDP wrapper) — built in the same order on every rank, since building them is collective."""
     out = {POLICY: build_trainer_backend(cfg, model_dir, distributed=True)}
     if cfg.trainer.use_kl_loss:
-        out[REF] = build_trainer_backend(cfg, model_dir, distributed=True)
+        out[REF] = build_reference_backend(cfg, model_dir, distributed=True)
     return out
 
 

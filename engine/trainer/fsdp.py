@@ -1,6 +1,7 @@
 """The `torch` trainer across M > 1 ranks: FSDP2 (`fully_shard`) over gloo (CPU) or NCCL (CUDA).
 
-Each decoder layer is its own FSDP unit, plus the root (embeddings, final norm, tied `lm_head`). Every
+Each decoder layer is its own FSDP unit, plus the root (embeddings, final norm, tied `lm_head`); the shards are
+fp32 master weights and a bf16 compute dtype is FSDP2's `MixedPrecisionPolicy` (`shard_model`). Every
 rank trains on its own rows; FSDP's reduce-scatter *averages* gradients over the M ranks, so each rank
 scales its micro-batch weights by M and normalises by the *global* mass:
 
@@ -17,12 +18,13 @@ from __future__ import annotations
 import os
 import socket
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from engine.trainer.torch_trainer import TorchTrainerBackend
@@ -58,16 +60,25 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def shard_model(model: torch.nn.Module, device_type: str) -> torch.nn.Module:
+def shard_model(model: torch.nn.Module, device_type: str, compute_dtype: torch.dtype | None = None,
+                offload: bool = False) -> torch.nn.Module:
     """`fully_shard` every vision block (multimodal models), every decoder layer, then the root, over a 1-D
-    mesh of all ranks."""
+    mesh of all ranks. `compute_dtype` below the parameters' dtype: `MixedPrecisionPolicy(param_dtype=compute,
+    reduce_dtype=fp32)` — fp32 shards, compute-dtype all-gathers and matmuls, fp32 reduce-scatter (verl's
+    FSDP2 policy). `offload`: the shards live in host memory (`CPUOffloadPolicy`, verl's `param_offload`)."""
     mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    kwargs: dict[str, Any] = {"mesh": mesh}
+    param_dtype = next(model.parameters()).dtype
+    if compute_dtype is not None and compute_dtype != param_dtype:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    if offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device_type == "cuda")
     visual = getattr(getattr(model, "model", None), "visual", None)
     for block in getattr(visual, "blocks", []):
-        fully_shard(block, mesh=mesh)
+        fully_shard(block, **kwargs)
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
     return model
 
 
@@ -90,7 +101,13 @@ class FSDPTrainerBackend(TorchTrainerBackend):
         return self._world
 
     def _prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        return shard_model(model, self.device.type)
+        return shard_model(model, self.device.type, self.compute_dtype, offload=self.param_offload)
+
+    def _autocast(self) -> bool:
+        return False  # the MixedPrecisionPolicy casts
+
+    def _offload(self, to_host: bool) -> None:
+        pass  # CPUOffloadPolicy: the shards stay in host memory, each unshard copies to the device
 
     def _reduce(self, values: list[float], op: dist.ReduceOp) -> list[float]:
         device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")

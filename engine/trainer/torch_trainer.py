@@ -12,9 +12,14 @@ one, else its count of response tokens Σ response_mask — and the accumulated 
 which equals the gradient of the same loss computed over the whole batch at once (for token-mean use
 token counts, for seq-mean-* use row counts). Then the pre-clip global norm ‖g‖ is logged as
 `actor/grad_norm`, g is clipped to `grad_clip`, and AdamW steps at the warmup-scheduled lr (`optim.py`).
-With `precision = "bf16"` every forward runs under `torch.autocast(bf16)`: matmuls compute in bf16 (and
-their backward too), while the parameters, gradients and AdamW state stay in the model's dtype (fp32 master
-weights) and the log-softmax (`logprobs.py`), the loss and the update stay fp32.
+Precision (`engine.config.precision`): the parameters, gradients and AdamW state are in the dtype the model was
+loaded in (fp32 = master weights, the default policy); `precision` is the compute dtype. Below the parameters'
+dtype every forward runs under `torch.autocast(compute)` (the FSDP2 subclass casts by its
+`MixedPrecisionPolicy` instead): matmuls compute in bf16 (and their backward too), while the log-softmax
+(`logprobs.py`), the loss and the update stay fp32. `gradient_checkpointing` recomputes each decoder layer in
+backward (HF's mechanism); `logprob_chunk_tokens` bounds the log-prob head's logits (`logprobs.py`).
+`frozen = True` builds a reference model (`engine.runtime.backends.build_reference_backend`): no gradients, no optimizer, only
+`compute_log_probs`, with its weights in host memory between calls when `param_offload` (on an accelerator).
 An update whose gradient is non-finite, or whose total mass is 0, is skipped (counted in `actor/skipped_step`).
 The learning-rate schedule counts optimizer updates. Micro-batches carry `meta["ppo_epoch"]` and
 `meta["fresh"]` (True while no update of this local step has been applied yet), so a loss wrapper can tell a
@@ -32,6 +37,7 @@ and returns no log-probs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -64,6 +70,8 @@ from engine.trainer.optim import OptimConfig, WarmupSchedule, build_optimizer, s
 from engine.trainer.step_metrics import update_metrics
 
 EntropyMode = Literal["none", "metric", "grad"]
+COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+"""`precision` (the policy's compute dtype) → torch dtype."""
 MicroWeightFn = Callable[[TrainBatch], float]
 
 
@@ -119,6 +127,10 @@ class TorchTrainerBackend(WarmupSchedule):
         shuffle: bool = False,
         seed: int = 0,
         precision: Literal["fp32", "bf16"] = "fp32",
+        gradient_checkpointing: bool = False,
+        logprob_chunk_tokens: int | None = None,
+        frozen: bool = False,
+        param_offload: bool = False,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError("micro_batch_size must be >= 1")
@@ -133,9 +145,21 @@ class TorchTrainerBackend(WarmupSchedule):
         self.mini_batches, self.ppo_epochs = int(mini_batches), int(ppo_epochs)
         self.shuffle, self.seed = bool(shuffle), int(seed)
         self.temperature = float(temperature)
-        if precision not in ("fp32", "bf16"):
+        if precision not in COMPUTE_DTYPES:
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
         self.precision = precision
+        self.compute_dtype = COMPUTE_DTYPES[precision]
+        self.param_dtype = next(model.parameters()).dtype
+        self.logprob_chunk_tokens = logprob_chunk_tokens
+        self.frozen, self.param_offload = bool(frozen), bool(param_offload) and torch.device(device).type != "cpu"
+        if frozen:  # a reference: no gradients, no optimizer (`engine.runtime.backends.build_reference_backend`)
+            model.requires_grad_(False)
+            model.eval()
+        elif gradient_checkpointing:  # HF: each decoder layer's forward is recomputed in backward (train mode)
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.2's name
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.entropy_mode: EntropyMode = entropy
         self.aliases = tied_aliases(model)
         self.vision = VisionSpec.from_config(getattr(model, "config", None))
@@ -143,7 +167,9 @@ class TorchTrainerBackend(WarmupSchedule):
         self._encoder = image_encoder
         self._model_dir = model_dir_of(model)
         self.model = self._prepare_model(model.to(self.device))
-        self.optimizer = build_optimizer(self.model.parameters(), self.optim_cfg)
+        self.optimizer = None if frozen else build_optimizer(self.model.parameters(), self.optim_cfg)
+        if self.param_offload:
+            self._offload(True)
         self.base_lr, self.warmup_steps = self.optim_cfg.lr, self.optim_cfg.warmup_steps
         self.global_step = 0
         self.extra_metrics: dict[str, float] = {}
@@ -213,14 +239,22 @@ class TorchTrainerBackend(WarmupSchedule):
         vis = vision_inputs(self.model, self.image_encoder, micro.input_ids, micro.attention_mask, images)
         return None if vis is None else vis.model_kwargs()
 
+    def _autocast(self) -> bool:
+        """Compute below the parameters' dtype by autocast (one rank; FSDP2 casts by its MixedPrecisionPolicy)."""
+        return self.compute_dtype != self.param_dtype
+
+    def _offload(self, to_host: bool) -> None:
+        """`param_offload` (a frozen reference on an accelerator): weights to host memory, or back."""
+        self.model.to("cpu" if to_host else self.device)
+
     def _log_probs(
         self, micro: TrainBatch, with_entropy: bool, entropy_grad: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+        with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self._autocast()):
             return response_log_probs(
                 self.model, micro.input_ids, micro.attention_mask, micro.position_ids, micro.responses,
                 self.temperature, with_entropy, entropy_grad=entropy_grad, model_kwargs=self._model_kwargs(micro),
-                suppress_ids=self.suppress_ids,
+                suppress_ids=self.suppress_ids, chunk_tokens=self.logprob_chunk_tokens,
             )
 
     def _micro_batches(self, batch: TrainBatch) -> tuple[list[TrainBatch], TrainBatch]:
@@ -240,13 +274,22 @@ class TorchTrainerBackend(WarmupSchedule):
             micro, width = self._prepare(micros[k] if k < len(micros) else repeat)
             return (*self._log_probs(micro, with_entropy), width)
 
-        return lockstep_log_probs(forward, self._max_across_ranks(len(micros)), len(micros), batch.response_mask,
-                                  with_entropy, filler=not micros)
+        if self.param_offload:
+            self._offload(False)
+        try:
+            with torch.no_grad() if self.frozen else contextlib.nullcontext():
+                return lockstep_log_probs(forward, self._max_across_ranks(len(micros)), len(micros),
+                                          batch.response_mask, with_entropy, filler=not micros)
+        finally:
+            if self.param_offload:
+                self._offload(True)
 
     # --- update -----------------------------------------------------------------------------------------
     def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
         """One local step: `mini_batches × ppo_epochs` optimizer updates over `batch` (see the module
         docstring); the metrics combined by `local_step_metrics`."""
+        if self.optimizer is None:
+            raise RuntimeError("a frozen reference model does not train")
         start = time.perf_counter()
         rows = 0 if is_filler(batch) else len(batch)
         plan = mini_batch_plan(rows, self.mini_batches, self.ppo_epochs, shuffle=self.shuffle, seed=self.seed,

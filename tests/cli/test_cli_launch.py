@@ -24,6 +24,20 @@ def test_dry_run_writes_resolved_config_and_shows_placement(cli, tmp_path: Path)
     assert prov["keys"]["trainer.tp"]["where"].endswith(f"{preset.name}:{tp_line}")
 
 
+def test_dry_run_prints_the_trainers_precision_policy(cli) -> None:
+    """The GPU presets say `model.dtype = "bfloat16"`: bf16 compute over fp32 master weights, as verl's."""
+    for preset in ("qwen3-vl-8b-geo3k-fsdp2-npu-16-16.toml", "qwen2.5-math-7b-dapo-fsdp2-64-64.toml",
+                   "qwen3-30b-a3b-base-dapo-megatron-96-32.toml"):
+        r = cli("launch", RUNS / preset, "--dry-run", "--set", "logging.run_dir=out/${name}")
+        assert r.exit_code == 0, r.output
+        assert "trainer precision  params fp32 · compute bf16 · grad-reduce fp32 · optimizer fp32" in r.stdout
+    doc = json.loads(cli("launch", RUNS / "tiny-cpu.toml", "--dry-run", "--json", "--set",
+                         'model.dtype="bfloat16"', "--set", "trainer.fp32_master_weights=false").stdout)
+    assert doc["precision"] == {"params": "bfloat16", "compute": "bfloat16", "grad_reduce": "bfloat16",
+                                "optimizer": "bfloat16"}
+    assert "no-fp32-master-weights" in [p["code"] for p in doc["problems"]]
+
+
 def test_dry_run_json_placement(cli) -> None:
     r = cli(
         "launch",

@@ -33,7 +33,8 @@ def test_is_weights_unused_in_bypass_ppo_clip_is_a_warning_at_its_line() -> None
     assert an.exit_code == EXIT_OK
     p = by_code(an, "is-weights-unused")
     assert p.severity == "warning" and p.key == "algorithm.rollout_correction.rollout_is"
-    assert p.file.endswith("16-16.toml") and p.line == 52
+    line = next(i for i, text in enumerate(VL16.read_text().splitlines(), 1) if text.startswith("rollout_is ="))
+    assert p.file.endswith("16-16.toml") and p.line == line
     an2 = analyze_run_config(VL16, ["algorithm.rollout_correction.bypass_mode=false"])
     assert "is-weights-unused" not in [q.code for q in an2.problems]
 
@@ -90,7 +91,7 @@ def test_bad_megatron_layouts_are_refused_with_the_key_and_the_reason() -> None:
     cases = {  # --set → (code, key, words of the reason)
         "trainer.tp=8": ("tp-heads", "trainer.tp", "4 KV heads"),  # 32 heads split, 4 KV heads do not
         "trainer.ep=7": ("ep-experts", "trainer.ep", "128 experts"),
-        "trainer.ep=32": ("megatron-ep", "trainer.ep", "dp × cp = 8×2 = 16"),
+        "trainer.etp=8": ("megatron-ep", "trainer.ep", "etp × ep = 8×8 = 64 does not divide tp × cp × dp = 32"),
         "rollout.tensor_parallel_size=16": ("rollout-tp-node", "rollout.tensor_parallel_size", "fit in one node"),
         "trainer.pp=3": ("megatron-layout", "trainer.tp", "does not divide the 32 trainer GPUs"),
     }
@@ -99,6 +100,9 @@ def test_bad_megatron_layouts_are_refused_with_the_key_and_the_reason() -> None:
         assert an.exit_code != EXIT_OK, setting
         p = by_code(an, code)
         assert p.severity == "error" and p.key == key and reason in p.message, (setting, p.render())
+    # Megatron's rule with etp = 1 (verl's default): ep = 32 divides tp × cp × dp = 32 though not dp × cp = 16
+    assert analyze_run_config(MOE, ["trainer.ep=32"]).exit_code == EXIT_OK
+    assert analyze_run_config(MOE, ["trainer.ep=32", "trainer.etp=2"]).exit_code != EXIT_OK
     an = analyze_run_config(MOE, ["resources.trainer.gpus_per_node=6", "trainer.tp=4", "trainer.cp=1",
                                   "trainer.ep=1", "trainer.ppo_mini_batch_size=96"])
     p = by_code(analyze_run_config(MOE, ["trainer.tp=1", "trainer.cp=1", "trainer.ep=1", "trainer.pp=32"]), "pp-layers")
@@ -203,13 +207,18 @@ def test_bf16_rollout_against_fp32_trainer_without_correction_is_noted() -> None
     assert bad.exit_code == EXIT_INVALID and any(q.key == "rollout.dtype" for q in bad.problems)
 
 
-def test_trainer_bf16_autocast_validates_on_torch_and_is_refused_where_it_does_nothing() -> None:
+def test_trainer_bf16_compute_validates_on_both_backends_and_a_pure_bf16_optimizer_is_warned() -> None:
     tiny = RUNS / "tiny-cpu.toml"
     both = analyze_run_config(tiny, ["rollout.dtype=bf16", "trainer.precision=bf16"])
     assert both.exit_code == EXIT_OK  # bf16 on both sides: no precision mismatch to note
     assert "precision-mismatch-uncorrected" not in [q.code for q in both.problems]
     mega = analyze_run_config(RUNS / "seed000-mini-cpu.toml", ["trainer.precision=bf16"])
-    p = by_code(mega, "precision-backend")
-    assert mega.exit_code == EXIT_INVALID and p.key == "trainer.precision" and "megatron" in p.message
+    assert mega.exit_code == EXIT_OK  # Megatron: bf16 params with fp32 main params in the optimizer
+    assert "no-fp32-master-weights" not in [q.code for q in both.problems]
+    pure = analyze_run_config(tiny, ['model.dtype="bfloat16"', "trainer.fp32_master_weights=false"])
+    p = by_code(pure, "no-fp32-master-weights")
+    assert p.severity == "warning" and p.key == "trainer.fp32_master_weights" and "never move" in p.message
+    fp32 = analyze_run_config(tiny, ["trainer.fp32_master_weights=false"])  # fp32 compute: fp32 anyway
+    assert "no-fp32-master-weights" not in [q.code for q in fp32.problems]
     det = analyze_run_config(tiny, ["trainer.deterministic=true", "trainer.precision=bf16"])
     assert det.exit_code == EXIT_INVALID and any(q.key == "trainer.precision" for q in det.problems)

@@ -107,3 +107,26 @@ def pipeline_expert_rank(rank: int, world: int, port: int, directory: str) -> di
     out["dp_rank"] = backend.dp_rank
     out["export"] = {}  # compared in the PP 2 test; keep the payload small
     return out
+
+
+def memory_modes_rank(rank: int, world: int, port: int, directory: str) -> dict[str, Any]:
+    """TP = world on a MoE model, four ways: plain (expert-TP = TP, Megatron's default before `etp`), etp = 1
+    (verl's default), etp = 1 with full recompute and a chunked log-prob head, and a frozen reference."""
+    from engine.trainer.megatron.backend import MegatronTrainerBackend
+
+    out: dict[str, Any] = {}
+    common = {"tp": world, "optim_cfg": {"lr": 1e-2}, "micro_batch_size": 2, "temperature": TEMPERATURE,
+              "grad_clip": 1e9, "rank": rank, "world_size": world, "master_port": port}
+    modes = {"plain": {"etp": world}, "etp1": {},
+             "etp1-recompute-chunked": {"recompute_granularity": "full", "logprob_chunk_tokens": 4}}
+    batch = make_batch(rows=4, response=6)
+    for label, kw in modes.items():
+        backend = MegatronTrainerBackend(directory, **common, **kw)
+        log_probs, _ = backend.compute_log_probs(batch)
+        metrics = [backend.train_step(batch, nll_loss) for _ in range(2)]
+        out[label] = {"log_probs": log_probs, "losses": [m["actor/loss"] for m in metrics],
+                      "grad_norms": [m["actor/grad_norm"] for m in metrics], "weights": backend.hf_state_dict()}
+    ref = MegatronTrainerBackend(directory, frozen=True, **common)
+    out["ref"] = {"log_probs": ref.compute_log_probs(batch)[0], "optimizer": ref.optimizer is None,
+                  "ddp": ref.ddp is ref.model, "grad": any(p.requires_grad for p in ref.model.parameters())}
+    return out

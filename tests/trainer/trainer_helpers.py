@@ -23,6 +23,18 @@ def build_tiny_lm(seed: int = 0, layers: int = 2) -> torch.nn.Module:
     return build_tiny_model(VOCAB, PAD, EOS, seed=seed, layers=layers, initializer_range=0.1)
 
 
+def build_tiny_moe_lm(seed: int = 0) -> torch.nn.Module:
+    """A random 2-layer Qwen3-MoE over raw token ids (VOCAB; 4 experts, top-2), fp32."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=48,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                            num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, initializer_range=0.1,
+                            max_position_embeddings=64, pad_token_id=PAD, eos_token_id=EOS)
+    return Qwen3MoeForCausalLM(config)
+
+
 def random_batch(rows: int = 10, seed: int = 0, max_prompt: int = 7, max_response: int = 6) -> TrainBatch:
     """Random prompts/responses of varied lengths (some ending in EOS) with random advantages."""
     gen = torch.Generator().manual_seed(seed)

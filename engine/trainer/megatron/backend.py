@@ -20,10 +20,18 @@ stages, and so are the loss metrics. Per call:
   collectives line up. A `FILLER` shard (a DP rank without rows of its own, `engine.trainer.batch.shard_rows`)
   is stepped through the same way with mass 0 and contributes nothing: no log-probs, tokens or metrics.
 * the proximal snapshot (`snapshot.py`) and checkpoints (`checkpointing.py`) as documented there.
+* precision (`engine.config.precision`): parameters in the compute `dtype`; with `fp32_master_weights` the
+  gradients accumulate and reduce in fp32 (`grad_reduce_in_fp32`) and the optimizer updates fp32 main params
+  (Megatron's own on GPU, `MainGradAdamW`'s on CPU). Activation recompute: `recompute_granularity` /
+  `recompute_method` / `recompute_num_layers` as Megatron's `TransformerConfig`; expert-TP `etp`.
+* `frozen = True`: the KL loss's reference — the GPTModel without DDP wrapper, gradient buffers, optimizer
+  or snapshot, `requires_grad = False`, `compute_log_probs` only (weights in host memory between calls with
+  `param_offload`, on GPU).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -35,6 +43,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 
 from engine.trainer.base import LossFn, TrainBatch
 from engine.trainer.batch import FILLER, is_filler, lockstep_log_probs, split_micro_batches, trim_padding
@@ -51,7 +60,7 @@ from engine.trainer.megatron.convert import (
 from engine.trainer.megatron.export import current_shard_info, export_hf, iter_hf_tensors
 from engine.trainer.megatron.hf_config import load_arch
 from engine.trainer.megatron.inputs import pack_batch
-from engine.trainer.megatron.model import build_gpt_model
+from engine.trainer.megatron.model import build_gpt_model, recompute_settings
 from engine.trainer.megatron.optim import MainGradAdamW, MegatronDistOptimizer, optim_settings
 from engine.trainer.megatron.parallel import ParallelLayout, init_model_parallel, init_process_group
 from engine.trainer.megatron.shims import apply_cpu_shims, seed_model_parallel_rng
@@ -113,6 +122,14 @@ class MegatronTrainerBackend(WarmupSchedule):
         mini_batches: int = 1,
         ppo_epochs: int = 1,
         shuffle: bool = False,
+        etp: int = 1,
+        fp32_master_weights: bool = True,
+        recompute_granularity: str | None = None,
+        recompute_method: str = "uniform",
+        recompute_num_layers: int = 1,
+        logprob_chunk_tokens: int | None = None,
+        frozen: bool = False,
+        param_offload: bool = False,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError("micro_batch_size must be >= 1")
@@ -128,7 +145,7 @@ class MegatronTrainerBackend(WarmupSchedule):
         self.arch = load_arch(hf_model_dir)
         rank = int(os.environ.get("RANK", "0")) if rank is None else rank
         world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
-        self.layout = ParallelLayout(tp=tp, pp=pp, cp=cp, ep=ep, world_size=world_size)
+        self.layout = ParallelLayout(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, world_size=world_size)
         self.layout.validate(on_gpu=self.on_gpu, num_experts=self.arch.num_experts,
                              num_layers=self.arch.num_layers, num_query_groups=self.arch.num_query_groups)
         if master_port is None:
@@ -155,22 +172,43 @@ class MegatronTrainerBackend(WarmupSchedule):
         with torch.random.fork_rng(devices=[torch.cuda.current_device()] if self.on_gpu else []):
             torch.manual_seed(seed)
             seed_model_parallel_rng(seed)
-            self.model = build_gpt_model(self.arch, self.layout, self.dtype, self.on_gpu)
+            self.model = build_gpt_model(self.arch, self.layout, self.dtype, self.on_gpu,
+                                         None if frozen else recompute_settings(
+                                             recompute_granularity, recompute_method, recompute_num_layers))
         self.load_hf_weights(SafetensorsSource(hf_model_dir))
-        self.ddp = self._wrap_ddp(self.model)
+        self.logprob_chunk_tokens = logprob_chunk_tokens
+        self.frozen, self.param_offload = bool(frozen), bool(param_offload) and self.on_gpu
+        self.optimizer: MainGradAdamW | MegatronDistOptimizer | None = None
+        if frozen:  # the reference: no DDP wrapper, no gradient buffers, no optimizer, no snapshot
+            self.model.requires_grad_(False)
+            self.ddp = self.model
+            if self.param_offload:
+                self.model.cpu()
+            return
+        self.ddp = self._wrap_ddp(self.model, fp32_master_weights)
         if self.on_gpu:
-            self.optimizer: MainGradAdamW | MegatronDistOptimizer = MegatronDistOptimizer(
-                self.ddp, self.optim_settings, self.grad_clip, self.dtype)
+            self.optimizer = MegatronDistOptimizer(self.ddp, self.optim_settings, self.grad_clip, self.dtype,
+                                                   fp32_master_weights)
         else:
-            self.optimizer = MainGradAdamW(list(self.ddp.parameters()), self.optim_settings, self.grad_clip)
+            self.optimizer = MainGradAdamW(list(self.ddp.parameters()), self.optim_settings, self.grad_clip,
+                                           fp32_master_weights)
         self.snapshot = ParamSnapshot(snapshot_targets(self.ddp))
 
     # --- construction ----------------------------------------------------------------------------------
-    def _wrap_ddp(self, model: torch.nn.Module) -> torch.nn.Module:
+    def _wrap_ddp(self, model: torch.nn.Module, fp32_master_weights: bool = True) -> torch.nn.Module:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
+        if self.layout.etp != self.layout.tp:
+            # megatron-core 0.16 routes expert gradients through the expert-data-parallel reduction only when
+            # ep > 1 (`allreduce = not (is_expert and ep > 1)`); with etp < tp and ep = 1 the TP ranks hold
+            # whole experts fed different sequence-parallel tokens, whose gradients must be summed over the
+            # expert-DP group (which spans those TP ranks), so mark them as expert-parallel here
+            for name, p in model.named_parameters():
+                if ".experts." in name:
+                    p.allreduce = False
         cfg = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=self.on_gpu)
+            grad_reduce_in_fp32=fp32_master_weights, overlap_grad_reduce=False,
+            use_distributed_optimizer=self.on_gpu)
         return DistributedDataParallel(model.config, cfg, module=model)
 
     @torch.no_grad()
@@ -271,13 +309,43 @@ class MegatronTrainerBackend(WarmupSchedule):
             return context_parallel.forward_log_probs(self, inp, micro.responses.to(self.device), with_entropy, rows)
         logits = self.ddp(inp.tokens, inp.position_ids, inp.attention_mask)[:rows]  # [b, S, V/tp]
         inp.response_index = inp.response_index[:rows]
-        index = inp.response_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
-        z = logits.gather(1, index).float() / self.temperature
-        return vocab_parallel_log_probs(z, micro.responses.to(self.device), self.arch.vocab_size, with_entropy)
+        return self.head_log_probs(logits, inp.response_index, micro.responses.to(self.device), with_entropy)
+
+    def head_log_probs(self, logits: torch.Tensor, response_index: torch.Tensor, responses: torch.Tensor,
+                       with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """log π (and H) of `responses` [b, R] from vocab-parallel `logits` [b, S, V/tp] (model dtype) at the
+        positions `response_index` [b, R]: `logprob_chunk_tokens` response positions at a time, each chunk's
+        fp32 logits recomputed in backward, so no fp32 [b·R × V/tp] tensor exists at once."""
+        chunk = max(1, (self.logprob_chunk_tokens or responses.numel()) // max(1, responses.shape[0]))
+
+        def one(start: int) -> tuple[torch.Tensor, torch.Tensor]:
+            def run(lg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                idx = response_index[:, start : start + chunk]
+                z = lg.gather(1, idx.unsqueeze(-1).expand(-1, -1, lg.shape[-1])).float() / self.temperature
+                lp, ent = vocab_parallel_log_probs(z, responses[:, start : start + chunk], self.arch.vocab_size,
+                                                   with_entropy)
+                return lp, ent if ent is not None else lp.new_zeros(())
+            if torch.is_grad_enabled() and logits.requires_grad and chunk < responses.shape[1]:
+                return torch.utils.checkpoint.checkpoint(run, logits, use_reentrant=False)
+            return run(logits)
+
+        parts = [one(start) for start in range(0, responses.shape[1], chunk)]
+        entropy = torch.cat([e for _, e in parts], dim=1) if with_entropy else None
+        return torch.cat([lp for lp, _ in parts], dim=1), entropy
 
     def compute_log_probs(self, batch: TrainBatch, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log π_θ(response token) [B, R] in fp32 on CPU at the trainer temperature (0 on padding)."""
         self.ddp.eval()
+        if self.param_offload:
+            self.model.to(self.device)
+        try:
+            with torch.no_grad() if self.frozen else contextlib.nullcontext():
+                return self._compute_log_probs(batch, with_entropy)
+        finally:
+            if self.param_offload:
+                self.model.cpu()
+
+    def _compute_log_probs(self, batch: TrainBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.layout.pp > 1:
             return pipeline.compute_log_probs(self, batch, with_entropy)
         micros = split_micro_batches(batch, self.micro_batch_size)
@@ -292,6 +360,8 @@ class MegatronTrainerBackend(WarmupSchedule):
     # --- update ----------------------------------------------------------------------------------------
     def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
         """One local step: `mini_batches × ppo_epochs` optimizer updates (see the module docstring)."""
+        if self.optimizer is None:
+            raise RuntimeError("a frozen reference model does not train")
         start = time.perf_counter()
         plan = mini_batch_plan(len(batch), self.mini_batches, self.ppo_epochs, shuffle=self.shuffle,
                                seed=self.seed, step=self.global_step)

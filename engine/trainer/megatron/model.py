@@ -43,8 +43,20 @@ def padded_vocab_size(vocab_size: int, tp: int) -> int:
     return int(math.ceil(vocab_size / tp) * tp)
 
 
-def transformer_config(arch: ArchSpec, layout: ParallelLayout, dtype: torch.dtype, on_gpu: bool):
-    """The Megatron `TransformerConfig` for `arch` under `layout` (fp32 or bf16 params)."""
+def recompute_settings(granularity: str | None, method: str = "uniform", num_layers: int = 1) -> dict[str, object]:
+    """Megatron's activation-recompute fields: `full` = whole layers (`method`, `num_layers`), `selective` =
+    core attention only (Megatron wants no method / layer count then), None = off."""
+    if granularity is None:
+        return {}
+    if granularity == "selective":
+        return {"recompute_granularity": "selective"}
+    return {"recompute_granularity": "full", "recompute_method": method, "recompute_num_layers": num_layers}
+
+
+def transformer_config(arch: ArchSpec, layout: ParallelLayout, dtype: torch.dtype, on_gpu: bool,
+                       recompute: dict[str, object] | None = None):
+    """The Megatron `TransformerConfig` for `arch` under `layout` (fp32 or bf16 params; `recompute` from
+    `recompute_settings`)."""
     from megatron.core.transformer import TransformerConfig
 
     moe: dict[str, object] = {}
@@ -83,6 +95,7 @@ def transformer_config(arch: ArchSpec, layout: ParallelLayout, dtype: torch.dtyp
         pipeline_model_parallel_size=layout.pp,
         context_parallel_size=layout.cp,
         expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.etp,
         sequence_parallel=layout.tp > 1,
         params_dtype=dtype,
         bf16=dtype == torch.bfloat16,
@@ -101,6 +114,7 @@ def transformer_config(arch: ArchSpec, layout: ParallelLayout, dtype: torch.dtyp
         batch_p2p_comm=on_gpu,
         batch_p2p_sync=on_gpu,
         **moe,
+        **(recompute or {}),
     )
 
 
@@ -133,7 +147,8 @@ def layer_block_spec(config: object):
     return block
 
 
-def build_gpt_model(arch: ArchSpec, layout: ParallelLayout, dtype: torch.dtype, on_gpu: bool):
+def build_gpt_model(arch: ArchSpec, layout: ParallelLayout, dtype: torch.dtype, on_gpu: bool,
+                    recompute: dict[str, object] | None = None):
     """An uninitialised `GPTModel` for `arch` on this rank (weights are filled by `convert`).
 
     Call after `init_model_parallel(layout)` and `seed_model_parallel_rng`. Logits stay vocab-parallel.
@@ -143,7 +158,7 @@ def build_gpt_model(arch: ArchSpec, layout: ParallelLayout, dtype: torch.dtype, 
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
-    config = transformer_config(arch, layout, dtype, on_gpu)
+    config = transformer_config(arch, layout, dtype, on_gpu, recompute)
     with tensor_cuda_is_identity():
         model = GPTModel(
             config=config,

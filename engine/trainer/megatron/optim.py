@@ -16,7 +16,8 @@ then clipping scales every gradient by c = min(1, max_norm / (‖g‖ + 1e-6)). 
 update (gradients are dropped), as Megatron does.
 
 GPU: `MegatronDistOptimizer` wraps `get_megatron_optimizer` (Adam with decoupled weight decay, the
-distributed optimizer, clipping inside). It cannot run on this CPU-only development machine.
+distributed optimizer, clipping inside; bf16 params get fp32 main params unless `fp32_master_weights` is off).
+CPU with bf16 params: `MainGradAdamW` keeps the same fp32 main params itself. It cannot run on this CPU-only development machine.
 
 Learning rate: linear warm-up, lr_k = lr · min(1, (k + 1) / warmup_steps) for update k (k from 0), then
 constant.
@@ -51,18 +52,20 @@ def _is_expert(p: torch.Tensor) -> bool:
     return not getattr(p, "allreduce", True)
 
 
-def global_grad_norm(params: list[torch.nn.Parameter]) -> float:
-    """‖g‖₂ over all model-parallel ranks (see the module docstring); grads read from `p.grad`."""
+def global_grad_norm(params: list[torch.nn.Parameter], grads: list[torch.Tensor | None] | None = None) -> float:
+    """‖g‖₂ over all model-parallel ranks (see the module docstring); grads read from `p.grad`, or `grads[i]`
+    for `params[i]` when given."""
     from megatron.core import parallel_state as ps
 
     dense_sq = torch.zeros(1, dtype=torch.float64)
     expert_sq = torch.zeros(1, dtype=torch.float64)
     tp_rank, etp_rank = ps.get_tensor_model_parallel_rank(), ps.get_expert_tensor_parallel_rank()
-    for p in params:
-        if p.grad is None or getattr(p, "shared", False):
+    for i, p in enumerate(params):
+        grad = p.grad if grads is None else grads[i]
+        if grad is None or getattr(p, "shared", False):
             continue
         sharded = bool(getattr(p, "tensor_model_parallel", False))
-        sq = p.grad.detach().double().pow(2).sum().cpu()
+        sq = grad.detach().double().pow(2).sum().cpu()
         if _is_expert(p):
             if sharded or etp_rank == 0:
                 expert_sq += sq
@@ -82,37 +85,48 @@ def global_grad_norm(params: list[torch.nn.Parameter]) -> float:
 
 
 class MainGradAdamW:
-    """torch AdamW over a Megatron DDP model's parameters, stepping on `main_grad`, with global clipping."""
+    """torch AdamW over a Megatron DDP model's parameters, stepping on `main_grad`, with global clipping.
 
-    def __init__(self, params: list[torch.nn.Parameter], settings: OptimConfig, grad_clip: float) -> None:
+    `fp32_master_weights` with parameters below fp32 (bf16 compute): AdamW updates fp32 main copies of the
+    parameters (Megatron's fp32 main params) on the fp32 `main_grad`s, and each step copies them back into the
+    model's bf16 parameters — the update is never rounded to bf16 before it accumulates."""
+
+    def __init__(self, params: list[torch.nn.Parameter], settings: OptimConfig, grad_clip: float,
+                 fp32_master_weights: bool = True) -> None:
         self.params = [p for p in params if p.requires_grad]
         self.settings = settings
         self.grad_clip = grad_clip
-        decay = [p for p in self.params if p.ndim >= 2]
-        no_decay = [p for p in self.params if p.ndim < 2]
+        self.mains: list[torch.Tensor] = [
+            p.detach().float().clone() if fp32_master_weights and p.dtype != torch.float32 else p
+            for p in self.params]
+        decay = [m for p, m in zip(self.params, self.mains) if p.ndim >= 2]
+        no_decay = [m for p, m in zip(self.params, self.mains) if p.ndim < 2]
         self.opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=settings.lr, betas=settings.betas, eps=settings.eps)
 
     def step(self, lr: float) -> tuple[float, bool]:
         """Clip and apply one update at learning rate `lr`; returns (pre-clip grad norm, applied)."""
-        for p in self.params:
-            main = getattr(p, "main_grad", None)
-            p.grad = None if main is None else (main if main.dtype == p.dtype else main.to(p.dtype))
-        norm = global_grad_norm(self.params)
+        grads: list[torch.Tensor | None] = []
+        for main in self.mains:
+            p = self.params[len(grads)]
+            g = getattr(p, "main_grad", None)
+            grads.append(None if g is None else (g if g.dtype == main.dtype else g.to(main.dtype)))
+        norm = global_grad_norm(self.params, grads)
         applied = math.isfinite(norm)
         if applied:
-            if self.grad_clip and self.grad_clip > 0:
-                coef = self.grad_clip / (norm + 1e-6)
-                if coef < 1.0:
-                    for p in self.params:
-                        if p.grad is not None:
-                            p.grad.mul_(coef)
+            coef = self.grad_clip / (norm + 1e-6) if self.grad_clip and self.grad_clip > 0 else 1.0
+            for main, g in zip(self.mains, grads):
+                main.grad = None if g is None else (g * coef if coef < 1.0 else g)
             for group in self.opt.param_groups:
                 group["lr"] = lr
             self.opt.step()
-        for p in self.params:
-            p.grad = None
+            with torch.no_grad():
+                for p, main in zip(self.params, self.mains):
+                    if main is not p:
+                        p.copy_(main)
+        for main in self.mains:
+            main.grad = None
         return norm, applied
 
     def state_dict(self) -> dict[str, Any]:
@@ -122,17 +136,26 @@ class MainGradAdamW:
         self.opt.load_state_dict(state)
 
     def save_extra(self, path: str) -> None:
-        """Nothing beyond `state_dict` (kept for interface parity with the distributed optimizer)."""
+        """The fp32 main parameters, when they are copies (the bf16 weights alone would lose their low bits)."""
+        if any(m is not p for p, m in zip(self.params, self.mains)):
+            torch.save([m if m is not p else None for p, m in zip(self.params, self.mains)], path)
 
     def load_extra(self, path: str) -> None:
-        """Nothing beyond `state_dict`."""
+        """The fp32 main parameters `save_extra` wrote (else: from the just-loaded weights)."""
+        import os
+
+        saved = torch.load(path, map_location="cpu", weights_only=False) if os.path.exists(path) else None
+        with torch.no_grad():
+            for i, (p, main) in enumerate(zip(self.params, self.mains)):
+                if main is not p:
+                    main.copy_(saved[i] if saved is not None else p.float())
 
 
 class MegatronDistOptimizer:
     """Megatron's distributed Adam (GPU only): fp32 main params, sharded state, clipping inside `step`."""
 
     def __init__(self, ddp_model: torch.nn.Module, settings: OptimConfig, grad_clip: float,
-                 params_dtype: torch.dtype) -> None:
+                 params_dtype: torch.dtype, fp32_master_weights: bool = True) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("Megatron's distributed optimizer needs CUDA; on CPU use MainGradAdamW")
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -140,7 +163,9 @@ class MegatronDistOptimizer:
         cfg = OptimizerConfig(
             optimizer="adam", lr=settings.lr, min_lr=0.0, weight_decay=settings.weight_decay,
             adam_beta1=settings.betas[0], adam_beta2=settings.betas[1], adam_eps=settings.eps,
-            clip_grad=grad_clip, bf16=params_dtype == torch.bfloat16, params_dtype=params_dtype,
+            # bf16 = Megatron's mixed-precision optimizer: fp32 main params and Adam state over bf16 weights
+            clip_grad=grad_clip, bf16=fp32_master_weights and params_dtype == torch.bfloat16,
+            params_dtype=params_dtype,
             use_distributed_optimizer=True)
         self.opt = get_megatron_optimizer(cfg, [ddp_model])
         self.settings = settings

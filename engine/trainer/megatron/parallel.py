@@ -1,8 +1,9 @@
 """Process groups for the Megatron backend: torch.distributed (gloo on CPU, nccl on GPU) and Megatron's
 model-parallel groups.
 
-World layout (Megatron's): world = TP × CP × PP × DP, and expert parallelism is carved out of DP × CP
-(EP must divide DP × CP; the expert-data-parallel size is DP × CP / EP). TP, PP, EP and DP run on CPU
+World layout (Megatron's): world = TP × CP × PP × DP for the dense layers, and ETP × EP × EDP × PP over the
+same ranks for the expert layers (ETP = expert tensor parallel, verl's `etp`, default 1; Megatron 0.16's
+rule: ETP × EP must divide TP × CP × DP, the expert-data-parallel size is TP × CP × DP / (ETP × EP)). TP, PP, EP and DP run on CPU
 (gloo) and GPU; context parallelism needs Transformer Engine's attention, hence CUDA
 (`context_parallel.py`), so CP > 1 on CPU is rejected up front with a clear error.
 """
@@ -28,6 +29,7 @@ class ParallelLayout:
     cp: int = 1
     ep: int = 1
     world_size: int = 1
+    etp: int = 1
 
     @property
     def dp(self) -> int:
@@ -36,7 +38,7 @@ class ParallelLayout:
     def validate(self, *, on_gpu: bool, num_experts: int = 0, num_layers: int = 0,
                  num_query_groups: int = 0) -> None:
         """Raise `ParallelConfigError` if this layout cannot run (here, or at all)."""
-        for name in ("tp", "pp", "cp", "ep", "world_size"):
+        for name in ("tp", "pp", "cp", "ep", "etp", "world_size"):
             if getattr(self, name) < 1:
                 raise ParallelConfigError(f"{name} must be >= 1")
         if self.world_size % (self.tp * self.pp * self.cp):
@@ -45,8 +47,9 @@ class ParallelLayout:
         from engine.trainer.megatron.context_parallel import require_cp_support
 
         require_cp_support(self.cp, self.pp, on_gpu)
-        if (self.dp * self.cp) % self.ep:
-            raise ParallelConfigError(f"ep {self.ep} must divide dp×cp = {self.dp * self.cp}")
+        if (self.tp * self.cp * self.dp) % (self.etp * self.ep):
+            raise ParallelConfigError(f"etp×ep = {self.etp}×{self.ep} must divide tp×cp×dp = "
+                                      f"{self.tp * self.cp * self.dp}")
         if self.ep > 1 and not num_experts:
             raise ParallelConfigError("ep > 1 needs a mixture-of-experts model")
         if num_experts and num_experts % self.ep:
@@ -82,8 +85,9 @@ def init_model_parallel(layout: ParallelLayout) -> None:
 
     if ps.model_parallel_is_initialized():
         current = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
-                   ps.get_context_parallel_world_size(), ps.get_expert_model_parallel_world_size())
-        if current == (layout.tp, layout.pp, layout.cp, layout.ep):
+                   ps.get_context_parallel_world_size(), ps.get_expert_model_parallel_world_size(),
+                   ps.get_expert_tensor_parallel_world_size())
+        if current == (layout.tp, layout.pp, layout.cp, layout.ep, layout.etp):
             return
         ps.destroy_model_parallel()
     ps.initialize_model_parallel(
@@ -91,4 +95,5 @@ def init_model_parallel(layout: ParallelLayout) -> None:
         pipeline_model_parallel_size=layout.pp,
         context_parallel_size=layout.cp,
         expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.etp,
     )

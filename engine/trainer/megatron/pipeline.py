@@ -26,7 +26,6 @@ import torch.distributed as dist
 from engine.trainer.base import TrainBatch
 from engine.trainer.batch import is_filler, pad_to, split_micro_batches, trim_padding
 from engine.trainer.megatron.inputs import MegatronInputs, pack_batch
-from engine.trainer.megatron.vocab_parallel import vocab_parallel_log_probs
 
 Head = Callable[[int, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
@@ -85,9 +84,8 @@ def run(backend: Any, micros: list[TrainBatch], head: Head, *, with_entropy: boo
     def loss_func(k: int, logits: torch.Tensor) -> tuple[torch.Tensor, dict]:
         micro = micros[k]
         real = micro.responses.shape[0]
-        index = inputs[k].response_index[:real].unsqueeze(-1).expand(-1, -1, logits.shape[-1])
-        z = logits[:real].gather(1, index).float() / backend.temperature
-        lp, ent = vocab_parallel_log_probs(z, micro.responses, backend.arch.vocab_size, with_entropy)
+        lp, ent = backend.head_log_probs(logits[:real], inputs[k].response_index[:real], micro.responses,
+                                         with_entropy)
         return head(k, lp, ent) * n, {}
 
     def forward_step(_: Any, model: torch.nn.Module) -> tuple[torch.Tensor, Callable]:

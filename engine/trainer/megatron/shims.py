@@ -1,6 +1,6 @@
 """The only place where megatron-core is patched to run without CUDA (megatron-core 0.16.1, gloo).
 
-Megatron assumes a CUDA device in four places that no config flag reaches:
+Megatron assumes a CUDA device in five places that no config flag reaches:
 
 1. `torch.cuda.current_device()` is used as a *device* (RoPE's `inv_freq.to(...)`, the global memory buffer
    of the local attention). Without CUDA we answer ``"cpu"``.
@@ -15,7 +15,10 @@ Megatron assumes a CUDA device in four places that no config flag reaches:
    all-reduce that copies the first stage's embedding. `tensor_cuda_is_identity()` makes `Tensor.cuda`
    return the tensor itself for the duration of the model constructor only (CPU only).
 
-The first three patches are applied only when `torch.cuda.is_available()` is False, and applying them twice is a no-op.
+5. Activation recompute (`tensor_parallel.random.checkpoint`) saves and restores the CUDA generator's state
+   around the recomputed forward. Without CUDA there is none: the CPU generator (saved there too) is all.
+
+Patches 1, 2, 3 and 5 are applied only when `torch.cuda.is_available()` is False, and applying them twice is a no-op.
 One more fix is needed whenever Transformer Engine is absent (CPU or GPU): 0.16.1's MoE router reads the
 module global `te_general_gemm`, which is never defined when the TE import fails (`NameError`); we define
 it as None so the router takes its plain `torch.mm` path.
@@ -85,9 +88,13 @@ def apply_cpu_shims() -> bool:
         return False
     if not _APPLIED:
         from megatron.core.pipeline_parallel import schedules
+        from megatron.core.tensor_parallel import random as mpu_random
 
         torch.cuda.current_device = _cpu_current_device  # type: ignore[assignment]
         schedules.torch = _TorchZerosOnCPU()  # type: ignore[assignment]
+        # point 5: activation recompute saves and restores the CUDA generator; the CPU one is saved already
+        mpu_random._get_cuda_rng_state = lambda *a, **k: torch.empty(0, dtype=torch.uint8)
+        mpu_random._set_cuda_rng_state = lambda *a, **k: None
         _APPLIED = True
     return True
 
