@@ -10,7 +10,8 @@ Each timing is the fastest of a few calls after one warm-up (the minimum is the 
 other processes on the cores), at most ~`BUDGET_S` per entry. Timings are cached in
 `<cache>/machine/<key>.json` (`$ASYNCRL_CACHE`, default `~/.cache/asyncrl`), the key hashing the CPU model,
 its ISA flags, the cores, torch's version and the shapes: a second launch of the same run on the same machine
-measures nothing. Delete the file to measure again (a machine that was busy while it measured).
+measures nothing — unless the 1-minute load was at or above the core count while it measured: a busy machine's
+times decide that launch only, and the next launch measures again. Delete the file to measure again.
 """
 
 from __future__ import annotations
@@ -135,11 +136,15 @@ def resolve_auto(plan: RunPlan, model_dir: str, cache_dir: Path | None = None,
         timings = Timings(shapes, (cache_dir or default_cache_dir()) / "machine" / f"{key}.json")
         t0, load = time.monotonic(), round(os.getloadavg()[0], 2)
         measured, choices = measure(cfg, plan.device, shapes, timings, cores, split)
-        timings.save({"machine": identity, "torch": torch.__version__, "shapes": shapes, "load_1min": load})
         cached = timings.cached
-        where = "cached" if cached else f"measured in {time.monotonic() - t0:.1f} s at load {load}"
+        where = f"cached in {timings.path}" if cached else f"measured in {time.monotonic() - t0:.1f} s at load {load}"
+        if load < cores:  # a busy machine's times decide this launch only: the next one measures again
+            timings.save({"machine": identity, "torch": torch.__version__, "shapes": shapes, "load_1min": load})
+            where += "" if cached else f", cached in {timings.path}"
+        elif not cached:
+            where += ", not cached: the machine was busy"
         print(f"asyncrl: auto settings on {identity['cpu']} ({', '.join(identity['isa']) or 'no avx2'}, "
-              f"{cores} cores; {where}: {timings.path})", file=out)
+              f"{cores} cores; {where})", file=out)
     else:
         choices = auto.decide_precision(cfg, plan.device, None) + auto.decide_threads(cfg, plan.device, None,
                                                                                       cores, split)

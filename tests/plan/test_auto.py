@@ -147,3 +147,20 @@ def test_the_measurement_times_real_matmuls_and_caches_them(tmp_path: Path) -> N
     timings.save({"shapes": shapes})
     again = Timings(shapes, path)
     assert again.cached and {(s, m): again.get(s, m, 1) for s in shapes for m in ("fp32", "bf16")} == first
+
+
+@pytest.mark.parametrize(("load", "kept"), [(99.0, False), (0.0, True)])
+def test_a_measurement_taken_on_a_busy_machine_is_not_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             load: float, kept: bool) -> None:
+    import engine.runtime.probe as probe
+    from engine.models.loader import resolve_model_path
+
+    cfg = demo('model.path="builtin:tiny-qwen-all"')
+    model_dir = resolve_model_path(cfg.model.path, tmp_path / "models")
+    monkeypatch.setattr(probe.os, "getloadavg", lambda: (load, load, load))  # the one input forced here
+    out = io.StringIO()
+    resolved, record = probe.resolve_auto(resolve_plan(cfg, base_dir=DEMO.parent), str(model_dir),
+                                          cache_dir=tmp_path / "cache", out=out)
+    assert not record["cached"] and not auto.has_auto(resolved.config)
+    assert list((tmp_path / "cache").glob("machine/*.json")) != [] if kept else not (tmp_path / "cache").exists()
+    assert ("not cached: the machine was busy" in out.getvalue()) is not kept
