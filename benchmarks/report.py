@@ -73,10 +73,31 @@ def machine_lines(results: dict[str, dict[str, Any]]) -> list[str]:
     m = latest["machine"]
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)
     return [
-        f"- CPU: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM, {m['os']}",
+        f"- CPU: {cpu_text(m)}, {m['ram_gib']} GiB RAM, {m['os']}",
         f"- Software: {versions}",
-        f"- asyncrl commit: `{m.get('commit') or 'unknown'}`",
+        "- asyncrl commit: each study's own, with its dirty flag, under its heading",
     ]
+
+
+def cpu_text(m: dict[str, Any]) -> str:
+    """`AMD EPYC (avx512_bf16, avx512f, avx2), 2 cores`; the ISA flags are recorded since issue 29."""
+    isa = m.get("isa")
+    flags = f" ({', '.join(isa) or 'no AMX / AVX-512 / AVX2'})" if isa is not None else " (ISA flags not recorded)"
+    return f"{m['cpu']}{flags}, {m['cores']} cores"
+
+
+def source_text(m: dict[str, Any]) -> str:
+    """What code ran: `commit abc1234 (clean tree)`, or the dirty flag with the diff's hash and any correction."""
+    commit = f"commit `{m.get('commit') or 'unknown'}`"
+    if m.get("dirty") is None:
+        state = "tree state not recorded"
+    elif m["dirty"]:
+        digest = m.get("diff_sha256")
+        state = "**dirty tree**" + (f", diff sha256 `{digest}`" if digest else ", diff not recorded")
+    else:
+        state = "clean tree"
+    note = f" — {m['provenance_note']}" if m.get("provenance_note") else ""
+    return f"{commit} ({state}){note}"
 
 
 def load_lines(results: dict[str, dict[str, Any]]) -> list[str]:
@@ -101,12 +122,13 @@ def load_lines(results: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def study_section(name: str, r: dict[str, Any]) -> list[str]:
-    lines = [f"## {TITLES.get(name, name)}", ""]
+    dirty = " (ran from a dirty tree)" if r["machine"].get("dirty") else ""
+    lines = [f"## {TITLES.get(name, name)}{dirty}", ""]
     lines.append(
         f"`{r['command']}` (or `asyncrl bench {name}`) · {r['date']} · load {r['load_before']} → "
         f"{r.get('load_after')} · took {r.get('study_wall_s')} s"
     )
-    lines.append("")
+    lines += ["", f"Ran from {source_text(r['machine'])} · CPU {cpu_text(r['machine'])}", ""]
     for t in r["tables"]:
         lines += [f"**{t['title']}**", "", *md_table(t["columns"], t["rows"]), ""]
     if r["targets"]:

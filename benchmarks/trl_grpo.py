@@ -1,5 +1,6 @@
 """Study — TRL side by side: TRL's `GRPOTrainer` (trl 1.16.0 in `.venv-trl`, CPU, fp32 and bf16 autocast)
-against asyncrl (`mode = "sync"` and fully async) on the demo preset's exact recipe.
+against asyncrl (`mode = "sync"` and fully async) on the demo preset's recipe as the preset reads when the study
+runs (`benchmarks.trl_spec.recipe_from_config`; the sync trigger is TRL's `steps_per_generation`).
 
 Same model (the converted SmolLM2-135M-Instruct), same prompts (asyncrl's train stream, in its order, and
 its greedy validation set), same n, prompts per step, max tokens, optimiser, lr, clipping and reward (the
@@ -188,11 +189,13 @@ def _targets(runs: list[dict[str, Any]], trainer_precision: str) -> list[dict[st
     by = _by_label(runs)
     fast, sync = by.get("asyncrl-async", {}), by.get("asyncrl-sync", {})
     out = []
-    for precision in dict.fromkeys(["fp32", trainer_precision]):
+    # "auto" (decided on the machine at launch, recorded in each run's machine.json): TRL at both precisions
+    precisions = ["fp32", "bf16"] if trainer_precision == "auto" else ["fp32", trainer_precision]
+    for precision in dict.fromkeys(precisions):
         trl = by.get(f"trl-{precision}", {})
         out.append(evaluate(f"TRL {precision} time to val {THRESHOLD} ÷ asyncrl fully async's",
                             _ratio(trl, fast), 1.5, ">=", "×", _why(trl, fast, "TRL")))
-    for precision in dict.fromkeys(["fp32", trainer_precision]):
+    for precision in dict.fromkeys(precisions):
         trl = by.get(f"trl-{precision}", {})
         mine, theirs = sync.get("busy_tokens_per_s"), trl.get("sampling_tokens_per_s")
         out.append(evaluate(f"hf sampler (asyncrl sync) ÷ TRL {precision} `generate`, tokens/s inside the loop",

@@ -9,7 +9,11 @@ Mapping of the preset onto TRL (one TRL optimizer step = one asyncrl local step)
     prompts per step   P = trainer.ppo_mini_batch_size × async_training.require_batches
     num_generations    = rollout.n                                  (GRPO group size)
     per_device_train_batch_size = trainer.ppo_micro_batch_size_per_gpu     (sequences per micro-batch)
-    gradient_accumulation_steps = P · n / micro                     (so generation_batch_size = P · n)
+    gradient_accumulation_steps = P · n / micro                     (one optimizer step = P · n sequences)
+    steps_per_generation = gradient_accumulation_steps · T          T = async_training.trigger_parameter_sync_step:
+                         TRL generates T steps' sequences (generation_batch_size = T · P · n) with one policy
+                         and trains T optimizer steps on them before it generates again — asyncrl's weight push
+                         every T local steps (`mode = "sync"` is that exactly; fully async adds its staleness)
     max_steps          = rollout.total_rollout_steps / P
     max_completion_length = data.max_response_length
     learning_rate, adam_beta1/2, adam_epsilon, weight_decay, warmup_steps = trainer.optim.*
@@ -74,8 +78,10 @@ class SpecError(ValueError):
 def recipe_from_config(cfg: Any) -> dict[str, Any]:
     """The TRL-facing recipe of a validated asyncrl `RunConfig` (or its `model_dump()` dict).
 
-    Raises `SpecError` when the preset's batch does not split into whole TRL micro-batches or its
-    step count is not whole: then no TRL run would do the same work."""
+    Raises `SpecError` when the preset's batch does not split into whole TRL micro-batches, its step count is
+    not whole (in steps, or in generations of `trigger_parameter_sync_step` steps), or its sync trigger cannot
+    be mapped onto `steps_per_generation` (several mini-batches per local step; PPO epochs with T > 1):
+    then no TRL run would do the same work."""
     prompts = int(_get(cfg, "trainer.ppo_mini_batch_size")) * int(_get(cfg, "async_training.require_batches"))
     n = int(_get(cfg, "rollout.n"))
     micro = int(_get(cfg, "trainer.ppo_micro_batch_size_per_gpu"))
@@ -84,6 +90,16 @@ def recipe_from_config(cfg: Any) -> dict[str, Any]:
         raise SpecError(f"{prompts} prompts × n={n} does not split into micro-batches of {micro}")
     if total_prompts % prompts:
         raise SpecError(f"total_rollout_steps={total_prompts} is not a whole number of {prompts}-prompt steps")
+    trigger = int(_get(cfg, "async_training.trigger_parameter_sync_step"))
+    if int(_get(cfg, "async_training.require_batches")) != 1:
+        raise SpecError("async_training.require_batches > 1: asyncrl takes one optimizer step per mini-batch, "
+                        "this mapping one per local step; no TRL run here would do the same updates")
+    if trigger > 1 and int(_get(cfg, "trainer.ppo_epochs")) > 1:
+        raise SpecError(f"trigger_parameter_sync_step = {trigger} with ppo_epochs > 1: TRL's num_iterations "
+                        "passes go over the whole generation batch (all T steps), asyncrl's over each local step")
+    if (total_prompts // prompts) % trigger:
+        raise SpecError(f"{total_prompts // prompts} steps are not a whole number of generations of "
+                        f"trigger_parameter_sync_step = {trigger} steps")
     use_kl = bool(_get(cfg, "trainer.use_kl_loss"))
     agg = str(_get(cfg, "trainer.loss_agg_mode"))
     if agg != "token-mean":
@@ -95,6 +111,7 @@ def recipe_from_config(cfg: Any) -> dict[str, Any]:
         "num_generations": n,
         "per_device_train_batch_size": micro,
         "gradient_accumulation_steps": prompts * n // micro,
+        "steps_per_generation": prompts * n // micro * trigger,
         "max_steps": total_prompts // prompts,
         "adam_beta1": float(betas[0]),
         "adam_beta2": float(betas[1]),

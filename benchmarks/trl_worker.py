@@ -144,6 +144,7 @@ def run(spec: dict[str, Any], precision: str) -> dict[str, Any]:
         shuffle_dataset=False, max_steps=spec["max_steps"],
         per_device_train_batch_size=spec["per_device_train_batch_size"],
         gradient_accumulation_steps=spec["gradient_accumulation_steps"],
+        steps_per_generation=spec["steps_per_generation"],  # the asyncrl preset's sync trigger (trl_spec)
         num_generations=spec["num_generations"], max_completion_length=spec["max_completion_length"],
         learning_rate=spec["learning_rate"], lr_scheduler_type="constant", warmup_steps=spec["warmup_steps"],
         adam_beta1=spec["adam_beta1"], adam_beta2=spec["adam_beta2"], adam_epsilon=spec["adam_epsilon"],

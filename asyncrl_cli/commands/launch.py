@@ -111,6 +111,7 @@ def command(
         render_problems(con, an.problems)
         raise typer.Exit(an.exit_code or 1)
     assert an.derived is not None and an.hardware is not None  # exit code 0: both were resolved
+    from engine.plan.auto import wanted
     from engine.plan.run_plan import resolve_plan  # pure Python: M, R, the placement, once for both paths
 
     plan = resolve_plan(an.config, hardware=an.hardware, derived=an.derived, provenance=an.provenance.to_json(),
@@ -121,6 +122,7 @@ def command(
             emit_json(
                 {
                     "config": an.config.model_dump(mode="json"),
+                    "measured_at_launch": [k for k, on in wanted(an.config).items() if on],
                     "placement": plan.placement.to_json(),
                     "derived": an.derived.to_json(),
                     "precision": dataclasses.asdict(policy_of(an.config)),
@@ -144,6 +146,10 @@ def command(
         con.print(f"[bold]trainer precision[/bold]  {policy_of(an.config).describe()}")
         render_placement(con, plan.placement)
         render_problems(con, [p for p in an.problems if p.severity == "warning"])
+        auto_keys = [k for k, on in wanted(an.config).items() if on]
+        if auto_keys:  # the placement above shows the automatic split for an "auto" cpu_threads
+            con.print(f"auto: {', '.join(auto_keys)} measured at launch (fp32 vs bf16 and 1 vs every core at the "
+                      "run's shapes, on the machine that runs it)")
         con.print(f"dry run: nothing started, nothing written. A launch would create {files['run_dir']}/ and write "
                   f"{files['config']}, {files['provenance']}, metrics.jsonl and events.jsonl there.")
         return

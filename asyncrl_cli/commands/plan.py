@@ -122,7 +122,7 @@ def _render(layout: Layout, costs: CostModel, out: dict[str, Any], seconds: floa
 
     con = stdout_console()
     con.print(f"[bold]{layout.name}[/]: {layout.mode}, {layout.replicas} rollout replica(s) × tp {layout.rollout_tp}"
-              f" + {layout.trainer_world} trainer rank(s); {layout.required_samples} prompts × n={layout.n} per step, "
+              f" ({layout.slots} dispatch slot(s) each) + {layout.trainer_world} trainer rank(s); {layout.required_samples} prompts × n={layout.n} per step, "
               f"trigger {layout.trigger}, staleness {layout.staleness:g}, responses ≤ {layout.max_new_tokens} tokens")
     t = Table(title="predicted (simulated steady state)", title_justify="left")
     for col in ("layout", "accel.", "step", "samples/s", "trainer idle", "rollout idle", "staleness: prompts",
@@ -196,10 +196,12 @@ def command(
     ] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="With --sweep: how many layouts to print.")] = 5,
     slots: Annotated[
-        int, typer.Option("--slots", min=1, help="Model replicas that serve K dispatches at once (continuous "
-                          "batching of per-prompt requests, as asyncrl's streaming rollouter and verl's server); default 1: one "
-                          "dispatch per replica.")
-    ] = 1,
+        int | None, typer.Option("--slots", min=1, help="Model replicas that serve K dispatches at once (continuous "
+                                 "batching of per-prompt requests, as asyncrl's streaming rollouter and verl's "
+                                 "server); default: the streaming rollouter's, min(12, max_num_seqs // n), at most "
+                                 "32 / replicas (the simulation's cost); 1: one dispatch per replica, got back "
+                                 "whole.")
+    ] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Predict a run's speed before launching it: step time, samples/s, idle ratios, staleness, async ÷ sync.
@@ -214,7 +216,7 @@ def command(
     layout, costs = _setup(run_file, set_, calibration)
     from engine.plan.predict import predict
 
-    if slots > 1:
+    if slots is not None:
         import dataclasses
 
         layout = dataclasses.replace(layout, slots=slots)

@@ -17,6 +17,7 @@ from asyncrl_cli.config.problems import Problem, error, note, warn
 from asyncrl_cli.config.provenance import Provenance
 from asyncrl_cli.config.rc_options import parse_rs_options, parse_rs_thresholds
 from asyncrl_cli.config.schema import RunConfig
+from engine.plan.auto import compute_dtypes, mismatch_uncorrected
 from engine.config.precision import SHORT, policy_of
 
 RC = "algorithm.rollout_correction"
@@ -78,9 +79,8 @@ def correction_rules(cfg: RunConfig, prov: Provenance) -> list[Problem]:
             parse_rs_thresholds(parse_rs_options(rc.rollout_rs), rc.rollout_rs_threshold)
         except ValueError as e:
             out.append(error("rs-threshold-format", f"{RC}.rollout_rs_threshold", str(e)))
-    precision = {"fp32": "float32", "bf16": "bfloat16"}.get(cfg.rollout.dtype or "", cfg.model.dtype)
-    trainer_compute = policy_of(cfg).compute
-    if precision != trainer_compute and rc.rollout_is is None and rc.rollout_rs is None:
+    precision, trainer_compute = compute_dtypes(cfg)  # "auto" (decided at launch) is checked there
+    if "auto" not in (precision, trainer_compute) and mismatch_uncorrected(cfg):
         out.append(
             note(
                 "precision-mismatch-uncorrected",

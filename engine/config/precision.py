@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-"""torch dtype name → the short name of `trainer.precision` / `rollout.dtype`."""
+SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "auto": "auto"}
+"""torch dtype name → the short name of `trainer.precision` / `rollout.dtype` ("auto": not decided until the
+launch measures, `engine.plan.auto`)."""
 LONG = {v: k for k, v in SHORT.items()}
 
 

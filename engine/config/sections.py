@@ -148,17 +148,19 @@ class NodeGroup(Section):
     gpus_per_node: int = Field(1, gt=0)
     """Accelerators used per node (verl's `n_gpus_training` / `n_gpus_rollout`); at most the hardware's
     `gpus_per_node`. On `device = "cpu"` hardware these are worker processes."""
-    cpu_threads: int | Literal["all"] = 0
+    cpu_threads: int | Literal["all", "auto"] = 0
     """On `device = "cpu"` hardware: intra-op threads of each worker of this pool. 0 = automatic — fully async:
     the replicas share half the cores and the trainer ranks the rest (no oversubscription); sync: every core.
     "all" = every core. Oversubscribing is safe (OpenMP threads wait passively), and pays off for a trainer
-    when the rollouter idles most of the time (a model whose update is much slower than its generation)."""
+    when the rollouter idles most of the time (a model whose update is much slower than its generation).
+    "auto" = measured at launch: every core when this pool's matmuls run ≥ 1.25× faster on every core than on
+    one, else the automatic split (`engine.plan.auto`; cached per machine, reported at launch)."""
 
     @field_validator("cpu_threads")
     @classmethod
     def _threads(cls, v: int | str) -> int | str:
         if isinstance(v, int) and v < 0:
-            raise ValueError("cpu_threads must be 0 (automatic), a positive number of threads, or \"all\"")
+            raise ValueError("cpu_threads must be 0 (automatic), a positive number of threads, \"all\" or \"auto\"")
         return v
 
 
@@ -215,13 +217,16 @@ class TrainerConfig(Section):
     """Expert parallel size (megatron, MoE models)."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
     """Optimizer settings."""
-    precision: Literal["fp32", "bf16"] | None = None
+    precision: Literal["fp32", "bf16", "auto"] | None = None
     """Compute precision of the trainer's forward and backward, overriding `model.dtype` (None = from
     `model.dtype`). Below fp32 the matmuls run in bf16 (AMX / AVX-512-BF16 on CPU, tensor cores on GPU) —
     single rank: `torch.autocast` over fp32 parameters; FSDP2: `MixedPrecisionPolicy(param_dtype=bf16,
     reduce_dtype=fp32)` over fp32 shards; Megatron: bf16 params with fp32 main params in the optimizer —
     while log-softmax, the loss, the gradient reduction and the update stay fp32 (see `fp32_master_weights`).
-    `launch --dry-run` prints the resulting policy."""
+    `launch --dry-run` prints the resulting policy. `auto` = decided at launch: bf16 on cuda / npu; on CPU
+    bf16 when it times ≥ 1.1× faster than fp32 at the trainer's matmul and LM-head shapes on this machine, else
+    fp32 (`engine.plan.auto`; cached per machine and shape, reported at launch, recorded in
+    `<run dir>/machine.json`)."""
     fp32_master_weights: bool = True
     """Keep the trainer's parameters, gradient reduction and optimizer state in fp32 whatever the compute
     dtype (verl and Megatron always do). False = a pure compute-dtype trainer: with bf16 compute the AdamW
@@ -329,10 +334,11 @@ class RolloutConfig(Section):
     """Fraction of each rollout GPU vLLM may take for weights plus KV cache."""
     max_num_seqs: int = Field(256, gt=0)
     """Concurrent sequences per replica."""
-    dtype: Literal["fp32", "bf16"] | None = None
+    dtype: Literal["fp32", "bf16", "auto"] | None = None
     """Weights and compute precision of the rollout replicas, set apart from the trainer's `model.dtype`
     (None = the same). Synced weights are cast on load; a bf16 rollout against an fp32 trainer is a
-    train–inference mismatch (per-token ratios ~0.6–1.5): pair it with rollout correction."""
+    train–inference mismatch (per-token ratios ~0.6–1.5): pair it with rollout correction. `auto` = decided
+    at launch like `trainer.precision = "auto"`, at a decode step's shapes (bf16 weights vs fp32)."""
     total_rollout_steps: int | None = Field(None, gt=0)
     """Total prompts to generate (verl's name; None = the whole data × `trainer.total_epochs`)."""
     val_temperature: float = Field(0.0, ge=0)

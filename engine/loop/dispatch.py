@@ -24,6 +24,17 @@ from dataclasses import dataclass
 from engine.types import GenRequest
 
 
+STREAM_CALLS = 12
+"""Dispatches the rollouter sends one replica at once when its backend batches continuously (`hf`, `vllm`: a
+`capacity()` method); the replica actor keeps threads beside them for abort / resume / sync / stats."""
+
+
+def replica_slots(rows: int, n: int, calls: int = STREAM_CALLS) -> int:
+    """Dispatches one replica serves at once while work is scarce — one group of n rows each, as `Capacity.room`
+    gives them: min(calls, rows // n), at least 1. `asyncrl plan` models a replica as that many slots."""
+    return max(1, min(calls, rows // max(1, n)))
+
+
 @dataclass(frozen=True)
 class Capacity:
     """What one replica takes at once (see the module docstring)."""

@@ -6,6 +6,8 @@ no torch, no ray — importing it costs what the CLI's `validate` already pays.
     hardware.py   hardware presets (`presets/hardware/*.toml`): the model, the loader, a preset's device
     presets.py    where the preset catalog lives (env path, source tree, or the installed package's data)
     placement.py  the placement: the dry-run layout over nodes and the Ray options each actor asks for
+    auto.py       "auto" precision / cpu_threads: the shapes to time and the decision from the times (the launch
+                  measures: `engine.runtime.probe`) · machine.py: CPU model and bf16 ISA flags (/proc/cpuinfo)
 
 and `asyncrl plan`, the prediction of a layout's speed with the loop simulator:
 

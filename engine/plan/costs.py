@@ -21,10 +21,18 @@ Without a calibration, responses are assumed uniform on 1..max/2 with 5 % runnin
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from engine.plan.sizes import effective_staleness, required_samples, rollout_replicas, trainer_world
+from engine.loop.dispatch import replica_slots
+from engine.plan.sizes import (
+    effective_staleness,
+    max_required_samples,
+    required_samples,
+    rollout_replicas,
+    trainer_world,
+)
 
 if TYPE_CHECKING:
     from engine.config.schema import RunConfig
@@ -75,7 +83,8 @@ class Layout:
     slots: int = 1
     """Dispatches one replica serves at once: 1 models one dispatch (`seqs_per_call` rows) per replica, got
     back whole (asyncrl's loop before it streamed); a server with continuous batching that takes each prompt
-    on its own (asyncrl's streaming rollouter, verl's `concurrent_samples_per_replica`) is that many."""
+    on its own (asyncrl's streaming rollouter, verl's `concurrent_samples_per_replica`) is that many.
+    `from_config` takes asyncrl's (`plan_slots`)."""
 
     @property
     def rollout_world(self) -> int:
@@ -102,7 +111,30 @@ class Layout:
             replicas=rollout_replicas(cfg), rollout_tp=tp, trainer_world=trainer_world(cfg),
             trainer_model_parallel=t.tp * t.pp * t.cp if t.backend == "megatron" else 1,
             total_versions=total_versions, log_prob_passes=passes, device=device,
+            slots=plan_slots(max(r.n, r.max_num_seqs), r.n, rollout_replicas(cfg), max_required_samples(cfg)),
         )
+
+
+SIM_REPLICAS = 32
+"""The most simulated replicas a default plan models (R replicas of k slots are R·k simulated replicas, and
+the simulation's cost grows with them: 24 replicas × 12 slots took 15× the CPU time of 1 slot)."""
+
+
+def plan_slots(rows: int, n: int, replicas: int, in_flight: int) -> int:
+    """The slots a plan models per replica (at least 1; `asyncrl plan --slots K` models exactly K).
+
+    The streaming rollouter sends a replica up to `replica_slots(rows, n)` dispatches of one group each
+    (`engine.loop.dispatch`). The simulator models k slots as k replicas of ⌊rows / k⌋ rows stepping at
+    a + k·b·rows_per_slot — exact when every slot is full — so k is the largest slot count, at most that, at most
+    ⌊SIM_REPLICAS / R⌋ (the simulation's cost), with which the G groups a replica has out at once
+    (G = min(⌈in_flight / R⌉, ⌊rows / n⌋), in_flight = the staleness budget's `max_required_samples`) still
+    fit in one round:  k · ⌊rows / (k·n)⌋ ≥ G."""
+    r = max(1, replicas)
+    groups = max(1, min(math.ceil(in_flight / r), rows // max(1, n)))
+    for k in range(min(replica_slots(rows, n), groups, SIM_REPLICAS // r), 1, -1):
+        if k * (rows // (k * n)) >= groups:
+            return k
+    return 1
 
 
 @dataclass

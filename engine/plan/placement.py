@@ -12,7 +12,8 @@ Both count M and R with the same functions (`engine.plan.sizes`).
 CPU cores (`device = "cpu"`, C = the cores): in sync mode the phases alternate, so the replicas get C threads
 and each trainer rank C // M; fully async splits them, never oversubscribed: each replica (C // 2) // R, each
 trainer rank (C − R·replica_threads) // M, at least 1; `resources.{trainer,rollout}.cpu_threads` overrides it
-(0 = this split, "all" = C).
+(0 = this split, "all" = C, "auto" = this split here, C or this split once the launch has measured:
+`engine.plan.auto`).
 """
 
 from __future__ import annotations
@@ -126,9 +127,12 @@ def accelerators(device: str, count: int) -> dict[str, Any]:
 
 
 def resolve_threads(setting: int | str, automatic: int, cores: int) -> int:
-    """A pool's `cpu_threads` setting resolved: 0 → `automatic`, "all" → every core, else the number given."""
+    """A pool's `cpu_threads` setting resolved: 0 → `automatic`, "all" → every core, "auto" → `automatic` until
+    the launch measures (`engine.runtime.probe`), else the number given."""
     if setting == "all":
         return cores
+    if setting == "auto":
+        return automatic
     return int(setting) or automatic
 
 

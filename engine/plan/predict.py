@@ -14,7 +14,8 @@ the `measure` versions between. Over the window of duration T, with V versions a
 
 On `device = "cpu"` the trainer and the rollout workers share the host's cores, which the simulator does not
 see (it gives each its own device): the prediction is then the contention bound
-T_cpu = max(T, Σ replica busy + trainer busy) — the work done serially. The idle ratios stay those of the
+T_cpu = max(T, Σ replica busy / slots + trainer busy) — the work done serially (a replica's slots are one
+batch, so their summed busy time counts once per slot count). The idle ratios stay those of the
 overlap (T): on shared cores a side slows down while the other computes rather than idling, and what it
 waits for follows the dependencies (a rule chosen after the tiny-preset runs of the plan-validation study).
 
@@ -128,8 +129,8 @@ def simulate(layout: Layout, costs: CostModel, label: str = "plan", measure: int
     train_compute = tbusy - len(span) * s.sync_cost
     T_free = T
     cpu = layout.device == "cpu"
-    if cpu:
-        T = max(T, rbusy + tbusy)
+    if cpu:  # a replica's k slots step together in one batch: its busy time is the slots' ÷ k
+        T = max(T, rbusy / max(1, layout.slots) + tbusy)
     hist = collections.Counter(out.staleness[prompts0:prompts1])
     version_time = T / max(1, v)
     if total is None:

@@ -50,6 +50,9 @@ def check_device(device: str) -> str:
     return device
 
 
+AUTO_UNRESOLVED = ('{key} = "auto" is decided at launch (engine.runtime.probe.resolve_auto); resolve the config '
+                   "before building a backend")
+
 ROLLOUT_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 """`rollout.dtype` → torch dtype name."""
 
@@ -57,6 +60,8 @@ ROLLOUT_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 def rollout_dtype(cfg: RunConfig) -> str:
     """The rollout's torch dtype name: `rollout.dtype` when set, else the trainer's `model.dtype`."""
     chosen = getattr(cfg.rollout, "dtype", None)
+    if chosen == "auto":
+        raise ValueError(AUTO_UNRESOLVED.format(key="rollout.dtype"))
     return ROLLOUT_DTYPES[chosen] if chosen else cfg.model.dtype
 
 
@@ -120,6 +125,8 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
     from engine.config.precision import SHORT, policy_of
 
     deterministic_threads(cfg)
+    if cfg.trainer.precision == "auto":
+        raise ValueError(AUTO_UNRESOLVED.format(key="trainer.precision"))
     t = cfg.trainer
     policy = policy_of(cfg)
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0

@@ -34,8 +34,9 @@ from engine.control.controller import NAMESPACE
 from engine.plan.placement import RAY_ACCELERATOR  # light modules: no ray at import
 from engine.plan.run_plan import RunPlan, resolve_plan
 from engine.runtime.placement_groups import PlacementTimeout, reserve_run
+from engine.runtime.probe import resolve_auto
 from engine.runtime.run_dirs import prepare_run_dir, resume_hint
-from engine.telemetry.sinks import CONFIG_FILE, PLAN_FILE, PROVENANCE_FILE
+from engine.telemetry.sinks import CONFIG_FILE, MACHINE_FILE, PLAN_FILE, PROVENANCE_FILE
 
 if TYPE_CHECKING:
     from engine.config.schema import RunConfig
@@ -167,9 +168,11 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
     from engine.runtime.preflight import preflight
     from engine.runtime.resume import ResumeError, plan_resume, resume_message, rewind_run_dir
 
+    _placement(plan)  # a layout this runtime cannot run is refused before anything starts
+    model_dir = preflight(plan.config)  # nothing is written before the inputs are known to be usable
+    plan, machine = resolve_auto(plan, model_dir)  # "auto" precision / threads: measured here, one line each
     cfg = plan.config
-    placement = _placement(plan)  # a layout this runtime cannot run is refused before anything starts
-    model_dir = preflight(cfg)  # nothing is written before the inputs are known to be usable
+    placement = _placement(plan)
     run_plan, plan = plan, plan_resume(cfg, resume) if resume else None
     for path, why in plan.skipped if plan else []:
         print(f"asyncrl: checkpoint {path} is corrupt ({why}); skipped, using an older one", file=sys.stderr)
@@ -190,6 +193,8 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
     (run_dir / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2))
     if ident.get("prediction") is not None:
         (run_dir / PLAN_FILE).write_text(json.dumps(ident["prediction"], indent=2))
+    if machine is not None:
+        (run_dir / MACHINE_FILE).write_text(json.dumps(machine, indent=2))
     resumed: dict[str, Any] | None = None
     if plan is not None:
         message = resume_message(plan, rewind_run_dir(plan), cfg.async_training.partial_rollout)

@@ -20,16 +20,18 @@ from typing import Any
 
 import ray
 
+from engine.loop.dispatch import STREAM_CALLS
 from engine.rollout.base import SamplingParams
 from engine.runtime.backends import build_rollout_backend
 from engine.types import GenRequest, GenResult
 
 
-MAX_CONCURRENCY = 16
+GENERATE_CALLS = STREAM_CALLS
+"""Concurrent `generate` calls the rollouter sends one replica (`engine.loop.dispatch.STREAM_CALLS`, which
+`asyncrl plan` models too): the other threads stay free for `abort`, `resume`, `update_weights` and `stats`,
+so a sync never waits behind a full thread pool."""
+MAX_CONCURRENCY = GENERATE_CALLS + 4
 """Threads of a replica actor: concurrent `generate` calls plus the control calls (abort, stats, ...)."""
-GENERATE_CALLS = MAX_CONCURRENCY - 4
-"""Concurrent `generate` calls the rollouter sends one replica: the other threads stay free for `abort`,
-`resume`, `update_weights` and `stats`, so a sync never waits behind a full thread pool."""
 
 
 @ray.remote(max_concurrency=MAX_CONCURRENCY)

@@ -23,6 +23,9 @@ PROVENANCE_FILE = "config.provenance.json"
 """Where each resolved value came from (file and line): written by `launch` and `launch --dry-run` alike."""
 PLAN_FILE = "plan.json"
 """`launch --plan`: the predicted step time, samples/s and idle ratios the dashboard compares with the run."""
+MACHINE_FILE = "machine.json"
+"""A run with "auto" settings: the machine (CPU, ISA flags), the shapes timed, the times and each choice with
+its rule (`engine.plan.auto.record`)."""
 
 
 @runtime_checkable

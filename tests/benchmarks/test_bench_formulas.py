@@ -99,7 +99,49 @@ def test_report_renders_tables_targets_and_load_warning() -> None:
     text = render({"cli-latency": result})
     assert "| `asyncrl --help` | 0.4 |" in text
     assert "missed by 33.3 %" in text
-    assert "Test CPU, 2 cores, 8.0 GiB RAM" in text
+    assert "Test CPU (ISA flags not recorded), 2 cores, 8.0 GiB RAM" in text
+    assert "Ran from commit `abc123` (tree state not recorded)" in text
     assert "machine was shared" in text and "cli-latency (3.2 → 3.1)" in text
     assert "![cli-latency](../benchmarks/results/cli-latency.png)" in text
     assert "Not run yet:" in text
+
+
+def test_a_study_from_a_dirty_tree_is_marked_with_its_diff_hash() -> None:
+    result = {"study": "cli-latency", "size": "full", "command": "c", "date": "2025-01-01T00:00:00+00:00",
+              "load_before": [0.1, 0.1, 0.1], "load_after": [0.1, 0.1, 0.1], "study_wall_s": 1.0,
+              "machine": {"cpu": "Xeon", "isa": ["avx512_bf16", "avx512f"], "cores": 2, "ram_gib": 8.0, "os": "L",
+                          "versions": {}, "commit": "abc123", "dirty": True, "diff_sha256": "d1ff"},
+              "tables": [], "targets": [], "notes": []}
+    text = render({"cli-latency": result})
+    assert "(ran from a dirty tree)" in text
+    assert "Ran from commit `abc123` (**dirty tree**, diff sha256 `d1ff`) · CPU Xeon (avx512_bf16, avx512f), 2 cores" in text
+    result["machine"].update(dirty=False, diff_sha256=None)
+    text = render({"cli-latency": result})
+    assert "dirty tree" not in text and "commit `abc123` (clean tree)" in text
+
+
+def test_source_info_sees_a_dirty_tree_but_not_the_studys_own_results(tmp_path, monkeypatch) -> None:
+    import subprocess
+
+    import benchmarks.common as common
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "code.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    monkeypatch.setattr(common, "REPO", tmp_path)
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "study.json").write_text("{}")  # what a study writes itself
+    clean = common.source_info()
+    assert clean["dirty"] is False and clean["diff_sha256"] is None and len(clean["commit"]) >= 7
+    (tmp_path / "code.py").write_text("x = 2\n")
+    one = common.source_info()
+    (tmp_path / "code.py").write_text("x = 3\n")
+    other = common.source_info()
+    assert one["dirty"] and other["dirty"] and one["diff_sha256"] != other["diff_sha256"]
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "new.py").write_text("y = 1\n")  # an untracked file is a difference too
+    assert common.source_info()["dirty"] is True

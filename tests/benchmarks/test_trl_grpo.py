@@ -87,6 +87,29 @@ def test_study_recipe_is_the_demo_preset() -> None:
         range(0, r["max_steps"] + 1, cfg.trainer.test_freq * cfg.async_training.trigger_parameter_sync_step))
 
 
+def test_the_sync_trigger_is_trls_steps_per_generation() -> None:
+    """asyncrl pushes weights every T local steps; TRL generates T optimizer steps' sequences with one policy."""
+    cfg = load_config(PRESETS / PRESET, [])
+    assert cfg.async_training.trigger_parameter_sync_step == 2  # the demo's
+    r = recipe_from_config(cfg)
+    assert r["steps_per_generation"] == 2 * r["gradient_accumulation_steps"]
+    # TRL's generation_batch_size = per_device_train_batch_size × steps_per_generation: two steps of P · n
+    assert r["per_device_train_batch_size"] * r["steps_per_generation"] == 2 * r["prompts_per_step"] * cfg.rollout.n
+    every_step = recipe_from_config(load_config(PRESETS / PRESET, ["async_training.trigger_parameter_sync_step=1"]))
+    assert every_step["steps_per_generation"] == every_step["gradient_accumulation_steps"]  # TRL's default
+
+
+def test_recipe_refuses_a_trigger_trl_cannot_map() -> None:
+    with pytest.raises(SpecError, match="ppo_epochs"):
+        recipe_from_config(load_config(PRESETS / PRESET, ["trainer.ppo_epochs=2"]))
+    with pytest.raises(SpecError, match="generations of trigger_parameter_sync_step = 3"):
+        recipe_from_config(load_config(PRESETS / PRESET, ["async_training.trigger_parameter_sync_step=3"]))
+    dumped = load_config(PRESETS / PRESET, []).model_dump()
+    dumped["async_training"]["require_batches"] = 2
+    with pytest.raises(SpecError, match="require_batches"):
+        recipe_from_config(dumped)
+
+
 def test_recipe_refuses_work_trl_cannot_repeat() -> None:
     cfg = load_config(PRESETS / PRESET, ["rollout.total_rollout_steps=10"])  # asyncrl trains a last, partial step
     with pytest.raises(SpecError, match="whole number"):

@@ -97,3 +97,28 @@ def test_plan_keeps_the_cli_import_light() -> None:
             f"print(sorted(m for m in sys.modules if m.startswith({heavy!r})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_plan_models_the_streaming_rollouters_slots_by_default() -> None:
+    """A replica serves several dispatches at once (the streaming rollouter: one group of n rows per call, up to
+    `STREAM_CALLS` calls); `--slots 1` is the old one-dispatch-per-replica model."""
+    from engine.loop.dispatch import STREAM_CALLS, Capacity, replica_slots
+    from engine.plan.costs import SIM_REPLICAS, plan_slots
+
+    preset = RUNS / "qwen2.5-math-7b-dapo-fsdp2-64-64.toml"  # 16 replicas of max_num_seqs ≥ 12 groups
+    default = json.loads(_plan(preset, "--json").output)
+    one = json.loads(_plan(preset, "--json", "--slots", "1").output)
+    lay = default["layout"]
+    assert lay["slots"] == min(STREAM_CALLS, lay["seqs_per_call"] // lay["n"], SIM_REPLICAS // lay["replicas"]) == 2
+    assert one["layout"]["slots"] == 1
+    assert (default["plan"], default["sync"]) != (one["plan"], one["sync"])  # the slots change the simulated replicas, hence the prediction
+    # the slot count is the dispatches the loop's Capacity hands one replica while work is scarce
+    cap, rows_out, calls = Capacity(rows=64, calls=STREAM_CALLS), 0, 0
+    while (room := cap.room(8, rows_out, calls)) > 0 and room == 8:
+        rows_out, calls = rows_out + room, calls + 1
+    assert replica_slots(64, 8) == calls == 8  # 8 single groups of n fill its 64 rows
+    assert replica_slots(4, 8) == 1 and replica_slots(4096, 8) == STREAM_CALLS
+    assert plan_slots(4096, 8, replicas=1, in_flight=100) == STREAM_CALLS
+    assert plan_slots(4096, 8, replicas=64, in_flight=1000) == 1  # the simulation's budget
+    assert plan_slots(4096, 8, replicas=2, in_flight=6) == 3  # no more slots than groups out at once
+    assert plan_slots(256, 8, replicas=1, in_flight=32) == 8  # 8 slots of 4 groups hold all 32 in one round

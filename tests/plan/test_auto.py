@@ -1,0 +1,166 @@
+"""`"auto"` precision and threads: the decision is a pure function of the measurement (each outcome forced here);
+the launch-time glue (`engine.runtime.probe.resolve_auto`) decides from the per-machine cache, prints one line per
+setting and returns a plan of concrete values; the measurement itself times real matmuls."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncrl_cli.config import load_run_config
+from engine.config.schema import RunConfig
+from engine.plan import auto
+from engine.plan.machine import parse_cpuinfo
+from engine.plan.run_plan import resolve_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "presets" / "runs" / "smollm2-arith-cpu.toml"
+SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "vocab_size": 49152}
+
+
+def demo(*overrides: str) -> RunConfig:
+    res = load_run_config(DEMO, list(overrides))
+    assert res.config is not None, [str(p) for p in res.problems]
+    return res.config
+
+
+def test_bf16_is_chosen_only_where_it_is_measurably_faster() -> None:
+    fast = auto.choose_precision("trainer", fp32_s=1.8, bf16_s=1.0)
+    assert (fast.key, fast.value) == ("trainer.precision", "bf16")
+    assert fast.line() == "trainer.precision auto: bf16 1.80× fp32 here (bf16 from 1.1×) → bf16"
+    slow = auto.choose_precision("rollout", fp32_s=0.6, bf16_s=1.0)  # a Xeon without AMX: bf16 0.6× fp32
+    assert (slow.key, slow.value, slow.ratio) == ("rollout.dtype", "fp32", 0.6)
+    assert "0.60× fp32" in slow.line() and slow.line().endswith("→ fp32")
+    assert auto.choose_precision("trainer", 1.05, 1.0).value == "fp32"  # a tie goes to fp32 (bf16 costs accuracy)
+
+
+def test_a_pool_takes_every_core_only_where_its_matmuls_scale() -> None:
+    scales = auto.choose_threads("trainer", one_s=1.9, all_s=1.0, cores=2, share=1)
+    assert (scales.key, scales.value) == ("resources.trainer.cpu_threads", 2)
+    flat = auto.choose_threads("trainer", one_s=1.05, all_s=1.0, cores=2, share=1)  # busy or memory-bound cores
+    assert flat.value == 1 and "1.05×" in flat.line()
+
+
+def test_accelerators_choose_bf16_without_measuring() -> None:
+    choices = auto.decide_precision(demo(), "cuda", None)
+    assert [(c.key, c.value, c.ratio) for c in choices] == [("trainer.precision", "bf16", None),
+                                                             ("rollout.dtype", "bf16", None)]
+    threads = auto.decide_threads(demo(), "cuda", None, cores=64, split={"trainer": 4, "rollout": 4})
+    assert [(c.key, c.value) for c in threads] == [("resources.trainer.cpu_threads", 0)]
+
+
+def test_the_roles_decide_from_their_own_shapes() -> None:
+    times = {"trainer": {"fp32": 1.0, "bf16": 2.0}, "lm_head": {"fp32": 1.0, "bf16": 1.0},  # trainer: 0.67×
+             "decode": {"fp32": 1.0, "bf16": 0.5}, "decode_head": {"fp32": 3.0, "bf16": 1.0}}  # rollout: 2.67×
+    by_key = {c.key: c.value for c in auto.decide_precision(demo(), "cpu", times)}
+    assert by_key == {"trainer.precision": "fp32", "rollout.dtype": "bf16"}
+    fixed = demo("trainer.precision=\"fp32\"", "rollout.dtype=\"bf16\"")
+    assert auto.decide_precision(fixed, "cpu", times) == []  # only "auto" settings are decided
+
+
+def test_the_shapes_are_the_runs() -> None:
+    shapes = auto.probe_shapes(demo(), SMOLLM2)
+    # micro-batch 8 × (256 / 2 prompt + 64 response) rows, capped; the decode step: n 8 × 4 prompts
+    assert shapes["trainer"] == (auto.MAX_ROWS, 576, 1536)
+    assert shapes["lm_head"] == (auto.HEAD_ROWS, 576, 49152)
+    assert shapes["decode"] == (32, 576, 1536) and shapes["decode_head"] == (32, 576, 49152)
+
+
+def test_the_resolved_config_has_concrete_values_and_its_plan_gives_the_threads() -> None:
+    cfg = demo()
+    assert auto.has_auto(cfg) and plan_threads(cfg, 2) == (1, 1)  # "auto" plans as the automatic split
+    choices = [auto.Choice("trainer.precision", "fp32", 0.6, ""), auto.Choice("rollout.dtype", "bf16", 2.0, ""),
+               auto.Choice("resources.trainer.cpu_threads", 2, 1.9, "")]
+    resolved = auto.apply(cfg, choices)
+    assert not auto.has_auto(resolved)
+    assert (resolved.trainer.precision, resolved.rollout.dtype) == ("fp32", "bf16")
+    assert plan_threads(resolved, 2) == (2, 1)
+    assert auto.mismatch_uncorrected(resolved)  # fp32 trainer, bf16 sampler, no correction in the demo
+
+
+def plan_threads(cfg: RunConfig, cores: int) -> tuple[int, int]:
+    actors = resolve_plan(cfg, cores=cores, base_dir=DEMO.parent).actors
+    return actors["trainer_threads"], actors["replica_threads"]
+
+
+def test_cpuinfo_gives_the_model_and_the_bf16_flags() -> None:
+    text = ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8375C\n"
+            "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile amx_bf16\nprocessor\t: 1\nmodel name\t: other\n")
+    assert parse_cpuinfo(text) == {"cpu": "Intel(R) Xeon(R) Platinum 8375C",
+                                   "isa": ["amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2"]}
+
+
+def write_cache(cache: Path, cfg: RunConfig, model_dir: Path, bf16_speed: float, scaling: float) -> None:
+    """A cache file that says bf16 runs `bf16_speed`× fp32 and every core `scaling`× one thread."""
+    import torch
+
+    from engine.plan.machine import cpu_identity
+
+    shapes = auto.probe_shapes(cfg, json.loads((model_dir / "config.json").read_text()))
+    identity = cpu_identity()
+    cores = identity["cores"]
+    entries = {}
+    for s in shapes:
+        entries[f"{s}:fp32:{cores}"] = 1.0
+        entries[f"{s}:bf16:{cores}"] = 1.0 / bf16_speed
+        for mode in ("fp32", "bf16"):
+            entries[f"{s}:{mode}:1"] = entries[f"{s}:{mode}:{cores}"] * scaling
+    path = cache / "machine" / f"{auto.cache_key(identity, shapes, torch.__version__)}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"entries": entries}))
+
+
+@pytest.mark.parametrize(("bf16_speed", "precision", "threads"), [(0.6, "fp32", "split"), (1.8, "bf16", "all")])
+def test_launch_resolves_auto_from_the_machines_measurement(tmp_path: Path, bf16_speed: float, precision: str,
+                                                            threads: str) -> None:
+    from engine.models.loader import resolve_model_path
+    from engine.runtime.probe import resolve_auto
+
+    cfg = demo('model.path="builtin:tiny-qwen-all"')
+    model_dir = resolve_model_path(cfg.model.path, tmp_path / "models")
+    plan = resolve_plan(cfg, base_dir=DEMO.parent)
+    write_cache(tmp_path / "cache", cfg, model_dir, bf16_speed, scaling=1.0 if threads == "split" else 2.0)
+    out = io.StringIO()
+    resolved, record = resolve_auto(plan, str(model_dir), cache_dir=tmp_path / "cache", out=out)
+    lines = out.getvalue().splitlines()
+    assert "cached" in lines[0]
+    assert f"asyncrl: trainer.precision auto: bf16 {bf16_speed:.2f}× fp32 here (bf16 from 1.1×) → {precision}" in lines
+    assert resolved.config.trainer.precision == resolved.config.rollout.dtype == precision
+    cores = record["machine"]["cores"]
+    want = cores if threads == "all" else plan.actors["trainer_threads"]
+    assert resolved.actors["trainer_threads"] == resolved.config.resources.trainer.cpu_threads == want
+    assert {c["key"]: c["value"] for c in record["choices"]}["trainer.precision"] == precision
+    assert record["cached"] and record["measured"]["precision"]["lm_head"]["bf16"] == pytest.approx(1 / bf16_speed)
+
+
+def test_the_measurement_times_real_matmuls_and_caches_them(tmp_path: Path) -> None:
+    from engine.runtime.probe import Timings
+
+    shapes = {"trainer": (16, 32, 64), "decode": (4, 32, 64)}
+    path = tmp_path / "m.json"
+    timings = Timings(shapes, path)
+    first = {(s, m): timings.get(s, m, 1) for s in shapes for m in ("fp32", "bf16")}
+    assert all(0 < t < 1 for t in first.values()) and not timings.cached
+    timings.save({"shapes": shapes})
+    again = Timings(shapes, path)
+    assert again.cached and {(s, m): again.get(s, m, 1) for s in shapes for m in ("fp32", "bf16")} == first
+
+
+@pytest.mark.parametrize(("load", "kept"), [(99.0, False), (0.0, True)])
+def test_a_measurement_taken_on_a_busy_machine_is_not_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             load: float, kept: bool) -> None:
+    import engine.runtime.probe as probe
+    from engine.models.loader import resolve_model_path
+
+    cfg = demo('model.path="builtin:tiny-qwen-all"')
+    model_dir = resolve_model_path(cfg.model.path, tmp_path / "models")
+    monkeypatch.setattr(probe.os, "getloadavg", lambda: (load, load, load))  # the one input forced here
+    out = io.StringIO()
+    resolved, record = probe.resolve_auto(resolve_plan(cfg, base_dir=DEMO.parent), str(model_dir),
+                                          cache_dir=tmp_path / "cache", out=out)
+    assert not record["cached"] and not auto.has_auto(resolved.config)
+    assert list((tmp_path / "cache").glob("machine/*.json")) != [] if kept else not (tmp_path / "cache").exists()
+    assert ("not cached: the machine was busy" in out.getvalue()) is not kept
