@@ -31,7 +31,10 @@ from engine.runtime.batching import LogRatioObserver, is_ratio_metrics, prepare_
 from engine.runtime.ledger import Ledger
 from engine.runtime.trainer_checkpoints import TrainerCheckpoints
 from engine.runtime.trainer_group import TrainerGroup, trainer_world
+from engine.sync.collective import CollectiveSync
+from engine.sync.object_store import ObjectStoreSync
 from engine.sync.runtime import build_weight_sync, publish
+from engine.sync.verify import DeliveryCheck
 from engine.types import TrajectoryGroup
 
 
@@ -72,6 +75,7 @@ class TrainerCore(TrainerCheckpoints):
         self.stale_policy = cfg.async_training.stale_policy
         self.bucket_bytes = cfg.rollout.weight_sync_bucket_mb * 2**20
         self.weight_sync = build_weight_sync(cfg)  # object store or collective broadcast (engine.sync.runtime)
+        self.delivery = DeliveryCheck()  # every sync's receipts against what was sent (engine.sync.verify)
         self.run_dir = run_dir
         self.ledger = Ledger(run_dir)
         self.stale_processed = 0
@@ -285,11 +289,14 @@ class TrainerCore(TrainerCheckpoints):
         cut = bool(every) and version % every == 0  # a periodic checkpoint follows this step
         knob = self._pending_trigger() if self.sync_mode else None  # sync mode: a new interval starts here
         trigger = int(knob["value"]) if knob else None
-        pending, nbytes = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
-                                  lambda refs: self.rollouter.update_weights.remote(version, refs, self.local_step,
-                                                                                    cut, trigger))
+        gen = ray.get(self.rollouter.sync_generation.remote()) if isinstance(self.weight_sync, CollectiveSync) else 0
+        sent = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
+                       lambda refs: self.rollouter.update_weights.remote(version, refs, self.local_step, cut, trigger),
+                       gen=gen, corrupt_bucket=self.cfg.debug.corrupt_sync_bucket)
+        nbytes = sent.nbytes
         export_s = time.monotonic() - t0
-        out = ray.get(pending)
+        out = ray.get(sent.out)
+        self._verify_delivery(version, sent, out.pop("receipts"))
         self.loop.synced()
         if knob:
             self.loop.set_trigger(trigger)
@@ -300,13 +307,21 @@ class TrainerCore(TrainerCheckpoints):
             self.backend.snapshot_params()
             out["asyncrl/prox_snapshot_s"] = time.monotonic() - t_snap
         total = time.monotonic() - t0
-        out.update({"timing_s/param_sync": total, "asyncrl/sync/bytes": nbytes, "asyncrl/sync/export_s": export_s})
+        out.update({"timing_s/param_sync": total, "asyncrl/sync/bytes": nbytes, "asyncrl/sync/export_s": export_s,
+                    "asyncrl/sync/verified": 1.0, "asyncrl/sync/buckets": len(sent.fingerprints)})
         self.controller.record_event.remote(self._ev(
             "info", "sync", f"weights v{self.version} pushed: {nbytes / 2**20:.1f} MiB in {total:.2f}s "
-            f"(pause {out['asyncrl/sync/pause_s']:.2f}s, transfer {out['asyncrl/sync/transfer_s']:.2f}s)",
-            bytes=nbytes, seconds=total, pause_s=out["asyncrl/sync/pause_s"],
-            transfer_s=out["asyncrl/sync/transfer_s"], interval=self.trigger))
+            f"(pause {out['asyncrl/sync/pause_s']:.2f}s, transfer {out['asyncrl/sync/transfer_s']:.2f}s), "
+            f"verified on every replica", bytes=nbytes, seconds=total, pause_s=out["asyncrl/sync/pause_s"],
+            transfer_s=out["asyncrl/sync/transfer_s"], interval=self.trigger, verified=True,
+            buckets=len(sent.fingerprints), transport=type(self.weight_sync).__name__))
         return out
+
+    def _verify_delivery(self, version: int, sent: Any, receipts: dict[int, Any]) -> None:
+        """Every live replica loaded exactly the sent buckets, else `SyncDeliveryError` (the run fails, naming
+        the replica and the bucket); a replica whose weights did not change is an `error` event (alarm)."""
+        for alarm in self.delivery.check(version, sent.fingerprints, receipts, sent.names):
+            self.controller.record_event.remote(self._ev("error", "sync", alarm))
 
     # ------------------------------------------------------------------ control plane
     def _pending_trigger(self) -> dict[str, Any] | None:
@@ -399,5 +414,7 @@ class Trainer:
 
     def push_weights(self) -> None:
         """Resume: give the rollout replicas the restored weights before generation starts."""
-        refs = [ray.put(b) for b in self.core.backend.export_weights(self.core.bucket_bytes)]
-        ray.get(self.core.rollouter.load_weights.remote(self.core.version, refs))
+        core = self.core
+        sent = publish(ObjectStoreSync(), core.version, core.backend.export_weights(core.bucket_bytes),
+                       lambda refs: core.rollouter.load_weights.remote(core.version, refs))
+        core._verify_delivery(core.version, sent, ray.get(sent.out))

@@ -10,7 +10,8 @@ one tensor at a time is in flight and no rank ever holds the whole model. The la
 the embedding is not exported twice. `lm_head.weight` is always included — for tied
 embeddings it is the embedding matrix — because vLLM leaves the LM head stale otherwise.
 
-Numpy export: numpy has no bfloat16, so bf16 tensors are exported as float32 arrays (exact widening).
+The export keeps the model's dtype (bf16 stays bf16): the weight sync packs the tensors into its flat
+buffers as they are (`engine.sync.flat`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import torch
 import torch.distributed as dist
 
 from engine.sync.buckets import Bucket, bucketize
-from engine.sync.export import host_array
 from engine.trainer.megatron.convert import ShardInfo, megatron_to_hf, stage_rules
 from engine.trainer.megatron.hf_config import ArchSpec
 
@@ -127,6 +127,6 @@ def _stage_tensors(model: torch.nn.Module, arch: ArchSpec, info: ShardInfo) -> I
 
 
 def export_hf(model: torch.nn.Module, arch: ArchSpec, bucket_bytes: int) -> Iterator[Bucket]:
-    """HF-named numpy buckets of ~`bucket_bytes` (see `engine.sync.buckets.bucketize`); arrays may be views
-    of the live weights (`engine.sync.export.host_array`)."""
-    return bucketize(((n, host_array(t)) for n, t in iter_hf_tensors(model, arch)), bucket_bytes)
+    """HF-named tensor buckets of ~`bucket_bytes` in the model's dtype (see `engine.sync.buckets.bucketize`);
+    tensors may be the live (replicated) weights."""
+    return bucketize(iter_hf_tensors(model, arch), bucket_bytes)
