@@ -13,8 +13,9 @@ model) until the next sync replaces them.
 Collective weight sync (`engine.sync.collective`): a broadcast cannot be replayed, and every slot is a member
 of the trainer's group. `generation` counts the replica processes replaced so far; the trainer announces
 each sync with it (`sync_generation`), so after a replacement all members join a new group generation. A
-replacement does not load anything when it starts: it waits (down) for the next sync, which it receives with
-every other slot (`update_live` includes it), and is released with the weights of that sync.
+replacement does not load anything when it starts: it waits (down, `waiting`) until the trainer sends it the
+latest version in a catch-up group (`catch_up`, when the trainer still holds that version) or the next sync,
+which it receives with every other slot (`update_live` includes it), and is released with those weights.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class ReplicaPool:
         self._starting: dict[Any, tuple[int, int]] = {}  # ready ref -> (slot, version being loaded)
         self.generation = 0  # replica processes replaced: the collective group's generation
         self.loaded: dict[int, int] = {}  # slot -> version its current process holds (tracked for replacements)
+        self.waiting: set[int] = set()  # collective: replacements that are up and wait for the latest weights
 
     def __len__(self) -> int:
         return len(self.replicas)
@@ -78,6 +80,7 @@ class ReplicaPool:
     def fail(self, rid: int, cause: str) -> bool:
         """Slot `rid` lost its process. True when a replacement is starting; False when the budget is spent."""
         self.down.add(rid)
+        self.waiting.discard(rid)
         self._starting = {ref: v for ref, v in self._starting.items() if v[0] != rid}
         if self.spawn is None or self.restarts >= self.max_restarts:
             self.exhausted = (f"rollout replica {rid} died ({cause}) and the restart budget "
@@ -122,7 +125,9 @@ class ReplicaPool:
             if self.latest is not None and self.latest[0] > loaded:
                 if not self.collective():
                     self._load_latest(rid)
-                continue  # collective: `update_live` of the next sync loads and releases it
+                else:  # a catch-up or the next sync loads and releases it
+                    self.waiting.add(rid)
+                continue
             self.down.discard(rid)
             out.append((rid, None))
         return out
@@ -143,6 +148,13 @@ class ReplicaPool:
         (all slots are group members) — and collect their receipts (`engine.sync.verify`)."""
         self.set_latest(version, bucket_refs)
         targets = list(range(len(self.replicas))) if self.collective() else self.live()
+        return self._load(bucket_refs, version, targets)
+
+    def catch_up(self, bucket_refs: list, version: int, slots: list[int]) -> SyncOutcome:
+        """Load the latest weights (a catch-up broadcast of `version`) on the waiting replacements `slots`."""
+        return self._load(bucket_refs, version, slots)
+
+    def _load(self, bucket_refs: list, version: int, targets: list[int]) -> SyncOutcome:
         calls = {rid: self.replicas[rid].update_weights.remote(bucket_refs, version) for rid in targets}
         out = SyncOutcome()
         for rid, ref in calls.items():
@@ -152,6 +164,7 @@ class ReplicaPool:
                 out.dead.append((rid, describe_failure(e)))
                 continue
             self.loaded[rid] = version
+            self.waiting.discard(rid)
             if rid in self.down and not any(v[0] == rid for v in self._starting.values()):
                 self.down.discard(rid)
                 out.joined.append(rid)

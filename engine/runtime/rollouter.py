@@ -265,6 +265,23 @@ class RolloutShell:
             self._event("info", "replica", f"replacement rollout replica {rid} is up with weights "
                         f"v{self.pool.latest[0] if self.pool.latest else 0}", replica=rid, phase="replaced")
 
+    def catch_up_slots(self) -> list[int]:
+        """Replacements waiting for the latest collective weights; when there are, the trainer broadcasts them a
+        catch-up now, so the next full sync forms a new group generation."""
+        with self.lock:
+            slots = sorted(self.pool.waiting)
+            if slots:
+                self.pool.generation += 1
+            return slots
+
+    def catch_up(self, version: int, bucket_refs: list, slots: list[int]) -> dict[int, Any]:
+        """Load the trainer's catch-up broadcast of `version` on the waiting replacements; returns the receipts."""
+        outcome = self.pool.catch_up(bucket_refs, version, slots)
+        with self.lock:
+            self._sync_outcome(outcome)
+            self.lock.notify_all()
+        return outcome.receipts
+
     def sync_generation(self) -> int:
         """Before a collective sync: find replicas whose process died unnoticed (a ping), replace them, and
         return the group generation the trainer must announce (`ReplicaPool.generation`)."""

@@ -239,6 +239,7 @@ class TrainerCore(TrainerCheckpoints):
             self.loop.offer(got, closed)
             if not got:
                 self._apply_knobs()
+                self._catch_up()
         if self._stop and len(self.loop.buffer) < self.required:
             return False  # stopping: no partial step; the buffer goes into the stop checkpoint
         return self.loop.can_step()
@@ -316,6 +317,25 @@ class TrainerCore(TrainerCheckpoints):
             transfer_s=out["asyncrl/sync/transfer_s"], interval=self.trigger, verified=True,
             buckets=len(sent.fingerprints), transport=type(self.weight_sync).__name__))
         return out
+
+    def _catch_up(self) -> None:
+        """Collective sync: a replaced replica waits for the weights of the last sync. While this trainer still
+        holds exactly them (no step since), broadcast them to the waiting replicas alone (a catch-up group);
+        otherwise the replica receives the next sync."""
+        if not isinstance(self.weight_sync, CollectiveSync) or self.version == 0 or self.loop.since_sync:
+            return
+        slots = ray.get(self.rollouter.catch_up_slots.remote())
+        if not slots:
+            return
+        self._catch_ups = getattr(self, "_catch_ups", 0) + 1
+        version = self.version
+        sent = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
+                       lambda refs: self.rollouter.catch_up.remote(version, refs, slots), gen=-self._catch_ups,
+                       members=slots)
+        self._verify_delivery(version, sent, ray.get(sent.out))
+        self.controller.record_event.remote(self._ev(
+            "info", "sync", f"weights v{version} sent to replaced rollout replica(s) {slots}: "
+            f"{sent.nbytes / 2**20:.1f} MiB, verified", bytes=sent.nbytes, verified=True, catch_up=slots))
 
     def _verify_delivery(self, version: int, sent: Any, receipts: dict[int, Any]) -> None:
         """Every live replica loaded exactly the sent buckets, else `SyncDeliveryError` (the run fails, naming

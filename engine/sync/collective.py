@@ -9,7 +9,10 @@ process-group object that is not the process's default group, so it lives beside
 FSDP2 world. **Generations**: the group of generation g uses the store prefix `asyncrl-weights-<g>`. When the
 replica set changed (a replica died and was replaced) the trainer announces g + 1; every receiver — the
 survivors and the replacement in the dead one's slot — joins the new group on its next pull, and the old
-group is dropped. The replacement thus gets the current weights at the next sync, over the same path.
+group is retired. A replacement gets the weights either at the next sync, over the same path, or — as soon
+as it is up, when the trainer still holds the last synced version (no step since) — from a *catch-up group*:
+the trainer and the waiting replacements alone (`members`, a negative generation of its own), after which
+the next sync re-forms the full group in a new generation.
 
 Wire format, per bucket, three broadcasts from rank 0 (the bucket is a `engine.sync.flat.FlatBucket`):
 
@@ -53,10 +56,12 @@ class CollectiveHandle:
     num_buckets: int = 0
     per_replica: int = 1  # receivers per replica: 1 (hf, or a vLLM replica's driver), t for a vLLM TP-t replica
     fingerprints: list[int] = field(default_factory=list)
+    members: list[int] | None = None  # a catch-up group: only these replica slots, in this order (None: all)
 
     def first_rank(self, replica_id: int) -> int:
         """Group rank of replica `replica_id`'s first receiver (its worker w is this + w)."""
-        return 1 + replica_id * self.per_replica
+        slot = replica_id if self.members is None else self.members.index(replica_id)
+        return 1 + slot * self.per_replica
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -161,9 +166,12 @@ class CollectiveSync:
         self.store: object | None = None
         self.group: BroadcastGroup | None = None
 
-    def announce(self, version: int, gen: int = 0) -> CollectiveHandle:
-        return CollectiveHandle(version, self.host, self.port, self.world, self.backend, gen=gen,
-                                per_replica=self.per_replica)
+    def announce(self, version: int, gen: int = 0, members: list[int] | None = None) -> CollectiveHandle:
+        """The handle of `version` for group generation `gen`: every replica slot, or a catch-up group of the
+        slots `members` alone (a distinct `gen`, so it never meets a full group's store keys)."""
+        world = self.world if members is None else 1 + len(members) * self.per_replica
+        return CollectiveHandle(version, self.host, self.port, world, self.backend, gen=gen,
+                                per_replica=self.per_replica, members=members)
 
     def send(self, handle: CollectiveHandle, buckets: Iterable[object]) -> CollectiveHandle:
         """Join generation `handle.gen` (a new one drops the old group) and broadcast `buckets`."""
@@ -173,7 +181,7 @@ class CollectiveSync:
         if self.group is None or self.group.gen != handle.gen:
             if self.group is not None:
                 _RETIRED.append(self.group)
-            self.group = BroadcastGroup(self.store, 0, self.world, self.backend, self.timeout_s, handle.gen,
+            self.group = BroadcastGroup(self.store, 0, handle.world, self.backend, self.timeout_s, handle.gen,
                                         self.device)
         handle.nbytes, handle.fingerprints = self.group.send(buckets)
         handle.num_buckets = len(handle.fingerprints)

@@ -75,12 +75,13 @@ def packed(buckets: Iterable[Any], device: Any, names: list[list[str]],
 
 
 def publish(sync: Any, version: int, buckets: Iterable[Any], send: Callable[[list], Any], gen: int = 0,
-            corrupt_bucket: int | None = None) -> Published:
+            corrupt_bucket: int | None = None, members: list[int] | None = None) -> Published:
     """Move `buckets` (consumed as the trainer exports them, packed one bucket ahead of the transport) to the
-    replicas; group generation `gen` for the collective (module docstring)."""
+    replicas; group generation `gen` (and for a catch-up only the replica slots `members`) for the collective
+    (module docstring)."""
     names: list[list[str]] = []
     if isinstance(sync, CollectiveSync):
-        handle = sync.announce(version, gen)
+        handle = sync.announce(version, gen, members)
         out = send([handle])
         device = sync.device if sync.device is not None else default_device(sync.backend)
         sync.send(handle, ahead(packed(buckets, device, names, corrupt_bucket), PIPELINE_DEPTH))
