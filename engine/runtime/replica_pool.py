@@ -66,6 +66,7 @@ class ReplicaPool:
         self.generation = 0  # replica processes replaced: the collective group's generation
         self.loaded: dict[int, int] = {}  # slot -> version its current process holds (tracked for replacements)
         self.waiting: set[int] = set()  # collective: replacements that are up and wait for the latest weights
+        self._members: list[int] | None = None  # the slots of the last collective sync's group
 
     def __len__(self) -> int:
         return len(self.replicas)
@@ -92,6 +93,16 @@ class ReplicaPool:
         self.loaded[rid] = 0
         self._load_latest(rid)
         return True
+
+    def sync_members(self) -> tuple[int, list[int]]:
+        """The group of the next collective sync: (generation, slots). Its members are the slots whose process
+        is up — live, or a replacement waiting for weights; one still starting is left out (it catches up
+        later) so the sync does not wait for its start-up. A new member set is a new generation."""
+        members = sorted(set(self.live()) | self.waiting)
+        if members != self._members:
+            self.generation += 1 if self._members is not None else 0
+            self._members = members
+        return self.generation, members
 
     def collective(self) -> bool:
         """True when the newest weights were broadcast (they cannot be fetched again)."""
@@ -147,7 +158,8 @@ class ReplicaPool:
         """Load weights on every live replica — with a collective sync also on every replacement waiting for it
         (all slots are group members) — and collect their receipts (`engine.sync.verify`)."""
         self.set_latest(version, bucket_refs)
-        targets = list(range(len(self.replicas))) if self.collective() else self.live()
+        members = getattr(bucket_refs[0], "members", None) if self.collective() else None
+        targets = self.live() if members is None else list(members)
         return self._load(bucket_refs, version, targets)
 
     def catch_up(self, bucket_refs: list, version: int, slots: list[int]) -> SyncOutcome:

@@ -282,9 +282,9 @@ class RolloutShell:
             self.lock.notify_all()
         return outcome.receipts
 
-    def sync_generation(self) -> int:
+    def sync_generation(self) -> tuple[int, list[int]]:
         """Before a collective sync: find replicas whose process died unnoticed (a ping), replace them, and
-        return the group generation the trainer must announce (`ReplicaPool.generation`)."""
+        return the group generation the trainer must announce and its member slots (`ReplicaPool.sync_members`)."""
         actors = {rid: self.pool.replicas[rid] for rid in self.pool.live()}
         dead = self.pool.check_live()
         with self.lock:
@@ -294,7 +294,7 @@ class RolloutShell:
                 self._execute(self.loop.replica_died(rid))
                 self._replica_failed(rid, cause)
             self.lock.notify_all()
-            return self.pool.generation
+            return self.pool.sync_members()
 
     def set_trigger(self, trigger: int) -> None:
         """The trainer applied a new sync interval at its local-step boundary: the budget uses it now."""

@@ -290,10 +290,12 @@ class TrainerCore(TrainerCheckpoints):
         cut = bool(every) and version % every == 0  # a periodic checkpoint follows this step
         knob = self._pending_trigger() if self.sync_mode else None  # sync mode: a new interval starts here
         trigger = int(knob["value"]) if knob else None
-        gen = ray.get(self.rollouter.sync_generation.remote()) if isinstance(self.weight_sync, CollectiveSync) else 0
+        gen, members = 0, None
+        if isinstance(self.weight_sync, CollectiveSync):  # the group: generation and slots (engine.sync.collective)
+            gen, members = ray.get(self.rollouter.sync_generation.remote())
         sent = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
                        lambda refs: self.rollouter.update_weights.remote(version, refs, self.local_step, cut, trigger),
-                       gen=gen, corrupt_bucket=self.cfg.debug.corrupt_sync_bucket)
+                       gen=gen, corrupt_bucket=self.cfg.debug.corrupt_sync_bucket, members=members)
         nbytes = sent.nbytes
         export_s = time.monotonic() - t0
         out = ray.get(sent.out)
@@ -327,7 +329,7 @@ class TrainerCore(TrainerCheckpoints):
         slots = ray.get(self.rollouter.catch_up_slots.remote())
         if not slots:
             return
-        self._catch_ups = getattr(self, "_catch_ups", 0) + 1
+        self._catch_ups = getattr(self, "_catch_ups", 0) + 1  # catch-up groups: generations −1, −2, …
         version = self.version
         sent = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
                        lambda refs: self.rollouter.catch_up.remote(version, refs, slots), gen=-self._catch_ups,

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from engine.sync.flat import FlatBucket, flatten
+from engine.sync.flat import BufferRing, FlatBucket, flatten
 
 _END = (-1, 0, 0)
 
@@ -127,9 +127,9 @@ class BroadcastGroup:
         h = self._bcast(torch.zeros(3, dtype=torch.int64, device=self.device)).tolist()
         return int(h[0]), int(h[1]), int(h[2])
 
-    def receive(self) -> Iterator[FlatBucket]:
-        """Yield the buckets of one version as rank 0 sends them (each in a fresh buffer on this group's device);
-        drains the version if closed early."""
+    def receive(self, ring: BufferRing | None = None) -> Iterator[FlatBucket]:
+        """Yield the buckets of one version as rank 0 sends them (each in a buffer of `ring`, else a fresh one, on
+        this group's device); drains the version if closed early."""
         done = False
         try:
             while True:
@@ -139,8 +139,9 @@ class BroadcastGroup:
                     return
                 index = pickle.loads(self._bcast(torch.empty(n_index, dtype=torch.uint8, device=self.device))
                                      .cpu().numpy().tobytes())
-                data = self._bcast(torch.empty(n_data, dtype=torch.uint8, device=self.device))
-                yield FlatBucket(index, data, seq)
+                buf = ring.get(n_data, self.device) if ring is not None else \
+                    torch.empty(n_data, dtype=torch.uint8, device=self.device)
+                yield FlatBucket(index, self._bcast(buf), seq)
         finally:
             if not done:  # the consumer stopped early: take the rest so rank 0 is not left waiting
                 while True:
@@ -203,10 +204,11 @@ _RECEIVERS: dict[tuple[str, int, int], BroadcastGroup] = {}
 in-process vLLM worker and another receiver may share a process)."""
 
 
-def pull(handle: CollectiveHandle, rank: int, timeout_s: float = 300.0,
-         device: torch.device | None = None) -> Iterator[FlatBucket]:
+def pull(handle: CollectiveHandle, rank: int, timeout_s: float = 300.0, device: torch.device | None = None,
+         ring: BufferRing | None = None) -> Iterator[FlatBucket]:
     """The buckets of `handle` received as group rank `rank` (≥ 1); joins generation `handle.gen` on first use
-    (dropping this rank's older generation)."""
+    (retiring this rank's older generation). With `ring`, into its resident buffers (a bucket is overwritten
+    `len(ring.slots)` buckets later: only for a consumer that copies each bucket out before the next)."""
     key = (handle.host, handle.port, rank)
     group = _RECEIVERS.get(key)
     if group is None or group.gen != handle.gen:
@@ -219,4 +221,4 @@ def pull(handle: CollectiveHandle, rank: int, timeout_s: float = 300.0,
             _RETIRED.append(_RECEIVERS.pop(key))
         group = BroadcastGroup(store, rank, handle.world, handle.backend, timeout_s, handle.gen, device)
         _RECEIVERS[key] = group
-    return group.receive()
+    return group.receive(ring)

@@ -24,13 +24,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.sync.collective import CollectiveHandle, CollectiveSync, default_device, pull
-from engine.sync.flat import FlatBucket, flatten
+from engine.sync.flat import BufferRing, FlatBucket, flatten
 from engine.sync.object_store import ObjectStoreSync
 from engine.sync.pipeline import ahead
 from engine.sync.verify import Delivery
 
 PIPELINE_DEPTH = 1
 """Buckets produced ahead of the one in flight, on each side (1 = double buffering)."""
+RING_SLOTS = PIPELINE_DEPTH + 2
+"""Resident buffers per side (`engine.sync.flat.BufferRing`): one consumed, `PIPELINE_DEPTH` queued, one filled."""
+_RINGS: dict[str, BufferRing] = {}
+"""This process's buffer rings by role ("send", "receive"), kept across syncs."""
+
+
+def _ring(role: str) -> BufferRing:
+    return _RINGS.setdefault(role, BufferRing(RING_SLOTS))
 
 
 def build_weight_sync(cfg: Any) -> ObjectStoreSync | CollectiveSync:
@@ -66,8 +74,9 @@ def packed(buckets: Iterable[Any], device: Any, names: list[list[str]],
     """The trainer's buckets as fingerprinted `FlatBucket`s on `device`, their names appended to `names`.
     `corrupt_bucket` (fault injection, `debug.corrupt_sync_bucket`): flip one byte of that bucket *after* its
     fingerprint was taken, as a fault on the wire would."""
+    ring = _ring("send")  # the transports copy each bucket out before taking the next
     for seq, bucket in enumerate(buckets):
-        fb = flatten(bucket, seq, device)
+        fb = flatten(bucket, seq, device, ring)
         names.append(fb.names)
         if seq == corrupt_bucket and fb.nbytes:
             fb.data[0] ^= 0x5A
@@ -104,7 +113,10 @@ def resolve_buckets(bucket_refs: list, replica_id: int) -> Delivery:
     if len(bucket_refs) == 1 and isinstance(bucket_refs[0], CollectiveHandle):
         handle = bucket_refs[0]
         rank = handle.first_rank(replica_id)
-        return Delivery(_Lazy(lambda: ahead(pull(handle, rank), PIPELINE_DEPTH)), handle, rank)
+        # every consumer in a replica's process copies a bucket out before the next (hf: into its parameters;
+        # vLLM's driver: into the RPC's bytes), so the receive buffers can be a resident ring
+        return Delivery(_Lazy(lambda: ahead(pull(handle, rank, ring=_ring("receive")), PIPELINE_DEPTH)),
+                        handle, rank)
     return Delivery(_Lazy(lambda: ahead(_fetch(bucket_refs), PIPELINE_DEPTH)))
 
 

@@ -119,3 +119,15 @@ def test_weights_fingerprint_changes_when_a_trained_tensor_changes(tiny_lm) -> N
     with torch.no_grad():
         model.model.layers[0].mlp.up_proj.weight.mul_(1.001)
     assert weights_fingerprint(model.state_dict().values()) != before
+
+
+def test_a_buffer_ring_reuses_resident_buffers_in_turn_and_grows_a_slot_when_needed() -> None:
+    from engine.sync.flat import BufferRing
+
+    ring = BufferRing(3)
+    a, b, c = (ring.get(4096, "cpu") for _ in range(3))
+    assert len({a.data_ptr(), b.data_ptr(), c.data_ptr()}) == 3
+    assert ring.get(64, "cpu").data_ptr() == a.data_ptr()  # slot 0 again, no new allocation
+    assert ring.get(8192, "cpu").numel() == 8192  # slot 1 grows
+    fb = flatten(bucket(), ring=ring)
+    assert fb.data.data_ptr() == c.data_ptr() and fb.fingerprint == flatten(bucket()).fingerprint
