@@ -269,9 +269,10 @@ class RolloutConfig(Section):
     loaded while k+1 arrives, every bucket checksummed on both ends (the delivery check: a mismatch fails the
     run). `collective` (default): trainer rank 0 broadcasts each bucket over a stateless group with every
     replica (gloo on CPU, NCCL on CUDA, HCCL on NPU — the last two untested here) straight into the `hf`
-    sampler's parameters / each vLLM worker's loaders; a replaced replica joins a new group generation at the
-    next sync and receives the weights with it (it stays out of generation until then); a replica whose process
-    dies *during* a broadcast fails that sync (the run stops with a checkpoint). One sender (rank 0): the
+    sampler's parameters / each vLLM worker's loaders; a replaced replica joins a new group generation and gets
+    the last synced weights from a catch-up broadcast as soon as it is up (when the trainer has not stepped
+    since; else with the next sync) — it generates nothing before; a replica whose process dies *during* a
+    broadcast fails that sync (the run stops with a checkpoint). Each side keeps 3 buckets of buffers resident. One sender (rank 0): the
     trainer's link to the replicas bounds it. `object_store`: one `ray.put` per bucket, each replica `ray.get`s
     them zero-copy (shared memory on one node, Ray's object transfer across nodes); the object store holds one
     version while replicas load it (it may spill beyond `object_store_memory`); a replacement loads the
