@@ -79,7 +79,7 @@ SIZES: dict[str, dict[str, Any]] = {
     # (model, dtype): 1B in fp32 (4 GB, ×3 with the replica and the object store) does not fit beside the
     # other jobs of this 24 GiB machine
     "full": {"runs": [("100M", "fp32"), ("100M", "bf16"), ("500M", "fp32"), ("500M", "bf16"), ("1B", "bf16")],
-             "transports": TRANSPORTS, "repeats": 3},
+             "transports": TRANSPORTS, "repeats": 2},
     "target": {"runs": [("500M", "bf16")], "transports": TRANSPORTS, "repeats": 3},
     "toy": {"runs": [("1M", "fp32")], "transports": ("collective",), "repeats": 1},
 }
