@@ -269,11 +269,6 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                     "gpu_memory_utilization is a vLLM setting; the hf backend ignores it",
                 )
             )
-    if r.weight_sync == "collective":
-        if r.max_replica_restarts > 0:
-            out.append(error("collective-sync-restarts", "rollout.max_replica_restarts",
-                          "a replacement replica cannot join the running broadcast group of the collective "
-                          "weight sync", 'set rollout.max_replica_restarts = 0, or weight_sync = "object_store"'))
     if "jsonl" not in cfg.logging.sinks:
         out.append(note("jsonl-always", "logging.sinks", "metrics.jsonl is always written"))
     return out

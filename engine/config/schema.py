@@ -194,6 +194,10 @@ class DebugConfig(Section):
     """Kill the trainer's process (`os._exit`) right after this local step (tests failure reporting and
     resume; None or 0 = off). A resume from an earlier checkpoint reaches the step again: pass
     `--set debug.kill_trainer_at_step=0` to resume past it."""
+    corrupt_sync_bucket: int | None = Field(None, ge=0)
+    """Flip one byte of this weight-sync bucket (0-based) on the trainer after its checksum was taken, as a
+    fault on the wire would, at every sync (tests the delivery check: the run fails naming the replica and
+    the bucket; None = off)."""
 
 
 class RunConfig(Section):

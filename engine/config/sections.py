@@ -352,10 +352,20 @@ class RolloutConfig(Section):
     """Rollout replicas (None = rollout GPUs / `tensor_parallel_size`)."""
     weight_sync_bucket_mb: int = Field(512, gt=0)
     """Size of one weight-sync bucket in MiB."""
-    weight_sync: Literal["object_store", "collective"] = "object_store"
-    """How new weights reach the replicas: `object_store` (Ray's object store, one `ray.put` per bucket) or
-    `collective` (trainer rank 0 broadcasts the buckets over a gloo group on CPU / NCCL on CUDA with the
-    replicas, as it exports them; `hf` replicas only, and no replica restarts)."""
+    weight_sync: Literal["object_store", "collective"] = "collective"
+    """How new weights reach the replicas; both move the same pipeline (`engine.sync`): the trainer's weights in
+    the model's dtype packed into flat `weight_sync_bucket_mb` buckets, bucket k+1 packed while k travels and
+    loaded while k+1 arrives, every bucket checksummed on both ends (the delivery check: a mismatch fails the
+    run). `collective` (default): trainer rank 0 broadcasts each bucket over a stateless group with every
+    replica (gloo on CPU, NCCL on CUDA, HCCL on NPU — the last two untested here) straight into the `hf`
+    sampler's parameters / each vLLM worker's loaders; a replaced replica joins a new group generation and gets
+    the last synced weights from a catch-up broadcast as soon as it is up (when the trainer has not stepped
+    since; else with the next sync) — it generates nothing before; a replica whose process dies *during* a
+    broadcast fails that sync (the run stops with a checkpoint). Each side keeps 3 buckets of buffers resident. One sender (rank 0): the
+    trainer's link to the replicas bounds it. `object_store`: one `ray.put` per bucket, each replica `ray.get`s
+    them zero-copy (shared memory on one node, Ray's object transfer across nodes); the object store holds one
+    version while replicas load it (it may spill beyond `object_store_memory`); a replacement loads the
+    newest version at once."""
     max_replica_restarts: int = Field(3, ge=0)
     """Replacement replicas the rollouter may start over the whole run after replica processes die (their
     in-flight prompts are re-queued and the replacement gets the current weights). One failure more stops

@@ -12,7 +12,12 @@ Sources, in order (a later one only fills what an earlier one left empty):
     prefill, per prompt token                     p = 2·P_active / (tp · F · η_pre)
     training, per response token on W ranks       c = (6 + 2·passes) · (P_active + L·h·ctx) / (W · F · MFU)
     training, fixed per local step                prompt tokens of the step × c + 16·P_total / (W · BW · η_bw)
-    weight sync                                   2·P_total bytes / sync bandwidth
+    weight sync (the engine's pipeline, `engine.sync`)  with B = 2·P_total bytes (bf16), n = ⌈B / bucket⌉:
+        gather   = B·(1 − 1/g) / gather bandwidth     (TP·EP shards to the sender, g = trainer TP·EP; NVLink)
+        transfer = B / link bandwidth                 (the sender's link to the replicas; a broadcast is
+                                                      pipelined, so the number of receivers does not count)
+        load     = 2·B / (BW · η_bw)                  (each receiver reads its buffer and writes the weights)
+        sync     = max(stages) + (Σ stages − max) / n (bucket k+1 gathered while k travels and k−1 loads)
 
 with BW the accelerator's memory bandwidth, F its dense bf16 peak, ctx = prompt + mean response / 2,
 passes = log-prob passes besides the update (π_old unless bypass, π_ref with a KL loss).
@@ -44,9 +49,17 @@ ETA_DECODE = 0.4
 ETA_PREFILL = 0.5
 TRAIN_MFU_DENSE = 0.3
 TRAIN_MFU_MOE = 0.2
-SYNC_GBPS = {"nvlink+ib": 8.25, "hccs+roce": 8.25, "nvlink": 8.25, "pcie": 4.0, "none": 1.0}
-"""Effective weight-sync bandwidth in GB/s by interconnect. 8.25 GB/s: verl's published NCCL sync of
-Qwen3-30B-A3B on 4×8 H100 over InfiniBand (about 7 s)."""
+SYNC_LINK_GBPS = {"nvlink+ib": 45.0, "hccs+roce": 22.0, "hccs+ub": 45.0, "nvlink": 150.0, "pcie": 20.0,
+                  "none": 1.0}
+"""Usable bandwidth (GB/s) of the weight sync's sender (trainer rank 0) to the replicas, by interconnect. The
+trainer and rollout pools are separate nodes, so it is rank 0's NIC: 400 Gb/s InfiniBand ≈ 45 GB/s usable,
+200 Gb/s RoCE ≈ 22 GB/s; a single node (`nvlink`) uses NVLink. `none` (CPU): of the order this machine's gloo
+broadcast reaches over loopback — calibrate (`asyncrl plan --calibrate`) for a real figure."""
+SYNC_GATHER_GBPS = {"nvlink+ib": 150.0, "hccs+roce": 90.0, "hccs+ub": 150.0, "nvlink": 150.0, "pcie": 20.0,
+                    "none": 1.0}
+"""Bandwidth (GB/s) of the trainer's gather of TP / EP shards to the sender, within a node."""
+SYNC_BUCKET_BYTES = 512 * 2**20
+"""`rollout.weight_sync_bucket_mb`'s default."""
 TAIL_DEFAULT = 0.05
 
 COST_FIELDS = ("decode_step_s", "row_step_s", "prefill_token_s", "train_token_s", "train_step_s", "sync_s",
@@ -80,6 +93,8 @@ class Layout:
     total_versions: int | None
     log_prob_passes: int
     device: str = "cuda"
+    trainer_ep: int = 1
+    """Megatron expert parallelism: the EP group's experts are gathered to the sync's sender too."""
     slots: int = 1
     """Dispatches one replica serves at once: 1 models one dispatch (`seqs_per_call` rows) per replica, got
     back whole (asyncrl's loop before it streamed); a server with continuous batching that takes each prompt
@@ -112,6 +127,7 @@ class Layout:
             trainer_model_parallel=t.tp * t.pp * t.cp if t.backend == "megatron" else 1,
             total_versions=total_versions, log_prob_passes=passes, device=device,
             slots=plan_slots(max(r.n, r.max_num_seqs), r.n, rollout_replicas(cfg), max_required_samples(cfg)),
+            trainer_ep=t.ep if t.backend == "megatron" else 1,
         )
 
 
@@ -184,22 +200,38 @@ def estimate(layout: Layout, facts: Any, hw: Any) -> tuple[dict[str, float], lis
     per_token_fwd = 2 * (p_act + facts.layers * facts.hidden * ctx)
     c = (3 + layout.log_prob_passes) * per_token_fwd / (world * F * mfu)
     prompt_tokens_step = layout.required_samples * layout.n * layout.prompt_tokens
-    sync_gbps = SYNC_GBPS.get(getattr(hw, "interconnect", ""), 8.25)
+    sync_s, terms = sync_pipeline(p_tot, layout, getattr(hw, "interconnect", ""), BW)
     out = {
         "decode_step_s": 2 * p_tot / (tp * BW * ETA_BW),
         "row_step_s": 2 * p_act / (tp * F * ETA_DECODE) + kv * ctx / (BW * ETA_BW),
         "prefill_token_s": 2 * p_act / (tp * F * ETA_PREFILL),
         "train_token_s": c,
         "train_step_s": prompt_tokens_step * c + 16 * p_tot / (world * BW * ETA_BW),
-        "sync_s": 2 * p_tot / (sync_gbps * 1e9),
+        "sync_s": sync_s,
         "long_tail": TAIL_DEFAULT,
         "short_max": short,
     }
     notes = [f"estimate from config.json ({p_tot / 1e9:.1f}B total, {p_act / 1e9:.1f}B active) and "
              f"{hw.name} ({peak:g} TFLOP/s bf16, {bw_gbs:g} GB/s): η_bw={ETA_BW}, η_decode={ETA_DECODE}, "
-             f"η_prefill={ETA_PREFILL}, train MFU={mfu}, sync at {sync_gbps} GB/s",
+             f"η_prefill={ETA_PREFILL}, train MFU={mfu}",
+             "weight sync " + ", ".join(f"{k} {v:.3g}" for k, v in terms.items()),
              f"response lengths assumed: uniform 1..{short}, {TAIL_DEFAULT:.0%} run to {layout.max_new_tokens}"]
     return out, notes
+
+
+def sync_pipeline(p_total: float, layout: Layout, interconnect: str, mem_bw: float) -> tuple[float, dict[str, float]]:
+    """The weight sync's time from its terms (module docstring): (seconds, the terms by name)."""
+    nbytes = 2.0 * p_total
+    g = max(1, layout.trainer_model_parallel * layout.trainer_ep)
+    gather = nbytes * (1 - 1 / g) / (SYNC_GATHER_GBPS.get(interconnect, 150.0) * 1e9)
+    link = SYNC_LINK_GBPS.get(interconnect, 45.0)
+    transfer = nbytes / (link * 1e9)
+    load = 2 * nbytes / (mem_bw * ETA_BW)
+    n = max(1, -(-int(nbytes) // SYNC_BUCKET_BYTES))
+    stages = (gather, transfer, load)
+    total = max(stages) + (sum(stages) - max(stages)) / n
+    return total, {"bytes_gb": nbytes / 1e9, "buckets": float(n), "link_gb_s": link, "gather_s": gather,
+                   "transfer_s": transfer, "load_s": load, "sync_s": total}
 
 
 def resolve(layout: Layout, facts: Any = None, hw: Any = None, calibration: dict[str, Any] | None = None,

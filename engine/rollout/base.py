@@ -86,7 +86,15 @@ class RolloutBackend(Protocol):
         ...
 
     def update_weights(self, buckets: Iterable[dict[str, np.ndarray]], version: int) -> None:
-        """Load HF-named weights in place (tied `lm_head.weight` included) and set `version`."""
+        """Load HF-named weights in place (tied `lm_head.weight` included) and set `version`. `buckets` yields
+        `engine.sync.flat.FlatBucket`s (or dicts of tensors / arrays); a vLLM backend handed an
+        `engine.sync.verify.Delivery` with a collective `handle` lets its workers receive it and sets the
+        delivery's `fingerprints` from theirs."""
+        ...
+
+    def weights_fingerprint(self) -> int:
+        """A sample fingerprint of the loaded weights (`engine.sync.verify.weights_fingerprint`), compared
+        across syncs by the trainer's delivery check."""
         ...
 
     def stats(self) -> dict[str, float]:

@@ -45,6 +45,7 @@ from engine.rollout.continuous import BatchCall, ContinuousBatcher
 from engine.rollout.decode import DecodeCounters, ForwardAdapter, MultimodalForward, RowOutput, RowSpec
 from engine.rollout.keyed import generate_alone, split_groups
 from engine.sync.apply import load_buckets_into
+from engine.sync.verify import weights_fingerprint
 from engine.types import GenRequest, GenResult
 
 
@@ -228,6 +229,11 @@ class HFRolloutBackend:
         self._stats["weight_updates"] += 1
         self._stats["weight_update_seconds"] += time.perf_counter() - start
         self._stats["weight_update_bytes"] += copied
+
+    def weights_fingerprint(self) -> int:
+        """A sample fingerprint of the loaded weights (`engine.sync.verify.weights_fingerprint`)."""
+        with self._model_lock:
+            return weights_fingerprint(self.model.state_dict().values())
 
     # --- telemetry --------------------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:

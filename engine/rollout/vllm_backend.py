@@ -35,8 +35,9 @@ a sequence can span two versions.
 
 Weight update (`update_weights`): pause the engine ("keep": in-flight requests are frozen), on GPU
 release the KV cache when nothing is in flight, stream each bucket to the workers (`vllm_weights`:
-safetensors bytes or a /dev/shm file, tied `lm_head.weight` always included; `vllm_worker_ext` loads
-them layer-wise; with the collective weight sync each worker receives the trainer's broadcast itself),
+a flat bucket's raw bytes and index, tied `lm_head.weight` always included; `vllm_worker_ext` loads
+them layer-wise; with the collective weight sync each worker receives the trainer's broadcast itself and
+returns its per-bucket fingerprints for the delivery check),
 reset the prefix cache — preempting kept requests so their KV cache is recomputed
 under the new weights — wake the KV cache, set `version`, resume. `self_test_resume_continuity` (from
 `vllm_selftest`) checks that an abort or a keep-pause loses no token.
@@ -60,14 +61,8 @@ from engine.multimodal.vision import placeholder_token_ids
 from engine.rollout.base import SamplingParams, account_results, new_rollout_stats
 from engine.rollout.loop_thread import LoopThread
 from engine.rollout.vllm_selftest import ResumeContinuityReport, ResumeContinuitySelfTest
-from engine.rollout.vllm_weights import (
-    WeightTransport,
-    default_transport,
-    send_bucket,
-    tie_lm_head,
-    tied_embeddings,
-)
-from engine.sync.runtime import CollectiveBuckets
+from engine.rollout.vllm_weights import send_bucket, tied_embeddings
+from engine.sync.verify import Delivery
 from engine.types import FinishReason, GenRequest, GenResult
 
 __all__ = ["PauseMode", "ResumeContinuityReport", "VLLMRolloutBackend"]
@@ -119,14 +114,12 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         enforce_eager: bool | None = None,
         enable_prefix_caching: bool = True,
         release_kv_cache_on_sync: bool | None = None,
-        weight_transport: WeightTransport | None = None,
         abort_poll_s: float = 0.005,
         distributed_executor_backend: str | None = None,
     ) -> None:
         """`device` defaults to "cuda" when torch sees one, else "cpu". On CPU `kv_cache_gib` (default 1)
         sizes the KV cache and `gpu_memory_utilization` is ignored. `release_kv_cache_on_sync` (default:
-        on CUDA) frees the KV cache while weights load (vLLM sleep mode). `weight_transport` defaults to
-        a /dev/shm file where one exists, else bytes through the RPC. `distributed_executor_backend="ray"` runs
+        on CUDA) frees the KV cache while weights load (vLLM sleep mode). `distributed_executor_backend="ray"` runs
         the TP workers as Ray tasks in the caller's placement group (on the bundles `VLLM_RAY_BUNDLE_INDICES`
         names: `engine.runtime.placement_groups`)."""
         self.model_dir = str(model_dir)
@@ -138,7 +131,6 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         self.release_kv_cache_on_sync = (
             self.device == "cuda" if release_kv_cache_on_sync is None else release_kv_cache_on_sync
         )
-        self.weight_transport: WeightTransport = weight_transport or default_transport()
         self.tied_embeddings = tied_embeddings(self.model_dir)
         self.suppressed_ids = placeholder_token_ids(json.loads((Path(self.model_dir) / "config.json").read_text()))
         self._flights: dict[str, _Flight] = {}
@@ -370,16 +362,16 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
                 self._stats["kv_cache_releases"] += 1
             await engine.collective_rpc("asyncrl_begin_update")
             sent = 0
-            if isinstance(buckets, CollectiveBuckets):  # the workers receive the broadcast themselves
+            if isinstance(buckets, Delivery) and buckets.handle is not None:  # the workers receive it themselves
                 got = await engine.collective_rpc(
                     "asyncrl_receive_collective", args=(asdict(buckets.handle), buckets.rank, self.tied_embeddings)
                 )
-                sent = int(got[0]) if got else 0
+                sent = int(got[0][0]) if got else 0
+                sums = [list(g[1]) for g in got]  # every TP worker's receipt; one that differs is the one reported
+                buckets.fingerprints = next((s for s in sums if s != sums[0]), sums[0]) if sums else []
             else:
                 for bucket in buckets:
-                    sent += await send_bucket(
-                        engine, tie_lm_head(bucket, self.tied_embeddings), self.weight_transport
-                    )
+                    sent += await send_bucket(engine, bucket, self.tied_embeddings)
             await engine.collective_rpc("asyncrl_finish_update")
             await engine.reset_prefix_cache(reset_running_requests=True)
             self.version = version
@@ -391,6 +383,14 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
             if paused_here:
                 await engine.resume_generation()
         return sent
+
+    def weights_fingerprint(self) -> int:
+        """A sample fingerprint of the loaded weights, every worker's chained (`engine.sync.verify`)."""
+        fps = self._run(self._engine.collective_rpc("asyncrl_weights_fingerprint"))
+        h = 0
+        for fp in fps:
+            h = (h * 1000003 + int(fp)) % 2**64
+        return h
 
     # --- telemetry ----------------------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:

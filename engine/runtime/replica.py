@@ -101,17 +101,20 @@ class RolloutReplica:
         self._abort.clear()
         self._abort_val.clear()
 
-    def update_weights(self, bucket_refs: list, version: int) -> float:
-        """Load weights from object-store buckets (refs are resolved by Ray, zero-copy numpy) or, with the
-        collective sync, from the trainer's broadcast as it arrives (`engine.sync.runtime`). Returns seconds."""
+    def update_weights(self, bucket_refs: list, version: int) -> dict[str, Any]:
+        """Load weights from object-store buckets (refs are resolved by Ray, zero-copy) or, with the collective
+        sync, from the trainer's broadcast as it arrives (`engine.sync.runtime`). Returns the receipt the
+        trainer checks (`engine.sync.verify`): the fingerprint of every bucket received, a sample fingerprint of
+        the weights now loaded, and the seconds it took."""
         from engine.sync.runtime import resolve_buckets
 
         t0 = time.monotonic()
-        buckets = resolve_buckets(bucket_refs, self.replica_id)
-        self.backend.update_weights(buckets, version)
+        delivery = resolve_buckets(bucket_refs, self.replica_id)
+        self.backend.update_weights(delivery, version)
         self._abort.clear()
         self._abort_val.clear()
-        return time.monotonic() - t0
+        return {"fingerprints": delivery.fingerprints, "weights": self.backend.weights_fingerprint(),
+                "seconds": time.monotonic() - t0}
 
     def version(self) -> int:
         return self.backend.version

@@ -9,11 +9,19 @@ counts as one more failure. When the budget is spent `exhausted` holds the reaso
 
 The pool keeps references to the latest weight buckets, so they stay in the object store (one copy of the
 model) until the next sync replaces them.
+
+Collective weight sync (`engine.sync.collective`): a broadcast cannot be replayed, and every slot is a member
+of the trainer's group. `generation` counts the replica processes replaced so far; the trainer announces
+each sync with it (`sync_generation`), so after a replacement all members join a new group generation. A
+replacement does not load anything when it starts: it waits (down, `waiting`) until the trainer sends it the
+latest version in a catch-up group (`catch_up`, when the trainer still holds that version) or the next sync,
+which it receives with every other slot (`update_live` includes it), and is released with those weights.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -33,6 +41,16 @@ def describe_failure(e: BaseException) -> str:
     return (lines[-1] if lines else type(cause).__name__)[:200]
 
 
+@dataclass
+class SyncOutcome:
+    """One `update_live`: the receipts by slot, the slots that died meanwhile (slot, cause), and the
+    replacements that joined with these weights."""
+
+    receipts: dict[int, Any] = field(default_factory=dict)
+    dead: list[tuple[int, str]] = field(default_factory=list)
+    joined: list[int] = field(default_factory=list)
+
+
 class ReplicaPool:
     """Slots `0..R-1`, each holding the current actor of one replica."""
 
@@ -45,6 +63,10 @@ class ReplicaPool:
         self.latest: tuple[int, list] | None = None  # (version, bucket refs) of the newest weights
         self.exhausted: str | None = None
         self._starting: dict[Any, tuple[int, int]] = {}  # ready ref -> (slot, version being loaded)
+        self.generation = 0  # replica processes replaced: the collective group's generation
+        self.loaded: dict[int, int] = {}  # slot -> version its current process holds (tracked for replacements)
+        self.waiting: set[int] = set()  # collective: replacements that are up and wait for the latest weights
+        self._members: list[int] | None = None  # the slots of the last collective sync's group
 
     def __len__(self) -> int:
         return len(self.replicas)
@@ -59,19 +81,38 @@ class ReplicaPool:
     def fail(self, rid: int, cause: str) -> bool:
         """Slot `rid` lost its process. True when a replacement is starting; False when the budget is spent."""
         self.down.add(rid)
+        self.waiting.discard(rid)
         self._starting = {ref: v for ref, v in self._starting.items() if v[0] != rid}
         if self.spawn is None or self.restarts >= self.max_restarts:
             self.exhausted = (f"rollout replica {rid} died ({cause}) and the restart budget "
                               f"rollout.max_replica_restarts = {self.max_restarts} is spent")
             return False
         self.restarts += 1
+        self.generation += 1
         self.replicas[rid] = self.spawn(rid)
+        self.loaded[rid] = 0
         self._load_latest(rid)
         return True
 
+    def sync_members(self) -> tuple[int, list[int]]:
+        """The group of the next collective sync: (generation, slots). Its members are the slots whose process
+        is up — live, or a replacement waiting for weights; one still starting is left out (it catches up
+        later) so the sync does not wait for its start-up. A new member set is a new generation."""
+        members = sorted(set(self.live()) | self.waiting)
+        if members != self._members:
+            self.generation += 1 if self._members is not None else 0
+            self._members = members
+        return self.generation, members
+
+    def collective(self) -> bool:
+        """True when the newest weights were broadcast (they cannot be fetched again)."""
+        from engine.sync.collective import CollectiveHandle
+
+        return self.latest is not None and any(isinstance(r, CollectiveHandle) for r in self.latest[1])
+
     def _load_latest(self, rid: int) -> None:
         actor = self.replicas[rid]
-        if self.latest is None:
+        if self.latest is None or self.collective():  # collective: the next sync brings the weights
             self._starting[actor.ready.remote()] = (rid, 0)
         else:
             version, refs = self.latest
@@ -91,17 +132,20 @@ class ReplicaPool:
             except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
                 out.append((rid, describe_failure(e)))
                 continue
+            loaded = max(loaded, self.loaded.get(rid, 0))
             if self.latest is not None and self.latest[0] > loaded:
-                self._load_latest(rid)
+                if not self.collective():
+                    self._load_latest(rid)
+                else:  # a catch-up or the next sync loads and releases it
+                    self.waiting.add(rid)
                 continue
             self.down.discard(rid)
             out.append((rid, None))
         return out
 
-    def update_live(self, bucket_refs: list, version: int) -> list[tuple[int, str]]:
-        """Load weights on every live replica; returns (slot, cause) for those that died meanwhile."""
-        self.set_latest(version, bucket_refs)
-        calls = {rid: self.replicas[rid].update_weights.remote(bucket_refs, version) for rid in self.live()}
+    def check_live(self) -> list[tuple[int, str]]:
+        """Ask every live slot whether its process still runs; returns (slot, cause) for the dead ones."""
+        calls = {rid: self.replicas[rid].ready.remote() for rid in self.live()}
         dead: list[tuple[int, str]] = []
         for rid, ref in calls.items():
             try:
@@ -109,6 +153,34 @@ class ReplicaPool:
             except ray.exceptions.RayActorError as e:
                 dead.append((rid, describe_failure(e)))
         return dead
+
+    def update_live(self, bucket_refs: list, version: int) -> SyncOutcome:
+        """Load weights on every live replica — with a collective sync also on every replacement waiting for it
+        (all slots are group members) — and collect their receipts (`engine.sync.verify`)."""
+        self.set_latest(version, bucket_refs)
+        members = getattr(bucket_refs[0], "members", None) if self.collective() else None
+        targets = self.live() if members is None else list(members)
+        return self._load(bucket_refs, version, targets)
+
+    def catch_up(self, bucket_refs: list, version: int, slots: list[int]) -> SyncOutcome:
+        """Load the latest weights (a catch-up broadcast of `version`) on the waiting replacements `slots`."""
+        return self._load(bucket_refs, version, slots)
+
+    def _load(self, bucket_refs: list, version: int, targets: list[int]) -> SyncOutcome:
+        calls = {rid: self.replicas[rid].update_weights.remote(bucket_refs, version) for rid in targets}
+        out = SyncOutcome()
+        for rid, ref in calls.items():
+            try:
+                out.receipts[rid] = ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                out.dead.append((rid, describe_failure(e)))
+                continue
+            self.loaded[rid] = version
+            self.waiting.discard(rid)
+            if rid in self.down and not any(v[0] == rid for v in self._starting.values()):
+                self.down.discard(rid)
+                out.joined.append(rid)
+        return out
 
     def signal(self, rids: list[int], method: str, *args: Any) -> list:
         """Call `abort` / `resume` (with `args`) on the given live slots; returns the refs (a dead one is

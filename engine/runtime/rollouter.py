@@ -234,13 +234,11 @@ class RolloutShell:
                 self.lock.wait(0.05)
         pause_s = time.monotonic() - t0
         t1 = time.monotonic()
-        dead = self.pool.update_live(bucket_refs, version)
+        outcome = self.pool.update_live(bucket_refs, version)
         transfer_s = time.monotonic() - t1
         size = ray.get(self.queue.size.remote())
         with self.lock:
-            for rid, cause in dead:
-                self._execute(self.loop.replica_died(rid))
-                self._replica_failed(rid, cause)
+            self._sync_outcome(outcome)
             now = time.monotonic()
             version_time = max(1e-9, now - self.version_started)
             active_s = self.calls.take_active(now)
@@ -259,15 +257,57 @@ class RolloutShell:
             if snapshot:
                 metrics["snapshot"] = self._snapshot_locked()
             self.lock.notify_all()
+        metrics["receipts"] = outcome.receipts  # the trainer's delivery check (engine.sync.verify)
         return metrics
 
-    def load_weights(self, version: int, bucket_refs: list) -> None:
-        """Before the loop starts on resume: give every replica the restored weights."""
-        dead = self.pool.update_live(bucket_refs, version)
+    def load_weights(self, version: int, bucket_refs: list) -> dict[int, Any]:
+        """Before the loop starts on resume: give every replica the restored weights; returns the receipts."""
+        outcome = self.pool.update_live(bucket_refs, version)
+        with self.lock:
+            self._sync_outcome(outcome)
+        return outcome.receipts
+
+    def _sync_outcome(self, outcome: Any) -> None:
+        """Replicas that died during a weight load, and replacements that joined with it (lock held)."""
+        for rid, cause in outcome.dead:
+            outcome.receipts.pop(rid, None)
+            self._execute(self.loop.replica_died(rid))
+            self._replica_failed(rid, cause)
+        for rid in outcome.joined:
+            self._execute(self.loop.replica_up(rid))
+            self._event("info", "replica", f"replacement rollout replica {rid} is up with weights "
+                        f"v{self.pool.latest[0] if self.pool.latest else 0}", replica=rid, phase="replaced")
+
+    def catch_up_slots(self) -> list[int]:
+        """Replacements waiting for the latest collective weights; when there are, the trainer broadcasts them a
+        catch-up now, so the next full sync forms a new group generation."""
+        with self.lock:
+            slots = sorted(self.pool.waiting)
+            if slots:
+                self.pool.generation += 1
+            return slots
+
+    def catch_up(self, version: int, bucket_refs: list, slots: list[int]) -> dict[int, Any]:
+        """Load the trainer's catch-up broadcast of `version` on the waiting replacements; returns the receipts."""
+        outcome = self.pool.catch_up(bucket_refs, version, slots)
+        with self.lock:
+            self._sync_outcome(outcome)
+            self.lock.notify_all()
+        return outcome.receipts
+
+    def sync_generation(self) -> tuple[int, list[int]]:
+        """Before a collective sync: find replicas whose process died unnoticed (a ping), replace them, and
+        return the group generation the trainer must announce and its member slots (`ReplicaPool.sync_members`)."""
+        actors = {rid: self.pool.replicas[rid] for rid in self.pool.live()}
+        dead = self.pool.check_live()
         with self.lock:
             for rid, cause in dead:
+                if rid in self.pool.down or self.pool.replicas[rid] is not actors[rid]:
+                    continue  # noticed (and replaced) meanwhile
                 self._execute(self.loop.replica_died(rid))
                 self._replica_failed(rid, cause)
+            self.lock.notify_all()
+            return self.pool.sync_members()
 
     def set_trigger(self, trigger: int) -> None:
         """The trainer applied a new sync interval at its local-step boundary: the budget uses it now."""
@@ -386,7 +426,11 @@ class RolloutShell:
             self._killed = True
             self._event("warning", "fault", f"fault injection: killing rollout replica 0 at step {step} "
                         "(debug.kill_replica_at_step)")
-            self.pool.replicas[0].debug_exit.remote()
+            ref = self.pool.replicas[0].debug_exit.remote()
+            try:  # wait until the process is gone, so the injected death precedes the next sync
+                ray.get(ref, timeout=30)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                pass
 
     def _push_workers(self) -> None:
         now = time.monotonic()

@@ -36,7 +36,10 @@ from engine.runtime.batching import LogRatioObserver, is_ratio_metrics, prepare_
 from engine.runtime.ledger import Ledger
 from engine.runtime.trainer_checkpoints import TrainerCheckpoints
 from engine.runtime.trainer_group import TrainerGroup, trainer_world
+from engine.sync.collective import CollectiveSync
+from engine.sync.object_store import ObjectStoreSync
 from engine.sync.runtime import build_weight_sync, publish
+from engine.sync.verify import DeliveryCheck
 from engine.types import TrajectoryGroup
 
 
@@ -74,6 +77,7 @@ class TrainerCore(TrainerCheckpoints):
         self.inbox = self.loop.inbox()
         self.bucket_bytes = cfg.rollout.weight_sync_bucket_mb * 2**20
         self.weight_sync = build_weight_sync(cfg)  # object store or collective broadcast (engine.sync.runtime)
+        self.delivery = DeliveryCheck()  # every sync's receipts against what was sent (engine.sync.verify)
         self.run_dir = run_dir
         self.ledger = Ledger(run_dir)
         self.stale_processed = 0
@@ -149,6 +153,8 @@ class TrainerCore(TrainerCheckpoints):
             t0 = time.monotonic()
             got, closed = ray.get(self.queue.get_batch.remote(c.n, 1.0))
             self._wait_s += time.monotonic() - t0
+            if not got:
+                self._catch_up()
             return self.loop.pulled(got, closed)
         if isinstance(c, Drop):
             self._record_drops(list(c.groups), c.reason)
@@ -280,24 +286,57 @@ class TrainerCore(TrainerCheckpoints):
         """Push the weights of `c.version` (bucketed, by `rollout.weight_sync`'s transport) to every replica."""
         t0 = time.monotonic()
         version = c.version
-        pending, nbytes = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
-                                  lambda refs: self.rollouter.update_weights.remote(version, refs, self.local_step,
-                                                                                    c.cut, c.trigger))
+        gen, members = 0, None
+        if isinstance(self.weight_sync, CollectiveSync):  # the group: generation and slots (engine.sync.collective)
+            gen, members = ray.get(self.rollouter.sync_generation.remote())
+        sent = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
+                       lambda refs: self.rollouter.update_weights.remote(version, refs, self.local_step, c.cut,
+                                                                         c.trigger),
+                       gen=gen, corrupt_bucket=self.cfg.debug.corrupt_sync_bucket, members=members)
+        nbytes = sent.nbytes
         export_s = time.monotonic() - t0
-        out = ray.get(pending)
+        out = ray.get(sent.out)
+        self._verify_delivery(version, sent, out.pop("receipts"))
         self._sync_snapshot = out.pop("snapshot", None)
         if not self.rc.bypass_mode:
             t_snap = time.monotonic()
             self.backend.snapshot_params()
             out["asyncrl/prox_snapshot_s"] = time.monotonic() - t_snap
         total = time.monotonic() - t0
-        out.update({"timing_s/param_sync": total, "asyncrl/sync/bytes": nbytes, "asyncrl/sync/export_s": export_s})
+        out.update({"timing_s/param_sync": total, "asyncrl/sync/bytes": nbytes, "asyncrl/sync/export_s": export_s,
+                    "asyncrl/sync/verified": 1.0, "asyncrl/sync/buckets": len(sent.fingerprints)})
         self.controller.record_event.remote(self._ev(
             "info", "sync", f"weights v{version} pushed: {nbytes / 2**20:.1f} MiB in {total:.2f}s "
-            f"(pause {out['asyncrl/sync/pause_s']:.2f}s, transfer {out['asyncrl/sync/transfer_s']:.2f}s)",
-            bytes=nbytes, seconds=total, pause_s=out["asyncrl/sync/pause_s"],
-            transfer_s=out["asyncrl/sync/transfer_s"], interval=c.trigger or self.trigger))
+            f"(pause {out['asyncrl/sync/pause_s']:.2f}s, transfer {out['asyncrl/sync/transfer_s']:.2f}s), "
+            f"verified on every replica", bytes=nbytes, seconds=total, pause_s=out["asyncrl/sync/pause_s"],
+            transfer_s=out["asyncrl/sync/transfer_s"], interval=c.trigger or self.trigger, verified=True,
+            buckets=len(sent.fingerprints), transport=type(self.weight_sync).__name__))
         return out
+
+    def _catch_up(self) -> None:
+        """Collective sync: a replaced replica waits for the weights of the last sync. While this trainer still
+        holds exactly them (no step since), broadcast them to the waiting replicas alone (a catch-up group);
+        otherwise the replica receives the next sync."""
+        if not isinstance(self.weight_sync, CollectiveSync) or self.version == 0 or self.loop.since_sync:
+            return
+        slots = ray.get(self.rollouter.catch_up_slots.remote())
+        if not slots:
+            return
+        self._catch_ups = getattr(self, "_catch_ups", 0) + 1  # catch-up groups: generations −1, −2, …
+        version = self.version
+        sent = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
+                       lambda refs: self.rollouter.catch_up.remote(version, refs, slots), gen=-self._catch_ups,
+                       members=slots)
+        self._verify_delivery(version, sent, ray.get(sent.out))
+        self.controller.record_event.remote(self._ev(
+            "info", "sync", f"weights v{version} sent to replaced rollout replica(s) {slots}: "
+            f"{sent.nbytes / 2**20:.1f} MiB, verified", bytes=sent.nbytes, verified=True, catch_up=slots))
+
+    def _verify_delivery(self, version: int, sent: Any, receipts: dict[int, Any]) -> None:
+        """Every live replica loaded exactly the sent buckets, else `SyncDeliveryError` (the run fails, naming
+        the replica and the bucket); a replica whose weights did not change is an `error` event (alarm)."""
+        for alarm in self.delivery.check(version, sent.fingerprints, receipts, sent.names):
+            self.controller.record_event.remote(self._ev("error", "sync", alarm))
 
     def _alarms(self, rec: dict[str, Any], batch: Any, weights_moved: bool) -> dict[str, Any]:
         """`weights_moved`: an earlier step since the last sync changed the weights."""
@@ -369,5 +408,7 @@ class Trainer:
 
     def push_weights(self) -> None:
         """Resume: give the rollout replicas the restored weights before generation starts."""
-        refs = [ray.put(b) for b in self.core.backend.export_weights(self.core.bucket_bytes)]
-        ray.get(self.core.rollouter.load_weights.remote(self.core.version, refs))
+        core = self.core
+        sent = publish(ObjectStoreSync(), core.version, core.backend.export_weights(core.bucket_bytes),
+                       lambda refs: core.rollouter.load_weights.remote(core.version, refs))
+        core._verify_delivery(core.version, sent, ray.get(sent.out))

@@ -25,15 +25,18 @@ HASH_BUCKET_BYTES = 64 * 2**20
 
 
 def hash_buckets(buckets: Any) -> str:
-    """sha256 of HF-named numpy buckets (see the module docstring)."""
-    import numpy as np
+    """sha256 of HF-named tensor (or numpy) buckets (see the module docstring): the raw bytes in the
+    tensors' own dtype."""
+    import torch
+
+    from engine.sync.flat import as_tensor
 
     h = hashlib.sha256()
     for bucket in buckets:
         for name in sorted(bucket):
-            arr = np.ascontiguousarray(bucket[name])
-            h.update(f"{name}\x1f{arr.dtype.str}\x1f{tuple(arr.shape)}\x1f".encode())
-            h.update(arr.tobytes())
+            t = as_tensor(bucket[name]).cpu().contiguous()
+            h.update(f"{name}\x1f{str(t.dtype).removeprefix('torch.')}\x1f{tuple(t.shape)}\x1f".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 

@@ -1,4 +1,5 @@
-"""The receiving end of a weight sync: copy HF-named numpy arrays into a torch model's parameters.
+"""The receiving end of a weight sync: copy HF-named tensors (a `FlatBucket`'s views of its received buffer,
+or a dict of tensors / numpy arrays) into a torch model's parameters.
 
 Names are HF *checkpoint* names. Where the in-memory model fuses what the checkpoint keeps per expert
 (transformers 5's MoE blocks: `experts.gate_up_proj` [E, 2I, H] = per expert cat(gate_proj, up_proj) on dim 0,
@@ -9,13 +10,12 @@ fused tensor — what a Megatron export or a vLLM-bound bucket carries lands in 
 from __future__ import annotations
 
 import re
-import warnings
 from collections.abc import Iterable
+from typing import Any
 
-import numpy as np
 import torch
 
-from engine.sync.buckets import Bucket
+from engine.sync.flat import as_tensor
 
 
 def named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -43,18 +43,17 @@ def fused_expert_view(targets: dict[str, torch.Tensor], name: str) -> torch.Tens
     return fused.detach()[e, :half] if proj == "gate_proj" else fused.detach()[e, half:]
 
 
-def load_buckets_into(model: torch.nn.Module, buckets: Iterable[Bucket], strict: bool = True) -> int:
-    """Copy each array into the model tensor of the same name, in place, and return the bytes copied.
+def load_buckets_into(model: torch.nn.Module, buckets: Iterable[Any], strict: bool = True) -> int:
+    """Copy each tensor into the model tensor of the same name, in place, and return the bytes copied.
 
-    The arrays may be read-only (zero-copy views of Ray's object store): they are wrapped with
-    `torch.from_numpy` without a copy and then copied into the parameter (dtype cast and device move
-    included), so nothing outside `model` is written. With `strict`, an unknown name or a shape mismatch
-    raises `KeyError` / `ValueError`; unknown names are skipped otherwise.
+    The sources may be read-only (zero-copy views of Ray's object store): they are only read, and copied into
+    the parameter (dtype cast and device move included), so nothing outside `model` is written. With
+    `strict`, an unknown name or a shape mismatch raises `KeyError` / `ValueError`; unknown names are skipped
+    otherwise.
     """
     targets = named_tensors(model)
     copied = 0
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+    with torch.no_grad():
         for bucket in buckets:
             for name, array in bucket.items():
                 target = targets.get(name)
@@ -64,9 +63,10 @@ def load_buckets_into(model: torch.nn.Module, buckets: Iterable[Bucket], strict:
                     if strict:
                         raise KeyError(f"weight {name!r} is not a tensor of the model")
                     continue
-                if tuple(target.shape) != tuple(array.shape):
-                    raise ValueError(f"shape mismatch for {name!r}: model {tuple(target.shape)}, got {array.shape}")
-                source = torch.from_numpy(np.ascontiguousarray(array))
+                source = as_tensor(array)
+                if tuple(target.shape) != tuple(source.shape):
+                    raise ValueError(f"shape mismatch for {name!r}: model {tuple(target.shape)}, "
+                                     f"got {tuple(source.shape)}")
                 target.detach().copy_(source, non_blocking=False)
-                copied += int(array.nbytes)
+                copied += source.numel() * source.element_size()
     return copied

@@ -43,12 +43,12 @@ class WeightSync(Protocol):
     """Moves versioned weight buckets from one producer to any number of consumers."""
 
     def push(self, version: int, buckets: Iterable[Bucket]) -> Any:
-        """Publish `buckets` (HF name → numpy array) as `version`; returns a picklable handle with at least
-        `version`, `nbytes` and `num_buckets` attributes."""
+        """Publish `buckets` (HF name → tensor, packed into `FlatBucket`s) as `version`; returns a picklable handle
+        with at least `version`, `nbytes`, `num_buckets` and `fingerprints` (one per bucket) attributes."""
         ...
 
-    def pull(self, handle: Any) -> Iterator[Bucket]:
-        """Yield the buckets of `handle`, in push order (callable from any process that has the handle)."""
+    def pull(self, handle: Any) -> Iterator[Any]:
+        """Yield the `FlatBucket`s of `handle`, in push order (callable from any process that has the handle)."""
         ...
 
     def release(self, handle: Any) -> None:

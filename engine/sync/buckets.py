@@ -1,13 +1,15 @@
-"""Grouping named weight arrays into transfer buckets of bounded size (pure numpy, no torch, no Ray)."""
+"""Grouping named weight tensors (or arrays) into transfer buckets of bounded size (no torch import, no Ray)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
-Bucket = dict[str, np.ndarray]
-"""HF parameter name → array. The unit a weight sync moves at once."""
+Bucket = dict[str, "np.ndarray | Any"]
+"""HF parameter name → tensor (a trainer's export, in the model's dtype) or numpy array. The unit a weight sync
+groups; the transports move it packed as an `engine.sync.flat.FlatBucket`."""
 
 
 def bucketize(named_arrays: Iterable[tuple[str, np.ndarray]], bucket_bytes: int) -> Iterator[Bucket]:

@@ -1,23 +1,29 @@
 """Weight sync by broadcast over a torch.distributed group: trainer rank 0 (group rank 0) → every rollout receiver
 (group rank 1 + replica id × receivers per replica + worker: an hf replica is one receiver, a vLLM replica of
-TP t has t, its workers, which join from inside vLLM: `engine.rollout.vllm_worker_ext`). Gloo on CPU, NCCL on
-CUDA; no Ray in this module.
+TP t has t, its workers, which join from inside vLLM: `engine.rollout.vllm_worker_ext`). The backend and the
+device are parameters (`backend`: gloo on CPU, nccl on CUDA, hccl on NPU — the caller picks it from
+`engine.runtime.backends.PROCESS_GROUPS`); no Ray in this module.
 
 The group is *stateless*: its own `TCPStore` (hosted by the trainer, address carried in the handle) and a
-`ProcessGroupGloo` / `ProcessGroupNCCL` object that is not the process's default group, so it lives beside the
-trainer's own Megatron / FSDP2 world. It forms on the first sync: the trainer sends the handle to the replicas
-(through the rollouter, as the object-store refs travel), both sides construct the group — which returns once
-all `world` members are in — and the trainer then streams the buckets as it exports them.
+process-group object that is not the process's default group, so it lives beside the trainer's own Megatron /
+FSDP2 world. **Generations**: the group of generation g uses the store prefix `asyncrl-weights-<g>`. When the
+replica set changed (a replica died and was replaced) the trainer announces g + 1; every receiver — the
+survivors and the replacement in the dead one's slot — joins the new group on its next pull, and the old
+group is retired. A replacement gets the weights either at the next sync, over the same path, or — as soon
+as it is up, when the trainer still holds the last synced version (no step since) — from a *catch-up group*:
+the trainer and the waiting replacements alone (`members`, a negative generation of its own), after which
+the next sync re-forms the full group in a new generation.
 
-Wire format, per bucket, three broadcasts from rank 0:
+Wire format, per bucket, three broadcasts from rank 0 (the bucket is a `engine.sync.flat.FlatBucket`):
 
-    header  int64 [2]    (len(meta), payload bytes); (0, 0) ends the version
-    meta    uint8 [len]  pickle of [(name, numpy dtype, shape, nbytes), ...]
-    payload uint8 [n]    the arrays' bytes back to back (C order)
+    header  int64 [3]    (seq, len(index), data bytes); (-1, 0, 0) ends the version
+    index   uint8 [len]  pickle of the bucket's index [(name, dtype, shape, offset, nbytes), ...]
+    data    uint8 [n]    the flat buffer, in the model's dtype, on the group's device
 
-The receiver rebuilds each array as a view of its payload (`np.frombuffer(...).view(dtype).reshape(shape)`),
-so a bucket costs one copy per side (send packing, receive into the model). A receiver that stops consuming
-early (a load error) drains the rest of the version, so the sender never waits on it.
+The receiver's tensors are views of its received buffer (one copy per side: the sender's pack, the
+receiver's load into the model). Pipelining is the caller's (`engine.sync.pipeline.ahead` on both sides):
+the sender packs bucket k+1 while k is broadcast, the receiver receives k+1 while it loads k. A receiver that
+stops consuming early (a load error) drains the rest of the version, so the sender never waits on it.
 """
 
 from __future__ import annotations
@@ -25,20 +31,20 @@ from __future__ import annotations
 import datetime as _dt
 import pickle
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from engine.sync.buckets import Bucket, bucket_nbytes
+from engine.sync.flat import BufferRing, FlatBucket, flatten
 
-_END = (0, 0)
+_END = (-1, 0, 0)
 
 
 @dataclass
 class CollectiveHandle:
-    """One pushed version and where its group rendezvous (`host:port`, generation `gen`, `world` members)."""
+    """One pushed version and where its group rendezvous (`host:port`, generation `gen`, `world` members).
+    After the send, `fingerprints` holds the sender's per-bucket checksums (`engine.sync.flat.fingerprint`)."""
 
     version: int
     host: str
@@ -49,123 +55,170 @@ class CollectiveHandle:
     nbytes: int = 0
     num_buckets: int = 0
     per_replica: int = 1  # receivers per replica: 1 (hf, or a vLLM replica's driver), t for a vLLM TP-t replica
+    fingerprints: list[int] = field(default_factory=list)
+    members: list[int] | None = None  # a catch-up group: only these replica slots, in this order (None: all)
 
     def first_rank(self, replica_id: int) -> int:
         """Group rank of replica `replica_id`'s first receiver (its worker w is this + w)."""
-        return 1 + replica_id * self.per_replica
+        slot = replica_id if self.members is None else self.members.index(replica_id)
+        return 1 + slot * self.per_replica
 
     @property
     def key(self) -> tuple[str, int, int]:
         return self.host, self.port, self.gen
 
 
-class BroadcastGroup:
-    """This process's member of one stateless group (rank 0 hosts the store)."""
+def default_device(backend: str) -> torch.device:
+    """Where a `backend` group's buffers live: the host for gloo, this process's current accelerator else."""
+    if backend == "gloo":
+        return torch.device("cpu")
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    if backend == "hccl":
+        return torch.device("npu", torch.npu.current_device())  # type: ignore[attr-defined]  # torch_npu
+    raise ValueError(f"collective weight sync over {backend!r} is not available (gloo, nccl or hccl)")
 
-    def __init__(self, host: str, port: int, rank: int, world: int, backend: str = "gloo",
-                 timeout_s: float = 300.0, gen: int = 0) -> None:
+
+def _process_group(backend: str, store: object, rank: int, world: int, timeout: _dt.timedelta) -> object:
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(store, rank, world, timeout)
+    if backend == "nccl":
+        return dist.ProcessGroupNCCL(store, rank, world)
+    if backend == "hccl":  # Ascend: torch_npu registers the HCCL process group
+        from torch_npu._C._distributed_c10d import ProcessGroupHCCL  # type: ignore[import-not-found]
+
+        return ProcessGroupHCCL(store, rank, world, timeout)
+    raise ValueError(f"collective weight sync over {backend!r} is not available (gloo, nccl or hccl)")
+
+
+class BroadcastGroup:
+    """This process's member of one generation of the group, over `store` (rank 0 hosts it)."""
+
+    def __init__(self, store: object, rank: int, world: int, backend: str = "gloo", timeout_s: float = 300.0,
+                 gen: int = 0, device: torch.device | None = None) -> None:
         timeout = _dt.timedelta(seconds=timeout_s)
-        self.rank, self.world, self.backend = rank, world, backend
-        self.store = dist.TCPStore(host, port, world, is_master=rank == 0, timeout=timeout,
-                                   wait_for_workers=False)
-        store = dist.PrefixStore(f"asyncrl-weights-{gen}", self.store)
-        if backend == "gloo":
-            self.pg = dist.ProcessGroupGloo(store, rank, world, timeout)
-            self.device = torch.device("cpu")
-        elif backend == "nccl":
-            self.pg = dist.ProcessGroupNCCL(store, rank, world)
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        else:
-            raise ValueError(f"collective weight sync over {backend!r} is not available (gloo on CPU, nccl on CUDA)")
+        self.rank, self.world, self.backend, self.gen = rank, world, backend, gen
+        self.device = device if device is not None else default_device(backend)
+        self.pg = _process_group(backend, dist.PrefixStore(f"asyncrl-weights-{gen}", store), rank, world, timeout)
 
     def _bcast(self, t: torch.Tensor) -> torch.Tensor:
         self.pg.broadcast(t, 0).wait()
         return t
 
     # --- rank 0 -----------------------------------------------------------------------------------------
-    def send(self, buckets: Iterable[Bucket]) -> tuple[int, int]:
-        """Broadcast every bucket, then the end marker. Returns (bytes, buckets)."""
-        nbytes = count = 0
-        for bucket in buckets:
-            arrays = [np.asarray(a, order="C") for a in bucket.values()]  # (ascontiguousarray makes 0-d 1-d)
-            meta = pickle.dumps([(n, a.dtype, a.shape, a.nbytes) for n, a in zip(bucket, arrays)])
-            payload = np.concatenate([a.reshape(-1).view(np.uint8) for a in arrays]) if arrays else \
-                np.zeros(0, np.uint8)
-            self._bcast(torch.tensor([len(meta), payload.nbytes], dtype=torch.int64, device=self.device))
-            self._bcast(torch.frombuffer(bytearray(meta), dtype=torch.uint8).to(self.device))
-            self._bcast(torch.from_numpy(payload).to(self.device))
-            nbytes += bucket_nbytes(bucket)
-            count += 1
+    def send(self, buckets: Iterable[object]) -> tuple[int, list[int]]:
+        """Broadcast every bucket (packed into a `FlatBucket` on this group's device if it is not one), then the
+        end marker. Returns (payload bytes, the buckets' fingerprints)."""
+        nbytes, sums = 0, []
+        for seq, bucket in enumerate(buckets):
+            fb = flatten(bucket, seq, self.device)
+            data = fb.data if fb.data.device == self.device else fb.data.to(self.device)
+            index = pickle.dumps(fb.index)
+            self._bcast(torch.tensor([seq, len(index), data.numel()], dtype=torch.int64, device=self.device))
+            self._bcast(torch.frombuffer(bytearray(index), dtype=torch.uint8).to(self.device))
+            self._bcast(data)
+            nbytes += fb.nbytes
+            sums.append(int(fb.fingerprint))
         self._bcast(torch.tensor(_END, dtype=torch.int64, device=self.device))
-        return nbytes, count
+        return nbytes, sums
 
     # --- ranks ≥ 1 --------------------------------------------------------------------------------------
-    def receive(self) -> Iterator[Bucket]:
-        """Yield the buckets of one version as rank 0 sends them; drains the version if closed early."""
+    def _header(self) -> tuple[int, int, int]:
+        h = self._bcast(torch.zeros(3, dtype=torch.int64, device=self.device)).tolist()
+        return int(h[0]), int(h[1]), int(h[2])
+
+    def receive(self, ring: BufferRing | None = None) -> Iterator[FlatBucket]:
+        """Yield the buckets of one version as rank 0 sends them (each in a buffer of `ring`, else a fresh one, on
+        this group's device); drains the version if closed early."""
         done = False
         try:
             while True:
-                header = self._bcast(torch.zeros(2, dtype=torch.int64, device=self.device)).tolist()
-                if tuple(header) == _END:
+                seq, n_index, n_data = self._header()
+                if (seq, n_index, n_data) == _END:
                     done = True
                     return
-                meta = pickle.loads(self._bcast(torch.empty(header[0], dtype=torch.uint8,
-                                                            device=self.device)).cpu().numpy().tobytes())
-                payload = self._bcast(torch.empty(header[1], dtype=torch.uint8, device=self.device)).cpu().numpy()
-                bucket, offset = {}, 0
-                for name, dtype, shape, size in meta:
-                    bucket[name] = np.reshape(payload[offset:offset + size].view(dtype), shape)
-                    offset += size
-                yield bucket
+                index = pickle.loads(self._bcast(torch.empty(n_index, dtype=torch.uint8, device=self.device))
+                                     .cpu().numpy().tobytes())
+                buf = ring.get(n_data, self.device) if ring is not None else \
+                    torch.empty(n_data, dtype=torch.uint8, device=self.device)
+                yield FlatBucket(index, self._bcast(buf), seq)
         finally:
             if not done:  # the consumer stopped early: take the rest so rank 0 is not left waiting
                 while True:
-                    header = self._bcast(torch.zeros(2, dtype=torch.int64, device=self.device)).tolist()
-                    if tuple(header) == _END:
+                    seq, n_index, n_data = self._header()
+                    if (seq, n_index, n_data) == _END:
                         break
-                    self._bcast(torch.empty(header[0], dtype=torch.uint8, device=self.device))
-                    self._bcast(torch.empty(header[1], dtype=torch.uint8, device=self.device))
+                    self._bcast(torch.empty(n_index, dtype=torch.uint8, device=self.device))
+                    self._bcast(torch.empty(n_data, dtype=torch.uint8, device=self.device))
 
 
 class CollectiveSync:
     """`WeightSync` by broadcast (module docstring). The producer side is `CollectiveSync(host, port, world)` on
-    trainer rank 0; consumers call `pull(handle, rank)` (rank = 1 + replica id) in their own process.
+    trainer rank 0; consumers call `pull(handle, rank)` in their own process.
 
     `push` is split in two so that the handle can reach the consumers before the (collective, blocking) send:
-    `announce(version)` returns the handle; `send(handle, buckets)` joins the group on first use and
-    broadcasts. `push` does both, for a caller whose consumers already pull concurrently."""
+    `announce(version, gen)` returns the handle; `send(handle, buckets)` joins that generation's group on first
+    use and broadcasts. `push` does both, for a caller whose consumers already pull concurrently."""
 
     def __init__(self, host: str, port: int, world: int, backend: str = "gloo", timeout_s: float = 300.0,
-                 per_replica: int = 1) -> None:
+                 per_replica: int = 1, device: torch.device | None = None) -> None:
         self.host, self.port, self.world, self.backend, self.timeout_s = host, port, world, backend, timeout_s
-        self.per_replica = per_replica
+        self.per_replica, self.device = per_replica, device
+        self.store: object | None = None
         self.group: BroadcastGroup | None = None
 
-    def announce(self, version: int) -> CollectiveHandle:
-        return CollectiveHandle(version, self.host, self.port, self.world, self.backend, per_replica=self.per_replica)
+    def announce(self, version: int, gen: int = 0, members: list[int] | None = None) -> CollectiveHandle:
+        """The handle of `version` for group generation `gen`: every replica slot, or a catch-up group of the
+        slots `members` alone (a distinct `gen`, so it never meets a full group's store keys)."""
+        world = self.world if members is None else 1 + len(members) * self.per_replica
+        return CollectiveHandle(version, self.host, self.port, world, self.backend, gen=gen,
+                                per_replica=self.per_replica, members=members)
 
-    def send(self, handle: CollectiveHandle, buckets: Iterable[Bucket]) -> CollectiveHandle:
-        if self.group is None:
-            self.group = BroadcastGroup(self.host, self.port, 0, self.world, self.backend, self.timeout_s)
-        handle.nbytes, handle.num_buckets = self.group.send(buckets)
+    def send(self, handle: CollectiveHandle, buckets: Iterable[object]) -> CollectiveHandle:
+        """Join generation `handle.gen` (a new one drops the old group) and broadcast `buckets`."""
+        if self.store is None:
+            self.store = dist.TCPStore(self.host, self.port, self.world, is_master=True,
+                                       timeout=_dt.timedelta(seconds=self.timeout_s), wait_for_workers=False)
+        if self.group is None or self.group.gen != handle.gen:
+            if self.group is not None:
+                _RETIRED.append(self.group)
+            self.group = BroadcastGroup(self.store, 0, handle.world, self.backend, self.timeout_s, handle.gen,
+                                        self.device)
+        handle.nbytes, handle.fingerprints = self.group.send(buckets)
+        handle.num_buckets = len(handle.fingerprints)
         return handle
 
-    def push(self, version: int, buckets: Iterable[Bucket]) -> CollectiveHandle:
+    def push(self, version: int, buckets: Iterable[object]) -> CollectiveHandle:
         return self.send(self.announce(version), buckets)
 
     def release(self, handle: CollectiveHandle) -> None:
         """Nothing to free: the bytes live only in the receivers' models."""
 
 
-_RECEIVERS: dict[tuple[tuple[str, int, int], int], BroadcastGroup] = {}
-"""This process's consumer groups by (handle key, rank): one per trainer group generation and receiver (an
+_STORES: dict[tuple[str, int], object] = {}
+_RETIRED: list[BroadcastGroup] = []
+"""Groups of older generations, kept, never destroyed: a gloo group whose peer died aborts the process when it
+is destructed. One per replica restart (bounded by `rollout.max_replica_restarts`), a few sockets each."""
+_RECEIVERS: dict[tuple[str, int, int], BroadcastGroup] = {}
+"""This process's consumer groups by (host, port, rank): the newest generation it joined per receiver rank (an
 in-process vLLM worker and another receiver may share a process)."""
 
 
-def pull(handle: CollectiveHandle, rank: int, timeout_s: float = 300.0) -> Iterator[Bucket]:
-    """The buckets of `handle` received as group rank `rank` (≥ 1); joins the group on first use."""
-    group = _RECEIVERS.get((handle.key, rank))
-    if group is None:
-        group = BroadcastGroup(handle.host, handle.port, rank, handle.world, handle.backend, timeout_s, handle.gen)
-        _RECEIVERS[handle.key, rank] = group
-    return group.receive()
+def pull(handle: CollectiveHandle, rank: int, timeout_s: float = 300.0, device: torch.device | None = None,
+         ring: BufferRing | None = None) -> Iterator[FlatBucket]:
+    """The buckets of `handle` received as group rank `rank` (≥ 1); joins generation `handle.gen` on first use
+    (retiring this rank's older generation). With `ring`, into its resident buffers (a bucket is overwritten
+    `len(ring.slots)` buckets later: only for a consumer that copies each bucket out before the next)."""
+    key = (handle.host, handle.port, rank)
+    group = _RECEIVERS.get(key)
+    if group is None or group.gen != handle.gen:
+        store = _STORES.get(key[:2])
+        if store is None:
+            store = dist.TCPStore(handle.host, handle.port, handle.world, is_master=False,
+                                  timeout=_dt.timedelta(seconds=timeout_s))
+            _STORES[key[:2]] = store
+        if key in _RECEIVERS:
+            _RETIRED.append(_RECEIVERS.pop(key))
+        group = BroadcastGroup(store, rank, handle.world, handle.backend, timeout_s, handle.gen, device)
+        _RECEIVERS[key] = group
+    return group.receive(ring)

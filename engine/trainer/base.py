@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-import numpy as np
 import torch
 
 
@@ -85,10 +84,11 @@ class TrainerBackend(Protocol):
         """log π_prox [B, R]: swap the snapshot in, compute log-probs, swap the live weights back bit-exactly."""
         ...
 
-    def export_weights(self, bucket_bytes: int) -> Iterator[dict[str, np.ndarray]]:
-        """The policy weights in HF names (tied `lm_head.weight` included), in buckets of ~bucket_bytes.
+    def export_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+        """The policy weights in HF names and the model's dtype (tied `lm_head.weight` included), in buckets
+        of ~bucket_bytes.
 
-        The arrays may be views of the live weights: valid until the next optimizer step (the sync copies
+        The tensors may be of the live weights: valid until the next optimizer step (the sync copies
         them out at once); copy them to keep them longer."""
         ...
 

@@ -48,7 +48,6 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import (
@@ -62,7 +61,6 @@ from torch.distributed.checkpoint.state_dict import (
 from engine.multimodal.forward import vision_inputs
 from engine.multimodal.vision import ImageEncoder, VisionSpec, model_dir_of, placeholder_token_ids
 from engine.sync.buckets import bucketize
-from engine.sync.export import host_array
 from engine.trainer import checkpoint as ckpt
 from engine.trainer.base import LossFn, TrainBatch
 from engine.trainer.batch import (
@@ -427,13 +425,13 @@ class TorchTrainerBackend(WarmupSchedule):
                 state[alias] = state[canonical]
         return state
 
-    def export_weights(self, bucket_bytes: int) -> Iterator[dict[str, np.ndarray]]:
-        """HF-named numpy arrays of the weights (tied `lm_head.weight` included) in ~`bucket_bytes` buckets.
-        Single-rank, they are views of the live parameters (valid until the next step; see
-        `engine.sync.export.host_array`). Every rank must iterate it (the gather is collective); only rank
-        0 yields buckets."""
+    def export_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+        """HF-named tensors of the weights in the model's dtype (tied `lm_head.weight` included) in
+        ~`bucket_bytes` buckets. Single-rank, they are the live parameters (valid until the next step: the sync
+        packs them into its own buffers at once). Every rank must iterate it (the gather is collective); only
+        rank 0 yields buckets."""
         state = self.full_state_dict()
-        yield from bucketize(((name, host_array(t)) for name, t in state.items()), bucket_bytes)
+        yield from bucketize(((name, t.detach()) for name, t in state.items()), bucket_bytes)
 
     # --- checkpoints ------------------------------------------------------------------------------------
     def save(self, path: str) -> None:

@@ -27,16 +27,19 @@ def test_collective_sync_gives_both_replicas_the_trained_weights(run_dir):
     assert len(synced) == 3 and all(r["asyncrl/sync/bytes"] > 1e5 for r in synced)
     firsts = [r for r in recs if r["training/global_step"] % 2 == 1 and "actor/pg_loss" in r]
     assert firsts and all(abs(r["rollout_corr/kl"]) < 1e-4 and math.isfinite(r["actor/pg_loss"]) for r in firsts)
-    assert [e["step"] for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] == "sync"] == [2, 4, 6]
+    syncs = [e for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] == "sync"]
+    assert [e["step"] for e in syncs] == [2, 4, 6]
+    assert all(e["verified"] is True and e["transport"] == "CollectiveSync" for e in syncs)
+    assert all(r["asyncrl/sync/verified"] == 1.0 for r in synced)
 
 
-def test_collective_sync_is_refused_with_replica_restarts_and_accepted_for_vllm(tmp_path):
+def test_collective_is_the_default_and_accepts_replica_restarts_and_vllm(tmp_path):
     from run_helpers import TINY
 
     from asyncrl_cli.config.loader import analyze_run_config
 
-    an = analyze_run_config(TINY, ['rollout.weight_sync="collective"'])
-    assert [p.key for p in an.problems if p.code == "collective-sync-restarts"] == ["rollout.max_replica_restarts"]
-    an = analyze_run_config(TINY, ['rollout.weight_sync="collective"', 'rollout.backend="vllm"',
-                                   "rollout.max_replica_restarts=0"])
+    an = analyze_run_config(TINY, [])
+    assert an.config.rollout.weight_sync == "collective" and an.config.rollout.max_replica_restarts > 0
+    assert not [p for p in an.problems if p.severity == "error"]
+    an = analyze_run_config(TINY, ['rollout.backend="vllm"'])
     assert not [p for p in an.problems if p.code.startswith("collective-sync")]  # vLLM workers receive it too

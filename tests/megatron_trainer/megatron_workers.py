@@ -16,8 +16,14 @@ def _params(backend: Any) -> dict[str, torch.Tensor]:
 
 def exercise(backend: Any, batch: Any, steps: int = 2) -> dict[str, Any]:
     """Log-probs, export, snapshot → `steps` updates → proximal log-probs, with the swap checked bit-exactly."""
+    from engine.trainer.megatron import export
+
     log_probs, entropy = backend.compute_log_probs(batch, with_entropy=True)
+    before = export.gathered_bytes
     exported = backend.hf_state_dict()
+    all_gathered = export.gathered_bytes - before  # every rank receives every shard
+    sync = {n: t.clone() for b in backend.export_weights(1 << 16) for n, t in b.items()}
+    to_sender = export.gathered_bytes - before - all_gathered  # only each group's first rank receives
     backend.snapshot_params()
     metrics = [backend.train_step(batch, nll_loss) for _ in range(steps)]
     live = _params(backend)
@@ -25,6 +31,7 @@ def exercise(backend: Any, batch: Any, steps: int = 2) -> dict[str, Any]:
     restored = all(torch.equal(p, live[n]) for n, p in _params(backend).items())
     return {
         "log_probs": log_probs, "entropy": entropy, "export": exported, "prox": prox, "restored": restored,
+        "sync_export": sync, "gathered": {"all_gather": all_gathered, "to_sender": to_sender},
         "losses": [m["actor/loss"] for m in metrics], "grad_norms": [m["actor/grad_norm"] for m in metrics],
         "snapshot_bytes": backend.snapshot.nbytes,
         "param_bytes": sum(p.numel() * p.element_size() for p in backend.model.parameters()),

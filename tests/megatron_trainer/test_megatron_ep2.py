@@ -46,6 +46,19 @@ def test_ep2_export_collects_every_expert(ep2: list[dict], hf_dirs: dict[str, Pa
             assert np.array_equal(rank["export"][name], source(name).numpy()), name
 
 
+def test_ep2_sync_export_gathers_the_experts_to_the_sender_only(ep2: list[dict]) -> None:
+    """The weight sync's export: rank 0 (the sender) gets every tensor, in the model's dtype, equal to the
+    all-gathered export; rank 1 sends its experts and receives nothing (it used to receive rank 0's)."""
+    sender, other = ep2
+    assert set(sender["sync_export"]) == set(sender["export"]) and other["sync_export"] == {}
+    for name, t in sender["sync_export"].items():
+        assert torch.equal(as_tensor(t), as_tensor(sender["export"][name])), name
+    assert other["gathered"]["all_gather"] > 0 and other["gathered"]["to_sender"] == 0
+    assert sender["gathered"]["to_sender"] == sender["gathered"]["all_gather"]
+    print(f"EP 2 x DP 2 export, bytes received per rank: all-gather {[r['gathered']['all_gather'] for r in ep2]}, "
+          f"to the sender {[r['gathered']['to_sender'] for r in ep2]}")
+
+
 def test_ep2_snapshot_includes_the_expert_parallel_buffer(ep2: list[dict]) -> None:
     for rank in ep2:
         assert rank["expert_buffers"] == 1

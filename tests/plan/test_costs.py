@@ -64,7 +64,15 @@ def test_estimate_follows_the_stated_formulas_for_the_seed_layout() -> None:
     costs = resolve(layout, an.model, an.hardware)
     p_tot = an.model.params_total
     assert costs.decode_step_s == pytest.approx(2 * p_tot / (4 * 4000e9 * ETA_BW))
-    assert costs.sync_s == pytest.approx(2 * p_tot / 8.25e9)  # ~7.4 s: verl's published NCCL figure
+    # the weight sync is the engine's pipeline: the 400 Gb/s link of the sender dominates (61 GB → 1.36 s), the
+    # EP gather to the sender and the replicas' load overlap with it (1 / 114 buckets of them is not hidden)
+    nbytes = 2 * p_tot
+    transfer, load = nbytes / 45e9, 2 * nbytes / (4000e9 * ETA_BW)
+    gather = nbytes * (1 - 1 / (layout.trainer_model_parallel * layout.trainer_ep)) / 150e9
+    n = -(-int(nbytes) // (512 * 2**20))
+    assert costs.sync_s == pytest.approx(transfer + (gather + load) / n)
+    assert costs.sync_s <= 10.0  # the issue's target for seed 000 (verl: 4.4 s on H20)
+    assert any(n.startswith("weight sync ") and "transfer_s" in n and "gather_s" in n for n in costs.notes)
     assert all(src == "estimate" for k, src in costs.sources.items() if k not in ("long_tail", "short_max"))
     assert any("η_bw" in n for n in costs.notes)
 

@@ -44,3 +44,18 @@ def test_spent_restart_budget_stops_with_a_resumable_checkpoint(tmp_path, capsys
     assert ckpt is not None and read_checkpoint(ckpt)["state"]["reason"] == "stop"
     plan = plan_resume(cfg, "auto")
     assert plan is not None and plan.ckpt["path"] == str(ckpt)
+
+
+def test_a_bucket_corrupted_on_the_wire_fails_the_run_naming_replica_and_bucket(tmp_path, capsys) -> None:
+    """The delivery check of every sync: one byte of bucket 0 flipped after the trainer's checksum (as a fault
+    on the wire would) → the replicas' checksums differ → the run fails at the first sync, saying which replica
+    and which bucket, instead of training on against weights the rollout never had."""
+    run_dir = tmp_path / "run"
+    cfg = tiny_config(run_dir, "rollout.total_rollout_steps=32", "data.max_response_length=8",
+                      "debug.corrupt_sync_bucket=0")
+    assert run(cfg, progress=False) == 1
+    err = capsys.readouterr().err
+    failed = [ln for ln in err.splitlines() if "run failed" in ln]
+    assert len(failed) == 1 and "rollout replica 0 loaded bucket 0 (" in failed[0], failed
+    assert "corrupted" in failed[0]
+    assert not events(run_dir, "sync")  # no sync was reported as done

@@ -1,11 +1,11 @@
-"""Weight sync through a real local Ray object store: trainer export → push → a replica actor pulls the
-buckets zero-copy and loads them into its `hf` sampler."""
+"""Weight sync through a real local Ray object store: trainer export (model dtype) → flat buckets → push → a
+replica actor pulls them zero-copy (its tensors are views of shared memory) and loads them into its `hf`
+sampler."""
 
 from __future__ import annotations
 
 import copy
 
-import numpy as np
 import pytest
 import torch
 
@@ -42,10 +42,13 @@ def test_object_store_sync_updates_a_remote_replica(local_ray, tiny_lm) -> None:
             self.sync = ObjectStoreSync()
 
         def apply(self, handle) -> dict:
+            from engine.sync.verify import Delivery
+
             first = next(iter(self.sync.pull(handle)))
-            zero_copy = all(not a.flags.writeable for a in first.values())
-            self.backend.update_weights(self.sync.pull(handle), handle.version)
-            return {"zero_copy": zero_copy, "version": self.backend.version}
+            zero_copy = not first.data.numpy().flags.writeable  # a view of the object store's shared memory
+            delivery = Delivery(self.sync.pull(handle))
+            self.backend.update_weights(delivery, handle.version)
+            return {"zero_copy": zero_copy, "version": self.backend.version, "fingerprints": delivery.fingerprints}
 
         def greedy(self) -> list[list[int]]:
             return [r.response_ids for r in self.backend.generate(REQUESTS, SamplingParams(temperature=0.0))]
@@ -60,20 +63,20 @@ def test_object_store_sync_updates_a_remote_replica(local_ray, tiny_lm) -> None:
     assert handle.num_buckets > 1
     assert handle.nbytes == sum(t.numel() * t.element_size() for t in policy.state_dict().values())
     info = ray.get(replica.apply.remote(handle))
-    assert info == {"zero_copy": True, "version": 7}
+    assert info == {"zero_copy": True, "version": 7, "fingerprints": handle.fingerprints}
     expected = HFRolloutBackend(policy, eos_token_id=EOS, pad_token_id=PAD).generate(
         REQUESTS, SamplingParams(temperature=0.0))
     after = ray.get(replica.greedy.remote())
     assert after == [r.response_ids for r in expected] and after != before
     pulled = list(sync.pull(handle))
     exported = list(trainer.export_weights(bucket_bytes=64 * 1024))
-    assert [list(b) for b in pulled] == [list(b) for b in exported]
-    assert all(np.array_equal(p[k], e[k]) for p, e in zip(pulled, exported) for k in e)
+    assert [b.names for b in pulled] == [list(b) for b in exported]
+    assert all(t.dtype == e[k].dtype and torch.equal(t, e[k]) for p, e in zip(pulled, exported) for k, t in p.tensors())
     # the export is zero-copy, the push is not: training on after the push leaves the pushed version intact
-    kept = {k: a.copy() for b in exported for k, a in b.items()}
+    kept = {k: a.clone() for b in exported for k, a in b.items()}
     with torch.no_grad():
         trainer.model.model.embed_tokens.weight.add_(1.0)
-    assert not np.array_equal(exported[0]["model.embed_tokens.weight"], kept["model.embed_tokens.weight"])
-    assert all(np.array_equal(a, kept[k]) for b in sync.pull(handle) for k, a in b.items())
+    assert not torch.equal(exported[0]["model.embed_tokens.weight"], kept["model.embed_tokens.weight"])
+    assert all(torch.equal(t, kept[k]) for b in sync.pull(handle) for k, t in b.tensors())
     sync.release(handle)
     assert handle.refs == []

@@ -18,7 +18,7 @@ def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
                                      mini_batches=2, ppo_epochs=2)
         local = rank_slice(random_batch(rows=ROWS, seed=0), rank, world)
         metrics = trainer.train_step(local, token_mean_pg_loss)
-        final = {n: torch.from_numpy(a).clone() for b in trainer.export_weights(1 << 16) for n, a in b.items()}
+        final = {n: a.clone() for b in trainer.export_weights(1 << 16) for n, a in b.items()}
         torch.save({"metrics": metrics, "final": final, "steps": trainer.global_step}, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()

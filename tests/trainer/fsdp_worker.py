@@ -34,7 +34,7 @@ def run_rank(rank: int, world: int, port: int, out_dir: str, backend: str = "glo
         result["metrics_step1"] = trainer.train_step(local, token_mean_pg_loss)
         prox = trainer.proximal_log_probs(local)
         result["prox_max_diff"] = float((prox - before).abs().max())
-        result["export"] = {n: torch.from_numpy(a).clone() for b in trainer.export_weights(1 << 16) for n, a in b.items()}
+        result["export"] = {n: a.clone() for b in trainer.export_weights(1 << 16) for n, a in b.items()}
         # more steps of likelihood maximisation on this rank's rows: the loss must go down
         sft = rank_slice(random_batch(rows=ROWS, seed=1), rank, world)
         sft.advantages = sft.response_mask.clone()
@@ -44,7 +44,7 @@ def run_rank(rank: int, world: int, port: int, out_dir: str, backend: str = "glo
             sft.advantages = sft.response_mask.clone()
         result["losses"] = [trainer.train_step(sft, token_mean_pg_loss)["actor/pg_loss"] for _ in range(6)]
         trainer.save(f"{out_dir}/ckpt")
-        result["final"] = {n: torch.from_numpy(a).clone() for b in trainer.export_weights(1 << 16) for n, a in b.items()}
+        result["final"] = {n: a.clone() for b in trainer.export_weights(1 << 16) for n, a in b.items()}
         torch.save(result, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()

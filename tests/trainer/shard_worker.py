@@ -26,7 +26,7 @@ def run_shard_rank(rank: int, world: int, port: int, out_dir: str) -> None:
         result["filler"] = is_filler(shard)
         result["one_log_probs"], result["one_entropy"] = trainer.compute_log_probs(shard, with_entropy=True)
         result["metrics"] = trainer.train_step(shard, token_mean_pg_loss)
-        result["export"] = {n: torch.from_numpy(a).clone() for b in trainer.export_weights(1 << 16) for n, a in b.items()}
+        result["export"] = {n: a.clone() for b in trainer.export_weights(1 << 16) for n, a in b.items()}
         torch.save(result, f"{out_dir}/rank{rank}.pt")
         dist.barrier()  # neither rank leaves the group while the other may still be talking to it
     finally:

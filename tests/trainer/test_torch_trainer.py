@@ -148,7 +148,7 @@ def test_proximal_log_probs_needs_a_snapshot(tiny_lm) -> None:
         make_trainer(tiny_lm(), 4).proximal_log_probs(random_batch())
 
 
-def test_export_weights_buckets_are_hf_named_zero_copy_views(tiny_lm) -> None:
+def test_export_weights_buckets_are_hf_named_zero_copy_views_in_the_model_dtype(tiny_lm) -> None:
     trainer = make_trainer(tiny_lm(), 4)
     state = trainer.model.state_dict()
     buckets = list(trainer.export_weights(bucket_bytes=100_000))
@@ -159,8 +159,10 @@ def test_export_weights_buckets_are_hf_named_zero_copy_views(tiny_lm) -> None:
         assert total <= 100_000 or len(b) == 1
     exported = {n: a for b in buckets for n, a in b.items()}
     for name, tensor in state.items():
-        assert np.array_equal(exported[name], tensor.numpy())
-        assert np.shares_memory(exported[name], tensor.numpy()), f"{name} was copied (a sync pays every copy)"
+        assert exported[name].dtype == tensor.dtype and torch.equal(exported[name], tensor)
+        assert exported[name].data_ptr() == tensor.data_ptr(), f"{name} was copied (a sync pays every copy)"
+    bf16 = make_trainer(tiny_lm().to(torch.bfloat16), 4)
+    assert {a.dtype for b in bf16.export_weights(1 << 20) for a in b.values()} == {torch.bfloat16}  # not widened
 
 
 class EntropyBonusLoss:

@@ -54,19 +54,20 @@ _versions = itertools.count(1)
 
 @pytest.fixture
 def load_weights(backend: Any, tiny: Tiny) -> Callable[..., Any]:
-    """`load_weights(seed, n_buckets=3, transport=None, quiet_eos=False) -> (model, version)`: a new random
+    """`load_weights(seed, n_buckets=3, flat=False, quiet_eos=False) -> (model, version)`: a new random
     weight set, sent to the engine in `n_buckets` buckets without `lm_head.weight` (the backend must add the
-    tied head). `quiet_eos` makes greedy decoding run to its budget (see `make_model`)."""
+    tied head); `flat`: as received `FlatBucket`s (what the sync delivers), else dicts packed by the backend. `quiet_eos` makes greedy decoding run to its budget (see `make_model`)."""
     from vllm_tiny_model import hf_buckets, make_model
 
     def load(
-        seed: int, n_buckets: int = 3, transport: str | None = None, quiet_eos: bool = False
+        seed: int, n_buckets: int = 3, flat: bool = False, quiet_eos: bool = False
     ) -> tuple[Any, int]:
+        from engine.sync.flat import flat_buckets
+
         model = make_model(tiny.vocab_size, tiny.eos_id, tiny.pad_id, seed=seed, quiet_eos=quiet_eos)
         version = next(_versions)
-        if transport is not None:
-            backend.weight_transport = transport
-        backend.update_weights(hf_buckets(model, n_buckets), version)
+        buckets = hf_buckets(model, n_buckets)
+        backend.update_weights(list(flat_buckets(buckets)) if flat else buckets, version)
         return model, version
 
     return load

@@ -38,7 +38,7 @@ def test_collective_sync_into_the_vllm_worker_matches_the_trainer_weights(backen
     other: list[int] = []
 
     def replica_zero(handle) -> None:
-        other.append(sum(sum(a.nbytes for a in b.values()) for b in resolve_buckets([handle], 0)))
+        other.append(sum(b.nbytes for b in resolve_buckets([handle], 0)))
 
     sampling = SamplingParams(temperature=0.8, top_k=0, top_p=1.0, seed=5)
     for step, seed in enumerate((101, 202)):
@@ -49,11 +49,13 @@ def test_collective_sync_into_the_vllm_worker_matches_the_trainer_weights(backen
         sender.start()
         peer.start()
         before = backend.stats()["weight_update_bytes"]
-        backend.update_weights(resolve_buckets([handle], 1), handle.version)
+        delivery = resolve_buckets([handle], 1)
+        backend.update_weights(delivery, handle.version)
         sender.join(60)
         peer.join(60)
         assert not sender.is_alive() and not peer.is_alive()
         assert backend.version == handle.version and handle.num_buckets == 3
+        assert delivery.fingerprints == handle.fingerprints  # the worker's receipt: every bucket, bit-exact
         # the worker received every byte sent (plus the tied head it adds), as did the other replica
         assert other[-1] == handle.nbytes
         assert backend.stats()["weight_update_bytes"] - before >= handle.nbytes

@@ -53,12 +53,10 @@ def test_log_probs_match_an_fp32_torch_forward(backend, load_weights, temperatur
         assert [r.response_ids for r in again] == [r.response_ids for r in results]
 
 
-@pytest.mark.parametrize("transport", ["bytes", "file"])
-def test_greedy_after_weight_update_equals_transformers(backend, load_weights, transport) -> None:
-    old, _ = load_weights(seed=21, transport=transport)
-    new, version = load_weights(
-        seed=61, n_buckets=4, transport=transport
-    )  # PROMPTS[0] hits EOS after 3 tokens
+@pytest.mark.parametrize("flat", [False, True])
+def test_greedy_after_weight_update_equals_transformers(backend, load_weights, flat) -> None:
+    old, _ = load_weights(seed=21, flat=flat)
+    new, version = load_weights(seed=61, n_buckets=4, flat=flat)  # PROMPTS[0] hits EOS after 3 tokens
     requests = [GenRequest(f"g{i}", prompt, max_new_tokens=32) for i, prompt in enumerate(PROMPTS)]
     results = backend.generate(requests, SamplingParams(temperature=0.0))
 

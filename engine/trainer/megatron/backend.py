@@ -40,7 +40,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.utils.checkpoint
@@ -466,8 +465,8 @@ class MegatronTrainerBackend(WarmupSchedule):
         return log_probs
 
     # --- weights out -----------------------------------------------------------------------------------
-    def export_weights(self, bucket_bytes: int) -> Iterator[dict[str, np.ndarray]]:
-        """HF-named numpy buckets (tied `lm_head.weight` included). Every rank must iterate it (the gathers
+    def export_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+        """HF-named tensor buckets in the model's dtype (tied `lm_head.weight` included). Every rank must iterate it (the gathers
         are collective); only rank 0 yields buckets."""
         for bucket in export_hf(self.model, self.arch, bucket_bytes):
             if self.is_main:
