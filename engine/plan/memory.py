@@ -61,7 +61,9 @@ if TYPE_CHECKING:
     from engine.config.schema import RunConfig
 
 GB = 1e9
-DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "auto": 4}
+"""Bytes per element; "auto" (chosen by a measurement at launch, `engine.plan.auto`) counts as fp32, the larger
+of its two outcomes, so a config that fits before the measurement fits after it."""
 CALIBRATION = Path(__file__).parent / "_calibration" / "activations.json"
 ACCEL_RUNTIME = 2.0 * GB
 CPU_RUNTIME = 0.3 * GB

@@ -55,10 +55,16 @@ class FakeRollouter:
 
     def update_weights(self, version: int, refs: list, step: int, cut: bool, trigger: int | None) -> dict:
         self.syncs.append((version, cut, trigger))
-        out = {"asyncrl/sync/pause_s": 0.0, "asyncrl/sync/transfer_s": 0.0}
+        out = {"asyncrl/sync/pause_s": 0.0, "asyncrl/sync/transfer_s": 0.0, "receipts": {}}
         if cut:
             out["snapshot"] = self.snapshot(False)
         return out
+
+    def sync_generation(self) -> tuple[int, None]:
+        return 0, None
+
+    def catch_up_slots(self) -> list[int]:
+        return []
 
     def snapshot(self, drain: bool) -> dict:
         return {"rollout": {"staleness_threshold": 0.5}, "queued": [], "in_flight": []}
@@ -100,7 +106,10 @@ def shell(tmp_path: Path, monkeypatch):
                 "async_training.trigger_parameter_sync_step=1", "checkpoint.every_versions=2", *extra]
         cfg = load_run_config(TINY, sets).config
         monkeypatch.setattr(ray, "get", lambda x, **_: x)
-        monkeypatch.setattr(trainer_actor, "publish", lambda ws, v, buckets, send: (send(list(buckets)), 1))
+        from engine.sync.runtime import Published
+
+        monkeypatch.setattr(trainer_actor, "publish",
+                            lambda ws, v, buckets, send, **_: Published(send(list(buckets)), 1, [], []))
         core = ControllerCore(cfg.name, run_dir=str(tmp_path / "run"), sinks=[], config=cfg.model_dump())
         queue, rollouter = FakeQueue(_groups(R * steps)), FakeRollouter()
         model = resolve_model_path(cfg.model.path, seed=cfg.trainer.seed)
