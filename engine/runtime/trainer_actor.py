@@ -101,7 +101,7 @@ class TrainerCore(TrainerCheckpoints):
     def _restore(self, resume: dict[str, Any]) -> None:
         """Weights, optimizer and RNG from the checkpoint's trainer directory; version, step, the live sync
         interval and counters."""
-        self.backend.load(resume["trainer_dir"])
+        self._restore_weights(resume)
         st = resume["state"]
         counters = st["trainer"]
         self.loop.restore({**st, "dropped_stale": counters["dropped_stale"]})
@@ -139,7 +139,7 @@ class TrainerCore(TrainerCheckpoints):
         finally:
             self._finish()
         return {"local_step": self.local_step, "version": self.version, "stopped": self._stop_reason,
-                "weights_sha256": digest}
+                "weights_sha256": digest, "stop_state": self.stop_state if self._stop else None}
 
     def _step(self) -> bool:
         t_start = time.monotonic()
@@ -340,8 +340,10 @@ class TrainerCore(TrainerCheckpoints):
         return {**out, "asyncrl/mismatch_alarm": float(bool(msgs))}
 
     # ------------------------------------------------------------------ checkpoints
-    def request_stop(self, reason: str) -> None:
-        """Stop at the next step boundary; the loop then writes a stop checkpoint (graceful, resumable)."""
+    def request_stop(self, reason: str, deadline: float | None = None, weight_bytes: int = 0) -> None:
+        """Stop at the next step boundary; the loop then writes a stop checkpoint (graceful, resumable) — by
+        `deadline` (time.time()) the full one if it fits, else a light one (`TrainerCheckpoints`)."""
+        self.set_stop_deadline(deadline, weight_bytes)
         if not self._stop:
             self._stop, self._stop_reason = True, reason
             self.controller.record_event.remote(self._ev("info", "knob", f"graceful stop: {reason}"))
@@ -394,8 +396,8 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         return self.core.fit()
 
-    def request_stop(self, reason: str) -> None:
-        self.core.request_stop(reason)
+    def request_stop(self, reason: str, deadline: float | None = None, weight_bytes: int = 0) -> None:
+        self.core.request_stop(reason, deadline, weight_bytes)
 
     def push_weights(self) -> None:
         """Resume: give the rollout replicas the restored weights before generation starts."""
