@@ -40,7 +40,7 @@ from engine.runtime.placement_groups import PlacementTimeout, reserve_run
 from engine.runtime import terminal
 from engine.runtime.run_dirs import prepare_run_dir, resume_command, resume_hint
 from engine.runtime.stop_grace import stop_deadline, stop_grace_s
-from engine.runtime.stop_signals import StopSignals
+from engine.runtime.stop_signals import StopSignals, children_ignore_hangup
 from engine.runtime.terminal import say
 from engine.telemetry.sinks import CONFIG_FILE, PLAN_FILE, PROVENANCE_FILE
 
@@ -197,7 +197,8 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
         resumed = {"plan": plan, "message": message}
     placement["object_store_bytes"] = object_store_bytes(Path(model_dir))
     placement["namespace"] = run_namespace(entry.id)
-    started_ray = _init_ray(address, placement)
+    with children_ignore_hangup():  # Ray's own processes must outlive a closed terminal's SIGHUP
+        started_ray = _init_ray(address, placement)
     ident["signals"] = signals = StopSignals()
     ident["weight_bytes"] = weight_bytes(Path(model_dir))
     restore_signals = signals.install()

@@ -6,6 +6,11 @@ shell script's background job (`cmd &` without job control).
 The handlers raise `KeyboardInterrupt` in the main thread (the driver's supervision loop catches it) after
 noting which signal came and when, for the stop line and the `stop` event. They are installed after
 `ray.init`, whose own SIGTERM handler would end the process at once.
+
+A closed terminal sends SIGHUP to its whole foreground process group, and the local Ray's `gcs_server` and
+`raylet` are in it; they would die of it, and the driver with them, before any stop. So `ray.init` runs inside
+`children_ignore_hangup()`: the processes it starts inherit SIGHUP ignored (an ignored signal survives `exec`),
+as under `nohup`. (A SIGHUP during those seconds of start-up is lost; the run then goes on like a `nohup` one.)
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,3 +64,17 @@ class StopSignals:
                 signal.signal(sig, handler)
 
         return undo
+
+
+@contextmanager
+def children_ignore_hangup() -> Iterator[None]:
+    """SIGHUP ignored in this block (main thread only), so processes started in it inherit it ignored."""
+    sig = getattr(signal, "SIGHUP", None)
+    if sig is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(sig, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(sig, previous)

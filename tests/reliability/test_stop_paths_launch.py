@@ -22,6 +22,7 @@ from reliability_helpers import (
     events,
     kill_session,
     overrides,
+    session_pids,
     tiny_config,
     train_steps,
     wait_for,
@@ -51,21 +52,21 @@ def _shell(run_dir: Path, redirect: str, *extra: str, env: dict[str, str] | None
 def _stop(proc: subprocess.Popen, run_dir: Path, sig: int, group: bool = True, after_steps: int = 2) -> float:
     """Send `sig` once the run trained `after_steps` steps and wait for the launch to end; returns when it was sent."""
     wait_for(lambda: len(train_steps(run_dir)) >= after_steps, timeout=300, proc=None)
+    launch = _launch_pid(proc.pid)
     sent = time.time()
     if group:
         os.killpg(proc.pid, sig)
-    else:  # the launch itself: the bash's only child running asyncrl
-        os.kill(_launch_pid(proc.pid), sig)
-    try:
-        proc.wait(timeout=180)
+    else:  # the launch itself
+        os.kill(launch, sig)
+    try:  # the launch, not bash: a SIGHUP ends bash at once
+        wait_for(lambda: launch not in session_pids(proc.pid), timeout=180)
     finally:
         kill_session(proc.pid)  # nothing of the run may outlive it; and a hung stop fails here, not later
+        proc.wait(timeout=30)
     return sent
 
 
 def _launch_pid(sid: int) -> int:
-    from reliability_helpers import session_pids
-
     for pid in session_pids(sid):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -123,7 +124,7 @@ def test_a_closed_terminal_sighup_stops_with_a_checkpoint(tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_under_nohup_sighup_is_ignored_and_sigterm_still_stops(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = _shell(run_dir, f"> {tmp_path / 'nohup.out'} 2>&1", prefix="nohup ")
+    proc = _shell(run_dir, f"> {tmp_path / 'nohup.out'} 2>&1", prefix="exec nohup ")  # bash becomes the launch
     wait_for(lambda: len(train_steps(run_dir)) >= 2, timeout=300, proc=None)
     os.killpg(proc.pid, signal.SIGHUP)
     seen = len(train_steps(run_dir))
