@@ -455,8 +455,9 @@ def _stop_with_checkpoint(trainer: Any, t_ref: Any, hint: dict[str, Any], stop: 
     result: dict[str, Any] = {}
     try:
         trainer.request_stop.remote(f"interrupted by {name}", deadline, stop["weight_bytes"])
-        timeout = STOP_TIMEOUT_S if deadline is None else max(0.1, deadline - time.time() + 0.25)
-        result = ray.get(t_ref, timeout=timeout)
+        # the deadline only shapes what the trainer writes: waiting past it costs nothing (a scheduler's
+        # SIGKILL ends the wait anyway) and keeps a state that arrives late when the grace was a guess
+        result = ray.get(t_ref, timeout=STOP_TIMEOUT_S)
     except (KeyboardInterrupt, ray.exceptions.RayError) as e:  # best effort: the last checkpoint stays usable
         why = "abandoned by a second signal" if isinstance(e, KeyboardInterrupt) else type(e).__name__
         say(f"asyncrl: no stop checkpoint ({why})")
