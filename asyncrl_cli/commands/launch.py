@@ -144,6 +144,9 @@ def command(
         render_problems(con, [p for p in an.problems if p.severity == "warning"])
         con.print(f"dry run: nothing started. Wrote {files['config']} and {files['provenance']}.")
         return
+    from engine.runtime.terminal import install  # light: a closed pipe or a full disk must not end the launch
+
+    install()
     render_problems(stderr_console(), [p for p in an.problems if p.severity == "warning"])
     prediction = _predict(run_file, set_, calibration) if with_plan or calibration else None
     try:
