@@ -156,7 +156,10 @@ def test_sigterm_then_sigkill_after_the_grace_period_keeps_the_stop_state(tmp_pa
     """Like Slurm / Kubernetes: SIGTERM, then SIGKILL to everything 2 s later. What the stop saved in the grace
     period is intact (full or light, whichever fit) and the resume is exact."""
     run_dir = tmp_path / "run"
-    proc = _shell(run_dir, "> /dev/null 2>&1", "checkpoint.every_versions=5", env={"ASYNCRL_STOP_GRACE_S": "2"})
+    # `exec`: the launch is this test's child, so the SIGKILLed driver is reaped (a zombie would still hold its
+    # entry in the registry of live runs, and the resume would be refused as a second live run)
+    proc = _shell(run_dir, "> /dev/null 2>&1", "checkpoint.every_versions=5", env={"ASYNCRL_STOP_GRACE_S": "2"},
+                  prefix="exec ")
     wait_for(lambda: len(train_steps(run_dir)) >= 6, timeout=300, proc=None)
     os.kill(_launch_pid(proc.pid), signal.SIGTERM)
     time.sleep(2.0)
