@@ -153,6 +153,9 @@ def command(
         con.print(f"dry run: nothing started, nothing written. A launch would create {files['run_dir']}/ and write "
                   f"{files['config']}, {files['provenance']}, metrics.jsonl and events.jsonl there.")
         return
+    from engine.runtime.terminal import install  # light: a closed pipe or a full disk must not end the launch
+
+    install()
     render_problems(stderr_console(), [p for p in an.problems if p.severity == "warning"])
     prediction = _predict(run_file, set_, calibration) if with_plan or calibration else None
     try:

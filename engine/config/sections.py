@@ -176,6 +176,12 @@ class ResourcesConfig(Section):
     placement_timeout_s: float = Field(300.0, gt=0)
     """On accelerator hardware: how long `launch` waits for Ray to place the pools' placement groups (one per
     node, one bundle per accelerator) before it fails with one line naming what could not be placed."""
+    stop_grace_s: float | None = Field(None, gt=0)
+    """Seconds between a stop signal (SIGTERM, SIGINT, SIGHUP) and the SIGKILL that follows it (a scheduler's
+    grace period: Slurm `KillWait`, Kubernetes `terminationGracePeriodSeconds`, both 30 s by default). The stop
+    then writes the full checkpoint if it fits, else a light one (the prompt stream's position, queue and
+    in-flight prompts with the weights of the last full checkpoint), and says which. Unset: the environment
+    variable `ASYNCRL_STOP_GRACE_S`, else no deadline (always the full checkpoint)."""
 
 
 class OptimConfig(Section):

@@ -9,6 +9,12 @@ Layout of `<checkpoint root>/global_step_<local step>/`:
                      one, the request to re-issue (prompt + saved prefix + the version of its first token)
     manifest.json    sha256 and size of every other file; written last
 
+A *light* checkpoint (a stop under a deadline, `engine.runtime.stop_grace`) writes the three JSON files of its
+own step and takes `trainer/` from an earlier full checkpoint by hard links (copied where links fail), with
+that checkpoint's checksums (the files are the same bytes); its manifest names the source (`weights_from`).
+Without an earlier checkpoint it has no `trainer/` and the manifest says `"weights_from": "initial"`: the
+resume starts from the model's own weights.
+
 Atomic publish: everything is written into `.tmp-global_step_<s>-<pid>/` and fsynced, the directory is
 renamed to its final name and the parent fsynced. A crash leaves only a `.tmp-*` directory, which readers
 ignore and the next save removes. A directory whose manifest is missing or unreadable, or disagrees with
@@ -61,9 +67,11 @@ def list_checkpoints(root: Path) -> list[Path]:
     return [p for s, p in sorted((s, p) for s, p in found if s is not None)]
 
 
-def write_checkpoint(root: Path, step: int, *, save_trainer: Callable[[Path], None], state: dict[str, Any],
-                     queued: list[dict[str, Any]], in_flight: list[dict[str, Any]], keep_last: int) -> Path:
-    """Write one checkpoint atomically and prune to `keep_last`; returns its final path."""
+def write_checkpoint(root: Path, step: int, *, save_trainer: Callable[[Path], None] | None, state: dict[str, Any],
+                     queued: list[dict[str, Any]], in_flight: list[dict[str, Any]], keep_last: int,
+                     weights_from: Path | None = None) -> Path:
+    """Write one checkpoint atomically and prune to `keep_last`; returns its final path. Without
+    `save_trainer` it is light: `trainer/` linked from the checkpoint `weights_from`, or none (initial weights)."""
     root.mkdir(parents=True, exist_ok=True)
     for stale in [*root.glob(f".tmp-{PREFIX}*"), *root.glob(f".old-{PREFIX}*")]:
         shutil.rmtree(stale, ignore_errors=True)
@@ -71,12 +79,19 @@ def write_checkpoint(root: Path, step: int, *, save_trainer: Callable[[Path], No
     tmp = root / f".tmp-{PREFIX}{step}-{os.getpid()}"
     tmp.mkdir()
     try:
-        save_trainer(tmp / TRAINER_DIR)
+        linked: dict[str, dict[str, Any]] = {}
+        if save_trainer is not None:
+            save_trainer(tmp / TRAINER_DIR)
+        elif weights_from is not None:
+            linked = _link_trainer(Path(weights_from), tmp / TRAINER_DIR)
         _write_json(tmp / STATE, {"format": FORMAT, **state})
         _write_json(tmp / QUEUED, queued)
         _write_json(tmp / IN_FLIGHT, in_flight)
-        files = {rel: _digest(tmp / rel) for rel in _files(tmp)}
-        _write_json(tmp / MANIFEST, {"format": FORMAT, "step": step, "files": files})
+        files = {rel: linked.get(rel) or _digest(tmp / rel) for rel in _files(tmp)}
+        manifest: dict[str, Any] = {"format": FORMAT, "step": step, "files": files}
+        if save_trainer is None:
+            manifest["weights_from"] = str(weights_from) if weights_from is not None else "initial"
+        _write_json(tmp / MANIFEST, manifest)
         _fsync_tree(tmp)
         _publish(tmp, final)
     except BaseException:
@@ -99,7 +114,7 @@ def verify_checkpoint(path: Path) -> str | None:
     for required in (STATE, QUEUED, IN_FLIGHT):
         if required not in files:
             return f"the manifest does not list {required}"
-    if not any(rel.startswith(f"{TRAINER_DIR}/") for rel in files):
+    if manifest.get("weights_from") != "initial" and not any(rel.startswith(f"{TRAINER_DIR}/") for rel in files):
         return "the manifest lists no trainer state"
     for rel, want in files.items():
         f = path / rel
@@ -132,9 +147,10 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     state = json.loads((path / STATE).read_text())
     if state.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} has format {state.get('format')}, this asyncrl reads {FORMAT}")
+    has_trainer = (path / TRAINER_DIR).is_dir()
     return {"state": state, "queued": json.loads((path / QUEUED).read_text()),
             "in_flight": json.loads((path / IN_FLIGHT).read_text()),
-            "trainer_dir": str(path / TRAINER_DIR), "path": str(path)}
+            "trainer_dir": str(path / TRAINER_DIR) if has_trainer else None, "path": str(path)}
 
 
 def ledger_position(path: Path) -> dict[str, Any]:
@@ -183,6 +199,25 @@ def _sha256(path: Path) -> str:
 
 def _digest(path: Path) -> dict[str, Any]:
     return {"sha256": _sha256(path), "bytes": path.stat().st_size}
+
+
+def _link_trainer(src_ckpt: Path, dest: Path) -> dict[str, dict[str, Any]]:
+    """Hard-link (or copy) `src_ckpt/trainer/` to `dest`; returns the source manifest's entries for them."""
+    entries = json.loads((src_ckpt / MANIFEST).read_text())["files"]
+    out: dict[str, dict[str, Any]] = {}
+    for rel, digest in entries.items():
+        if not rel.startswith(f"{TRAINER_DIR}/"):
+            continue
+        target = dest / rel[len(TRAINER_DIR) + 1:]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src_ckpt / rel, target)
+        except OSError:
+            shutil.copy2(src_ckpt / rel, target)
+        out[rel] = digest
+    if not out:
+        raise CheckpointError(f"{src_ckpt} has no trainer state to take the weights from")
+    return out
 
 
 def _fsync_path(path: Path) -> None:

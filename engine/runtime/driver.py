@@ -12,7 +12,13 @@ replicas before generation starts), runs both loops to the end, prints progress,
   the run needs (checked right after Ray starts, instead of waiting forever), placement groups not placed
   within `resources.placement_timeout_s` (`placement_groups.py`), a failed actor, the replica restart budget
   spent (after a checkpoint); the line names the checkpoint and the command that resumes it;
-* 130 on Ctrl-C or SIGTERM, after asking the trainer for a stop checkpoint (a second Ctrl-C abandons it).
+* 130 on Ctrl-C, SIGTERM or SIGHUP (`stop_signals`; SIGHUP is left ignored under `nohup`), after asking the
+  trainer for a stop checkpoint — within `resources.stop_grace_s` when set, the full one if it fits, else a light
+  one (`stop_grace`) — recording a `stop` event and printing the resume command (a second signal abandons it).
+
+The stop path never depends on the terminal: stdout and stderr go through `terminal.GuardedStream`, which turns
+EPIPE (`| tee` gone after Ctrl-C), EIO (a closed terminal), ENOSPC / EFBIG (a full disk) and EBADF (`>&-`) into
+writing `<run dir>/run.log`; the driver's own lines (the stop, the resume command) are always copied there.
 
 Every actor is killed on the way out, so no orphan processes remain, and the registry entry is removed.
 """
@@ -22,9 +28,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import signal
-import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,8 +37,12 @@ from engine.control.controller import NAMESPACE
 from engine.plan.placement import RAY_ACCELERATOR  # light modules: no ray at import
 from engine.plan.run_plan import RunPlan, resolve_plan
 from engine.runtime.placement_groups import PlacementTimeout, reserve_run
+from engine.runtime import terminal
 from engine.runtime.probe import resolve_auto
-from engine.runtime.run_dirs import prepare_run_dir, resume_hint
+from engine.runtime.run_dirs import prepare_run_dir, resume_command, resume_hint
+from engine.runtime.stop_grace import stop_deadline, stop_grace_s
+from engine.runtime.stop_signals import StopSignals, children_ignore_hangup
+from engine.runtime.terminal import say
 from engine.telemetry.sinks import CONFIG_FILE, MACHINE_FILE, PLAN_FILE, PROVENANCE_FILE
 
 if TYPE_CHECKING:
@@ -79,8 +86,12 @@ def object_store_bytes(model_dir: Path) -> int:
     1 GiB. `ASYNCRL_OBJECT_STORE_BYTES` overrides it."""
     if os.environ.get("ASYNCRL_OBJECT_STORE_BYTES"):
         return int(os.environ["ASYNCRL_OBJECT_STORE_BYTES"])
-    weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
-    return max(1 << 30, 3 * weights + (256 << 20))
+    return max(1 << 30, 3 * weight_bytes(model_dir) + (256 << 20))
+
+
+def weight_bytes(model_dir: Path) -> int:
+    """The bytes of the model's `*.safetensors` files."""
+    return sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
 
 
 def _init_ray(address: str | None, placement: dict[str, Any]) -> bool:
@@ -122,43 +133,31 @@ def run(plan: RunPlan | RunConfig, *, provenance: dict | None = None, address: s
     from engine.runtime.resume import ResumeError
     from engine.control.registry import NameInUse, claim, release
 
+    terminal.install()  # from here on no write to stdout / stderr can raise
     plan = plan if isinstance(plan, RunPlan) else resolve_plan(plan, provenance=provenance)
     try:
         entry = claim(plan.config.name, allow_same_name=allow_same_name)
     except NameInUse as e:
-        print(f"asyncrl: cannot start: {e}", file=sys.stderr)
+        say(f"asyncrl: cannot start: {e}")
         return 1
     except OSError as e:
-        print(f"asyncrl: cannot start: cannot write the registry of live runs ({e}); set ASYNCRL_STATE_DIR to a "
-              "writable directory", file=sys.stderr)
+        say(f"asyncrl: cannot start: cannot write the registry of live runs ({e}); set ASYNCRL_STATE_DIR to a "
+            "writable directory")
         return 1
     ident = {"entry": entry, "command": command, "allow_same_name": allow_same_name, "prediction": prediction}
     try:
         return _run(plan, provenance or plan.provenance, address, resume, tui, progress, ident)
     except (PreflightError, ResumeError) as e:
-        print(f"asyncrl: cannot start: {e}", file=sys.stderr)
+        say(f"asyncrl: cannot start: {e}")
         return 1
     except RunFailed as e:
-        print(f"asyncrl: run failed: {e}", file=sys.stderr)
+        say(f"asyncrl: run failed: {e}")
         return 1
     except KeyboardInterrupt:
-        print("\nasyncrl: interrupted; actors stopped.", file=sys.stderr)
+        say("\nasyncrl: interrupted; actors stopped.")
         return 130
     finally:
         release(entry)
-
-
-def _sigterm_as_interrupt():
-    """SIGTERM (a preemption, `kill`) is handled like Ctrl-C: stop with a checkpoint. Returns the undo.
-    Installed after `ray.init`, whose own handler would abort the process."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | None, tui: Any, progress: bool,
@@ -175,9 +174,9 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
     placement = _placement(plan)
     run_plan, plan = plan, plan_resume(cfg, resume) if resume else None
     for path, why in plan.skipped if plan else []:
-        print(f"asyncrl: checkpoint {path} is corrupt ({why}); skipped, using an older one", file=sys.stderr)
+        say(f"asyncrl: checkpoint {path} is corrupt ({why}); skipped, using an older one")
     if plan is None and resume:
-        print("asyncrl: no checkpoint to resume from; starting a new run", file=sys.stderr)
+        say("asyncrl: no checkpoint to resume from; starting a new run")
     entry = ident["entry"]
     live_dirs = {str(Path(e.run_dir).resolve()): e for e in registry.live_runs() if e.run_dir and e.id != entry.id}
     if plan is not None and str(plan.run_dir.resolve()) in live_dirs:
@@ -185,6 +184,7 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
         raise ResumeError(f"run {other.id} is live in {plan.run_dir}; stop it first (asyncrl ctl {other.id} stop)")
     run_dir = plan.run_dir if plan else prepare_run_dir(cfg.logging.run_dir, live_dirs)
     run_dir.mkdir(parents=True, exist_ok=True)
+    terminal.install().attach(run_dir)
     registry.update(entry, run_dir=str(run_dir.resolve()))
     registry.write_run_file(run_dir, entry, resumed_from=plan.ckpt["path"] if plan else None)
     cfg_dict = json.loads(cfg.model_dump_json())
@@ -198,12 +198,15 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
     resumed: dict[str, Any] | None = None
     if plan is not None:
         message = resume_message(plan, rewind_run_dir(plan), cfg.async_training.partial_rollout)
-        print(f"asyncrl: {message}", file=sys.stderr)
+        say(f"asyncrl: {message}")
         resumed = {"plan": plan, "message": message}
     placement["object_store_bytes"] = object_store_bytes(Path(model_dir))
     placement["namespace"] = run_namespace(entry.id)
-    started_ray = _init_ray(address, placement)
-    restore_sigterm = _sigterm_as_interrupt()
+    with children_ignore_hangup():  # Ray's own processes must outlive a closed terminal's SIGHUP
+        started_ray = _init_ray(address, placement)
+    ident["signals"] = signals = StopSignals()
+    ident["weight_bytes"] = weight_bytes(Path(model_dir))
+    restore_signals = signals.install()
     pools = None
     try:
         import ray
@@ -217,7 +220,7 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
             raise RunFailed(str(e)) from None
         return _run_actors(run_plan, cfg_dict, provenance, run_dir, model_dir, placement, resumed, tui, progress, ident)
     finally:
-        restore_sigterm()
+        restore_signals()
         if pools is not None:
             pools.release()
         if started_ray:
@@ -279,12 +282,13 @@ def _run_actors(run_plan: RunPlan, cfg_dict, provenance, run_dir: Path, model_di
                                                   path=plan.ckpt["path"]))
         controller.record_event.remote(_event("info", "start", f"run {entry.id} started in {run_dir}", step, version,
                                               total_steps=total_steps, run_id=entry.id))
-        print(f"asyncrl: run {cfg.name!r} (id {entry.id}) → {run_dir}  (attach: asyncrl attach {entry.id})",
-              file=sys.stderr)
+        say(f"asyncrl: run {cfg.name!r} (id {entry.id}) → {run_dir}  (attach: asyncrl attach {entry.id})")
         hint = {"root": _checkpoint_root(cfg, run_dir), "run_dir": run_dir, "command": ident["command"]}
+        stop = {"signals": ident["signals"], "grace_s": stop_grace_s(cfg), "weight_bytes": ident["weight_bytes"],
+                "controller": controller}
 
         def supervise() -> bool:
-            done = _supervise(trainer, rollouter, controller, console, hint)
+            done = _supervise(trainer, rollouter, controller, console, hint, stop)
             try:  # at once, not when the dashboard closes: `launch --tui` shows FINISHED / FAILED while it stays open
                 ray.get(controller.set_state.remote("finished" if done else "failed"), timeout=10)
             except Exception:
@@ -377,7 +381,7 @@ def _root_cause(e: BaseException) -> str:
     return describe_failure(e)
 
 
-def _supervise(trainer, rollouter, controller, console, hint: dict[str, Any]) -> bool:
+def _supervise(trainer, rollouter, controller, console, hint: dict[str, Any], stop: dict[str, Any]) -> bool:
     """Wait for both loops; poll the controller for the progress line. True iff the trainer finished or
     stopped gracefully; raises RunFailed (after the trainer's stop checkpoint where possible) otherwise."""
     import ray
@@ -419,7 +423,7 @@ def _supervise(trainer, rollouter, controller, console, hint: dict[str, Any]) ->
                 raise RunFailed(f"{failure}; {resume_hint(**hint)}")
             if trainer_result is not None and not pending:
                 poll()
-                _report_stop(trainer_result, hint)
+                _report_stop(trainer_result, hint, controller)
                 return True
             if trainer_result is not None and r_ref in pending:
                 # the trainer stopped the rollouter; give its loop a moment to return
@@ -430,26 +434,62 @@ def _supervise(trainer, rollouter, controller, console, hint: dict[str, Any]) ->
                 pending.pop(r_ref, None)
     except KeyboardInterrupt:
         if "trainer" in pending.values():
-            _stop_with_checkpoint(trainer, t_ref, hint)
+            _stop_with_checkpoint(trainer, t_ref, hint, stop)
         raise
 
 
-def _report_stop(result: dict[str, Any], hint: dict[str, Any]) -> None:
+def _report_stop(result: dict[str, Any], hint: dict[str, Any], controller: Any) -> None:
     if result.get("weights_sha256"):
-        print(f"asyncrl: final weights sha256 {result['weights_sha256']}", file=sys.stderr)
+        say(f"asyncrl: final weights sha256 {result['weights_sha256']}")
     if result.get("stopped"):
-        print(f"asyncrl: run stopped at step {result.get('local_step')} ({result['stopped']}); "
-              f"{resume_hint(**hint)}", file=sys.stderr)
+        line = f"run stopped at step {result.get('local_step')} ({result['stopped']})"
+        _record_stop(controller, line, result, hint)
 
 
-def _stop_with_checkpoint(trainer: Any, t_ref: Any, hint: dict[str, Any]) -> None:
-    """Ctrl-C / SIGTERM: ask the trainer for a graceful stop (it checkpoints) and wait a bounded time."""
+def _stop_with_checkpoint(trainer: Any, t_ref: Any, hint: dict[str, Any], stop: dict[str, Any]) -> None:
+    """A stop signal: ask the trainer for a graceful stop (it checkpoints: the full checkpoint, or within the
+    grace period the light one when the full one does not fit) and wait for it a bounded time; then the `stop`
+    event and the resume command."""
     import ray
 
-    print("\nasyncrl: interrupted; stopping with a checkpoint (interrupt again to abandon it)...", file=sys.stderr)
+    signals, grace = stop["signals"], stop["grace_s"]
+    name, at = signals.first or ("SIGINT", time.time())
+    deadline = stop_deadline(at, grace)
+    within = f" within the {grace:g} s grace period" if grace else ""
+    say(f"\nasyncrl: {name}: stopping with a checkpoint{within} (a second signal abandons it)...")
+    result: dict[str, Any] = {}
     try:
-        trainer.request_stop.remote("interrupted")
-        ray.get(t_ref, timeout=STOP_TIMEOUT_S)
+        trainer.request_stop.remote(f"interrupted by {name}", deadline, stop["weight_bytes"])
+        # the deadline only shapes what the trainer writes: waiting past it costs nothing (a scheduler's
+        # SIGKILL ends the wait anyway) and keeps a state that arrives late when the grace was a guess
+        result = ray.get(t_ref, timeout=STOP_TIMEOUT_S)
     except (KeyboardInterrupt, ray.exceptions.RayError) as e:  # best effort: the last checkpoint stays usable
-        print(f"asyncrl: no stop checkpoint ({type(e).__name__})", file=sys.stderr)
-    print(f"asyncrl: {resume_hint(**hint)}", file=sys.stderr)
+        why = "abandoned by a second signal" if isinstance(e, KeyboardInterrupt) else type(e).__name__
+        say(f"asyncrl: no stop checkpoint ({why})")
+    _record_stop(stop["controller"], f"stopped by {name}", result, hint, signal_name=name, grace_s=grace)
+
+
+def _record_stop(controller: Any, line: str, result: dict[str, Any], hint: dict[str, Any], **extra: Any) -> None:
+    """The `stop` event (what the stop saved, the resume command) and the same on stderr / in run.log."""
+    import ray
+
+    state = result.get("stop_state") or {}
+    if state.get("kind") == "light":
+        weights = (f"the weights of step {state['weights_step']}" if state.get("weights_step") is not None
+                   else "the model's initial weights")
+        saved = (f"the full checkpoint did not fit, so a light stop state was saved: {state['path']} (prompt stream "
+                 f"position, queued and in-flight prompts of step {result.get('local_step')}; {weights})")
+    elif state:
+        saved = f"checkpoint {state['path']} saved"
+    else:
+        saved = "no stop checkpoint was saved"
+    resume = resume_hint(**hint)
+    message = f"{line}: {saved}; {resume}"
+    try:
+        ray.get(controller.record_event.remote(_event(
+            "info", "stop", message, result.get("local_step"), result.get("version"), saved=state.get("kind"),
+            path=state.get("path"), weights_step=state.get("weights_step"),
+            resume=resume_command(hint["command"], hint["run_dir"]), **extra)), timeout=10)
+    except Exception:  # noqa: BLE001 - the controller is gone; the line below still says it
+        pass
+    say(f"asyncrl: {message}")

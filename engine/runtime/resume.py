@@ -224,4 +224,15 @@ def resume_message(plan: ResumePlan, rewound: dict[str, int], partial_rollout: b
             f"{len(plan.ckpt['queued'])} queued group(s) re-queued, {len(in_flight)} in-flight prompt(s) re-issued "
             f"({how}); rolled back {rewound['ledger_lines']} ledger line(s) and {rewound['metric_records']} "
             "metric record(s) written after the checkpoint"
-            + (f"; {rewound['set_aside']} newer checkpoint(s) set aside" if rewound.get("set_aside") else ""))
+            + (f"; {rewound['set_aside']} newer checkpoint(s) set aside" if rewound.get("set_aside") else "")
+            + _light_note(plan.state))
+
+
+def _light_note(state: dict[str, Any]) -> str:
+    """For a light stop state (`engine.runtime.stop_grace`): whose weights the run continues with."""
+    if state.get("stop_state") != "light":
+        return ""
+    w = state.get("weights_step")
+    weights = f"the weights of step {w}" if w is not None else "the model's initial weights"
+    return (f"; a light stop state: no prompt is lost, the training continues from {weights} (the updates of the "
+            f"steps after it, up to {state.get('step')}, are not in them)")

@@ -106,7 +106,7 @@ class TrainerCore(TrainerCheckpoints):
     def _restore(self, resume: dict[str, Any]) -> None:
         """Weights, optimizer and RNG from the checkpoint's trainer directory; version, step, the live sync
         interval and counters."""
-        self.backend.load(resume["trainer_dir"])
+        self._restore_weights(resume)
         st = resume["state"]
         counters = st["trainer"]
         self.loop.restore({**st, "dropped_stale": counters["dropped_stale"]})
@@ -133,7 +133,8 @@ class TrainerCore(TrainerCheckpoints):
         finally:
             self._finish()
         return {"local_step": self.local_step, "version": self.version, "stopped": self._stop_reason,
-                "weights_sha256": self._digest}
+                "weights_sha256": self._digest,
+                "stop_state": self.stop_state if self._stop_reason is not None else None}
 
     def _run(self, cmds: list) -> None:
         """Carry out the core's commands in order, each outcome reported back (`engine.loop.trainer`)."""
@@ -348,8 +349,10 @@ class TrainerCore(TrainerCheckpoints):
         return {**out, "asyncrl/mismatch_alarm": float(bool(msgs))}
 
     # ------------------------------------------------------------------ checkpoints
-    def request_stop(self, reason: str) -> None:
-        """Stop at the next step boundary; the core then cuts a stop checkpoint (graceful, resumable)."""
+    def request_stop(self, reason: str, deadline: float | None = None, weight_bytes: int = 0) -> None:
+        """Stop at the next step boundary; the core then cuts a stop checkpoint (graceful, resumable) — by
+        `deadline` (time.time()) the full one if it fits, else a light one (`TrainerCheckpoints`)."""
+        self.set_stop_deadline(deadline, weight_bytes)
         if self._stop_reason is None:
             self._stop_reason = reason
             self.loop.stop()
@@ -403,8 +406,8 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         return self.core.fit()
 
-    def request_stop(self, reason: str) -> None:
-        self.core.request_stop(reason)
+    def request_stop(self, reason: str, deadline: float | None = None, weight_bytes: int = 0) -> None:
+        self.core.request_stop(reason, deadline, weight_bytes)
 
     def push_weights(self) -> None:
         """Resume: give the rollout replicas the restored weights before generation starts."""
