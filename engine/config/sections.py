@@ -137,6 +137,10 @@ class ResourcesConfig(Section):
     placement_timeout_s: float = Field(300.0, gt=0)
     """On accelerator hardware: how long `launch` waits for Ray to place the pools' placement groups (one per
     node, one bundle per accelerator) before it fails with one line naming what could not be placed."""
+    collective_env: dict[str, str] = Field(default_factory=dict)
+    """Environment of every trainer rank and rollout replica for their collectives (e.g. `NCCL_SOCKET_IFNAME`,
+    `HCCL_CONNECT_TIMEOUT`, `GLOO_SOCKET_IFNAME`): over the hardware preset's `collective_env` and the launching
+    shell's `NCCL_*` / `HCCL_*` / `GLOO_SOCKET_IFNAME` variables."""
 
 
 class OptimConfig(Section):

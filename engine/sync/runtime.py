@@ -20,26 +20,29 @@ from engine.sync.buckets import Bucket
 from engine.sync.collective import CollectiveHandle, CollectiveSync, pull
 from engine.sync.object_store import ObjectStoreSync
 
-COLLECTIVE_BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
+COLLECTIVE_DEVICES = ("cpu", "cuda")
+"""Devices with a collective weight-sync transport (their backend: `engine.plan.devices.COLLECTIVE_BACKEND`)."""
 
 
-def build_weight_sync(cfg: Any) -> ObjectStoreSync | CollectiveSync:
-    """The transport of `cfg.rollout.weight_sync`, for trainer rank 0 (call it in that process)."""
+def build_weight_sync(cfg: Any, device: str | None = None) -> ObjectStoreSync | CollectiveSync:
+    """The transport of `cfg.rollout.weight_sync`, for trainer rank 0 (call it in that process); `device`: the
+    plan's trainer device (default: the hardware preset's)."""
     if getattr(cfg.rollout, "weight_sync", "object_store") != "collective":
         return ObjectStoreSync()
     import ray
 
     from engine.plan.sizes import rollout_replicas
+    from engine.plan.devices import COLLECTIVE_BACKEND
     from engine.runtime.backends import compute_device
     from engine.trainer.fsdp import free_port
 
-    device = compute_device(cfg)
-    if device not in COLLECTIVE_BACKENDS:
+    device = device or compute_device(cfg)
+    if device not in COLLECTIVE_DEVICES:
         raise ValueError(f'rollout.weight_sync = "collective" has no transport on {device!r} (gloo on CPU, NCCL '
                          'on CUDA); use "object_store"')
     per_replica = cfg.rollout.tensor_parallel_size if cfg.rollout.backend == "vllm" else 1  # vLLM: its TP workers
     return CollectiveSync(ray.util.get_node_ip_address(), free_port(), 1 + rollout_replicas(cfg) * per_replica,
-                          COLLECTIVE_BACKENDS[device], per_replica=per_replica)
+                          COLLECTIVE_BACKEND[device], per_replica=per_replica)
 
 
 def publish(sync: Any, version: int, buckets: Iterable[Bucket], send: Callable[[list], Any]) -> tuple[Any, int]:
