@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import itertools
 import json
 import time
@@ -165,7 +166,10 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         except BaseException:
             self._loop.close()
             raise
-        self.eos_ids = _eos_ids(self.model_dir, self._engine)
+        tokenizer = self._engine.get_tokenizer()
+        if inspect.isawaitable(tokenizer):  # vLLM 0.13: a coroutine
+            tokenizer = self._run(_awaited(tokenizer))
+        self.eos_ids = _eos_ids(self.model_dir, tokenizer)
         self.features = EngineFeatures.of(self._engine)
 
     # --- lifecycle --------------------------------------------------------------------------------------
@@ -484,10 +488,13 @@ def engine_args(
     return kwargs
 
 
-def _eos_ids(model_dir: str, engine: Any) -> set[int]:
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _eos_ids(model_dir: str, tokenizer: Any) -> set[int]:
     """The ids vLLM stops on: the tokenizer's EOS plus generation_config.json's `eos_token_id`(s)."""
     ids: set[int] = set()
-    tokenizer = engine.get_tokenizer()
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.add(int(tokenizer.eos_token_id))
     gen_config = Path(model_dir) / "generation_config.json"
