@@ -117,31 +117,25 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         self,
         model_dir: str | Path,
         *,
-        tensor_parallel_size: int = 1,
-        gpu_memory_utilization: float = 0.85,
-        max_num_seqs: int = 256,
-        max_model_len: int = 4096,
-        dtype: str = "auto",
-        seed: int = 0,
         device: str,
-        kv_cache_gib: float | None = None,
-        enforce_eager: bool | None = None,
-        enable_prefix_caching: bool = True,
         release_kv_cache_on_sync: bool | None = None,
         weight_transport: WeightTransport | None = None,
         abort_poll_s: float = 0.005,
-        distributed_executor_backend: str | None = None,
+        **engine: Any,
     ) -> None:
-        """`device` ("cuda", "npu" or "cpu": the run plan's rollout device, never probed) picks the engine
-        arguments (`engine_args`). On CPU `kv_cache_gib` (default 1) sizes the KV cache and
-        `gpu_memory_utilization` is ignored. `release_kv_cache_on_sync` (default: on an accelerator, where the
-        vLLM release has it) frees the KV cache while weights load. `weight_transport` defaults to a /dev/shm file where one exists, else bytes through the RPC. `distributed_executor_backend="ray"` runs
-        the TP workers as Ray tasks in the caller's placement group (on the bundles `VLLM_RAY_BUNDLE_INDICES`
-        names: `engine.runtime.placement_groups`)."""
+        """`device` ("cuda", "npu" or "cpu": the run plan's rollout device, never probed) and `engine` (the other
+        keywords of `engine_args`: tensor_parallel_size, gpu_memory_utilization, max_num_seqs, max_model_len, dtype,
+        seed, kv_cache_gib, enforce_eager, enable_prefix_caching, distributed_executor_backend) give the engine
+        arguments. `release_kv_cache_on_sync` (default: on an accelerator, where the vLLM release has it) frees the
+        KV cache while weights load. `weight_transport` defaults to a /dev/shm file where one exists, else bytes
+        through the RPC. `distributed_executor_backend="ray"` runs the TP workers as Ray tasks in the caller's
+        placement group (on the bundles `VLLM_RAY_BUNDLE_INDICES` names: `engine.runtime.placement_groups`)."""
         self.model_dir = str(model_dir)
         self.device = device
-        self.max_model_len = int(max_model_len)
-        self.max_num_seqs = int(max_num_seqs)
+        engine_kwargs = engine_args(self.model_dir, device=device, sleep_mode=release_kv_cache_on_sync, **engine)
+        self.release_kv_cache_on_sync = bool(engine_kwargs.get("enable_sleep_mode", False))
+        self.max_model_len = int(engine_kwargs["max_model_len"])
+        self.max_num_seqs = int(engine_kwargs["max_num_seqs"])
         self.version = 0
         self.abort_poll_s = float(abort_poll_s)
         self.weight_transport: WeightTransport = weight_transport or default_transport()
@@ -153,13 +147,6 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._stats: dict[str, float] = new_rollout_stats("kv_cache_releases")
-        engine_kwargs = engine_args(
-            self.model_dir, device=device, tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-            dtype=dtype, seed=seed, kv_cache_gib=kv_cache_gib, enforce_eager=enforce_eager,
-            enable_prefix_caching=enable_prefix_caching, sleep_mode=release_kv_cache_on_sync,
-            distributed_executor_backend=distributed_executor_backend)
-        self.release_kv_cache_on_sync = bool(engine_kwargs.get("enable_sleep_mode", False))
         self._loop = LoopThread("vllm-rollout-loop")
         try:
             self._engine: Any = self._run(self._start(engine_kwargs))
