@@ -49,6 +49,7 @@ import functools
 import inspect
 import itertools
 import json
+import os
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterable
@@ -62,7 +63,7 @@ from engine.multimodal.images import open_b64
 from engine.multimodal.vision import placeholder_token_ids
 from engine.rollout.base import SamplingParams, account_results, new_rollout_stats
 from engine.rollout.loop_thread import LoopThread
-from engine.rollout.vllm_compat import EngineFeatures
+from engine.rollout.vllm_compat import EngineFeatures, cpu_kv_cache_env
 from engine.rollout.vllm_selftest import ResumeContinuityReport, ResumeContinuitySelfTest
 from engine.rollout.vllm_weights import (
     WeightTransport,
@@ -147,6 +148,9 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._stats: dict[str, float] = new_rollout_stats("kv_cache_releases")
+        if device == "cpu":
+            for key, value in cpu_kv_cache_env(engine_kwargs["kv_cache_memory_bytes"]).items():
+                os.environ.setdefault(key, value)
         self._loop = LoopThread("vllm-rollout-loop")
         try:
             self._engine: Any = self._run(self._start(engine_kwargs))

@@ -22,6 +22,7 @@ Pure inspection: nothing here imports vLLM at module import time.
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +71,21 @@ class EngineFeatures:
             await engine.reset_prefix_cache(reset_running_requests=True)
         else:
             await engine.reset_prefix_cache()
+
+
+def cpu_kv_cache_env(kv_cache_bytes: int) -> dict[str, str]:
+    """The environment a CPU engine needs for a KV cache of `kv_cache_bytes`: on releases whose CPU worker sizes it
+    from `VLLM_CPU_KVCACHE_SPACE` (whole GiB) and ignores `kv_cache_memory_bytes` (0.13: `CacheConfig` has
+    `cpu_kvcache_space_bytes`; unset, it takes a share of the host's memory — 12 GiB here), that variable rounded
+    up; else nothing (0.32 honours `kv_cache_memory_bytes`, and the variable would override it)."""
+    try:
+        from vllm.config import CacheConfig
+    except ImportError:
+        return {}
+    fields = getattr(CacheConfig, "__dataclass_fields__", {})
+    if "cpu_kvcache_space_bytes" not in fields and not hasattr(CacheConfig, "cpu_kvcache_space_bytes"):
+        return {}
+    return {"VLLM_CPU_KVCACHE_SPACE": str(max(1, math.ceil(kv_cache_bytes / 2**30)))}
 
 
 def layerwise_reload() -> bool:
