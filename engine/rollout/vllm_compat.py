@@ -14,6 +14,9 @@ the backend asks `EngineFeatures.of(engine)` instead of assuming one version:
     reset_running    `reset_prefix_cache(reset_running_requests=True)` where the keyword exists, else the plain
                      reset (0.13 has the keyword; older releases do not).
     renderer         `engine.renderer.render_cmpl` (0.32 deprecates raw prompt dicts); else the raw dict.
+    tokenizer        `engine.get_tokenizer()` is a coroutine on 0.13 (awaited by the backend), a plain call on 0.32.
+    CPU KV cache     0.13 sizes it from `VLLM_CPU_KVCACHE_SPACE` only (`cpu_kv_cache_env`); 0.32 from
+                     `kv_cache_memory_bytes`.
 
 The worker side (layer-wise weight reload, `vllm_worker_ext`) has its own check: `layerwise_reload()`.
 Pure inspection: nothing here imports vLLM at module import time.
