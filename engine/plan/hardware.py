@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from engine.plan.devices import RoleDevice, collective_env, role_devices
 from engine.plan.presets import presets_dir
 
 if TYPE_CHECKING:
@@ -43,6 +44,9 @@ class HardwarePreset(BaseModel):
     """Peak memory bandwidth of one accelerator in GB/s (`asyncrl plan`'s decode-cost estimate)."""
     tested: bool = True
     """False when asyncrl has not been run on this hardware (validate adds a note)."""
+    collective_env: dict[str, str] = Field(default_factory=dict)
+    """Default collective settings of this hardware (`NCCL_*`, `HCCL_*`, `GLOO_SOCKET_IFNAME`), given to every trainer
+    rank and replica; the launching shell's variables and `resources.collective_env` override them."""
 
 
 class HardwareNotFound(LookupError):
@@ -93,3 +97,9 @@ def load_hardware(name: str, base_dir: Path | None = None) -> HardwarePreset:
 def hardware_device(cfg: RunConfig) -> str:
     """`cpu`, `cuda` or `npu`: the device of the run's `resources.hardware` preset."""
     return load_hardware(cfg.resources.hardware).device
+
+
+def run_devices(cfg: RunConfig, hw: HardwarePreset) -> dict[str, RoleDevice]:
+    """Each role's `RoleDevice` on `hw` (`engine.plan.devices`), with the run's collective environment."""
+    env = collective_env(hw.collective_env, cfg.resources.collective_env)
+    return role_devices(hw.device, cfg.rollout.tensor_parallel_size, env)

@@ -18,9 +18,11 @@ trainer rank (C − R·replica_threads) // M, at least 1; `resources.{trainer,ro
 
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from engine.plan.devices import RoleDevice, actor_env
 from engine.plan.layout import LayoutError, PoolLayout, config_layout, describe_slots
 from engine.plan.sizes import Derived, rollout_replicas, trainer_world
 
@@ -136,9 +138,21 @@ def resolve_threads(setting: int | str, automatic: int, cores: int) -> int:
     return int(setting) or automatic
 
 
-def actor_resources(cfg: RunConfig, device: str, cores: int) -> dict[str, Any]:
+def actor_resources(cfg: RunConfig, device: str, cores: int,
+                    devices: dict[str, RoleDevice] | None = None) -> dict[str, Any]:
     """How many replicas and trainer ranks, and what each actor asks Ray for (`trainer_res` and
-    `trainer_threads` are per trainer rank); `cores` counts this machine's CPUs (used on `device = "cpu"`)."""
+    `trainer_threads` are per trainer rank); `cores` counts this machine's CPUs (used on `device = "cpu"`).
+    `devices` (`RunPlan.devices`): each role's runtime env gets its collective settings (`actor_env`)."""
+    res = _actor_resources(cfg, device, cores)
+    for role, key in (("rollout", "replica_res"), ("trainer", "trainer_res")):
+        env = actor_env(devices[role]) if devices else {}
+        if env:
+            runtime_env = res[key].setdefault("runtime_env", {})
+            runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
+    return res
+
+
+def _actor_resources(cfg: RunConfig, device: str, cores: int) -> dict[str, Any]:
     replicas, ranks = rollout_replicas(cfg), trainer_world(cfg)
     if device == "cpu":
         if cfg.async_training.mode == "sync":  # the phases alternate, so each may use every core
@@ -156,7 +170,7 @@ def actor_resources(cfg: RunConfig, device: str, cores: int) -> dict[str, Any]:
             # both sides ~4x slower on 2 cores (docs/benchmarks.md, async vs sync).
             res["runtime_env"] = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}
         return {"device": "cpu", "replicas": replicas, "trainer_ranks": ranks, "replica_res": res,
-                "trainer_res": dict(res), "replica_threads": replica_threads, "trainer_threads": trainer_threads}
+                "trainer_res": copy.deepcopy(res), "replica_threads": replica_threads, "trainer_threads": trainer_threads}
     tp = cfg.rollout.tensor_parallel_size
     return {"device": device, "replicas": replicas, "replica_res": {**accelerators(device, tp), "num_cpus": 1},
             "trainer_ranks": ranks, "trainer_res": {**accelerators(device, 1), "num_cpus": 1}, "replica_threads": 4,

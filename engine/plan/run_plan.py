@@ -5,6 +5,8 @@ A plan is a validated `RunConfig` with what follows from it, computed once here:
     derived    the `Derived` table (`engine.plan.sizes.derive`): required/max samples, queue bound, total steps,
                M = trainer_world (trainer ranks), R = rollout_replicas, the trainer's data-parallel size
     hardware   the `resources.hardware` preset (its `device` is where replicas and trainer ranks compute)
+    devices    each role's `RoleDevice` (`engine.plan.devices`): device type, index policy, collective env; the
+               driver hands it to every actor, which passes it to its backend (no backend probes its device)
     placement  the layout `launch --dry-run` prints (`plan_placement`: actors, nodes, pools' bundles)
     actors     what each actor asks Ray for (`actor_resources`, on this machine's cores), from the same M and R
     layout_error  why the pools cannot be laid out on their nodes (None when they can); the driver refuses
@@ -21,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.plan.hardware import HardwarePreset, load_hardware
+from engine.plan.devices import RoleDevice
+from engine.plan.hardware import HardwarePreset, load_hardware, run_devices
 from engine.plan.layout import LayoutError, config_layout
 from engine.plan.placement import Placement, actor_resources, plan_placement
 from engine.plan.sizes import Derived, dataset_train_size, derive
@@ -41,6 +44,7 @@ class RunPlan:
     actors: dict[str, Any]
     provenance: dict[str, Any] = field(default_factory=dict)
     layout_error: str | None = None
+    devices: dict[str, RoleDevice] = field(default_factory=dict)
 
     @property
     def device(self) -> str:
@@ -73,11 +77,12 @@ def resolve_plan(cfg: RunConfig, *, hardware: HardwarePreset | None = None, deri
     hw = hardware if hardware is not None else load_hardware(cfg.resources.hardware, base_dir)
     derived = derived if derived is not None else derive(cfg, dataset_train_size(cfg, base_dir))
     placement = plan_placement(cfg, derived, hw.device)
-    actors = actor_resources(cfg, hw.device, cores or os.cpu_count() or 2)
+    devices = run_devices(cfg, hw)
+    actors = actor_resources(cfg, hw.device, cores or os.cpu_count() or 2, devices)
     layout_error = None
     if not placement.pools:
         try:
             config_layout(cfg, derived.rollout_replicas)
         except LayoutError as e:
             layout_error = str(e)
-    return RunPlan(cfg, derived, hw, placement, actors, dict(provenance or {}), layout_error)
+    return RunPlan(cfg, derived, hw, placement, actors, dict(provenance or {}), layout_error, devices)

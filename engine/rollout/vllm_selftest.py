@@ -58,14 +58,17 @@ def _never() -> bool:
 
 class ResumeContinuitySelfTest:
     """Needs from the host class: `version`, `_engine` (AsyncLLM), `_flights` (engine id → flight with
-    `.request` / `.tokens` / `.log_probs`), `_run(coro)` and `_generate(requests, sampling, should_abort,
-    ignore_eos=...)` returning the flights."""
+    `.request` / `.tokens` / `.log_probs`), `_run(coro)`, `_generate(requests, sampling, should_abort,
+    ignore_eos=...)` returning the flights, `_pause(mode)` / `_resume()` and `features` (`vllm_compat`)."""
 
     version: int
     _engine: Any
     _flights: dict[str, Any]
     _run: Callable[[Coroutine[Any, Any, Any]], Any]
     _generate: Callable[..., Coroutine[Any, Any, list[Any]]]
+    _pause: Callable[[str], Coroutine[Any, Any, None]]
+    _resume: Callable[[], Coroutine[Any, Any, None]]
+    features: Any  # vllm_compat.EngineFeatures
 
     def self_test_resume_continuity(
         self,
@@ -123,13 +126,13 @@ class ResumeContinuitySelfTest:
             while not task.done():
                 flight = next((f for f in list(self._flights.values()) if f.request is request), None)
                 if flight is not None and len(flight.tokens) >= after:
-                    await self._engine.pause_generation(mode=mode, clear_cache=False)
+                    await self._pause(mode)
                     at = len(flight.tokens)
                     if mode == "keep":
-                        await self._engine.reset_prefix_cache(reset_running_requests=True)
+                        await self.features.reset_prefix_cache(self._engine)
                     break
                 await asyncio.sleep(0.001)
         finally:
-            await self._engine.resume_generation()
+            await self._resume()
         (flight,) = await task
         return flight, at

@@ -28,12 +28,20 @@ A fused layer may therefore be split across buckets. Only bytes cross the RPC bo
 (vLLM's multiprocess transport cannot carry tensors). `model.load_weights` alone cannot be used after
 start-up: the CPU backend repacks linear weights, so the plain loaders no longer fit the parameters.
 
-This module stays importable without vLLM: vLLM and torch are imported inside the methods.
+This module stays importable without vLLM: vLLM and torch are imported inside the methods. On a vLLM without
+the layer-wise reload (0.13) the begin / finish steps are `vllm_legacy_reload`'s (`vllm_compat`).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from engine.rollout import vllm_legacy_reload
+from engine.rollout.vllm_compat import layerwise_reload
+
+LAYERWISE = layerwise_reload()
+if not LAYERWISE:  # imported by the worker before its model loads: keep CPU weights reloadable
+    vllm_legacy_reload.install()
 
 
 class WeightSyncExtension:
@@ -43,6 +51,8 @@ class WeightSyncExtension:
 
     def asyncrl_begin_update(self) -> None:
         """Arm the layer-wise reload (vLLM restores each layer's checkpoint-format shapes on `meta`)."""
+        if not LAYERWISE:
+            return
         from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
 
         initialize_layerwise_reload(self.model_runner.get_model())
@@ -64,13 +74,16 @@ class WeightSyncExtension:
 
     def asyncrl_finish_update(self) -> None:
         """Process the layers still pending, restore untouched ones and drop caches derived from weights."""
-        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
-
         runner = self.model_runner
-        finalize_layerwise_reload(runner.get_model(), runner.model_config)
-        runner.reset_lora_state()
-        runner.reset_encoder_cache()
-        runner.reset_mm_cache()
+        if LAYERWISE:
+            from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+            finalize_layerwise_reload(runner.get_model(), runner.model_config)
+        else:
+            vllm_legacy_reload.finish(runner.get_model())
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # those this vLLM has
+            if callable(getattr(runner, reset, None)):
+                getattr(runner, reset)()
 
     def asyncrl_receive_collective(self, handle: dict[str, Any], first_rank: int, tied: bool) -> list:
         """Receive one version of the collective broadcast (`handle`: a `CollectiveHandle` as a dict) as group

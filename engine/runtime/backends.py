@@ -2,10 +2,10 @@
 
 Pure construction, no Ray: the actors (`replica.py`, `trainer_actor.py`, `trainer_group.py`) call these, and so
 do the benchmarks and the GPU check. The backends themselves are imported lazily, so vLLM and Megatron stay
-optional. The runtime's own compute — the `hf` replicas and the `torch` trainer ranks — runs on the hardware
-preset's device: `device = "cuda"` or `"npu"` puts it on the accelerator Ray gave the actor (Ray sets
-`CUDA_VISIBLE_DEVICES` / `ASCEND_RT_VISIBLE_DEVICES` per actor, so it is index 0 inside it), `"cpu"` keeps it
-on the host. vLLM and Megatron place themselves.
+optional. Every backend is told its device: the actors pass the run plan's `RoleDevice` (`engine.plan.devices`:
+type, index policy, collective env), and a caller without a plan gets the hardware preset's (`role_device`). The
+`hf` replicas and `torch` trainer ranks compute on it (`"ray"` policy: the accelerator Ray gave the actor, index 0
+inside it); vLLM gets the engine arguments of that device (`vllm_backend.engine_args`); Megatron its backend.
 """
 
 from __future__ import annotations
@@ -13,25 +13,23 @@ from __future__ import annotations
 from typing import Any
 
 from engine.config.schema import RunConfig  # the actors' config type (they import it from here)
+from engine.plan.devices import RoleDevice
 
-__all__ = ["PROCESS_GROUPS", "RunConfig", "build_reference_backend", "build_rollout_backend", "build_trainer_backend",
-           "compute_device",
-           "process_group_backend", "rollout_dtype"]
+__all__ = ["RunConfig", "build_reference_backend", "build_rollout_backend", "build_trainer_backend",
+           "compute_device", "role_device", "rollout_dtype"]
 
-PROCESS_GROUPS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
-"""torch.distributed backend of a trainer group per device type."""
+
+def role_device(cfg: RunConfig, role: str) -> RoleDevice:
+    """The `RoleDevice` of `role` ("trainer" or "rollout") from the hardware preset, for callers without a run plan
+    (the plan computes it once: `RunPlan.devices`)."""
+    from engine.plan.hardware import load_hardware, run_devices
+
+    return run_devices(cfg, load_hardware(cfg.resources.hardware))[role]
 
 
 def compute_device(cfg: RunConfig) -> str:
     """`cpu`, `cuda` or `npu`: the device of `resources.hardware`."""
-    from engine.plan.hardware import hardware_device
-
-    return hardware_device(cfg)
-
-
-def process_group_backend(device: str) -> str:
-    """gloo on CPU, NCCL on CUDA, HCCL on Ascend NPUs."""
-    return PROCESS_GROUPS[device]
+    return role_device(cfg, "trainer").type
 
 
 def check_device(device: str) -> str:
@@ -75,31 +73,32 @@ def deterministic_threads(cfg: RunConfig) -> None:
         torch.set_num_threads(1)
 
 
-def build_rollout_backend(cfg: RunConfig, model_dir: str):
-    """The configured rollout backend for `model_dir` (imported lazily), in `rollout_dtype(cfg)`; `hf` computes
-    on `compute_device(cfg)`."""
+def vllm_options(cfg: RunConfig, device: RoleDevice) -> dict[str, Any]:
+    """The `VLLMRolloutBackend` keywords of one replica of `cfg` on `device` (its engine arguments:
+    `vllm_backend.engine_args(model_dir, **vllm_options(...))`)."""
+    import os
+
+    # a TP > 1 replica placed on several placement-group bundles (engine.runtime.placement_groups) holds no
+    # accelerator itself: vLLM's Ray executor starts its TP workers on those bundles
+    bundles = device.index_policy == "bundles" or bool(os.environ.get("VLLM_RAY_BUNDLE_INDICES"))
+    return {"device": device.type, "tensor_parallel_size": cfg.rollout.tensor_parallel_size,
+            "gpu_memory_utilization": cfg.rollout.gpu_memory_utilization, "max_num_seqs": cfg.rollout.max_num_seqs,
+            "max_model_len": cfg.data.max_prompt_length + cfg.data.max_response_length,
+            "dtype": rollout_dtype(cfg), "seed": cfg.trainer.seed,
+            "distributed_executor_backend": "ray" if bundles else None}
+
+
+def build_rollout_backend(cfg: RunConfig, model_dir: str, device: RoleDevice | None = None):
+    """The configured rollout backend for `model_dir` (imported lazily), in `rollout_dtype(cfg)`, on `device` (the
+    plan's rollout `RoleDevice`; default: the hardware preset's)."""
     from engine.models.loader import load_causal_lm, load_tokenizer
 
+    device = device or role_device(cfg, "rollout")
     deterministic_threads(cfg)
     if cfg.rollout.backend == "vllm":
-        import os
-
         from engine.rollout.vllm_backend import VLLMRolloutBackend
 
-        max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
-        # a TP > 1 replica placed on several placement-group bundles (engine.runtime.placement_groups) holds no
-        # GPU itself: vLLM's Ray executor starts its TP workers on those bundles
-        executor = "ray" if os.environ.get("VLLM_RAY_BUNDLE_INDICES") else None
-        return VLLMRolloutBackend(
-            model_dir,
-            tensor_parallel_size=cfg.rollout.tensor_parallel_size,
-            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-            max_num_seqs=cfg.rollout.max_num_seqs,
-            max_model_len=max_len,
-            dtype=rollout_dtype(cfg),
-            seed=cfg.trainer.seed,
-            distributed_executor_backend=executor,
-        )
+        return VLLMRolloutBackend(model_dir, **vllm_options(cfg, device))
     from engine.rollout.hf import HFRolloutBackend
 
     tok = load_tokenizer(model_dir)
@@ -109,21 +108,23 @@ def build_rollout_backend(cfg: RunConfig, model_dir: str):
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
         max_batch_size=cfg.rollout.max_num_seqs,
-        device=check_device(compute_device(cfg)),
+        device=check_device(device.type),
         deterministic=bool(getattr(cfg.trainer, "deterministic", False)),
     )
 
 
-def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = False, *, frozen: bool = False):
+def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = False, *, frozen: bool = False,
+                          device: RoleDevice | None = None):
     """The configured training backend for `model_dir` (backends imported lazily). `distributed`: this process
     is one rank of a trainer group (`engine.runtime.trainer_group`, process group already joined), so the torch
-    backend is the FSDP2 one and Megatron builds its TP/PP/CP/EP/DP groups over that world. The torch backends
-    compute on `compute_device(cfg)`; Megatron places itself. Precision: `engine.config.precision` (parameters
-    in `policy.params`, compute in `policy.compute`). `frozen`: the KL loss's reference model
-    (`build_reference_backend`): no gradients, optimizer or DDP wrapper, weights offloaded between uses when
-    `trainer.ref_param_offload`."""
+    backend is the FSDP2 one and Megatron builds its TP/PP/CP/EP/DP groups over that world. Both compute on
+    `device` (the plan's trainer `RoleDevice`; default: the hardware preset's). Precision:
+    `engine.config.precision` (parameters in `policy.params`, compute in `policy.compute`). `frozen`: the KL
+    loss's reference model (`build_reference_backend`): no gradients, optimizer or DDP wrapper, weights offloaded
+    between uses when `trainer.ref_param_offload`."""
     from engine.config.precision import SHORT, policy_of
 
+    device = device or role_device(cfg, "trainer")
     deterministic_threads(cfg)
     if cfg.trainer.precision == "auto":
         raise ValueError(AUTO_UNRESOLVED.format(key="trainer.precision"))
@@ -151,14 +152,14 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
             model_dir, tp=t.tp, pp=t.pp, cp=t.cp, ep=t.ep, etp=t.etp, dtype=policy.compute,
             fp32_master_weights=policy.params == "float32", recompute_granularity=t.recompute_granularity,
             recompute_method=t.recompute_method, recompute_num_layers=t.recompute_num_layers,
-            logprob_chunk_tokens=t.logprob_chunk_tokens, **common, **world,
+            logprob_chunk_tokens=t.logprob_chunk_tokens, device=device.type, **common, **world,
         )
     from engine.models.loader import load_causal_lm
     from engine.trainer.torch_trainer import TorchTrainerBackend
 
     # a frozen reference holds no optimizer state: its weights need no fp32 masters
     model = load_causal_lm(model_dir, dtype=policy.compute if frozen else policy.params)
-    kwargs = {"device": check_device(compute_device(cfg)), "precision": SHORT[policy.compute],
+    kwargs = {"device": check_device(device.type), "precision": SHORT[policy.compute],
               "gradient_checkpointing": t.enable_gradient_checkpointing,
               "logprob_chunk_tokens": t.logprob_chunk_tokens, **common}
     if distributed:
@@ -168,6 +169,7 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
     return TorchTrainerBackend(model, **kwargs)
 
 
-def build_reference_backend(cfg: RunConfig, model_dir: str, distributed: bool = False):
+def build_reference_backend(cfg: RunConfig, model_dir: str, distributed: bool = False,
+                            device: RoleDevice | None = None):
     """The frozen reference policy of the KL loss (`trainer.use_kl_loss`): `build_trainer_backend(frozen=True)`."""
-    return build_trainer_backend(cfg, model_dir, distributed, frozen=True)
+    return build_trainer_backend(cfg, model_dir, distributed, frozen=True, device=device)

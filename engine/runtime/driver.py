@@ -258,19 +258,20 @@ def _run_actors(run_plan: RunPlan, cfg_dict, provenance, run_dir: Path, model_di
         queue = MessageQueue.remote(run_plan.derived.max_queue_size)
         replica_opts = placement.get("replica_options") or [placement["replica_res"]] * placement["replicas"]
         trainer_opts = placement.get("trainer_options") or placement["trainer_res"]
+        devices = run_plan.devices or {}  # each role's RoleDevice: every backend is told its device
         replicas = [RolloutReplica.options(**replica_opts[i]).remote(
-            cfg, model_dir, i, placement["replica_threads"]) for i in range(placement["replicas"])]
+            cfg, model_dir, i, placement["replica_threads"], devices.get("rollout")) for i in range(placement["replicas"])]
         actors += [queue, *replicas]
         _wait_ready([r.ready.remote() for r in replicas], "rollout replica")
         # options per replica slot when the pools are placement groups: a replacement takes the dead one's bundles
         spec = {"options": placement.get("replica_options") or placement["replica_res"],
-                "threads": placement["replica_threads"]}
+                "threads": placement["replica_threads"], "device": devices.get("rollout")}
         rollouter = Rollouter.remote(cfg, model_dir, queue, controller, replicas,
                                      plan.rollout_resume() if plan else None, spec)
         # rank 0 is this actor; `trainer_opts` (one dict, or one per rank) places the ranks it starts
         trainer = Trainer.options(**(trainer_opts[0] if isinstance(trainer_opts, list) else trainer_opts)).remote(
             cfg, model_dir, str(run_dir), queue, rollouter, controller, placement["trainer_threads"],
-            plan.trainer_resume() if plan else None, trainer_opts)
+            plan.trainer_resume() if plan else None, trainer_opts, device=devices.get("trainer"))
         actors += [rollouter, trainer]
         step, version = (plan.step, plan.version) if plan else (0, 0)
         if plan is not None:

@@ -38,13 +38,13 @@ MAX_CONCURRENCY = GENERATE_CALLS + 4
 class RolloutReplica:
     """One generation engine; `replica_id` names it in the dashboard's workers table."""
 
-    def __init__(self, cfg: Any, model_dir: str, replica_id: int, num_threads: int = 1) -> None:
+    def __init__(self, cfg: Any, model_dir: str, replica_id: int, num_threads: int = 1, device: Any = None) -> None:
         import torch
 
         torch.set_num_threads(max(1, num_threads))
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.replica_id = replica_id
-        self.backend = build_rollout_backend(cfg, model_dir)
+        self.backend = build_rollout_backend(cfg, model_dir, device)  # device: the plan's rollout RoleDevice
         self._abort = threading.Event()  # training calls
         self._abort_val = threading.Event()  # validation calls (a stop)
         concurrent = callable(getattr(self.backend, "capacity", None))

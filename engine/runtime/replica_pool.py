@@ -197,6 +197,6 @@ def replica_spawner(cfg: Any, model_dir: str, spec: dict | None):
         from engine.runtime.replica import RolloutReplica
 
         opts = spec["options"][rid] if isinstance(spec["options"], list) else spec["options"]  # per slot: its bundles
-        return RolloutReplica.options(**opts).remote(cfg, model_dir, rid, spec["threads"])
+        return RolloutReplica.options(**opts).remote(cfg, model_dir, rid, spec["threads"], spec.get("device"))
 
     return spawn

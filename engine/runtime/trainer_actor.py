@@ -50,7 +50,7 @@ class TrainerCore(TrainerCheckpoints):
 
     def __init__(self, cfg: RunConfig, model_dir: str, run_dir: str, queue: Any, rollouter: Any, controller: Any,
                  resume: dict | None = None, rank_options: dict[str, Any] | None = None,
-                 num_threads: int = 1) -> None:
+                 num_threads: int = 1, device: Any = None) -> None:
         import torch
 
         from engine.plan.sizes import total_train_steps
@@ -63,11 +63,12 @@ class TrainerCore(TrainerCheckpoints):
         self.world = trainer_world(cfg)
         self.group: TrainerGroup | None = None
         if self.world > 1:
-            self.group = TrainerGroup(cfg, model_dir, self.world, rank_options, num_threads)
+            self.group = TrainerGroup(cfg, model_dir, self.world, rank_options, num_threads, device)
             self.backend, self.ref_backend = self.group.policy, self.group.ref
         else:
-            self.backend = build_trainer_backend(cfg, model_dir)
-            self.ref_backend = build_reference_backend(cfg, model_dir) if cfg.trainer.use_kl_loss else None
+            self.backend = build_trainer_backend(cfg, model_dir, device=device)
+            self.ref_backend = build_reference_backend(cfg, model_dir, device=device) if cfg.trainer.use_kl_loss \
+                else None
         tok = load_tokenizer(model_dir)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.rc = cfg.algorithm.rollout_correction
@@ -76,7 +77,7 @@ class TrainerCore(TrainerCheckpoints):
         self.loop = TrainerLoop(TrainerParams.from_config(cfg, total_train_steps(cfg) * trigger))
         self.inbox = self.loop.inbox()
         self.bucket_bytes = cfg.rollout.weight_sync_bucket_mb * 2**20
-        self.weight_sync = build_weight_sync(cfg)  # object store or collective broadcast (engine.sync.runtime)
+        self.weight_sync = build_weight_sync(cfg, device.type if device else None)  # object store or collective
         self.delivery = DeliveryCheck()  # every sync's receipts against what was sent (engine.sync.verify)
         self.run_dir = run_dir
         self.ledger = Ledger(run_dir)
@@ -395,13 +396,13 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, model_dir: str, run_dir: str, queue: Any, rollouter: Any, controller: Any,
                  num_threads: int = 1, resume: dict | None = None,
-                 rank_options: dict[str, Any] | None = None) -> None:
+                 rank_options: dict[str, Any] | None = None, device: Any = None) -> None:
         import torch
 
         torch.set_num_threads(max(1, num_threads))
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.core = TrainerCore(cfg, model_dir, run_dir, queue, rollouter, controller, resume,
-                                rank_options=rank_options, num_threads=num_threads)
+                                rank_options=rank_options, num_threads=num_threads, device=device)
 
     def fit(self) -> dict[str, Any]:
         return self.core.fit()

@@ -25,8 +25,8 @@ caller's calls to an actor in order, so all ranks meet the collectives in the sa
 
 Start-up: rank 0 picks the rendezvous (`free_port()` on its node's IP), creates the worker actors, joins the
 process group itself and builds its backends while they do the same, then waits for them to be ready.
-The ranks compute on the hardware preset's device, so the process group is gloo on CPU, NCCL on CUDA, HCCL on
-NPUs (`engine.runtime.backends`).
+The ranks compute on the plan's trainer device (`RoleDevice`, handed to every rank), so the process group is gloo
+on CPU, `cpu:gloo,cuda:nccl` on CUDA, `cpu:gloo,npu:hccl` on NPUs (`engine.trainer.process_groups`).
 The worker actors are owned by rank 0's actor and die with it. A failure on any rank fails the call in progress
 (a rank still inside a collective gives up after the process group's timeout, 300 s) and breaks the group: later
 calls raise at once instead of waiting on a dead peer, and the run resumes from its last checkpoint.
@@ -46,18 +46,19 @@ from typing import Any
 import ray
 
 from engine.plan.sizes import trainer_world  # noqa: F401 — M, re-exported for trainer_actor
-from engine.runtime.backends import build_reference_backend, build_trainer_backend, compute_device, process_group_backend
+from engine.runtime.backends import build_reference_backend, build_trainer_backend, role_device
 
 POLICY, REF = "policy", "ref"
 """Names of the two backends a rank may hold: the trained policy and the frozen reference (KL loss)."""
 
 
-def rank_backends(cfg: Any, model_dir: str) -> dict[str, Any]:
-    """This rank's FSDP2 backends (process group already joined): the policy and, with `trainer.use_kl_loss`, the
-    frozen reference (no gradients, optimizer or DDP wrapper) — built in the same order on every rank, since building them is collective."""
-    out = {POLICY: build_trainer_backend(cfg, model_dir, distributed=True)}
+def rank_backends(cfg: Any, model_dir: str, device: Any = None) -> dict[str, Any]:
+    """This rank's FSDP2 backends (process group already joined) on `device`: the policy and, with
+    `trainer.use_kl_loss`, the frozen reference (no gradients, optimizer or DDP wrapper) — built in the same order on every rank, since building them is
+    collective."""
+    out = {POLICY: build_trainer_backend(cfg, model_dir, distributed=True, device=device)}
     if cfg.trainer.use_kl_loss:
-        out[REF] = build_reference_backend(cfg, model_dir, distributed=True)
+        out[REF] = build_reference_backend(cfg, model_dir, distributed=True, device=device)
     return out
 
 
@@ -67,7 +68,7 @@ class TrainerRank:
     rank 0, and runs the shard or collective call rank 0 sends it."""
 
     def __init__(self, cfg: Any, model_dir: str, rank: int, world: int, master_port: int, master_addr: str,
-                 num_threads: int = 1) -> None:
+                 num_threads: int = 1, device: Any = None) -> None:
         import torch
 
         from engine.algo.loss import build_loss_fn
@@ -77,9 +78,10 @@ class TrainerRank:
         torch.set_num_threads(max(1, num_threads))
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         torch.manual_seed(cfg.trainer.seed)
-        init_distributed(rank, world, master_port, master_addr, backend=process_group_backend(compute_device(cfg)))
+        device = device or role_device(cfg, "trainer")
+        init_distributed(rank, world, master_port, master_addr, device=device)
         self.rank = rank
-        self.backends = rank_backends(cfg, model_dir)
+        self.backends = rank_backends(cfg, model_dir, device)
         self.loss_fn = LogRatioObserver(build_loss_fn(cfg.trainer, cfg.algorithm.rollout_correction))
 
     def ready(self) -> tuple[int, int]:
@@ -121,7 +123,8 @@ class TrainerGroup:
     `BackendGroup`s `TrainerCore` uses in place of its backends."""
 
     def __init__(self, cfg: Any, model_dir: str, world: int,
-                 rank_options: dict[str, Any] | list[dict[str, Any]] | None = None, num_threads: int = 1) -> None:
+                 rank_options: dict[str, Any] | list[dict[str, Any]] | None = None, num_threads: int = 1,
+                 device: Any = None) -> None:
         from engine.trainer.fsdp import free_port, init_distributed
 
         if world < 2:
@@ -132,10 +135,11 @@ class TrainerGroup:
         port, addr = free_port(), ray.util.get_node_ip_address()
         # the workers first: every rank must be inside init_process_group at the same time
         per_rank = rank_options if isinstance(rank_options, list) else [rank_options or {}] * world
+        device = device or role_device(cfg, "trainer")  # the plan's trainer RoleDevice, read once
         self.workers = [TrainerRank.options(**per_rank[r]).remote(
-            cfg, model_dir, r, world, port, addr, num_threads) for r in range(1, world)]
-        init_distributed(0, world, port, addr, backend=process_group_backend(compute_device(cfg)))
-        local = rank_backends(cfg, model_dir)
+            cfg, model_dir, r, world, port, addr, num_threads, device) for r in range(1, world)]
+        init_distributed(0, world, port, addr, device=device)
+        local = rank_backends(cfg, model_dir, device)
         ready = ray.get([w.ready.remote() for w in self.workers])
         self.pids: list[int] = [pid for pid, _ in ready]
         self.dp_of = [dp_rank(local[POLICY], 0), *(d for _, d in ready)]

@@ -2,7 +2,7 @@
 (group rank 1 + replica id × receivers per replica + worker: an hf replica is one receiver, a vLLM replica of
 TP t has t, its workers, which join from inside vLLM: `engine.rollout.vllm_worker_ext`). The backend and the
 device are parameters (`backend`: gloo on CPU, nccl on CUDA, hccl on NPU — the caller picks it from
-`engine.runtime.backends.PROCESS_GROUPS`); no Ray in this module.
+`engine.plan.devices.COLLECTIVE_BACKEND`); no Ray in this module.
 
 The group is *stateless*: its own `TCPStore` (hosted by the trainer, address carried in the handle) and a
 process-group object that is not the process's default group, so it lives beside the trainer's own Megatron /

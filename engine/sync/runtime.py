@@ -5,7 +5,7 @@
                                                   load bucket k into the model ←┘ + fingerprint → receipt
 
 * `"collective"` (default): `CollectiveSync` — trainer rank 0 broadcasts the flat buffers over a gloo (CPU) /
-  NCCL (CUDA) / HCCL (NPU) group (backend from `engine.runtime.backends.PROCESS_GROUPS`) with the R rollout
+  NCCL (CUDA) / HCCL (NPU) group (backend from `engine.plan.devices.COLLECTIVE_BACKEND`) with the R rollout
   replicas (group ranks 1 … R by replica id; for vLLM, R × t ranks: each replica's t TP workers receive inside
   vLLM), streaming them as the trainer exports them. A replaced replica joins the next group generation.
 * `"object_store"`: `ObjectStoreSync` — one `ray.put` per flat bucket, the replicas `ray.get` them zero-copy.
@@ -41,22 +41,29 @@ def _ring(role: str) -> BufferRing:
     return _RINGS.setdefault(role, BufferRing(RING_SLOTS))
 
 
-def build_weight_sync(cfg: Any) -> ObjectStoreSync | CollectiveSync:
-    """The transport of `cfg.rollout.weight_sync`, for trainer rank 0 (call it in that process)."""
+COLLECTIVE_DEVICES = ("cpu", "cuda")
+"""Devices with a collective weight-sync transport (their backend: `engine.plan.devices.COLLECTIVE_BACKEND`)."""
+
+
+def build_weight_sync(cfg: Any, device: str | None = None) -> ObjectStoreSync | CollectiveSync:
+    """The transport of `cfg.rollout.weight_sync`, for trainer rank 0 (call it in that process); `device`: the
+    plan's trainer device (default: the hardware preset's)."""
     if getattr(cfg.rollout, "weight_sync", "collective") != "collective":
         return ObjectStoreSync()
     import ray
 
     from engine.plan.sizes import rollout_replicas
-    from engine.runtime.backends import PROCESS_GROUPS, compute_device
+    from engine.plan.devices import COLLECTIVE_BACKEND
+    from engine.runtime.backends import compute_device
     from engine.trainer.fsdp import free_port
 
-    device = compute_device(cfg)
-    if device not in PROCESS_GROUPS:
-        raise ValueError(f'rollout.weight_sync = "collective" has no transport on {device!r}; use "object_store"')
+    device = device or compute_device(cfg)
+    if device not in COLLECTIVE_DEVICES:
+        raise ValueError(f'rollout.weight_sync = "collective" has no transport on {device!r} (gloo on CPU, NCCL '
+                         'on CUDA); use "object_store"')
     per_replica = cfg.rollout.tensor_parallel_size if cfg.rollout.backend == "vllm" else 1  # vLLM: its TP workers
     return CollectiveSync(ray.util.get_node_ip_address(), free_port(), 1 + rollout_replicas(cfg) * per_replica,
-                          PROCESS_GROUPS[device], per_replica=per_replica)
+                          COLLECTIVE_BACKEND[device], per_replica=per_replica)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The `torch` trainer across M > 1 ranks: FSDP2 (`fully_shard`) over gloo (CPU) or NCCL (CUDA).
+"""The `torch` trainer across M > 1 ranks: FSDP2 (`fully_shard`) over gloo (CPU), NCCL (CUDA) or HCCL (NPU).
 
 Each decoder layer is its own FSDP unit, plus the root (embeddings, final norm, tied `lm_head`); the shards are
 fp32 master weights and a bf16 compute dtype is FSDP2's `MixedPrecisionPolicy` (`shard_model`). Every
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import socket
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -27,6 +26,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from engine.plan.devices import PROCESS_GROUP_TIMEOUT_S, RoleDevice
+from engine.trainer.process_groups import all_reduce_values, init_process_group
 from engine.trainer.torch_trainer import TorchTrainerBackend
 
 
@@ -38,17 +39,15 @@ def free_port() -> int:
 
 
 def init_distributed(rank: int, world_size: int, master_port: int, master_addr: str = "127.0.0.1",
-                     backend: str | None = None, timeout_s: float = 300.0, init_method: str | None = None) -> None:
-    """Join the default process group (gloo on CPU, NCCL when CUDA is available, unless `backend` says).
-    The rendezvous is `master_addr:master_port`, or `init_method` when given (e.g. `file:///tmp/x`: no port to
-    pick, so no race with other processes taking the port between `free_port()` and the bind)."""
+                     backend: str | None = None, timeout_s: float = PROCESS_GROUP_TIMEOUT_S,
+                     init_method: str | None = None, device: RoleDevice | str | None = None) -> None:
+    """Join the default process group of ranks computing on `device` (`engine.trainer.process_groups`: gloo on
+    CPU, `cpu:gloo,<device>:<nccl|hccl>` on accelerators, unless `backend` says). The rendezvous is
+    `master_addr:master_port`, or `init_method` when given (e.g. `file:///tmp/x`: no port to pick, so no race
+    with other processes taking the port between `free_port()` and the bind)."""
     os.environ["MASTER_ADDR"] = master_addr
     os.environ["MASTER_PORT"] = str(master_port)
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    if backend == "nccl":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout_s))
+    init_process_group(rank, world_size, init_method, device, backend, timeout_s)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -110,10 +109,7 @@ class FSDPTrainerBackend(TorchTrainerBackend):
         pass  # CPUOffloadPolicy: the shards stay in host memory, each unshard copies to the device
 
     def _reduce(self, values: list[float], op: dist.ReduceOp) -> list[float]:
-        device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
-        t = torch.tensor(values, dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=op)
-        return t.tolist()
+        return all_reduce_values(values, self.device, op)
 
     def _sum_across_ranks(self, values: list[float]) -> list[float]:
         return self._reduce(values, dist.ReduceOp.SUM) if values else values

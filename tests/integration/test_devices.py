@@ -29,7 +29,8 @@ def test_cpu_preset_builds_cpu_replicas_and_trainer_over_gloo(tmp_path: Path) ->
     assert {p.device.type for p in replica.model.parameters()} == {"cpu"}
 
 
-@pytest.mark.parametrize(("hardware", "device", "group"), [("h100", "cuda", "nccl"), ("ascend-910b", "npu", "hccl")])
+@pytest.mark.parametrize(("hardware", "device", "group"), [("h100", "cuda", "cpu:gloo,cuda:nccl"),
+                                                         ("ascend-910b", "npu", "cpu:gloo,npu:hccl")])
 def test_accelerator_presets_put_the_compute_on_the_accelerator(
     tmp_path: Path, hardware: str, device: str, group: str
 ) -> None:

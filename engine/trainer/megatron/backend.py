@@ -61,6 +61,7 @@ from engine.trainer.megatron.hf_config import load_arch
 from engine.trainer.megatron.inputs import pack_batch
 from engine.trainer.megatron.model import build_gpt_model, recompute_settings
 from engine.trainer.megatron.optim import MainGradAdamW, MegatronDistOptimizer, optim_settings
+from engine.trainer.process_groups import all_reduce_values
 from engine.trainer.megatron.parallel import ParallelLayout, init_model_parallel, init_process_group
 from engine.trainer.megatron.shims import apply_cpu_shims, seed_model_parallel_rng
 from engine.trainer.megatron.snapshot import ParamSnapshot, snapshot_targets
@@ -132,6 +133,7 @@ class MegatronTrainerBackend(WarmupSchedule):
         use_dynamic_bsz: bool = False,
         ppo_max_token_len_per_gpu: int = 16384,
         log_prob_max_token_len_per_gpu: int | None = None,
+        device: str | None = None,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError("micro_batch_size must be >= 1")
@@ -141,7 +143,12 @@ class MegatronTrainerBackend(WarmupSchedule):
             bool(shuffle), int(seed)
         if temperature <= 0:
             raise ValueError("temperature must be > 0 (log-probs are taken at the rollout temperature)")
-        self.on_gpu = torch.cuda.is_available()
+        # the run plan's trainer device; constructed directly (tests, benchmarks) without one: CUDA when usable
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device not in ("cuda", "cpu"):
+            raise ValueError(f'trainer.backend = "megatron" runs on CUDA or CPU, not {device!r}; use the torch '
+                             "(FSDP2) trainer on this hardware")
+        self.on_gpu = device == "cuda"
         apply_cpu_shims()
         self.hf_model_dir = str(hf_model_dir)
         self.arch = load_arch(hf_model_dir)
@@ -155,7 +162,7 @@ class MegatronTrainerBackend(WarmupSchedule):
             if env_port is None and world_size > 1:
                 raise ValueError("world_size > 1 needs master_port (or MASTER_PORT) shared by all ranks")
             master_port = int(env_port) if env_port else free_port()
-        init_process_group(rank, world_size, master_addr, master_port)
+        init_process_group(rank, world_size, master_addr, master_port, device)
         init_model_parallel(self.layout)
         self.rank = rank
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
@@ -266,9 +273,7 @@ class MegatronTrainerBackend(WarmupSchedule):
     def _sum_over_dp(self, values: list[float]) -> list[float]:
         if self.dp_size == 1 or not values:
             return values
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, group=self._dp_group())
-        return t.tolist()
+        return all_reduce_values(values, self.device, group=self._dp_group())
 
     def _names_over_dp(self, sums: dict[str, float]) -> list[str]:
         """The metric names of every DP rank (a filler rank has none of its own), sorted, so the reduction

@@ -10,10 +10,13 @@ rule: ETP × EP must divide TP × CP × DP, the expert-data-parallel size is TP 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
+
+from engine.plan.devices import COLLECTIVE_BACKEND, PROCESS_GROUP_TIMEOUT_S
+from engine.trainer import process_groups as groups
 
 
 class ParallelConfigError(ValueError):
@@ -60,23 +63,18 @@ class ParallelLayout:
             raise ParallelConfigError(f"num_layers {num_layers} is not divisible by pp {self.pp}")
 
 
-def collective_backend() -> str:
-    """nccl when CUDA is usable, gloo otherwise."""
-    return "nccl" if torch.cuda.is_available() else "gloo"
-
-
-def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int) -> None:
-    """Initialise torch.distributed once per process (a no-op when already initialised with this world)."""
+def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, device: str = "cpu") -> None:
+    """Initialise torch.distributed once per process (a no-op when already initialised with this world): the
+    device's backend from the one table (`COLLECTIVE_BACKEND`: gloo on CPU, NCCL on CUDA), rank r on CUDA device
+    r mod count, collectives giving up after `PROCESS_GROUP_TIMEOUT_S`."""
     if dist.is_initialized():
         if dist.get_world_size() != world_size or dist.get_rank() != rank:
             raise ParallelConfigError(
                 f"torch.distributed is already initialised as rank {dist.get_rank()}/{dist.get_world_size()}, "
                 f"not {rank}/{world_size}")
         return
-    if torch.cuda.is_available():
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(
-        collective_backend(), init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size)
+    groups.init_process_group(rank, world_size, f"tcp://{master_addr}:{master_port}", device,
+                              backend=COLLECTIVE_BACKEND[device])
 
 
 def init_model_parallel(layout: ParallelLayout) -> None:
@@ -91,6 +89,7 @@ def init_model_parallel(layout: ParallelLayout) -> None:
             return
         ps.destroy_model_parallel()
     ps.initialize_model_parallel(
+        distributed_timeout_minutes=max(1, math.ceil(PROCESS_GROUP_TIMEOUT_S / 60)),  # Megatron's default: 30
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
         context_parallel_size=layout.cp,
