@@ -89,6 +89,11 @@ class AgentConversation:
     ended: EndReason | None = None
     _open_turn: TurnRecord | None = None
 
+    @property
+    def turn_open(self) -> bool:
+        """A model turn was interrupted by a sync and is being resumed."""
+        return self._open_turn is not None
+
     def start(self) -> AgentCommand:
         """The first command (also the command after a restore from a checkpoint)."""
         if self.ended is not None:

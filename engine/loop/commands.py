@@ -73,6 +73,17 @@ class ValidationDone:
 
 
 @dataclass(frozen=True)
+class CallTools:
+    """Multi-turn: run trajectory `index` of prompt `uid`'s tool `calls` (then `RolloutLoop.tools_done`);
+    `errors` are the turn's malformed or surplus calls, answered with these texts."""
+
+    uid: str
+    index: int
+    calls: tuple[Any, ...]
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Event:
     """An event for events.jsonl (`kind`, `level`, `message`, extra fields)."""
 
@@ -82,4 +93,4 @@ class Event:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-Command = Dispatch | Abort | Resume | Put | CloseQueue | SetQueueBound | ValidationDone | Event
+Command = Dispatch | Abort | Resume | Put | CloseQueue | SetQueueBound | ValidationDone | CallTools | Event

@@ -25,7 +25,7 @@ from typing import Any
 import ray
 
 from engine.loop.commands import (
-    Abort, CloseQueue, Dispatch, Event, Put, Resume, SetQueueBound, ValidationDone,
+    Abort, CallTools, CloseQueue, Dispatch, Event, Put, Resume, SetQueueBound, ValidationDone,
 )
 from engine.loop.rollout import RolloutLoop, RolloutParams
 from engine.loop.stream import PromptStream
@@ -63,13 +63,19 @@ class RolloutShell:
         self.sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.trainer.seed)
         self.val_sampling = SamplingParams(cfg.rollout.val_temperature, 1.0, 0, cfg.trainer.seed)
         self._counters: dict[str, int] = {}
+        self.tools = None
+        if cfg.rollout.multi_turn.enable:
+            from engine.runtime.tool_shell import ToolShell
+
+            self.tools = ToolShell(cfg.rollout.multi_turn, self.tokenizer)
+        schemas = self.tools.registry.openai_schemas() if self.tools is not None else None
         self._filtered_reported = False
         train_cache: dict[int, list[Prompt]] = {}
 
         def prompts_for_epoch(epoch: int) -> list[Prompt]:
             if epoch not in train_cache:
                 train_cache.clear()
-                prompts, counters = load_prompts(cfg.data, self.tokenizer, split="train", epoch=epoch)
+                prompts, counters = load_prompts(cfg.data, self.tokenizer, split="train", epoch=epoch, tools=schemas)
                 for k, v in counters.items():
                     self._counters[f"data/{k}"] = v
                 self._report_filtered(epoch, counters)
@@ -78,7 +84,7 @@ class RolloutShell:
 
         val_prompts: list[Prompt] = []
         if cfg.data.val_files and (cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train):
-            val_prompts, _ = load_prompts(cfg.data, self.tokenizer, split="val", epoch=0)
+            val_prompts, _ = load_prompts(cfg.data, self.tokenizer, split="val", epoch=0, tools=schemas)
             if cfg.data.val_max_samples:
                 val_prompts = val_prompts[: cfg.data.val_max_samples]
         stream = PromptStream(prompts_for_epoch, cfg.trainer.total_epochs, total_rollout_steps(cfg))
@@ -122,6 +128,9 @@ class RolloutShell:
                     if self.loop.stopped or self.failure:
                         return
                     self.loop.queue_seen(size)
+                    if self.tools is not None:
+                        for uid, index, answer in self.tools.ready():
+                            self._execute(self.loop.tools_done(uid, index, answer))
                     self._execute(self.loop.tick(time.monotonic()))
                     self.lock.notify_all()
                 self._push_workers()
@@ -152,7 +161,8 @@ class RolloutShell:
                     self._replica_failed(rid, cause or "died", requeued)
                 else:
                     self.tokens_since_report += sum(r.new_tokens for r in results)
-                    self._execute(self.loop.generation_finished(rid, results, time.monotonic(), did))
+                    calls = self.tools.parse(results, self.loop.turn_start) if self.tools is not None else None
+                    self._execute(self.loop.generation_finished(rid, results, time.monotonic(), did, calls))
                 self.lock.notify_all()
 
     # ------------------------------------------------------------------ carrying out commands
@@ -176,6 +186,8 @@ class RolloutShell:
                 self.queue.set_max_size.remote(c.size)
             elif isinstance(c, ValidationDone):
                 self._record_validation(c)
+            elif isinstance(c, CallTools):
+                self.tools.start(c)
             elif isinstance(c, Event):
                 self._event(c.level, c.kind, c.message, **c.extra)
 
@@ -298,6 +310,8 @@ class RolloutShell:
         reasons (for the ledger)."""
         with self.lock:
             self._execute(self.loop.stop())
+            if self.tools is not None:
+                self.tools.close()
             self.lock.notify_all()
             return {"in_flight": list(self.loop.in_flight), "dropped": [list(d) for d in self.loop.dropped]}
 
@@ -414,6 +428,7 @@ class RolloutShell:
                 "asyncrl/rollout/replica_restarts": self.pool.restarts,
                 **self._counters,
                 **self.scorer.counters(),
+                **(self.tools.counters() if self.tools is not None else {}),
             }
 
     def _report_filtered(self, epoch: int, counters: dict[str, int]) -> None:
