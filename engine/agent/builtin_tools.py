@@ -2,6 +2,7 @@
 
 - `calculator(expression)`: exact arithmetic on integers and decimals (+ − × ÷ // % ** and parentheses),
   evaluated over Python's AST with no names, calls or attributes — so an expression is never code.
+- `lookup()`: the row's secret (the built-in `lookup` task; its input comes from the row, not the model).
 - `python(code)`: a code interpreter (verl's retool `code_interpreter`): runs the code, returns what it
   printed; an exception becomes its last traceback line.
 """
@@ -52,6 +53,14 @@ def calculator(expression: str) -> str:
         return _format(_eval(tree))
     except ZeroDivisionError:
         raise ValueError("division by zero") from None
+
+
+def lookup(secret: str = "") -> str:
+    """The row's secret (the built-in `lookup` task): the tool's input comes from the row's
+    `tools_kwargs.lookup.create_kwargs`, not from the model."""
+    if not secret:
+        raise ValueError("nothing to look up for this prompt")
+    return str(secret)
 
 
 def python(code: str) -> str | None:

@@ -66,7 +66,18 @@ def parse_hermes(text: str) -> list[ParsedCall]:
     return calls
 
 
-PARSERS: dict[str, Callable[[str], list[ParsedCall]]] = {"hermes": parse_hermes}
+_BARE = re.compile(r"\s*([A-Za-z_]\w*)")
+
+
+def parse_bare(text: str) -> list[ParsedCall]:
+    """A turn that begins with a word NAME (`lookup`) calls tool NAME without arguments — for tiny models whose
+    vocabulary has no JSON; the tool's inputs come from the row's `tools_kwargs`. A turn that begins
+    otherwise (digits) is an answer."""
+    m = _BARE.match(text)
+    return [ToolCall(m.group(1), {})] if m else []
+
+
+PARSERS: dict[str, Callable[[str], list[ParsedCall]]] = {"hermes": parse_hermes, "bare": parse_bare}
 """Tool-call formats by name (verl's `multi_turn.format`)."""
 
 

@@ -56,7 +56,11 @@ PYTHON = Tool(
      "required": ["code"], "additionalProperties": False},
     "engine.agent.builtin_tools:python", SandboxLimits(timeout_s=10.0, memory_mb=1024),
 )
-BUILTIN_TOOLS: dict[str, Tool] = {"calculator": CALCULATOR, "python": PYTHON}
+LOOKUP = Tool(
+    "lookup", "Look up this problem's secret.", {"type": "object", "properties": {}, "additionalProperties": False},
+    "engine.agent.builtin_tools:lookup", SandboxLimits(timeout_s=5.0, memory_mb=256),
+)
+BUILTIN_TOOLS: dict[str, Tool] = {"calculator": CALCULATOR, "python": PYTHON, "lookup": LOOKUP}
 """Built-in tools by their config name (the model sees `Tool.name`)."""
 
 

@@ -242,10 +242,12 @@ class MultiTurnConfig(Section):
 
     enable: bool = False
     """Turn multi-turn rollouts on."""
-    format: Literal["hermes"] = "hermes"
-    """How tool calls are written: `hermes` = `<tool_call>{"name": …, "arguments": {…}}</tool_call>`."""
+    format: Literal["hermes", "bare"] = "hermes"
+    """How tool calls are written: `hermes` = `<tool_call>{"name": …, "arguments": {…}}</tool_call>`;
+    `bare` = a turn that is one word, the tool's name (no arguments; for tiny models)."""
     tools: list[str] = []
-    """Built-in tools to offer (`calculator`, `python`)."""
+    """Built-in tools to offer (`calculator`, `python`, `lookup`). A row's `extra_info.tools_kwargs.NAME.
+    create_kwargs` (verl's layout) are passed to tool NAME with the model's arguments."""
     tool_config_path: str | None = None
     """verl's tool config YAML (`tools: [{class_name, config, tool_schema}]`); its sandbox-fusion code
     interpreter runs as the built-in `python` tool, other verl tool classes are refused."""
@@ -253,6 +255,9 @@ class MultiTurnConfig(Section):
     """End the conversation after this many model turns (None = only the budget ends it)."""
     max_user_turns: int | None = Field(None, gt=0)
     """End the conversation after this many rounds of tool answers (None = no limit)."""
+    max_tokens_per_turn: int | None = Field(None, gt=0)
+    """A model turn ends after this many tokens even without its end-of-turn token, and is parsed for calls
+    like a finished turn (None = a turn ends only at EOS or the response budget)."""
     max_parallel_calls: int = Field(1, gt=0)
     """Tool calls run per model turn; further calls in the turn are answered with an error."""
     max_concurrent_tools: int = Field(4, gt=0)

@@ -18,7 +18,9 @@ The decisions (verl's `multi_turn` names):
   `max_parallel_calls` of them (the rest get an error text), unless `max_assistant_turns` or
   `max_user_turns` (a round of tool answers is one user turn) is reached;
 - the response budget `max_response_length` covers model and tool tokens together: a generation gets only the
-  remaining budget, and a tool answer that does not fit is cut to the budget and ends the trajectory.
+  remaining budget, and a tool answer that does not fit is cut to the budget and ends the trajectory;
+- `max_tokens_per_turn` (asyncrl's key) ends a model turn after that many tokens as EOS would: its calls
+  run, or, with none, the trajectory ends — a turn cut by the cap is parsed like a stopped one.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class AgentLimits:
     max_assistant_turns: int | None = None
     max_user_turns: int | None = None
     max_parallel_calls: int = 1
+    max_tokens_per_turn: int | None = None
+    """A model turn ends after this many tokens even without EOS (None = only EOS or the budget ends it)."""
 
 
 @dataclass(frozen=True)
@@ -98,11 +102,19 @@ class AgentConversation:
         """The first command (also the command after a restore from a checkpoint)."""
         if self.ended is not None:
             return Finish(self.ended)
-        return Generate(list(self.response_ids), self.remaining)
+        return Generate(list(self.response_ids), self.turn_budget())
 
     @property
     def remaining(self) -> int:
         return self.limits.max_response_length - len(self.response_ids)
+
+    def turn_budget(self) -> int:
+        """Tokens the next generation may produce: the response budget, capped by what is left of the turn."""
+        cap = self.limits.max_tokens_per_turn
+        if cap is None:
+            return self.remaining
+        used = self.turns[-1].end - self.turns[-1].start if self._open_turn is not None else 0
+        return max(0, min(self.remaining, cap - used))
 
     @property
     def min_version(self) -> int:
@@ -132,9 +144,13 @@ class AgentConversation:
         turn.max_version = max(turn.max_version, max_version)
         if finish == "abort" and self.remaining > 0:  # interrupted by a sync: resume this turn
             self._open_turn = turn
-            return Generate(list(self.response_ids), self.remaining)
+            if self.turn_budget() > 0:
+                return Generate(list(self.response_ids), self.turn_budget())
+            finish = "length"  # the turn had reached max_tokens_per_turn: it ends here
         self._open_turn = None
-        if finish == "length" or self.remaining <= 0:
+        if self.remaining <= 0:
+            return self._finish("length")
+        if finish == "length" and self.limits.max_tokens_per_turn is None:
             return self._finish("length")
         calls = calls or []
         if not calls:
@@ -161,7 +177,7 @@ class AgentConversation:
         self.user_turns += 1
         if len(fit) < len(answer_ids) or self.remaining <= 0:
             return self._finish("length")
-        return Generate(list(self.response_ids), self.remaining)
+        return Generate(list(self.response_ids), self.turn_budget())
 
     def _finish(self, reason: EndReason) -> Finish:
         self.ended = reason

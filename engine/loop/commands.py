@@ -81,6 +81,8 @@ class CallTools:
     index: int
     calls: tuple[Any, ...]
     errors: tuple[str, ...] = ()
+    tools_kwargs: dict[str, Any] = field(default_factory=dict)
+    """The prompt's `extra_info.tools_kwargs` (verl's layout: `{tool: {"create_kwargs": {...}}}`)."""
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ def next_turn_request(prompt: Prompt, index: int, conv: AgentConversation,
     """The request that generates `conv`'s next model tokens (its prefix is the conversation so far;
     `min_version` only when it continues a turn interrupted by a sync)."""
     return GenRequest(request_id(prompt.uid, index), prompt.prompt_ids, prefix_ids=list(conv.response_ids),
-                      prefix_log_probs=list(conv.rollout_log_probs), max_new_tokens=conv.remaining,
+                      prefix_log_probs=list(conv.rollout_log_probs), max_new_tokens=conv.turn_budget(),
                       min_version=min_version, images=prompt.images)
 
 

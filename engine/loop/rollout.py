@@ -83,7 +83,7 @@ class RolloutParams:
         sync, det = ac.mode == "sync", bool(getattr(cfg.trainer, "deterministic", False))
         mt = getattr(ro, "multi_turn", None)
         agent = AgentLimits(cfg.data.max_response_length, mt.max_assistant_turns, mt.max_user_turns,
-                            mt.max_parallel_calls) if mt is not None and mt.enable else None
+                            mt.max_parallel_calls, mt.max_tokens_per_turn) if mt is not None and mt.enable else None
         return cls(n=ro.n, max_new_tokens=cfg.data.max_response_length,
                    required_samples=cfg.trainer.ppo_mini_batch_size * ac.require_batches,
                    staleness_threshold=0.0 if sync else float(ac.staleness_threshold),
@@ -376,7 +376,8 @@ class RolloutLoop:
                 st.convs = {i: AgentConversation(self.p.agent) for i in range(self.p.n)}
             for i in range(self.p.n):
                 st.running.add(i)
-                out.append(GenRequest(request_id(p.uid, i), p.prompt_ids, max_new_tokens=self.p.max_new_tokens,
+                out.append(next_turn_request(p, i, st.convs[i]) if st.convs else
+                           GenRequest(request_id(p.uid, i), p.prompt_ids, max_new_tokens=self.p.max_new_tokens,
                                       images=p.images))
             self.in_flight[p.uid] = st
         return out
@@ -437,7 +438,8 @@ class RolloutLoop:
             return []
         if isinstance(cmd, RunTools):
             st.tools.add(i)
-            return [CallTools(st.prompt.uid, i, tuple(cmd.calls), tuple(cmd.errors))]
+            return [CallTools(st.prompt.uid, i, tuple(cmd.calls), tuple(cmd.errors),
+                              dict(st.prompt.extra_info.get("tools_kwargs") or {}))]
         st.pending[i] = next_turn_request(st.prompt, i, c, min_version=c.turns[-1].min_version)  # resumes
         return []
 

@@ -44,11 +44,11 @@ class ToolShell:
         self._counts: dict[str, int] = {}
 
     def parse(self, results: list[GenResult], turn_start: Any) -> dict[str, list[Any]]:
-        """The tool calls of every turn that stopped, by request id (`turn_start(request_id)`: where the
-        turn's tokens begin in the response)."""
+        """The tool calls in the text of every returned turn, by request id (`turn_start(request_id)`: where
+        the turn's tokens begin in the response); the loop uses them only for a turn that ended."""
         out: dict[str, list[Any]] = {}
         for r in results:
-            if r.finish_reason == "stop":
+            if r.response_ids:
                 text = self.tokenizer.decode(r.response_ids[turn_start(r.request_id):], skip_special_tokens=False)
                 out[r.request_id] = self.parse_text(text)
         return out
@@ -61,7 +61,8 @@ class ToolShell:
                 work.append(ToolOutcome("error", problem, 0.0))
                 continue
             tool = self.registry.tools[call.name]
-            work.append(self.runner.submit(tool.function, call.arguments, tool.limits))
+            hidden = (c.tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
+            work.append(self.runner.submit(tool.function, {**call.arguments, **hidden}, tool.limits))
         self._waiting[(c.uid, c.index)] = (work, time.monotonic())
 
     def ready(self) -> list[tuple[str, int, list[int]]]:

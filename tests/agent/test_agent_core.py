@@ -59,3 +59,13 @@ def test_malformed_and_surplus_calls_are_answered_as_errors():
     cmd = conv.on_generated([1], [0.0], "stop", 0, 0, [ToolCallError("{", "bad json"), CALC, CALC])
     assert isinstance(cmd, RunTools) and cmd.calls == [CALC]
     assert cmd.errors[0] == "bad json" and "at most 1 call" in cmd.errors[1]
+
+
+def test_max_tokens_per_turn_ends_a_turn_like_eos():
+    conv = AgentConversation(AgentLimits(max_response_length=20, max_tokens_per_turn=3))
+    assert conv.start() == Generate([], 3)
+    cmd = conv.on_generated([1, 2, 3], [0.0] * 3, "length", 0, 0, [CALC])
+    assert isinstance(cmd, RunTools)  # the cap ended the turn: its call runs
+    assert conv.on_tool_answers([9, 9]) == Generate([1, 2, 3, 9, 9], 3)
+    assert conv.on_generated([4], [0.0], "abort", 1, 1) == Generate([1, 2, 3, 9, 9, 4], 2)  # the rest of the turn
+    assert conv.on_generated([5, 6], [0.0] * 2, "length", 1, 1, []) == Finish("stop")

@@ -25,8 +25,14 @@ def test_hermes_parses_calls_in_order_and_reports_malformed_ones():
     assert isinstance(calls[3], ToolCallError) and "name" in calls[3].message
     assert len(calls) == 4  # the unclosed block is no call
     assert parse_hermes("the answer is 6") == []
-    with pytest.raises(ValueError, match="known: hermes"):
+    with pytest.raises(ValueError, match="known: bare, hermes"):
         parser("react")
+
+
+def test_bare_format_calls_the_tool_a_turn_begins_with():
+    assert parser("bare")("lookup") == [ToolCall("lookup", {})]
+    assert parser("bare")(" lookup 3 1") == [ToolCall("lookup", {})]
+    assert parser("bare")("381") == [] and parser("bare")("") == []
 
 
 def test_calculator_is_exact_and_refuses_code():
