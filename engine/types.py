@@ -76,6 +76,13 @@ class Trajectory:
     max_version: int
     reward: float = 0.0
     reward_info: dict[str, float] = field(default_factory=dict)
+    loss_mask: list[int] | None = None
+    """Multi-turn: 1 for each model token, 0 for the tools' answers and their template tokens (excluded from
+    the loss and the log-prob diagnostics); None = every response token is the model's."""
+    turns: int = 1
+    """Model turns in the response (1 for a single-turn rollout)."""
+    tool_calls: int = 0
+    """Tool calls run for this response."""
 
     @property
     def version_span(self) -> int:

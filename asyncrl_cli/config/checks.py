@@ -10,6 +10,8 @@ silently do nothing or are known to hurt.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from asyncrl_cli.config.derived import Derived
 from asyncrl_cli.config.hardware_checks import fit_rules, pitfall_rules, resource_rules
 from asyncrl_cli.config.model_checks import model_rules, path_rules
@@ -23,8 +25,8 @@ from engine.config.precision import SHORT, policy_of
 RC = "algorithm.rollout_correction"
 
 __all__ = [
-    "async_rules", "correction_rules", "fit_rules", "model_rules", "path_rules", "pitfall_rules",
-    "resource_rules", "trainer_rules",
+    "async_rules", "correction_rules", "fit_rules", "model_rules", "multi_turn_rules", "path_rules",
+    "pitfall_rules", "resource_rules", "trainer_rules",
 ]  # fmt: skip
 
 
@@ -58,6 +60,36 @@ def async_rules(cfg: RunConfig, prov: Provenance) -> list[Problem]:
                 "stale_policy has no effect without async_training.max_staleness_versions",
             )
         )
+    return out
+
+
+def multi_turn_rules(cfg: RunConfig, prov: Provenance, base_dir: Path | None = None) -> list[Problem]:
+    """`[rollout.multi_turn]`: tools that exist and can run here, and what multi-turn cannot combine with."""
+    mt = cfg.rollout.multi_turn
+    key = "rollout.multi_turn"
+    if not mt.enable:
+        set_keys = [k for k in ("tools", "tool_config_path", "max_assistant_turns", "max_user_turns")
+                    if prov.is_set(f"{key}.{k}")]
+        return [warn("multi-turn-off", f"{key}.{set_keys[0]}", f"{key}.enable is false: {', '.join(set_keys)} "
+                     "do nothing")] if set_keys else []
+    out: list[Problem] = []
+    if not mt.tools and not mt.tool_config_path:
+        out.append(error("multi-turn-no-tools", f"{key}.tools", "multi-turn rollouts need tools: name built-ins "
+                         '(tools = ["calculator"]) or a verl tool_config_path'))
+    if mt.tools and mt.tool_config_path:
+        out.append(error("multi-turn-two-tool-sources", f"{key}.tool_config_path",
+                         "give either tools or tool_config_path, not both"))
+    try:
+        from engine.agent.tools import ToolRegistry, from_verl_yaml
+
+        if mt.tool_config_path:
+            path = Path(mt.tool_config_path)
+            from_verl_yaml(path if path.is_absolute() or base_dir is None else base_dir / path)
+        elif mt.tools:
+            ToolRegistry.builtin(list(mt.tools))
+    except (OSError, ValueError) as e:
+        out.append(error("multi-turn-tools", f"{key}.tool_config_path" if mt.tool_config_path else f"{key}.tools",
+                         str(e)))
     return out
 
 

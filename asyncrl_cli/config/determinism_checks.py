@@ -39,6 +39,9 @@ def determinism_rules(cfg: RunConfig, hw: HardwarePreset) -> list[Problem]:
     if cfg.rollout.backend != "hf":
         refuse("rollout.backend", f"the hf rollout backend (got {cfg.rollout.backend!r})",
                "vLLM batches requests by arrival; set rollout.backend = \"hf\"")
+    if cfg.rollout.multi_turn.enable:
+        refuse("rollout.multi_turn.enable", "single-turn rollouts",
+               "tool latencies decide when a conversation's next turn is generated; turn multi_turn off")
     replicas = rollout_replicas(cfg)
     if replicas != 1:
         refuse("resources.rollout.gpus_per_node", f"one rollout replica (got {replicas})",

@@ -121,6 +121,7 @@ def analyze_config(cfg: RunConfig, prov: Provenance, base_dir: Path | None = Non
     problems += checks.async_rules(cfg, prov)
     problems += checks.correction_rules(cfg, prov)
     problems += checks.trainer_rules(cfg, prov, an.derived)
+    problems += checks.multi_turn_rules(cfg, prov, base_dir)
     problems += checks.path_rules(cfg, prov, base_dir)
     problems += data_checks.dataset_rules(cfg, base_dir)
     problems += data_checks.reward_rules(cfg)

@@ -3,6 +3,10 @@
 Tasks:
 - `copy`: prompt `copy 381=` → ground truth `381` (3 digits, `000`–`999`).
 - `reverse`: prompt `rev 381=` → ground truth `183`.
+- `lookup` (multi-turn, tools): prompt `secret=` → ground truth a random 3-digit secret that is only known
+  to the row's `lookup` tool (`extra_info.tools_kwargs.lookup.create_kwargs.secret`, verl's layout): the
+  model must call the tool (a turn `lookup`, the `bare` tool-call format) and copy its answer. Without the
+  tool a response is right by chance (1 in 1000).
 - `arith`: single-digit +/− word problems for SmolLM2-135M-Instruct (addition: a, b ∈ 1..9; subtraction:
   a ∈ 5..19, b ∈ 1..9, b < a; 8 names × 8 items), asked with a one-shot gsm8k-style chat prompt
   (system message + one example user/assistant turn + the question); ground truth the number.
@@ -32,19 +36,23 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from engine.data.figures import Figure
 
-BUILTIN_TASKS: tuple[str, ...] = ("copy", "reverse", "arith")
+BUILTIN_TASKS: tuple[str, ...] = ("copy", "reverse", "arith", "lookup")
 """The text tasks."""
 MULTIMODAL_TASKS: tuple[str, ...] = ("figures",)
 """Tasks whose rows carry images (in the `images` column); their prompt texts repeat across items."""
 ALL_TASKS: tuple[str, ...] = BUILTIN_TASKS + MULTIMODAL_TASKS
 DATA_SOURCES: dict[str, str] = {name: f"asyncrl/{name}" for name in ALL_TASKS}
-ABILITY: dict[str, str] = {"copy": "copy", "reverse": "reverse", "arith": "math", "figures": "math"}
-VAL_RESERVE: dict[str, int] = {"copy": 100, "reverse": 100, "arith": 512, "figures": 64}
+ABILITY: dict[str, str] = {"copy": "copy", "reverse": "reverse", "arith": "math", "figures": "math",
+                           "lookup": "tool"}
+VAL_RESERVE: dict[str, int] = {"copy": 100, "reverse": 100, "arith": 512, "figures": 64, "lookup": 100}
 """Items set aside for validation (upper bound on `val_size`)."""
 DEFAULT_SIZES: dict[str, tuple[int, int]] = {"copy": (900, 64), "reverse": (900, 64), "arith": (2048, 64),
-                                             "figures": (482, 32)}
+                                             "figures": (482, 32), "lookup": (900, 64)}
 """(train_size, val_size) used when the config leaves them unset."""
 
+LOOKUP_PROMPT = "secret="
+LOOKUP_CALL = "lookup"
+"""What the model writes to call the `lookup` tool (the `bare` format: a turn that is the tool's name)."""
 COPY_PREFIX = "copy"
 REVERSE_PREFIX = "rev"
 N_DIGITS = 3
@@ -102,6 +110,8 @@ def _digit_items(task: str) -> list[tuple[list[dict[str, str]], str]]:
         digits = f"{k:0{N_DIGITS}d}"
         if task == "copy":
             items.append(([{"role": "user", "content": copy_prompt(digits)}], digits))
+        elif task == "lookup":
+            items.append(([{"role": "user", "content": LOOKUP_PROMPT}], digits))
         else:
             items.append(([{"role": "user", "content": reverse_prompt(digits)}], digits[::-1]))
     return items
@@ -187,6 +197,8 @@ def _row(name: str, split: str, index: int, messages: list[dict[str, str]], trut
         "reward_model": {"style": "rule", "ground_truth": truth},
         "extra_info": {"split": split, "index": index},
     }
+    if name == "lookup":
+        row["extra_info"]["tools_kwargs"] = {"lookup": {"create_kwargs": {"secret": truth}}}
     if figure is not None:
         from engine.data.figures import render_png
 
@@ -239,4 +251,6 @@ def corpus_texts(tasks: tuple[str, ...] = BUILTIN_TASKS) -> list[str]:
             for messages, truth in _digit_items(name):
                 texts.update(m["content"] for m in messages)
                 texts.add(truth)
+            if name == "lookup":
+                texts.update((LOOKUP_CALL, "\n<tool_response>\n", "\n</tool_response>\n", "Error: "))
     return sorted(texts)

@@ -77,13 +77,16 @@ def load_rows(data_cfg: Any, split: str = "train") -> list[DataRow]:
     return rows
 
 
-def render_prompt(prompt: list[dict[str, str]] | str, tokenizer: Any) -> tuple[str, bool]:
+def render_prompt(prompt: list[dict[str, str]] | str, tokenizer: Any,
+                  tools: list[dict[str, Any]] | None = None) -> tuple[str, bool]:
     """(text, uses_template): the chat template's rendering with the generation prompt when the
-    tokenizer has one, else the contents joined by newlines (a string prompt is returned as is)."""
+    tokenizer has one (offering `tools`, OpenAI-style schemas, to a multi-turn run), else the contents joined
+    by newlines (a string prompt is returned as is)."""
     if isinstance(prompt, str):
         return prompt, False
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True,
+                                             **({"tools": tools} if tools else {}))
         return str(text), True
     return "\n".join(m["content"] for m in prompt), False
 
@@ -98,7 +101,8 @@ def _check_rewards(rows: list[DataRow], reward: str) -> None:
 
 
 def load_prompts(
-    data_cfg: Any, tokenizer: Any, split: str = "train", epoch: int = 0, image_encoder: Any = None
+    data_cfg: Any, tokenizer: Any, split: str = "train", epoch: int = 0, image_encoder: Any = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[list[Prompt], dict[str, int]]:
     """The prompts of `split` for `epoch`, and counters `rows`, `kept`, `filtered_empty`,
     `filtered_overlong`, `cut_val_max_samples`, `with_unk` (kept prompts containing the unknown token: the
@@ -132,7 +136,7 @@ def load_prompts(
         if vision is not None and usable[i] and r.images:
             rendered.append(vision.render(r.prompt))
         else:
-            rendered.append(render_prompt(r.prompt, tokenizer) if usable[i] else ("", False))
+            rendered.append(render_prompt(r.prompt, tokenizer, tools) if usable[i] else ("", False))
     templated = [i for i, (_, t) in enumerate(rendered) if t and usable[i]]
     plain = [i for i, (_, t) in enumerate(rendered) if not t and usable[i]]
     ids: list[list[int]] = [[] for _ in rows]

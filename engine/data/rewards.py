@@ -123,6 +123,23 @@ def reverse(response_text: str, ground_truth: str, *, data_source: str = "", ext
     return _positional(response_text, str(ground_truth), finished)
 
 
+LOOKUP_CALL_BONUS = 0.2
+"""`lookup`: the share of the score paid for a tool answer in the response (exploration shaping: at random
+init a tiny model calls the tool in ~2 % of its samples, too rarely to learn copying its answer without it)."""
+
+
+def lookup(response_text: str, ground_truth: str, *, data_source: str = "", extra_info: dict | None = None,
+           finished: bool = True) -> dict[str, float]:
+    """score = b·called + (1 − b)·copy's score of the model's last turn (the text after the last tool answer;
+    the tool's answer itself never scores), b = `LOOKUP_CALL_BONUS`, called = a tool answer is in the
+    response. Without calling, the score is at most 1 − b and right digits come by chance."""
+    head, sep, last = response_text.rpartition("</tool_response>")
+    out = _positional(last if sep else response_text, str(ground_truth), finished)
+    out["called"] = 1.0 if sep else 0.0
+    out["score"] = LOOKUP_CALL_BONUS * out["called"] + (1.0 - LOOKUP_CALL_BONUS) * out["score"]
+    return out
+
+
 ARITH_FORMAT_BONUS = 0.1
 VALIDATION_SPLITS = frozenset({"val", "validation", "test"})
 
@@ -161,7 +178,7 @@ def figures(response_text: str, ground_truth: str, *, data_source: str = "", ext
 
 BUILTIN_REWARDS: dict[str, RewardFn] = {
     "gsm8k": gsm8k, "math": math, "math_dapo": math_dapo, "geo3k": geo3k, "copy": copy, "reverse": reverse,
-    "arith": arith, "figures": figures,
+    "arith": arith, "figures": figures, "lookup": lookup,
 }
 _EXACT_SOURCES = {
     "openai/gsm8k": "gsm8k",
@@ -174,6 +191,7 @@ _EXACT_SOURCES = {
     "asyncrl/reverse": "reverse",
     "asyncrl/arith": "arith",
     "asyncrl/figures": "figures",
+    "asyncrl/lookup": "lookup",
 }
 
 
@@ -188,7 +206,7 @@ def reward_name_for_source(data_source: str) -> str | None:
         if key in low:
             return name
     tail = low.rsplit("/", 1)[-1]
-    return tail if tail in ("copy", "reverse", "arith", "figures") else None
+    return tail if tail in ("copy", "reverse", "arith", "figures", "lookup") else None
 
 
 def _adapt(fn: Callable[..., Any]) -> RewardFn:

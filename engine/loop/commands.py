@@ -75,6 +75,19 @@ class ValidationDone:
 
 
 @dataclass(frozen=True)
+class CallTools:
+    """Multi-turn: run trajectory `index` of prompt `uid`'s tool `calls` (then `RolloutLoop.tools_done`);
+    `errors` are the turn's malformed or surplus calls, answered with these texts."""
+
+    uid: str
+    index: int
+    calls: tuple[Any, ...]
+    errors: tuple[str, ...] = ()
+    tools_kwargs: dict[str, Any] = field(default_factory=dict)
+    """The prompt's `extra_info.tools_kwargs` (verl's layout: `{tool: {"create_kwargs": {...}}}`)."""
+
+
+@dataclass(frozen=True)
 class Event:
     """An event for events.jsonl (`kind`, `level`, `message`, extra fields)."""
 
@@ -189,6 +202,6 @@ class Finish:
     validate: bool
 
 
-Command = (Dispatch | Abort | Resume | Put | CloseQueue | SetQueueBound | ValidationDone | NeedPrompts | Event
+Command = (Dispatch | Abort | Resume | Put | CloseQueue | SetQueueBound | ValidationDone | NeedPrompts | CallTools | Event
            | AckKnob | PollControl | Pull | Drop | Train | AskOutstanding | Allow | SetTrigger | Sync | Checkpoint
            | Record | Finish)

@@ -29,10 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.loop import deterministic
+from engine.loop.agent import AgentConversation, AgentLimits, Finish, RunTools
 from engine.loop.budget import StalenessBudget
 from engine.loop.commands import (
     Abort,
     AckKnob,
+    CallTools,
     CloseQueue,
     Command,
     Dispatch,
@@ -44,8 +46,15 @@ from engine.loop.commands import (
     ValidationDone,
 )
 from engine.loop.dispatch import Capacity, DispatchTable, Running
+from engine.loop.inflight import (
+    InFlight,
+    in_flight_from_json,
+    in_flight_to_json,
+    next_turn_request,
+    oldest_version,
+    request_id,
+)
 from engine.loop.knobs import ROLLOUTER, KnobChange, KnobInbox
-from engine.loop.inflight import InFlight, in_flight_from_json, in_flight_to_json, oldest_version, request_id
 from engine.types import GenRequest, GenResult, Prompt, Trajectory
 
 
@@ -67,18 +76,23 @@ class RolloutParams:
     sync_mode: bool = False
     deterministic: bool = False
     """`trainer.deterministic`: syncs wait for the loaded version's work instead of aborting it."""
+    agent: AgentLimits | None = None
+    """Multi-turn rollouts (`rollout.multi_turn.enable`): each trajectory is a conversation with tools."""
 
     @classmethod
     def from_config(cls, cfg: Any) -> "RolloutParams":
         """From a validated `RunConfig` (duck-typed: only attribute reads)."""
         ac, ro = cfg.async_training, cfg.rollout
         sync, det = ac.mode == "sync", bool(getattr(cfg.trainer, "deterministic", False))
+        mt = getattr(ro, "multi_turn", None)
+        agent = AgentLimits(cfg.data.max_response_length, mt.max_assistant_turns, mt.max_user_turns,
+                            mt.max_parallel_calls, mt.max_tokens_per_turn) if mt is not None and mt.enable else None
         return cls(n=ro.n, max_new_tokens=cfg.data.max_response_length,
                    required_samples=cfg.trainer.ppo_mini_batch_size * ac.require_batches,
                    staleness_threshold=0.0 if sync else float(ac.staleness_threshold),
                    trigger=ac.trigger_parameter_sync_step, partial_rollout=bool(ac.partial_rollout) and not sync and not det,
                    seqs_per_call=max(ro.n, ro.max_num_seqs), test_freq=cfg.trainer.test_freq, sync_mode=sync,
-                   deterministic=det)
+                   deterministic=det, agent=agent)
 
 
 @dataclass
@@ -145,6 +159,16 @@ class RolloutLoop:
         """Replicas with at least one training dispatch out."""
         return self.dispatches.replicas_running("train")
 
+    def turn_start(self, request_id: str) -> int:
+        """Multi-turn: where the current model turn of this request's trajectory starts in its response (the
+        shell parses tool calls from the text after it)."""
+        uid, idx = request_id.rsplit("#", 1)
+        st = self.in_flight.get(uid)
+        c = st.convs.get(int(idx)) if st is not None else None
+        if c is None:
+            return 0
+        return c.turns[-1].start if c.turn_open else len(c.response_ids)
+
     def outstanding_min_version(self) -> int | None:
         """Oldest version still feeding an unfinished prompt (`engine.loop.inflight.oldest_version`)."""
         return oldest_version(list(self.in_flight.values()))
@@ -196,8 +220,10 @@ class RolloutLoop:
         return self._dispatch(rid, reqs, "train", now) if reqs else None
 
     def generation_finished(self, rid: int, results: list[GenResult], now: float,
-                            dispatch_id: int | None = None) -> list[Command]:
-        """Replica `rid` returned dispatch `dispatch_id` (None: the one whose requests these are)."""
+                            dispatch_id: int | None = None,
+                            tool_calls: dict[str, list[Any]] | None = None) -> list[Command]:
+        """Replica `rid` returned dispatch `dispatch_id` (None: the one whose requests these are).
+        `tool_calls` (multi-turn): the calls the shell parsed from each stopped turn, by request id."""
         run = self.dispatches.by_id.get(dispatch_id) if dispatch_id is not None else \
             self.dispatches.find(rid, [r.request_id for r in results])
         if run is None or run.replica != rid:
@@ -205,7 +231,21 @@ class RolloutLoop:
         self.dispatches.pop(run.id)
         if run.kind == "val":
             return self._on_val_results(results, run)
-        return self._on_train_results(results, now)
+        return self._on_train_results(results, now, tool_calls or {})
+
+    def tools_done(self, uid: str, index: int, answer_ids: list[int]) -> list[Command]:
+        """Multi-turn: the tools of trajectory `index` of `uid` answered (`answer_ids`: their user turn as
+        token ids). The conversation goes on with its next model turn, under the weights current then."""
+        st = self.in_flight.get(uid)
+        if st is None or index not in st.tools or self.stopped:
+            return []
+        st.tools.discard(index)
+        c = st.convs[index]
+        cmd = c.on_tool_answers(answer_ids)
+        if isinstance(cmd, Finish):
+            return self._agent_done(st, index, cmd)
+        st.pending[index] = next_turn_request(st.prompt, index, c)
+        return []
 
     def replica_died(self, rid: int) -> list[Command]:
         """Its dispatches are put back (train requests pending with their prefix, validation in front)."""
@@ -366,14 +406,18 @@ class RolloutLoop:
                 break
             self.budget.admit()
             st = InFlight(p, now, self.version)
+            if self.p.agent is not None:
+                st.convs = {i: AgentConversation(self.p.agent) for i in range(self.p.n)}
             for i in range(self.p.n):
                 st.running.add(i)
-                out.append(GenRequest(request_id(p.uid, i), p.prompt_ids, max_new_tokens=self.p.max_new_tokens,
+                out.append(next_turn_request(p, i, st.convs[i]) if st.convs else
+                           GenRequest(request_id(p.uid, i), p.prompt_ids, max_new_tokens=self.p.max_new_tokens,
                                       images=p.images))
             self.in_flight[p.uid] = st
         return out
 
-    def _on_train_results(self, results: list[GenResult], now: float) -> list[Command]:
+    def _on_train_results(self, results: list[GenResult], now: float,
+                          tool_calls: dict[str, list[Any]] | None = None) -> list[Command]:
         cmds: list[Command] = []
         finished: list[InFlight] = []
         dropped: list[str] = []
@@ -384,6 +428,12 @@ class RolloutLoop:
                 continue
             i = int(idx)
             st.running.discard(i)
+            if self.p.agent is not None and not (r.finish_reason == "abort" and (self.stopped or (
+                    not self.p.partial_rollout and self.sync is not None))):
+                cmds += self._agent_turn(st, i, r, (tool_calls or {}).get(r.request_id))
+                if len(st.done) == self.p.n and st not in finished:
+                    finished.append(st)
+                continue
             if r.finish_reason == "abort":
                 if self.stopped:
                     continue
@@ -410,6 +460,35 @@ class RolloutLoop:
             cmds.append(Put(st.prompt, tuple(st.done[i] for i in range(self.p.n)), st.admitted_version,
                             st.admitted_at))
         return cmds
+
+    def _agent_turn(self, st: InFlight, i: int, r: GenResult, calls: list[Any] | None) -> list[Command]:
+        """A model turn of a multi-turn trajectory came back (stopped, cut by the budget, or interrupted)."""
+        c = st.convs[i]
+        new = len(c.response_ids)
+        cmd = c.on_generated(list(r.response_ids[new:]), list(r.log_probs[new:]), r.finish_reason, r.min_version,
+                             r.max_version, calls)
+        if isinstance(cmd, Finish):
+            st.done[i] = self._agent_trajectory(st, i, cmd)
+            return []
+        if isinstance(cmd, RunTools):
+            st.tools.add(i)
+            return [CallTools(st.prompt.uid, i, tuple(cmd.calls), tuple(cmd.errors),
+                              dict(st.prompt.extra_info.get("tools_kwargs") or {}))]
+        st.pending[i] = next_turn_request(st.prompt, i, c, min_version=c.turns[-1].min_version)  # resumes
+        return []
+
+    def _agent_trajectory(self, st: InFlight, i: int, end: Finish) -> Trajectory:
+        c = st.convs.pop(i)
+        return Trajectory(list(c.response_ids), list(c.rollout_log_probs), "length" if end.reason == "length"
+                          else "stop", c.min_version, c.max_version, loss_mask=list(c.loss_mask),
+                          turns=len(c.turns), tool_calls=sum(t.tool_calls for t in c.turns))
+
+    def _agent_done(self, st: InFlight, i: int, end: Finish) -> list[Command]:
+        st.done[i] = self._agent_trajectory(st, i, end)
+        if len(st.done) < self.p.n or self.p.deterministic:
+            return []
+        del self.in_flight[st.prompt.uid]
+        return [Put(st.prompt, tuple(st.done[k] for k in range(self.p.n)), st.admitted_version, st.admitted_at)]
 
     def _on_val_results(self, results: list[GenResult], run: Running) -> list[Command]:
         lost = [q for q, r in zip(run.requests, results) if r.finish_reason == "abort"]
@@ -478,7 +557,7 @@ class RolloutLoop:
                               else st.get("staleness_threshold"))
         for d in in_flight:
             s = in_flight_from_json(d, n=self.p.n, max_new_tokens=self.p.max_new_tokens,
-                                    keep_prefixes=self.p.partial_rollout, now=now)
+                                    keep_prefixes=self.p.partial_rollout, now=now, agent=self.p.agent)
             self.in_flight[s.prompt.uid] = s
         self.budget.staleness_samples = int(st["staleness_samples"])
         self._bound_changed()

@@ -35,6 +35,7 @@ from engine.multimodal.vision import VL_MODEL_TYPES
 TINY_MODELS: dict[str, tuple[str, ...]] = {
     "builtin:tiny-qwen": DEFAULT_TASKS,
     "builtin:tiny-qwen-all": ("copy", "reverse", "arith"),
+    "builtin:tiny-qwen-tools": ("copy", "lookup"),
 }
 TINY_VL_MODEL = "builtin:tiny-qwen3-vl"
 TINY_MOE_MODEL = "builtin:tiny-qwen3-moe"

@@ -78,6 +78,13 @@ def prepare_batch(groups: list[TrajectoryGroup], cfg: RunConfig, pad_token_id: i
         "asyncrl/stale_trajectories": sum(1 for t in trajs if trainer_version - t.max_version >= 1),
         "asyncrl/finish/abort_ratio": sum(t.finish_reason == "abort" for t in trajs) / len(trajs),
     }
+    if any(t.loss_mask is not None for t in trajs):  # multi-turn (verl's num_turns metrics)
+        turns = [t.turns for t in trajs]
+        metrics.update({
+            "num_turns/mean": sum(turns) / len(turns), "num_turns/max": max(turns), "num_turns/min": min(turns),
+            "asyncrl/tools/calls_per_trajectory": sum(t.tool_calls for t in trajs) / len(trajs),
+            "asyncrl/tools/masked_tokens": sum(len(t.loss_mask) - sum(t.loss_mask) for t in trajs if t.loss_mask),
+        })
     num_tokens = int(batch.attention_mask.sum().item())
     keep = (adv.abs() > 1e-8).nonzero().flatten()
     metrics["asyncrl/zero_adv_fraction"] = 1.0 - len(keep) / len(trajs)

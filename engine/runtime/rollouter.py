@@ -26,7 +26,7 @@ from typing import Any
 import ray
 
 from engine.loop.commands import (
-    Abort, AckKnob, CloseQueue, Dispatch, Event, NeedPrompts, Put, Resume, SetQueueBound, ValidationDone,
+    Abort, AckKnob, CallTools, CloseQueue, Dispatch, Event, NeedPrompts, Put, Resume, SetQueueBound, ValidationDone,
 )
 from engine.loop.rollout import RolloutLoop, RolloutParams
 from engine.loop.stream import PromptStream
@@ -65,11 +65,17 @@ class RolloutShell:
         self.val_sampling = SamplingParams(cfg.rollout.val_temperature, cfg.rollout.val_top_p, cfg.rollout.val_top_k,
                                            cfg.trainer.seed)
         self._counters: dict[str, int] = {}
+        self.tools = None
+        if cfg.rollout.multi_turn.enable:
+            from engine.runtime.tool_shell import ToolShell
+
+            self.tools = ToolShell(cfg.rollout.multi_turn, self.tokenizer)
+        schemas = self.tools.registry.openai_schemas() if self.tools is not None else None
         self._filtered_reported = False
         self._need_epoch: int | None = None  # NeedPrompts: loaded by the dispatch thread outside the lock
         val_prompts: list[Prompt] = []
         if cfg.data.val_files and (cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train):
-            val_prompts, _ = load_prompts(cfg.data, self.tokenizer, split="val", epoch=0)
+            val_prompts, _ = load_prompts(cfg.data, self.tokenizer, split="val", epoch=0, tools=schemas)
             if cfg.data.val_max_samples:
                 val_prompts = val_prompts[: cfg.data.val_max_samples]
         stream = PromptStream(cfg.trainer.total_epochs, total_rollout_steps(cfg))
@@ -115,6 +121,9 @@ class RolloutShell:
                     if self.loop.stopped or self.failure:
                         return
                     self.loop.queue_seen(size)
+                    if self.tools is not None:
+                        for uid, index, answer in self.tools.ready():
+                            self._execute(self.loop.tools_done(uid, index, answer))
                     self._execute(self.loop.tick(time.monotonic()))
                     self.lock.notify_all()
                 self._push_workers()
@@ -145,7 +154,8 @@ class RolloutShell:
                     self._replica_failed(rid, cause or "died", requeued)
                 else:
                     self.tokens_since_report += sum(r.new_tokens for r in results)
-                    self._execute(self.loop.generation_finished(rid, results, time.monotonic(), did))
+                    calls = self.tools.parse(results, self.loop.turn_start) if self.tools is not None else None
+                    self._execute(self.loop.generation_finished(rid, results, time.monotonic(), did, calls))
                 self.lock.notify_all()
 
     # ------------------------------------------------------------------ carrying out commands
@@ -173,6 +183,8 @@ class RolloutShell:
                 self._need_epoch = c.epoch
             elif isinstance(c, AckKnob):
                 self.controller.ack_knob.remote(c.name, c.version, self.loop.step)
+            elif isinstance(c, CallTools):
+                self.tools.start(c)
             elif isinstance(c, Event):
                 self._event(c.level, c.kind, c.message, **c.extra)
 
@@ -183,7 +195,8 @@ class RolloutShell:
             return
         from engine.data.prompts import load_prompts
 
-        prompts, counters = load_prompts(self.cfg.data, self.tokenizer, split="train", epoch=epoch)
+        tools = self.tools.registry.openai_schemas() if self.tools is not None else None
+        prompts, counters = load_prompts(self.cfg.data, self.tokenizer, split="train", epoch=epoch, tools=tools)
         for k, v in counters.items():
             self._counters[f"data/{k}"] = v
         self._report_filtered(epoch, counters)
@@ -351,6 +364,8 @@ class RolloutShell:
         reasons (for the ledger)."""
         with self.lock:
             self._execute(self.loop.stop())
+            if self.tools is not None:
+                self.tools.close()
             self.lock.notify_all()
             return {"in_flight": list(self.loop.in_flight), "dropped": [list(d) for d in self.loop.dropped]}
 
@@ -465,6 +480,7 @@ class RolloutShell:
                 "asyncrl/rollout/replica_restarts": self.pool.restarts,
                 **self._counters,
                 **self.scorer.counters(),
+                **(self.tools.counters() if self.tools is not None else {}),
             }
 
     def _report_filtered(self, epoch: int, counters: dict[str, int]) -> None:

@@ -5,7 +5,8 @@ Row layout (one row per trajectory), with P = longest prompt and R = longest res
     input_ids      = [pad … pad, prompt | response, pad … pad]          shape [B, P + R]
     attention_mask = [0 … 0,     1 … 1  | 1 … 1,    0 … 0]
     position_ids   = clamp(cumsum(attention_mask) − 1, 0)
-    response_mask  = 1 on the real response tokens (EOS included: responses end at their first EOS), else 0
+    response_mask  = 1 on the real response tokens (EOS included: responses end at their first EOS), else 0;
+                     × the trajectory's `loss_mask` in a multi-turn run (tool answers are 0)
 
 `rollout_log_probs` is aligned with `responses` (0 on padding). The response mask is built from the
 response *lengths*, never from `!= pad`, so a pad id equal to the EOS id still counts the EOS.
@@ -95,6 +96,9 @@ def collate(
             input_ids[i, p_len : p_len + len(response)] = torch.tensor(response, dtype=torch.long)
             rollout_log_probs[i, : len(response)] = torch.tensor(lp, dtype=torch.float32)
     response_mask = attention_mask[:, p_len:].to(torch.float32)
+    for i, ((_, t), response) in enumerate(zip(rows, responses)):
+        if t.loss_mask is not None:  # multi-turn: the tools' tokens are context, not the model's actions
+            response_mask[i, : len(response)] *= torch.tensor(t.loss_mask[: len(response)], dtype=torch.float32)
     trajs = [t for _, t in rows]
     meta: dict = {
         "group_index": torch.tensor(group_index, dtype=torch.long),

@@ -10,8 +10,9 @@ from engine.data import builtin
 from engine.data.builtin import BUILTIN_TASKS, builtin_rows, write_dataset
 
 
-def _prompt_key(row: dict) -> str:
-    return row["prompt"][-1]["content"]
+def _prompt_key(row: dict) -> tuple[str, str]:
+    """What makes an item (the `lookup` task's prompt is the same for every item: its secret differs)."""
+    return row["prompt"][-1]["content"], row["reward_model"]["ground_truth"]
 
 
 @pytest.mark.parametrize("name", BUILTIN_TASKS)

@@ -1,0 +1,139 @@
+"""The tool registry: Python functions with an OpenAI-style JSON schema, and verl's tool config.
+
+A `Tool` names a function (`module:function`, run in the sandbox) and carries the schema the model is shown
+(`{"type": "function", "function": {"name", "description", "parameters"}}`, what chat templates take as
+`tools=`). `ToolRegistry.check` validates a call's arguments against the schema (required keys, no unknown
+keys, JSON types of the top-level properties) before anything runs: a malformed call is the model's mistake
+and comes back to it as an error text.
+
+`from_verl_yaml` reads verl's `actor_rollout_ref.rollout.multi_turn.tool_config_path` file
+(`tools: [{class_name, config, tool_schema}]`). verl's tool classes are Python classes of verl's; asyncrl maps
+the ones it has an equivalent for (the sandbox-fusion code interpreter → the built-in `python` tool with the
+config's timeout and memory limit) and refuses the others by name — a tool silently missing would change the
+experiment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.agent.sandbox import SandboxLimits
+from engine.agent.tool_calls import ToolCall
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "object": (dict,),
+    "array": (list,), "null": (type(None),),
+}
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One tool: its schema for the model and the function that runs it."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    function: str
+    """`module:function`, imported and called in the sandbox with the call's arguments."""
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+
+    def openai_schema(self) -> dict[str, Any]:
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+
+CALCULATOR = Tool(
+    "calculator", "Evaluate an arithmetic expression exactly (+, -, *, /, //, %, ** and parentheses).",
+    {"type": "object", "properties": {"expression": {"type": "string", "description": "e.g. 123*456+7"}},
+     "required": ["expression"], "additionalProperties": False},
+    "engine.agent.builtin_tools:calculator", SandboxLimits(timeout_s=5.0, memory_mb=256),
+)
+PYTHON = Tool(
+    "code_interpreter", "Run Python code and return what it prints.",
+    {"type": "object", "properties": {"code": {"type": "string", "description": "The code to execute."}},
+     "required": ["code"], "additionalProperties": False},
+    "engine.agent.builtin_tools:python", SandboxLimits(timeout_s=10.0, memory_mb=1024),
+)
+LOOKUP = Tool(
+    "lookup", "Look up this problem's secret.", {"type": "object", "properties": {}, "additionalProperties": False},
+    "engine.agent.builtin_tools:lookup", SandboxLimits(timeout_s=5.0, memory_mb=256),
+)
+BUILTIN_TOOLS: dict[str, Tool] = {"calculator": CALCULATOR, "python": PYTHON, "lookup": LOOKUP}
+"""Built-in tools by their config name (the model sees `Tool.name`)."""
+
+
+class ToolRegistry:
+    """The tools of a run, by the name the model calls them with."""
+
+    def __init__(self, tools: list[Tool]) -> None:
+        names = [t.name for t in tools]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"tool names must be unique; repeated: {', '.join(dup)}")
+        self.tools = {t.name: t for t in tools}
+
+    @staticmethod
+    def builtin(names: list[str]) -> ToolRegistry:
+        unknown = [n for n in names if n not in BUILTIN_TOOLS]
+        if unknown:
+            raise ValueError(f"unknown built-in tool(s) {', '.join(unknown)}; known: {', '.join(BUILTIN_TOOLS)}")
+        return ToolRegistry([BUILTIN_TOOLS[n] for n in names])
+
+    def openai_schemas(self) -> list[dict[str, Any]]:
+        return [t.openai_schema() for t in self.tools.values()]
+
+    def check(self, call: ToolCall) -> str | None:
+        """None when `call` may run, else the error text the model is shown."""
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return f"unknown tool {call.name!r}; available: {', '.join(self.tools)}"
+        params = tool.parameters
+        props: dict[str, Any] = params.get("properties", {})
+        missing = [k for k in params.get("required", []) if k not in call.arguments]
+        if missing:
+            return f"{call.name}: missing argument(s) {', '.join(missing)}"
+        if params.get("additionalProperties") is False:
+            extra = [k for k in call.arguments if k not in props]
+            if extra:
+                return f"{call.name}: unknown argument(s) {', '.join(extra)}"
+        for key, value in call.arguments.items():
+            want = props.get(key, {}).get("type")
+            types = _JSON_TYPES.get(want) if isinstance(want, str) else None
+            if types and (not isinstance(value, types) or (want in ("integer", "number") and isinstance(value, bool))):
+                return f"{call.name}: argument {key!r} must be of type {want}"
+        return None
+
+
+_VERL_CODE_TOOLS = ("SandboxFusionTool", "CustomSandboxFusionTool")
+
+
+def from_verl_yaml(path: str | Path) -> ToolRegistry:
+    """The tools of a verl `tool_config_path` YAML, or a ValueError naming every tool asyncrl cannot run."""
+    import yaml
+
+    doc = yaml.safe_load(Path(path).read_text()) or {}
+    tools: list[Tool] = []
+    refused: list[str] = []
+    for entry in doc.get("tools", []):
+        cls = str(entry.get("class_name", ""))
+        schema = (entry.get("tool_schema") or {}).get("function") or {}
+        cfg = entry.get("config") or {}
+        name = schema.get("name", cls)
+        if cls.rsplit(".", 1)[-1] in _VERL_CODE_TOOLS:
+            params = schema.get("parameters") or PYTHON.parameters
+            code_arg = next(iter(params.get("required") or ["code"]))
+            if code_arg != "code":
+                refused.append(f"{name} ({cls}): its code argument is {code_arg!r}, asyncrl's interpreter takes 'code'")
+                continue
+            limits = SandboxLimits(timeout_s=float(cfg.get("default_timeout", 30)),
+                                   memory_mb=int(cfg.get("memory_limit_mb", 1024)))
+            tools.append(Tool(name, schema.get("description", PYTHON.description), params, PYTHON.function, limits))
+        else:
+            refused.append(f"{name} ({cls}): no asyncrl equivalent")
+    if refused:
+        raise ValueError("cannot run these verl tools: " + "; ".join(refused))
+    if not tools:
+        raise ValueError(f"{path}: no tools under `tools:`")
+    return ToolRegistry(tools)

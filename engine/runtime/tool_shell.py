@@ -1,0 +1,104 @@
+"""The rollouter's side of multi-turn rollouts: parse a turn's tool calls, run them, hand back the answers.
+
+`RolloutLoop` decides (which turn ends, which calls run, when the next turn is generated); this shell only
+does the I/O it cannot: decoding a turn's text to parse its calls, running the calls in the sandbox
+(`engine.agent.sandbox.ToolRunner`, concurrently, so other trajectories keep generating), and rendering the
+answers as token ids through the chat template. Every call ends in an answer for the model — a tool's
+error, timeout or crash becomes its text and a counted status.
+
+Metrics (per step, since the last report): `asyncrl/tools/calls`, `asyncrl/tools/errors` and one count per
+failure status (`asyncrl/tools/status/{error,timeout,crashed,bad_output}`; a call the
+model got wrong (unknown tool, bad arguments, malformed JSON) counts as `error`), the latency
+`asyncrl/tools/latency_s/{p50,p99,max}`, `asyncrl/tools/waiting` (trajectories waiting for tools now).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from typing import Any
+
+from engine.agent.sandbox import ToolOutcome, ToolRunner
+from engine.agent.template import tool_answer_ids
+from engine.agent.tool_calls import parser
+from engine.agent.tools import ToolRegistry, from_verl_yaml
+from engine.loop.commands import CallTools
+from engine.types import GenResult
+
+
+def tool_registry(mt: Any) -> ToolRegistry:
+    """The run's tools: verl's tool config when given, else the named built-ins."""
+    if mt.tool_config_path:
+        return from_verl_yaml(mt.tool_config_path)
+    return ToolRegistry.builtin(list(mt.tools))
+
+
+class ToolShell:
+    def __init__(self, mt: Any, tokenizer: Any) -> None:
+        self.registry = tool_registry(mt)
+        self.parse_text = parser(mt.format)
+        self.tokenizer = tokenizer
+        self.runner = ToolRunner(mt.max_concurrent_tools)
+        self._waiting: dict[tuple[str, int], tuple[list[Future[ToolOutcome] | ToolOutcome], float]] = {}
+        self._latencies: list[float] = []
+        self._counts: dict[str, int] = {}
+
+    def parse(self, results: list[GenResult], turn_start: Any) -> dict[str, list[Any]]:
+        """The tool calls in the text of every returned turn, by request id (`turn_start(request_id)`: where
+        the turn's tokens begin in the response); the loop uses them only for a turn that ended."""
+        out: dict[str, list[Any]] = {}
+        for r in results:
+            if r.response_ids:
+                text = self.tokenizer.decode(r.response_ids[turn_start(r.request_id):], skip_special_tokens=False)
+                out[r.request_id] = self.parse_text(text)
+        return out
+
+    def start(self, c: CallTools) -> None:
+        work: list[Future[ToolOutcome] | ToolOutcome] = [ToolOutcome("error", e, 0.0) for e in c.errors]
+        for call in c.calls:
+            problem = self.registry.check(call)
+            if problem is not None:
+                work.append(ToolOutcome("error", problem, 0.0))
+                continue
+            tool = self.registry.tools[call.name]
+            hidden = (c.tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
+            work.append(self.runner.submit(tool.function, {**call.arguments, **hidden}, tool.limits))
+        self._waiting[(c.uid, c.index)] = (work, time.monotonic())
+
+    def ready(self) -> list[tuple[str, int, list[int]]]:
+        """(uid, index, answer token ids) of every trajectory whose calls have all answered."""
+        done: list[tuple[str, int, list[int]]] = []
+        for key, (work, _) in list(self._waiting.items()):
+            if any(isinstance(w, Future) and not w.done() for w in work):
+                continue
+            del self._waiting[key]
+            outcomes = [w.result() if isinstance(w, Future) else w for w in work]
+            for o in outcomes:
+                self._count("calls")
+                if not o.ok:
+                    self._count("errors")
+                    self._count(o.status)
+                self._latencies.append(o.seconds)
+            texts = [o.text if o.ok else f"Error: {o.text}" for o in outcomes]
+            done.append((key[0], key[1], tool_answer_ids(self.tokenizer, texts)))
+        return done
+
+    def counters(self) -> dict[str, float]:
+        lat = sorted(self._latencies)
+        out: dict[str, float] = {"asyncrl/tools/calls": self._counts.get("calls", 0),
+                                 "asyncrl/tools/errors": self._counts.get("errors", 0),
+                                 "asyncrl/tools/waiting": len(self._waiting)}
+        for status in ("error", "timeout", "crashed", "bad_output"):
+            out[f"asyncrl/tools/status/{status}"] = self._counts.get(status, 0)
+        if lat:
+            out["asyncrl/tools/latency_s/p50"] = lat[len(lat) // 2]
+            out["asyncrl/tools/latency_s/p99"] = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+            out["asyncrl/tools/latency_s/max"] = lat[-1]
+        self._latencies, self._counts = [], {}
+        return out
+
+    def close(self) -> None:
+        self.runner.close()
+
+    def _count(self, key: str) -> None:
+        self._counts[key] = self._counts.get(key, 0) + 1
