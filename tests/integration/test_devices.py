@@ -9,12 +9,12 @@ import torch
 from run_helpers import tiny_config
 
 from engine.models.loader import resolve_model_path
+from engine.plan.devices import process_group_backend
 from engine.runtime.backends import (
     build_rollout_backend,
     build_trainer_backend,
     check_device,
     compute_device,
-    process_group_backend,
 )
 
 
