@@ -25,11 +25,15 @@ def command(
         int | None, typer.Option("--replay", help="Rerun the one scenario of this seed (as printed) and describe it.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="With --replay: the scenario and outcome as JSON.")] = False,
+    multi_turn: Annotated[bool | None, typer.Option(
+        "--multi-turn/--single-turn", help="With --check: every scenario multi-turn (tools) or none (default: "
+        "about a third).")] = None,
 ) -> None:
     """Prove the loop live: run its decision cores over random scenarios in simulated time."""
     from engine.loop.sim.runner import check as run_check
     from engine.loop.sim.runner import run_scenario
     from engine.loop.sim.scenario import draw
+    from engine.loop.sim.world import Outcome
 
     if replay is not None:
         s = draw(replay)
@@ -52,10 +56,17 @@ def command(
     if not check:
         raise AsyncrlError("nothing to do", "pass --check (random scenarios) or --replay SEED", exit_code=2)
     t0 = time.monotonic()
-    bad = run_check(scenarios, seed)
+    seen = {"multi_turn": 0, "tool_answers": 0}
+
+    def count(out: Outcome) -> None:
+        seen["multi_turn"] += out.multi_turn
+        seen["tool_answers"] += out.tool_answers
+
+    bad = run_check(scenarios, seed, count, multi_turn)
     violations = [v for o in bad for v in o.violations]
     for v in violations:
         typer.echo(v)
-    typer.echo(f"{scenarios} scenarios, {len(violations)} violations ({time.monotonic() - t0:.1f} s)")
+    typer.echo(f"{scenarios} scenarios, {len(violations)} violations ({time.monotonic() - t0:.1f} s; "
+               f"{seen['multi_turn']} multi-turn, {seen['tool_answers']} tool answers)")
     if violations:
         raise typer.Exit(1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 
+from engine.loop.sim.tools import MODEL_LOG_PROB, MODEL_TOKEN, turn_start
 from engine.types import GenRequest, GenResult
 
 
@@ -55,15 +56,22 @@ class SimReplicas:
 
     _token = 0
 
-    def _length(self, request_id: str) -> int:
-        """The full response length of a request (a pure function of seed and id: the same on resume)."""
-        h = zlib.crc32(f"{self.s.seed}:{request_id}".encode())
+    def _length(self, request_id: str, start: int = 0) -> int:
+        """The full length of a request's (model) turn starting at `start` (a pure function of seed, id and
+        start: the same on resume)."""
+        h = zlib.crc32((f"{self.s.seed}:{request_id}" + (f":{start}" if start else "")).encode())
         if (h % 1000) / 1000 < self.s.long_tail:
             return self.s.max_new_tokens
         return 1 + (h >> 10) % max(1, self.s.max_new_tokens // 3)
 
+    def _turn(self, req: GenRequest) -> tuple[int, int]:
+        """(the length of the turn `req` generates, its tokens already in the prefix)."""
+        start = turn_start(list(req.prefix_ids))
+        return self._length(req.request_id, start), len(req.prefix_ids) - start
+
     def _remaining(self, req: GenRequest) -> int:
-        return max(1, min(req.max_new_tokens, self._length(req.request_id) - len(req.prefix_ids)))
+        length, done = self._turn(req)
+        return max(1, min(req.max_new_tokens, length - done))
 
     def _new_token(self) -> int:
         self._token += 1
@@ -119,15 +127,19 @@ class SimReplicas:
         if not rep.dispatches and rep.busy_since is not None:
             self.rollout_busy += self.now - rep.busy_since
             rep.busy_since = None
-        out = []
+        out, calls = [], {}
         for req in d.requests:
             remaining = self._remaining(req)
             k = min(steps, remaining)
-            ids = list(req.prefix_ids) + [7] * k
+            ids = list(req.prefix_ids) + [MODEL_TOKEN] * k
+            log_probs = list(req.prefix_log_probs or [0.0] * len(req.prefix_ids)) + [MODEL_LOG_PROB] * k
             first = req.min_version if req.prefix_ids and req.min_version is not None else rep.version
+            length, done = self._turn(req)
             if k < remaining:
                 reason = "abort"
             else:
-                reason = "length" if k >= req.max_new_tokens and self._length(req.request_id) > len(ids) else "stop"
-            out.append(GenResult(req.request_id, ids, [0.0] * len(ids), reason, first, rep.version, k))
-        self._execute(self.rollout.generation_finished(rid, out, self.now, did))
+                reason = "length" if k >= req.max_new_tokens and length > done + k else "stop"
+            out.append(GenResult(req.request_id, ids, log_probs, reason, first, rep.version, k))
+            if self.s.multi_turn and d.kind == "train" and reason != "abort":
+                calls[req.request_id] = self._turn_calls(req)
+        self._execute(self.rollout.generation_finished(rid, out, self.now, did, tool_calls=calls or None))

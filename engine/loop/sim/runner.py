@@ -21,11 +21,13 @@ def scenario_seeds(count: int, seed: int) -> Iterator[int]:
         yield r.randrange(2**31)
 
 
-def check(count: int, seed: int, on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
-    """Run `count` random scenarios; returns the outcomes that have violations."""
+def check(count: int, seed: int, on_outcome: Callable[[Outcome], None] | None = None,
+          multi_turn: bool | None = None) -> list[Outcome]:
+    """Run `count` random scenarios (`multi_turn`: forced on or off, None: drawn); returns the outcomes that
+    have violations."""
     bad: list[Outcome] = []
     for s in scenario_seeds(count, seed):
-        out = run_scenario(draw(s))
+        out = run_scenario(draw(s, multi_turn))
         if on_outcome is not None:
             on_outcome(out)
         if out.violations:

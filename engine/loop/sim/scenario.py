@@ -58,6 +58,22 @@ class Scenario:
     actions: list[Action] = field(default_factory=list)
     deterministic: bool = False
     """`trainer.deterministic`: syncs wait for the loaded version's work, batches in prompt order."""
+    multi_turn: bool = False
+    """Multi-turn rollouts (`RolloutParams.agent`): turns end with tool calls, the world runs the tools."""
+    max_assistant_turns: int | None = None
+    max_user_turns: int | None = None
+    max_parallel_calls: int = 1
+    max_tokens_per_turn: int | None = None
+    tool_call_p: float = 0.5
+    """Probability that a model turn ends with tool calls (1-3 of them, sometimes a malformed one)."""
+    tool_latency: float = 0.05
+    """Median simulated seconds of a tool call (each call: × U(0.5, 1.5))."""
+    tool_tail: float = 0.1
+    """Probability that a call takes 20× as long (the long tail of tool latency)."""
+    tool_timeout: float | None = None
+    """A call still running after this long answers with a timeout error text instead (None: no timeout)."""
+    tool_answer_tokens: int = 3
+    """A tool answer renders to 1..2× this many tokens (an error text to 2)."""
 
     @property
     def required_samples(self) -> int:
@@ -73,8 +89,9 @@ class Scenario:
         return asdict(self)
 
 
-def draw(seed: int) -> Scenario:
-    """A random scenario (small values on purpose: they hit the edge cases)."""
+def draw(seed: int, multi_turn: bool | None = None) -> Scenario:
+    """A random scenario (small values on purpose: they hit the edge cases); `multi_turn` forces the
+    multi-turn draw on or off (None: drawn, in about a third of the scenarios)."""
     r = random.Random(seed)
     s = Scenario(seed=seed)
     s.n = r.choice([1, 2, 3, 4])
@@ -132,7 +149,24 @@ def draw(seed: int) -> Scenario:
     if r.random() < 0.15:  # deterministic mode (drawn last: the fields above are as before)
         s.deterministic = True
         s.partial_rollout = False  # as `RolloutParams.from_config` makes it
+    mt = r.random() < 0.35  # multi-turn (drawn last: the fields above are as before)
+    if multi_turn if multi_turn is not None else mt:
+        _draw_multi_turn(r, s)
     return s
+
+
+def _draw_multi_turn(r: random.Random, s: Scenario) -> None:
+    """Small turn limits, tool latencies with a long tail, and timeouts."""
+    s.multi_turn = True
+    s.max_assistant_turns = r.choice([None, 1, 2, 3, 5])
+    s.max_user_turns = r.choice([None, None, 1, 2, 4])
+    s.max_parallel_calls = r.choice([1, 1, 2, 3])
+    s.max_tokens_per_turn = r.choice([None, None, 1, 3, 8])
+    s.tool_call_p = r.choice([0.2, 0.5, 0.8, 1.0])
+    s.tool_latency = r.choice([0.0, 0.01, 0.1, 0.5])
+    s.tool_tail = r.choice([0.0, 0.05, 0.2])
+    s.tool_timeout = r.choice([None, None, 0.2, 1.0, 4.0])
+    s.tool_answer_tokens = r.choice([1, 3, 8])
 
 
 def _work_estimate(s: Scenario) -> float:
@@ -149,5 +183,9 @@ def time_bound(s: Scenario) -> float:
     gen = tokens * s.token_cost * (5 if s.straggler is not None else 1)
     train = s.total_prompts * s.n * s.max_new_tokens * s.train_token_cost
     syncs = (s.total_prompts + 1) * (s.sync_cost + s.token_cost)
+    tools = 0.0
+    if s.multi_turn:  # at worst every token a turn of its own, each followed by the slowest tool call, serially
+        slowest = s.tool_timeout if s.tool_timeout is not None else 20 * 1.5 * s.tool_latency
+        tools = s.total_prompts * s.n * s.max_new_tokens * (slowest + s.token_cost * (5 if s.straggler is not None else 1))
     last_action = max([a.at for a in s.actions] + s.replica_deaths + s.trainer_deaths + [0.0])
-    return 4 * (gen + train + syncs) * (1 + len(s.trainer_deaths)) + last_action + 10.0
+    return 4 * (gen + train + syncs + tools) * (1 + len(s.trainer_deaths)) + last_action + 10.0

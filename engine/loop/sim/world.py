@@ -24,14 +24,16 @@ from typing import Any
 
 from engine.control.core import ControllerCore
 from engine.loop.commands import (
-    Abort, AckKnob, Allow, AskOutstanding, Checkpoint, CloseQueue, Command, Dispatch, Drop, Event, Finish,
+    Abort, AckKnob, Allow, AskOutstanding, CallTools, Checkpoint, CloseQueue, Command, Dispatch, Drop, Event, Finish,
     NeedPrompts, PollControl, Pull, Put, Record, Resume, SetQueueBound, SetTrigger, Sync, Train, ValidationDone,
 )
 from engine.loop.knobs import ROLLOUTER, TRAINER
+from engine.loop.agent import AgentLimits
 from engine.loop.rollout import RolloutLoop, RolloutParams
 from engine.loop.sim.checks import Checker
 from engine.loop.sim.replicas import SimReplica, SimReplicas
 from engine.loop.sim.scenario import Scenario, time_bound
+from engine.loop.sim.tools import SimTools
 from engine.loop.trainer import TrainerLoop, TrainerParams, staleness_of
 from engine.loop.stream import PromptStream
 from engine.types import Prompt, TrajectoryGroup
@@ -56,6 +58,10 @@ class Outcome:
     events: int
     records: list[tuple[int, int]]
     """(local step, version) of every step record, as a real run's metrics.jsonl has them."""
+    multi_turn: bool = False
+    tool_answers: int = 0
+    """Multi-turn: the tool answers appended, and the syncs that happened while a tool call was out."""
+    syncs_during_tools: int = 0
 
     @property
     def trainer_idle_ratio(self) -> float:
@@ -66,7 +72,7 @@ def _prompt(epoch: int, i: int) -> Prompt:
     return Prompt(uid=f"p{epoch}-{i}", index=i, epoch=epoch, prompt_ids=[1, 2, 3])
 
 
-class World(SimReplicas):
+class World(SimReplicas, SimTools):
     """Runs one scenario (see the module docstring); `run()` returns an `Outcome`."""
 
     def __init__(self, s: Scenario) -> None:
@@ -81,7 +87,13 @@ class World(SimReplicas):
                                 staleness_threshold=0.0 if sync else s.staleness_threshold, trigger=s.trigger,
                                 partial_rollout=s.partial_rollout and not sync and not s.deterministic,
                                 seqs_per_call=s.seqs_per_call,
-                                test_freq=s.test_freq, sync_mode=sync, deterministic=s.deterministic)
+                                test_freq=s.test_freq, sync_mode=sync, deterministic=s.deterministic,
+                                agent=AgentLimits(s.max_new_tokens, s.max_assistant_turns, s.max_user_turns,
+                                                  s.max_parallel_calls, s.max_tokens_per_turn)
+                                if s.multi_turn else None)
+        self.tool_rng = random.Random(s.seed * 104729 + 3)
+        self.tool_waits: dict[tuple[str, int], float] = {}
+        self.answers: dict[int, tuple[str, int, int]] = {}
         cycle = s.required_samples * s.trigger
         total_local = max(1, s.total_prompts // cycle) * s.trigger
         self.tp = TrainerParams(s.required_samples, s.trigger, total_local, sync, s.max_staleness_versions,
@@ -125,6 +137,7 @@ class World(SimReplicas):
         self.trainer = TrainerLoop(self.tp)
         self.inbox = {TRAINER: self.trainer.inbox(), ROLLOUTER: self.rollout.inbox()}
         self.waiting, self._loading, self._cut = None, False, None
+        self.tool_waits = {}  # a resumed conversation generates its last turn again (`engine.loop.inflight`)
         self.queue: list[TrajectoryGroup] = []
         self.queue_closed = False
         self.run_epoch = getattr(self, "run_epoch", 0) + 1
@@ -187,7 +200,8 @@ class World(SimReplicas):
             self.check.at_end()
         return Outcome(self.s.seed, self.done and self.failure is None, self.failure, self.now,
                        self.trainer.local_step, self.trainer.version, self.staleness, self.check.violations,
-                       self.trainer_busy, self.rollout_busy, self.events, self.records)
+                       self.trainer_busy, self.rollout_busy, self.events, self.records, self.s.multi_turn,
+                       len(self.answers), self.check.syncs_during_tools)
 
     def describe(self) -> str:
         ro, tr = self.rollout, self.trainer
@@ -246,6 +260,8 @@ class World(SimReplicas):
                                                                     for i in range(self.s.total_prompts)]))
             elif isinstance(c, AckKnob):
                 self._ack(c)
+            elif isinstance(c, CallTools):
+                self._call_tools(c)
             elif isinstance(c, Event):
                 if c.kind == "knob" and "refused" in c.message:
                     self.check.on_knob_refused(c.extra.get("knob"))
