@@ -72,18 +72,19 @@ class CostedWorld(World):
         self.slow = [5.0 if i == s.straggler else 1.0 for i in range(s.replicas)]
 
     # ------------------------------------------------------------------ costs
-    def _length(self, request_id: str) -> int:
-        got = self._lengths.get(request_id)
+    def _length(self, request_id: str, start: int = 0) -> int:
+        key = f"{request_id}:{start}" if start else request_id
+        got = self._lengths.get(key)
         if got is not None:
             return got
         s = self.s
         if getattr(s, "short_max", None) is None:
-            got = super()._length(request_id)
+            got = super()._length(request_id, start)
         else:
-            h = zlib.crc32(f"{s.seed}:{request_id}".encode())
+            h = zlib.crc32(f"{s.seed}:{key}".encode())
             long = (h % 1000) / 1000 < s.long_tail
             got = s.max_new_tokens if long else 1 + (h >> 10) % max(1, min(s.short_max, s.max_new_tokens))
-        self._lengths[request_id] = got
+        self._lengths[key] = got
         return got
 
     def _elapsed(self, rid: int, did: int, k: int) -> float:
