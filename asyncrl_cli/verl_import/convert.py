@@ -125,6 +125,28 @@ def to_reward_manager(v: str) -> str:
     return s
 
 
+def to_tool_format(v: str) -> str:
+    """verl's `multi_turn.format`: asyncrl parses `hermes` tool calls (`<tool_call>{json}</tool_call>`)."""
+    s = to_str(v)
+    if s != "hermes":
+        raise ValueError(f"tool-call format {s!r} is not in asyncrl (hermes)")
+    return s
+
+
+def to_tool_config(v: str) -> str:
+    """verl's `tool_config_path`, kept as written. When the file is at hand (relative paths from the directory
+    the import runs in, as verl's scripts run from verl's root) its tools must be ones asyncrl runs
+    (`engine.agent.tools.from_verl_yaml` refuses a custom tool class); else `asyncrl validate` checks it."""
+    from pathlib import Path
+
+    s = to_str(v)
+    if "$" not in s and Path(s).is_file():
+        from engine.agent.tools import from_verl_yaml
+
+        from_verl_yaml(s)  # its ValueError names every tool asyncrl cannot run
+    return s
+
+
 def to_optional(conv: Callable[[str], Any]) -> Callable[[str], Any]:
     """`null` → None (the key is left out)."""
 
@@ -225,6 +247,12 @@ MAP: dict[str, tuple[str, Callable[[str], Any]]] = {
     "async_training.trigger_parameter_sync_step": ("async_training.trigger_parameter_sync_step", to_int),
     "async_training.require_batches": ("async_training.require_batches", to_int),
     "async_training.partial_rollout": ("async_training.partial_rollout", to_bool),
+    f"{ROLL}.multi_turn.enable": ("rollout.multi_turn.enable", to_bool),
+    f"{ROLL}.multi_turn.max_assistant_turns": ("rollout.multi_turn.max_assistant_turns", to_optional(to_int)),
+    f"{ROLL}.multi_turn.max_user_turns": ("rollout.multi_turn.max_user_turns", to_optional(to_int)),
+    f"{ROLL}.multi_turn.max_parallel_calls": ("rollout.multi_turn.max_parallel_calls", to_int),
+    f"{ROLL}.multi_turn.format": ("rollout.multi_turn.format", to_tool_format),
+    f"{ROLL}.multi_turn.tool_config_path": ("rollout.multi_turn.tool_config_path", to_optional(to_tool_config)),
 }
 """verl key → (asyncrl key, converter). A converter's ValueError (a value asyncrl cannot honour) is an error."""
 for _cfg in ("reward_model.reward_kwargs.overlong_buffer_cfg", "reward.reward_kwargs.overlong_buffer_cfg",
@@ -306,6 +334,10 @@ IGNORED: dict[str, str] = {
     f"{ROLL}.max_model_len": "vLLM's context window: asyncrl sizes it to max_prompt_length + max_response_length",
     f"{ROLL}.checkpoint_engine.backend": "the weight transport to the replicas: speed only",
     f"{ROLL}.val_kwargs.do_sample": "read with val_kwargs.temperature (false = greedy = val_temperature 0)",
+    f"{ROLL}.multi_turn.use_inference_chat_template": "asyncrl never re-renders a conversation: the trained tokens "
+                                                      "are the sampled ones (token in, token out)",
+    f"{ROLL}.agent.num_workers": "agent-loop worker processes: speed only",
+    f"{ROLL}.multi_turn.tokenization_sanity_check_mode": "a check of re-tokenisation, which asyncrl never does",
 }
 """verl keys with no effect on the experiment (speed, memory placement, logging, paths), with the reason."""
 
@@ -328,7 +360,15 @@ IGNORED_PREFIXES: dict[str, str] = {
 """Key prefixes with no effect on the experiment."""
 
 REFUSED_PREFIXES: dict[str, str] = {
-    f"{ROLL}.multi_turn.": "multi-turn rollouts with tools are not in asyncrl yet",
+    f"{ROLL}.multi_turn.interaction_config_path": "interactions (a simulated user answering the model's turns) "
+                                                  "are not in asyncrl: its user turns are tool answers only",
+    f"{ROLL}.multi_turn.max_tool_response_length": "asyncrl does not cut a tool's answer to a length of its own "
+                                                   "(only to the response budget)",
+    f"{ROLL}.multi_turn.tool_response_truncate_side": "asyncrl does not cut a tool's answer to a length of its own",
+    f"{ROLL}.multi_turn.completion_callback": "a custom completion callback is not in asyncrl",
+    f"{ROLL}.agent.agent_loop_config_path": "a custom agent loop is not in asyncrl: its one agent loop parses "
+                                            "the model's tool calls (rollout.multi_turn)",
+    f"{ROLL}.agent.custom_async_server.": "a custom rollout server is not in asyncrl",
     "data.custom_cls.": "a custom dataset class is not supported (asyncrl reads verl's parquet row layout)",
     f"{ROLL}.data_parallel_size": "rollout data parallelism inside a replica: asyncrl's replicas are tensor "
                                   "parallel only",

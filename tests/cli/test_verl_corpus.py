@@ -70,10 +70,9 @@ EXPECTED: dict[str, tuple[str | None, int, dict | None, tuple[str, ...]]] = {
     "geo3k_qwen3vl_8b_fsdp2_hybrid_res_pool_npu": (None, 1, None, ("async_training.hybrid_res_pool",
                                                                    "actor_rollout_ref.partition")),
     "dapo_30b_a3b_base_math_fsdp": (None, 1, None, ("--config-name", *SP)),
+    # the multi-turn keys map onto [rollout.multi_turn] (test_retool_multi_turn_keys_map); the rest is refused
     "dapo_7b_async_retool": (None, 1, None, (
-        "data.custom_cls.path", "data.custom_cls.name", SP[0], "actor_rollout_ref.rollout.val_kwargs.n",
-        *(f"actor_rollout_ref.rollout.multi_turn.{k}" for k in ("enable", "max_user_turns", "max_assistant_turns",
-                                                               "tool_config_path", "format")))),
+        "data.custom_cls.path", "data.custom_cls.name", SP[0], "actor_rollout_ref.rollout.val_kwargs.n")),
     "grpo_qwen3_235b_megatron_npu": (None, 1, None, (
         "actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size",
         "actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage",
@@ -124,3 +123,74 @@ def test_import_outcome(cli, tmp_path: Path, name: str) -> None:
         assert node == want, key
     for why in refused:  # a faithful file that validate refuses, with the reason
         assert why in r.output
+
+
+RETOOL_MULTI_TURN = {"rollout.multi_turn.enable": True, "rollout.multi_turn.max_user_turns": 16,
+                     "rollout.multi_turn.max_assistant_turns": 16, "rollout.multi_turn.format": "hermes",
+                     "rollout.multi_turn.tool_config_path": "recipe/retool/sandbox_fusion_tool_config.yaml"}
+
+
+def test_retool_multi_turn_keys_map() -> None:
+    """verl's retool script: its multi-turn keys land on [rollout.multi_turn] under the same names; what still
+    stops it is the custom dataset class, Ulysses SP and 30 validation answers per prompt."""
+    conv = convert_script((CORPUS / "dapo_7b_async_retool.sh").read_text())
+    for key, want in RETOOL_MULTI_TURN.items():
+        assert conv.values[key] == want, key
+    assert not [ov for ov, _ in conv.errors if "multi_turn" in ov]
+
+
+def _with(extra: str) -> str:
+    """The retool script with its refused keys taken out and `extra` overrides added."""
+    text = (CORPUS / "dapo_7b_async_retool.sh").read_text()
+    for gone in ("data.custom_cls.path=$retool_path", "data.custom_cls.name=CustomRLHFDataset",
+                 "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4",
+                 "actor_rollout_ref.rollout.val_kwargs.n=30"):
+        text = text.replace(gone, "")
+    return text.replace("async_training.partial_rollout=True", f"async_training.partial_rollout=True {extra}")
+
+
+def test_multi_turn_keys_asyncrl_cannot_honour_are_refused_with_the_reason() -> None:
+    conv = convert_script(_with("actor_rollout_ref.rollout.multi_turn.max_parallel_calls=2"))
+    assert conv.errors == [] and conv.values["rollout.multi_turn.max_parallel_calls"] == 2
+    conv = convert_script(_with(
+        "actor_rollout_ref.rollout.multi_turn.interaction_config_path=recipe/gsm8k_interaction.yaml "
+        "actor_rollout_ref.rollout.multi_turn.format=gpt-oss "
+        "actor_rollout_ref.rollout.agent.agent_loop_config_path=my_loops.yaml"))
+    why = {ov.partition("=")[0].rsplit(".", 1)[-1]: reason for ov, reason in conv.errors}
+    assert "interaction" in why["interaction_config_path"]
+    assert "hermes" in why["format"]
+    assert "agent loop" in why["agent_loop_config_path"]
+
+
+def test_a_tool_config_with_a_custom_tool_class_is_refused(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tools.yaml").write_text(
+        "tools:\n  - class_name: my_pkg.search_tool.SearchTool\n    config: {}\n"
+        "    tool_schema: {type: function, function: {name: search, parameters: {}}}\n")
+    conv = convert_script(_with("actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml").replace(
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path=recipe/retool/sandbox_fusion_tool_config.yaml", ""))
+    assert [(ov, "SearchTool" in why) for ov, why in conv.errors] == [
+        ("actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml", True)]
+
+
+def test_the_converted_retool_run_validates(cli, tmp_path: Path) -> None:
+    """With the refused keys taken out, the retool script converts into a multi-turn run file that validates
+    (its verl tool config and reward module at hand, as in verl's root: the sandbox-fusion code interpreter →
+    asyncrl's `python`)."""
+    cfg = tmp_path / "recipe" / "retool"
+    cfg.mkdir(parents=True)
+    (cfg / "retool.py").write_text("def compute_score(response_text, ground_truth, **kwargs):\n"
+                                   "    return float(str(ground_truth) in response_text)\n")
+    (cfg / "sandbox_fusion_tool_config.yaml").write_text(
+        "tools:\n  - class_name: verl.tools.sandbox_fusion_tools.SandboxFusionTool\n"
+        "    config: {sandbox_fusion_url: 'http://localhost:8080/run_code', default_timeout: 30}\n"
+        "    tool_schema:\n      type: function\n      function:\n        name: code_interpreter\n"
+        "        description: A tool for executing code.\n        parameters:\n          type: object\n"
+        "          properties: {code: {type: string, description: The code to execute.}}\n"
+        "          required: [code]\n")
+    script = tmp_path / "retool.sh"
+    script.write_text(_with(""))
+    r = cli("import", "verl", script, "-o", "run.toml", "--hardware", "h20")
+    assert r.exit_code == 0, r.output
+    written = tomllib.loads((tmp_path / "run.toml").read_text())
+    assert written["rollout"]["multi_turn"] == {k.rsplit(".", 1)[-1]: v for k, v in RETOOL_MULTI_TURN.items()}
