@@ -156,8 +156,10 @@ def draw(seed: int, multi_turn: bool | None = None) -> Scenario:
 
 
 def _draw_multi_turn(r: random.Random, s: Scenario) -> None:
-    """Small turn limits, tool latencies with a long tail, and timeouts."""
+    """Small turn limits, tool latencies with a long tail, and timeouts (never in deterministic mode, which
+    `validate` refuses with multi-turn: tool latencies decide when a turn is generated)."""
     s.multi_turn = True
+    s.deterministic = False
     s.max_assistant_turns = r.choice([None, 1, 2, 3, 5])
     s.max_user_turns = r.choice([None, None, 1, 2, 4])
     s.max_parallel_calls = r.choice([1, 1, 2, 3])
