@@ -109,28 +109,25 @@ def to_backend(v: str) -> str:
     raise ValueError(f"no asyncrl trainer backend for strategy {s!r}")
 
 
-def to_rollout_backend(v: str) -> str:
-    """vllm → vllm (sglang/trtllm have no asyncrl backend)."""
-    s = to_str(v)
-    if s != "vllm":
-        raise ValueError(f"no asyncrl rollout backend for {s!r} (vllm or hf)")
-    return s
+def one_of(allowed: tuple[str, ...], refusal: str) -> Callable[[str], str]:
+    """A string converter that keeps a value in `allowed`; any other is refused (`refusal`, formatted with the
+    value as `{s!r}`)."""
+
+    def inner(v: str) -> str:
+        s = to_str(v)
+        if s not in allowed:
+            raise ValueError(refusal.format(s=s))
+        return s
+
+    return inner
 
 
-def to_reward_manager(v: str) -> str:
-    """verl's reward managers asyncrl has: `naive` (the score) and `dapo` (the score + the overlong buffer)."""
-    s = to_str(v)
-    if s not in ("naive", "dapo"):
-        raise ValueError(f"reward manager {s!r} is not in asyncrl (naive or dapo)")
-    return s
-
-
-def to_tool_format(v: str) -> str:
-    """verl's `multi_turn.format`: asyncrl parses `hermes` tool calls (`<tool_call>{json}</tool_call>`)."""
-    s = to_str(v)
-    if s != "hermes":
-        raise ValueError(f"tool-call format {s!r} is not in asyncrl (hermes)")
-    return s
+to_rollout_backend = one_of(("vllm",), "no asyncrl rollout backend for {s!r} (vllm or hf)")
+"""vllm → vllm (sglang/trtllm have no asyncrl backend)."""
+to_reward_manager = one_of(("naive", "dapo"), "reward manager {s!r} is not in asyncrl (naive or dapo)")
+"""verl's reward managers asyncrl has: `naive` (the score) and `dapo` (the score + the overlong buffer)."""
+to_tool_format = one_of(("hermes",), "tool-call format {s!r} is not in asyncrl (hermes)")
+"""verl's `multi_turn.format`: asyncrl parses `hermes` tool calls (`<tool_call>{json}</tool_call>`)."""
 
 
 def to_tool_config(v: str) -> str:
