@@ -66,7 +66,9 @@ def test_engine_plan_loads_without_heavy_packages() -> None:
 
 
 def test_the_engine_does_not_even_name_the_cli_package() -> None:
-    """The acceptance check `grep -rn asyncrl_cli engine/` stays empty: docstrings say "the CLI" instead."""
+    """`grep -rn asyncrl_cli engine/` finds only the lint bans that enforce the direction (a nested ruff.toml
+    with its own banned-api table replaces the root's, so it restates the ban): docstrings say "the CLI"."""
     named = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "engine").rglob("*")
-                   if p.is_file() and p.suffix in (".py", ".toml", ".md") and "asyncrl_cli" in p.read_text("utf-8"))
+                   if p.is_file() and p.suffix in (".py", ".toml", ".md") and p.name != "ruff.toml"
+                   and "asyncrl_cli" in p.read_text("utf-8"))
     assert named == []

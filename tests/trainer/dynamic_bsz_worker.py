@@ -25,7 +25,7 @@ def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
         log_probs, _ = trainer.compute_log_probs(local)
         loss = agg_loss_fn(local, "seq-mean-token-sum")
         metrics = [trainer.train_step(local, loss) for _ in range(2)]
-        final = {n: torch.from_numpy(a).clone() for b in trainer.export_weights(1 << 16) for n, a in b.items()}
+        final = {n: a.detach().clone() for b in trainer.export_weights(1 << 16) for n, a in b.items()}
         torch.save({"metrics": metrics, "final": final, "log_probs": log_probs}, f"{out_dir}/rank{rank}.pt")
         dist.barrier()
     finally:

@@ -18,7 +18,7 @@ ROWS = 8
 def _two_updates(trainer: FSDPTrainerBackend, rank: int, world: int) -> dict:
     local = rank_slice(random_batch(rows=ROWS, seed=0, max_response=9), rank, world)
     metrics = [trainer.train_step(local, token_mean_pg_loss) for _ in range(2)]
-    weights = {n: torch.from_numpy(a).clone() for b in trainer.export_weights(1 << 16) for n, a in b.items()}
+    weights = {n: a.detach().clone() for b in trainer.export_weights(1 << 16) for n, a in b.items()}
     return {"metrics": metrics, "weights": weights}
 
 
