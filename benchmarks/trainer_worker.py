@@ -55,7 +55,7 @@ def measure(
     from engine.algo.loss import build_loss_fn
     from engine.models.loader import load_tokenizer, resolve_model_path
     from engine.runtime.backends import build_trainer_backend
-    from engine.runtime.batching import prepare_batch
+    from engine.algo.batching import prepare_batch
 
     cfg = load_config(preset, [f'trainer.backend="{backend_name}"', "trainer.test_freq=0", *overrides])
     model_dir = str(resolve_model_path(cfg.model.path, seed=cfg.trainer.seed))

@@ -1,10 +1,10 @@
 """verl's rollout-correction spec strings, for the config schema: re-exported from the engine's dependency-free
-parser `engine.algo.rc_config` (the one implementation; its docstring has the grammar and the k1 orientation:
+parser `engine.config.rc_config` (the one implementation; its docstring has the grammar and the k1 orientation:
 k1 bounds apply to π_rollout/π_train)."""
 
 from __future__ import annotations
 
-from engine.algo.rc_config import (
+from engine.config.rc_config import (
     LEGACY_RS,
     RS_OPTIONS,
     RSThreshold,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.algo.rc_config import check_is_level, parse_rs_options, parse_rs_thresholds
+from engine.config.rc_config import check_is_level, parse_rs_options, parse_rs_thresholds
 from engine.algo.rc_diagnostics import (
     is_weight_histogram,
     mismatch_alarm,

@@ -26,7 +26,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from engine.algo.rc_config import parse_is_threshold, parse_rs_options, parse_rs_thresholds
+from engine.config.rc_config import parse_is_threshold, parse_rs_options, parse_rs_thresholds
 from engine.config.sections import (
     DataConfig,
     ModelConfig,

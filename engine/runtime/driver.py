@@ -2,8 +2,9 @@
 (`engine.plan.run_plan`: config, sizes with M and R, hardware preset, placement, the actors' Ray resources).
 
 It claims a run id in the per-user registry of live runs (`engine.control.registry`: a second live run of one name on
-this machine is refused unless `allow_same_name`), checks the model and the data (`preflight`, before the run
-directory is touched or Ray starts), picks the checkpoint to continue from with `--resume` (`resume.py`), starts Ray, creates the named RunController, the MessageQueue, the rollout replicas, the
+this machine is refused unless `allow_same_name`), checks the model and the data (`engine.launch.preflight`,
+before the run directory is touched or Ray starts), picks the checkpoint to continue from with `--resume`
+(`engine.persist.resume`), starts Ray, creates the named RunController, the MessageQueue, the rollout replicas, the
 Rollouter and the Trainer (on resume the trainer restores its checkpoint and pushes the weights to the
 replicas before generation starts), runs both loops to the end, prints progress, and returns an exit code:
 
@@ -14,7 +15,8 @@ replicas before generation starts), runs both loops to the end, prints progress,
   spent (after a checkpoint); the line names the checkpoint and the command that resumes it;
 * 130 on Ctrl-C, SIGTERM or SIGHUP (`stop_signals`; SIGHUP is left ignored under `nohup`), after asking the
   trainer for a stop checkpoint — within `resources.stop_grace_s` when set, the full one if it fits, else a light
-  one (`stop_grace`) — recording a `stop` event and printing the resume command (a second signal abandons it).
+  one (`engine.persist.stop_grace`) — recording a `stop` event and printing the resume command (a second
+  signal abandons it).
 
 The stop path never depends on the terminal: stdout and stderr go through `terminal.GuardedStream`, which turns
 EPIPE (`| tee` gone after Ctrl-C), EIO (a closed terminal), ENOSPC / EFBIG (a full disk) and EBADF (`>&-`) into
@@ -38,9 +40,9 @@ from engine.plan.placement import RAY_ACCELERATOR  # light modules: no ray at im
 from engine.plan.run_plan import RunPlan, resolve_plan
 from engine.runtime.placement_groups import PlacementTimeout, reserve_run
 from engine.runtime import terminal
-from engine.runtime.probe import resolve_auto
-from engine.runtime.run_dirs import prepare_run_dir, resume_command, resume_hint
-from engine.runtime.stop_grace import stop_deadline, stop_grace_s
+from engine.launch.probe import resolve_auto
+from engine.persist.run_dirs import prepare_run_dir, resume_command, resume_hint
+from engine.persist.stop_grace import stop_deadline, stop_grace_s
 from engine.runtime.stop_signals import StopSignals, children_ignore_hangup
 from engine.runtime.terminal import say
 from engine.telemetry.sinks import CONFIG_FILE, MACHINE_FILE, PLAN_FILE, PROVENANCE_FILE
@@ -129,8 +131,8 @@ def run(plan: RunPlan | RunConfig, *, provenance: dict | None = None, address: s
     (its dashboard lives in the CLI package, which the engine does not import). `command` is the launch as the
     user typed it (without `--resume`); the resume hint appends `--resume <run dir>` to it. `prediction`: the plan's
     expectation (`launch --plan`), written to `<run dir>/plan.json` and shown by the dashboard."""
-    from engine.runtime.preflight import PreflightError
-    from engine.runtime.resume import ResumeError
+    from engine.launch.preflight import PreflightError
+    from engine.persist.resume import ResumeError
     from engine.control.registry import NameInUse, claim, release
 
     terminal.install()  # from here on no write to stdout / stderr can raise
@@ -164,8 +166,8 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
          ident: dict[str, Any]) -> int:
     from engine.control import registry
     from engine.control.controller import run_namespace
-    from engine.runtime.preflight import preflight
-    from engine.runtime.resume import ResumeError, plan_resume, resume_message, rewind_run_dir
+    from engine.launch.preflight import preflight
+    from engine.persist.resume import ResumeError, plan_resume, resume_message, rewind_run_dir
 
     _placement(plan)  # a layout this runtime cannot run is refused before anything starts
     model_dir = preflight(plan.config)  # nothing is written before the inputs are known to be usable
@@ -338,7 +340,7 @@ def _event(level: str, kind: str, message: str, step: int | None, version: int |
 
 
 def _checkpoint_root(cfg: RunConfig, run_dir: Path) -> Path:
-    from engine.runtime.checkpoint import checkpoint_root
+    from engine.persist.checkpoint import checkpoint_root
 
     return checkpoint_root(cfg, run_dir)
 

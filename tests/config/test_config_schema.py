@@ -70,7 +70,7 @@ def test_rs_options_and_thresholds_follow_verl() -> None:
 
 def test_the_cli_and_the_engine_share_one_parser() -> None:
     import asyncrl_cli.config.rc_options as cli
-    import engine.algo.rc_config as engine
+    import engine.config.rc_config as engine
 
     assert cli.parse_rs_thresholds is engine.parse_rs_thresholds and cli.parse_is_threshold is engine.parse_is_threshold
 

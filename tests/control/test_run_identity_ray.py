@@ -108,7 +108,7 @@ def test_identity_reach_and_resume_across_two_local_runs_of_one_name(
     from asyncrl_cli.app import app
     from asyncrl_cli.config import load_run_config
     from engine.control.client import ray_connected
-    from engine.runtime.resume import plan_resume
+    from engine.persist.resume import plan_resume
 
     if ray_connected():
         pytest.skip("needs a process without a Ray connection")

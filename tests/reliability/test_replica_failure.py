@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from reliability_helpers import assert_ledger_exact, events, tiny_config, train_steps
 
-from engine.runtime.checkpoint import latest_valid, read_checkpoint
+from engine.persist.checkpoint import latest_valid, read_checkpoint
 from engine.runtime.driver import run
-from engine.runtime.resume import plan_resume
+from engine.persist.resume import plan_resume
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from reliability_helpers import read_jsonl, tiny_config
 
-from engine.runtime.checkpoint import ledger_position, list_checkpoints, write_checkpoint
-from engine.runtime.resume import ResumeError, config_fingerprint, plan_resume, rewind_run_dir
+from engine.persist.checkpoint import ledger_position, list_checkpoints, write_checkpoint
+from engine.persist.resume import ResumeError, config_fingerprint, plan_resume, rewind_run_dir
 
 
 def _line(obj: dict) -> str:

@@ -29,19 +29,19 @@ A fused layer may therefore be split across buckets. Only bytes cross the RPC bo
 start-up: the CPU backend repacks linear weights, so the plain loaders no longer fit the parameters.
 
 This module stays importable without vLLM: vLLM and torch are imported inside the methods. On a vLLM without
-the layer-wise reload (0.13) the begin / finish steps are `vllm_legacy_reload`'s (`vllm_compat`).
+the layer-wise reload (0.13) the begin / finish steps are `legacy_reload`'s (`compat`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from engine.rollout import vllm_legacy_reload
-from engine.rollout.vllm_compat import layerwise_reload
+from engine.rollout.vllm import legacy_reload
+from engine.rollout.vllm.compat import layerwise_reload
 
 LAYERWISE = layerwise_reload()
 if not LAYERWISE:  # imported by the worker before its model loads: keep CPU weights reloadable
-    vllm_legacy_reload.install()
+    legacy_reload.install()
 
 
 class WeightSyncExtension:
@@ -80,7 +80,7 @@ class WeightSyncExtension:
 
             finalize_layerwise_reload(runner.get_model(), runner.model_config)
         else:
-            vllm_legacy_reload.finish(runner.get_model())
+            legacy_reload.finish(runner.get_model())
         for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # those this vLLM has
             if callable(getattr(runner, reset, None)):
                 getattr(runner, reset)()
@@ -108,7 +108,7 @@ class WeightSyncExtension:
 
     @staticmethod
     def _asyncrl_tensors(fb: Any, tied: bool) -> dict[str, Any]:
-        from engine.rollout.vllm_weights import tie_lm_head
+        from engine.rollout.vllm.weights import tie_lm_head
 
         return tie_lm_head(dict(fb.tensors()), tied)
 

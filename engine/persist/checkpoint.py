@@ -9,14 +9,14 @@ Layout of `<checkpoint root>/global_step_<local step>/`:
                      one, the request to re-issue (prompt + saved prefix + the version of its first token)
     manifest.json    sha256 and size of every other file; written last
 
-A *light* checkpoint (a stop under a deadline, `engine.runtime.stop_grace`) writes the three JSON files of its
+A *light* checkpoint (a stop under a deadline, `engine.persist.stop_grace`) writes the three JSON files of its
 own step and takes `trainer/` from an earlier full checkpoint by hard links (copied where links fail), with
 that checkpoint's checksums (the files are the same bytes); its manifest names the source (`weights_from`).
 Without an earlier checkpoint it has no `trainer/` and the manifest says `"weights_from": "initial"`: the
 resume starts from the model's own weights.
 
-Atomic publish: everything is written into `.tmp-global_step_<s>-<pid>/` and fsynced, the directory is
-renamed to its final name and the parent fsynced. A crash leaves only a `.tmp-*` directory, which readers
+Atomic publish (`engine.persist.atomic.publish_dir`): everything is written into `.tmp-global_step_<s>-<pid>/`
+and fsynced, the directory is renamed to its final name and the parent fsynced. A crash leaves only a `.tmp-*` directory, which readers
 ignore and the next save removes. A directory whose manifest is missing or unreadable, or disagrees with
 the files (one truncated, edited or missing), is corrupt: `latest_valid` skips it with a message and takes
 the previous one. Only the newest `keep_last` complete checkpoints are kept.
@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from engine.persist.atomic import fsync_tree, publish_dir
 
 PREFIX = "global_step_"
 MANIFEST = "manifest.json"
@@ -92,8 +94,8 @@ def write_checkpoint(root: Path, step: int, *, save_trainer: Callable[[Path], No
         if save_trainer is None:
             manifest["weights_from"] = str(weights_from) if weights_from is not None else "initial"
         _write_json(tmp / MANIFEST, manifest)
-        _fsync_tree(tmp)
-        _publish(tmp, final)
+        fsync_tree(tmp)
+        publish_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -218,31 +220,3 @@ def _link_trainer(src_ckpt: Path, dest: Path) -> dict[str, dict[str, Any]]:
     if not out:
         raise CheckpointError(f"{src_ckpt} has no trainer state to take the weights from")
     return out
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-    """fsync every file, then every directory bottom-up (so the names are durable too)."""
-    for p in root.rglob("*"):
-        if p.is_file():
-            _fsync_path(p)
-    for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-        _fsync_path(d)
-    _fsync_path(root)
-
-
-def _publish(tmp: Path, final: Path) -> None:
-    """Rename `tmp` to `final` (an older `final` of the same step is replaced), then fsync the parent."""
-    old = final.with_name(f".old-{final.name}-{os.getpid()}")
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    _fsync_path(final.parent)
-    shutil.rmtree(old, ignore_errors=True)

@@ -1,7 +1,7 @@
 """The `hf` rollout backend: the project's own continuously batched sampler over a transformers causal LM.
 
 `generate` turns requests into rows (context = prompt + resumed prefix, budget = `max_new_tokens`) and hands
-them to the backend's running batch (`engine.rollout.continuous.ContinuousBatcher`): at most
+them to the backend's running batch (`engine.rollout.hf.continuous.ContinuousBatcher`): at most
 `max_batch_size` rows run at once, new rows join at the next decode step (one prefill per distinct context,
 so the `n` samples of a prompt share it), finished rows leave at once. `generate` may be called from several
 threads at the same time; each call returns when its own rows are finished or aborted (its `should_abort`
@@ -11,7 +11,7 @@ Results come back in request order as the *whole* response: `prefix_ids + new to
 
 Deterministic mode (`deterministic=True`, for `trainer.deterministic`): calls run one at a time and each
 prompt's rows are generated as a batch of their own with draws keyed by (seed, request id, position)
-(`engine.rollout.keyed`) instead of joining the running batch; an abort is honoured between groups only.
+(`engine.rollout.hf.keyed`) instead of joining the running batch; an abort is honoured between groups only.
 
 Precision: `dtype` (the replica's `rollout.dtype`) may differ from the trainer's; `update_weights` casts
 the synced arrays to it on load.
@@ -41,9 +41,9 @@ import torch
 from engine.multimodal.placeholders import PlaceholderMismatch, check_image_tokens
 from engine.multimodal.vision import ImageEncoder, VisionSpec, model_dir_of
 from engine.rollout.base import SamplingParams, account_results, new_rollout_stats
-from engine.rollout.continuous import BatchCall, ContinuousBatcher
-from engine.rollout.decode import DecodeCounters, ForwardAdapter, MultimodalForward, RowOutput, RowSpec
-from engine.rollout.keyed import generate_alone, split_groups
+from engine.rollout.hf.continuous import BatchCall, ContinuousBatcher
+from engine.rollout.hf.decode import DecodeCounters, ForwardAdapter, MultimodalForward, RowOutput, RowSpec
+from engine.rollout.hf.keyed import generate_alone, split_groups
 from engine.sync.apply import load_buckets_into
 from engine.sync.verify import weights_fingerprint
 from engine.types import GenRequest, GenResult

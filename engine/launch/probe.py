@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.persist.atomic import atomic_write_json
 from engine.plan import auto
 from engine.plan.machine import cpu_identity
 from engine.plan.run_plan import RunPlan, resolve_plan
@@ -85,10 +86,7 @@ class Timings:
         if not self.dirty:
             return
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({**meta, "entries": self.entries}, indent=2))
-            tmp.replace(self.path)
+            atomic_write_json(self.path, {**meta, "entries": self.entries})
         except OSError:
             pass
 

@@ -15,8 +15,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from engine.plan.costs import CostModel, Layout
-from engine.plan.predict import Prediction, simulate
+from engine.predict.costs import CostModel, Layout
+from engine.predict.prediction import Prediction, simulate
 
 DEFAULT_GRID: dict[str, list[float]] = {
     "rollout_fraction": [0.25, 0.375, 0.5, 0.625, 0.75, 0.875],

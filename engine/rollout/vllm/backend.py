@@ -34,13 +34,13 @@ its last token (the current version if none). With `update_weights` during `gene
 a sequence can span two versions.
 
 Weight update (`update_weights`): pause the engine ("keep": in-flight requests are frozen), on GPU
-release the KV cache when nothing is in flight, stream each bucket to the workers (`vllm_weights`:
-a flat bucket's raw bytes and index, tied `lm_head.weight` always included; `vllm_worker_ext` loads
+release the KV cache when nothing is in flight, stream each bucket to the workers (`weights`:
+a flat bucket's raw bytes and index, tied `lm_head.weight` always included; `worker_ext` loads
 them layer-wise; with the collective weight sync each worker receives the trainer's broadcast itself and
 returns its per-bucket fingerprints for the delivery check),
 reset the prefix cache — preempting kept requests so their KV cache is recomputed
 under the new weights — wake the KV cache, set `version`, resume. `self_test_resume_continuity` (from
-`vllm_selftest`) checks that an abort or a keep-pause loses no token.
+`selftest`) checks that an abort or a keep-pause loses no token.
 """
 
 from __future__ import annotations
@@ -63,10 +63,10 @@ import numpy as np
 from engine.multimodal.images import open_b64
 from engine.multimodal.vision import placeholder_token_ids
 from engine.rollout.base import SamplingParams, account_results, new_rollout_stats
-from engine.rollout.loop_thread import LoopThread
-from engine.rollout.vllm_compat import EngineFeatures, cpu_kv_cache_env
-from engine.rollout.vllm_selftest import ResumeContinuityReport, ResumeContinuitySelfTest
-from engine.rollout.vllm_weights import send_bucket, tied_embeddings
+from engine.rollout.vllm.loop_thread import LoopThread
+from engine.rollout.vllm.compat import EngineFeatures, cpu_kv_cache_env
+from engine.rollout.vllm.selftest import ResumeContinuityReport, ResumeContinuitySelfTest
+from engine.rollout.vllm.weights import send_bucket, tied_embeddings
 from engine.sync.verify import Delivery
 from engine.types import FinishReason, GenRequest, GenResult
 
@@ -74,7 +74,7 @@ __all__ = ["PauseMode", "ResumeContinuityReport", "VLLMRolloutBackend"]
 
 PauseMode = Literal["keep", "abort"]
 
-EXTENSION_CLS = "engine.rollout.vllm_worker_ext.WeightSyncExtension"
+EXTENSION_CLS = "engine.rollout.vllm.worker_ext.WeightSyncExtension"
 _T = TypeVar("_T")
 
 
@@ -249,7 +249,7 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
 
     async def _stream(self, flight: _Flight, context: list[int], budget: int,
                       params: Callable[[int], Any]) -> None:
-        """Stream one request into `flight`. When an emulated "keep" pause (`vllm_compat`) aborts it, wait for
+        """Stream one request into `flight`. When an emulated "keep" pause (`compat`) aborts it, wait for
         `resume` and submit prompt + the tokens so far again, for the rest of its budget."""
         flight.key = flight.engine_id
         self._flights[flight.key] = flight
@@ -346,7 +346,7 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
 
     async def _pause(self, mode: PauseMode) -> None:
         """Pause the engine; "keep" on a vLLM without it (`EngineFeatures.keeps_natively`) aborts the in-flight
-        requests after marking them for resubmission at `_resume` (module docstring of `vllm_compat`)."""
+        requests after marking them for resubmission at `_resume` (module docstring of `compat`)."""
         self._resumed.clear()
         if mode == "keep" and not self.features.keeps_natively:
             self._frozen.update(k for k, f in list(self._flights.items()) if not f.cancelled)

@@ -2,7 +2,7 @@
 
 Each bucket is a `engine.sync.flat.FlatBucket` (the model's dtype, one flat buffer and its index): its raw
 bytes and index go to every worker inside the RPC (vLLM's multiprocess transport carries bytes, not tensors),
-and each worker views its tensors in place (`vllm_worker_ext.asyncrl_load_flat`) — no serialisation format,
+and each worker views its tensors in place (`worker_ext.asyncrl_load_flat`) — no serialisation format,
 no file round trip. With the collective weight sync the buckets bypass the driver: each worker receives the
 trainer's broadcast itself. Tied-embedding models always get `lm_head.weight` (= `model.embed_tokens.weight`,
 added by the worker): vLLM keeps a separately processed copy of the head, which a bucket without it leaves

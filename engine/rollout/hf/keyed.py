@@ -25,9 +25,9 @@ from collections.abc import Sequence
 import torch
 
 from engine.rollout.base import SamplingParams
-from engine.rollout.decode import ForwardAdapter, RowOutput, RowSpec, left_pad
-from engine.rollout.kv_cache import make_cache
-from engine.rollout.sampling import select_tokens
+from engine.rollout.hf.decode import ForwardAdapter, RowOutput, RowSpec, left_pad
+from engine.rollout.hf.kv_cache import make_cache
+from engine.rollout.hf.sampling import select_tokens
 
 _SCALE = float(2 ** 53)
 

@@ -59,7 +59,7 @@ def _never() -> bool:
 class ResumeContinuitySelfTest:
     """Needs from the host class: `version`, `_engine` (AsyncLLM), `_flights` (engine id → flight with
     `.request` / `.tokens` / `.log_probs`), `_run(coro)`, `_generate(requests, sampling, should_abort,
-    ignore_eos=...)` returning the flights, `_pause(mode)` / `_resume()` and `features` (`vllm_compat`)."""
+    ignore_eos=...)` returning the flights, `_pause(mode)` / `_resume()` and `features` (`compat`)."""
 
     version: int
     _engine: Any
@@ -68,7 +68,7 @@ class ResumeContinuitySelfTest:
     _generate: Callable[..., Coroutine[Any, Any, list[Any]]]
     _pause: Callable[[str], Coroutine[Any, Any, None]]
     _resume: Callable[[], Coroutine[Any, Any, None]]
-    features: Any  # vllm_compat.EngineFeatures
+    features: Any  # compat.EngineFeatures
 
     def self_test_resume_continuity(
         self,

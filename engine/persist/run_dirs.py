@@ -78,7 +78,7 @@ def resume_command(command: Sequence[str] | None, run_dir: str | Path) -> str:
 def resume_hint(root: Path, run_dir: str | Path, command: Sequence[str] | None = None,
                 trainer_died: bool = False) -> str:
     """What a resume would continue from and the command that does it (for the stop and failure lines)."""
-    from engine.runtime.checkpoint import latest_valid, step_of
+    from engine.persist.checkpoint import latest_valid, step_of
 
     lost = ("the trainer's process is gone, so its weights could not be saved at the failure; "
             if trainer_died else "")

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.plan.costs import CostModel, Layout
+from engine.predict.costs import CostModel, Layout
 
 SKIP = 3
 
@@ -97,7 +97,7 @@ def _fit_train(rows: list[dict[str, Any]], layout: Layout) -> tuple[float, float
 
 def calibrate(run_dir: Path, layout: Layout, skip: int = SKIP) -> dict[str, Any]:
     """The calibration of `run_dir` (whose config gave `layout`); raises CalibrationError."""
-    from engine.plan.predict import simulate
+    from engine.predict.prediction import simulate
 
     all_rows = read_rows(run_dir)
     m = measured(all_rows, layout, skip)

@@ -39,9 +39,9 @@ from typing import Any
 import torch
 
 from engine.rollout.base import SamplingParams
-from engine.rollout.decode import DecodeCounters, ForwardAdapter, RowOutput, RowSpec, left_pad
-from engine.rollout.kv_cache import make_cache, merge_rows, supports_merge
-from engine.rollout.sampling import select_tokens
+from engine.rollout.hf.decode import DecodeCounters, ForwardAdapter, RowOutput, RowSpec, left_pad
+from engine.rollout.hf.kv_cache import make_cache, merge_rows, supports_merge
+from engine.rollout.hf.sampling import select_tokens
 
 
 @dataclass

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.runtime.checkpoint import (
+from engine.persist.atomic import atomic_write_text
+from engine.persist.checkpoint import (
     MANIFEST,
     CheckpointError,
     checkpoint_root,
@@ -88,7 +89,7 @@ def config_fingerprint(cfg: Any) -> dict[str, Any]:
 
 def plan_resume(cfg: Any, resume: str) -> ResumePlan | None:
     """The checkpoint `resume` (`auto` or a path) stands for; None = `auto` found nothing: start a new run."""
-    from engine.runtime.run_dirs import last_written_run_dir
+    from engine.persist.run_dirs import last_written_run_dir
 
     run_dir = last_written_run_dir(cfg.logging.run_dir).resolve()
     skipped: list[tuple[str, str]] = []
@@ -205,12 +206,7 @@ def _filter_jsonl(path: Path, keep: Any) -> int:
             kept.append(line)
         else:
             removed += 1
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write("".join(line + "\n" for line in kept))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(line + "\n" for line in kept))
     return removed
 
 
@@ -229,7 +225,7 @@ def resume_message(plan: ResumePlan, rewound: dict[str, int], partial_rollout: b
 
 
 def _light_note(state: dict[str, Any]) -> str:
-    """For a light stop state (`engine.runtime.stop_grace`): whose weights the run continues with."""
+    """For a light stop state (`engine.persist.stop_grace`): whose weights the run continues with."""
     if state.get("stop_state") != "light":
         return ""
     w = state.get("weights_step")

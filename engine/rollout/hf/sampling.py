@@ -13,7 +13,7 @@ exactly `log_softmax(z / T)`, which is what the trainer recomputes.
 T = 0 is greedy: token = argmax z, reported under T = 1 without filtering: log softmax(z)[token].
 
 The uniform u of a draw comes from a `torch.Generator` (one stream per `generate` call), or is given per row
-(`uniforms`): deterministic mode keys it by (seed, request id, response position) with `engine.rollout.keyed`,
+(`uniforms`): deterministic mode keys it by (seed, request id, response position) with `engine.rollout.hf.keyed`,
 so a token does not depend on which other rows were sampled before it.
 """
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.loop.sim.costed import CostedScenario, CostedWorld
-from engine.plan.costs import CostModel, Layout
+from engine.predict.costs import CostModel, Layout
 
 WARM, MEASURE, TAIL = 2, 4, 2
 RESOLUTION = 128

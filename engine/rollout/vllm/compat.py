@@ -18,7 +18,7 @@ the backend asks `EngineFeatures.of(engine)` instead of assuming one version:
     CPU KV cache     0.13 sizes it from `VLLM_CPU_KVCACHE_SPACE` only (`cpu_kv_cache_env`); 0.32 from
                      `kv_cache_memory_bytes`.
 
-The worker side (layer-wise weight reload, `vllm_worker_ext`) has its own check: `layerwise_reload()`.
+The worker side (layer-wise weight reload, `worker_ext`) has its own check: `layerwise_reload()`.
 Pure inspection: nothing here imports vLLM at module import time.
 """
 

@@ -1,7 +1,7 @@
 """The trainer's checkpoints and weights hash (a mixin of `engine.runtime.trainer_actor.TrainerCore`).
 
 `save_checkpoint` writes the trainer backend's save (weights, optimizer, RNG states), the loop's counters,
-the rollout-side cut and the queued groups (`engine.runtime.checkpoint`); `state.json` also records
+the rollout-side cut and the queued groups (`engine.persist.checkpoint`); `state.json` also records
 `weights_sha256`. The hash is
 
     sha256( for each exported bucket in export order, for each name in sorted order:
@@ -12,7 +12,7 @@ parameters agree bit for bit have the same hash and any differing bit changes it
 checkpoint, and at the end of the run as an event (`kind = "weights"`) and in `fit()`'s result.
 
 A stop with a deadline (`request_stop(..., deadline=)`, from the driver's grace period) writes the full
-checkpoint when it fits and a light one otherwise (`engine.runtime.stop_grace`: the step's stream position,
+checkpoint when it fits and a light one otherwise (`engine.persist.stop_grace`: the step's stream position,
 queue and in-flight prompts with the trainer state of the last full checkpoint); `stop_state` says which, for
 `fit()`'s result. The final hash is not recomputed under a deadline (the checkpoint's is reported).
 """
@@ -86,8 +86,8 @@ class TrainerCheckpoints:
         """Write a checkpoint now (between steps). `snapshot` is a rollout-side cut taken at this step's sync;
         without one the rollouter is paused briefly to take it. `light`: this step's stream, queue and in-flight
         state with the trainer state of the last full checkpoint (or the initial weights)."""
-        from engine.runtime.checkpoint import checkpoint_root, ledger_position, write_checkpoint
-        from engine.runtime.resume import config_fingerprint
+        from engine.persist.checkpoint import checkpoint_root, ledger_position, write_checkpoint
+        from engine.persist.resume import config_fingerprint
 
         t_start = time.monotonic()
         if snapshot is None:
@@ -132,7 +132,7 @@ class TrainerCheckpoints:
 
     def _stop_is_light(self) -> bool:
         """Under a stop deadline: does the full checkpoint not fit in the time left (`stop_grace`)?"""
-        from engine.runtime.stop_grace import choose_stop_state, full_checkpoint_s
+        from engine.persist.stop_grace import choose_stop_state, full_checkpoint_s
 
         expected = full_checkpoint_s(self._full_ckpt_s, self._stop_weight_bytes)
         return choose_stop_state(time.time(), self._stop_deadline, expected) == "light"

@@ -1,4 +1,4 @@
-"""In-place weight reload for vLLM releases without the layer-wise reload (`vllm_compat.layerwise_reload()` False,
+"""In-place weight reload for vLLM releases without the layer-wise reload (`compat.layerwise_reload()` False,
 e.g. the seed-002 stack's vLLM 0.13).
 
 Without it, a worker loads new weights with the model's own `load_weights` (the same loaders as at start-up:
@@ -9,7 +9,7 @@ the loaders would find nothing to write into and the packed handle would keep th
 the worker before the model loads (the extension module is imported then), keeps the weights; `finish()` repacks
 every layer from its new weights. The price is a second copy of the linear weights on CPU (small models only).
 
-Used by `vllm_worker_ext` only; imports vLLM inside the functions.
+Used by `worker_ext` only; imports vLLM inside the functions.
 """
 
 from __future__ import annotations

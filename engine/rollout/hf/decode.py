@@ -1,5 +1,5 @@
 """The row layout and model calls behind the `hf` rollout backend's decode loop
-(`engine.rollout.continuous`): one KV cache, left-padded rows.
+(`engine.rollout.hf.continuous`): one KV cache, left-padded rows.
 
 Layout: row i's context c_i (prompt + resumed prefix, length L_i) is left-padded to L = max L_i, with
 attention mask m = [0]*(L − L_i) + [1]*L_i and RoPE positions p = cumsum(m) − 1 (clamped at 0), so a real
