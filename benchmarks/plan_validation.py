@@ -112,7 +112,7 @@ def _fit_declared(case: dict[str, Any], slots: int = 1) -> dict[str, Any]:
     from benchmarks.engine_runs import load_config
     from engine.predict.costs import CostModel, estimate
     from engine.predict.prediction import colocated_layout, simulate
-    from asyncrl_cli.config.hardware import load_hardware
+    from engine.plan.hardware import load_hardware
     from asyncrl_cli.config.hf_model import read_model_facts
 
     cfg = load_config(PRESETS / case["preset"], list(case["overrides"]))

@@ -26,7 +26,7 @@ from typing import Any
 
 def make_groups(cfg: Any, tok: Any, vocab: int, seed: int = 0) -> list[Any]:
     """`required_samples` prompt groups of `n` full-length random responses with alternating rewards."""
-    from asyncrl_cli.config.derived import required_samples
+    from engine.plan.sizes import required_samples
     from engine.data.prompts import load_prompts
     from engine.types import Trajectory, TrajectoryGroup
 

@@ -18,7 +18,7 @@ from asyncrl_cli.errors import DoesNotFit, InvalidConfig, UsageProblem, handle_e
 from asyncrl_cli.output import stdout_console
 
 if TYPE_CHECKING:  # the schema-backed modules load when the command runs, not for `--help`
-    from asyncrl_cli.config.hardware import HardwarePreset
+    from engine.plan.hardware import HardwarePreset
     from asyncrl_cli.config.planner import Plan
 
 SECTIONS = ("model", "resources.trainer", "resources.rollout", "trainer", "rollout", "async_training")
@@ -110,7 +110,7 @@ def command(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
     """Write a commented run file that [bold]validate[/] accepts: backend, parallelism, GPU split, batches."""
-    from asyncrl_cli.config.hardware import HardwareNotFound, hardware_names, load_hardware
+    from engine.plan.hardware import HardwareNotFound, hardware_names, load_hardware
     from asyncrl_cli.config.loader import analyze_run_config
     from asyncrl_cli.config.planner import PlanError, plan_run
     from asyncrl_cli.report import render_headline, render_model, render_problems

@@ -35,7 +35,7 @@ def _hours(s: float | None) -> str:
 def _layout_of_run_dir(run_dir: Path) -> Layout:
     from pydantic import ValidationError
 
-    from asyncrl_cli.config.schema import RunConfig
+    from engine.config.schema import RunConfig
     from engine.predict.costs import Layout
 
     path = run_dir / "config.resolved.json"
@@ -46,7 +46,7 @@ def _layout_of_run_dir(run_dir: Path) -> Layout:
         cfg = RunConfig.model_validate(json.loads(path.read_text(encoding="utf-8")))
     except (json.JSONDecodeError, ValidationError) as e:
         raise InvalidConfig(f"{path}: not a valid resolved config ({str(e).splitlines()[0]})") from None
-    from asyncrl_cli.config.hardware import HardwareNotFound, load_hardware
+    from engine.plan.hardware import HardwareNotFound, load_hardware
 
     try:
         device = load_hardware(cfg.resources.hardware).device

@@ -29,9 +29,9 @@ from typing import Any
 
 from asyncrl_cli.config.dotted import set_path
 from asyncrl_cli.config.fit import DTYPE_BYTES, trainer_fit
-from asyncrl_cli.config.hardware import HardwarePreset
+from engine.plan.hardware import HardwarePreset
 from asyncrl_cli.config.hf_model import ModelFacts
-from asyncrl_cli.config.schema import RunConfig
+from engine.config.schema import RunConfig
 
 HEADROOM = 0.15
 VERSIONS = 100

@@ -1,5 +1,5 @@
 """Parsing and validation of the `algorithm.rollout_correction` knobs (verl 0.9 grammar) — the one parser of
-verl's spec strings: the engine uses it, and the CLI's schema imports it (its `config.rc_options` module), so
+verl's spec strings: the schema validates with it and the engine and the CLI's checks import it from here, so
 `validate` and the run reject the same values with the same messages. Dependency-free (no torch).
 
 IS threshold (`rollout_is_threshold`):

@@ -123,9 +123,36 @@ def test_the_circle_check_sees_a_circle_through_a_function_body(tmp_path: Path) 
     assert graph["c"] == {"a": "engine/c/m.py imports engine.a"}
 
 
+def reexport_only(path: Path) -> bool:
+    """A module that defines nothing: besides its docstring it only imports names (`from __future__` aside) and
+    lists them in `__all__` — a second name for something that lives elsewhere."""
+    body = ast.parse(path.read_text(encoding="utf-8"), str(path)).body
+    imports = [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom))
+               and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")]
+    rest = [n for n in body if not isinstance(n, (ast.Import, ast.ImportFrom))
+            and not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+            and not (isinstance(n, ast.Assign) and [getattr(t, "id", "") for t in n.targets] == ["__all__"])]
+    return bool(imports) and not rest
+
+
+def test_one_name_per_thing_no_module_only_re_exports() -> None:
+    """The CLI imports engine names from the engine (`engine.config.schema`, `engine.plan.sizes`, …): no module
+    of asyncrl_cli/ or engine/ exists only to give them a second import path."""
+    found = sorted(str(p.relative_to(ROOT)) for folder in ("asyncrl_cli", "engine")
+                   for p in (ROOT / folder).rglob("*.py") if reexport_only(p))
+    assert found == []
+
+
+def test_the_re_export_check_sees_one(tmp_path: Path) -> None:
+    (tmp_path / "alias.py").write_text('"""doc"""\nfrom __future__ import annotations\n\nfrom engine.plan.sizes import '
+                                       'derive\n\n__all__ = ["derive"]\n')
+    (tmp_path / "real.py").write_text("from engine.plan.sizes import derive\n\n\ndef twice(c):\n    return derive(c)\n")
+    assert reexport_only(tmp_path / "alias.py") and not reexport_only(tmp_path / "real.py")
+
+
 def test_the_checker_sees_an_import_inside_a_function(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
-    probe.write_text("def f():\n    from asyncrl_cli.config.derived import derive\n    import ray.util\n")
+    probe.write_text("def f():\n    from asyncrl_cli.config.loader import load_run_config\n    import ray.util\n")
     assert imported_roots(probe) == {"asyncrl_cli", "ray"}
 
 
