@@ -1,6 +1,6 @@
 """Memory fit per accelerator for the trainer and the rollout: a view of `engine.plan.memory.predict_memory`
 (the one memory model, with its named terms and measured activation coefficients) in GB (10⁹ bytes) for
-`validate`, `init` and the planner. No arithmetic of its own."""
+`validate` and `init` (its layout search, `init_choices`). No arithmetic of its own."""
 
 from __future__ import annotations
 

@@ -50,8 +50,9 @@ class ResumeError(RuntimeError):
 
 
 @dataclass
-class ResumePlan:
-    """The checkpoint to continue from and what was skipped on the way."""
+class ResumePoint:
+    """Where a resumed run continues: the checkpoint it starts from, its run directory, and the corrupt
+    checkpoints skipped on the way to it."""
 
     ckpt: dict[str, Any]  # `read_checkpoint` output
     run_dir: Path
@@ -87,7 +88,7 @@ def config_fingerprint(cfg: Any) -> dict[str, Any]:
             "data.max_prompt_length": d.max_prompt_length, "data.filter_overlong_prompts": d.filter_overlong_prompts}
 
 
-def plan_resume(cfg: Any, resume: str) -> ResumePlan | None:
+def find_resume_point(cfg: Any, resume: str) -> ResumePoint | None:
     """The checkpoint `resume` (`auto` or a path) stands for; None = `auto` found nothing: start a new run."""
     from engine.persist.run_dirs import last_written_run_dir
 
@@ -117,9 +118,9 @@ def plan_resume(cfg: Any, resume: str) -> ResumePlan | None:
     _check_fingerprint(ckpt["state"].get("fingerprint", {}), config_fingerprint(cfg), found)
     if resume != "auto":
         run_dir = given_run_dir or Path(ckpt["state"].get("run_dir") or found.parent.parent)
-    plan = ResumePlan(ckpt, run_dir, skipped)
-    check_run_dir(plan)
-    return plan
+    point = ResumePoint(ckpt, run_dir, skipped)
+    check_run_dir(point)
+    return point
 
 
 def _explicit(path: Path, skip: Any) -> tuple[Path, Path | None]:
@@ -147,22 +148,22 @@ def _check_fingerprint(saved: dict[str, Any], now: dict[str, Any], path: Path) -
                           "data and group size)")
 
 
-def rewind_run_dir(plan: ResumePlan) -> dict[str, int]:
+def rewind_run_dir(point: ResumePoint) -> dict[str, int]:
     """Cut the ledger at the checkpoint, keep metrics of steps ≤ its step, drop torn lines. Returns counts."""
-    run_dir = plan.run_dir
+    run_dir = point.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    ledger_lines = _cut_ledger(run_dir / "ledger.jsonl", int(plan.state["ledger_bytes"]),
-                               plan.state.get("ledger_sha256"), run_dir / "ledger.rolled_back.jsonl")
-    set_aside = set_aside_newer(Path(plan.ckpt["path"]).parent, plan.step)
+    ledger_lines = _cut_ledger(run_dir / "ledger.jsonl", int(point.state["ledger_bytes"]),
+                               point.state.get("ledger_sha256"), run_dir / "ledger.rolled_back.jsonl")
+    set_aside = set_aside_newer(Path(point.ckpt["path"]).parent, point.step)
     metrics = _filter_jsonl(run_dir / "metrics.jsonl",
-                            lambda r: not isinstance(r.get(STEP_KEY), (int, float)) or r[STEP_KEY] <= plan.step)
+                            lambda r: not isinstance(r.get(STEP_KEY), (int, float)) or r[STEP_KEY] <= point.step)
     _filter_jsonl(run_dir / "events.jsonl", lambda r: True)
     return {"ledger_lines": ledger_lines, "metric_records": metrics, "set_aside": len(set_aside)}
 
 
-def check_run_dir(plan: ResumePlan) -> None:
+def check_run_dir(point: ResumePoint) -> None:
     """The run directory's ledger must start with the one the checkpoint saw (raises ResumeError)."""
-    _ledger_tail(plan.run_dir / "ledger.jsonl", int(plan.state["ledger_bytes"]), plan.state.get("ledger_sha256"))
+    _ledger_tail(point.run_dir / "ledger.jsonl", int(point.state["ledger_bytes"]), point.state.get("ledger_sha256"))
 
 
 def _ledger_tail(path: Path, offset: int, sha256: str | None) -> bytes:
@@ -210,18 +211,18 @@ def _filter_jsonl(path: Path, keep: Any) -> int:
     return removed
 
 
-def resume_message(plan: ResumePlan, rewound: dict[str, int], partial_rollout: bool) -> str:
+def resume_message(point: ResumePoint, rewound: dict[str, int], partial_rollout: bool) -> str:
     """One line for the console and the `resume` event."""
-    in_flight = plan.ckpt["in_flight"]
+    in_flight = point.ckpt["in_flight"]
     prefixes = sum(1 for d in in_flight for r in d.get("todo", {}).values() if r.get("prefix_ids"))
     how = f"{prefixes} trajectories continue from a saved prefix" if partial_rollout and prefixes else \
         "unfinished trajectories regenerate from the prompt"
-    return (f"resumed from {plan.ckpt['path']} at step {plan.step}, version {plan.version}: "
-            f"{len(plan.ckpt['queued'])} queued group(s) re-queued, {len(in_flight)} in-flight prompt(s) re-issued "
+    return (f"resumed from {point.ckpt['path']} at step {point.step}, version {point.version}: "
+            f"{len(point.ckpt['queued'])} queued group(s) re-queued, {len(in_flight)} in-flight prompt(s) re-issued "
             f"({how}); rolled back {rewound['ledger_lines']} ledger line(s) and {rewound['metric_records']} "
             "metric record(s) written after the checkpoint"
             + (f"; {rewound['set_aside']} newer checkpoint(s) set aside" if rewound.get("set_aside") else "")
-            + _light_note(plan.state))
+            + _light_note(point.state))
 
 
 def _light_note(state: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ import pytest
 from reliability_helpers import read_jsonl, tiny_config
 
 from engine.persist.checkpoint import ledger_position, list_checkpoints, write_checkpoint
-from engine.persist.resume import ResumeError, config_fingerprint, plan_resume, rewind_run_dir
+from engine.persist.resume import ResumeError, config_fingerprint, find_resume_point, rewind_run_dir
 
 
 def _line(obj: dict) -> str:
@@ -44,10 +44,10 @@ def run_dir(tmp_path: Path) -> Path:
 
 def test_auto_starts_a_new_run_only_when_there_is_nothing_to_resume(run_dir: Path) -> None:
     cfg = tiny_config(run_dir)
-    assert plan_resume(cfg, "auto") is None
+    assert find_resume_point(cfg, "auto") is None
     _train(run_dir, range(1, 3))
     with pytest.raises(ResumeError, match="never checkpointed"):
-        plan_resume(cfg, "auto")
+        find_resume_point(cfg, "auto")
 
 
 def test_resume_rewinds_the_ledger_and_metrics_to_the_checkpoint(run_dir: Path) -> None:
@@ -61,15 +61,15 @@ def test_resume_rewinds_the_ledger_and_metrics_to_the_checkpoint(run_dir: Path) 
         f.write(_line({"kind": "sync", "step": 4}) + '{"kind": "sy')
     (run_dir / "metrics.jsonl").open("a").write(_line({"asyncrl/time": 1.0}))  # a record without a step
 
-    plan = plan_resume(cfg, "auto")
-    assert plan is not None and plan.ckpt["path"] == str(ckpt) and plan.step == 2
-    counts = rewind_run_dir(plan)
+    point = find_resume_point(cfg, "auto")
+    assert point is not None and point.ckpt["path"] == str(ckpt) and point.step == 2
+    counts = rewind_run_dir(point)
     assert counts == {"ledger_lines": 2, "metric_records": 2, "set_aside": 0}
     assert [e["uid"] for e in read_jsonl(run_dir / "ledger.jsonl")] == ["0:1", "0:2"]
     assert [e["uid"] for e in read_jsonl(run_dir / "ledger.rolled_back.jsonl")] == ["0:3", "0:4"]
     assert [r.get("training/global_step") for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, None]
     assert read_jsonl(run_dir / "events.jsonl") == [{"kind": "sync", "step": 4}]  # history kept, torn line gone
-    assert rewind_run_dir(plan_resume(cfg, "auto")) == {"ledger_lines": 0, "metric_records": 0, "set_aside": 0}
+    assert rewind_run_dir(find_resume_point(cfg, "auto")) == {"ledger_lines": 0, "metric_records": 0, "set_aside": 0}
 
 
 def test_corrupt_newest_is_skipped_and_newer_timelines_are_set_aside(run_dir: Path) -> None:
@@ -79,31 +79,31 @@ def test_corrupt_newest_is_skipped_and_newer_timelines_are_set_aside(run_dir: Pa
     _train(run_dir, range(3, 5))
     newest = _checkpoint(cfg, run_dir, 4)
     (newest / "state.json").write_text("{}")
-    plan = plan_resume(cfg, "auto")
-    assert plan.step == 2 and [Path(p).name for p, _ in plan.skipped] == ["global_step_4"]
-    assert rewind_run_dir(plan)["set_aside"] == 1
+    point = find_resume_point(cfg, "auto")
+    assert point.step == 2 and [Path(p).name for p, _ in point.skipped] == ["global_step_4"]
+    assert rewind_run_dir(point)["set_aside"] == 1
     assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == ["global_step_2"]
 
 
 def test_an_explicit_checkpoint_must_be_intact(run_dir: Path) -> None:
     cfg = tiny_config(run_dir)
     ckpt = _checkpoint(cfg, run_dir, 2)
-    assert plan_resume(cfg, str(ckpt)).step == 2
-    assert plan_resume(cfg, str(run_dir)).step == 2
+    assert find_resume_point(cfg, str(ckpt)).step == 2
+    assert find_resume_point(cfg, str(run_dir)).step == 2
     (ckpt / "queued.json").unlink()
     with pytest.raises(ResumeError, match="queued.json is missing"):
-        plan_resume(cfg, str(ckpt))
+        find_resume_point(cfg, str(ckpt))
     with pytest.raises(ResumeError, match="no checkpoint at"):
-        plan_resume(cfg, str(run_dir / "nowhere"))
+        find_resume_point(cfg, str(run_dir / "nowhere"))
 
 
 def test_a_checkpoint_needs_the_same_model_data_and_group_size(run_dir: Path) -> None:
     _checkpoint(tiny_config(run_dir), run_dir, 2)
     with pytest.raises(ResumeError, match=r"rollout\.n is 2 here but was 4"):
-        plan_resume(tiny_config(run_dir, "rollout.n=2"), "auto")
+        find_resume_point(tiny_config(run_dir, "rollout.n=2"), "auto")
     with pytest.raises(ResumeError, match=r"data\.seed is 7 here but was 0"):
-        plan_resume(tiny_config(run_dir, "data.seed=7"), "auto")
-    assert plan_resume(tiny_config(run_dir, "trainer.optim.lr=1e-5"), "auto").step == 2  # others may change
+        find_resume_point(tiny_config(run_dir, "data.seed=7"), "auto")
+    assert find_resume_point(tiny_config(run_dir, "trainer.optim.lr=1e-5"), "auto").step == 2  # others may change
 
 
 def test_a_run_directory_that_is_not_the_checkpoints_is_refused(run_dir: Path) -> None:
@@ -112,4 +112,4 @@ def test_a_run_directory_that_is_not_the_checkpoints_is_refused(run_dir: Path) -
     _checkpoint(cfg, run_dir, 2)
     (run_dir / "ledger.jsonl").write_text(_line({"uid": "9:9", "status": "trained"}) * 2)
     with pytest.raises(ResumeError, match="does not belong to this checkpoint"):
-        plan_resume(cfg, "auto")
+        find_resume_point(cfg, "auto")

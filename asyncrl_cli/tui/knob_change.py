@@ -1,8 +1,9 @@
 """What a knob change will do, in words, for the confirmation modal (pure; no Textual).
 
 The budget follows verl's fully-async sizing: `required = ppo_mini_batch_size × require_batches` and
-`max_required_samples = ⌊required × (1 + staleness_threshold) × trigger_parameter_sync_step⌋`,
-the most prompts the rollouter may start per policy version (also the queue bound).
+`max_required_samples = ⌊required × (1 + staleness_threshold) × trigger_parameter_sync_step⌋`
+(`engine.loop.budget.max_required_samples`, the rule the rollouter runs), the most prompts the rollouter may
+start per policy version (also the queue bound).
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from typing import Any
 
 from asyncrl_cli.tui.format import fmt_value
 from engine.control.knobs import KNOB_SPECS
+from engine.loop.budget import max_required_samples
 
 
 @dataclass
-class ChangePlan:
-    """Title, old → new body and warnings of a confirmation."""
+class KnobConfirmation:
+    """What the confirmation modal of a knob change shows: its title, the old → new body and the warnings."""
 
     title: str
     body: str
@@ -34,12 +36,12 @@ def max_queue(config: dict[str, Any], staleness: float, trigger: int) -> int | N
     batches = _section(config, "async_training").get("require_batches", 1)
     if not isinstance(mini, int) or not isinstance(batches, int):
         return None
-    return int(mini * batches * (1 + staleness) * trigger)
+    return max_required_samples(mini * batches, staleness, trigger)
 
 
-def plan_knob_change(
+def describe_knob_change(
     name: str, old: Any, new: Any, config: dict[str, Any], knobs: dict[str, dict[str, Any]] | None = None
-) -> ChangePlan:
+) -> KnobConfirmation:
     """Describe `name: old → new`, when it applies, its effect on the queue bound, and warnings."""
     spec = KNOB_SPECS[name]
     knobs = knobs or {}
@@ -72,4 +74,4 @@ def plan_knob_change(
     if name == "paused" and new:
         warnings.append("generation stops; the trainer drains the queue, then waits until you resume")
     verb = {"paused": "Pause generation" if new else "Resume generation"}.get(name, f"Change {name}")
-    return ChangePlan(title=f"{verb}?", body=body, warnings=warnings)
+    return KnobConfirmation(title=f"{verb}?", body=body, warnings=warnings)

@@ -37,13 +37,13 @@ HEADROOM = 0.15
 VERSIONS = 100
 
 
-class PlanError(ValueError):
+class InitRefused(ValueError):
     """No layout of the given GPUs fits the model."""
 
 
 @dataclass
-class Plan:
-    """Values to write, by dotted key, with a reason per key where one helps."""
+class InitChoices:
+    """What `init` writes: values by dotted key, with a reason per key where one helps."""
 
     values: dict[str, Any] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
@@ -106,66 +106,66 @@ def _n_for(data: dict[str, Any]) -> int:
     return {"math": 16, "math_dapo": 16, "geo3k": 4}.get(str(data.get("reward", "")), 8)
 
 
-def _batches(plan: Plan, n: int, dp: int, total_len: int, cpu: bool, budgets: bool = False) -> None:
+def _batches(choices: InitChoices, n: int, dp: int, total_len: int, cpu: bool, budgets: bool = False) -> None:
     """Mini- and micro-batch sizes; with `budgets` (accelerators, no pipeline) token-budget micro-batches as
     verl's production scripts run them: max(16k, one sequence) tokens per GPU."""
     mini = 8 if cpu else max(8, 512 // n)
     while (mini * n) % dp:
         mini += 1
-    plan.set(
+    choices.set(
         "trainer.ppo_mini_batch_size", mini, f"{mini} prompts × n {n} = {mini * n} sequences per mini-batch (one optimizer step)"
     )
     per_rank = mini * n // dp
     micro = max(1, min(8, 16384 // total_len))
     while per_rank % micro:
         micro -= 1
-    plan.set(
+    choices.set(
         "trainer.ppo_micro_batch_size_per_gpu", micro, f"≤ 16k tokens per forward ({total_len} per sequence)"
     )
     if cpu:
         return
-    plan.set("trainer.use_dynamic_bsz", budgets,
+    choices.set("trainer.use_dynamic_bsz", budgets,
              "micro-batches by tokens, not rows (verl's use_dynamic_bsz)" if budgets else
              "token budgets need pp = 1")
     if budgets:
         budget = max(16384, total_len)
-        plan.set("trainer.ppo_max_token_len_per_gpu", budget, f"max(16k, one {total_len}-token sequence)")
-        plan.set("trainer.log_prob_max_token_len_per_gpu", budget)
+        choices.set("trainer.ppo_max_token_len_per_gpu", budget, f"max(16k, one {total_len}-token sequence)")
+        choices.set("trainer.log_prob_max_token_len_per_gpu", budget)
 
 
-def plan_run(f: ModelFacts, hw: HardwarePreset, data: dict[str, Any], gpus: int | None,
-             model_path: str = "x") -> Plan:
+def choose_init_settings(f: ModelFacts, hw: HardwarePreset, data: dict[str, Any], gpus: int | None,
+             model_path: str = "x") -> InitChoices:
     """Choose everything `init` writes besides model path, dataset and hardware."""
-    plan = Plan()
+    choices = InitChoices()
     total_len = int(data.get("max_prompt_length", 512)) + int(data.get("max_response_length", 512))
     n = _n_for(data)
-    plan.set("rollout.n", n, "responses per prompt (GRPO group)")
+    choices.set("rollout.n", n, "responses per prompt (GRPO group)")
     if hw.device == "cpu":
         workers = gpus or 2
         if workers < 2:
-            raise PlanError("a run needs at least 2 workers: one trainer and one rollout")
-        plan.set("model.dtype", "float32")
-        plan.set("trainer.backend", "torch", "CPU: FSDP over gloo")
-        plan.set("rollout.backend", "hf", "CPU: asyncrl's own sampler")
+            raise InitRefused("a run needs at least 2 workers: one trainer and one rollout")
+        choices.set("model.dtype", "float32")
+        choices.set("trainer.backend", "torch", "CPU: FSDP over gloo")
+        choices.set("rollout.backend", "hf", "CPU: asyncrl's own sampler")
         for role, count in (("trainer", 1), ("rollout", workers - 1)):
-            plan.set(f"resources.{role}.nnodes", 1)
-            plan.set(f"resources.{role}.gpus_per_node", count)
-        _batches(plan, n, 1, total_len, cpu=True)
+            choices.set(f"resources.{role}.nnodes", 1)
+            choices.set(f"resources.{role}.gpus_per_node", count)
+        _batches(choices, n, 1, total_len, cpu=True)
         trigger = 1
     else:
-        _plan_accelerators(plan, f, hw, data, gpus or hw.gpus_per_node, total_len, n, model_path)
+        _choose_accelerators(choices, f, hw, data, gpus or hw.gpus_per_node, total_len, n, model_path)
         trigger = 4
-    plan.set("async_training.staleness_threshold", 0.5, "rollout may run half a sync cycle ahead")
-    plan.set("async_training.trigger_parameter_sync_step", trigger, "local steps per weight sync")
-    plan.set("async_training.require_batches", 1)
-    plan.set("async_training.partial_rollout", True, "resume generations interrupted by a sync")
-    per_version = plan.get("trainer.ppo_mini_batch_size") * trigger
-    plan.set(
+    choices.set("async_training.staleness_threshold", 0.5, "rollout may run half a sync cycle ahead")
+    choices.set("async_training.trigger_parameter_sync_step", trigger, "local steps per weight sync")
+    choices.set("async_training.require_batches", 1)
+    choices.set("async_training.partial_rollout", True, "resume generations interrupted by a sync")
+    per_version = choices.get("trainer.ppo_mini_batch_size") * trigger
+    choices.set(
         "rollout.total_rollout_steps",
         per_version * VERSIONS,
         f"{per_version} prompts per version × {VERSIONS}",
     )
-    return plan
+    return choices
 
 
 def _divisors(n: int) -> list[int]:
@@ -200,43 +200,43 @@ def _errors(values: dict[str, Any], data: dict[str, Any], hw: HardwarePreset) ->
     return [p.message for p in an.problems if p.severity == "error"]
 
 
-def _choose(plan: Plan, pools_values: dict[str, Any], split: str) -> None:
+def _choose(choices: InitChoices, pools_values: dict[str, Any], split: str) -> None:
     for k, v in pools_values.items():
-        plan.set(k, v)
-    plan.reasons["resources.trainer.nnodes"] = split
+        choices.set(k, v)
+    choices.reasons["resources.trainer.nnodes"] = split
 
 
-def _plan_accelerators(
-    plan: Plan, f: ModelFacts, hw: HardwarePreset, data: dict[str, Any], gpus: int, total_len: int, n: int,
+def _choose_accelerators(
+    choices: InitChoices, f: ModelFacts, hw: HardwarePreset, data: dict[str, Any], gpus: int, total_len: int, n: int,
     model_path: str = "x",
 ) -> None:
     if gpus < 2:
-        raise PlanError("a run needs at least 2 accelerators: trainer and rollout pools are separate")
+        raise InitRefused("a run needs at least 2 accelerators: trainer and rollout pools are separate")
     gpn = hw.gpus_per_node
-    plan.set("model.dtype", "bfloat16")
+    choices.set("model.dtype", "bfloat16")
     util = 0.8
     tp_r = rollout_tp(f, hw, util)
     weights_gb = f.params_total * 2 / 1e9
     if weights_gb / tp_r + max(1.0, 0.05 * util * hw.memory_gb) >= util * hw.memory_gb:
-        raise PlanError(
+        raise InitRefused(
             f"the rollout cannot hold the model: {weights_gb:.0f} GB of bf16 weights need more than one "
             f"{hw.name} node ({gpn} × {hw.memory_gb:g} GB at gpu_memory_utilization {util}); asyncrl's replicas "
             "are tensor parallel inside one node")
     megatron = (f.is_moe and f.params_total > 20e9) or f.params_total > 40e9
-    plan.set(
+    choices.set(
         "trainer.backend",
         "megatron" if megatron else "torch",
         "Megatron-core for large MoE/dense models" if megatron else "FSDP2 data parallel",
     )
     if megatron:
-        plan.set("trainer.recompute_granularity", "full", "activation recompute, as verl's Megatron recipes")
+        choices.set("trainer.recompute_granularity", "full", "activation recompute, as verl's Megatron recipes")
     else:
-        plan.set("trainer.enable_gradient_checkpointing", True, "activation recompute, as verl's FSDP recipes")
-    plan.set("rollout.backend", "vllm")
-    plan.set(
+        choices.set("trainer.enable_gradient_checkpointing", True, "activation recompute, as verl's FSDP recipes")
+    choices.set("rollout.backend", "vllm")
+    choices.set(
         "rollout.tensor_parallel_size", tp_r, f"weights {weights_gb / tp_r:.1f} GB per GPU"
     )
-    plan.set("rollout.gpu_memory_utilization", util)
+    choices.set("rollout.gpu_memory_utilization", util)
     share = gpus // 4 if f.is_moe else gpus // 2
     pools = sorted({_round_pool(t, gpn) for t in range(1, gpus)})
     pools = [t for t in pools if t >= share] + [t for t in pools if t < share]
@@ -259,12 +259,12 @@ def _plan_accelerators(
             (1, 1, 1, 1)]
         for tp, pp, cp, ep in layouts:
             if megatron:
-                plan.set("trainer.tp", tp, "tensor parallel inside a node" if tp > 1 else None)
-                plan.set("trainer.pp", pp, "pipeline stages" if pp > 1 else None)
-                plan.set("trainer.cp", cp, "context parallel for long sequences" if cp > 1 else None)
-                plan.set("trainer.ep", ep, "expert parallel" if ep > 1 else None)
-            _batches(plan, n, t // (tp * pp * cp), total_len, cpu=False, budgets=pp == 1)
-            values = {**plan.values, **pools_values, "model.path": model_path}
+                choices.set("trainer.tp", tp, "tensor parallel inside a node" if tp > 1 else None)
+                choices.set("trainer.pp", pp, "pipeline stages" if pp > 1 else None)
+                choices.set("trainer.cp", cp, "context parallel for long sequences" if cp > 1 else None)
+                choices.set("trainer.ep", ep, "expert parallel" if ep > 1 else None)
+            _batches(choices, n, t // (tp * pp * cp), total_len, cpu=False, budgets=pp == 1)
+            values = {**choices.values, **pools_values, "model.path": model_path}
             fit = trainer_fit(_config(values, data), f, hw)
             roomy = fit.total_gb <= (1 - HEADROOM) * hw.memory_gb
             if not roomy and (fit.total_gb > hw.memory_gb or (tight is not None and tight[0] <= fit.total_gb)):
@@ -279,17 +279,17 @@ def _plan_accelerators(
                 last_reason, best_gb = errors[0], -1.0  # a layout that fits memory but validate refuses
                 continue
             if not roomy:  # remember the leanest that fits, in case none leaves the headroom
-                tight = (fit.total_gb, dict(plan.values), pools_values, split)
+                tight = (fit.total_gb, dict(choices.values), pools_values, split)
                 continue
-            _choose(plan, pools_values, split)
+            _choose(choices, pools_values, split)
             return
     if tight is not None:
-        plan.values = tight[1]
-        _choose(plan, tight[2], f"{tight[3]}; ~{tight[0]:.0f} of {hw.memory_gb:g} GB per GPU (no layout leaves "
+        choices.values = tight[1]
+        _choose(choices, tight[2], f"{tight[3]}; ~{tight[0]:.0f} of {hw.memory_gb:g} GB per GPU (no layout leaves "
                                 f"{HEADROOM:.0%} headroom)")
         return
     need = f.params_total * (DTYPE_BYTES["bfloat16"] * 2 + 12) / 1e9
-    raise PlanError(
+    raise InitRefused(
         f"no split of {gpus} {hw.name} accelerators fits the trainer (model states ~{need:.0f} GB in all; "
         f"{last_reason}); use more GPUs (--gpus) or bigger hardware"
     )
