@@ -21,13 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.sync.collective import CollectiveHandle, CollectiveSync, default_device, pull
 from engine.sync.flat import BufferRing, FlatBucket, flatten
 from engine.sync.object_store import ObjectStoreSync
 from engine.sync.pipeline import ahead
 from engine.sync.verify import Delivery
+
+if TYPE_CHECKING:
+    from engine.plan.roles import WeightSyncSpec
 
 PIPELINE_DEPTH = 1
 """Buckets produced ahead of the one in flight, on each side (1 = double buffering)."""
@@ -45,25 +48,21 @@ COLLECTIVE_DEVICES = ("cpu", "cuda")
 """Devices with a collective weight-sync transport (their backend: `engine.plan.devices.COLLECTIVE_BACKEND`)."""
 
 
-def build_weight_sync(cfg: Any, device: str | None = None) -> ObjectStoreSync | CollectiveSync:
-    """The transport of `cfg.rollout.weight_sync`, for trainer rank 0 (call it in that process); `device`: the
-    plan's trainer device (default: the hardware preset's)."""
-    if getattr(cfg.rollout, "weight_sync", "collective") != "collective":
+def build_weight_sync(spec: WeightSyncSpec) -> ObjectStoreSync | CollectiveSync:
+    """The transport of `spec` (`engine.plan.roles.WeightSyncSpec`: `rollout.weight_sync`, the trainer's device,
+    the receiving ranks), for trainer rank 0 (call it in that process)."""
+    if spec.transport != "collective":
         return ObjectStoreSync()
     import ray
 
-    from engine.plan.sizes import rollout_replicas
     from engine.plan.devices import COLLECTIVE_BACKEND
-    from engine.runtime.backends import compute_device
     from engine.trainer.fsdp import free_port
 
-    device = device or compute_device(cfg)
-    if device not in COLLECTIVE_DEVICES:
-        raise ValueError(f'rollout.weight_sync = "collective" has no transport on {device!r} (gloo on CPU, NCCL '
+    if spec.device not in COLLECTIVE_DEVICES:
+        raise ValueError(f'rollout.weight_sync = "collective" has no transport on {spec.device!r} (gloo on CPU, NCCL '
                          'on CUDA); use "object_store"')
-    per_replica = cfg.rollout.tensor_parallel_size if cfg.rollout.backend == "vllm" else 1  # vLLM: its TP workers
-    return CollectiveSync(ray.util.get_node_ip_address(), free_port(), 1 + rollout_replicas(cfg) * per_replica,
-                          COLLECTIVE_BACKEND[device], per_replica=per_replica)
+    return CollectiveSync(ray.util.get_node_ip_address(), free_port(), 1 + spec.receivers,
+                          COLLECTIVE_BACKEND[spec.device], per_replica=spec.per_replica)
 
 
 @dataclass
