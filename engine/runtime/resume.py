@@ -27,7 +27,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.runtime.checkpoint import (
     MANIFEST,
@@ -40,6 +40,9 @@ from engine.runtime.checkpoint import (
     step_of,
     verify_checkpoint,
 )
+
+if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
 
 STEP_KEY = "training/global_step"
 
@@ -77,7 +80,7 @@ class ResumePlan:
         return {"rollout": self.state["rollout"], "queued": self.ckpt["queued"], "in_flight": self.ckpt["in_flight"]}
 
 
-def config_fingerprint(cfg: Any) -> dict[str, Any]:
+def config_fingerprint(cfg: RunConfig) -> dict[str, Any]:
     """The settings a checkpoint is only valid with: model, backend, group size, and what fixes the prompts."""
     d = cfg.data
     return {"model.path": cfg.model.path, "trainer.backend": cfg.trainer.backend, "rollout.n": cfg.rollout.n,
@@ -86,7 +89,7 @@ def config_fingerprint(cfg: Any) -> dict[str, Any]:
             "data.max_prompt_length": d.max_prompt_length, "data.filter_overlong_prompts": d.filter_overlong_prompts}
 
 
-def plan_resume(cfg: Any, resume: str) -> ResumePlan | None:
+def plan_resume(cfg: RunConfig, resume: str) -> ResumePlan | None:
     """The checkpoint `resume` (`auto` or a path) stands for; None = `auto` found nothing: start a new run."""
     from engine.runtime.run_dirs import last_written_run_dir
 
