@@ -19,9 +19,6 @@ from engine.plan.sizes import (
     required_samples,
     rollout_replicas,
     rollout_world,
-    total_local_steps,
-    total_rollout_steps,
-    total_train_steps,
     trainer_dp,
     trainer_world,
 )
@@ -39,9 +36,6 @@ __all__ = [
     "required_samples",
     "rollout_replicas",
     "rollout_world",
-    "total_local_steps",
-    "total_rollout_steps",
-    "total_train_steps",
     "trainer_dp",
     "trainer_world",
 ]
