@@ -80,6 +80,12 @@ class RolloutParams:
     """Multi-turn rollouts (`rollout.multi_turn.enable`): each trajectory is a conversation with tools."""
 
 
+def partial_rollout_in_force(partial_rollout: bool, sync_mode: bool, deterministic: bool) -> bool:
+    """Aborted generations resume from their prefix only in fully async, non-deterministic runs: sync mode never
+    interrupts a generation, deterministic mode waits for it (the run plan and the simulator both use this)."""
+    return partial_rollout and not sync_mode and not deterministic
+
+
 @dataclass
 class SyncState:
     version: int

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from engine.loop.agent import AgentLimits
-from engine.loop.rollout import RolloutParams
+from engine.loop.rollout import RolloutParams, partial_rollout_in_force
 from engine.loop.trainer import TrainerParams
 from engine.plan.devices import RoleDevice
 
@@ -173,7 +173,7 @@ def rollout_params(cfg: RunConfig, d: Derived) -> RolloutParams:
                         mt.max_parallel_calls, mt.max_tokens_per_turn) if mt.enable else None
     return RolloutParams(n=ro.n, max_new_tokens=cfg.data.max_response_length, required_samples=d.required_samples,
                          staleness_threshold=d.staleness_threshold, trigger=ac.trigger_parameter_sync_step,
-                         partial_rollout=ac.partial_rollout and not sync and not det,
+                         partial_rollout=partial_rollout_in_force(ac.partial_rollout, sync, det),
                          seqs_per_call=max(ro.n, ro.max_num_seqs), test_freq=cfg.trainer.test_freq, sync_mode=sync,
                          deterministic=det, agent=agent)
 

@@ -64,8 +64,10 @@ class Derived:
 
 
 def effective_staleness(cfg: RunConfig) -> float:
-    """The staleness threshold in force: 0 in sync mode."""
-    return 0.0 if cfg.async_training.mode == "sync" else cfg.async_training.staleness_threshold
+    """The staleness threshold in force: 0 in sync mode (`engine.loop.budget.staleness_in_force`)."""
+    from engine.loop.budget import staleness_in_force
+
+    return staleness_in_force(cfg.async_training.staleness_threshold, cfg.async_training.mode == "sync")
 
 
 def required_samples(cfg: RunConfig) -> int:
