@@ -15,8 +15,10 @@ from typing import Any
 
 from engine.config.schema import RunConfig  # the actors' config type (they import it from here)
 from engine.plan.devices import RoleDevice
+from engine.plan.roles import WeightSyncSpec
 
-__all__ = ["RunConfig", "build_reference_backend", "build_rollout_backend", "build_trainer_backend", "rollout_dtype"]
+__all__ = ["RunConfig", "build_reference_backend", "build_rollout_backend", "build_trainer_backend",
+           "build_weight_sync", "rollout_dtype"]
 
 
 def check_device(device: str) -> str:
@@ -35,7 +37,7 @@ def check_device(device: str) -> str:
     return device
 
 
-AUTO_UNRESOLVED = ('{key} = "auto" is decided at launch (engine.runtime.probe.resolve_auto); resolve the config '
+AUTO_UNRESOLVED = ('{key} = "auto" is decided at launch (engine.launch.probe.resolve_auto); resolve the config '
                    "before building a backend")
 
 ROLLOUT_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -82,10 +84,10 @@ def build_rollout_backend(cfg: RunConfig, model_dir: str, device: RoleDevice):
 
     deterministic_threads(cfg)
     if cfg.rollout.backend == "vllm":
-        from engine.rollout.vllm_backend import VLLMRolloutBackend
+        from engine.rollout.vllm.backend import VLLMRolloutBackend
 
         return VLLMRolloutBackend(model_dir, **vllm_options(cfg, device))
-    from engine.rollout.hf import HFRolloutBackend
+    from engine.rollout.hf.backend import HFRolloutBackend
 
     tok = load_tokenizer(model_dir)
     model = load_causal_lm(model_dir, dtype=rollout_dtype(cfg))
@@ -157,3 +159,21 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
 def build_reference_backend(cfg: RunConfig, model_dir: str, distributed: bool = False, *, device: RoleDevice):
     """The frozen reference policy of the KL loss (`trainer.use_kl_loss`): `build_trainer_backend(frozen=True)`."""
     return build_trainer_backend(cfg, model_dir, distributed, frozen=True, device=device)
+
+
+def build_weight_sync(spec: WeightSyncSpec):
+    """The weight-sync transport of `spec` (`engine.plan.roles.WeightSyncSpec`: `rollout.weight_sync`, the plan's
+    trainer device, the receiving ranks — R replicas, for vLLM each replica's t TP workers: R × t) for trainer
+    rank 0 (call it in that process): `engine.sync.runtime.weight_transport` with the device's collective backend,
+    meeting at this node's IP and a free port."""
+    from engine.sync.runtime import weight_transport
+
+    if spec.transport != "collective":
+        return weight_transport(spec.transport, spec.device)
+    import ray
+
+    from engine.plan.devices import COLLECTIVE_BACKEND
+    from engine.trainer.fsdp import free_port
+
+    return weight_transport(spec.transport, spec.device, COLLECTIVE_BACKEND.get(spec.device, ""),
+                            ray.util.get_node_ip_address(), free_port(), spec.receivers, spec.per_replica)

@@ -21,16 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.sync.collective import CollectiveHandle, CollectiveSync, default_device, pull
 from engine.sync.flat import BufferRing, FlatBucket, flatten
 from engine.sync.object_store import ObjectStoreSync
 from engine.sync.pipeline import ahead
 from engine.sync.verify import Delivery
-
-if TYPE_CHECKING:
-    from engine.plan.roles import WeightSyncSpec
 
 PIPELINE_DEPTH = 1
 """Buckets produced ahead of the one in flight, on each side (1 = double buffering)."""
@@ -48,21 +45,20 @@ COLLECTIVE_DEVICES = ("cpu", "cuda")
 """Devices with a collective weight-sync transport (their backend: `engine.plan.devices.COLLECTIVE_BACKEND`)."""
 
 
-def build_weight_sync(spec: WeightSyncSpec) -> ObjectStoreSync | CollectiveSync:
-    """The transport of `spec` (`engine.plan.roles.WeightSyncSpec`: `rollout.weight_sync`, the trainer's device,
-    the receiving ranks), for trainer rank 0 (call it in that process)."""
-    if spec.transport != "collective":
+def weight_transport(kind: str, device: str, backend: str = "gloo", host: str = "", port: int = 0,
+                     receivers: int = 0, per_replica: int = 1) -> ObjectStoreSync | CollectiveSync:
+    """The transport `kind` (`rollout.weight_sync`) for trainer rank 0 (call it in that process). `"collective"`:
+    a group of 1 + `receivers` ranks (the trainer, then every receiving worker: `per_replica` per replica)
+    meeting at `host:port` over `backend`, the collective backend of `device`. The caller picks them all
+    (`engine.runtime.backends.build_weight_sync`: the plan's trainer device and its backend from
+    `engine.plan.devices.COLLECTIVE_BACKEND`, this node's IP, a free port, the replica count), so this package
+    imports neither the runtime, the trainer nor the plan."""
+    if kind != "collective":
         return ObjectStoreSync()
-    import ray
-
-    from engine.plan.devices import COLLECTIVE_BACKEND
-    from engine.trainer.fsdp import free_port
-
-    if spec.device not in COLLECTIVE_DEVICES:
-        raise ValueError(f'rollout.weight_sync = "collective" has no transport on {spec.device!r} (gloo on CPU, NCCL '
+    if device not in COLLECTIVE_DEVICES:
+        raise ValueError(f'rollout.weight_sync = "collective" has no transport on {device!r} (gloo on CPU, NCCL '
                          'on CUDA); use "object_store"')
-    return CollectiveSync(ray.util.get_node_ip_address(), free_port(), 1 + spec.receivers,
-                          COLLECTIVE_BACKEND[spec.device], per_replica=spec.per_replica)
+    return CollectiveSync(host, port, 1 + receivers, backend, per_replica=per_replica)
 
 
 @dataclass
