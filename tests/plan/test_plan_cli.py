@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -23,9 +22,7 @@ def _plan(*args: str):
 
 
 def test_seed_layout_predicts_async_faster_than_sync_in_seconds() -> None:
-    t0 = time.process_time()
     r = _plan(SEED, "--json")
-    cpu_s = time.process_time() - t0
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
     plan, sync = doc["plan"], doc["sync"]
@@ -37,7 +34,6 @@ def test_seed_layout_predicts_async_faster_than_sync_in_seconds() -> None:
     assert plan["time_to_end_s"] > 400 * plan["version_time_s"] * 0.9  # 400 versions
     assert plan["sync_pause_s"] >= doc["costs"]["sync_s"] and plan["violations"] == []
     assert "colocated" in doc and doc["colocated"]["trainer_world"] == 128
-    assert cpu_s < 10, cpu_s
 
 
 def test_seed_layout_table_names_its_cost_sources() -> None:
