@@ -15,8 +15,8 @@ Everything is drawn from the scenario's seed, so a run replays exactly.
 
 from __future__ import annotations
 
-import copy
 import heapq
+import pickle
 import random
 from collections import deque
 from dataclasses import dataclass
@@ -40,6 +40,12 @@ from engine.loop.stream import PromptStream
 from engine.types import Prompt, TrajectoryGroup
 
 RESTART_DELAY = 1.0
+
+
+def _snapshot(state: Any) -> Any:
+    """A deep copy of checkpointed state, made as a real checkpoint is: serialized and read back (a pickle round
+    trip — several times faster than `copy.deepcopy` on these plain containers)."""
+    return pickle.loads(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 @dataclass
@@ -154,10 +160,10 @@ class World(SimReplicas, SimTools):
                 r.version = 0
         else:
             self.trainer.restore(ckpt["trainer"])
-            self.trainer.buffer = copy.deepcopy(ckpt["buffer"])
-            self.rollout.restore_state(copy.deepcopy(ckpt["rollout"]["rollout"]),
-                                       copy.deepcopy(ckpt["rollout"]["in_flight"]), self.now)
-            self.queue = copy.deepcopy(ckpt["queue"])
+            self.trainer.buffer = _snapshot(ckpt["buffer"])
+            self.rollout.restore_state(_snapshot(ckpt["rollout"]["rollout"]),
+                                       _snapshot(ckpt["rollout"]["in_flight"]), self.now)
+            self.queue = _snapshot(ckpt["queue"])
             self.rollout.queue_seen(len(self.queue))
             del self.ledger[ckpt["ledger"]:]
             for r in self.replicas:
@@ -175,7 +181,7 @@ class World(SimReplicas, SimTools):
         """`last`: the run's final or stop checkpoint, which no resume uses (kept uncopied)."""
         ckpt = {"trainer": self.trainer.state(), "buffer": list(self.trainer.buffer), "rollout": cut["rollout"],
                 "queue": cut["queue"], "ledger": len(self.ledger)}
-        self.checkpoint = ckpt if last else copy.deepcopy(ckpt)
+        self.checkpoint = ckpt if last else _snapshot(ckpt)
         self.check.on_checkpoint(self.checkpoint)
 
     # ------------------------------------------------------------------ event loop
