@@ -79,6 +79,16 @@ def portable_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def vl_tokenizer_class(transformers_version: str) -> str:
+    """The `tokenizer_class` a tiny Qwen-VL directory's tokenizer is saved under — the one file that cannot be
+    common. transformers 4.x's Qwen3-VL processor (which vLLM 0.13 builds to serve the model) accepts only
+    `Qwen2Tokenizer(Fast)`, and 4.x's `Qwen2TokenizerFast` reads `tokenizer.json` as it is; transformers 5's
+    `Qwen2Tokenizer` rebuilds Qwen's byte-level pipeline instead and would drop the tiny tokenizer's Metaspace
+    (spaces, `<unk>`), so under 5.x the class stays `PreTrainedTokenizerFast`, which reads the file as it is.
+    A tiny VL directory written by 5.x therefore loads in 4.x, but vLLM 0.13 cannot build its processor."""
+    return "Qwen2TokenizerFast" if int(transformers_version.split(".")[0]) < 5 else COMMON_TOKENIZER_CLASS
+
+
 def make_portable(model_dir: str | Path) -> Path:
     """Rewrite `model_dir`'s `config.json` and `tokenizer_config.json` (where present) in the common form."""
     root = Path(model_dir)

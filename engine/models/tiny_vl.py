@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.data.figures import corpus_texts
-from engine.models.portable import portable_rope
+from engine.models.portable import portable_rope, vl_tokenizer_class
 from engine.models.tiny import save_model_dir, seeded_model
 
 if TYPE_CHECKING:
@@ -138,4 +138,18 @@ def build_tiny_vl_model_dir(out_dir: str | Path, seed: int = 0, layers: int = 2)
     meta = {"builder": "asyncrl tiny-qwen3-vl", "format_version": TINY_VL_FORMAT_VERSION, "seed": seed,
             "layers": layers}
     save_model_dir(model, tokenizer, out, meta)
+    _set_tokenizer_class(out)
     return out
+
+
+def _set_tokenizer_class(out: Path) -> None:
+    """Save the tokenizer under the class the installed transformers' Qwen3-VL processor accepts
+    (`engine.models.portable.vl_tokenizer_class`)."""
+    import json
+
+    import transformers
+
+    path = out / "tokenizer_config.json"
+    cfg = json.loads(path.read_text())
+    cfg["tokenizer_class"] = vl_tokenizer_class(transformers.__version__)
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")

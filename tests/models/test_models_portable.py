@@ -10,7 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
-from engine.models.portable import make_portable, portable_config, portable_tokenizer_config
+from engine.models.portable import make_portable, portable_config, portable_tokenizer_config, vl_tokenizer_class
 
 V5_TOKENIZER_CONFIG = {
     "backend": "tokenizers",
@@ -87,3 +87,10 @@ def test_rewrite_changes_nothing_the_installed_transformers_reads(tmp_path: Path
     built = build_tiny_model_dir(tmp_path / "built")
     assert json.loads((built / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
     assert json.loads((built / "config.json").read_text())["rope_theta"] == 10000.0
+
+
+def test_vl_tokenizer_class_is_the_one_each_version_reads_as_saved() -> None:
+    """4.x: the class its Qwen3-VL processor accepts (its fast class reads tokenizer.json as it is); 5.x: the
+    generic class (its Qwen2Tokenizer would rebuild a byte-level pipeline over the tiny Metaspace vocabulary)."""
+    assert vl_tokenizer_class("4.57.6") == "Qwen2TokenizerFast"
+    assert vl_tokenizer_class("5.24.0") == vl_tokenizer_class("5.0.0.dev0") == "PreTrainedTokenizerFast"
