@@ -23,15 +23,16 @@ MODELS: dict[str, Path] = {
     "qwen2.5-7b": REPO / "asyncrl_cli" / "config" / "known_models" / "Qwen--Qwen2.5-Math-7B.json",
 }
 
-# The CPU smoke run keeps each architecture but shrinks it (head_dim 16, 2 layers, vocab 512).
+# The CPU smoke run keeps each architecture but shrinks it (2 layers, vocab 512; head_dim 32, the least vLLM's CPU
+# attention serves).
 SMOKE_SIZES: dict[str, Any] = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
+    "hidden_size": 128,
+    "intermediate_size": 256,
     "num_hidden_layers": 2,
     "max_window_layers": 2,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "head_dim": 16,
+    "head_dim": 32,
     "vocab_size": 512,
     "bos_token_id": 510,
     "eos_token_id": 511,
