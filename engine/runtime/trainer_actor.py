@@ -77,7 +77,8 @@ class TrainerCore(TrainerCheckpoints):
         self.loop = TrainerLoop(TrainerParams.from_config(cfg, total_train_steps(cfg) * trigger))
         self.inbox = self.loop.inbox()
         self.bucket_bytes = cfg.rollout.weight_sync_bucket_mb * 2**20
-        self.weight_sync = build_weight_sync(cfg, device.type if device else None)  # object store or collective
+        self.weight_sync = build_weight_sync(cfg, device.type if device else None,  # rollout.weight_sync
+                                             run_id=os.path.basename(os.path.normpath(run_dir)))
         self.delivery = DeliveryCheck()  # every sync's receipts against what was sent (engine.sync.verify)
         self.run_dir = run_dir
         self.ledger = Ledger(run_dir)
@@ -377,6 +378,7 @@ class TrainerCore(TrainerCheckpoints):
                 "error", "error", f"cannot account for the prompts still in flight: {type(e).__name__}"))
         finally:
             self.ledger.close()
+            getattr(self.weight_sync, "close", lambda: None)()  # shared memory: no file left in /dev/shm
             if self.group is not None:
                 self.group.close()
 

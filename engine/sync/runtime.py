@@ -4,7 +4,10 @@
                                                                        ├→ transport → receive (thread, one ahead)
                                                   load bucket k into the model ←┘ + fingerprint → receipt
 
-* `"collective"` (default): `CollectiveSync` — trainer rank 0 broadcasts the flat buffers over a gloo (CPU) /
+* `"shared_memory"` (what `"auto"`, the default, is on one CPU host): `SharedMemorySync` — the trainer packs
+  each bucket into a ring of /dev/shm buffers, every replica copies it from there into its parameters
+  (`engine.sync.shared_memory`); a `CollectiveSync` in its generations, members and catch-up.
+* `"collective"` (what `"auto"` is elsewhere): `CollectiveSync` — trainer rank 0 broadcasts the flat buffers over a gloo (CPU) /
   NCCL (CUDA) / HCCL (NPU) group (backend from `engine.plan.devices.COLLECTIVE_BACKEND`) with the R rollout
   replicas (group ranks 1 … R by replica id; for vLLM, R × t ranks: each replica's t TP workers receive inside
   vLLM), streaming them as the trainer exports them. A replaced replica joins the next group generation.
@@ -12,7 +15,7 @@
 
 `publish` is the trainer's one call per sync: it hands the replicas what they need (`send(refs)`, the
 rollouter's `update_weights`) in the order each transport requires — object store: put every bucket, then
-send the refs; collective: send the handle first (the replicas join the broadcast once generation is paused),
+send the refs; collective and shared memory: send the handle first (the replicas join the broadcast once generation is paused),
 then broadcast — and returns what was sent (bytes, per-bucket fingerprints and names) for the delivery check
 (`engine.sync.verify`). `resolve_buckets` is the replica's side: a `Delivery` over the buckets it was sent.
 """
@@ -27,6 +30,8 @@ from engine.sync.collective import CollectiveHandle, CollectiveSync, default_dev
 from engine.sync.flat import BufferRing, FlatBucket, flatten
 from engine.sync.object_store import ObjectStoreSync
 from engine.sync.pipeline import ahead
+from engine.sync.shared_memory import SharedMemoryHandle, SharedMemorySync
+from engine.sync.shared_memory import pull as shm_pull
 from engine.sync.verify import Delivery
 
 PIPELINE_DEPTH = 1
@@ -45,25 +50,33 @@ COLLECTIVE_DEVICES = ("cpu", "cuda")
 """Devices with a collective weight-sync transport (their backend: `engine.plan.devices.COLLECTIVE_BACKEND`)."""
 
 
-def build_weight_sync(cfg: Any, device: str | None = None) -> ObjectStoreSync | CollectiveSync:
-    """The transport of `cfg.rollout.weight_sync`, for trainer rank 0 (call it in that process); `device`: the
-    plan's trainer device (default: the hardware preset's)."""
-    if getattr(cfg.rollout, "weight_sync", "collective") != "collective":
+def build_weight_sync(cfg: Any, device: str | None = None,
+                      run_id: str = "run") -> ObjectStoreSync | CollectiveSync | SharedMemorySync:
+    """The transport of `cfg.rollout.weight_sync` ("auto" resolved as the run plan does:
+    `engine.plan.devices.weight_sync_transport`), for trainer rank 0 (call it in that process); `device`: the
+    plan's trainer device (default: the hardware preset's); `run_id` names the shared-memory files."""
+    from engine.plan.devices import COLLECTIVE_BACKEND, weight_sync_transport
+    from engine.runtime.backends import compute_device
+
+    device = device or compute_device(cfg)
+    transport = weight_sync_transport(cfg, device)
+    if transport == "object_store":
         return ObjectStoreSync()
     import ray
 
     from engine.plan.sizes import rollout_replicas
-    from engine.plan.devices import COLLECTIVE_BACKEND
-    from engine.runtime.backends import compute_device
     from engine.trainer.fsdp import free_port
 
-    device = device or compute_device(cfg)
+    per_replica = cfg.rollout.tensor_parallel_size if cfg.rollout.backend == "vllm" else 1  # vLLM: its TP workers
+    world = 1 + rollout_replicas(cfg) * per_replica
+    host = ray.util.get_node_ip_address()
+    if transport == "shared_memory":
+        return SharedMemorySync(host, free_port(), world, run_id=run_id,
+                                slot_bytes=cfg.rollout.weight_sync_bucket_mb * 2**20)
     if device not in COLLECTIVE_DEVICES:
         raise ValueError(f'rollout.weight_sync = "collective" has no transport on {device!r} (gloo on CPU, NCCL '
                          'on CUDA); use "object_store"')
-    per_replica = cfg.rollout.tensor_parallel_size if cfg.rollout.backend == "vllm" else 1  # vLLM: its TP workers
-    return CollectiveSync(ray.util.get_node_ip_address(), free_port(), 1 + rollout_replicas(cfg) * per_replica,
-                          COLLECTIVE_BACKEND[device], per_replica=per_replica)
+    return CollectiveSync(host, free_port(), world, COLLECTIVE_BACKEND[device], per_replica=per_replica)
 
 
 @dataclass
@@ -77,11 +90,12 @@ class Published:
 
 
 def packed(buckets: Iterable[Any], device: Any, names: list[list[str]],
-           corrupt_bucket: int | None = None) -> Iterator[FlatBucket]:
-    """The trainer's buckets as fingerprinted `FlatBucket`s on `device`, their names appended to `names`.
-    `corrupt_bucket` (fault injection, `debug.corrupt_sync_bucket`): flip one byte of that bucket *after* its
-    fingerprint was taken, as a fault on the wire would."""
-    ring = _ring("send")  # the transports copy each bucket out before taking the next
+           corrupt_bucket: int | None = None, ring: Any = None) -> Iterator[FlatBucket]:
+    """The trainer's buckets as fingerprinted `FlatBucket`s on `device`, packed into `ring`'s buffers (default:
+    this process's send ring), their names appended to `names`. `corrupt_bucket` (fault injection,
+    `debug.corrupt_sync_bucket`): flip one byte of that bucket *after* its fingerprint was taken, as a fault on
+    the wire would."""
+    ring = ring if ring is not None else _ring("send")  # the transports copy each bucket out before the next
     for seq, bucket in enumerate(buckets):
         fb = flatten(bucket, seq, device, ring)
         names.append(fb.names)
@@ -100,7 +114,8 @@ def publish(sync: Any, version: int, buckets: Iterable[Any], send: Callable[[lis
         handle = sync.announce(version, gen, members)
         out = send([handle])
         device = sync.device if sync.device is not None else default_device(sync.backend)
-        sync.send(handle, ahead(packed(buckets, device, names, corrupt_bucket), PIPELINE_DEPTH))
+        ring = sync.ring_for(handle) if isinstance(sync, SharedMemorySync) else None  # packed straight into /dev/shm
+        sync.send(handle, ahead(packed(buckets, device, names, corrupt_bucket, ring), PIPELINE_DEPTH))
         return Published(out, handle.nbytes, handle.fingerprints, names)
     handle = sync.push(version, ahead(packed(buckets, "cpu", names, corrupt_bucket), PIPELINE_DEPTH))
     return Published(send(handle.refs), handle.nbytes, handle.fingerprints, names)
@@ -117,6 +132,9 @@ def resolve_buckets(bucket_refs: list, replica_id: int) -> Delivery:
     """The buckets behind what a replica was sent, fetched one bucket ahead of its load: object refs (or
     buckets) in order, or a collective handle (received as group rank `handle.first_rank(replica_id)`; a vLLM
     backend instead hands `handle` and `rank` to its workers, which receive themselves)."""
+    if len(bucket_refs) == 1 and isinstance(bucket_refs[0], SharedMemoryHandle):
+        handle = bucket_refs[0]  # the slots are read in place: no receive to overlap, the sender packs ahead
+        return Delivery(_Lazy(lambda: shm_pull(handle, handle.first_rank(replica_id))))
     if len(bucket_refs) == 1 and isinstance(bucket_refs[0], CollectiveHandle):
         handle = bucket_refs[0]
         rank = handle.first_rank(replica_id)
