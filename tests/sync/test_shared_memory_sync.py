@@ -118,3 +118,45 @@ def test_the_files_of_a_sender_that_died_are_swept() -> None:
         for p in (dead, live):
             if os.path.exists(p):
                 os.unlink(p)
+
+
+def test_a_replica_loads_every_bucket_from_the_ring_fingerprinted_as_it_copies() -> None:
+    """In one process (receiver on a thread): 5 buckets through 3 slots, one larger than a slot; the model's
+    tensors equal the sender's and the receiver's fused fingerprints equal the sender's."""
+    import threading
+
+    from engine.sync.apply import load_buckets_into
+    from engine.sync.shared_memory import pull
+    from engine.sync.verify import Delivery
+    from engine.trainer.fsdp import free_port
+
+    torch.manual_seed(0)
+    src = torch.nn.Sequential(*[torch.nn.Linear(40, 40) for _ in range(4)], torch.nn.Linear(40, 300)).to(torch.bfloat16)
+    dst = torch.nn.Sequential(*[torch.nn.Linear(40, 40) for _ in range(4)], torch.nn.Linear(40, 300)).to(torch.bfloat16)
+    buckets = [{f"{i}.weight": m.weight.detach(), f"{i}.bias": m.bias.detach()} for i, m in enumerate(src)]
+    run_id = f"pyt{os.getpid()}"
+    sync = SharedMemorySync("127.0.0.1", free_port(), 2, run_id=run_id, slot_bytes=4096)
+    got: dict = {}
+    try:
+        for version in (1, 2):
+            def receive(handle) -> None:
+                delivery = Delivery(pull(handle, 1))
+                got["bytes"] = load_buckets_into(dst, delivery)
+                got["fingerprints"] = delivery.fingerprints
+
+            def send(refs):
+                t = threading.Thread(target=receive, args=(refs[0],))
+                t.start()
+                return t
+
+            sent = publish(sync, version, buckets, send)
+            sent.out.join(timeout=60)
+            assert got["fingerprints"] == sent.fingerprints and len(sent.fingerprints) == 5
+            assert got["bytes"] == sent.nbytes
+            assert all(torch.equal(a, b) for a, b in zip(src.state_dict().values(), dst.state_dict().values()))
+            assert not ring_files(run_id)
+            with torch.no_grad():
+                for p in src.parameters():
+                    p.add_(1)
+    finally:
+        sync.close()
