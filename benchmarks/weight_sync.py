@@ -225,6 +225,7 @@ def measure_shape(shape: str, dtype: str, transports: Any, repeats: int, root: P
     from engine.runtime.replica import RolloutReplica
     from engine.sync.collective import CollectiveSync
     from engine.sync.object_store import ObjectStoreSync
+    from engine.sync.runtime import SHM_SLOT_BYTES
     from engine.sync.shared_memory import SharedMemorySync
     from engine.trainer.fsdp import free_port
     from engine.trainer.torch_trainer import TorchTrainerBackend
@@ -241,7 +242,7 @@ def measure_shape(shape: str, dtype: str, transports: Any, repeats: int, root: P
         host = ray.util.get_node_ip_address()
         sync = {"collective": lambda: CollectiveSync(host, free_port(), 2),
                 "shared_memory": lambda: SharedMemorySync(host, free_port(), 2, run_id=f"bench{os.getpid()}",
-                                                          slot_bytes=bucket_bytes),
+                                                          slot_bytes=min(SHM_SLOT_BYTES, bucket_bytes)),
                 "object_store": ObjectStoreSync}[transport]()
         try:
             ray.get(replica.ready.remote())

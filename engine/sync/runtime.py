@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.sync.buckets import bucketize
 from engine.sync.collective import CollectiveHandle, CollectiveSync, default_device, pull
 from engine.sync.flat import BufferRing, FlatBucket, flatten
 from engine.sync.object_store import ObjectStoreSync
@@ -44,6 +45,22 @@ _RINGS: dict[str, BufferRing] = {}
 
 def _ring(role: str) -> BufferRing:
     return _RINGS.setdefault(role, BufferRing(RING_SLOTS))
+
+
+SHM_SLOT_BYTES = 64 * 2**20
+"""Slot size of the shared-memory ring (at most `weight_sync_bucket_mb`): each exported bucket is split into
+pieces of at most this many bytes, so the receivers start loading after 64 MiB, not after a whole 512 MiB
+bucket (with 3 buckets for a 500M bf16 model, the first and last would not overlap at all)."""
+
+
+def split_buckets(buckets: Iterable[Any], nbytes: int) -> Iterator[Any]:
+    """Each bucket (name → tensor, or a `FlatBucket` as is) in pieces of at most `nbytes` (a tensor larger
+    than that travels alone), in order."""
+    for bucket in buckets:
+        if isinstance(bucket, FlatBucket) or not hasattr(bucket, "items"):
+            yield bucket
+            continue
+        yield from bucketize(bucket.items(), nbytes)
 
 
 COLLECTIVE_DEVICES = ("cpu", "cuda")
@@ -72,7 +89,7 @@ def build_weight_sync(cfg: Any, device: str | None = None,
     host = ray.util.get_node_ip_address()
     if transport == "shared_memory":
         return SharedMemorySync(host, free_port(), world, run_id=run_id,
-                                slot_bytes=cfg.rollout.weight_sync_bucket_mb * 2**20)
+                                slot_bytes=min(SHM_SLOT_BYTES, cfg.rollout.weight_sync_bucket_mb * 2**20))
     if device not in COLLECTIVE_DEVICES:
         raise ValueError(f'rollout.weight_sync = "collective" has no transport on {device!r} (gloo on CPU, NCCL '
                          'on CUDA); use "object_store"')
@@ -114,7 +131,10 @@ def publish(sync: Any, version: int, buckets: Iterable[Any], send: Callable[[lis
         handle = sync.announce(version, gen, members)
         out = send([handle])
         device = sync.device if sync.device is not None else default_device(sync.backend)
-        ring = sync.ring_for(handle) if isinstance(sync, SharedMemorySync) else None  # packed straight into /dev/shm
+        ring = None
+        if isinstance(sync, SharedMemorySync):  # packed straight into /dev/shm, in slot-sized pieces
+            ring = sync.ring_for(handle)
+            buckets = split_buckets(buckets, ring.slot_bytes)
         sync.send(handle, ahead(packed(buckets, device, names, corrupt_bucket, ring), PIPELINE_DEPTH))
         return Published(out, handle.nbytes, handle.fingerprints, names)
     handle = sync.push(version, ahead(packed(buckets, "cpu", names, corrupt_bucket), PIPELINE_DEPTH))

@@ -121,7 +121,8 @@ def test_the_files_of_a_sender_that_died_are_swept() -> None:
 
 
 def test_a_replica_loads_every_bucket_from_the_ring_fingerprinted_as_it_copies() -> None:
-    """In one process (receiver on a thread): 5 buckets through 3 slots, one larger than a slot; the model's
+    """In one process (receiver on a thread): 5 buckets split into slot-sized pieces through 3 slots, one tensor
+    larger than a slot; the model's
     tensors equal the sender's and the receiver's fused fingerprints equal the sender's."""
     import threading
 
@@ -151,7 +152,7 @@ def test_a_replica_loads_every_bucket_from_the_ring_fingerprinted_as_it_copies()
 
             sent = publish(sync, version, buckets, send)
             sent.out.join(timeout=60)
-            assert got["fingerprints"] == sent.fingerprints and len(sent.fingerprints) == 5
+            assert got["fingerprints"] == sent.fingerprints and len(sent.fingerprints) > 5  # split into slot-sized pieces
             assert got["bytes"] == sent.nbytes
             assert all(torch.equal(a, b) for a, b in zip(src.state_dict().values(), dst.state_dict().values()))
             assert not ring_files(run_id)
