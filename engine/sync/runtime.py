@@ -67,33 +67,27 @@ COLLECTIVE_DEVICES = ("cpu", "cuda")
 """Devices with a collective weight-sync transport (their backend: `engine.plan.devices.COLLECTIVE_BACKEND`)."""
 
 
-def build_weight_sync(cfg: Any, device: str | None = None,
-                      run_id: str = "run") -> ObjectStoreSync | CollectiveSync | SharedMemorySync:
-    """The transport of `cfg.rollout.weight_sync` ("auto" resolved as the run plan does:
-    `engine.plan.devices.weight_sync_transport`), for trainer rank 0 (call it in that process); `device`: the
-    plan's trainer device (default: the hardware preset's); `run_id` names the shared-memory files."""
-    from engine.plan.devices import COLLECTIVE_BACKEND, weight_sync_transport
-    from engine.runtime.backends import compute_device
-
-    device = device or compute_device(cfg)
-    transport = weight_sync_transport(cfg, device)
-    if transport == "object_store":
+def weight_transport(kind: str, device: str, backend: str = "gloo", host: str = "", port: int = 0,
+                     receivers: int = 0, per_replica: int = 1, run_id: str = "run",
+                     slot_bytes: int = SHM_SLOT_BYTES) -> ObjectStoreSync | CollectiveSync | SharedMemorySync:
+    """The transport `kind` (`rollout.weight_sync`, "auto" already resolved: `engine.plan.devices.
+    weight_sync_transport`) for trainer rank 0 (call it in that process). `"collective"` / `"shared_memory"`: a
+    group of 1 + `receivers` ranks (the trainer, then every receiving worker: `per_replica` per replica)
+    meeting at `host:port` (the shared-memory control messages use the same store), over `backend`, the
+    collective backend of `device`; `run_id` names the shared-memory files, `slot_bytes` sizes their slots.
+    The caller picks them all (`engine.runtime.backends.build_weight_sync`), so this package imports neither
+    the runtime, the trainer nor the plan."""
+    if kind == "shared_memory":
+        if device != "cpu":
+            raise ValueError(f'rollout.weight_sync = "shared_memory" needs device cpu, not {device!r}')
+        return SharedMemorySync(host, port, 1 + receivers, run_id=run_id, slot_bytes=slot_bytes,
+                                per_replica=per_replica)
+    if kind != "collective":
         return ObjectStoreSync()
-    import ray
-
-    from engine.plan.sizes import rollout_replicas
-    from engine.trainer.fsdp import free_port
-
-    per_replica = cfg.rollout.tensor_parallel_size if cfg.rollout.backend == "vllm" else 1  # vLLM: its TP workers
-    world = 1 + rollout_replicas(cfg) * per_replica
-    host = ray.util.get_node_ip_address()
-    if transport == "shared_memory":
-        return SharedMemorySync(host, free_port(), world, run_id=run_id,
-                                slot_bytes=min(SHM_SLOT_BYTES, cfg.rollout.weight_sync_bucket_mb * 2**20))
     if device not in COLLECTIVE_DEVICES:
         raise ValueError(f'rollout.weight_sync = "collective" has no transport on {device!r} (gloo on CPU, NCCL '
                          'on CUDA); use "object_store"')
-    return CollectiveSync(host, free_port(), world, COLLECTIVE_BACKEND[device], per_replica=per_replica)
+    return CollectiveSync(host, port, 1 + receivers, backend, per_replica=per_replica)
 
 
 @dataclass
