@@ -82,6 +82,7 @@ SIZES: dict[str, dict[str, Any]] = {
     "full": {"runs": [("100M", "fp32"), ("100M", "bf16"), ("500M", "fp32"), ("500M", "bf16"), ("1B", "bf16")],
              "transports": TRANSPORTS, "repeats": 3},
     "target": {"runs": [("500M", "bf16")], "transports": TRANSPORTS, "repeats": 3},
+    "target-shm": {"runs": [("500M", "bf16")], "transports": ("shared_memory",), "repeats": 3},
     "toy": {"runs": [("1M", "fp32")], "transports": ("shared_memory", "collective"), "repeats": 1},
 }
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
