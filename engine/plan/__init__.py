@@ -2,6 +2,7 @@
 no torch, no ray — importing it costs what the CLI's `validate` already pays.
 
     run_plan.py   `RunPlan` and `resolve_plan`: the validated config with everything below resolved once
+    roles.py      the spec each actor is handed (rollouter, replica, trainer rank, weight sync), built once
     sizes.py      required_samples, max_required_samples, max_queue_size, total_*_steps, the `Derived` table,
                   M = trainer_world, rollout_world, the replica count R, the trainer's data-parallel size
     hardware.py   hardware presets (`presets/hardware/*.toml`): the model, the loader, a preset's device

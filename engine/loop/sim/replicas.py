@@ -66,11 +66,11 @@ class SimReplicas:
 
     def _turn(self, req: GenRequest) -> tuple[int, int]:
         """(the length of the turn `req` generates, its tokens already in the prefix)."""
-        start = turn_start(list(req.prefix_ids))
+        start = turn_start(req.prefix_ids)
         return self._length(req.request_id, start), len(req.prefix_ids) - start
 
-    def _remaining(self, req: GenRequest) -> int:
-        length, done = self._turn(req)
+    def _remaining(self, req: GenRequest, turn: tuple[int, int] | None = None) -> int:
+        length, done = turn or self._turn(req)
         return max(1, min(req.max_new_tokens, length - done))
 
     def _new_token(self) -> int:
@@ -129,12 +129,12 @@ class SimReplicas:
             rep.busy_since = None
         out, calls = [], {}
         for req in d.requests:
-            remaining = self._remaining(req)
+            length, done = turn = self._turn(req)
+            remaining = self._remaining(req, turn)
             k = min(steps, remaining)
             ids = list(req.prefix_ids) + [MODEL_TOKEN] * k
             log_probs = list(req.prefix_log_probs or [0.0] * len(req.prefix_ids)) + [MODEL_LOG_PROB] * k
             first = req.min_version if req.prefix_ids and req.min_version is not None else rep.version
-            length, done = self._turn(req)
             if k < remaining:
                 reason = "abort"
             else:

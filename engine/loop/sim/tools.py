@@ -14,6 +14,7 @@ answer id the world appended (the checks compare the trained tokens with it).
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 from engine.agent.tool_calls import ToolCall, ToolCallError
@@ -25,7 +26,7 @@ MODEL_LOG_PROB = -0.5
 TOOL_BASE = 1000
 
 
-def turn_start(prefix_ids: list[int]) -> int:
+def turn_start(prefix_ids: Sequence[int]) -> int:
     """Where the current model turn starts in a response: after its last tool-answer token."""
     for k in range(len(prefix_ids) - 1, -1, -1):
         if prefix_ids[k] >= TOOL_BASE:
@@ -44,7 +45,7 @@ class SimTools:
 
     def _turn_calls(self, req: GenRequest) -> list[Any]:
         """The tool calls the turn of `req` ends with (empty: it ends the conversation)."""
-        start = turn_start(list(req.prefix_ids))
+        start = turn_start(req.prefix_ids)
         h = self._hash(req.request_id, start, "calls")
         if (h % 1000) / 1000 >= self.s.tool_call_p:
             return []
