@@ -76,14 +76,16 @@ SHAPES["1B"] = {
     "num_attention_heads": 16,
     "num_key_value_heads": 4,
 }
-TRANSPORTS = ("object_store", "collective")
+TRANSPORTS = ("shared_memory", "collective", "object_store")
 SIZES: dict[str, dict[str, Any]] = {
-    # (model, dtype): 1B in fp32 (4 GB, ×3 with the replica and the object store) does not fit beside the
-    # other jobs of this 24 GiB machine
+    # (model, dtype): 1B in fp32 (4.4 GB per copy: the trainer's model, the replica's, the object store's or
+    # the 1.5 GB shared-memory ring, plus the HF directory written for the replica) does not fit beside the
+    # other jobs of this shared 24 GiB machine
     "full": {"runs": [("100M", "fp32"), ("100M", "bf16"), ("500M", "fp32"), ("500M", "bf16"), ("1B", "bf16")],
-             "transports": TRANSPORTS, "repeats": 2},
+             "transports": TRANSPORTS, "repeats": 3},
     "target": {"runs": [("500M", "bf16")], "transports": TRANSPORTS, "repeats": 3},
-    "toy": {"runs": [("1M", "fp32")], "transports": ("collective",), "repeats": 1},
+    "target-shm": {"runs": [("500M", "bf16")], "transports": ("shared_memory",), "repeats": 3},
+    "toy": {"runs": [("1M", "fp32")], "transports": ("shared_memory", "collective"), "repeats": 1},
 }
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 BACKGROUND_ROWS = 4
@@ -219,11 +221,15 @@ def one_sync(trainer: Any, replica: Any, sync: Any, version: int, bucket_bytes: 
 
 def measure_shape(shape: str, dtype: str, transports: Any, repeats: int, root: Path,
                   threads: int) -> list[dict[str, Any]]:
+    import os
+
     import ray
 
     from engine.runtime.replica import RolloutReplica
     from engine.sync.collective import CollectiveSync
     from engine.sync.object_store import ObjectStoreSync
+    from engine.sync.runtime import SHM_SLOT_BYTES
+    from engine.sync.shared_memory import SharedMemorySync
     from engine.trainer.fsdp import free_port
     from engine.trainer.torch_trainer import TorchTrainerBackend
 
@@ -237,13 +243,17 @@ def measure_shape(shape: str, dtype: str, transports: Any, repeats: int, root: P
     for transport in transports:
         spec = dataclasses.replace(resolve_plan(cfg).role_specs().replica, model_dir=str(model_dir), threads=threads)
         replica = RolloutReplica.options(num_cpus=1).remote(spec, 0)
-        sync = (CollectiveSync(ray.util.get_node_ip_address(), free_port(), 2) if transport == "collective"
-                else ObjectStoreSync())
+        host = ray.util.get_node_ip_address()
+        sync = {"collective": lambda: CollectiveSync(host, free_port(), 2),
+                "shared_memory": lambda: SharedMemorySync(host, free_port(), 2, run_id=f"bench{os.getpid()}",
+                                                          slot_bytes=min(SHM_SLOT_BYTES, bucket_bytes)),
+                "object_store": ObjectStoreSync}[transport]()
         try:
             ray.get(replica.ready.remote())
             runs = [one_sync(trainer, replica, sync, v, bucket_bytes) for v in range(1, repeats + 2)][1:]
         finally:  # the first sync (group formation, first-touch pages) is a warm-up
             ray.kill(replica, no_restart=True)
+            getattr(sync, "close", lambda: None)()
         rows.append(_row(shape, dtype, transport, params, cfg.rollout.weight_sync_bucket_mb, runs))
     del trainer, model
     gc.collect()
@@ -348,8 +358,8 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
             ],
         )
     ]
-    at = next((r for r in rows if (r["model"], r["dtype"], r["transport"]) == ("500M", "bf16", "collective")),
-              rows[-1])
+    at = next((r for r in rows if (r["model"], r["dtype"], r["transport"]) == ("500M", "bf16", "shared_memory")),
+              rows[0])
     what = f"{at['model']} {at['dtype']} {at['transport']}"
     result["targets"] = [
         evaluate(f"sync ÷ memcpy bandwidth ({what})", round(at["fraction_of_memcpy"], 3), 0.5, ">="),

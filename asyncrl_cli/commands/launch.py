@@ -124,6 +124,7 @@ def command(
                     "config": an.config.model_dump(mode="json"),
                     "measured_at_launch": [k for k, on in wanted(an.config).items() if on],
                     "placement": plan.placement.to_json(),
+                    "weight_sync": _weight_sync(plan),
                     "derived": an.derived.to_json(),
                     "precision": dataclasses.asdict(policy_of(an.config)),
                     "files": files,
@@ -145,6 +146,8 @@ def command(
         render_derived(con, an)
         con.print(f"[bold]trainer precision[/bold]  {policy_of(an.config).describe()}")
         render_placement(con, plan.placement)
+        con.print(f"[bold]weight sync[/bold]  {_weight_sync(plan)} (rollout.weight_sync = "
+                  f"{an.config.rollout.weight_sync!r})")
         render_problems(con, [p for p in an.problems if p.severity == "warning"])
         auto_keys = [k for k, on in wanted(an.config).items() if on]
         if auto_keys:  # the placement above shows the automatic split for an "auto" cpu_threads
@@ -174,3 +177,11 @@ def command(
              allow_same_name=allow_same_name, command=relaunch, prediction=prediction)
     show_validation_curve(int(rc or 0), an.config.logging.run_dir)
     raise typer.Exit(int(rc or 0))
+
+
+def _weight_sync(plan: object) -> str:
+    """The transport the run's weight syncs take (`RunPlan.weight_sync`), or why it has none."""
+    try:
+        return plan.weight_sync  # type: ignore[attr-defined]
+    except ValueError as e:
+        return f"none: {e}"

@@ -394,20 +394,26 @@ class RolloutConfig(Section):
     """Rollout replicas (None = rollout GPUs / `tensor_parallel_size`)."""
     weight_sync_bucket_mb: int = Field(512, gt=0)
     """Size of one weight-sync bucket in MiB."""
-    weight_sync: Literal["object_store", "collective"] = "collective"
-    """How new weights reach the replicas; both move the same pipeline (`engine.sync`): the trainer's weights in
-    the model's dtype packed into flat `weight_sync_bucket_mb` buckets, bucket k+1 packed while k travels and
-    loaded while k+1 arrives, every bucket checksummed on both ends (the delivery check: a mismatch fails the
-    run). `collective` (default): trainer rank 0 broadcasts each bucket over a stateless group with every
-    replica (gloo on CPU, NCCL on CUDA, HCCL on NPU — the last two untested here) straight into the `hf`
-    sampler's parameters / each vLLM worker's loaders; a replaced replica joins a new group generation and gets
-    the last synced weights from a catch-up broadcast as soon as it is up (when the trainer has not stepped
-    since; else with the next sync) — it generates nothing before; a replica whose process dies *during* a
-    broadcast fails that sync (the run stops with a checkpoint). Each side keeps 3 buckets of buffers resident. One sender (rank 0): the
-    trainer's link to the replicas bounds it. `object_store`: one `ray.put` per bucket, each replica `ray.get`s
-    them zero-copy (shared memory on one node, Ray's object transfer across nodes); the object store holds one
-    version while replicas load it (it may spill beyond `object_store_memory`); a replacement loads the
-    newest version at once."""
+    weight_sync: Literal["auto", "shared_memory", "collective", "object_store"] = "auto"
+    """How new weights reach the replicas; every transport moves the same pipeline (`engine.sync`): the trainer's
+    weights in the model's dtype packed into flat `weight_sync_bucket_mb` buckets, bucket k+1 packed while k
+    travels and loaded while k+1 arrives, every bucket checksummed on both ends (the delivery check: a mismatch
+    fails the run naming the replica and the bucket). `auto` (default) resolves once, in the run plan
+    (`launch --dry-run` shows it): `shared_memory` on a one-node CPU run with `hf` replicas, else `collective`.
+    `shared_memory`: the trainer packs each bucket straight into a ring of 3 bucket-sized buffers in /dev/shm and
+    every replica copies it from there into its parameters (one copy per side, no socket; ~3 × the bucket size of
+    /dev/shm); needs device cpu, `hf` replicas and every replica on the trainer's host; the files are named
+    with the run id and unlinked after the first sync of each ring (nothing is left in /dev/shm after a stop
+    or a crash). `collective`: trainer rank 0 broadcasts each bucket over a stateless group with every replica
+    (gloo on CPU — loopback TCP on one host, ~3× slower than shared memory —, NCCL on CUDA, HCCL on NPU, the
+    last two untested here) straight into the `hf` sampler's parameters / each vLLM worker's loaders. For both,
+    a replaced replica joins a new group generation and gets the last synced weights from a catch-up as soon
+    as it is up (when the trainer has not stepped since; else with the next sync) — it generates nothing
+    before; a replica whose process dies *during* a sync fails that sync (the run stops with a checkpoint).
+    One sender (rank 0): the trainer's link to the replicas bounds it. `object_store`: one `ray.put` per
+    bucket, each replica `ray.get`s them zero-copy (shared memory on one node, Ray's object transfer across
+    nodes); the object store holds one version while replicas load it (it may spill beyond
+    `object_store_memory`); a replacement loads the newest version at once."""
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
     """Multi-turn, tool-using rollouts (off by default)."""
     max_replica_restarts: int = Field(3, ge=0)

@@ -29,13 +29,31 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 DeviceType = Literal["cuda", "npu", "cpu"]
 IndexPolicy = Literal["ray", "local_rank", "bundles", "none"]
 
 COLLECTIVE_BACKEND: dict[str, str] = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 """torch.distributed backend of each device's tensors (the one device → backend table)."""
+
+
+def weight_sync_transport(cfg: Any, device: str) -> str:
+    """The transport `rollout.weight_sync` resolves to on `device` (the run plan shows it; the trainer builds it):
+    an explicit choice as is; `"auto"` → `"shared_memory"` when the weights live on the host (`cpu`), the
+    replicas are `hf` samplers and every pool is on one node (the trainer's host: Ray places a one-node CPU run
+    there), else `"collective"`. ValueError (one line) for a choice the run cannot use."""
+    r = cfg.rollout
+    choice = getattr(r, "weight_sync", "auto")
+    one_host = cfg.resources.trainer.nnodes == 1 and cfg.resources.rollout.nnodes == 1
+    if choice == "auto":
+        return "shared_memory" if device == "cpu" and r.backend == "hf" and one_host else "collective"
+    if choice == "shared_memory" and (device != "cpu" or r.backend != "hf" or not one_host):
+        raise ValueError('rollout.weight_sync = "shared_memory" needs device cpu, rollout.backend = "hf" and one '
+                         f'node for both pools (here: {device}, {r.backend}, trainer.nnodes = '
+                         f'{cfg.resources.trainer.nnodes}, rollout.nnodes = {cfg.resources.rollout.nnodes}); use '
+                         '"auto" or "collective"')
+    return choice
 
 VISIBLE_DEVICES_ENV: dict[str, str] = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}
 """The variable that names the accelerators a process may use."""

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from engine.loop.agent import AgentLimits
 from engine.loop.rollout import RolloutParams, partial_rollout_in_force
 from engine.loop.trainer import TrainerParams
-from engine.plan.devices import RoleDevice
+from engine.plan.devices import RoleDevice, weight_sync_transport
 
 if TYPE_CHECKING:
     from engine.config.schema import RunConfig
@@ -57,7 +57,8 @@ class WeightSyncSpec:
     """How trainer rank 0 pushes weights to the replicas (`engine.sync.runtime.build_weight_sync`)."""
 
     transport: str
-    """`rollout.weight_sync`: "collective" (one broadcast group) or "object_store"."""
+    """`rollout.weight_sync` resolved ("auto" → `engine.plan.devices.weight_sync_transport`): "shared_memory",
+    "collective" (one broadcast group) or "object_store"."""
     device: str
     """The trainer's device type: the collective's backend is this device's (`COLLECTIVE_BACKEND`)."""
     receivers: int
@@ -191,7 +192,7 @@ def trainer_params(cfg: RunConfig, d: Derived, total_local_steps: int) -> Traine
 def weight_sync_spec(cfg: RunConfig, d: Derived, trainer_device: RoleDevice) -> WeightSyncSpec:
     """The weight sync of `cfg`: a vLLM replica joins the collective with each of its TP workers."""
     per_replica = cfg.rollout.tensor_parallel_size if cfg.rollout.backend == "vllm" else 1
-    return WeightSyncSpec(transport=cfg.rollout.weight_sync, device=trainer_device.type,
+    return WeightSyncSpec(transport=weight_sync_transport(cfg, trainer_device.type), device=trainer_device.type,
                           receivers=d.rollout_replicas * per_replica, per_replica=per_replica,
                           bucket_bytes=cfg.rollout.weight_sync_bucket_mb * MIB,
                           corrupt_bucket=cfg.debug.corrupt_sync_bucket)

@@ -7,6 +7,7 @@ A plan is a validated `RunConfig` with what follows from it, computed once here:
     hardware   the `resources.hardware` preset (its `device` is where replicas and trainer ranks compute)
     devices    each role's `RoleDevice` (`engine.plan.devices`): device type, index policy, collective env; the
                driver hands it to every actor, which passes it to its backend (no backend probes its device)
+    weight_sync  the transport `rollout.weight_sync` resolves to here ("auto": shared memory on one CPU host)
     placement  the layout `launch --dry-run` prints (`plan_placement`: actors, nodes, pools' bundles)
     actors     what each actor asks Ray for (`actor_resources`, on this machine's cores), from the same M and R
     layout_error  why the pools cannot be laid out on their nodes (None when they can); the driver refuses
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.plan.devices import RoleDevice
+from engine.plan.devices import RoleDevice, weight_sync_transport
 from engine.plan.hardware import HardwarePreset, load_hardware, run_devices
 from engine.plan.layout import LayoutError, config_layout
 from engine.plan.placement import Placement, actor_resources, plan_placement
@@ -55,6 +56,12 @@ class RunPlan:
     def device(self) -> str:
         """`cpu`, `cuda` or `npu`: the hardware preset's device."""
         return self.hardware.device
+
+    @property
+    def weight_sync(self) -> str:
+        """The transport of the weight syncs (`rollout.weight_sync`, "auto" resolved for this device:
+        `engine.plan.devices.weight_sync_transport`)."""
+        return weight_sync_transport(self.config, self.device)
 
     @property
     def trainer_ranks(self) -> int:

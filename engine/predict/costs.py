@@ -53,8 +53,11 @@ SYNC_LINK_GBPS = {"nvlink+ib": 45.0, "hccs+roce": 22.0, "hccs+ub": 45.0, "nvlink
                   "none": 1.0}
 """Usable bandwidth (GB/s) of the weight sync's sender (trainer rank 0) to the replicas, by interconnect. The
 trainer and rollout pools are separate nodes, so it is rank 0's NIC: 400 Gb/s InfiniBand ≈ 45 GB/s usable,
-200 Gb/s RoCE ≈ 22 GB/s; a single node (`nvlink`) uses NVLink. `none` (CPU): of the order this machine's gloo
-broadcast reaches over loopback — calibrate (`asyncrl plan --calibrate`) for a real figure."""
+200 Gb/s RoCE ≈ 22 GB/s; a single node (`nvlink`) uses NVLink. `none` (CPU): a placeholder — the CPU preset
+declares no memory bandwidth, so no CPU sync is estimated (`estimate` returns nothing); a CPU plan takes its
+`sync_s` from a calibration of a measured run (`asyncrl plan --calibrate`), i.e. from whatever transport that
+run used (`rollout.weight_sync = "auto"`: shared memory on one host, whose time is the pack and load copies,
+not a link)."""
 SYNC_GATHER_GBPS = {"nvlink+ib": 150.0, "hccs+roce": 90.0, "hccs+ub": 150.0, "nvlink": 150.0, "pcie": 20.0,
                     "none": 1.0}
 """Bandwidth (GB/s) of the trainer's gather of TP / EP shards to the sender, within a node."""

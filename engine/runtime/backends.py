@@ -161,14 +161,14 @@ def build_reference_backend(cfg: RunConfig, model_dir: str, distributed: bool = 
     return build_trainer_backend(cfg, model_dir, distributed, frozen=True, device=device)
 
 
-def build_weight_sync(spec: WeightSyncSpec):
+def build_weight_sync(spec: WeightSyncSpec, run_id: str = "run"):
     """The weight-sync transport of `spec` (`engine.plan.roles.WeightSyncSpec`: `rollout.weight_sync`, the plan's
     trainer device, the receiving ranks — R replicas, for vLLM each replica's t TP workers: R × t) for trainer
     rank 0 (call it in that process): `engine.sync.runtime.weight_transport` with the device's collective backend,
     meeting at this node's IP and a free port."""
-    from engine.sync.runtime import weight_transport
+    from engine.sync.runtime import SHM_SLOT_BYTES, weight_transport
 
-    if spec.transport != "collective":
+    if spec.transport not in ("collective", "shared_memory"):
         return weight_transport(spec.transport, spec.device)
     import ray
 
@@ -176,4 +176,5 @@ def build_weight_sync(spec: WeightSyncSpec):
     from engine.trainer.fsdp import free_port
 
     return weight_transport(spec.transport, spec.device, COLLECTIVE_BACKEND.get(spec.device, ""),
-                            ray.util.get_node_ip_address(), free_port(), spec.receivers, spec.per_replica)
+                            ray.util.get_node_ip_address(), free_port(), spec.receivers, spec.per_replica,
+                            run_id=run_id, slot_bytes=min(SHM_SLOT_BYTES, spec.bucket_bytes))

@@ -77,7 +77,8 @@ class TrainerCore(TrainerCheckpoints):
         self.loop = TrainerLoop(spec.params)
         self.inbox = self.loop.inbox()
         self.bucket_bytes = spec.weight_sync.bucket_bytes
-        self.weight_sync = build_weight_sync(spec.weight_sync)  # object store or collective
+        self.weight_sync = build_weight_sync(spec.weight_sync,  # rollout.weight_sync, resolved in the plan
+                                             run_id=os.path.basename(os.path.normpath(spec.run_dir)))
         self.delivery = DeliveryCheck()  # every sync's receipts against what was sent (engine.sync.verify)
         self.run_dir = spec.run_dir
         self.ledger = Ledger(self.run_dir)
@@ -377,6 +378,7 @@ class TrainerCore(TrainerCheckpoints):
                 "error", "error", f"cannot account for the prompts still in flight: {type(e).__name__}"))
         finally:
             self.ledger.close()
+            getattr(self.weight_sync, "close", lambda: None)()  # shared memory: no file left in /dev/shm
             if self.group is not None:
                 self.group.close()
 

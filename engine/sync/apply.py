@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from engine.sync.flat import as_tensor
+from engine.sync.flat import ALIGN, FlatBucket, Fingerprint, as_tensor, copy_fingerprinted, host_bytes
 
 
 def named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -49,12 +49,15 @@ def load_buckets_into(model: torch.nn.Module, buckets: Iterable[Any], strict: bo
     The sources may be read-only (zero-copy views of Ray's object store): they are only read, and copied into
     the parameter (dtype cast and device move included), so nothing outside `model` is written. With
     `strict`, an unknown name or a shape mismatch raises `KeyError` / `ValueError`; unknown names are skipped
-    otherwise.
+    otherwise. A host `FlatBucket` is fingerprinted as it is copied (`load_flat`), its `fingerprint` set.
     """
     targets = named_tensors(model)
     copied = 0
     with torch.no_grad():
         for bucket in buckets:
+            if isinstance(bucket, FlatBucket) and bucket.data.device.type == "cpu":
+                copied += load_flat(targets, bucket, strict)
+                continue
             for name, array in bucket.items():
                 target = targets.get(name)
                 if target is None:
@@ -63,10 +66,44 @@ def load_buckets_into(model: torch.nn.Module, buckets: Iterable[Any], strict: bo
                     if strict:
                         raise KeyError(f"weight {name!r} is not a tensor of the model")
                     continue
-                source = as_tensor(array)
-                if tuple(target.shape) != tuple(source.shape):
-                    raise ValueError(f"shape mismatch for {name!r}: model {tuple(target.shape)}, "
-                                     f"got {tuple(source.shape)}")
-                target.detach().copy_(source, non_blocking=False)
-                copied += source.numel() * source.element_size()
+                copied += _copy(name, target, as_tensor(array))
+    return copied
+
+
+def _copy(name: str, target: torch.Tensor, source: torch.Tensor) -> int:
+    if tuple(target.shape) != tuple(source.shape):
+        raise ValueError(f"shape mismatch for {name!r}: model {tuple(target.shape)}, got {tuple(source.shape)}")
+    target.detach().copy_(source, non_blocking=False)
+    return source.numel() * source.element_size()
+
+
+def load_flat(targets: dict[str, torch.Tensor], bucket: FlatBucket, strict: bool = True) -> int:
+    """Copy a host bucket's tensors into `targets` and fingerprint the bucket's bytes on the way: each `CHUNK` of
+    the received buffer is added to the fingerprint right after it was copied out, while it is in cache (one
+    read of the buffer in all). A target of another dtype or layout (a fused expert slice) takes the general
+    copy, its region fingerprinted after. Sets `bucket.fingerprint` (= `fingerprint(bucket.data)`)."""
+    fp = Fingerprint()
+    buf = host_bytes(bucket.data)
+    covered = copied = 0
+    for (name, view), (_, _, _, offset, nbytes) in zip(bucket.tensors(), bucket.index):
+        end = min(buf.size, offset + nbytes + (-(offset + nbytes)) % ALIGN)  # the tensor and its padding
+        region = buf[offset:end]
+        target = targets.get(name)
+        if target is None:
+            target = fused_expert_view(targets, name)
+        if target is None:
+            if strict:
+                raise KeyError(f"weight {name!r} is not a tensor of the model")
+            copy_fingerprinted(region, region, 0, fp, offset, region)
+        elif (target.dtype == view.dtype and target.device.type == "cpu" and target.is_contiguous()
+              and tuple(target.shape) == tuple(view.shape)):
+            copy_fingerprinted(host_bytes(target.detach()), region, nbytes, fp, offset, region)
+            copied += nbytes
+        else:
+            copied += _copy(name, target, view)
+            copy_fingerprinted(region, region, 0, fp, offset, region)
+        covered = end
+    if covered < buf.size:
+        copy_fingerprinted(buf[covered:], buf[covered:], 0, fp, covered, buf[covered:])
+    bucket.fingerprint = fp.value
     return copied

@@ -4,7 +4,10 @@
                                                                        ├→ transport → receive (thread, one ahead)
                                                   load bucket k into the model ←┘ + fingerprint → receipt
 
-* `"collective"` (default): `CollectiveSync` — trainer rank 0 broadcasts the flat buffers over a gloo (CPU) /
+* `"shared_memory"` (what `"auto"`, the default, is on one CPU host): `SharedMemorySync` — the trainer packs
+  each bucket into a ring of /dev/shm buffers, every replica copies it from there into its parameters
+  (`engine.sync.shared_memory`); a `CollectiveSync` in its generations, members and catch-up.
+* `"collective"` (what `"auto"` is elsewhere): `CollectiveSync` — trainer rank 0 broadcasts the flat buffers over a gloo (CPU) /
   NCCL (CUDA) / HCCL (NPU) group (backend from `engine.plan.devices.COLLECTIVE_BACKEND`) with the R rollout
   replicas (group ranks 1 … R by replica id; for vLLM, R × t ranks: each replica's t TP workers receive inside
   vLLM), streaming them as the trainer exports them. A replaced replica joins the next group generation.
@@ -12,7 +15,7 @@
 
 `publish` is the trainer's one call per sync: it hands the replicas what they need (`send(refs)`, the
 rollouter's `update_weights`) in the order each transport requires — object store: put every bucket, then
-send the refs; collective: send the handle first (the replicas join the broadcast once generation is paused),
+send the refs; collective and shared memory: send the handle first (the replicas join the broadcast once generation is paused),
 then broadcast — and returns what was sent (bytes, per-bucket fingerprints and names) for the delivery check
 (`engine.sync.verify`). `resolve_buckets` is the replica's side: a `Delivery` over the buckets it was sent.
 """
@@ -23,10 +26,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.sync.buckets import bucketize
 from engine.sync.collective import CollectiveHandle, CollectiveSync, default_device, pull
 from engine.sync.flat import BufferRing, FlatBucket, flatten
 from engine.sync.object_store import ObjectStoreSync
 from engine.sync.pipeline import ahead
+from engine.sync.shared_memory import SharedMemoryHandle, SharedMemorySync
+from engine.sync.shared_memory import pull as shm_pull
 from engine.sync.verify import Delivery
 
 PIPELINE_DEPTH = 1
@@ -41,18 +47,41 @@ def _ring(role: str) -> BufferRing:
     return _RINGS.setdefault(role, BufferRing(RING_SLOTS))
 
 
+SHM_SLOT_BYTES = 64 * 2**20
+"""Slot size of the shared-memory ring (at most `weight_sync_bucket_mb`): each exported bucket is split into
+pieces of at most this many bytes, so the receivers start loading after 64 MiB, not after a whole 512 MiB
+bucket (with 3 buckets for a 500M bf16 model, the first and last would not overlap at all)."""
+
+
+def split_buckets(buckets: Iterable[Any], nbytes: int) -> Iterator[Any]:
+    """Each bucket (name → tensor, or a `FlatBucket` as is) in pieces of at most `nbytes` (a tensor larger
+    than that travels alone), in order."""
+    for bucket in buckets:
+        if isinstance(bucket, FlatBucket) or not hasattr(bucket, "items"):
+            yield bucket
+            continue
+        yield from bucketize(bucket.items(), nbytes)
+
+
 COLLECTIVE_DEVICES = ("cpu", "cuda")
 """Devices with a collective weight-sync transport (their backend: `engine.plan.devices.COLLECTIVE_BACKEND`)."""
 
 
 def weight_transport(kind: str, device: str, backend: str = "gloo", host: str = "", port: int = 0,
-                     receivers: int = 0, per_replica: int = 1) -> ObjectStoreSync | CollectiveSync:
-    """The transport `kind` (`rollout.weight_sync`) for trainer rank 0 (call it in that process). `"collective"`:
-    a group of 1 + `receivers` ranks (the trainer, then every receiving worker: `per_replica` per replica)
-    meeting at `host:port` over `backend`, the collective backend of `device`. The caller picks them all
-    (`engine.runtime.backends.build_weight_sync`: the plan's trainer device and its backend from
-    `engine.plan.devices.COLLECTIVE_BACKEND`, this node's IP, a free port, the replica count), so this package
-    imports neither the runtime, the trainer nor the plan."""
+                     receivers: int = 0, per_replica: int = 1, run_id: str = "run",
+                     slot_bytes: int = SHM_SLOT_BYTES) -> ObjectStoreSync | CollectiveSync | SharedMemorySync:
+    """The transport `kind` (`rollout.weight_sync`, "auto" already resolved: `engine.plan.devices.
+    weight_sync_transport`) for trainer rank 0 (call it in that process). `"collective"` / `"shared_memory"`: a
+    group of 1 + `receivers` ranks (the trainer, then every receiving worker: `per_replica` per replica)
+    meeting at `host:port` (the shared-memory control messages use the same store), over `backend`, the
+    collective backend of `device`; `run_id` names the shared-memory files, `slot_bytes` sizes their slots.
+    The caller picks them all (`engine.runtime.backends.build_weight_sync`), so this package imports neither
+    the runtime, the trainer nor the plan."""
+    if kind == "shared_memory":
+        if device != "cpu":
+            raise ValueError(f'rollout.weight_sync = "shared_memory" needs device cpu, not {device!r}')
+        return SharedMemorySync(host, port, 1 + receivers, run_id=run_id, slot_bytes=slot_bytes,
+                                per_replica=per_replica)
     if kind != "collective":
         return ObjectStoreSync()
     if device not in COLLECTIVE_DEVICES:
@@ -72,11 +101,12 @@ class Published:
 
 
 def packed(buckets: Iterable[Any], device: Any, names: list[list[str]],
-           corrupt_bucket: int | None = None) -> Iterator[FlatBucket]:
-    """The trainer's buckets as fingerprinted `FlatBucket`s on `device`, their names appended to `names`.
-    `corrupt_bucket` (fault injection, `debug.corrupt_sync_bucket`): flip one byte of that bucket *after* its
-    fingerprint was taken, as a fault on the wire would."""
-    ring = _ring("send")  # the transports copy each bucket out before taking the next
+           corrupt_bucket: int | None = None, ring: Any = None) -> Iterator[FlatBucket]:
+    """The trainer's buckets as fingerprinted `FlatBucket`s on `device`, packed into `ring`'s buffers (default:
+    this process's send ring), their names appended to `names`. `corrupt_bucket` (fault injection,
+    `debug.corrupt_sync_bucket`): flip one byte of that bucket *after* its fingerprint was taken, as a fault on
+    the wire would."""
+    ring = ring if ring is not None else _ring("send")  # the transports copy each bucket out before the next
     for seq, bucket in enumerate(buckets):
         fb = flatten(bucket, seq, device, ring)
         names.append(fb.names)
@@ -95,7 +125,11 @@ def publish(sync: Any, version: int, buckets: Iterable[Any], send: Callable[[lis
         handle = sync.announce(version, gen, members)
         out = send([handle])
         device = sync.device if sync.device is not None else default_device(sync.backend)
-        sync.send(handle, ahead(packed(buckets, device, names, corrupt_bucket), PIPELINE_DEPTH))
+        ring = None
+        if isinstance(sync, SharedMemorySync):  # packed straight into /dev/shm, in slot-sized pieces
+            ring = sync.ring_for(handle)
+            buckets = split_buckets(buckets, ring.slot_bytes)
+        sync.send(handle, ahead(packed(buckets, device, names, corrupt_bucket, ring), PIPELINE_DEPTH))
         return Published(out, handle.nbytes, handle.fingerprints, names)
     handle = sync.push(version, ahead(packed(buckets, "cpu", names, corrupt_bucket), PIPELINE_DEPTH))
     return Published(send(handle.refs), handle.nbytes, handle.fingerprints, names)
@@ -112,6 +146,9 @@ def resolve_buckets(bucket_refs: list, replica_id: int) -> Delivery:
     """The buckets behind what a replica was sent, fetched one bucket ahead of its load: object refs (or
     buckets) in order, or a collective handle (received as group rank `handle.first_rank(replica_id)`; a vLLM
     backend instead hands `handle` and `rank` to its workers, which receive themselves)."""
+    if len(bucket_refs) == 1 and isinstance(bucket_refs[0], SharedMemoryHandle):
+        handle = bucket_refs[0]  # the slots are read in place: no receive to overlap, the sender packs ahead
+        return Delivery(_Lazy(lambda: shm_pull(handle, handle.first_rank(replica_id))))
     if len(bucket_refs) == 1 and isinstance(bucket_refs[0], CollectiveHandle):
         handle = bucket_refs[0]
         rank = handle.first_rank(replica_id)

@@ -1,8 +1,10 @@
 """The delivery check of every weight sync: did each replica load exactly what the trainer sent?
 
-Receiver side (`Delivery`): the buckets a replica consumes pass through a wrapper that fingerprints each one
-where its bytes already are (the received buffer: shared memory for the object store, the broadcast buffer
-for the collective; `engine.sync.flat.fingerprint`). A vLLM replica's workers receive a broadcast themselves
+Receiver side (`Delivery`): the buckets a replica consumes pass through a wrapper that records each one's
+fingerprint where its bytes already are (the received buffer: a shared-memory slot or Ray's shared memory,
+the broadcast buffer for the collective; `engine.sync.flat.fingerprint`) — computed by the load itself while
+it copies the bucket out (host buckets, `engine.sync.apply.load_flat`), else by the wrapper once the
+consumer is done with the bucket. A vLLM replica's workers receive a broadcast themselves
 and return their fingerprints. After loading, the replica also fingerprints a sample of its *own* weights
 (`weights_fingerprint`: every 4099th byte of each tensor, chained) — cheap, and independent of the transport.
 
@@ -45,9 +47,11 @@ class Delivery:
 
         for bucket in self.buckets:
             fb = bucket if isinstance(bucket, FlatBucket) else flatten(bucket, len(self.fingerprints))
-            fb.fingerprint = fingerprint(fb.data)  # recomputed here, on the bytes this replica received
+            fb.fingerprint = None  # recomputed on the bytes this replica received: by the consumer's load
+            yield fb  # (`engine.sync.apply.load_flat`, fused with its copy), else here once it is done with them
+            if fb.fingerprint is None:
+                fb.fingerprint = fingerprint(fb.data)
             self.fingerprints.append(fb.fingerprint)
-            yield fb
 
 
 def weights_fingerprint(tensors: Iterable[Any]) -> int:

@@ -1,0 +1,340 @@
+"""Same-host weight sync through shared memory (`rollout.weight_sync = "shared_memory"`; what `"auto"` resolves to
+on CPU: `engine.plan.devices.weight_sync_transport`).
+
+The bytes never cross a socket. The sender packs bucket k straight into slot k mod S of a ring of S buffers in
+`/dev/shm` (its one copy, fused with its fingerprint: `engine.sync.flat.flatten`); each receiver maps the same
+files and copies the bucket from the slot into its parameters (its one copy, fused with its fingerprint:
+`engine.sync.apply.load_flat`). Only small control messages travel, over the trainer's `TCPStore` (its address
+in the handle, as for the collective):
+
+    sender    "<tag>/h<k>"         pickle((seq, slot, data bytes, index, ring))  — None after the last bucket
+    receiver  "<tag>/a<k>/<rank>"  done with bucket k (loaded and fingerprinted): the slot may be reused;
+                                   after the end marker: the version's keys may be deleted
+    tag = "shm/<version>/<gen>", ring = (epoch name, slot paths, slot bytes)
+
+Pipelining: the sender packs bucket k+1 into the next slot while the receivers load bucket k (two processes,
+no thread needed for the overlap); it blocks only before reusing a slot whose bucket some receiver has not
+acknowledged, so with S = 3 it runs up to two buckets ahead. Time per sync ≈ one copy of the model on the
+slower side, plus one bucket. The handle is a `CollectiveHandle` (generation, member slots, receiver ranks), so
+group generations, the catch-up of a replaced replica and the delivery check work as for the collective.
+
+The ring's files: `/dev/shm/asyncrl-<run id>-p<pid>-e<epoch>-s<slot>`, made (and `posix_fallocate`d, so a full
+`/dev/shm` is an error, not a SIGBUS) at the first sync, when a bucket outgrows the slots, and for every new
+group generation (a replacement must map them). Each receiver maps all slots of an epoch when it first sees it;
+at the end of the epoch's first sync (every receiver acknowledged every bucket, so all have mapped them) the
+sender *unlinks* the files: the memory then lives exactly as long as the processes that map it, so a stop, a
+crash, a kill or Ctrl-C leaves nothing in `/dev/shm`. During that first sync, `close()` (the trainer's stop),
+an exit handler, and the sweep of files whose sender process is gone (`sweep_stale`, at the next ring creation
+on this host) remove them.
+
+Limits: every receiver on the sender's host (a receiver that cannot find a slot file says so); host memory on
+both sides (CPU trainer and `hf` replicas); no Ray here. A receiver that dies mid-sync leaves the sender waiting
+for its acknowledgement until `timeout_s`, then the sync fails.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import glob
+import mmap
+import os
+import pickle
+import re
+import threading
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from engine.sync.collective import CollectiveHandle, CollectiveSync
+from engine.sync.flat import ALIGN, FlatBucket
+
+SLOTS = 3
+"""Shared-memory buffers in the ring: one being loaded, one packed ahead, one spare for uneven stages."""
+SHM_DIR = "/dev/shm"
+_FILE = re.compile(r"^asyncrl-.+-p(?P<pid>\d+)-e\d+-s\d+$")
+
+
+@dataclass
+class SharedMemoryHandle(CollectiveHandle):
+    """A version sent through the shared-memory ring; the store address, generation and member slots are the
+    collective's (`CollectiveHandle`)."""
+
+
+def _tag(handle: CollectiveHandle) -> str:
+    return f"shm/{handle.version}/{handle.gen}"
+
+
+def _unlink(paths: list[str]) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+
+
+def sweep_stale(directory: str = SHM_DIR) -> list[str]:
+    """Remove ring files of this scheme whose sender process no longer exists on this host (a sender killed
+    before its first sync completed); returns the paths removed."""
+    removed = []
+    for path in glob.glob(os.path.join(directory, "asyncrl-*-p*-e*-s*")):
+        m = _FILE.match(os.path.basename(path))
+        if m is None:
+            continue
+        try:
+            os.kill(int(m["pid"]), 0)
+        except ProcessLookupError:
+            _unlink([path])
+            removed.append(path)
+        except PermissionError:  # another user's live process
+            pass
+    return removed
+
+
+class ShmRing:
+    """The sender's ring of `SLOTS` shared-memory buffers (module docstring). `get(size, device)` is the
+    `engine.sync.flat.BufferRing` interface the pack writes through: it returns the next slot once every
+    receiver has acknowledged the bucket that slot held."""
+
+    def __init__(self, run_id: str, slots: int, slot_bytes: int, directory: str = SHM_DIR,
+                 timeout_s: float = 300.0) -> None:
+        self.run_id, self.nslots, self.slot_bytes, self.directory = run_id, slots, slot_bytes, directory
+        self.timeout_s = timeout_s
+        self.epoch = -1
+        self.paths: list[str] = []
+        self.buffers: list[torch.Tensor] = []
+        self.linked = False
+        self.next = 0
+        self.order: deque[int] = deque()  # slots handed to the pack, not yet published by `send`
+        self.pending: dict[int, list[str]] = {}  # slot → the acknowledgement keys its bucket is waiting for
+        self.cond = threading.Condition()
+        self.acks: Any = None  # a store client of its own: `get` waits in the pack's thread
+        self._finalizer: weakref.finalize | None = None
+
+    @property
+    def name(self) -> str:
+        return f"asyncrl-{self.run_id}-p{os.getpid()}-e{self.epoch}"
+
+    def renew(self, slot_bytes: int) -> None:
+        """A new epoch: fresh files of `slot_bytes` (the old ones are unlinked; their memory goes when the last
+        receiver drops its mapping)."""
+        self.drop()
+        sweep_stale(self.directory)
+        self.epoch += 1
+        self.slot_bytes = slot_bytes
+        self.paths = [os.path.join(self.directory, f"{self.name}-s{i}") for i in range(self.nslots)]
+        self._finalizer = weakref.finalize(self, _unlink, list(self.paths))
+        self.linked = True
+        self.buffers = [_create(p, slot_bytes) for p in self.paths]
+        self.next = 0
+
+    def describe(self) -> tuple[str, list[str], int]:
+        return self.name, list(self.paths), self.slot_bytes
+
+    def unlink(self) -> None:
+        """Remove the files (mappings stay valid): every receiver of this epoch has mapped them."""
+        if self.linked:
+            _unlink(self.paths)
+            self.linked = False
+
+    def drop(self) -> None:
+        self.unlink()
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self.buffers = []
+
+    def wait(self, keys: list[str], timeout_s: float) -> None:
+        if keys:
+            self.acks.wait(keys, _dt.timedelta(seconds=timeout_s))
+
+    def get(self, size: int, device: Any) -> torch.Tensor:
+        if torch.device(device).type != "cpu":
+            raise ValueError("shared-memory weight sync packs on the host (device cpu)")
+        with self.cond:
+            if size > self.slot_bytes or not self.buffers:  # outgrown: wait for every slot, then a new epoch
+                self.cond.wait_for(lambda: not self.order)
+                for keys in self.pending.values():
+                    self.wait(keys, self.timeout_s)
+                self.pending.clear()
+                self.renew(max(size, self.slot_bytes))
+            slot, self.next = self.next, (self.next + 1) % self.nslots
+            self.cond.wait_for(lambda: slot not in self.order)  # its bucket is published: its keys are known
+            keys = self.pending.pop(slot, [])
+        self.wait(keys, self.timeout_s)  # the receivers are done with the bucket it held
+        with self.cond:
+            self.order.append(slot)
+        return self.buffers[slot][:size]
+
+    def published(self, keys: list[str]) -> tuple[int, tuple[str, list[str], int]]:
+        """`send` publishes the oldest bucket handed out, whose slot then waits for `keys`: (slot, the ring)."""
+        with self.cond:
+            slot = self.order.popleft()
+            self.pending[slot] = keys
+            self.cond.notify_all()
+            return slot, self.describe()
+
+    def settle(self) -> None:
+        """Wait until every receiver acknowledged every published bucket."""
+        with self.cond:
+            pending, self.pending = self.pending, {}
+        for keys in pending.values():
+            self.wait(keys, self.timeout_s)
+
+
+def _create(path: str, size: int) -> torch.Tensor:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as e:
+            _unlink([path])
+            raise RuntimeError(f"shared-memory weight sync: cannot reserve {size / 2**20:.0f} MiB in "
+                               f"{os.path.dirname(path)} ({e.strerror}); free space there or set "
+                               'rollout.weight_sync = "collective"') from None
+        mm = mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+    return torch.from_numpy(np.frombuffer(mm, dtype=np.uint8))
+
+
+class SharedMemorySync(CollectiveSync):
+    """`WeightSync` through a shared-memory ring (module docstring), on trainer rank 0. `announce` / `send` as
+    for the collective; `publish` (`engine.sync.runtime`) packs into `ring_for(handle)` before `send`."""
+
+    def __init__(self, host: str, port: int, world: int, run_id: str = "run", slot_bytes: int = 0,
+                 timeout_s: float = 300.0, per_replica: int = 1, slots: int = SLOTS) -> None:
+        super().__init__(host, port, world, "gloo", timeout_s, per_replica, torch.device("cpu"))
+        self.ring = ShmRing(re.sub(r"[^A-Za-z0-9_.]", "_", run_id), slots, _aligned(max(slot_bytes, ALIGN)),
+                            timeout_s=timeout_s)
+        self.gen: int | None = None
+
+    def _store(self) -> Any:
+        if self.store is None:
+            self.store = dist.TCPStore(self.host, self.port, self.world, is_master=True,
+                                       timeout=_dt.timedelta(seconds=self.timeout_s), wait_for_workers=False)
+            self.ring.acks = dist.TCPStore(self.host, self.port, is_master=False,
+                                           timeout=_dt.timedelta(seconds=self.timeout_s))
+        return self.store
+
+    def announce(self, version: int, gen: int = 0, members: list[int] | None = None) -> SharedMemoryHandle:
+        world = self.world if members is None else 1 + len(members) * self.per_replica
+        return SharedMemoryHandle(version, self.host, self.port, world, "shm", gen=gen,
+                                  per_replica=self.per_replica, members=members)
+
+    def ring_for(self, handle: CollectiveHandle) -> ShmRing:
+        """The ring the pack of `handle`'s version writes into: a new epoch for a new generation (its members
+        may not have mapped the current files)."""
+        self._store()
+        if self.gen != handle.gen or not self.ring.buffers:
+            self.ring.settle()
+            self.ring.renew(self.ring.slot_bytes)
+            self.gen = handle.gen
+        return self.ring
+
+    def send(self, handle: CollectiveHandle, buckets: Iterable[FlatBucket]) -> CollectiveHandle:
+        """Publish each bucket (packed into a slot of `ring_for(handle)`), then the end marker; wait until every
+        receiver is done with every bucket and unlink the ring's files (every receiver has mapped them). Sets the
+        handle's bytes, bucket count and fingerprints."""
+        store, ring, tag = self._store(), self.ring_for(handle), _tag(handle)
+        ranks = range(1, handle.world)
+        keys: list[str] = []
+        nbytes, sums = 0, []
+        for k, fb in enumerate(buckets):
+            acks = [f"{tag}/a{k}/{r}" for r in ranks]
+            slot, desc = ring.published(acks)
+            store.set(f"{tag}/h{k}", pickle.dumps((fb.seq, slot, fb.data.numel(), fb.index, desc)))
+            keys += [f"{tag}/h{k}", *acks]
+            nbytes += fb.nbytes
+            sums.append(int(fb.fingerprint))
+        end = [f"{tag}/a{len(sums)}/{r}" for r in ranks]  # each receiver read the end marker: keys can go
+        store.set(f"{tag}/h{len(sums)}", pickle.dumps(None))
+        keys += [f"{tag}/h{len(sums)}", *end]
+        ring.settle()
+        ring.wait(end, self.timeout_s)
+        ring.unlink()
+        for key in keys:
+            store.delete_key(key)
+        handle.nbytes, handle.fingerprints = nbytes, sums
+        handle.num_buckets = len(sums)
+        return handle
+
+    def close(self) -> None:
+        """Remove the ring's files (the trainer's stop); safe to call twice."""
+        self.ring.drop()
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+_MAPPED: dict[str, list[torch.Tensor]] = {}
+"""This process's mapping of the newest ring epoch it saw, by epoch name (older epochs are dropped)."""
+
+
+def _map(ring: tuple[str, list[str], int]) -> list[torch.Tensor]:
+    name, paths, size = ring
+    slots = _MAPPED.get(name)
+    if slots is None:
+        _MAPPED.clear()
+        slots = []
+        for p in paths:
+            try:
+                fd = os.open(p, os.O_RDONLY)
+            except FileNotFoundError:
+                raise RuntimeError(f"shared-memory weight sync: {p} is not on this host: every rollout replica "
+                                   'must run on the trainer\'s host (set rollout.weight_sync = "collective")') from None
+            try:
+                mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
+            with warnings.catch_warnings():  # read-only: the receivers only read the slots
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                slots.append(torch.from_numpy(np.frombuffer(mm, dtype=np.uint8)))
+        _MAPPED[name] = slots
+    return slots
+
+
+_CLIENTS: dict[tuple[str, int], Any] = {}
+
+
+def pull(handle: CollectiveHandle, rank: int, timeout_s: float = 300.0) -> Iterator[FlatBucket]:
+    """The buckets of `handle` as group rank `rank` (≥ 1) receives them: views of the ring's slots, each
+    acknowledged when the consumer asks for the next one (so load it before). A consumer that stops early
+    acknowledges the rest unread, so the sender is never left waiting."""
+    key = (handle.host, handle.port)
+    store = _CLIENTS.get(key)
+    if store is None:
+        store = _CLIENTS[key] = dist.TCPStore(handle.host, handle.port, is_master=False,
+                                              timeout=_dt.timedelta(seconds=timeout_s))
+    tag, k, done = _tag(handle), 0, False
+
+    def header(i: int) -> Any:
+        store.wait([f"{tag}/h{i}"])
+        return pickle.loads(store.get(f"{tag}/h{i}"))
+
+    try:
+        while True:
+            msg = header(k)
+            if msg is None:
+                done = True
+                store.set(f"{tag}/a{k}/{rank}", b"1")
+                return
+            seq, slot, n, index, ring = msg
+            slots = _map(ring)
+            yield FlatBucket(index, slots[slot][:n], seq)
+            store.set(f"{tag}/a{k}/{rank}", b"1")
+            k += 1
+    finally:
+        if not done:
+            while True:
+                last = header(k) is None
+                store.set(f"{tag}/a{k}/{rank}", b"1")
+                if last:
+                    break
+                k += 1

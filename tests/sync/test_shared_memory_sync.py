@@ -1,0 +1,163 @@
+"""The shared-memory weight sync (`engine.sync.shared_memory`): the trainer packs each bucket straight into a
+ring of /dev/shm slots and receivers in other processes read it in place — bit-exactly, in the sender's dtype,
+version after version, more buckets than slots (the ring is reused only once every receiver is done with a
+slot), a bucket larger than the slots (a new ring), a receiver that stops early (the rest is acknowledged for
+the sender), a replaced receiver in a new generation; and no file is left in /dev/shm."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import pytest
+import torch
+
+from engine.sync.flat import fingerprint
+from engine.sync.runtime import publish
+from engine.sync.shared_memory import SharedMemorySync, sweep_stale
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def version_buckets(version: int) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(version)
+    out = [{"a.weight": torch.randn(70, 50, generator=g).to(torch.bfloat16), "a.bias": torch.randn(5, generator=g)},
+           {"b.table": torch.randint(0, 9, (3, 4, 2), generator=g), "b.half": torch.randn(11, generator=g).half()},
+           {"c.scalar": torch.tensor(float(version))}, {"d.w": torch.randn(33, generator=g)},
+           {"e.w": torch.randn(9, 3, generator=g)}]
+    if version == 3:  # larger than a slot: the ring is remade mid-version
+        out.insert(2, {"big": torch.randn(300, 300, generator=g)})
+    return out
+
+
+def raw(t: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
+    return str(t.dtype), tuple(t.shape), t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+
+
+def receiver(handles, rank: int, results, stop_early_at: int | None, quit_after: int | None) -> None:
+    from engine.sync.shared_memory import pull
+
+    for handle in iter(handles.get, None):
+        got, sums = [], []
+        for bucket in pull(handle, rank):
+            sums.append(fingerprint(bucket.data))
+            got.append({k: raw(v) for k, v in bucket.tensors()})
+            if handle.version == stop_early_at:
+                break  # a consumer that gives up mid-version: the rest is acknowledged for the sender
+        results.put((rank, handle.version, got, sums))
+        if handle.version == quit_after:
+            break  # this process ends, as a killed replica does; a new one takes its rank
+    results.close()
+    results.join_thread()
+    os._exit(0)
+
+
+def ring_files(run_id: str) -> list[str]:
+    return [f for f in os.listdir("/dev/shm") if f.startswith(f"asyncrl-{run_id}-")]
+
+
+@pytest.mark.slow
+def test_slots_carry_every_byte_to_every_receiver_and_no_file_is_left_in_dev_shm() -> None:
+    from engine.trainer.fsdp import free_port
+
+    ctx = mp.get_context("spawn")
+    world, run_id = 3, f"pytest{os.getpid()}"
+    handles = [ctx.Queue() for _ in range(world - 1)]
+    results = ctx.Queue()
+    procs = [ctx.Process(target=receiver, args=(handles[0], 1, results, None, 2)),
+             ctx.Process(target=receiver, args=(handles[1], 2, results, 2, None))]
+    for p in procs:
+        p.start()
+    sync = SharedMemorySync("127.0.0.1", free_port(), world, run_id=run_id, slot_bytes=16 * 1024)
+    gen = 0
+    try:
+        for version in (1, 2, 3, 4):
+            if version == 3:  # rank 1's process ended after v2: a new one replaces it, in a new generation
+                procs[0].join(timeout=30)
+                procs.append(ctx.Process(target=receiver, args=(handles[0], 1, results, None, None)))
+                procs[-1].start()
+                gen += 1
+            expected = version_buckets(version)
+
+            def send(refs):
+                for q in handles:
+                    q.put(refs[0])
+
+            sent = publish(sync, version, version_buckets(version), send, gen=gen)
+            assert not ring_files(run_id)  # unlinked once every receiver mapped them: a crash leaks nothing
+            assert sent.nbytes == sum(t.numel() * t.element_size() for b in expected for t in b.values())
+            assert len(sent.fingerprints) == len(expected)
+            for _ in range(world - 1):
+                rank, got_version, got, sums = results.get(timeout=60)
+                assert got_version == version
+                want = expected[:1] if (rank, version) == (2, 2) else expected
+                assert sums == sent.fingerprints[:len(want)]  # the receiver's checksums are the sender's
+                assert len(got) == len(want)
+                for g, w in zip(got, want):
+                    assert list(g) == list(w)
+                    for name in w:  # dtype, shape and every byte
+                        assert g[name] == raw(w[name]), name
+    finally:
+        for q in handles:
+            q.put(None)
+        for p in procs:
+            p.join(timeout=30)
+        sync.close()
+    assert [p.exitcode for p in procs] == [0] * len(procs)
+    assert not ring_files(run_id)
+
+
+def test_the_files_of_a_sender_that_died_are_swept() -> None:
+    dead = os.path.join("/dev/shm", "asyncrl-pytest-sweep-p999999999-e0-s0")
+    live = os.path.join("/dev/shm", f"asyncrl-pytest-sweep-p{os.getpid()}-e0-s0")
+    for p in (dead, live):
+        open(p, "wb").close()
+    try:
+        assert dead in sweep_stale() and os.path.exists(live) and not os.path.exists(dead)
+    finally:
+        for p in (dead, live):
+            if os.path.exists(p):
+                os.unlink(p)
+
+
+def test_a_replica_loads_every_bucket_from_the_ring_fingerprinted_as_it_copies() -> None:
+    """In one process (receiver on a thread): 5 buckets split into slot-sized pieces through 3 slots, one tensor
+    larger than a slot; the model's
+    tensors equal the sender's and the receiver's fused fingerprints equal the sender's."""
+    import threading
+
+    from engine.sync.apply import load_buckets_into
+    from engine.sync.shared_memory import pull
+    from engine.sync.verify import Delivery
+    from engine.trainer.fsdp import free_port
+
+    torch.manual_seed(0)
+    src = torch.nn.Sequential(*[torch.nn.Linear(40, 40) for _ in range(4)], torch.nn.Linear(40, 300)).to(torch.bfloat16)
+    dst = torch.nn.Sequential(*[torch.nn.Linear(40, 40) for _ in range(4)], torch.nn.Linear(40, 300)).to(torch.bfloat16)
+    buckets = [{f"{i}.weight": m.weight.detach(), f"{i}.bias": m.bias.detach()} for i, m in enumerate(src)]
+    run_id = f"pyt{os.getpid()}"
+    sync = SharedMemorySync("127.0.0.1", free_port(), 2, run_id=run_id, slot_bytes=4096)
+    got: dict = {}
+    try:
+        for version in (1, 2):
+            def receive(handle) -> None:
+                delivery = Delivery(pull(handle, 1))
+                got["bytes"] = load_buckets_into(dst, delivery)
+                got["fingerprints"] = delivery.fingerprints
+
+            def send(refs):
+                t = threading.Thread(target=receive, args=(refs[0],))
+                t.start()
+                return t
+
+            sent = publish(sync, version, buckets, send)
+            sent.out.join(timeout=60)
+            assert got["fingerprints"] == sent.fingerprints and len(sent.fingerprints) > 5  # split into slot-sized pieces
+            assert got["bytes"] == sent.nbytes
+            assert all(torch.equal(a, b) for a, b in zip(src.state_dict().values(), dst.state_dict().values()))
+            assert not ring_files(run_id)
+            with torch.no_grad():
+                for p in src.parameters():
+                    p.add_(1)
+    finally:
+        sync.close()
