@@ -25,6 +25,7 @@ TITLES = {
     "trl-grpo": "8. TRL GRPOTrainer side by side",
     "precision": "9. Precision per role",
     "demo-sweep": "10. Demo recipe sweep",
+    "tool-use": "12. Tool use: SmolLM2 with and without a calculator",
 }
 
 
