@@ -9,14 +9,14 @@ the same model, problems, validation set, steps and samples:
 
 Each arm is launched as a user launches it (`benchmarks.demo_runs.launch`: its own process and local Ray,
 times from the command's start), one after the other on the same cores. Per arm it records the greedy
-validation curve (`val-core/asyncrl/bigarith/acc/mean@1` on 48 held-out problems, at versions 0, 3, 6, 9 and
-the last), the validation tool-call rate (`asyncrl/val/tool_call_rate`: answers with at least one call), and
+validation curve (`val-core/asyncrl/bigarith/acc/mean@1` on 32 held-out problems, at versions 0, 2 and 4 of
+its 8 steps), the validation tool-call rate (`asyncrl/val/tool_call_rate`: answers with at least one call), and
 per training step the mean reward (`critic/rewards/mean`: acc + 0.1 × format) and the tool calls per
 trajectory (`asyncrl/tools/calls_per_trajectory`).
 
 Compared: the validation accuracy after the same training (the last validation), and the best validation
 within the same wall budget (`BUDGET_S` after launch: the tool arm's steps are longer — its tool turns add
-tokens and tool latency). One run per arm: the accuracies carry about ±0.07 (48 problems) plus the run's
+tokens and tool latency). One run per arm: the accuracies carry about ±0.08 (32 problems) plus the run's
 own spread, which one seed cannot measure.
 """
 
@@ -93,7 +93,7 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
                "val tool-call rate at each validation", f"best val by {BUDGET_S:.0f} s", "final val",
                "mean reward first → last 4 steps", "calls/trajectory first → last 4 steps", "load start → end"],
               [_row(r, series[r.label], loads[r.label]) for r in runs]),
-        table("Validation curves (48 greedy problems)",
+        table("Validation curves (32 greedy problems)",
               ["arm", "version", "seconds since launch", "greedy val acc", "val tool-call rate"],
               [[r.label, p["version"], p["time_s"], p["acc"], rate]
                for r in runs for p, rate in zip(r.curve, series[r.label]["val_tool_call_rate"] + [None] * 99)]),
@@ -110,7 +110,7 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
                         "measured": [bt, bn], "op": ">", "goal": "no-tool arm",
                         "status": "met" if (bt or 0) > (bn or 0) else "not met"})
     result["targets"] = targets
-    result["notes"] = [LAUNCH_NOTE, "One run per arm (one seed): no winner is claimed beyond the ±0.07 of 48 "
+    result["notes"] = [LAUNCH_NOTE, "One run per arm (one seed): no winner is claimed beyond the ±0.08 of 32 "
                        "greedy problems; the runs' own spread is not measured."]
     write_json(finish_result(result, started), out_dir)
     plot(runs, series, out_dir)
@@ -143,7 +143,7 @@ def plot(runs: list[DemoRun], series: dict[str, dict[str, list[float]]], out_dir
         calls = series[r.label]["calls_per_trajectory"]
         axes[2].plot(range(1, len(calls) + 1), calls, label=r.label)
     axes[0].axvline(BUDGET_S, color="grey", linestyle=":", linewidth=1)
-    axes[0].set(xlabel="seconds since launch", ylabel="greedy val accuracy (48 problems)", ylim=(0, 1),
+    axes[0].set(xlabel="seconds since launch", ylabel="greedy val accuracy (32 problems)", ylim=(0, 1),
                 title="validation vs wall time")
     axes[1].set(xlabel="step", ylabel="critic/rewards/mean", title="training reward")
     axes[2].set(xlabel="step", ylabel="asyncrl/tools/calls_per_trajectory", title="tool calls per trajectory")
