@@ -92,7 +92,7 @@ class ToolShell:
         lat = sorted(self._latencies)
         out: dict[str, float] = {"asyncrl/tools/calls": self._counts.get("calls", 0),
                                  "asyncrl/tools/errors": self._counts.get("errors", 0),
-                                 "asyncrl/tools/waiting": len(self._waiting)}
+                                 "asyncrl/tools/waiting": sum(1 for key in self._waiting if not key[2])}
         for status in ("error", "timeout", "crashed", "bad_output"):
             out[f"asyncrl/tools/status/{status}"] = self._counts.get(status, 0)
         if lat:
