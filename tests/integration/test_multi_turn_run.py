@@ -16,6 +16,8 @@ from run_helpers import REPO, read_jsonl, tiny_config, train_records
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TOOLS = REPO / "presets" / "runs" / "tiny-tools-cpu.toml"
+PROMPTS = 192
+"""12 steps of 16 prompts × 8 samples: the tiny model calls its tool more as it learns (the call earns a bonus)."""
 TIMEOUT_S = 1.5
 """The tool's wall-clock limit (the verl config's `default_timeout`)."""
 CODES = (
@@ -42,7 +44,7 @@ def _flaky_tool_task(tmp: Path) -> tuple[Path, Path]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = builtin_rows("lookup", "train", size=96)
+    rows = builtin_rows("lookup", "train", size=PROMPTS)
     for k, r in enumerate(rows):
         code = CODES[k % 3].format(secret=r["reward_model"]["ground_truth"])
         r["extra_info"]["tools_kwargs"] = {"lookup": {"create_kwargs": {"code": code}}}
@@ -57,7 +59,7 @@ def test_tools_that_sleep_time_out_and_raise_across_syncs_keep_an_exact_ledger(r
     data, tools = _flaky_tool_task(tmp_path)
     cfg = tiny_config(run_dir, f'data.train_files=["{data}"]', "data.val_files=[]", "trainer.test_freq=0",
                       "trainer.val_before_train=false", "trainer.ppo_mini_batch_size=16",
-                      "trainer.ppo_micro_batch_size_per_gpu=32", "rollout.total_rollout_steps=96",
+                      "trainer.ppo_micro_batch_size_per_gpu=32", f"rollout.total_rollout_steps={PROMPTS}",
                       "trainer.total_epochs=1", "rollout.multi_turn.tools=[]",
                       f'rollout.multi_turn.tool_config_path="{tools}"', "async_training.trigger_parameter_sync_step=1",
                       # a sync aborts every generating turn and drops its prompt: a trajectory trained with
@@ -69,7 +71,7 @@ def test_tools_that_sleep_time_out_and_raise_across_syncs_keep_an_exact_ledger(r
     recs = train_records(run_dir)
     ledger = read_jsonl(run_dir / "ledger.jsonl")
     uids = [e["uid"] for e in ledger]
-    assert len(uids) == len(set(uids)) == 96  # every prompt accounted for exactly once
+    assert len(uids) == len(set(uids)) == PROMPTS  # every prompt accounted for exactly once
     status = collections.Counter(e["status"] for e in ledger)
     assert set(status) <= {"trained", "dropped"} and status["trained"] >= 16 * (len(recs) - 1)
     assert {e.get("reason") for e in ledger if e["status"] == "dropped"} <= {"aborted_at_sync"}
