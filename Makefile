@@ -35,7 +35,7 @@ demo: $(STAMP)
 	$(VENV)/bin/asyncrl launch presets/runs/smollm2-arith-cpu.toml
 
 # Pyflakes, syntax errors and the import layering (engine/ never imports asyncrl_cli, no heavy import at the
-# top of a CLI module, no ray in engine/algo): pyproject.toml, engine/algo/ruff.toml, engine/plan/ruff.toml.
+# top of a CLI module, no ray in engine/algo): pyproject.toml, engine/{algo,plan,predict,config,loop}/ruff.toml.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 

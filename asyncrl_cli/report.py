@@ -14,7 +14,7 @@ from asyncrl_cli.config.problems import Problem
 
 if TYPE_CHECKING:
     from asyncrl_cli.config.loader import Analysis
-    from asyncrl_cli.config.placement import Placement
+    from engine.plan.placement import Placement
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 

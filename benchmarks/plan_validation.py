@@ -3,11 +3,11 @@
 Part 1 (measured, this machine): calibrate on the tiny preset's sync run (`asyncrl plan --calibrate`),
 predict its fully async run and a variant with another staleness and trigger, run both, and compare
 samples/s (tolerance 15 %) and the trainer and rollouter idle ratios (tolerance 0.1), all over the steps
-after the first three (`engine.plan.calibrate.measured`).
+after the first three (`engine.predict.calibrate.measured`).
 
 Part 2 (declared, no run): costs in the shape of verl's published 128-GPU H20 setups — the colocate
 baseline's generation time fitted to the published one (the split of a decode step into a fixed and a
-per-row part from `engine.plan.costs.estimate`), the trainer's time per version as published for the fully
+per-row part from `engine.predict.costs.estimate`), the trainer's time per version as published for the fully
 async run, the published sync time — and the predicted async ÷ colocated set against the published speedup
 (tolerance 25 %) and their ordering. A second prediction scales the colocate baseline's training time
 linearly to the async trainer world, to show how much of the published gain that assumption misses.
@@ -55,7 +55,7 @@ case's declared `mean_response` overall."""
 
 def _layout(preset: Path, overrides: list[str], device: str):
     from benchmarks.engine_runs import load_config
-    from engine.plan.costs import Layout
+    from engine.predict.costs import Layout
 
     cfg = load_config(preset, overrides)
     return Layout.from_config(cfg, None, device)
@@ -73,9 +73,9 @@ def _compare(name: str, pred: Any, meas: dict[str, Any]) -> dict[str, Any]:
 def measured_part(size: str, run_dirs: dict[str, Path] | None = None) -> dict[str, Any]:
     """Part 1. `run_dirs` (sync, async, variant): runs already made with the same overrides; else they are
     launched here."""
-    from engine.plan.calibrate import calibrate, measured, read_rows
-    from engine.plan.costs import resolve
-    from engine.plan.predict import simulate
+    from engine.predict.calibrate import calibrate, measured, read_rows
+    from engine.predict.costs import resolve
+    from engine.predict.prediction import simulate
 
     base = [*COMMON, *SIZES[size]]
     specs = {"sync": ("tiny-cpu-sync.toml", [*base, *SAME_THREADS]), "async": ("tiny-cpu.toml", base),
@@ -110,9 +110,9 @@ def measured_part(size: str, run_dirs: dict[str, Path] | None = None) -> dict[st
 def _fit_declared(case: dict[str, Any], slots: int = 1) -> dict[str, Any]:
     """Part 2 for one published setup: fit the decode cost to the colocate generation time, predict."""
     from benchmarks.engine_runs import load_config
-    from engine.plan.costs import CostModel, estimate
-    from engine.plan.predict import colocated_layout, simulate
-    from asyncrl_cli.config.hardware import load_hardware
+    from engine.predict.costs import CostModel, estimate
+    from engine.predict.prediction import colocated_layout, simulate
+    from engine.plan.hardware import load_hardware
     from asyncrl_cli.config.hf_model import read_model_facts
 
     cfg = load_config(PRESETS / case["preset"], list(case["overrides"]))

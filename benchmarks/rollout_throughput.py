@@ -189,7 +189,7 @@ def measure_local(
 def _measure_model(name: str, spec: dict[str, Any], threads: int, dtype: str, model: Any, tok: Any,
                    prompts: list[list[int]]) -> list[dict[str, Any]]:
     """hf rows (every dtype) and transformers.generate rows (fp32 only) for one loaded model."""
-    from engine.rollout.hf import HFRolloutBackend
+    from engine.rollout.hf.backend import HFRolloutBackend
 
     n, max_new, eos = spec["n"], spec["max_new_tokens"][name], eos_ids(tok, model)
     rows = []

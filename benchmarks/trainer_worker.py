@@ -26,7 +26,7 @@ from typing import Any
 
 def make_groups(cfg: Any, tok: Any, vocab: int, seed: int = 0) -> list[Any]:
     """`required_samples` prompt groups of `n` full-length random responses with alternating rewards."""
-    from asyncrl_cli.config.derived import required_samples
+    from engine.plan.sizes import required_samples
     from engine.data.prompts import load_prompts
     from engine.types import Trajectory, TrajectoryGroup
 
@@ -55,7 +55,7 @@ def measure(
     from engine.algo.loss import build_loss_fn
     from engine.models.loader import load_tokenizer, resolve_model_path
     from engine.runtime.backends import build_trainer_backend
-    from engine.runtime.batching import prepare_batch
+    from engine.algo.batching import prepare_batch
 
     cfg = load_config(preset, [f'trainer.backend="{backend_name}"', "trainer.test_freq=0", *overrides])
     model_dir = str(resolve_model_path(cfg.model.path, seed=cfg.trainer.seed))

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from asyncrl_cli.config.names import BUILTIN_DATASETS
+from engine.config.names import BUILTIN_DATASETS
 from asyncrl_cli.errors import AsyncrlError, UsageProblem, handle_errors
 from asyncrl_cli.output import emit_json, stdout_console
 

@@ -27,7 +27,7 @@ def verl(
     """Convert a verl fully-async script: every override is mapped (verl's value; verl's defaults filled where asyncrl's differ), ignored with its reason (no effect on the experiment), or an error.
 
     Exit codes: 0 written and valid · 1 not converted (every override asyncrl cannot honour is listed; nothing is written) or the written file is invalid · 2 usage (no script, output exists, unknown hardware) · 3 written, but it does not fit the hardware."""  # noqa: E501
-    from asyncrl_cli.config.hardware import HardwareNotFound, load_hardware
+    from engine.plan.hardware import HardwareNotFound, load_hardware
     from asyncrl_cli.config.loader import analyze_run_config
     from asyncrl_cli.report import render_headline, render_problems
     from asyncrl_cli.verl_import.convert import convert_script

@@ -18,8 +18,8 @@ from asyncrl_cli.errors import DoesNotFit, InvalidConfig, UsageProblem, handle_e
 from asyncrl_cli.output import stdout_console
 
 if TYPE_CHECKING:  # the schema-backed modules load when the command runs, not for `--help`
-    from asyncrl_cli.config.hardware import HardwarePreset
-    from asyncrl_cli.config.planner import Plan
+    from engine.plan.hardware import HardwarePreset
+    from asyncrl_cli.config.init_choices import InitChoices
 
 SECTIONS = ("model", "resources.trainer", "resources.rollout", "trainer", "rollout", "async_training")
 
@@ -49,17 +49,17 @@ def _model_ref(model: str) -> str:
 
 
 def render_run_file(
-    plan: Plan, facts: ModelFacts, model: str, dataset: str, hw: HardwarePreset, command: str, out: Path
+    choices: InitChoices, facts: ModelFacts, model: str, dataset: str, hw: HardwarePreset, command: str, out: Path
 ) -> str:
     """The TOML text: a `#:schema` header, the command that runs it, and commented tables."""
     schema = os.path.relpath(presets_dir() / RUN_SCHEMA_FILE, out.resolve().parent)
-    train = plan.get("resources.trainer.nnodes") * plan.get("resources.trainer.gpus_per_node")
-    roll = plan.get("resources.rollout.nnodes") * plan.get("resources.rollout.gpus_per_node")
+    train = choices.get("resources.trainer.nnodes") * choices.get("resources.trainer.gpus_per_node")
+    roll = choices.get("resources.rollout.nnodes") * choices.get("resources.rollout.gpus_per_node")
     name = _slug(f"{Path(model).name or model}-{dataset}")
     header = [
         f"#:schema {schema}",
-        f"# {Path(model).name or model} · GRPO on {dataset} · {plan.get('trainer.backend')} + "
-        f"{plan.get('rollout.backend')} · {roll} rollout : {train} train on {hw.name}",
+        f"# {Path(model).name or model} · GRPO on {dataset} · {choices.get('trainer.backend')} + "
+        f"{choices.get('rollout.backend')} · {roll} rollout : {train} train on {hw.name}",
         f"# Written by: {command}",
         f"# Check:  asyncrl validate {out}",
         f"# Run:    asyncrl launch {out}",
@@ -68,8 +68,8 @@ def render_run_file(
     doc = tomlkit.document()
     doc.add("name", name)
     doc.add("extends", [f"datasets/{dataset}", f"hardware/{hw.name}"])
-    values = {"model.path": _model_ref(model), **plan.values}
-    reasons = dict(plan.reasons)
+    values = {"model.path": _model_ref(model), **choices.values}
+    reasons = dict(choices.reasons)
     moe = f", {facts.params_active / 1e9:.2f}B active" if facts.is_moe else ""
     reasons["model.path"] = f"{facts.model_type}: {facts.params_total / 1e9:.2f}B parameters{moe}"
     for section in SECTIONS:
@@ -110,9 +110,9 @@ def command(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
     """Write a commented run file that [bold]validate[/] accepts: backend, parallelism, GPU split, batches."""
-    from asyncrl_cli.config.hardware import HardwareNotFound, hardware_names, load_hardware
+    from engine.plan.hardware import HardwareNotFound, hardware_names, load_hardware
     from asyncrl_cli.config.loader import analyze_run_config
-    from asyncrl_cli.config.planner import PlanError, plan_run
+    from asyncrl_cli.config.init_choices import InitRefused, choose_init_settings
     from asyncrl_cli.report import render_headline, render_model, render_problems
 
     tty = sys.stdin.isatty()
@@ -138,18 +138,18 @@ def command(
     except ModelConfigError as e:
         raise InvalidConfig(str(e), "pass a local directory that holds config.json") from None
     try:
-        plan = plan_run(facts, hw, data, gpus, _model_ref(model))
-    except PlanError as e:
+        choices = choose_init_settings(facts, hw, data, gpus, _model_ref(model))
+    except InitRefused as e:
         raise DoesNotFit(str(e)) from None
     cmd = f"asyncrl init --model {model} --dataset {dataset} --hardware {hardware}"
     cmd += f" --gpus {gpus}" if gpus else ""
     cmd += f" -o {output}"
     output.parent.mkdir(parents=True, exist_ok=True)
     draft = output.with_name(f".{output.name}.draft.toml")  # checked before it becomes the output
-    draft.write_text(render_run_file(plan, facts, model, dataset, hw, cmd, output), encoding="utf-8")
+    draft.write_text(render_run_file(choices, facts, model, dataset, hw, cmd, output), encoding="utf-8")
     try:
         an = analyze_run_config(draft)
-        if an.exit_code != 0:  # the planner checks each layout; this is the last word, and never written
+        if an.exit_code != 0:  # `choose_init_settings` checks each layout; this is the last word, and never written
             first = next((p.message for p in an.problems if p.severity == "error"), "it does not validate")
             raise DoesNotFit(f"init found no layout that validates: {first}")
         draft.replace(output)

@@ -20,7 +20,7 @@ from asyncrl_cli.errors import AsyncrlError, InvalidConfig, UsageProblem, handle
 from asyncrl_cli.output import emit_json, stdout_console
 
 if TYPE_CHECKING:
-    from engine.plan.costs import CostModel, Layout
+    from engine.predict.costs import CostModel, Layout
 
 
 def _hours(s: float | None) -> str:
@@ -35,8 +35,8 @@ def _hours(s: float | None) -> str:
 def _layout_of_run_dir(run_dir: Path) -> Layout:
     from pydantic import ValidationError
 
-    from asyncrl_cli.config.schema import RunConfig
-    from engine.plan.costs import Layout
+    from engine.config.schema import RunConfig
+    from engine.predict.costs import Layout
 
     path = run_dir / "config.resolved.json"
     if not path.is_file():
@@ -46,7 +46,7 @@ def _layout_of_run_dir(run_dir: Path) -> Layout:
         cfg = RunConfig.model_validate(json.loads(path.read_text(encoding="utf-8")))
     except (json.JSONDecodeError, ValidationError) as e:
         raise InvalidConfig(f"{path}: not a valid resolved config ({str(e).splitlines()[0]})") from None
-    from asyncrl_cli.config.hardware import HardwareNotFound, load_hardware
+    from engine.plan.hardware import HardwareNotFound, load_hardware
 
     try:
         device = load_hardware(cfg.resources.hardware).device
@@ -56,7 +56,7 @@ def _layout_of_run_dir(run_dir: Path) -> Layout:
 
 
 def _calibrate(run_dir: Path, as_json: bool) -> None:
-    from engine.plan.calibrate import CalibrationError, calibrate, write
+    from engine.predict.calibrate import CalibrationError, calibrate, write
 
     if not run_dir.is_dir():
         raise UsageProblem(f"run directory not found: {run_dir}")
@@ -93,7 +93,7 @@ def _load_calibration(path: Path | None) -> dict[str, Any] | None:
 
 
 def _setup(run_file: Path, sets: list[str] | None, cal_path: Path | None) -> tuple[Layout, CostModel]:
-    from engine.plan.costs import CostsUnavailable, Layout, resolve
+    from engine.predict.costs import CostsUnavailable, Layout, resolve
 
     an = analyze(run_file, sets)
     if an.config is None or an.exit_code == 1:
@@ -169,7 +169,7 @@ def expectation(run_file: Path, sets: list[str] | None, cal_path: Path | None) -
     run file, with the cost sources, so the dashboard can set the measured step time beside the prediction.
 
     Raises the same one-line errors as `asyncrl plan` (invalid run file, no cost source)."""
-    from engine.plan.predict import predict
+    from engine.predict.prediction import predict
 
     layout, costs = _setup(run_file, sets, cal_path)
     p = predict(layout, costs)["plan"]
@@ -214,7 +214,7 @@ def command(
     if run_file is None:
         raise UsageProblem("pass a run file (asyncrl plan RUN.toml) or --calibrate RUN_DIR")
     layout, costs = _setup(run_file, set_, calibration)
-    from engine.plan.predict import predict
+    from engine.predict.prediction import predict
 
     if slots is not None:
         import dataclasses
@@ -222,8 +222,8 @@ def command(
         layout = dataclasses.replace(layout, slots=slots)
     t0 = time.monotonic()
     if sweep is not None:
-        from engine.plan.sweep import SweepSpecError, parse
-        from engine.plan.sweep import run as run_sweep
+        from engine.predict.sweep import SweepSpecError, parse
+        from engine.predict.sweep import run as run_sweep
 
         try:
             grid = parse(sweep)

@@ -1,6 +1,7 @@
 """Run configuration: schema, TOML layering with provenance, presets, model facts and fit checks.
 
-Importable without torch, ray, vllm or transformers. The engine calls `load_run_config`.
+Importable without torch, ray, vllm or transformers. The schema the layers are validated into is the engine's
+(`engine.config.schema`, imported from there: this package re-exports no engine module).
 
 The names below load on first use (PEP 562), so a light submodule such as `config.problems` or
 `config.catalog` can be imported without building the pydantic schema — `asyncrl --help` stays instant.
@@ -15,7 +16,6 @@ if TYPE_CHECKING:
     from asyncrl_cli.config.loader import Analysis, LoadResult, analyze_run_config, load_run_config  # noqa: F401
     from asyncrl_cli.config.problems import Problem  # noqa: F401
     from asyncrl_cli.config.provenance import Origin, Provenance  # noqa: F401
-    from asyncrl_cli.config.schema import RunConfig  # noqa: F401
 
 _HOME = {
     "Analysis": "loader",
@@ -25,7 +25,6 @@ _HOME = {
     "Problem": "problems",
     "Origin": "provenance",
     "Provenance": "provenance",
-    "RunConfig": "schema",
 }
 
 __all__ = sorted(_HOME)

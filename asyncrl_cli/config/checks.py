@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asyncrl_cli.config.derived import Derived
+from engine.plan.sizes import Derived
 from asyncrl_cli.config.hardware_checks import fit_rules, pitfall_rules, resource_rules
 from asyncrl_cli.config.model_checks import model_rules, path_rules
 from asyncrl_cli.config.problems import Problem, error, note, warn
 from asyncrl_cli.config.provenance import Provenance
-from asyncrl_cli.config.rc_options import parse_rs_options, parse_rs_thresholds
-from asyncrl_cli.config.schema import RunConfig
+from engine.config.rc_config import parse_rs_options, parse_rs_thresholds
+from engine.config.schema import RunConfig
 from engine.plan.auto import compute_dtypes, mismatch_uncorrected
 from engine.config.precision import SHORT, policy_of
 

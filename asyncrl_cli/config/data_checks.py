@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl_cli.config.problems import Problem
-from asyncrl_cli.config.schema import RunConfig
+from engine.config.schema import RunConfig
 
 
 def _err(code: str, key: str, msg: str, hint: str | None = None) -> Problem:

@@ -8,9 +8,9 @@ differently from the decode steps that produced it).
 
 from __future__ import annotations
 
-from asyncrl_cli.config.hardware import HardwarePreset
+from engine.plan.hardware import HardwarePreset
 from asyncrl_cli.config.problems import Problem
-from asyncrl_cli.config.schema import RunConfig
+from engine.config.schema import RunConfig
 
 KEY = "trainer.deterministic"
 

@@ -1,6 +1,6 @@
 """Dotted key paths (`trainer.optim.lr`) over nested dicts and over flat path-keyed maps.
 
-Pure Python, no schema: the layering, the provenance table, the planner and the report share these.
+Pure Python, no schema: the layering, the provenance table, `init`'s choices and the report share these.
 """
 
 from __future__ import annotations

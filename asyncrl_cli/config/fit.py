@@ -1,16 +1,16 @@
 """Memory fit per accelerator for the trainer and the rollout: a view of `engine.plan.memory.predict_memory`
 (the one memory model, with its named terms and measured activation coefficients) in GB (10⁹ bytes) for
-`validate`, `init` and the planner. No arithmetic of its own."""
+`validate` and `init` (its layout search, `init_choices`). No arithmetic of its own."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from asyncrl_cli.config.derived import trainer_world
-from asyncrl_cli.config.hardware import HardwarePreset
+from engine.plan.sizes import trainer_world
+from engine.plan.hardware import HardwarePreset
 from asyncrl_cli.config.hf_model import ModelFacts
-from asyncrl_cli.config.schema import RunConfig
+from engine.config.schema import RunConfig
 from engine.plan.memory import DTYPE_BYTES, GB, RoleMemory, predict_memory, rollout_memory, trainer_memory
 
 __all__ = ["DTYPE_BYTES", "FitReport", "RoleFit", "estimate_fit", "rollout_fit", "trainer_fit"]

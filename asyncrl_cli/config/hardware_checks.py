@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import re
 
-from asyncrl_cli.config.derived import Derived
+from engine.plan.sizes import Derived
 from asyncrl_cli.config.fit import FitReport
-from asyncrl_cli.config.hardware import HardwarePreset
+from engine.plan.hardware import HardwarePreset
 from asyncrl_cli.config.problems import Problem, error, note, warn
-from asyncrl_cli.config.schema import RunConfig
+from engine.config.schema import RunConfig
 
 _NON_BASE_30B = re.compile(r"qwen3-30b-a3b(?!-base)", re.IGNORECASE)
 

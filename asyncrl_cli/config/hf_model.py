@@ -62,7 +62,7 @@ class ModelConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """What the planner and the fit estimate need to know about a model."""
+    """What `init`'s choices and the fit estimate need to know about a model."""
 
     family: str
     model_type: str

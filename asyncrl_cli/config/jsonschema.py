@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from asyncrl_cli.config.hardware import HardwarePreset
+from engine.plan.hardware import HardwarePreset
 from asyncrl_cli.config.schema_paths import RUNTIME_MUTABLE, runtime_mutable_paths
-from asyncrl_cli.config.schema import SCHEMA_VERSION, RunConfig
+from engine.config.schema import SCHEMA_VERSION, RunConfig
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 

@@ -15,15 +15,15 @@ from typing import Any, NamedTuple
 from pydantic import ValidationError
 
 from asyncrl_cli.config import checks, data_checks
-from asyncrl_cli.config.derived import Derived, dataset_train_size, derive
+from engine.plan.sizes import Derived, dataset_train_size, derive
 from asyncrl_cli.config.determinism_checks import determinism_rules
 from asyncrl_cli.config.fit import FitReport, estimate_fit
-from asyncrl_cli.config.hardware import HardwareInvalid, HardwareNotFound, HardwarePreset, load_hardware
+from engine.plan.hardware import HardwareInvalid, HardwareNotFound, HardwarePreset, load_hardware
 from asyncrl_cli.config.hf_model import ModelConfigError, ModelFacts, read_model_facts
 from asyncrl_cli.config.layering import resolve_layers
 from asyncrl_cli.config.problems import Problem, exit_code_for, sorted_problems
 from asyncrl_cli.config.provenance import Provenance
-from asyncrl_cli.config.schema import RunConfig
+from engine.config.schema import RunConfig
 from asyncrl_cli.config.schema_errors import problems_from_validation
 
 _FATAL_LAYER_CODES = {"toml-syntax", "read-error"}

@@ -10,7 +10,7 @@ from pathlib import Path
 from asyncrl_cli.config.hf_model import VL_FAMILIES, ModelFacts, in_hub_cache
 from asyncrl_cli.config.problems import Problem, error, note, warn
 from asyncrl_cli.config.provenance import Provenance
-from asyncrl_cli.config.schema import RunConfig
+from engine.config.schema import RunConfig
 
 
 def model_rules(cfg: RunConfig, f: ModelFacts) -> list[Problem]:

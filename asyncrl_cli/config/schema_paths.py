@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from asyncrl_cli.config.schema import RunConfig
+from engine.config.schema import RunConfig
 
 RUNTIME_MUTABLE = "x-runtime-mutable"
 """JSON Schema marker of the fields a running controller may change (`jsonschema.run_schema` sets it on the

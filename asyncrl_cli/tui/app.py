@@ -22,7 +22,7 @@ from textual.widgets import Footer, TabbedContent, TabPane
 
 from asyncrl_cli.tui import model as m
 from asyncrl_cli.tui.commands import DashboardCommands
-from asyncrl_cli.tui.knob_plan import plan_knob_change
+from asyncrl_cli.tui.knob_change import describe_knob_change
 from asyncrl_cli.tui.messages import SnapshotReady, SourceFailed
 from asyncrl_cli.tui.poller import SnapshotBuffer, next_cursor
 from asyncrl_cli.tui.screens.confirm import ConfirmScreen
@@ -281,8 +281,8 @@ class DashboardApp(App[int]):
             if new is None:
                 return
             value = new
-            plan = plan_knob_change(name, old, new, self.model.run.get("config") or {}, self.model.knobs)
-            self.push_screen(ConfirmScreen(plan.title, plan.body, plan.warnings), confirmed)
+            ask = describe_knob_change(name, old, new, self.model.run.get("config") or {}, self.model.knobs)
+            self.push_screen(ConfirmScreen(ask.title, ask.body, ask.warnings), confirmed)
 
         value: Any = None
         self.push_screen(KnobInputScreen(name, old, title), entered)
@@ -295,11 +295,11 @@ class DashboardApp(App[int]):
             self.notify("no data from the run yet", severity="warning")
             return
         new, expected = not bool(knob.get("value")), knob.get("version")
-        plan = plan_knob_change("paused", not new, new, self.model.run.get("config") or {}, self.model.knobs)
+        ask = describe_knob_change("paused", not new, new, self.model.run.get("config") or {}, self.model.knobs)
         self._confirm_then(
-            plan.title,
-            plan.body,
-            plan.warnings,
+            ask.title,
+            ask.body,
+            ask.warnings,
             "pause" if new else "resume",
             lambda: self.source.set_knob("paused", new, expected),
         )

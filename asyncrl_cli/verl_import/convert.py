@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncrl_cli.config.rc_options import LEGACY_RS, invert_band
+from engine.config.rc_config import LEGACY_RS, invert_band
 from asyncrl_cli.verl_import.shell import Script, concrete, parse_script
 
 AR = "actor_rollout_ref"

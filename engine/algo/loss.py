@@ -35,7 +35,7 @@ import torch
 
 from engine.algo.kl import kl_penalty
 from engine.algo.policy_loss import AGG_MODES, agg_denominator, agg_loss, ppo_clip_loss, reinforce_loss
-from engine.algo.rc_config import validate_rc_config
+from engine.config.rc_config import validate_rc_config
 from engine.algo.rollout_correction import compute_rollout_correction
 from engine.trainer.base import TrainBatch
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.algo.rc_config import RSThreshold, k1_log_bounds
+from engine.config.rc_config import RSThreshold, k1_log_bounds
 from engine.algo.rc_weights import SAFETY_BOUND
 from engine.algo.stats import (
     clamped_masked_std,

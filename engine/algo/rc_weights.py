@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from engine.algo.rc_config import parse_is_threshold
+from engine.config.rc_config import parse_is_threshold
 from engine.algo.stats import (
     clamped_masked_std,
     masked_max,

@@ -18,33 +18,20 @@ for asymmetric ones ("0.9_1.6") they do not — e.g. a row with geo-mean π_trai
 "0.9_1.6" (1/1.6 = 0.625 ≤ 0.8 ≤ 1/0.9). We reproduce verl's orientation so migrated configs behave the same.
 
 Beyond verl: NaN/inf log-probs at valid positions raise ValueError naming the rows; bf16/fp16 inputs are
-computed in float32; per-row statistics skip rows without a valid token. `is_weight_histogram`,
-`staleness_histogram`, `mismatch_alarm` and `offpolicy_metrics` are re-exported here.
+computed in float32; per-row statistics skip rows without a valid token. The histograms, the mismatch alarm and
+the off-policy metrics are `engine.algo.rc_diagnostics`'.
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine.algo.rc_config import check_is_level, parse_rs_options, parse_rs_thresholds
-from engine.algo.rc_diagnostics import (
-    is_weight_histogram,
-    mismatch_alarm,
-    offpolicy_metrics,
-    staleness_histogram,
-)
+from engine.config.rc_config import check_is_level, parse_rs_options, parse_rs_thresholds
+from engine.algo.rc_diagnostics import offpolicy_metrics
 from engine.algo.rc_rejection import compute_rs_mask
-from engine.algo.rc_weights import SAFETY_BOUND, compute_is_weights
+from engine.algo.rc_weights import compute_is_weights
 
-__all__ = [
-    "SAFETY_BOUND",
-    "check_log_probs",
-    "compute_rollout_correction",
-    "is_weight_histogram",
-    "mismatch_alarm",
-    "offpolicy_metrics",
-    "staleness_histogram",
-]
+__all__ = ["check_log_probs", "compute_rollout_correction"]
 
 PREFIX = "rollout_corr/"
 

@@ -1,7 +1,7 @@
 """The run-config schema: pydantic v2 models, one per TOML table, and `RunConfig`, the whole run.
 
 It lives in the engine because the engine runs on it: the CLI validates a run file into a `RunConfig`
-(its config package re-exports these names) and hands the engine a `RunPlan` holding it
+(importing it from here) and hands the engine a `RunPlan` holding it
 (`engine.plan.run_plan`); the engine's actors read the typed sections they need. The sections of the
 model, data, resources, optimizer, trainer and rollout are in `engine.config.sections`.
 
@@ -26,7 +26,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from engine.algo.rc_config import parse_is_threshold, parse_rs_options, parse_rs_thresholds
+from engine.config.rc_config import parse_is_threshold, parse_rs_options, parse_rs_thresholds
 from engine.config.sections import (
     DataConfig,
     ModelConfig,

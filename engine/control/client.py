@@ -3,8 +3,9 @@
 - `ControlClient`: a live run's `RunController` on a Ray cluster (used by the TUI, `asyncrl ctl`, `status`),
   found by `find_run` (below).
 - `ActorSource`: the same over an actor handle the caller already holds (the driver, for `launch --tui`).
-- `ReplaySource` (in `engine.control.replay`, re-exported here): a run directory's `metrics.jsonl` /
-  `events.jsonl` / `config.resolved.json`, read-only; it tails the files, so it also follows a live run.
+- `ReplaySource` (`engine.control.replay`; `open_source` returns one for a run directory): a run directory's
+  `metrics.jsonl` / `events.jsonl` / `config.resolved.json`, read-only; it tails the files, so it also follows a
+  live run.
 - `LocalSource`: an in-process `ControllerCore` (tests, embedding without Ray).
 - `ReadOnlySource`: wraps any source and refuses every mutation (`attach --read-only`).
 

@@ -5,8 +5,8 @@ the driver lives, a file `<state dir>/runs/<id>.json` holding the id, name, run 
 (and the pid's start time, so a recycled pid is not mistaken for the run), host and start time. The state
 dir is `$ASYNCRL_STATE_DIR`, else `$XDG_STATE_HOME/asyncrl`, else `~/.local/state/asyncrl`.
 
-- Writes are atomic: a temporary file in the same directory, fsynced, then `os.replace`d into place, so a
-  reader sees the old or the new entry, never half of one.
+- Writes are atomic (`engine.persist.atomic`: a temporary file in the same directory, fsynced, then
+  `os.replace`d into place), so a reader sees the old or the new entry, never half of one.
 - Reads prune: an entry of this host whose pid is gone (a driver killed by `kill -9`) is deleted when read.
   Entries written on another host (a home directory shared over NFS) are never listed as live here.
 - A clean exit of the driver (success, failure, Ctrl-C) removes its entry.
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.control.errors import AmbiguousRunError, ControlError, RunNotFoundError
+from engine.persist.atomic import atomic_write_json
 
 STATE_ENV = "ASYNCRL_STATE_DIR"
 SUFFIX_BYTES = 3  # 6 hex digits: 16.7 M ids per name
@@ -120,17 +121,6 @@ def pid_alive(pid: int, start: int | None = None) -> bool:
     return True
 
 
-def _write_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write `data` as JSON to `path` atomically (temp file in the same directory, fsync, `os.replace`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(json.dumps(data, indent=2) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _entry_path(run_id: str) -> Path:
     return runs_dir() / f"{run_id}.json"
 
@@ -199,7 +189,7 @@ def claim(name: str, *, allow_same_name: bool = False, run_dir: str | None = Non
         taken = {p.stem for p in runs_dir().glob("*.json")}
         entry = RunEntry(id=new_run_id(name, taken), name=name, run_dir=run_dir, address=address,
                          pid_start=process_start(os.getpid()))
-        _write_atomic(_entry_path(entry.id), entry.to_json())
+        atomic_write_json(_entry_path(entry.id), entry.to_json())
         return entry
 
 
@@ -208,7 +198,7 @@ def update(entry: RunEntry, **fields: Any) -> RunEntry:
     for key, value in fields.items():
         setattr(entry, key, value)
     with _locked():
-        _write_atomic(_entry_path(entry.id), entry.to_json())
+        atomic_write_json(_entry_path(entry.id), entry.to_json())
     return entry
 
 
@@ -271,5 +261,5 @@ def write_run_file(run_dir: Path, entry: RunEntry, **extra: Any) -> Path:
             previous.append({k: old.get(k) for k in ("id", "started", "pid", "host")})
     except (OSError, ValueError, AttributeError):
         pass
-    _write_atomic(path, {**entry.to_json(), **extra, "previous": previous})
+    atomic_write_json(path, {**entry.to_json(), **extra, "previous": previous})
     return path

@@ -22,7 +22,7 @@ How the rollout loop keeps to it (`engine.loop.rollout.RolloutLoop` consults the
   `quota(v) − prompts trained so far`, and the budget admits exactly `R · N` more: the rule above.
 
 Then which prompts go into which step, and under which weights each token was drawn, no longer depend on
-how fast the replicas or the trainer are; the keyed sampler (`engine.rollout.keyed`) makes the draws
+how fast the replicas or the trainer are; the keyed sampler (`engine.rollout.hf.keyed`) makes the draws
 themselves independent of batching. What still breaks it: live knob changes (`trigger_parameter_sync_step`,
 `staleness_threshold`, pause) take effect at a moment that depends on timing; `stale_policy = "wait"`
 (its `allow` follows the rollouter's progress at a step boundary); partial rollout (a resumed prefix is

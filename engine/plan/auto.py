@@ -2,7 +2,7 @@
 `resources.{trainer,rollout}.cpu_threads`.
 
 This module is the pure part: the shapes to measure, the decisions, and the config they resolve to. The
-measurement (`engine.runtime.probe`, torch, cached per machine and shape) is the only impure part; the driver
+measurement (`engine.launch.probe`, torch, cached per machine and shape) is the only impure part; the driver
 runs it at launch and reports the choice in one line per setting (never in `validate`, `plan` or `--dry-run`,
 which show "auto: measured at launch").
 

@@ -130,7 +130,7 @@ def accelerators(device: str, count: int) -> dict[str, Any]:
 
 def resolve_threads(setting: int | str, automatic: int, cores: int) -> int:
     """A pool's `cpu_threads` setting resolved: 0 → `automatic`, "all" → every core, "auto" → `automatic` until
-    the launch measures (`engine.runtime.probe`), else the number given."""
+    the launch measures (`engine.launch.probe`), else the number given."""
     if setting == "all":
         return cores
     if setting == "auto":

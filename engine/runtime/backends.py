@@ -16,7 +16,7 @@ from engine.config.schema import RunConfig  # the actors' config type (they impo
 from engine.plan.devices import RoleDevice
 
 __all__ = ["RunConfig", "build_reference_backend", "build_rollout_backend", "build_trainer_backend",
-           "compute_device", "role_device", "rollout_dtype"]
+           "build_weight_sync", "compute_device", "role_device", "rollout_dtype"]
 
 
 def role_device(cfg: RunConfig, role: str) -> RoleDevice:
@@ -48,7 +48,7 @@ def check_device(device: str) -> str:
     return device
 
 
-AUTO_UNRESOLVED = ('{key} = "auto" is decided at launch (engine.runtime.probe.resolve_auto); resolve the config '
+AUTO_UNRESOLVED = ('{key} = "auto" is decided at launch (engine.launch.probe.resolve_auto); resolve the config '
                    "before building a backend")
 
 ROLLOUT_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -96,10 +96,10 @@ def build_rollout_backend(cfg: RunConfig, model_dir: str, device: RoleDevice | N
     device = device or role_device(cfg, "rollout")
     deterministic_threads(cfg)
     if cfg.rollout.backend == "vllm":
-        from engine.rollout.vllm_backend import VLLMRolloutBackend
+        from engine.rollout.vllm.backend import VLLMRolloutBackend
 
         return VLLMRolloutBackend(model_dir, **vllm_options(cfg, device))
-    from engine.rollout.hf import HFRolloutBackend
+    from engine.rollout.hf.backend import HFRolloutBackend
 
     tok = load_tokenizer(model_dir)
     model = load_causal_lm(model_dir, dtype=rollout_dtype(cfg))
@@ -173,3 +173,25 @@ def build_reference_backend(cfg: RunConfig, model_dir: str, distributed: bool = 
                             device: RoleDevice | None = None):
     """The frozen reference policy of the KL loss (`trainer.use_kl_loss`): `build_trainer_backend(frozen=True)`."""
     return build_trainer_backend(cfg, model_dir, distributed, frozen=True, device=device)
+
+
+def build_weight_sync(cfg: RunConfig, device: str | None = None):
+    """The weight-sync transport of `cfg.rollout.weight_sync` for trainer rank 0 (call it in that process):
+    `engine.sync.runtime.weight_transport` on `device` (the plan's trainer device; default: the hardware
+    preset's) with its collective backend, meeting at this node's IP and a free port, received by the R
+    replicas (for vLLM each replica's t TP workers receive: R × t ranks)."""
+    from engine.sync.runtime import weight_transport
+
+    kind = getattr(cfg.rollout, "weight_sync", "collective")
+    device = device or compute_device(cfg)
+    if kind != "collective":
+        return weight_transport(kind, device)
+    import ray
+
+    from engine.plan.devices import COLLECTIVE_BACKEND
+    from engine.plan.sizes import rollout_replicas
+    from engine.trainer.fsdp import free_port
+
+    per_replica = cfg.rollout.tensor_parallel_size if cfg.rollout.backend == "vllm" else 1  # vLLM: its TP workers
+    return weight_transport(kind, device, COLLECTIVE_BACKEND.get(device, ""), ray.util.get_node_ip_address(),
+                            free_port(), rollout_replicas(cfg) * per_replica, per_replica)

@@ -2,8 +2,9 @@
 (`engine.plan.run_plan`: config, sizes with M and R, hardware preset, placement, the actors' Ray resources).
 
 It claims a run id in the per-user registry of live runs (`engine.control.registry`: a second live run of one name on
-this machine is refused unless `allow_same_name`), checks the model and the data (`preflight`, before the run
-directory is touched or Ray starts), picks the checkpoint to continue from with `--resume` (`resume.py`), starts Ray, creates the named RunController, the MessageQueue, the rollout replicas, the
+this machine is refused unless `allow_same_name`), checks the model and the data (`engine.launch.preflight`,
+before the run directory is touched or Ray starts), picks the checkpoint to continue from with `--resume`
+(`engine.persist.resume`), starts Ray, creates the named RunController, the MessageQueue, the rollout replicas, the
 Rollouter and the Trainer (on resume the trainer restores its checkpoint and pushes the weights to the
 replicas before generation starts), runs both loops to the end, prints progress, and returns an exit code:
 
@@ -14,7 +15,8 @@ replicas before generation starts), runs both loops to the end, prints progress,
   spent (after a checkpoint); the line names the checkpoint and the command that resumes it;
 * 130 on Ctrl-C, SIGTERM or SIGHUP (`stop_signals`; SIGHUP is left ignored under `nohup`), after asking the
   trainer for a stop checkpoint — within `resources.stop_grace_s` when set, the full one if it fits, else a light
-  one (`stop_grace`) — recording a `stop` event and printing the resume command (a second signal abandons it).
+  one (`engine.persist.stop_grace`) — recording a `stop` event and printing the resume command (a second
+  signal abandons it).
 
 The stop path never depends on the terminal: stdout and stderr go through `terminal.GuardedStream`, which turns
 EPIPE (`| tee` gone after Ctrl-C), EIO (a closed terminal), ENOSPC / EFBIG (a full disk) and EBADF (`>&-`) into
@@ -38,9 +40,9 @@ from engine.plan.placement import RAY_ACCELERATOR  # light modules: no ray at im
 from engine.plan.run_plan import RunPlan, resolve_plan
 from engine.runtime.placement_groups import PlacementTimeout, reserve_run
 from engine.runtime import terminal
-from engine.runtime.probe import resolve_auto
-from engine.runtime.run_dirs import prepare_run_dir, resume_command, resume_hint
-from engine.runtime.stop_grace import stop_deadline, stop_grace_s
+from engine.launch.probe import resolve_auto
+from engine.persist.run_dirs import prepare_run_dir, resume_command, resume_hint
+from engine.persist.stop_grace import stop_deadline, stop_grace_s
 from engine.runtime.stop_signals import StopSignals, children_ignore_hangup
 from engine.runtime.terminal import say
 from engine.telemetry.sinks import CONFIG_FILE, MACHINE_FILE, PLAN_FILE, PROVENANCE_FILE
@@ -129,8 +131,8 @@ def run(plan: RunPlan | RunConfig, *, provenance: dict | None = None, address: s
     (its dashboard lives in the CLI package, which the engine does not import). `command` is the launch as the
     user typed it (without `--resume`); the resume hint appends `--resume <run dir>` to it. `prediction`: the plan's
     expectation (`launch --plan`), written to `<run dir>/plan.json` and shown by the dashboard."""
-    from engine.runtime.preflight import PreflightError
-    from engine.runtime.resume import ResumeError
+    from engine.launch.preflight import PreflightError
+    from engine.persist.resume import ResumeError
     from engine.control.registry import NameInUse, claim, release
 
     terminal.install()  # from here on no write to stdout / stderr can raise
@@ -164,29 +166,29 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
          ident: dict[str, Any]) -> int:
     from engine.control import registry
     from engine.control.controller import run_namespace
-    from engine.runtime.preflight import preflight
-    from engine.runtime.resume import ResumeError, plan_resume, resume_message, rewind_run_dir
+    from engine.launch.preflight import preflight
+    from engine.persist.resume import ResumeError, find_resume_point, resume_message, rewind_run_dir
 
     _placement(plan)  # a layout this runtime cannot run is refused before anything starts
     model_dir = preflight(plan.config)  # nothing is written before the inputs are known to be usable
     plan, machine = resolve_auto(plan, model_dir)  # "auto" precision / threads: measured here, one line each
     cfg = plan.config
     placement = _placement(plan)
-    run_plan, plan = plan, plan_resume(cfg, resume) if resume else None
-    for path, why in plan.skipped if plan else []:
+    run_plan, point = plan, find_resume_point(cfg, resume) if resume else None
+    for path, why in point.skipped if point else []:
         say(f"asyncrl: checkpoint {path} is corrupt ({why}); skipped, using an older one")
-    if plan is None and resume:
+    if point is None and resume:
         say("asyncrl: no checkpoint to resume from; starting a new run")
     entry = ident["entry"]
     live_dirs = {str(Path(e.run_dir).resolve()): e for e in registry.live_runs() if e.run_dir and e.id != entry.id}
-    if plan is not None and str(plan.run_dir.resolve()) in live_dirs:
-        other = live_dirs[str(plan.run_dir.resolve())]
-        raise ResumeError(f"run {other.id} is live in {plan.run_dir}; stop it first (asyncrl ctl {other.id} stop)")
-    run_dir = plan.run_dir if plan else prepare_run_dir(cfg.logging.run_dir, live_dirs)
+    if point is not None and str(point.run_dir.resolve()) in live_dirs:
+        other = live_dirs[str(point.run_dir.resolve())]
+        raise ResumeError(f"run {other.id} is live in {point.run_dir}; stop it first (asyncrl ctl {other.id} stop)")
+    run_dir = point.run_dir if point else prepare_run_dir(cfg.logging.run_dir, live_dirs)
     run_dir.mkdir(parents=True, exist_ok=True)
     terminal.install().attach(run_dir)
     registry.update(entry, run_dir=str(run_dir.resolve()))
-    registry.write_run_file(run_dir, entry, resumed_from=plan.ckpt["path"] if plan else None)
+    registry.write_run_file(run_dir, entry, resumed_from=point.ckpt["path"] if point else None)
     cfg_dict = json.loads(cfg.model_dump_json())
     cfg_dict["logging"]["run_dir"] = str(run_dir)
     (run_dir / CONFIG_FILE).write_text(json.dumps(cfg_dict, indent=2))
@@ -196,10 +198,10 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
     if machine is not None:
         (run_dir / MACHINE_FILE).write_text(json.dumps(machine, indent=2))
     resumed: dict[str, Any] | None = None
-    if plan is not None:
-        message = resume_message(plan, rewind_run_dir(plan), cfg.async_training.partial_rollout)
+    if point is not None:
+        message = resume_message(point, rewind_run_dir(point), cfg.async_training.partial_rollout)
         say(f"asyncrl: {message}")
-        resumed = {"plan": plan, "message": message}
+        resumed = {"point": point, "message": message}
     placement["object_store_bytes"] = object_store_bytes(Path(model_dir))
     placement["namespace"] = run_namespace(entry.id)
     with children_ignore_hangup():  # Ray's own processes must outlive a closed terminal's SIGHUP
@@ -212,7 +214,7 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
         import ray
 
         registry.update(entry, address=str(ray.get_runtime_context().gcs_address))
-        registry.write_run_file(run_dir, entry, resumed_from=plan.ckpt["path"] if plan else None)
+        registry.write_run_file(run_dir, entry, resumed_from=point.ckpt["path"] if point else None)
         _check_capacity(placement)
         try:  # accelerator hardware: the pools' placement groups, each actor's options into `placement`
             pools = reserve_run(placement, cfg.name)
@@ -246,9 +248,9 @@ def _run_actors(run_plan: RunPlan, cfg_dict, provenance, run_dir: Path, model_di
                         "--name NAME (or --set name=NAME), or pass --allow-same-name")
     total_steps = run_plan.total_local_steps()
     actors: list[Any] = []
-    plan = resumed["plan"] if resumed else None
+    point = resumed["point"] if resumed else None
     controller = create_run_controller(cfg.name, run_id=entry.id, namespace=NAMESPACE, run_dir=str(run_dir),
-                                       config=_with_live_knobs(cfg_dict, plan.state if plan else None),
+                                       config=_with_live_knobs(cfg_dict, point.state if point else None),
                                        provenance=provenance, total_steps=total_steps,
                                        prediction=ident.get("prediction"))
     actors.append(controller)
@@ -267,20 +269,20 @@ def _run_actors(run_plan: RunPlan, cfg_dict, provenance, run_dir: Path, model_di
         spec = {"options": placement.get("replica_options") or placement["replica_res"],
                 "threads": placement["replica_threads"], "device": devices.get("rollout")}
         rollouter = Rollouter.remote(cfg, model_dir, queue, controller, replicas,
-                                     plan.rollout_resume() if plan else None, spec)
+                                     point.rollout_resume() if point else None, spec)
         # rank 0 is this actor; `trainer_opts` (one dict, or one per rank) places the ranks it starts
         trainer = Trainer.options(**(trainer_opts[0] if isinstance(trainer_opts, list) else trainer_opts)).remote(
             cfg, model_dir, str(run_dir), queue, rollouter, controller, placement["trainer_threads"],
-            plan.trainer_resume() if plan else None, trainer_opts, device=devices.get("trainer"))
+            point.trainer_resume() if point else None, trainer_opts, device=devices.get("trainer"))
         actors += [rollouter, trainer]
-        step, version = (plan.step, plan.version) if plan else (0, 0)
-        if plan is not None:
+        step, version = (point.step, point.version) if point else (0, 0)
+        if point is not None:
             _wait_ready([trainer.push_weights.remote()], "trainer (restoring the checkpoint)")
-            for path, why in plan.skipped:
+            for path, why in point.skipped:
                 controller.record_event.remote(_event("warning", "checkpoint", f"checkpoint {path} is corrupt "
                                                       f"({why}); skipped", step, version, path=path))
             controller.record_event.remote(_event("info", "resume", resumed["message"], step, version,
-                                                  path=plan.ckpt["path"]))
+                                                  path=point.ckpt["path"]))
         controller.record_event.remote(_event("info", "start", f"run {entry.id} started in {run_dir}", step, version,
                                               total_steps=total_steps, run_id=entry.id))
         say(f"asyncrl: run {cfg.name!r} (id {entry.id}) → {run_dir}  (attach: asyncrl attach {entry.id})")
@@ -338,7 +340,7 @@ def _event(level: str, kind: str, message: str, step: int | None, version: int |
 
 
 def _checkpoint_root(cfg: RunConfig, run_dir: Path) -> Path:
-    from engine.runtime.checkpoint import checkpoint_root
+    from engine.persist.checkpoint import checkpoint_root
 
     return checkpoint_root(cfg, run_dir)
 

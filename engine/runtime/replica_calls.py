@@ -9,7 +9,7 @@ Seeds: a backend seeds each call's sampler from `SamplingParams.seed`, so calls 
 the same uniforms row for row (the i-th sample of every group alike). Each call is sent the seed
 `(seed · 1_000_003 + dispatch_id) mod 2^63` instead: reproducible for a given schedule, distinct per call.
 In deterministic mode (`keyed = True`) the run's seed goes as it is: the draws are keyed by (seed, request id,
-position) already (`engine.rollout.keyed`), and dispatch ids restart at a resume, so they must not enter them.
+position) already (`engine.rollout.hf.keyed`), and dispatch ids restart at a resume, so they must not enter them.
 """
 
 from __future__ import annotations

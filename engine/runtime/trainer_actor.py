@@ -6,10 +6,10 @@ the sequence (pull, drop, train, sync or not, the checkpoint cut, knobs, stop, t
 `engine.loop.trainer.TrainerLoop`'s: this module only executes its commands (`_do`) and reports each
 outcome back, as the simulator does.
 
-Checkpoints (`engine.runtime.checkpoint`) are written when the core says `Checkpoint(reason)`: every
+Checkpoints (`engine.persist.checkpoint`) are written when the core says `Checkpoint(reason)`: every
 `checkpoint.every_versions` syncs (the rollout side is cut while the sync has it paused), on demand (controller
 action `checkpoint`), at a graceful stop and at the end. When a step raises before the weights changed, a
-last checkpoint is attempted with the step's groups put back (`TrainerLoop.failed`). `resume` (from `engine.runtime.resume`) restores the backend and counters.
+last checkpoint is attempted with the step's groups put back (`TrainerLoop.failed`). `resume` (from `engine.persist.resume`) restores the backend and counters.
 
 With M = `resources.trainer.nnodes × gpus_per_node` > 1 this actor is rank 0 of a `TrainerGroup`
 (`engine.runtime.trainer_group`): it alone runs the loop and talks to the other actors, and every backend call
@@ -31,14 +31,15 @@ from engine.loop.commands import (
     AckKnob, Allow, AskOutstanding, Checkpoint, Drop, Event, Finish, PollControl, Pull, Record, SetTrigger, Sync, Train,
 )
 from engine.loop.trainer import TrainerLoop, TrainerParams
-from engine.runtime.backends import RunConfig, build_reference_backend, build_trainer_backend
-from engine.runtime.batching import LogRatioObserver, is_ratio_metrics, prepare_batch
-from engine.runtime.ledger import Ledger
-from engine.runtime.trainer_checkpoints import TrainerCheckpoints
+from engine.runtime.backends import (RunConfig, build_reference_backend, build_trainer_backend,
+                                     build_weight_sync)
+from engine.algo.batching import LogRatioObserver, is_ratio_metrics, prepare_batch
+from engine.persist.ledger import Ledger
+from engine.persist.trainer_checkpoints import TrainerCheckpoints
 from engine.runtime.trainer_group import TrainerGroup, trainer_world
 from engine.sync.collective import CollectiveSync
 from engine.sync.object_store import ObjectStoreSync
-from engine.sync.runtime import build_weight_sync, publish
+from engine.sync.runtime import publish
 from engine.sync.verify import DeliveryCheck
 from engine.types import TrajectoryGroup
 
@@ -342,7 +343,7 @@ class TrainerCore(TrainerCheckpoints):
 
     def _alarms(self, rec: dict[str, Any], batch: Any, weights_moved: bool) -> dict[str, Any]:
         """`weights_moved`: an earlier step since the last sync changed the weights."""
-        from engine.runtime.batching import mismatch_check
+        from engine.algo.batching import mismatch_check
 
         out, msgs = mismatch_check(batch, self.loss_fn, self.rc, self.version, weights_moved=weights_moved)
         for m in msgs:

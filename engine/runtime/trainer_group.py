@@ -72,7 +72,7 @@ class TrainerRank:
         import torch
 
         from engine.algo.loss import build_loss_fn
-        from engine.runtime.batching import LogRatioObserver
+        from engine.algo.batching import LogRatioObserver
         from engine.trainer.fsdp import init_distributed
 
         torch.set_num_threads(max(1, num_threads))

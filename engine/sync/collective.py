@@ -1,6 +1,6 @@
 """Weight sync by broadcast over a torch.distributed group: trainer rank 0 (group rank 0) → every rollout receiver
 (group rank 1 + replica id × receivers per replica + worker: an hf replica is one receiver, a vLLM replica of
-TP t has t, its workers, which join from inside vLLM: `engine.rollout.vllm_worker_ext`). The backend and the
+TP t has t, its workers, which join from inside vLLM: `engine.rollout.vllm.worker_ext`). The backend and the
 device are parameters (`backend`: gloo on CPU, nccl on CUDA, hccl on NPU — the caller picks it from
 `engine.plan.devices.COLLECTIVE_BACKEND`); no Ray in this module.
 

@@ -45,25 +45,20 @@ COLLECTIVE_DEVICES = ("cpu", "cuda")
 """Devices with a collective weight-sync transport (their backend: `engine.plan.devices.COLLECTIVE_BACKEND`)."""
 
 
-def build_weight_sync(cfg: Any, device: str | None = None) -> ObjectStoreSync | CollectiveSync:
-    """The transport of `cfg.rollout.weight_sync`, for trainer rank 0 (call it in that process); `device`: the
-    plan's trainer device (default: the hardware preset's)."""
-    if getattr(cfg.rollout, "weight_sync", "collective") != "collective":
+def weight_transport(kind: str, device: str, backend: str = "gloo", host: str = "", port: int = 0,
+                     receivers: int = 0, per_replica: int = 1) -> ObjectStoreSync | CollectiveSync:
+    """The transport `kind` (`rollout.weight_sync`) for trainer rank 0 (call it in that process). `"collective"`:
+    a group of 1 + `receivers` ranks (the trainer, then every receiving worker: `per_replica` per replica)
+    meeting at `host:port` over `backend`, the collective backend of `device`. The caller picks them all
+    (`engine.runtime.backends.build_weight_sync`: the plan's trainer device and its backend from
+    `engine.plan.devices.COLLECTIVE_BACKEND`, this node's IP, a free port, the replica count), so this package
+    imports neither the runtime, the trainer nor the plan."""
+    if kind != "collective":
         return ObjectStoreSync()
-    import ray
-
-    from engine.plan.sizes import rollout_replicas
-    from engine.plan.devices import COLLECTIVE_BACKEND
-    from engine.runtime.backends import compute_device
-    from engine.trainer.fsdp import free_port
-
-    device = device or compute_device(cfg)
     if device not in COLLECTIVE_DEVICES:
         raise ValueError(f'rollout.weight_sync = "collective" has no transport on {device!r} (gloo on CPU, NCCL '
                          'on CUDA); use "object_store"')
-    per_replica = cfg.rollout.tensor_parallel_size if cfg.rollout.backend == "vllm" else 1  # vLLM: its TP workers
-    return CollectiveSync(ray.util.get_node_ip_address(), free_port(), 1 + rollout_replicas(cfg) * per_replica,
-                          COLLECTIVE_BACKEND[device], per_replica=per_replica)
+    return CollectiveSync(host, port, 1 + receivers, backend, per_replica=per_replica)
 
 
 @dataclass

@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.persist.atomic import publish_dir
+
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "trainer_state.json"
@@ -58,13 +60,5 @@ def staging_dir(path: str | os.PathLike[str], token: str) -> Path:
 
 
 def publish(staging: Path, path: str | os.PathLike[str]) -> None:
-    """Atomically replace `path` by `staging` (rename the old one aside, rename the new one in, delete)."""
-    target = Path(path)
-    old = target.with_name(target.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
-    if target.exists():
-        os.replace(target, old)
-    os.replace(staging, target)
-    if old.exists():
-        shutil.rmtree(old)
+    """Atomically replace `path` by the complete `staging` directory (`engine.persist.atomic.publish_dir`)."""
+    publish_dir(staging, path)

@@ -21,7 +21,7 @@ import torch
 
 from engine.algo.loss import GRPOLoss
 from engine.rollout.base import SamplingParams
-from engine.rollout.hf import HFRolloutBackend
+from engine.rollout.hf.backend import HFRolloutBackend
 from engine.sync.apply import named_tensors
 from engine.sync.buckets import bucketize
 from engine.trainer.torch_trainer import TorchTrainerBackend

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from engine.persist.atomic import atomic_write_text
+
 SCHEMA = "asyncrl.gpu_check/1"
 
 
@@ -136,10 +138,7 @@ class Report:
         return self.data
 
     def write(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, default=_jsonable))
-        tmp.replace(self.path)
+        atomic_write_text(self.path, json.dumps(self.data, indent=2, default=_jsonable))
 
 
 def _jsonable(value: Any) -> Any:

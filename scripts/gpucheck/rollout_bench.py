@@ -1,4 +1,4 @@
-"""Generation throughput of the project's `hf` rollout backend (`engine.rollout.hf.HFRolloutBackend`).
+"""Generation throughput of the project's `hf` rollout backend (`engine.rollout.hf.backend.HFRolloutBackend`).
 
 tokens/s = Σ new tokens / wall seconds of one `generate` call over `prompts × n` requests (sampling at
 T = 1, log-probs of every sampled token included), after a short warm-up call.
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from engine.rollout.base import SamplingParams
-from engine.rollout.hf import HFRolloutBackend
+from engine.rollout.hf.backend import HFRolloutBackend
 from engine.types import GenResult
 from gpucheck.batches import random_prompts, requests_for
 from gpucheck.models import ModelSpec

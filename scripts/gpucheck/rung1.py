@@ -125,7 +125,7 @@ def _vllm_sync(smoke: bool, device: str, state: dict[str, Any]) -> dict[str, Any
     except ImportError as e:
         return {"skipped": f"vLLM is not importable here ({e})"}
     from engine.rollout.base import SamplingParams
-    from engine.rollout.vllm_backend import VLLMRolloutBackend
+    from engine.rollout.vllm.backend import VLLMRolloutBackend
     from engine.types import GenRequest
 
     trainer, spec = state["trainer"], state["spec"]

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from engine.algo.rollout_correction import is_weight_histogram, mismatch_alarm, staleness_histogram
+from engine.algo.rc_diagnostics import is_weight_histogram, mismatch_alarm, staleness_histogram
 
 
 def test_is_histogram_log_bins_with_overflow_into_end_bins() -> None:

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.algo.rc_config import RS_OPTIONS
+from engine.config.rc_config import RS_OPTIONS
 from engine.algo.rollout_correction import compute_rollout_correction
 
 torch.set_num_threads(1)

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.algo.rc_config import parse_rs_thresholds, validate_rc_config
+from engine.config.rc_config import parse_rs_thresholds, validate_rc_config
 from engine.algo.rollout_correction import compute_rollout_correction
 
 LN = math.log

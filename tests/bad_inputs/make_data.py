@@ -76,7 +76,7 @@ def write_mismatched_model() -> None:
 
 
 def _write_checkpoint(root: Path, step: int, state: dict, corrupt: bool) -> None:
-    """A checkpoint directory in the format of engine.runtime.checkpoint (the trainer files are stand-ins:
+    """A checkpoint directory in the format of engine.persist.checkpoint (the trainer files are stand-ins:
     the resume checks refuse these checkpoints before anything would load them)."""
     ckpt = root / f"global_step_{step}"
     shutil.rmtree(ckpt, ignore_errors=True)
@@ -97,7 +97,7 @@ def _write_checkpoint(root: Path, step: int, state: dict, corrupt: bool) -> None
 def write_runs() -> None:
     sys.path.insert(0, str(REPO))
     from asyncrl_cli.config import load_run_config
-    from engine.runtime.resume import config_fingerprint
+    from engine.persist.resume import config_fingerprint
 
     cfg = load_run_config(REPO / "presets" / "runs" / "tiny-cpu.toml", []).config
     fingerprint = config_fingerprint(cfg)

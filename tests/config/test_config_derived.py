@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl_cli.config.derived import derive, max_queue_size, required_samples, total_train_steps
+from engine.plan.sizes import derive, max_queue_size, required_samples, total_train_steps
 from asyncrl_cli.config.loader import load_run_config
-from asyncrl_cli.config.schema import RunConfig
+from engine.config.schema import RunConfig
 
 RUNS = Path(__file__).resolve().parents[2] / "presets" / "runs"
 

@@ -9,10 +9,10 @@ import pytest
 from pydantic import ValidationError
 
 from asyncrl_cli.config.jsonschema import dumps, hardware_schema, run_schema
-from asyncrl_cli.config.rc_options import parse_is_threshold, parse_rs_options, parse_rs_thresholds
+from engine.config.rc_config import parse_is_threshold, parse_rs_options, parse_rs_thresholds
 from engine.config.rc_presets import RC_PRESETS
 from asyncrl_cli.config.schema_paths import runtime_knobs
-from asyncrl_cli.config.schema import RolloutCorrectionConfig, RunConfig, Section
+from engine.config.schema import RolloutCorrectionConfig, RunConfig, Section
 from engine.control.knobs import KNOB_SPECS
 
 PRESETS = Path(__file__).resolve().parents[2] / "presets"
@@ -66,13 +66,6 @@ def test_rs_options_and_thresholds_follow_verl() -> None:
     assert parse_is_threshold("0.5_5.0") == (5.0, 0.5)
     with pytest.raises(ValueError, match="0 < lower < upper"):
         parse_is_threshold("5.0_0.5")
-
-
-def test_the_cli_and_the_engine_share_one_parser() -> None:
-    import asyncrl_cli.config.rc_options as cli
-    import engine.algo.rc_config as engine
-
-    assert cli.parse_rs_thresholds is engine.parse_rs_thresholds and cli.parse_is_threshold is engine.parse_is_threshold
 
 
 @pytest.mark.parametrize("spec", ["inf", "nan", "0.5_inf", "nan_2.0"])

@@ -7,7 +7,7 @@ import os
 import shlex
 from pathlib import Path
 
-from engine.runtime.run_dirs import last_written_run_dir, prepare_run_dir, resume_command
+from engine.persist.run_dirs import last_written_run_dir, prepare_run_dir, resume_command
 
 NOW = dt.datetime(2026, 12, 1, 20, 15, 2)
 

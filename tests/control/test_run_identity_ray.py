@@ -108,7 +108,7 @@ def test_identity_reach_and_resume_across_two_local_runs_of_one_name(
     from asyncrl_cli.app import app
     from asyncrl_cli.config import load_run_config
     from engine.control.client import ray_connected
-    from engine.runtime.resume import plan_resume
+    from engine.persist.resume import find_resume_point
 
     if ray_connected():
         pytest.skip("needs a process without a Ray connection")
@@ -190,7 +190,7 @@ def test_identity_reach_and_resume_across_two_local_runs_of_one_name(
         pasted = shlex.split(hint[-1].split("with: ", 1)[1])
         assert pasted[:2] == ["asyncrl", "launch"] and pasted[-2:] == ["--resume", str(dir3)]
         cfg = load_run_config(TINY, [f'logging.run_dir="{run_dir}"', *SETS]).config
-        assert plan_resume(cfg, "auto").run_dir == dir3  # `--resume auto` takes the same directory
+        assert find_resume_point(cfg, "auto").run_dir == dir3  # `--resume auto` takes the same directory
         p4, log4 = runs.start([str(ASYNCRL), *pasted[1:]])
         procs.append(p4)
         resumed = wait_for(lambda: [e for e in read_jsonl(dir3 / "events.jsonl") if e["kind"] == "resume"], 300,

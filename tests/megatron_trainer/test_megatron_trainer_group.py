@@ -51,7 +51,7 @@ class GroupHost:
     def __init__(self, cfg: Any, model_dir: str) -> None:
         torch.set_num_threads(1)
         from engine.algo.loss import build_loss_fn
-        from engine.runtime.batching import LogRatioObserver
+        from engine.algo.batching import LogRatioObserver
         from engine.runtime.trainer_group import TrainerGroup
 
         self.group = TrainerGroup(cfg, model_dir, 2, {"num_cpus": 0})

@@ -12,7 +12,7 @@ import torch
 
 from engine.models.loader import load_causal_lm
 from engine.rollout.base import SamplingParams
-from engine.rollout.hf import HFRolloutBackend
+from engine.rollout.hf.backend import HFRolloutBackend
 from engine.trainer.batch import collate
 from engine.trainer.torch_trainer import TorchTrainerBackend
 from engine.types import GenRequest, Trajectory

@@ -14,7 +14,7 @@ from engine.algo.rc_diagnostics import offpolicy_metrics
 from engine.models.loader import load_causal_lm
 from engine.multimodal.placeholders import PlaceholderMismatch
 from engine.rollout.base import SamplingParams
-from engine.rollout.hf import HFRolloutBackend
+from engine.rollout.hf.backend import HFRolloutBackend
 from engine.trainer.batch import collate
 from engine.trainer.torch_trainer import TorchTrainerBackend
 from engine.types import GenRequest, Prompt, Trajectory, TrajectoryGroup

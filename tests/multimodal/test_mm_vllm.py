@@ -41,7 +41,7 @@ def test_vllm_generates_with_images_like_the_trainer(vl_dir: Path, vl_tokenizer:
     from engine.data.prompts import load_prompts
     from engine.models.loader import load_causal_lm
     from engine.rollout.base import SamplingParams
-    from engine.rollout.vllm_backend import VLLMRolloutBackend
+    from engine.rollout.vllm.backend import VLLMRolloutBackend
     from engine.trainer.batch import collate
     from engine.trainer.torch_trainer import TorchTrainerBackend
     from engine.types import GenRequest, Trajectory

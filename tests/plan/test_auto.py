@@ -1,5 +1,5 @@
 """`"auto"` precision and threads: the decision is a pure function of the measurement (each outcome forced here);
-the launch-time glue (`engine.runtime.probe.resolve_auto`) decides from the per-machine cache, prints one line per
+the launch-time glue (`engine.launch.probe.resolve_auto`) decides from the per-machine cache, prints one line per
 setting and returns a plan of concrete values; the measurement itself times real matmuls."""
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def write_cache(cache: Path, cfg: RunConfig, model_dir: Path, bf16_speed: float,
 def test_launch_resolves_auto_from_the_machines_measurement(tmp_path: Path, bf16_speed: float, precision: str,
                                                             threads: str) -> None:
     from engine.models.loader import resolve_model_path
-    from engine.runtime.probe import resolve_auto
+    from engine.launch.probe import resolve_auto
 
     cfg = demo('model.path="builtin:tiny-qwen-all"')
     model_dir = resolve_model_path(cfg.model.path, tmp_path / "models")
@@ -137,7 +137,7 @@ def test_launch_resolves_auto_from_the_machines_measurement(tmp_path: Path, bf16
 
 
 def test_the_measurement_times_real_matmuls_and_caches_them(tmp_path: Path) -> None:
-    from engine.runtime.probe import Timings
+    from engine.launch.probe import Timings
 
     shapes = {"trainer": (16, 32, 64), "decode": (4, 32, 64)}
     path = tmp_path / "m.json"
@@ -152,7 +152,7 @@ def test_the_measurement_times_real_matmuls_and_caches_them(tmp_path: Path) -> N
 @pytest.mark.parametrize(("load", "kept"), [(99.0, False), (0.0, True)])
 def test_a_measurement_taken_on_a_busy_machine_is_not_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              load: float, kept: bool) -> None:
-    import engine.runtime.probe as probe
+    import engine.launch.probe as probe
     from engine.models.loader import resolve_model_path
 
     cfg = demo('model.path="builtin:tiny-qwen-all"')

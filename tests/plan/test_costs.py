@@ -13,9 +13,9 @@ from asyncrl_cli.config.loader import analyze_run_config
 from engine.loop.sim.costed import CostedScenario, CostedWorld
 from engine.loop.sim.runner import run_scenario, scenario_seeds
 from engine.loop.sim.scenario import draw
-from engine.plan.calibrate import CalibrationError, calibrate
-from engine.plan.costs import ETA_BW, CostsUnavailable, Layout, resolve
-from engine.plan.predict import simulate
+from engine.predict.calibrate import CalibrationError, calibrate
+from engine.predict.costs import ETA_BW, CostsUnavailable, Layout, resolve
+from engine.predict.prediction import simulate
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "presets" / "runs" / "qwen3-30b-a3b-base-dapo-megatron-96-32.toml"

@@ -23,7 +23,7 @@ from engine.plan.devices import (
     reduction,
 )
 from engine.plan.run_plan import resolve_plan
-from engine.rollout.vllm_backend import engine_args
+from engine.rollout.vllm.backend import engine_args
 from engine.runtime.backends import vllm_options
 from engine.trainer import process_groups
 

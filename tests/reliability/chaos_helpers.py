@@ -60,7 +60,7 @@ def role_pids(sid: int) -> dict[str, list[int]]:
 
 def newest_checkpoint(run_dir: Path) -> int:
     """The step of the newest published checkpoint (-1 when there is none)."""
-    from engine.runtime.checkpoint import list_checkpoints, step_of
+    from engine.persist.checkpoint import list_checkpoints, step_of
 
     return max((step_of(p) for p in list_checkpoints(run_dir / "checkpoints")), default=-1)
 
@@ -104,7 +104,7 @@ def checkpoint_hashes(run_dir: Path) -> dict[int, str]:
     """`weights_sha256` of every checkpoint still on disk, by step."""
     import json
 
-    from engine.runtime.checkpoint import list_checkpoints, step_of
+    from engine.persist.checkpoint import list_checkpoints, step_of
 
     return {step_of(p): json.loads((p / "state.json").read_text())["weights_sha256"]
             for p in list_checkpoints(run_dir / "checkpoints")}

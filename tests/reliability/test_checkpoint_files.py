@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.runtime.checkpoint import (
+from engine.persist.checkpoint import (
     CheckpointError,
     latest_valid,
     ledger_position,

@@ -14,9 +14,9 @@ from engine.loop.rollout import RolloutLoop, RolloutParams
 from engine.loop.stream import PromptStream
 from engine.loop.trainer import TrainerLoop, TrainerParams
 from engine.rollout.base import SamplingParams
-from engine.rollout.hf import HFRolloutBackend
-from engine.rollout.keyed import keyed_uniform
-from engine.runtime.trainer_checkpoints import hash_buckets
+from engine.rollout.hf.backend import HFRolloutBackend
+from engine.rollout.hf.keyed import keyed_uniform
+from engine.persist.trainer_checkpoints import hash_buckets
 from engine.types import GenRequest, GenResult, Prompt, Trajectory, TrajectoryGroup
 
 PAD, EOS = 0, 1

@@ -18,7 +18,7 @@ from reliability_helpers import (
     wait_for,
 )
 
-from engine.runtime.checkpoint import latest_valid, list_checkpoints, step_of
+from engine.persist.checkpoint import latest_valid, list_checkpoints, step_of
 from engine.runtime.driver import run
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import pytest
 import ray
 from reliability_helpers import assert_ledger_exact, events, tiny_config, train_steps
 
-from engine.runtime.checkpoint import latest_valid, list_checkpoints, read_checkpoint
+from engine.persist.checkpoint import latest_valid, list_checkpoints, read_checkpoint
 from engine.runtime.driver import run
 
 pytestmark = pytest.mark.integration

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from reliability_helpers import assert_ledger_exact, events, tiny_config, train_steps
 
-from engine.runtime.checkpoint import latest_valid, read_checkpoint
+from engine.persist.checkpoint import latest_valid, read_checkpoint
 from engine.runtime.driver import run
-from engine.runtime.resume import plan_resume
+from engine.persist.resume import find_resume_point
 
 pytestmark = pytest.mark.integration
 
@@ -42,8 +42,8 @@ def test_spent_restart_budget_stops_with_a_resumable_checkpoint(tmp_path, capsys
     assert [e["phase"] for e in events(run_dir, "replica")] == ["exhausted"]
     ckpt = latest_valid(run_dir / "checkpoints")
     assert ckpt is not None and read_checkpoint(ckpt)["state"]["reason"] == "stop"
-    plan = plan_resume(cfg, "auto")
-    assert plan is not None and plan.ckpt["path"] == str(ckpt)
+    point = find_resume_point(cfg, "auto")
+    assert point is not None and point.ckpt["path"] == str(ckpt)
 
 
 def test_a_bucket_corrupted_on_the_wire_fails_the_run_naming_replica_and_bucket(tmp_path, capsys) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.runtime.checkpoint import latest_valid, list_checkpoints, read_checkpoint, verify_checkpoint, write_checkpoint
-from engine.runtime.stop_grace import (
+from engine.persist.checkpoint import latest_valid, list_checkpoints, read_checkpoint, verify_checkpoint, write_checkpoint
+from engine.persist.stop_grace import (
     EXIT_RESERVE_S,
     choose_stop_state,
     full_checkpoint_s,
@@ -197,7 +197,7 @@ def test_a_checkpoint_writer_killed_half_way_is_never_taken_for_a_good_one(tmp_p
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
         from pathlib import Path
-        from engine.runtime.checkpoint import write_checkpoint
+        from engine.persist.checkpoint import write_checkpoint
         def save(p):
             p.mkdir()
             with open(p / "model.safetensors", "wb") as f:

@@ -28,7 +28,7 @@ from reliability_helpers import (
     wait_for,
 )
 
-from engine.runtime.checkpoint import latest_valid, read_checkpoint
+from engine.persist.checkpoint import latest_valid, read_checkpoint
 from engine.runtime.driver import run
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engine.rollout.base import SamplingParams
-from engine.rollout.hf import HFRolloutBackend
+from engine.rollout.hf.backend import HFRolloutBackend
 from engine.runtime.backends import rollout_dtype
 from engine.trainer.batch import collate
 from engine.trainer.torch_trainer import TorchTrainerBackend

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine.rollout.base import RolloutBackend, SamplingParams
-from engine.rollout.hf import HFRolloutBackend
+from engine.rollout.hf.backend import HFRolloutBackend
 from engine.types import GenRequest
 
 PAD, EOS = 0, 1

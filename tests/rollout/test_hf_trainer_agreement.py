@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.rollout.base import SamplingParams
-from engine.rollout.hf import HFRolloutBackend
+from engine.rollout.hf.backend import HFRolloutBackend
 from engine.trainer.batch import collate
 from engine.trainer.torch_trainer import TorchTrainerBackend
 from engine.types import GenRequest, Trajectory

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from engine.rollout.base import SamplingParams
-from engine.rollout.hf import HFRolloutBackend
-from engine.rollout.kv_cache import FallbackCache, GrowableKVCache, PreallocatedLayer, make_cache
+from engine.rollout.hf.backend import HFRolloutBackend
+from engine.rollout.hf.kv_cache import FallbackCache, GrowableKVCache, PreallocatedLayer, make_cache
 from engine.types import GenRequest
 
 
@@ -62,7 +62,7 @@ def _cache(rows: int, cols: int, seed: int) -> tuple[GrowableKVCache, torch.Tens
 
 
 def test_rows_join_and_leave_in_place_for_continuous_batching() -> None:
-    from engine.rollout.kv_cache import merge_rows
+    from engine.rollout.hf.kv_cache import merge_rows
 
     running, a = _cache(3, 5, seed=0)
     joining, b = _cache(2, 3, seed=1)

@@ -1,4 +1,4 @@
-"""top-k / top-p filtering and the reported log-probs of `engine.rollout.sampling`."""
+"""top-k / top-p filtering and the reported log-probs of `engine.rollout.hf.sampling`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import torch
 
 from engine.rollout.base import SamplingParams
-from engine.rollout.sampling import filter_logits, sample_from_cdf, select_tokens
+from engine.rollout.hf.sampling import filter_logits, sample_from_cdf, select_tokens
 
 
 def test_top_k_keeps_exactly_k_highest() -> None:

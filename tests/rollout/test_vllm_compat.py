@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from engine.rollout.vllm_compat import EngineFeatures
+from engine.rollout.vllm.compat import EngineFeatures
 
 
 class Engine013:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.sync import bucket_nbytes, bucketize, load_buckets_into
+from engine.sync.apply import load_buckets_into
+from engine.sync.buckets import bucket_nbytes, bucketize
 
 
 def arrays(sizes: list[int]) -> list[tuple[str, np.ndarray]]:

@@ -12,8 +12,8 @@ from trainer_helpers import EOS, PAD, VOCAB
 from engine.algo.loss import build_loss_fn
 from engine.algo.mismatch import mismatch_report, same_weight_rows
 from engine.rollout.base import SamplingParams
-from engine.rollout.hf import HFRolloutBackend
-from engine.runtime.batching import AT_VERSION, ROW_INDEX, LogRatioObserver, mismatch_check
+from engine.rollout.hf.backend import HFRolloutBackend
+from engine.algo.batching import AT_VERSION, ROW_INDEX, LogRatioObserver, mismatch_check
 from engine.trainer.batch import collate
 from engine.trainer.torch_trainer import TorchTrainerBackend
 from engine.types import GenRequest, Trajectory

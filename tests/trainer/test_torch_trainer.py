@@ -11,7 +11,7 @@ import torch
 from trainer_helpers import EOS, PAD, random_batch, seq_mean_pg_loss, token_mean_pg_loss
 
 from engine.rollout.base import SamplingParams
-from engine.rollout.hf import HFRolloutBackend
+from engine.rollout.hf.backend import HFRolloutBackend
 from engine.trainer.base import TrainerBackend
 from engine.trainer.batch import collate
 from engine.trainer.torch_trainer import TorchTrainerBackend

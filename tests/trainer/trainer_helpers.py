@@ -84,7 +84,7 @@ def spawn_ranks(worker: Callable[..., None], world: int, out_dir: Path) -> list[
 
 def agg_loss_fn(batch: TrainBatch, mode: str):
     """REINFORCE aggregated by verl's `loss_agg_mode` (`engine.algo.policy_loss.agg_loss`) within a micro-batch;
-    sets `batch.meta["micro_weight_fn"]` to the mode's denominator, as `engine.runtime.batching` does."""
+    sets `batch.meta["micro_weight_fn"]` to the mode's denominator, as `engine.algo.batching` does."""
     from engine.algo.policy_loss import agg_denominator, agg_loss
 
     batch.meta["micro_weight_fn"] = lambda mb: agg_denominator(mb.response_mask, mode)

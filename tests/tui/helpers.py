@@ -8,7 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.control.client import ReplaySource, SourceUnavailable
+from engine.control.client import SourceUnavailable
+from engine.control.replay import ReplaySource
 from engine.control.core import ControllerCore
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "run_tiny"

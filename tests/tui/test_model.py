@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from asyncrl_cli.tui.format import fmt_duration, fmt_num, fmt_rate
-from asyncrl_cli.tui.knob_plan import max_queue, plan_knob_change
+from asyncrl_cli.tui.knob_change import describe_knob_change, max_queue
 from asyncrl_cli.tui.model import DashboardModel
 from asyncrl_cli.tui.poller import SnapshotBuffer, next_cursor
 from asyncrl_cli.tui.widgets.config_view import provenance_of
@@ -100,15 +100,15 @@ def test_worker_rows_accept_the_engines_field_names() -> None:
     assert (rows[1]["role"], rows[1]["weight_version"], rows[1]["lag"]) == ("rollout", 3, 2)
 
 
-def test_change_plan_states_old_new_and_the_budget() -> None:
+def test_knob_confirmation_states_old_new_and_the_budget() -> None:
     config = {"trainer": {"ppo_mini_batch_size": 4}, "async_training": {"require_batches": 1}}
     knobs = {"trigger_parameter_sync_step": {"value": 4}, "staleness_threshold": {"value": 0.5}}
     assert max_queue(config, 0.5, 4) == 24  # 4 × 1 × 1.5 × 4
-    plan = plan_knob_change("trigger_parameter_sync_step", 4, 8, config, knobs)
-    assert "4 → 8" in plan.body and "24 → 48" in plan.body and plan.warnings
-    plan = plan_knob_change("staleness_threshold", 0.5, 0.0, config, knobs)
-    assert "24 → 16" in plan.body and "one sync cycle" in plan.warnings[0]
-    assert plan_knob_change("paused", False, True, {}, knobs).title == "Pause generation?"
+    ask = describe_knob_change("trigger_parameter_sync_step", 4, 8, config, knobs)
+    assert "4 → 8" in ask.body and "24 → 48" in ask.body and ask.warnings
+    ask = describe_knob_change("staleness_threshold", 0.5, 0.0, config, knobs)
+    assert "24 → 16" in ask.body and "one sync cycle" in ask.warnings[0]
+    assert describe_knob_change("paused", False, True, {}, knobs).title == "Pause generation?"
 
 
 def test_provenance_lookup_follows_parents_and_both_shapes() -> None:

@@ -40,7 +40,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
 
 @pytest.fixture(scope="session")
 def backend(tiny: Tiny) -> Iterator[Any]:
-    from engine.rollout.vllm_backend import VLLMRolloutBackend
+    from engine.rollout.vllm.backend import VLLMRolloutBackend
 
     be = VLLMRolloutBackend(
         tiny.path, dtype="float32", max_model_len=512, max_num_seqs=16, seed=0, kv_cache_gib=1, device="cpu"

@@ -25,7 +25,7 @@ PROMPTS = [[5, 17, 33, 90, 120], [7, 8, 9, 200, 41, 3, 77]]
 
 
 def test_collective_sync_into_the_vllm_worker_matches_the_trainer_weights(backend, tiny, monkeypatch) -> None:
-    from engine.rollout import vllm_backend
+    from engine.rollout.vllm import backend as vllm_backend
     from engine.trainer.fsdp import free_port
 
     def no_driver_copy(*_: object) -> None:

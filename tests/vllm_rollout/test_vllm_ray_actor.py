@@ -27,7 +27,7 @@ def _replica_class() -> type:
 
     class Replica:
         def __init__(self, model_dir: str) -> None:
-            from engine.rollout.vllm_backend import VLLMRolloutBackend
+            from engine.rollout.vllm.backend import VLLMRolloutBackend
 
             self.backend = VLLMRolloutBackend(
                 model_dir, dtype="float32", max_model_len=512, max_num_seqs=8, kv_cache_gib=1, device="cpu"

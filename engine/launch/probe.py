@@ -1,0 +1,159 @@
+"""The launch-time measurement behind `"auto"` precision and threads (`engine.plan.auto` decides from it).
+
+`resolve_auto(plan, model_dir)` is what the driver calls before anything starts: when the config has an
+"auto" setting it times the run's matmul shapes on this machine (fp32 vs bf16 with every core, then 1 vs every
+core in each role's chosen precision), decides, prints one line per setting on stderr, and returns the plan of
+the resolved config (concrete values, so the actors, `config.resolved.json` and a resume see what ran) and the
+record for `<run dir>/machine.json`. On cuda / npu nothing is timed (bf16).
+
+Each timing is the fastest of a few calls after one warm-up (the minimum is the estimate least disturbed by
+other processes on the cores), at most ~`BUDGET_S` per entry. Timings are cached in
+`<cache>/machine/<key>.json` (`$ASYNCRL_CACHE`, default `~/.cache/asyncrl`), the key hashing the CPU model,
+its ISA flags, the cores, torch's version and the shapes: a second launch of the same run on the same machine
+measures nothing — unless the 1-minute load was at or above the core count while it measured: a busy machine's
+times decide that launch only, and the next launch measures again. Delete the file to measure again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from engine.persist.atomic import atomic_write_json
+from engine.plan import auto
+from engine.plan.machine import cpu_identity
+from engine.plan.run_plan import RunPlan, resolve_plan
+
+BUDGET_S = 0.15
+"""Time spent timing one entry (after its warm-up), at most MAX_CALLS calls and at least MIN_CALLS."""
+MIN_CALLS, MAX_CALLS = 2, 20
+
+
+def time_matmul(shape: tuple[int, int, int], mode: str, threads: int, autocast: bool) -> float:
+    """Seconds of one `F.linear` of `rows × in` by an `out × in` weight with `threads` intra-op threads.
+    `mode` "bf16": bf16 autocast over fp32 tensors (`autocast`, the trainer) or bf16 tensors (the rollout)."""
+    import torch
+    import torch.nn.functional as F
+
+    rows, k, n = shape
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        x, w = torch.randn(rows, k, generator=gen), torch.randn(n, k, generator=gen) * 0.02
+        if mode == "bf16" and not autocast:
+            x, w = x.bfloat16(), w.bfloat16()
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "bf16" and autocast)
+        with torch.inference_mode(), ctx:
+            F.linear(x, w)  # warm-up: the kernel's first call packs / allocates
+            best, calls, start = float("inf"), 0, time.perf_counter()
+            while calls < MIN_CALLS or (calls < MAX_CALLS and time.perf_counter() - start < BUDGET_S):
+                t0 = time.perf_counter()
+                F.linear(x, w)
+                best, calls = min(best, time.perf_counter() - t0), calls + 1
+        return best
+    finally:
+        torch.set_num_threads(before)
+
+
+class Timings:
+    """Cached matmul timings of one machine and shape set: `get(shape, mode, threads)` times on a miss."""
+
+    def __init__(self, shapes: dict[str, tuple[int, int, int]], path: Path) -> None:
+        self.shapes, self.path = shapes, path
+        try:
+            self.entries: dict[str, float] = json.loads(path.read_text())["entries"]
+        except (OSError, ValueError, KeyError, TypeError):
+            self.entries = {}
+        self.cached = bool(self.entries)
+        self.dirty = False
+
+    def get(self, shape: str, mode: str, threads: int) -> float:
+        name = f"{shape}:{mode}:{threads}"
+        if name not in self.entries:
+            autocast = shape in auto.ROLE_SHAPES["trainer"]
+            self.entries[name] = time_matmul(self.shapes[shape], mode, threads, autocast)
+            self.dirty, self.cached = True, False
+        return self.entries[name]
+
+    def save(self, meta: dict[str, Any]) -> None:
+        """Write the cache (atomically); a cache that cannot be written is skipped."""
+        if not self.dirty:
+            return
+        try:
+            atomic_write_json(self.path, {**meta, "entries": self.entries})
+        except OSError:
+            pass
+
+
+def measure(cfg: Any, device: str, shapes: dict[str, tuple[int, int, int]], timings: Timings, cores: int,
+            split: dict[str, int]) -> tuple[dict[str, Any], list[auto.Choice]]:
+    """Time what `cfg`'s "auto" settings need and decide them: (the times, the choices)."""
+    want = auto.wanted(cfg)
+    measured: dict[str, Any] = {"precision": {}, "threads": {}}
+    if want["trainer.precision"] or want["rollout.dtype"]:
+        for role in auto.ROLES:
+            for s in auto.ROLE_SHAPES[role]:
+                measured["precision"][s] = {m: timings.get(s, m, cores) for m in ("fp32", "bf16")}
+    choices = auto.decide_precision(cfg, device, measured["precision"])
+    for role in auto.ROLES:
+        if want[f"resources.{role}.cpu_threads"]:
+            mode = auto.resolved_precision(cfg, choices, role)
+            measured["threads"][role] = {
+                label: sum(timings.get(s, mode, n) for s in auto.ROLE_SHAPES[role])
+                for label, n in (("1", 1), ("all", cores))}
+    return measured, choices + auto.decide_threads(cfg, device, measured["threads"], cores, split)
+
+
+def resolve_auto(plan: RunPlan, model_dir: str, cache_dir: Path | None = None,
+                 out: Any = None) -> tuple[RunPlan, dict[str, Any] | None]:
+    """The plan with its "auto" settings decided on this machine (see the module docstring), and the record for
+    `<run dir>/machine.json` (None when nothing was "auto"). Prints one line per setting on `out` (stderr)."""
+    cfg = plan.config
+    if not auto.has_auto(cfg):
+        return plan, None
+    out = out if out is not None else sys.stderr
+    identity = cpu_identity()
+    cores = int(identity["cores"])
+    split = {"trainer": int(plan.actors["trainer_threads"]), "rollout": int(plan.actors["replica_threads"])}
+    arch = json.loads((Path(model_dir) / "config.json").read_text())
+    shapes = auto.probe_shapes(cfg, arch)
+    measured: dict[str, Any] | None = None
+    cached = False
+    if plan.device == "cpu":
+        import torch
+
+        from engine.models.cache import default_cache_dir
+
+        key = auto.cache_key(identity, shapes, torch.__version__)
+        timings = Timings(shapes, (cache_dir or default_cache_dir()) / "machine" / f"{key}.json")
+        t0, load = time.monotonic(), round(os.getloadavg()[0], 2)
+        measured, choices = measure(cfg, plan.device, shapes, timings, cores, split)
+        cached = timings.cached
+        where = f"cached in {timings.path}" if cached else f"measured in {time.monotonic() - t0:.1f} s at load {load}"
+        if load < cores:  # a busy machine's times decide this launch only: the next one measures again
+            timings.save({"machine": identity, "torch": torch.__version__, "shapes": shapes, "load_1min": load})
+            where += "" if cached else f", cached in {timings.path}"
+        elif not cached:
+            where += ", not cached: the machine was busy"
+        print(f"asyncrl: auto settings on {identity['cpu']} ({', '.join(identity['isa']) or 'no avx2'}, "
+              f"{cores} cores; {where})", file=out)
+    else:
+        choices = auto.decide_precision(cfg, plan.device, None) + auto.decide_threads(cfg, plan.device, None,
+                                                                                      cores, split)
+    for c in choices:
+        print(f"asyncrl: {c.line()}", file=out)
+    config = auto.apply(cfg, choices)
+    if auto.mismatch_uncorrected(config):
+        rollout, trainer = auto.compute_dtypes(config)
+        print(f"asyncrl: note: the rollout runs in {rollout}, the trainer in {trainer}, and no rollout correction is "
+              "on: per-token ratios of 0.6–1.5 go uncorrected", file=out)
+    resolved = resolve_plan(config, hardware=plan.hardware, derived=plan.derived, provenance=plan.provenance,
+                            cores=cores)
+    resolved = dataclasses.replace(resolved, layout_error=plan.layout_error)
+    return resolved, auto.record(identity, shapes, measured, choices, cached)

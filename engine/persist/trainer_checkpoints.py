@@ -1,0 +1,146 @@
+"""The trainer's checkpoints and weights hash (a mixin of `engine.runtime.trainer_actor.TrainerCore`).
+
+`save_checkpoint` writes the trainer backend's save (weights, optimizer, RNG states), the loop's counters,
+the rollout-side cut and the queued groups (`engine.persist.checkpoint`); `state.json` also records
+`weights_sha256`. The hash is
+
+    sha256( for each exported bucket in export order, for each name in sorted order:
+            name ‖ dtype ‖ shape ‖ the tensor's bytes (C order) )
+
+over the HF-named arrays `export_weights` yields (the ones the replicas receive), so two runs whose
+parameters agree bit for bit have the same hash and any differing bit changes it. It is written at every
+checkpoint, and at the end of the run as an event (`kind = "weights"`) and in `fit()`'s result.
+
+A stop with a deadline (`request_stop(..., deadline=)`, from the driver's grace period) writes the full
+checkpoint when it fits and a light one otherwise (`engine.persist.stop_grace`: the step's stream position,
+queue and in-flight prompts with the trainer state of the last full checkpoint); `stop_state` says which, for
+`fit()`'s result. The final hash is not recomputed under a deadline (the checkpoint's is reported).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from typing import Any
+
+import ray
+
+HASH_BUCKET_BYTES = 64 * 2**20
+
+
+def hash_buckets(buckets: Any) -> str:
+    """sha256 of HF-named tensor (or numpy) buckets (see the module docstring): the raw bytes in the
+    tensors' own dtype."""
+    import torch
+
+    from engine.sync.flat import as_tensor
+
+    h = hashlib.sha256()
+    for bucket in buckets:
+        for name in sorted(bucket):
+            t = as_tensor(bucket[name]).cpu().contiguous()
+            h.update(f"{name}\x1f{str(t.dtype).removeprefix('torch.')}\x1f{tuple(t.shape)}\x1f".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+class TrainerCheckpoints:
+    """Checkpoint and hash methods of `TrainerCore` (uses its loop, backend, rollouter and controller)."""
+
+    _stop_deadline: float | None = None  # time.time() by which a stop's state must be on disk
+    _stop_weight_bytes: int = 0  # the model's weight bytes, for the prior of a full checkpoint's time
+    _full_ckpt_s: float | None = None  # the last full checkpoint's measured write time
+    _weights_ckpt: dict[str, Any] | None = None  # the last full checkpoint: path, step, weights_sha256
+    stop_state: dict[str, Any] | None = None  # what the stop wrote: kind, path, weights_step
+
+    def set_stop_deadline(self, deadline: float | None, weight_bytes: int = 0) -> None:
+        if deadline is not None:
+            self._stop_deadline, self._stop_weight_bytes = deadline, int(weight_bytes)
+
+    def _restore_weights(self, resume: dict[str, Any]) -> None:
+        """Load the checkpoint's trainer state (a light checkpoint without one keeps the model's weights)."""
+        st = resume["state"]
+        if resume.get("trainer_dir"):
+            self.backend.load(resume["trainer_dir"])
+            path = os.path.dirname(os.path.abspath(resume["trainer_dir"]))
+            self._weights_ckpt = {"path": path, "step": st.get("weights_step", st.get("step")),
+                                  "weights_sha256": st.get("weights_sha256")}
+
+    def weights_sha256(self) -> str:
+        """The hash of the trainer's current parameters (every rank takes part in the export)."""
+        return hash_buckets(self.backend.export_weights(HASH_BUCKET_BYTES))
+
+    def report_weights_hash(self) -> str | None:
+        """At the end of the run: the final weights' hash as an event; returned for `fit()`'s result. Under a
+        stop deadline, the stop checkpoint's hash (no second export)."""
+        if self._stop_deadline is not None:
+            return (self.stop_state or {}).get("weights_sha256")
+        digest = self.weights_sha256()
+        self.controller.record_event.remote(self._ev(
+            "info", "weights", f"final weights sha256 {digest} (step {self.local_step}, version {self.version})",
+            weights_sha256=digest))
+        return digest
+
+    def save_checkpoint(self, reason: str, snapshot: dict | None = None, light: bool = False) -> str:
+        """Write a checkpoint now (between steps). `snapshot` is a rollout-side cut taken at this step's sync;
+        without one the rollouter is paused briefly to take it. `light`: this step's stream, queue and in-flight
+        state with the trainer state of the last full checkpoint (or the initial weights)."""
+        from engine.persist.checkpoint import checkpoint_root, ledger_position, write_checkpoint
+        from engine.persist.resume import config_fingerprint
+
+        t_start = time.monotonic()
+        if snapshot is None:
+            snapshot = ray.get(self.rollouter.snapshot.remote(True))
+        weights = self._weights_ckpt if light else None
+        state = {
+            **self.loop.state(), "reason": reason,
+            "time": time.time(), "run_dir": os.path.abspath(self.run_dir),
+            "fingerprint": config_fingerprint(self.cfg),
+            **ledger_position(self.ledger.path),
+            "trainer": {"stale_processed": self.stale_processed, "dropped_stale": self.dropped_stale,
+                        "skipped_updates": self.skipped_updates, "elapsed_s": time.time() - self.t0},
+            "rollout": snapshot["rollout"],
+        }
+        if light:
+            state.update(stop_state="light", weights_step=weights["step"] if weights else None,
+                         weights_sha256=weights["weights_sha256"] if weights else None)
+        else:
+            state["weights_sha256"] = self.weights_sha256()
+        queued = [g.to_json() for g in self.loop.current + self.loop.buffer] + snapshot["queued"]
+        path = write_checkpoint(checkpoint_root(self.cfg, self.run_dir), self.local_step,
+                                save_trainer=None if light else (lambda p: self.backend.save(str(p))), state=state,
+                                queued=queued, in_flight=snapshot["in_flight"], keep_last=self.cfg.checkpoint.keep_last,
+                                weights_from=weights["path"] if weights else None)
+        self._last_ckpt_step = self.local_step
+        if light:
+            where = f"the weights of step {weights['step']}" if weights else "the model's initial weights"
+            what = f"light stop state ({where}; the stream position, queue and in-flight prompts of this step)"
+        else:
+            self._full_ckpt_s = time.monotonic() - t_start
+            self._weights_ckpt = {"path": str(path), "step": self.local_step,
+                                  "weights_sha256": state["weights_sha256"]}
+            what = "checkpoint"
+        self.stop_state = {"kind": "light" if light else "full", "path": str(path), "reason": reason,
+                           "weights_step": weights["step"] if light and weights else
+                           (None if light else self.local_step), "weights_sha256": state["weights_sha256"]}
+        self.controller.record_event.remote(self._ev(
+            "info", "checkpoint", f"{what} saved ({reason}): {path}", path=str(path), reason=reason,
+            queued=len(queued), in_flight=len(snapshot["in_flight"]), weights_sha256=state["weights_sha256"],
+            light=light))
+        return str(path)
+
+    def _stop_is_light(self) -> bool:
+        """Under a stop deadline: does the full checkpoint not fit in the time left (`stop_grace`)?"""
+        from engine.persist.stop_grace import choose_stop_state, full_checkpoint_s
+
+        expected = full_checkpoint_s(self._full_ckpt_s, self._stop_weight_bytes)
+        return choose_stop_state(time.time(), self._stop_deadline, expected) == "light"
+
+    def _checkpoint_best_effort(self, reason: str) -> None:
+        """A stop/final/on-demand/failure checkpoint; a failure is an event, not a crash (the last one stays)."""
+        try:
+            self.save_checkpoint(reason, light=reason == "stop" and self._stop_is_light())
+        except Exception as e:  # noqa: BLE001 - reported, and the previous checkpoint remains usable
+            self.controller.record_event.remote(self._ev(
+                "error", "checkpoint", f"{reason} checkpoint failed: {type(e).__name__}: {e}"))

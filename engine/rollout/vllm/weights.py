@@ -1,0 +1,45 @@
+"""Driver side of the vLLM weight update: flat weight buckets → the workers' `WeightSyncExtension`.
+
+Each bucket is a `engine.sync.flat.FlatBucket` (the model's dtype, one flat buffer and its index): its raw
+bytes and index go to every worker inside the RPC (vLLM's multiprocess transport carries bytes, not tensors),
+and each worker views its tensors in place (`worker_ext.asyncrl_load_flat`) — no serialisation format,
+no file round trip. With the collective weight sync the buckets bypass the driver: each worker receives the
+trainer's broadcast itself. Tied-embedding models always get `lm_head.weight` (= `model.embed_tokens.weight`,
+added by the worker): vLLM keeps a separately processed copy of the head, which a bucket without it leaves
+stale.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+EMBED_NAME = "model.embed_tokens.weight"
+HEAD_NAME = "lm_head.weight"
+
+
+def tied_embeddings(model_dir: str | Path) -> bool:
+    """`tie_word_embeddings` of the checkpoint's config.json (top level, else its `text_config`)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    text = config.get("text_config") or {}
+    return bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
+
+
+def tie_lm_head(tensors: dict[str, Any], tied: bool) -> dict[str, Any]:
+    """`tensors` with `lm_head.weight` added (= the embedding) when the model ties them and the bucket
+    carries the embedding but not the head."""
+    if tied and EMBED_NAME in tensors and HEAD_NAME not in tensors:
+        return {**tensors, HEAD_NAME: tensors[EMBED_NAME]}
+    return tensors
+
+
+async def send_bucket(engine: Any, bucket: Any, tied: bool) -> int:
+    """Feed one bucket (a `FlatBucket`, or a dict of tensors / arrays, packed here) to every worker of `engine`
+    (an `AsyncLLM` inside an update session) and return its payload bytes."""
+    from engine.sync.flat import flatten
+
+    fb = flatten(bucket, device="cpu")
+    index = [[name, dtype, list(shape), offset, nbytes] for name, dtype, shape, offset, nbytes in fb.index]
+    await engine.collective_rpc("asyncrl_load_flat", args=(index, fb.data.numpy().tobytes(), tied))
+    return fb.nbytes
