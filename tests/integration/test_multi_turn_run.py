@@ -82,6 +82,8 @@ def test_tools_that_sleep_time_out_and_raise_across_syncs_keep_an_exact_ledger(r
                     "asyncrl/tools/status/error", "asyncrl/tools/status/crashed", "asyncrl/tools/status/bad_output",
                     "fully_async/partial/total_partial_num", "asyncrl/tools/masked_tokens"):
             total[key] += r.get(key, 0)
+    # timeouts come only from the sleeping rows; `error` counts the raising rows' calls and, with the `bare`
+    # format, the untrained model's turns that begin with another word (an unknown tool)
     assert total["asyncrl/tools/status/timeout"] > 0 and total["asyncrl/tools/status/error"] > 0
     assert total["asyncrl/tools/errors"] == sum(total[f"asyncrl/tools/status/{s}"]
                                                 for s in ("timeout", "error", "crashed", "bad_output"))
