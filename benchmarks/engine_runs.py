@@ -164,13 +164,14 @@ def load_config(preset: Path, overrides: Sequence[str]) -> Any:
 def launch(preset: Path, overrides: Sequence[str], run_root: Path, label: str) -> RunSummary:
     """Run `preset` with `overrides` to the end in this process's Ray session and summarise it."""
     from engine.runtime.driver import run
+    from engine.plan.run_plan import resolve_plan
 
     run_dir = run_root / label
     name = f"bench-{label}-{os.getpid()}"
     full = [*overrides, f'logging.run_dir="{run_dir}"', "logging.progress=false", f'name="{name}"']
     cfg = load_config(preset, full)
     start = time.perf_counter()
-    code = run(cfg, progress=False)
+    code = run(resolve_plan(cfg), progress=False)
     wall = time.perf_counter() - start
     if code != 0:
         raise RuntimeError(

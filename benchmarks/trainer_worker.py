@@ -54,6 +54,7 @@ def measure(
     from benchmarks.engine_runs import load_config
     from engine.algo.loss import build_loss_fn
     from engine.models.loader import load_tokenizer, resolve_model_path
+    from engine.plan.run_plan import resolve_plan
     from engine.runtime.backends import build_trainer_backend
     from engine.algo.batching import prepare_batch
 
@@ -61,7 +62,7 @@ def measure(
     model_dir = str(resolve_model_path(cfg.model.path, seed=cfg.trainer.seed))
     tok = load_tokenizer(model_dir)
     t0 = time.perf_counter()
-    backend = build_trainer_backend(cfg, model_dir)
+    backend = build_trainer_backend(cfg, model_dir, device=resolve_plan(cfg).devices["trainer"])
     build_s = time.perf_counter() - t0
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
     prep = prepare_batch(make_groups(cfg, tok, vocab), cfg, tok.pad_token_id, 0)

@@ -18,6 +18,7 @@ aborts first (the replicas join the broadcast once paused), then the trainer bro
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import shutil
 import tempfile
@@ -30,6 +31,7 @@ from benchmarks.engine_runs import load_config, ray_session
 from benchmarks.metrics import gb_per_s, median
 from benchmarks.plots import pyplot, save
 from benchmarks.targets import evaluate
+from engine.plan.run_plan import resolve_plan
 
 STUDY = "weight-sync"
 SHAPES: dict[str, dict[str, int]] = {
@@ -233,7 +235,8 @@ def measure_shape(shape: str, dtype: str, transports: Any, repeats: int, root: P
     trainer = TorchTrainerBackend(model, optim_cfg={"lr": 1e-6})
     rows = []
     for transport in transports:
-        replica = RolloutReplica.options(num_cpus=1).remote(cfg, str(model_dir), 0, threads)
+        spec = dataclasses.replace(resolve_plan(cfg).role_specs().replica, model_dir=str(model_dir), threads=threads)
+        replica = RolloutReplica.options(num_cpus=1).remote(spec, 0)
         sync = (CollectiveSync(ray.util.get_node_ip_address(), free_port(), 2) if transport == "collective"
                 else ObjectStoreSync())
         try:

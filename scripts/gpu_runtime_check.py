@@ -26,7 +26,8 @@ from asyncrl_cli.config.loader import load_run_config
 from engine.algo.loss import GRPOLoss
 from engine.models.loader import resolve_model_path
 from engine.rollout.base import SamplingParams
-from engine.runtime.backends import build_rollout_backend, build_trainer_backend, compute_device
+from engine.plan.run_plan import resolve_plan
+from engine.runtime.backends import build_rollout_backend, build_trainer_backend
 
 PRESET = Path("presets/runs/tiny-cpu.toml")
 
@@ -40,9 +41,10 @@ def main(hardware: str) -> int:
         return 1
     cfg = res.config
     model_dir = str(resolve_model_path(cfg.model.path))
-    trainer = build_trainer_backend(cfg, model_dir)
-    replica = build_rollout_backend(cfg, model_dir)
-    report: dict = {"compute_device": compute_device(cfg), "trainer_device": str(trainer.device),
+    devices = resolve_plan(cfg).devices  # each role's device, as the driver hands it to the actors
+    trainer = build_trainer_backend(cfg, model_dir, device=devices["trainer"])
+    replica = build_rollout_backend(cfg, model_dir, devices["rollout"])
+    report: dict = {"compute_device": devices["trainer"].type, "trainer_device": str(trainer.device),
                     "replica_devices": sorted({p.device.type for p in replica.model.parameters()})}
     vocab = int(trainer.model.config.vocab_size)
     prompts = random_prompts(8, 12, vocab, {*replica.eos_ids, replica.pad_token_id}, seed=0)

@@ -31,13 +31,14 @@ def main(out: Path) -> None:
     from engine.control.client import ControlClient
     from engine.control.controller import live_run_names
     from engine.runtime.driver import run
+    from engine.plan.run_plan import resolve_plan
 
     tmp = Path(tempfile.mkdtemp()) / "run"
     loaded = load_run_config(REPO / "presets/runs/tiny-cpu.toml", [f'logging.run_dir="{tmp}"', *OVERRIDES])
     cfg = loaded.config
     assert cfg is not None, [str(p) for p in loaded.problems]
     codes: list[int] = []
-    driver = threading.Thread(target=lambda: codes.append(run(cfg, provenance=loaded.provenance.to_json(),
+    driver = threading.Thread(target=lambda: codes.append(run(resolve_plan(cfg), provenance=loaded.provenance.to_json(),
                                                               progress=False)))
     driver.start()
     while not (ray.is_initialized() and cfg.name in live_run_names()) and not codes:

@@ -12,7 +12,11 @@ Pure Python: the CLI prints this (`launch --dry-run`) and the backends are built
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
+    from engine.config.sections import TrainerConfig
 
 SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "auto": "auto"}
 """torch dtype name → the short name of `trainer.precision` / `rollout.dtype` ("auto": not decided until the
@@ -41,14 +45,14 @@ class PrecisionPolicy:
                 f"{SHORT[self.grad_reduce]} · optimizer {SHORT[self.optimizer]} ({kind})")
 
 
-def trainer_precision(trainer: Any, model_dtype: str) -> PrecisionPolicy:
+def trainer_precision(trainer: TrainerConfig, model_dtype: str) -> PrecisionPolicy:
     """The policy of the module docstring for a `TrainerConfig` and `model.dtype`."""
-    chosen = getattr(trainer, "precision", None)
+    chosen = trainer.precision
     compute = LONG[chosen] if chosen else model_dtype
-    params = "float32" if getattr(trainer, "fp32_master_weights", True) else compute
+    params = "float32" if trainer.fp32_master_weights else compute
     return PrecisionPolicy(params=params, compute=compute, grad_reduce=params, optimizer=params)
 
 
-def policy_of(cfg: Any) -> PrecisionPolicy:
+def policy_of(cfg: RunConfig) -> PrecisionPolicy:
     """`trainer_precision` of a whole `RunConfig`."""
     return trainer_precision(cfg.trainer, cfg.model.dtype)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.data.builtin import MULTIMODAL_TASKS, builtin_rows
 from engine.data.image_rows import ImageRows
@@ -35,18 +35,24 @@ from engine.data.parquet import DataError, DataRow, normalize_row, read_parquet
 from engine.data.rewards import get_reward_fn
 from engine.types import Prompt
 
+if TYPE_CHECKING:
+    from engine.config.sections import DataConfig
+
+    DataSection = DataConfig | Mapping[str, Any]
+    """The run config's `data` section, or a mapping with its keys (scripts, tests)."""
+
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_IMAGE_KEY = "images"
 """The image column of the multimodal built-in tasks (used when `data.image_key` is unset)."""
 
 
-def _get(cfg: Any, name: str, default: Any) -> Any:
+def _get(cfg: DataSection, name: str, default: Any) -> Any:
     if isinstance(cfg, Mapping):
         return cfg.get(name, default)
     return getattr(cfg, name, default)
 
 
-def load_rows(data_cfg: Any, split: str = "train") -> list[DataRow]:
+def load_rows(data_cfg: DataSection, split: str = "train") -> list[DataRow]:
     """The raw rows of a split: parquet files and `builtin:NAME` entries, in the order listed."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
@@ -101,7 +107,7 @@ def _check_rewards(rows: list[DataRow], reward: str) -> None:
 
 
 def load_prompts(
-    data_cfg: Any, tokenizer: Any, split: str = "train", epoch: int = 0, image_encoder: Any = None,
+    data_cfg: DataSection, tokenizer: Any, split: str = "train", epoch: int = 0, image_encoder: Any = None,
     tools: list[dict[str, Any]] | None = None,
 ) -> tuple[list[Prompt], dict[str, int]]:
     """The prompts of `split` for `epoch`, and counters `rows`, `kept`, `filtered_empty`,

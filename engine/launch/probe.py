@@ -22,12 +22,15 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.persist.atomic import atomic_write_json
 from engine.plan import auto
 from engine.plan.machine import cpu_identity
 from engine.plan.run_plan import RunPlan, resolve_plan
+
+if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
 
 BUDGET_S = 0.15
 """Time spent timing one entry (after its warm-up), at most MAX_CALLS calls and at least MIN_CALLS."""
@@ -91,7 +94,7 @@ class Timings:
             pass
 
 
-def measure(cfg: Any, device: str, shapes: dict[str, tuple[int, int, int]], timings: Timings, cores: int,
+def measure(cfg: RunConfig, device: str, shapes: dict[str, tuple[int, int, int]], timings: Timings, cores: int,
             split: dict[str, int]) -> tuple[dict[str, Any], list[auto.Choice]]:
     """Time what `cfg`'s "auto" settings need and decide them: (the times, the choices)."""
     want = auto.wanted(cfg)

@@ -24,6 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def staleness_in_force(staleness_threshold: float, sync_mode: bool) -> float:
+    """The threshold the budget uses: 0 in sync mode (generate → train → sync, strictly alternating), else the
+    configured one (the run plan's `Derived.staleness_threshold` and the simulator both take it from here)."""
+    return 0.0 if sync_mode else float(staleness_threshold)
+
+
 def max_required_samples(required_samples: int, staleness_threshold: float, trigger: int) -> int:
     """int(R · (1 + s) · N), as verl's `FullyAsyncRollouter.set_max_required_samples`."""
     return int(required_samples * (1 + staleness_threshold) * trigger)

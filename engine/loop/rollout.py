@@ -66,7 +66,7 @@ from engine.types import GenRequest, GenResult, Prompt, Trajectory
 
 @dataclass(frozen=True)
 class RolloutParams:
-    """What the rollout loop needs from a run's config."""
+    """What the rollout loop needs from a run's config (built once by the run plan: `engine.plan.roles`)."""
 
     n: int
     max_new_tokens: int
@@ -85,20 +85,11 @@ class RolloutParams:
     agent: AgentLimits | None = None
     """Multi-turn rollouts (`rollout.multi_turn.enable`): each trajectory is a conversation with tools."""
 
-    @classmethod
-    def from_config(cls, cfg: Any) -> "RolloutParams":
-        """From a validated `RunConfig` (duck-typed: only attribute reads)."""
-        ac, ro = cfg.async_training, cfg.rollout
-        sync, det = ac.mode == "sync", bool(getattr(cfg.trainer, "deterministic", False))
-        mt = getattr(ro, "multi_turn", None)
-        agent = AgentLimits(cfg.data.max_response_length, mt.max_assistant_turns, mt.max_user_turns,
-                            mt.max_parallel_calls, mt.max_tokens_per_turn) if mt is not None and mt.enable else None
-        return cls(n=ro.n, max_new_tokens=cfg.data.max_response_length,
-                   required_samples=cfg.trainer.ppo_mini_batch_size * ac.require_batches,
-                   staleness_threshold=0.0 if sync else float(ac.staleness_threshold),
-                   trigger=ac.trigger_parameter_sync_step, partial_rollout=bool(ac.partial_rollout) and not sync and not det,
-                   seqs_per_call=max(ro.n, ro.max_num_seqs), test_freq=cfg.trainer.test_freq, sync_mode=sync,
-                   deterministic=det, agent=agent)
+
+def partial_rollout_in_force(partial_rollout: bool, sync_mode: bool, deterministic: bool) -> bool:
+    """Aborted generations resume from their prefix only in fully async, non-deterministic runs: sync mode never
+    interrupts a generation, deterministic mode waits for it (the run plan and the simulator both use this)."""
+    return partial_rollout and not sync_mode and not deterministic
 
 
 @dataclass

@@ -48,7 +48,7 @@ from engine.loop.knobs import TRAINER, KnobChange, KnobInbox, boundary
 
 @dataclass(frozen=True)
 class TrainerParams:
-    """What the trainer loop needs from a run's config."""
+    """What the trainer loop needs from a run's config (built once by the run plan: `engine.plan.roles`)."""
 
     required_samples: int
     trigger: int
@@ -63,17 +63,6 @@ class TrainerParams:
     """In force at start (for the reported bound; the rollouter applies it)."""
     validate_at_end: bool = False
     """`trainer.test_freq > 0`: the last version is validated when the run ends (not after a stop)."""
-
-    @classmethod
-    def from_config(cls, cfg: Any, total_local_steps: int) -> "TrainerParams":
-        ac = cfg.async_training
-        return cls(required_samples=cfg.trainer.ppo_mini_batch_size * ac.require_batches,
-                   trigger=ac.trigger_parameter_sync_step, total_local_steps=total_local_steps,
-                   sync_mode=ac.mode == "sync", max_staleness_versions=ac.max_staleness_versions,
-                   stale_policy=ac.stale_policy, checkpoint_every_versions=cfg.checkpoint.every_versions,
-                   ordered=bool(getattr(cfg.trainer, "deterministic", False)),
-                   staleness_threshold=float(ac.staleness_threshold),
-                   validate_at_end=bool(cfg.trainer.test_freq))
 
 
 @dataclass(frozen=True)

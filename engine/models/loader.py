@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.models.cache import build_once, default_cache_dir
 from engine.models.smollm2 import ensure_smollm2
@@ -31,6 +31,9 @@ from engine.models.tiny import DEFAULT_TASKS, TINY_FORMAT_VERSION, build_tiny_mo
 from engine.models.tiny_moe import TINY_MOE_FORMAT_VERSION, build_tiny_moe_model_dir
 from engine.models.tiny_vl import TINY_VL_FORMAT_VERSION, build_tiny_vl_model_dir
 from engine.multimodal.vision import VL_MODEL_TYPES
+
+if TYPE_CHECKING:
+    from engine.multimodal.vision import HFConfig
 
 TINY_MODELS: dict[str, tuple[str, ...]] = {
     "builtin:tiny-qwen": DEFAULT_TASKS,
@@ -188,13 +191,13 @@ def load_causal_lm(
     return model.eval()
 
 
-def is_vision_language(config: Any) -> bool:
+def is_vision_language(config: HFConfig) -> bool:
     """True for a config (object or config.json dict) of a supported vision-language architecture."""
     model_type = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
     return model_type in VL_MODEL_TYPES
 
 
-def auto_model_class(config: Any) -> Any:
+def auto_model_class(config: HFConfig) -> Any:
     """The transformers Auto class that builds `config`'s model: `AutoModelForImageTextToText` for a
     vision-language config, else `AutoModelForCausalLM`."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText

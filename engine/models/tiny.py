@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from engine.data.builtin import corpus_texts
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerFast
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerFast
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 DEFAULT_TASKS: tuple[str, ...] = ("copy", "reverse")
@@ -89,7 +89,7 @@ def build_tiny_model(
     return seeded_model(Qwen2ForCausalLM, config, seed)
 
 
-def seeded_model(model_cls: Any, config: Any, seed: int) -> PreTrainedModel:
+def seeded_model(model_cls: type[PreTrainedModel], config: PretrainedConfig, seed: int) -> PreTrainedModel:
     """`model_cls(config)` initialised from `seed` without touching the global RNG, in fp32 and eval mode."""
     import torch
 

@@ -29,6 +29,10 @@ from engine.multimodal.images import open_b64
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PretrainedConfig
+
+    HFConfig = PretrainedConfig | dict[str, Any] | None
+    """An HF model config: the object, or config.json as a dict (None: a model without one)."""
 
 VL_MODEL_TYPES: frozenset[str] = frozenset({"qwen3_vl", "qwen3_vl_moe"})
 """Architectures whose image path is implemented and tested (Qwen3-VL dense and MoE share it)."""
@@ -45,7 +49,7 @@ class VisionSpec:
     merge_size: int
 
     @staticmethod
-    def from_config(config: Any) -> VisionSpec | None:
+    def from_config(config: HFConfig) -> VisionSpec | None:
         """The spec of an HF config (object or config.json dict), or None for a text-only model."""
         get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
         model_type = str(get("model_type", "") or "")
@@ -70,7 +74,7 @@ class VisionSpec:
         return t * h * w // (self.merge_size**2)
 
 
-def placeholder_token_ids(config: Any) -> list[int]:
+def placeholder_token_ids(config: HFConfig) -> list[int]:
     """The image and video placeholder ids of a VL config: input-only tokens, never sampled (see
     `suppress_tokens`); [] for a text-only model."""
     if VisionSpec.from_config(config) is None:

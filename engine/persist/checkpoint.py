@@ -31,7 +31,10 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
 
 from engine.persist.atomic import fsync_tree, publish_dir
 
@@ -48,7 +51,7 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used (the message says why, in one line)."""
 
 
-def checkpoint_root(cfg: Any, run_dir: str | Path) -> Path:
+def checkpoint_root(cfg: RunConfig, run_dir: str | Path) -> Path:
     """`checkpoint.dir`, or `<run_dir>/checkpoints`."""
     return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(run_dir) / "checkpoints"
 

@@ -27,7 +27,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.persist.atomic import atomic_write_text
 from engine.persist.checkpoint import (
@@ -41,6 +41,9 @@ from engine.persist.checkpoint import (
     step_of,
     verify_checkpoint,
 )
+
+if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
 
 STEP_KEY = "training/global_step"
 
@@ -79,7 +82,7 @@ class ResumePoint:
         return {"rollout": self.state["rollout"], "queued": self.ckpt["queued"], "in_flight": self.ckpt["in_flight"]}
 
 
-def config_fingerprint(cfg: Any) -> dict[str, Any]:
+def config_fingerprint(cfg: RunConfig) -> dict[str, Any]:
     """The settings a checkpoint is only valid with: model, backend, group size, and what fixes the prompts."""
     d = cfg.data
     return {"model.path": cfg.model.path, "trainer.backend": cfg.trainer.backend, "rollout.n": cfg.rollout.n,
@@ -88,7 +91,7 @@ def config_fingerprint(cfg: Any) -> dict[str, Any]:
             "data.max_prompt_length": d.max_prompt_length, "data.filter_overlong_prompts": d.filter_overlong_prompts}
 
 
-def find_resume_point(cfg: Any, resume: str) -> ResumePoint | None:
+def find_resume_point(cfg: RunConfig, resume: str) -> ResumePoint | None:
     """The checkpoint `resume` (`auto` or a path) stands for; None = `auto` found nothing: start a new run."""
     from engine.persist.run_dirs import last_written_run_dir
 

@@ -23,7 +23,10 @@ With a deadline the trainer, at its next step boundary, chooses
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
 
 GRACE_ENV = "ASYNCRL_STOP_GRACE_S"
 EXIT_RESERVE_S = 0.5
@@ -35,7 +38,7 @@ STATE_BYTES_PER_WEIGHT_BYTE = 4.0
 """fp32 weights + Adam's two moments + reading them back for the checksums, per byte of weights."""
 
 
-def stop_grace_s(cfg: Any, environ: dict[str, str] | None = None) -> float | None:
+def stop_grace_s(cfg: RunConfig, environ: dict[str, str] | None = None) -> float | None:
     """The grace period of a stop: `resources.stop_grace_s`, else `$ASYNCRL_STOP_GRACE_S`, else None."""
     if cfg.resources.stop_grace_s is not None:
         return float(cfg.resources.stop_grace_s)

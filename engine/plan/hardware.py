@@ -94,11 +94,6 @@ def load_hardware(name: str, base_dir: Path | None = None) -> HardwarePreset:
         raise HardwareInvalid(f"{path}: {e}") from None
 
 
-def hardware_device(cfg: RunConfig) -> str:
-    """`cpu`, `cuda` or `npu`: the device of the run's `resources.hardware` preset."""
-    return load_hardware(cfg.resources.hardware).device
-
-
 def run_devices(cfg: RunConfig, hw: HardwarePreset) -> dict[str, RoleDevice]:
     """Each role's `RoleDevice` on `hw` (`engine.plan.devices`), with the run's collective environment."""
     env = collective_env(hw.collective_env, cfg.resources.collective_env)

@@ -18,6 +18,10 @@ actors use.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
 
 
 
@@ -93,9 +97,9 @@ def run_layout(trainer_nnodes: int, trainer_gpus_per_node: int, trainer_tp: int,
     }
 
 
-def config_layout(cfg: object, replicas: int) -> dict[str, PoolLayout]:
-    """`run_layout` for a `RunConfig` (duck-typed: no schema import) with `replicas` rollout replicas."""
-    res, t, r = cfg.resources, cfg.trainer, cfg.rollout  # type: ignore[attr-defined]
+def config_layout(cfg: RunConfig, replicas: int) -> dict[str, PoolLayout]:
+    """`run_layout` for a `RunConfig` with `replicas` rollout replicas."""
+    res, t, r = cfg.resources, cfg.trainer, cfg.rollout
     tp = t.tp if t.backend == "megatron" else 1
     return run_layout(res.trainer.nnodes, res.trainer.gpus_per_node, tp, res.rollout.nnodes,
                       res.rollout.gpus_per_node, replicas, r.tensor_parallel_size)

@@ -11,6 +11,9 @@ A plan is a validated `RunConfig` with what follows from it, computed once here:
     actors     what each actor asks Ray for (`actor_resources`, on this machine's cores), from the same M and R
     layout_error  why the pools cannot be laid out on their nodes (None when they can); the driver refuses
                such a plan on accelerators, `validate` reports it with its key
+    roles      each actor's spec (`engine.plan.roles`: rollouter, replica, trainer rank, weight sync) with the
+               sizes above, its device and its threads; the driver binds the run's identity and hands each actor
+               its own (None when the run's length is unknown: no local data and no step bound)
 
 `resolve_plan(cfg)` builds one; the CLI passes the hardware preset and the `Derived` table it computed
 while validating, so nothing is read twice. Pure Python + pydantic (no torch, no Ray).
@@ -27,6 +30,7 @@ from engine.plan.devices import RoleDevice
 from engine.plan.hardware import HardwarePreset, load_hardware, run_devices
 from engine.plan.layout import LayoutError, config_layout
 from engine.plan.placement import Placement, actor_resources, plan_placement
+from engine.plan.roles import RoleSpecs, role_specs
 from engine.plan.sizes import Derived, dataset_train_size, derive
 
 if TYPE_CHECKING:
@@ -45,6 +49,7 @@ class RunPlan:
     provenance: dict[str, Any] = field(default_factory=dict)
     layout_error: str | None = None
     devices: dict[str, RoleDevice] = field(default_factory=dict)
+    roles: RoleSpecs | None = None
 
     @property
     def device(self) -> str:
@@ -68,6 +73,14 @@ class RunPlan:
                              "set trainer.total_steps or rollout.total_rollout_steps")
         return self.derived.total_local_steps
 
+    def role_specs(self) -> RoleSpecs:
+        """The actors' specs (`engine.plan.roles`); ValueError (one line) when the run's length is unknown."""
+        if self.roles is None:
+            self.total_local_steps()
+            raise ValueError("total_rollout_steps cannot be derived: the training data is not available locally; "
+                             "set rollout.total_rollout_steps")
+        return self.roles
+
 
 def resolve_plan(cfg: RunConfig, *, hardware: HardwarePreset | None = None, derived: Derived | None = None,
                  provenance: dict[str, Any] | None = None, base_dir: Path | None = None,
@@ -85,4 +98,5 @@ def resolve_plan(cfg: RunConfig, *, hardware: HardwarePreset | None = None, deri
             config_layout(cfg, derived.rollout_replicas)
         except LayoutError as e:
             layout_error = str(e)
-    return RunPlan(cfg, derived, hw, placement, actors, dict(provenance or {}), layout_error, devices)
+    return RunPlan(cfg, derived, hw, placement, actors, dict(provenance or {}), layout_error, devices,
+                   role_specs(cfg, derived, devices, actors))

@@ -64,8 +64,10 @@ class Derived:
 
 
 def effective_staleness(cfg: RunConfig) -> float:
-    """The staleness threshold in force: 0 in sync mode."""
-    return 0.0 if cfg.async_training.mode == "sync" else cfg.async_training.staleness_threshold
+    """The staleness threshold in force: 0 in sync mode (`engine.loop.budget.staleness_in_force`)."""
+    from engine.loop.budget import staleness_in_force
+
+    return staleness_in_force(cfg.async_training.staleness_threshold, cfg.async_training.mode == "sync")
 
 
 def required_samples(cfg: RunConfig) -> int:
@@ -191,27 +193,3 @@ def dataset_train_size(cfg: RunConfig, base_dir: Path | None = None) -> int | No
     if size is None and not cfg.data.train_files[0].startswith("builtin:"):
         size = parquet_rows(cfg.data.train_files, base_dir)
     return size
-
-
-def _known(value: int | None, what: str) -> int:
-    if value is None:
-        raise ValueError(
-            f"{what} cannot be derived: the training data is not available locally; "
-            "set trainer.total_steps or rollout.total_rollout_steps"
-        )
-    return value
-
-
-def total_rollout_steps(cfg: RunConfig) -> int:
-    """Prompts to generate over the run: min(rollout.total_rollout_steps, train_size × total_epochs)."""
-    return _known(derive(cfg, dataset_train_size(cfg)).total_rollout_steps, "total_rollout_steps")
-
-
-def total_train_steps(cfg: RunConfig) -> int:
-    """Policy versions to train: trainer.total_steps or total_rollout_steps / (required_samples × trigger)."""
-    return _known(derive(cfg, dataset_train_size(cfg)).total_train_steps, "total_train_steps")
-
-
-def total_local_steps(cfg: RunConfig) -> int:
-    """Trainer local steps: total_train_steps × trigger_parameter_sync_step."""
-    return total_train_steps(cfg) * cfg.async_training.trigger_parameter_sync_step

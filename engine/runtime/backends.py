@@ -2,8 +2,9 @@
 
 Pure construction, no Ray: the actors (`replica.py`, `trainer_actor.py`, `trainer_group.py`) call these, and so
 do the benchmarks and the GPU check. The backends themselves are imported lazily, so vLLM and Megatron stay
-optional. Every backend is told its device: the actors pass the run plan's `RoleDevice` (`engine.plan.devices`:
-type, index policy, collective env), and a caller without a plan gets the hardware preset's (`role_device`). The
+optional. Every backend is told its device: the actors pass their spec's `RoleDevice` (`engine.plan.roles`, from
+`RunPlan.devices`: type, index policy, collective env); a caller without actors resolves the plan first
+(`resolve_plan(cfg).devices`) — nothing here reads the hardware preset. The
 `hf` replicas and `torch` trainer ranks compute on it (`"ray"` policy: the accelerator Ray gave the actor, index 0
 inside it); vLLM gets the engine arguments of that device (`vllm_backend.engine_args`); Megatron its backend.
 """
@@ -14,22 +15,10 @@ from typing import Any
 
 from engine.config.schema import RunConfig  # the actors' config type (they import it from here)
 from engine.plan.devices import RoleDevice
+from engine.plan.roles import WeightSyncSpec
 
 __all__ = ["RunConfig", "build_reference_backend", "build_rollout_backend", "build_trainer_backend",
-           "build_weight_sync", "compute_device", "role_device", "rollout_dtype"]
-
-
-def role_device(cfg: RunConfig, role: str) -> RoleDevice:
-    """The `RoleDevice` of `role` ("trainer" or "rollout") from the hardware preset, for callers without a run plan
-    (the plan computes it once: `RunPlan.devices`)."""
-    from engine.plan.hardware import load_hardware, run_devices
-
-    return run_devices(cfg, load_hardware(cfg.resources.hardware))[role]
-
-
-def compute_device(cfg: RunConfig) -> str:
-    """`cpu`, `cuda` or `npu`: the device of `resources.hardware`."""
-    return role_device(cfg, "trainer").type
+           "build_weight_sync", "rollout_dtype"]
 
 
 def check_device(device: str) -> str:
@@ -88,12 +77,11 @@ def vllm_options(cfg: RunConfig, device: RoleDevice) -> dict[str, Any]:
             "distributed_executor_backend": "ray" if bundles else None}
 
 
-def build_rollout_backend(cfg: RunConfig, model_dir: str, device: RoleDevice | None = None):
+def build_rollout_backend(cfg: RunConfig, model_dir: str, device: RoleDevice):
     """The configured rollout backend for `model_dir` (imported lazily), in `rollout_dtype(cfg)`, on `device` (the
-    plan's rollout `RoleDevice`; default: the hardware preset's)."""
+    plan's rollout `RoleDevice`)."""
     from engine.models.loader import load_causal_lm, load_tokenizer
 
-    device = device or role_device(cfg, "rollout")
     deterministic_threads(cfg)
     if cfg.rollout.backend == "vllm":
         from engine.rollout.vllm.backend import VLLMRolloutBackend
@@ -109,22 +97,21 @@ def build_rollout_backend(cfg: RunConfig, model_dir: str, device: RoleDevice | N
         pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
         max_batch_size=cfg.rollout.max_num_seqs,
         device=check_device(device.type),
-        deterministic=bool(getattr(cfg.trainer, "deterministic", False)),
+        deterministic=cfg.trainer.deterministic,
     )
 
 
 def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = False, *, frozen: bool = False,
-                          device: RoleDevice | None = None):
+                          device: RoleDevice):
     """The configured training backend for `model_dir` (backends imported lazily). `distributed`: this process
     is one rank of a trainer group (`engine.runtime.trainer_group`, process group already joined), so the torch
     backend is the FSDP2 one and Megatron builds its TP/PP/CP/EP/DP groups over that world. Both compute on
-    `device` (the plan's trainer `RoleDevice`; default: the hardware preset's). Precision:
+    `device` (the plan's trainer `RoleDevice`). Precision:
     `engine.config.precision` (parameters in `policy.params`, compute in `policy.compute`). `frozen`: the KL
     loss's reference model (`build_reference_backend`): no gradients, optimizer or DDP wrapper, weights offloaded
     between uses when `trainer.ref_param_offload`."""
     from engine.config.precision import SHORT, policy_of
 
-    device = device or role_device(cfg, "trainer")
     deterministic_threads(cfg)
     if cfg.trainer.precision == "auto":
         raise ValueError(AUTO_UNRESOLVED.format(key="trainer.precision"))
@@ -169,29 +156,24 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
     return TorchTrainerBackend(model, **kwargs)
 
 
-def build_reference_backend(cfg: RunConfig, model_dir: str, distributed: bool = False,
-                            device: RoleDevice | None = None):
+def build_reference_backend(cfg: RunConfig, model_dir: str, distributed: bool = False, *, device: RoleDevice):
     """The frozen reference policy of the KL loss (`trainer.use_kl_loss`): `build_trainer_backend(frozen=True)`."""
     return build_trainer_backend(cfg, model_dir, distributed, frozen=True, device=device)
 
 
-def build_weight_sync(cfg: RunConfig, device: str | None = None):
-    """The weight-sync transport of `cfg.rollout.weight_sync` for trainer rank 0 (call it in that process):
-    `engine.sync.runtime.weight_transport` on `device` (the plan's trainer device; default: the hardware
-    preset's) with its collective backend, meeting at this node's IP and a free port, received by the R
-    replicas (for vLLM each replica's t TP workers receive: R × t ranks)."""
+def build_weight_sync(spec: WeightSyncSpec):
+    """The weight-sync transport of `spec` (`engine.plan.roles.WeightSyncSpec`: `rollout.weight_sync`, the plan's
+    trainer device, the receiving ranks — R replicas, for vLLM each replica's t TP workers: R × t) for trainer
+    rank 0 (call it in that process): `engine.sync.runtime.weight_transport` with the device's collective backend,
+    meeting at this node's IP and a free port."""
     from engine.sync.runtime import weight_transport
 
-    kind = getattr(cfg.rollout, "weight_sync", "collective")
-    device = device or compute_device(cfg)
-    if kind != "collective":
-        return weight_transport(kind, device)
+    if spec.transport != "collective":
+        return weight_transport(spec.transport, spec.device)
     import ray
 
     from engine.plan.devices import COLLECTIVE_BACKEND
-    from engine.plan.sizes import rollout_replicas
     from engine.trainer.fsdp import free_port
 
-    per_replica = cfg.rollout.tensor_parallel_size if cfg.rollout.backend == "vllm" else 1  # vLLM: its TP workers
-    return weight_transport(kind, device, COLLECTIVE_BACKEND.get(device, ""), ray.util.get_node_ip_address(),
-                            free_port(), rollout_replicas(cfg) * per_replica, per_replica)
+    return weight_transport(spec.transport, spec.device, COLLECTIVE_BACKEND.get(spec.device, ""),
+                            ray.util.get_node_ip_address(), free_port(), spec.receivers, spec.per_replica)

@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 from engine.control.controller import NAMESPACE
 from engine.plan.placement import RAY_ACCELERATOR  # light modules: no ray at import
-from engine.plan.run_plan import RunPlan, resolve_plan
+from engine.plan.roles import RunIdentity
+from engine.plan.run_plan import RunPlan
 from engine.runtime.placement_groups import PlacementTimeout, reserve_run
 from engine.runtime import terminal
 from engine.launch.probe import resolve_auto
@@ -121,11 +122,12 @@ def _init_ray(address: str | None, placement: dict[str, Any]) -> bool:
     return True
 
 
-def run(plan: RunPlan | RunConfig, *, provenance: dict | None = None, address: str | None = None,
+def run(plan: RunPlan, *, provenance: dict | None = None, address: str | None = None,
         resume: str | None = None, tui: Callable[[Any, Callable[[], bool]], bool] | None = None,
         progress: bool = True, allow_same_name: bool = False, command: list[str] | None = None,
         prediction: dict | None = None) -> int:
-    """Run the job `plan` describes to the end (a `RunConfig` is resolved first). Returns the exit code.
+    """Run the job `plan` describes to the end (`engine.plan.run_plan.resolve_plan`: the CLI, tests and benchmarks
+    resolve the plan first). Returns the exit code.
 
     `tui`: the dashboard runner for `launch --tui`, `tui(metrics_source, work) -> work()`; the CLI passes it in
     (its dashboard lives in the CLI package, which the engine does not import). `command` is the launch as the
@@ -135,8 +137,9 @@ def run(plan: RunPlan | RunConfig, *, provenance: dict | None = None, address: s
     from engine.persist.resume import ResumeError
     from engine.control.registry import NameInUse, claim, release
 
+    if not isinstance(plan, RunPlan):
+        raise TypeError(f"run() takes a RunPlan (engine.plan.run_plan.resolve_plan), not {type(plan).__name__}")
     terminal.install()  # from here on no write to stdout / stderr can raise
-    plan = plan if isinstance(plan, RunPlan) else resolve_plan(plan, provenance=provenance)
     try:
         entry = claim(plan.config.name, allow_same_name=allow_same_name)
     except NameInUse as e:
@@ -249,6 +252,15 @@ def _run_actors(run_plan: RunPlan, cfg_dict, provenance, run_dir: Path, model_di
     total_steps = run_plan.total_local_steps()
     actors: list[Any] = []
     point = resumed["point"] if resumed else None
+    replica_opts = placement.get("replica_options") or [placement["replica_res"]] * placement["replicas"]
+    trainer_opts = placement.get("trainer_options") or placement["trainer_res"]
+    # each actor gets its own spec (engine.plan.roles): sizes, device and threads from the plan, and this launch
+    roles = run_plan.role_specs().bind(
+        RunIdentity(entry.id, cfg.name, str(run_dir), str(model_dir), point.ckpt["path"] if point else None),
+        rollout_resume=point.rollout_resume() if point else None,
+        trainer_resume=point.trainer_resume() if point else None,
+        # per replica slot when the pools are placement groups: a replacement takes the dead one's bundles
+        replica_options=placement.get("replica_options") or placement["replica_res"], rank_options=trainer_opts)
     controller = create_run_controller(cfg.name, run_id=entry.id, namespace=NAMESPACE, run_dir=str(run_dir),
                                        config=_with_live_knobs(cfg_dict, point.state if point else None),
                                        provenance=provenance, total_steps=total_steps,
@@ -258,22 +270,13 @@ def _run_actors(run_plan: RunPlan, cfg_dict, provenance, run_dir: Path, model_di
     ok = False
     try:
         queue = MessageQueue.remote(run_plan.derived.max_queue_size)
-        replica_opts = placement.get("replica_options") or [placement["replica_res"]] * placement["replicas"]
-        trainer_opts = placement.get("trainer_options") or placement["trainer_res"]
-        devices = run_plan.devices or {}  # each role's RoleDevice: every backend is told its device
-        replicas = [RolloutReplica.options(**replica_opts[i]).remote(
-            cfg, model_dir, i, placement["replica_threads"], devices.get("rollout")) for i in range(placement["replicas"])]
+        replicas = [RolloutReplica.options(**replica_opts[i]).remote(roles.replica, i) for i in range(roles.rollout.replicas)]
         actors += [queue, *replicas]
         _wait_ready([r.ready.remote() for r in replicas], "rollout replica")
-        # options per replica slot when the pools are placement groups: a replacement takes the dead one's bundles
-        spec = {"options": placement.get("replica_options") or placement["replica_res"],
-                "threads": placement["replica_threads"], "device": devices.get("rollout")}
-        rollouter = Rollouter.remote(cfg, model_dir, queue, controller, replicas,
-                                     point.rollout_resume() if point else None, spec)
+        rollouter = Rollouter.remote(roles.rollout, queue, controller, replicas)
         # rank 0 is this actor; `trainer_opts` (one dict, or one per rank) places the ranks it starts
         trainer = Trainer.options(**(trainer_opts[0] if isinstance(trainer_opts, list) else trainer_opts)).remote(
-            cfg, model_dir, str(run_dir), queue, rollouter, controller, placement["trainer_threads"],
-            point.trainer_resume() if point else None, trainer_opts, device=devices.get("trainer"))
+            roles.trainer, queue, rollouter, controller)
         actors += [rollouter, trainer]
         step, version = (point.step, point.version) if point else (0, 0)
         if point is not None:

@@ -21,6 +21,7 @@ from typing import Any
 import ray
 
 from engine.loop.dispatch import STREAM_CALLS
+from engine.plan.roles import ReplicaSpec
 from engine.rollout.base import SamplingParams
 from engine.runtime.backends import build_rollout_backend
 from engine.types import GenRequest, GenResult
@@ -36,19 +37,20 @@ MAX_CONCURRENCY = GENERATE_CALLS + 4
 
 @ray.remote(max_concurrency=MAX_CONCURRENCY)
 class RolloutReplica:
-    """One generation engine; `replica_id` names it in the dashboard's workers table."""
+    """One generation engine of `spec` (`engine.plan.roles.ReplicaSpec`: config, model directory, the plan's rollout
+    device and threads); `replica_id` names it in the dashboard's workers table."""
 
-    def __init__(self, cfg: Any, model_dir: str, replica_id: int, num_threads: int = 1, device: Any = None) -> None:
+    def __init__(self, spec: ReplicaSpec, replica_id: int) -> None:
         import torch
 
-        torch.set_num_threads(max(1, num_threads))
+        torch.set_num_threads(max(1, spec.threads))
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.replica_id = replica_id
-        self.backend = build_rollout_backend(cfg, model_dir, device)  # device: the plan's rollout RoleDevice
+        self.backend = build_rollout_backend(spec.config, spec.model_dir, spec.device)
         self._abort = threading.Event()  # training calls
         self._abort_val = threading.Event()  # validation calls (a stop)
         concurrent = callable(getattr(self.backend, "capacity", None))
-        rows = int(self.backend.capacity()) if concurrent else int(cfg.rollout.max_num_seqs)
+        rows = int(self.backend.capacity()) if concurrent else int(spec.config.rollout.max_num_seqs)
         self._limits = {"rows": max(1, rows), "calls": GENERATE_CALLS if concurrent else 1}
         self._lock = threading.Lock()
         self._busy_s = 0.0  # time with at least one generate call running

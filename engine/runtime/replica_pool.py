@@ -22,9 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
+
+if TYPE_CHECKING:
+    from engine.plan.roles import RolloutSpec
 
 
 def describe_failure(e: BaseException) -> str:
@@ -188,15 +191,17 @@ class ReplicaPool:
         return [getattr(self.replicas[rid], method).remote(*args) for rid in rids if rid not in self.down]
 
 
-def replica_spawner(cfg: Any, model_dir: str, spec: dict | None):
-    """A function starting a replacement replica in slot `rid` (None without a spec: no restarts)."""
-    if spec is None:
+def replica_spawner(spec: RolloutSpec):
+    """A function starting a replacement replica in slot `rid` of `spec.replica` (None when the spec has no Ray
+    options for the slots: no restarts)."""
+    if spec.replica_options is None:
         return None
 
     def spawn(rid: int) -> Any:
         from engine.runtime.replica import RolloutReplica
 
-        opts = spec["options"][rid] if isinstance(spec["options"], list) else spec["options"]  # per slot: its bundles
-        return RolloutReplica.options(**opts).remote(cfg, model_dir, rid, spec["threads"], spec.get("device"))
+        opts = spec.replica_options
+        opts = opts[rid] if isinstance(opts, list) else opts  # per slot: its bundles
+        return RolloutReplica.options(**opts).remote(spec.replica, rid)
 
     return spawn

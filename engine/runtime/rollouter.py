@@ -28,12 +28,13 @@ import ray
 from engine.loop.commands import (
     Abort, AckKnob, CallTools, CloseQueue, Dispatch, Event, NeedPrompts, Put, Resume, SetQueueBound, ValidationDone,
 )
-from engine.loop.rollout import RolloutLoop, RolloutParams
+from engine.loop.rollout import RolloutLoop
 from engine.loop.stream import PromptStream
 from engine.rollout.base import SamplingParams
 from engine.runtime.replica_calls import ReplicaCalls, replica_capacities
 from engine.runtime.replica_pool import ReplicaPool, describe_failure, replica_spawner
-from engine.runtime.scoring import RunConfig, filtered_message, reward_errors_message
+from engine.plan.roles import RolloutSpec
+from engine.runtime.scoring import filtered_message, reward_errors_message
 from engine.types import GenResult, Prompt, TrajectoryGroup
 
 DRAIN_TIMEOUT_S = 60.0
@@ -46,20 +47,19 @@ SYNC_WAIT_TIMEOUT_S = 1800.0  # a sync waiting longer on a replica that neither 
 
 
 class RolloutShell:
-    """Runs inside the `Rollouter` actor. `replica_spec` (`{"options", "threads"}`) lets it start replacement
-    replicas; `resume_state` is a checkpoint's rollout part (`{"rollout", "queued", "in_flight"}`)."""
+    """Runs inside the `Rollouter` actor, from its `RolloutSpec` (`engine.plan.roles`): the loop's parameters, the
+    prompt stream's length, the replica spec it starts replacement replicas from, and on resume the checkpoint's
+    rollout part (`{"rollout", "queued", "in_flight"}`)."""
 
-    def __init__(self, cfg: RunConfig, model_dir: str, queue: Any, controller: Any, replicas: list[Any],
-                 resume_state: dict | None = None, replica_spec: dict | None = None) -> None:
-        from engine.plan.sizes import total_rollout_steps
+    def __init__(self, spec: RolloutSpec, queue: Any, controller: Any, replicas: list[Any]) -> None:
         from engine.data.prompts import load_prompts
         from engine.models.loader import load_tokenizer
         from engine.runtime.scoring import Scorer
 
-        self.cfg = cfg
+        cfg = self.cfg = spec.config
         self.queue, self.controller = queue, controller
-        self.pool = ReplicaPool(replicas, replica_spawner(cfg, model_dir, replica_spec), cfg.rollout.max_replica_restarts)
-        self.tokenizer = load_tokenizer(model_dir)
+        self.pool = ReplicaPool(replicas, replica_spawner(spec), cfg.rollout.max_replica_restarts)
+        self.tokenizer = load_tokenizer(spec.model_dir)
         self.scorer = Scorer(cfg, self.tokenizer)
         self.sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.trainer.seed)
         self.val_sampling = SamplingParams(cfg.rollout.val_temperature, cfg.rollout.val_top_p, cfg.rollout.val_top_k,
@@ -78,9 +78,8 @@ class RolloutShell:
             val_prompts, _ = load_prompts(cfg.data, self.tokenizer, split="val", epoch=0, tools=schemas)
             if cfg.data.val_max_samples:
                 val_prompts = val_prompts[: cfg.data.val_max_samples]
-        stream = PromptStream(cfg.trainer.total_epochs, total_rollout_steps(cfg))
-        self.loop = RolloutLoop(RolloutParams.from_config(cfg), stream, val_prompts, len(replicas),
-                                replica_capacities(replicas))
+        stream = PromptStream(cfg.trainer.total_epochs, spec.total_rollout_steps)
+        self.loop = RolloutLoop(spec.params, stream, val_prompts, len(replicas), replica_capacities(replicas))
         self.inbox = self.loop.inbox()
         self.lock = threading.Condition()
         self.calls = ReplicaCalls(keyed=cfg.trainer.deterministic)  # the generate calls out
@@ -93,8 +92,8 @@ class RolloutShell:
         self.tokens_since_report = 0
         self.last_report = self.version_started = time.monotonic()
         self._last_knob_poll = self._last_worker_push = 0.0
-        if resume_state:
-            self._restore(resume_state)
+        if spec.resume:
+            self._restore(spec.resume)
             self._killed = bool(self._kill_at) and self.loop.step >= self._kill_at
         ray.get(self.queue.set_max_size.remote(self.loop.queue_bound))
         if cfg.trainer.val_before_train and val_prompts:

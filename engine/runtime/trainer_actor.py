@@ -30,13 +30,13 @@ import ray
 from engine.loop.commands import (
     AckKnob, Allow, AskOutstanding, Checkpoint, Drop, Event, Finish, PollControl, Pull, Record, SetTrigger, Sync, Train,
 )
-from engine.loop.trainer import TrainerLoop, TrainerParams
-from engine.runtime.backends import (RunConfig, build_reference_backend, build_trainer_backend,
-                                     build_weight_sync)
+from engine.loop.trainer import TrainerLoop
+from engine.plan.roles import TrainerSpec
+from engine.runtime.backends import build_reference_backend, build_trainer_backend, build_weight_sync
 from engine.algo.batching import LogRatioObserver, is_ratio_metrics, prepare_batch
 from engine.persist.ledger import Ledger
 from engine.persist.trainer_checkpoints import TrainerCheckpoints
-from engine.runtime.trainer_group import TrainerGroup, trainer_world
+from engine.runtime.trainer_group import TrainerGroup
 from engine.sync.collective import CollectiveSync
 from engine.sync.object_store import ObjectStoreSync
 from engine.sync.runtime import publish
@@ -45,43 +45,42 @@ from engine.types import TrajectoryGroup
 
 
 class TrainerCore(TrainerCheckpoints):
-    """The training loop of rank 0. With M = `trainer_world(cfg)` > 1 ranks it starts the other ranks
-    (`TrainerGroup`, placed with Ray `rank_options`, `num_threads` each) and drives them through `BackendGroup`s
-    in place of its backends; it alone talks to the queue, the rollouter and the controller."""
+    """The training loop of rank 0, from its `TrainerSpec` (`engine.plan.roles`: the loop's parameters, M ranks,
+    the trainer device and threads, the weight sync, the run's identity, a checkpoint's trainer part on resume).
+    With M > 1 ranks it starts the other ranks (`TrainerGroup`, placed with the spec's Ray `rank_options`) and
+    drives them through `BackendGroup`s in place of its backends; it alone talks to the queue, the rollouter and
+    the controller."""
 
-    def __init__(self, cfg: RunConfig, model_dir: str, run_dir: str, queue: Any, rollouter: Any, controller: Any,
-                 resume: dict | None = None, rank_options: dict[str, Any] | None = None,
-                 num_threads: int = 1, device: Any = None) -> None:
+    def __init__(self, spec: TrainerSpec, queue: Any, rollouter: Any, controller: Any) -> None:
         import torch
 
-        from engine.plan.sizes import total_train_steps
         from engine.algo.loss import build_loss_fn
         from engine.models.loader import load_tokenizer
 
+        cfg = self.cfg = spec.config
         torch.manual_seed(cfg.trainer.seed)
-        self.cfg = cfg
+        self.spec = spec
         self.queue, self.rollouter, self.controller = queue, rollouter, controller
-        self.world = trainer_world(cfg)
+        self.world = spec.world
         self.group: TrainerGroup | None = None
         if self.world > 1:
-            self.group = TrainerGroup(cfg, model_dir, self.world, rank_options, num_threads, device)
+            self.group = TrainerGroup(spec)
             self.backend, self.ref_backend = self.group.policy, self.group.ref
         else:
-            self.backend = build_trainer_backend(cfg, model_dir, device=device)
-            self.ref_backend = build_reference_backend(cfg, model_dir, device=device) if cfg.trainer.use_kl_loss \
-                else None
-        tok = load_tokenizer(model_dir)
+            self.backend = build_trainer_backend(cfg, spec.model_dir, device=spec.device)
+            self.ref_backend = build_reference_backend(cfg, spec.model_dir, device=spec.device) \
+                if cfg.trainer.use_kl_loss else None
+        tok = load_tokenizer(spec.model_dir)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.rc = cfg.algorithm.rollout_correction
         self.loss_fn = LogRatioObserver(build_loss_fn(cfg.trainer, self.rc))
-        trigger = cfg.async_training.trigger_parameter_sync_step
-        self.loop = TrainerLoop(TrainerParams.from_config(cfg, total_train_steps(cfg) * trigger))
+        self.loop = TrainerLoop(spec.params)
         self.inbox = self.loop.inbox()
-        self.bucket_bytes = cfg.rollout.weight_sync_bucket_mb * 2**20
-        self.weight_sync = build_weight_sync(cfg, device.type if device else None)  # object store or collective
+        self.bucket_bytes = spec.weight_sync.bucket_bytes
+        self.weight_sync = build_weight_sync(spec.weight_sync)  # object store or collective
         self.delivery = DeliveryCheck()  # every sync's receipts against what was sent (engine.sync.verify)
-        self.run_dir = run_dir
-        self.ledger = Ledger(run_dir)
+        self.run_dir = spec.run_dir
+        self.ledger = Ledger(self.run_dir)
         self.stale_processed = 0
         self.skipped_updates = 0
         self._stop_reason: str | None = None
@@ -92,8 +91,8 @@ class TrainerCore(TrainerCheckpoints):
         self._weights_dirty = False  # True from the optimizer step until the step is in the ledger
         self._sync_snapshot: dict | None = None  # rollout-side cut taken at a sync, for a periodic checkpoint
         self.t0 = time.time()
-        if resume:
-            self._restore(resume)
+        if spec.resume:
+            self._restore(spec.resume)
         if not self.rc.bypass_mode:
             self.backend.snapshot_params()
 
@@ -295,7 +294,7 @@ class TrainerCore(TrainerCheckpoints):
         sent = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
                        lambda refs: self.rollouter.update_weights.remote(version, refs, self.local_step, c.cut,
                                                                          c.trigger),
-                       gen=gen, corrupt_bucket=self.cfg.debug.corrupt_sync_bucket, members=members)
+                       gen=gen, corrupt_bucket=self.spec.weight_sync.corrupt_bucket, members=members)
         nbytes = sent.nbytes
         export_s = time.monotonic() - t0
         out = ray.get(sent.out)
@@ -393,17 +392,14 @@ def _jsonable(rec: dict[str, Any]) -> dict[str, Any]:
 
 @ray.remote(max_concurrency=2)
 class Trainer:
-    """Thin actor around `TrainerCore` (rank 0 of the trainer; `rank_options`: Ray options of the other ranks)."""
+    """Thin actor around `TrainerCore` (rank 0 of the trainer; the spec's `rank_options` place the other ranks)."""
 
-    def __init__(self, cfg: RunConfig, model_dir: str, run_dir: str, queue: Any, rollouter: Any, controller: Any,
-                 num_threads: int = 1, resume: dict | None = None,
-                 rank_options: dict[str, Any] | None = None, device: Any = None) -> None:
+    def __init__(self, spec: TrainerSpec, queue: Any, rollouter: Any, controller: Any) -> None:
         import torch
 
-        torch.set_num_threads(max(1, num_threads))
+        torch.set_num_threads(max(1, spec.threads))
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        self.core = TrainerCore(cfg, model_dir, run_dir, queue, rollouter, controller, resume,
-                                rank_options=rank_options, num_threads=num_threads, device=device)
+        self.core = TrainerCore(spec, queue, rollouter, controller)
 
     def fit(self) -> dict[str, Any]:
         return self.core.fit()

@@ -45,14 +45,15 @@ from typing import Any
 
 import ray
 
-from engine.plan.sizes import trainer_world  # noqa: F401 — M, re-exported for trainer_actor
-from engine.runtime.backends import build_reference_backend, build_trainer_backend, role_device
+from engine.plan.devices import RoleDevice
+from engine.plan.roles import TrainerSpec
+from engine.runtime.backends import RunConfig, build_reference_backend, build_trainer_backend
 
 POLICY, REF = "policy", "ref"
 """Names of the two backends a rank may hold: the trained policy and the frozen reference (KL loss)."""
 
 
-def rank_backends(cfg: Any, model_dir: str, device: Any = None) -> dict[str, Any]:
+def rank_backends(cfg: RunConfig, model_dir: str, device: RoleDevice) -> dict[str, Any]:
     """This rank's FSDP2 backends (process group already joined) on `device`: the policy and, with
     `trainer.use_kl_loss`, the frozen reference (no gradients, optimizer or DDP wrapper) — built in the same order on every rank, since building them is
     collective."""
@@ -65,23 +66,22 @@ def rank_backends(cfg: Any, model_dir: str, device: Any = None) -> dict[str, Any
 @ray.remote
 class TrainerRank:
     """Rank r ≥ 1 of a trainer group: joins the process group, builds the same backends and loss function as
-    rank 0, and runs the shard or collective call rank 0 sends it."""
+    rank 0 (from the same `TrainerSpec`), and runs the shard or collective call rank 0 sends it."""
 
-    def __init__(self, cfg: Any, model_dir: str, rank: int, world: int, master_port: int, master_addr: str,
-                 num_threads: int = 1, device: Any = None) -> None:
+    def __init__(self, spec: TrainerSpec, rank: int, master_port: int, master_addr: str) -> None:
         import torch
 
         from engine.algo.loss import build_loss_fn
         from engine.algo.batching import LogRatioObserver
         from engine.trainer.fsdp import init_distributed
 
-        torch.set_num_threads(max(1, num_threads))
+        cfg = spec.config
+        torch.set_num_threads(max(1, spec.threads))
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         torch.manual_seed(cfg.trainer.seed)
-        device = device or role_device(cfg, "trainer")
-        init_distributed(rank, world, master_port, master_addr, device=device)
+        init_distributed(rank, spec.world, master_port, master_addr, device=spec.device)
         self.rank = rank
-        self.backends = rank_backends(cfg, model_dir, device)
+        self.backends = rank_backends(cfg, spec.model_dir, spec.device)
         self.loss_fn = LogRatioObserver(build_loss_fn(cfg.trainer, cfg.algorithm.rollout_correction))
 
     def ready(self) -> tuple[int, int]:
@@ -119,27 +119,26 @@ def dp_leaders(dp_of: list[int]) -> list[int]:
 
 
 class TrainerGroup:
-    """The M ranks of one trainer, seen from rank 0: `policy` and `ref` (None without KL loss) are the
-    `BackendGroup`s `TrainerCore` uses in place of its backends."""
+    """The M = `spec.world` ranks of one trainer, seen from rank 0: `policy` and `ref` (None without KL loss) are
+    the `BackendGroup`s `TrainerCore` uses in place of its backends. The spec's `rank_options` (one dict for all,
+    or a list by rank) place the ranks."""
 
-    def __init__(self, cfg: Any, model_dir: str, world: int,
-                 rank_options: dict[str, Any] | list[dict[str, Any]] | None = None, num_threads: int = 1,
-                 device: Any = None) -> None:
+    def __init__(self, spec: TrainerSpec) -> None:
         from engine.trainer.fsdp import free_port, init_distributed
 
+        world = spec.world
         if world < 2:
             raise ValueError(f"a trainer group needs at least 2 ranks, got {world}")
         self.world = world
-        self.balance = bool(cfg.trainer.use_dynamic_bsz)  # token-balanced DP shards with token budgets
+        self.balance = bool(spec.config.trainer.use_dynamic_bsz)  # token-balanced DP shards with token budgets
         self.broken: str | None = None
         port, addr = free_port(), ray.util.get_node_ip_address()
         # the workers first: every rank must be inside init_process_group at the same time
-        per_rank = rank_options if isinstance(rank_options, list) else [rank_options or {}] * world
-        device = device or role_device(cfg, "trainer")  # the plan's trainer RoleDevice, read once
-        self.workers = [TrainerRank.options(**per_rank[r]).remote(
-            cfg, model_dir, r, world, port, addr, num_threads, device) for r in range(1, world)]
-        init_distributed(0, world, port, addr, device=device)
-        local = rank_backends(cfg, model_dir, device)
+        opts = spec.rank_options
+        per_rank = opts if isinstance(opts, list) else [opts or {}] * world
+        self.workers = [TrainerRank.options(**per_rank[r]).remote(spec, r, port, addr) for r in range(1, world)]
+        init_distributed(0, world, port, addr, device=spec.device)
+        local = rank_backends(spec.config, spec.model_dir, spec.device)
         ready = ray.get([w.ready.remote() for w in self.workers])
         self.pids: list[int] = [pid for pid, _ in ready]
         self.dp_of = [dp_rank(local[POLICY], 0), *(d for _, d in ready)]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.plan.sizes import derive, max_queue_size, required_samples, total_train_steps
+from engine.plan.sizes import derive, max_queue_size, required_samples
 from asyncrl_cli.config.loader import load_run_config
 from engine.config.schema import RunConfig
 
@@ -60,12 +60,16 @@ def test_total_steps_overrides_and_data_size_bounds() -> None:
     assert d.total_rollout_steps == 200 and d.total_train_steps == 20
 
 
-def test_engine_helpers_raise_when_nothing_bounds_the_run() -> None:
+def test_the_plan_refuses_to_size_a_run_nothing_bounds() -> None:
+    from engine.plan.run_plan import resolve_plan
+
     c = RunConfig.model_validate(
         {"model": {"path": "x/y"}, "data": {"train_files": ["/nonexistent.parquet"]}}
     )
-    with pytest.raises(ValueError, match="total_train_steps cannot be derived"):
-        total_train_steps(c)
+    plan = resolve_plan(c)
+    assert plan.roles is None
+    with pytest.raises(ValueError, match="total_local_steps cannot be derived"):
+        plan.role_specs()
 
 
 @pytest.mark.parametrize("name", ["tiny-cpu", "smollm2-arith-cpu", "qwen3-30b-a3b-base-dapo-megatron-96-32"])

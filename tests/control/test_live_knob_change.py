@@ -44,6 +44,7 @@ def test_sync_interval_change_takes_effect_and_is_audited(tmp_path: Path) -> Non
     from asyncrl_cli.config import load_run_config
     from engine.control.client import ControlClient
     from engine.runtime.driver import run
+    from engine.plan.run_plan import resolve_plan
 
     if ray.is_initialized():
         pytest.skip("needs a process without a Ray connection: the driver starts its own cluster")
@@ -52,7 +53,7 @@ def test_sync_interval_change_takes_effect_and_is_audited(tmp_path: Path) -> Non
     assert loaded.config is not None, [str(p) for p in loaded.problems]
     cfg = loaded.config
     codes: list[int] = []
-    driver = threading.Thread(target=lambda: codes.append(run(cfg, progress=False)), daemon=True)
+    driver = threading.Thread(target=lambda: codes.append(run(resolve_plan(cfg), progress=False)), daemon=True)
     driver.start()
     try:
         wait_for(lambda: ray.is_initialized() and not codes, 120, "the driver's Ray cluster")

@@ -9,6 +9,7 @@ import pytest
 from run_helpers import read_jsonl, tiny_config, train_records
 
 from engine.runtime.driver import run
+from engine.plan.run_plan import resolve_plan
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -19,7 +20,7 @@ def test_collective_sync_gives_both_replicas_the_trained_weights(run_dir):
                       "resources.rollout.gpus_per_node=2", "trainer.ppo_mini_batch_size=8", "rollout.n=4",
                       "trainer.ppo_micro_batch_size_per_gpu=32", "trainer.test_freq=0", 'async_training.mode="sync"',
                       "async_training.trigger_parameter_sync_step=2", "rollout.total_rollout_steps=48")
-    assert run(cfg, progress=False) == 0
+    assert run(resolve_plan(cfg), progress=False) == 0
     recs = train_records(run_dir)
     assert [r["training/global_step"] for r in recs] == list(range(1, 7))
     assert [r["fully_async/count/current_param_version"] for r in recs] == [0, 1, 1, 2, 2, 3]

@@ -14,17 +14,18 @@ from engine.runtime.backends import (
     build_rollout_backend,
     build_trainer_backend,
     check_device,
-    compute_device,
 )
+from engine.plan.run_plan import resolve_plan
 
 
 def test_cpu_preset_builds_cpu_replicas_and_trainer_over_gloo(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path)
-    device = compute_device(cfg)
+    devices = resolve_plan(cfg).devices
+    device = devices["trainer"].type
     assert (device, process_group_backend(device)) == ("cpu", "gloo")
     model_dir = str(resolve_model_path(cfg.model.path))
-    trainer = build_trainer_backend(cfg, model_dir)
-    replica = build_rollout_backend(cfg, model_dir)
+    trainer = build_trainer_backend(cfg, model_dir, device=devices["trainer"])
+    replica = build_rollout_backend(cfg, model_dir, devices["rollout"])
     assert trainer.device == torch.device("cpu")
     assert {p.device.type for p in replica.model.parameters()} == {"cpu"}
 
@@ -35,7 +36,8 @@ def test_accelerator_presets_put_the_compute_on_the_accelerator(
     tmp_path: Path, hardware: str, device: str, group: str
 ) -> None:
     cfg = tiny_config(tmp_path, f'resources.hardware="{hardware}"')
-    assert compute_device(cfg) == device and process_group_backend(device) == group
+    devices = resolve_plan(cfg).devices
+    assert {d.type for d in devices.values()} == {device} and process_group_backend(device) == group
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without a GPU")

@@ -7,6 +7,7 @@ import collections
 import pytest
 
 from engine.runtime.driver import run
+from engine.plan.run_plan import resolve_plan
 from run_helpers import read_jsonl, tiny_config, train_records
 
 pytestmark = pytest.mark.integration
@@ -22,7 +23,7 @@ def _ledger(run_dir):
 def test_fully_async_versions_cadence_and_ledger(run_dir):
     cfg = tiny_config(run_dir, *SMALL, "async_training.trigger_parameter_sync_step=2",
                       "async_training.staleness_threshold=0.5")
-    assert run(cfg, progress=False) == 0
+    assert run(resolve_plan(cfg), progress=False) == 0
 
     recs = train_records(run_dir)
     assert [r["training/global_step"] for r in recs] == list(range(1, 13))
@@ -52,7 +53,7 @@ def test_hard_staleness_cap_drops_and_logs(run_dir):
     cfg = tiny_config(run_dir, *SMALL, "async_training.trigger_parameter_sync_step=1",
                       "async_training.staleness_threshold=2.0", "async_training.max_staleness_versions=0",
                       'async_training.stale_policy="drop"')
-    assert run(cfg, progress=False) == 0
+    assert run(resolve_plan(cfg), progress=False) == 0
     recs = train_records(run_dir)
     assert all(r["asyncrl/staleness/max"] == 0 for r in recs)  # nothing older than the cap was trained
     ledger = _ledger(run_dir)
@@ -71,7 +72,7 @@ def test_hard_staleness_cap_drops_and_logs(run_dir):
 
 def test_sync_mode_is_on_policy(run_dir):
     cfg = tiny_config(run_dir, *SMALL, 'async_training.mode="sync"', "async_training.trigger_parameter_sync_step=2")
-    assert run(cfg, progress=False) == 0
+    assert run(resolve_plan(cfg), progress=False) == 0
     recs = train_records(run_dir)
     assert len(recs) == 12
     assert all(r["asyncrl/staleness/max"] == 0 for r in recs)
@@ -87,7 +88,7 @@ def test_partial_rollout_resumes_across_syncs(run_dir):
                       "rollout.n=8", "rollout.total_rollout_steps=48", "data.max_response_length=48",
                       "trainer.test_freq=0", "async_training.trigger_parameter_sync_step=1",
                       "async_training.staleness_threshold=1.0", "async_training.partial_rollout=true")
-    assert run(cfg, progress=False) == 0
+    assert run(resolve_plan(cfg), progress=False) == 0
     recs = train_records(run_dir)
     assert sum(r["fully_async/partial/total_partial_num"] for r in recs) > 0
     assert max(r["fully_async/partial/max_partial_span"] for r in recs) >= 1
@@ -96,7 +97,7 @@ def test_partial_rollout_resumes_across_syncs(run_dir):
 
 def test_trainer_crash_fails_the_run_loudly(run_dir, capsys):
     cfg = tiny_config(run_dir, *SMALL, "debug.kill_trainer_at_step=3")
-    assert run(cfg, progress=False) == 1
+    assert run(resolve_plan(cfg), progress=False) == 1
     err = capsys.readouterr().err
     assert "trainer failed" in err
     events = read_jsonl(run_dir / "events.jsonl")

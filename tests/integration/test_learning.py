@@ -12,6 +12,7 @@ import pytest
 from run_helpers import REPO, read_jsonl, tiny_config, train_records
 
 from engine.runtime.driver import run
+from engine.plan.run_plan import resolve_plan
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.integration
 @pytest.mark.slow  # the whole 400-step preset (~3 min on 2 cores); the short learning runs stay in the default suite
 def test_tiny_preset_learns(run_dir):
     cfg = tiny_config(run_dir)
-    assert run(cfg, progress=False) == 0
+    assert run(resolve_plan(cfg), progress=False) == 0
     recs = train_records(run_dir)
     assert len(recs) == 400
     q = len(recs) // 4
@@ -35,7 +36,7 @@ def test_tiny_preset_learns(run_dir):
 @pytest.mark.slow
 def test_demo_validation_accuracy_rises(run_dir):
     cfg = tiny_config(run_dir, preset=REPO / "presets" / "runs" / "smollm2-arith-cpu.toml")
-    assert run(cfg, progress=False) == 0
+    assert run(resolve_plan(cfg), progress=False) == 0
     vals = [r for r in read_jsonl(run_dir / "metrics.jsonl") if any(k.startswith("val-core/") for k in r)]
     accs = [next(v for k, v in r.items() if k.startswith("val-core/")) for r in vals]
     assert len(accs) >= 3

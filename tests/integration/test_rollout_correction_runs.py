@@ -8,6 +8,7 @@ import pytest
 from run_helpers import tiny_config, train_records
 
 from engine.runtime.driver import run
+from engine.plan.run_plan import resolve_plan
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +26,7 @@ def _quarters(recs: list[dict]) -> list[float]:
 def test_rollout_correction_preset_learns_under_staleness(run_dir, preset):
     cfg = tiny_config(run_dir, *COMMON, f'algorithm.rollout_correction.preset="{preset}"')
     assert cfg.algorithm.rollout_correction.rollout_rs == "seq_mean_k1"
-    assert run(cfg, progress=False) == 0
+    assert run(resolve_plan(cfg), progress=False) == 0
     recs = train_records(run_dir)
     assert len(recs) == 150
     assert max(r["asyncrl/staleness/max"] for r in recs) >= 1  # really off-policy

@@ -21,10 +21,11 @@ PRESET = Path(__file__).resolve().parents[2] / "presets" / "runs" / "seed000-min
 def test_seed000_mini_cpu_learns_with_the_production_code_paths(run_dir: Path) -> None:
     from asyncrl_cli.config import load_run_config
     from engine.runtime.driver import run
+    from engine.plan.run_plan import resolve_plan
 
     res = load_run_config(PRESET, [f'logging.run_dir="{run_dir}"', "logging.progress=false"])
     assert res.config is not None
-    assert run(res.config, progress=False) == 0
+    assert run(resolve_plan(res.config), progress=False) == 0
     recs = train_records(run_dir)
     assert len(recs) == 150
     q = len(recs) // 4
@@ -43,12 +44,13 @@ def test_seed000_layout_in_sync_mode_gives_the_replicas_exactly_the_trained_weig
     broadcast and the per-expert → fused-expert load are all lossless."""
     from asyncrl_cli.config import load_run_config
     from engine.runtime.driver import run
+    from engine.plan.run_plan import resolve_plan
 
     res = load_run_config(PRESET, [f'logging.run_dir="{run_dir}"', "logging.progress=false",
                                    'async_training.mode="sync"', "async_training.staleness_threshold=0",
                                    "async_training.partial_rollout=false", "rollout.total_rollout_steps=64"])
     assert res.config is not None
-    assert run(res.config, progress=False) == 0
+    assert run(resolve_plan(res.config), progress=False) == 0
     recs = train_records(run_dir)
     assert [r["fully_async/count/current_param_version"] for r in recs] == [1, 2, 3, 4]  # a sync every step
     assert all(abs(r["rollout_corr/kl"]) < 1e-5 for r in recs), [r["rollout_corr/kl"] for r in recs]

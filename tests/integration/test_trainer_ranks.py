@@ -11,6 +11,7 @@ import pytest
 from run_helpers import read_jsonl, tiny_config, train_records
 
 from engine.runtime.driver import run
+from engine.plan.run_plan import resolve_plan
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
@@ -38,7 +39,7 @@ def test_two_trainer_ranks_sync_the_replica_to_the_trained_weights(run_dir):
     # the ranks just exported, so π_θ (both ranks' shards) and π_rollout (the replica) must agree
     cfg = tiny_config(run_dir, *SMALL, 'async_training.mode="sync"', "async_training.trigger_parameter_sync_step=2",
                       "rollout.total_rollout_steps=48", "trainer.use_kl_loss=true", "checkpoint.every_versions=2")
-    assert run(cfg, progress=False) == 0
+    assert run(resolve_plan(cfg), progress=False) == 0
 
     recs = train_records(run_dir)
     assert [r["training/global_step"] for r in recs] == list(range(1, 7))
@@ -63,7 +64,7 @@ def test_two_trainer_ranks_fully_async_decoupled(run_dir):
     # fully async with the proximal-policy snapshot: snapshot_params / proximal_log_probs run on both ranks
     cfg = tiny_config(run_dir, *SMALL, "async_training.trigger_parameter_sync_step=1",
                       "rollout.total_rollout_steps=48", "algorithm.rollout_correction.bypass_mode=false")
-    assert run(cfg, progress=False) == 0
+    assert run(resolve_plan(cfg), progress=False) == 0
 
     recs = train_records(run_dir)
     assert [r["training/global_step"] for r in recs] == list(range(1, 7))
@@ -81,9 +82,9 @@ def test_two_trainer_ranks_fully_async_decoupled(run_dir):
 def test_two_trainer_ranks_resume_after_the_trainer_dies(run_dir, capsys):
     # rank 0 dies at step 5 (its worker rank goes with it); the resume loads the step-4 checkpoint on both ranks
     extra = (*SMALL, "rollout.total_rollout_steps=64", "checkpoint.every_versions=2")
-    assert run(tiny_config(run_dir, *extra, "debug.kill_trainer_at_step=5"), progress=False) == 1
+    assert run(resolve_plan(tiny_config(run_dir, *extra, "debug.kill_trainer_at_step=5")), progress=False) == 1
     assert "trainer failed" in capsys.readouterr().err
-    assert run(tiny_config(run_dir, *extra), resume="auto", progress=False) == 0
+    assert run(resolve_plan(tiny_config(run_dir, *extra)), resume="auto", progress=False) == 0
     resumed = [e for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] == "resume"]
     assert len(resumed) == 1 and resumed[0]["step"] == 4
     recs = train_records(run_dir)
@@ -95,7 +96,7 @@ def test_two_trainer_ranks_resume_after_the_trainer_dies(run_dir, capsys):
 def test_megatron_context_parallelism_is_refused_before_starting(run_dir, capsys):
     cfg = tiny_config(run_dir, *SMALL, 'trainer.backend="megatron"')  # validate refuses cp = 2 on CPU already;
     cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"cp": 2})})  # the driver does too
-    assert run(cfg, progress=False) == 1
+    assert run(resolve_plan(cfg), progress=False) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "run failed" in err[0] and "trainer.cp = 2" in err[0] and "Traceback" not in err[0]
     assert not run_dir.exists()  # refused before the run directory is made or Ray starts
@@ -106,7 +107,7 @@ def test_a_run_needing_more_accelerators_than_the_cluster_has_fails_at_once(run_
     """On this CPU machine a CUDA/NPU preset asks for accelerators the local Ray does not have: one line, exit 1,
     no hang."""
     cfg = tiny_config(run_dir, f'resources.hardware="{hardware}"')
-    assert run(cfg, progress=False) == 1
+    assert run(resolve_plan(cfg), progress=False) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert f"run failed: the Ray cluster has 0 {resource}(s), this run needs 2 (1 rollout replica(s) × 1 + 1 trainer" \
         in err[-1] and "Traceback" not in err[-1]

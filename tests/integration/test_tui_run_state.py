@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.runtime.driver import run
+from engine.plan.run_plan import resolve_plan
 from tests.integration.run_helpers import tiny_config
 
 
@@ -29,5 +30,5 @@ def test_the_dashboard_sees_the_run_finished_while_it_is_still_open(tmp_path: Pa
             time.sleep(0.2)
         return outcome["ok"]
 
-    assert run(cfg, tui=dashboard, progress=False) == 0
+    assert run(resolve_plan(cfg), tui=dashboard, progress=False) == 0
     assert seen and seen[-1] == "finished", seen

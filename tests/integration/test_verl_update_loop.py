@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.runtime.driver import run
+from engine.plan.run_plan import resolve_plan
 from run_helpers import read_jsonl, tiny_config, train_records
 
 pytestmark = pytest.mark.integration
@@ -15,7 +16,7 @@ def test_two_mini_batches_two_epochs_at_trigger_4_fp32(run_dir):
                       "rollout.n=4", "rollout.total_rollout_steps=96", "trainer.test_freq=0",
                       "async_training.require_batches=2", "trainer.ppo_epochs=2",
                       "async_training.trigger_parameter_sync_step=4", "async_training.staleness_threshold=0.5")
-    assert run(cfg, progress=False) == 0
+    assert run(resolve_plan(cfg), progress=False) == 0
     recs = train_records(run_dir)
     assert len(recs) == 12
     assert all(r["asyncrl/trainer/optimizer_steps"] == 4 for r in recs)

@@ -205,10 +205,26 @@ def test_an_on_demand_checkpoint_cut_drains_and_resumes_the_replicas(monkeypatch
     assert any("deadlock" in v or "liveness" in v for v in broken.violations), broken.violations
 
 
-def test_deterministic_mode_runs_clean_under_the_simulator() -> None:
+def _deterministic(seed: int) -> Scenario:
+    return Scenario(seed=100 + seed, n=2, ppo_mini_batch_size=2, trigger=1 + seed % 3, staleness_threshold=0.5,
+                    partial_rollout=False, deterministic=True, replicas=1 + seed % 2, total_prompts=24,
+                    checkpoint_every_versions=seed % 3, trainer_deaths=[1.0] if seed % 4 == 0 else [])
+
+
+def test_deterministic_mode_runs_clean_under_the_simulator(monkeypatch) -> None:
     for seed in range(20):
-        s = Scenario(seed=100 + seed, n=2, ppo_mini_batch_size=2, trigger=1 + seed % 3, staleness_threshold=0.5,
-                     partial_rollout=False, deterministic=True, replicas=1 + seed % 2, total_prompts=24,
-                     checkpoint_every_versions=seed % 3, trainer_deaths=[1.0] if seed % 4 == 0 else [])
-        out = run_scenario(s)
+        out = run_scenario(_deterministic(seed))
         assert out.finished and not out.violations, out.violations
+    # the schedule's check sees a sync that does not wait for the loaded version's work (v(k) broken)
+    monkeypatch.setattr("engine.loop.deterministic.version_done", lambda loop: True)
+    broken = [v for seed in range(20) for v in run_scenario(_deterministic(seed)).violations]
+    assert any("deterministic" in v and "the schedule says v" in v for v in broken), broken[:5]
+
+
+def test_deterministic_mode_trains_the_stream_in_order(monkeypatch) -> None:
+    """The schedule's other half: prompt k is trained at local step ⌊k / R⌋ (finished groups are queued in
+    admission order); with the order check taken out the simulator sees prompts trained out of turn."""
+    monkeypatch.setattr("engine.loop.deterministic.ready_in_order",
+                        lambda in_flight, n: [st for st in in_flight.values() if len(st.done) >= n])
+    broken = [v for seed in range(20) for v in run_scenario(_deterministic(seed)).violations]
+    assert any("deterministic" in v and "trained at local step" in v for v in broken), broken[:5]

@@ -12,6 +12,8 @@ import pytest
 import ray
 
 from engine.control.core import ControllerCore
+from engine.plan.roles import RunIdentity
+from engine.plan.run_plan import resolve_plan
 from engine.types import Prompt, Trajectory, TrajectoryGroup
 
 R, N = 4, 2  # prompts per step, answers per prompt
@@ -113,8 +115,9 @@ def shell(tmp_path: Path, monkeypatch):
         core = ControllerCore(cfg.name, run_dir=str(tmp_path / "run"), sinks=[], config=cfg.model_dump())
         queue, rollouter = FakeQueue(_groups(R * steps)), FakeRollouter()
         model = resolve_model_path(cfg.model.path, seed=cfg.trainer.seed)
-        t = trainer_actor.TrainerCore(cfg, model, str(tmp_path / "run"), _Remote(queue), _Remote(rollouter),
-                                      _Remote(core))
+        identity = RunIdentity("test", cfg.name, str(tmp_path / "run"), str(model))
+        spec = resolve_plan(cfg).role_specs().bind(identity).trainer
+        t = trainer_actor.TrainerCore(spec, _Remote(queue), _Remote(rollouter), _Remote(core))
         return t, core, rollouter
 
     return build

@@ -18,13 +18,14 @@ def test_tiny_async_run_with_megatron_trainer_in_decoupled_mode(tmp_path: Path) 
     from run_helpers import tiny_config, train_records
 
     from engine.runtime.driver import run
+    from engine.plan.run_plan import resolve_plan
 
     run_dir = tmp_path / "run"
     cfg = tiny_config(run_dir, 'trainer.backend="megatron"', "trainer.ppo_mini_batch_size=8",
                       "trainer.ppo_micro_batch_size_per_gpu=16", "rollout.n=4", "rollout.total_rollout_steps=48",
                       "trainer.test_freq=0", "async_training.trigger_parameter_sync_step=2",
                       "algorithm.rollout_correction.bypass_mode=false", "checkpoint.every_versions=2")
-    assert run(cfg, progress=False) == 0
+    assert run(resolve_plan(cfg), progress=False) == 0
     recs = train_records(run_dir)
     assert [r["training/global_step"] for r in recs] == list(range(1, 7))
     assert all(r["actor/skipped_step"] == 0 and r["actor/grad_norm"] > 0 for r in recs)
@@ -72,13 +73,14 @@ def _two_rank_decoupled_run(tmp_path: Path, *extra: str) -> tuple[Path, list[dic
     from run_helpers import tiny_config, train_records
 
     from engine.runtime.driver import run
+    from engine.plan.run_plan import resolve_plan
 
     run_dir = tmp_path / "run"
     cfg = tiny_config(run_dir, 'trainer.backend="megatron"', "resources.trainer.gpus_per_node=2",
                       "trainer.ppo_mini_batch_size=8", "rollout.n=4", "rollout.total_rollout_steps=32",
                       "trainer.test_freq=0", "async_training.trigger_parameter_sync_step=2",
                       "algorithm.rollout_correction.bypass_mode=false", "checkpoint.every_versions=1", *extra)
-    assert run(cfg, progress=False) == 0
+    assert run(resolve_plan(cfg), progress=False) == 0
     recs = train_records(run_dir)
     assert [r["training/global_step"] for r in recs] == list(range(1, 5))
     assert all(r["asyncrl/trainer/world_size"] == 2 for r in recs)

@@ -52,9 +52,14 @@ class GroupHost:
         torch.set_num_threads(1)
         from engine.algo.loss import build_loss_fn
         from engine.algo.batching import LogRatioObserver
+        from engine.plan.roles import RunIdentity
+        from engine.plan.run_plan import resolve_plan
         from engine.runtime.trainer_group import TrainerGroup
 
-        self.group = TrainerGroup(cfg, model_dir, 2, {"num_cpus": 0})
+        identity = RunIdentity("test", cfg.name, cfg.logging.run_dir, model_dir)
+        spec = resolve_plan(cfg).role_specs().bind(identity, rank_options={"num_cpus": 0}).trainer
+        assert spec.world == 2
+        self.group = TrainerGroup(spec)
         self.loss_fn = LogRatioObserver(build_loss_fn(cfg.trainer, cfg.algorithm.rollout_correction))
 
     def exercise(self, batch: Any, ckpt: str) -> dict[str, Any]:

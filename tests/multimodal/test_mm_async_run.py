@@ -10,6 +10,7 @@ import pytest
 from mm_helpers import tiny_vl_config, train_records
 
 from engine.runtime.driver import run
+from engine.plan.run_plan import resolve_plan
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +21,7 @@ def test_fully_async_with_partial_rollout_and_staleness(tmp_path: Path) -> None:
     cfg = tiny_vl_config(run_dir, "rollout.total_rollout_steps=48", "trainer.ppo_mini_batch_size=4", "rollout.n=8",
                          "rollout.max_num_seqs=8", "data.max_response_length=32", "trainer.test_freq=0",
                          "async_training.staleness_threshold=1.0", "async_training.partial_rollout=true")
-    assert run(cfg, progress=False) == 0
+    assert run(resolve_plan(cfg), progress=False) == 0
     recs = train_records(run_dir)
     assert [r["training/global_step"] for r in recs] == list(range(1, 13))
     assert sum(r["fully_async/partial/total_partial_num"] for r in recs) > 0

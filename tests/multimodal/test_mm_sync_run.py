@@ -9,6 +9,7 @@ import pytest
 from mm_helpers import tiny_vl_config, train_records
 
 from engine.runtime.driver import run
+from engine.plan.run_plan import resolve_plan
 
 pytestmark = pytest.mark.integration
 
@@ -17,7 +18,7 @@ def test_sync_mode_is_on_policy(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     cfg = tiny_vl_config(run_dir, 'async_training.mode="sync"', "async_training.trigger_parameter_sync_step=2",
                          "rollout.total_rollout_steps=32", "trainer.ppo_mini_batch_size=4", "trainer.test_freq=0")
-    assert run(cfg, progress=False) == 0
+    assert run(resolve_plan(cfg), progress=False) == 0
     recs = train_records(run_dir)
     assert len(recs) == 8 and all(r["asyncrl/staleness/max"] == 0 for r in recs)
     firsts = [r for r in recs if r["training/global_step"] % 2 == 1]

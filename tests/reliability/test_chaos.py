@@ -15,6 +15,7 @@ from chaos_helpers import assert_same_checkpoint_hashes, chaos_run, final_hash, 
 from reliability_helpers import assert_ledger_exact, tiny_config, train_steps
 
 from engine.runtime.driver import run
+from engine.plan.run_plan import resolve_plan
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -27,7 +28,7 @@ EXTRA = ("trainer.deterministic=true", "async_training.staleness_threshold=0.5",
 def test_three_random_kill_9s_end_with_the_uninterrupted_weights(tmp_path) -> None:
     seed = int(os.environ.get("ASYNCRL_CHAOS_SEED", time.time_ns() % 10_000))
     reference = tmp_path / "reference"
-    assert run(tiny_config(reference, *EXTRA, "name=chaos-reference"), progress=False) == 0
+    assert run(resolve_plan(tiny_config(reference, *EXTRA, "name=chaos-reference")), progress=False) == 0
 
     run_dir = tmp_path / "chaos"
     extra = (*EXTRA, "name=chaos-run")

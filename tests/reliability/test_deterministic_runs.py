@@ -22,6 +22,7 @@ from chaos_helpers import (
 from reliability_helpers import assert_ledger_exact, events, tiny_config, train_steps
 
 from engine.runtime.driver import run
+from engine.plan.run_plan import resolve_plan
 
 pytestmark = pytest.mark.integration
 
@@ -33,14 +34,14 @@ EXTRA = (*DETERMINISTIC, f"rollout.total_rollout_steps={STEPS * 8}", "checkpoint
 def reference(tmp_path_factory):
     """The uninterrupted fully async deterministic run."""
     run_dir = tmp_path_factory.mktemp("det") / "reference"
-    assert run(tiny_config(run_dir, *EXTRA, "name=det-reference"), progress=False) == 0
+    assert run(resolve_plan(tiny_config(run_dir, *EXTRA, "name=det-reference")), progress=False) == 0
     assert [s for s, _ in train_steps(run_dir)] == list(range(1, STEPS + 1))
     return run_dir
 
 
 def test_async_at_staleness_0_trains_the_batches_of_sync_mode(reference, tmp_path) -> None:
     run_dir = tmp_path / "sync"
-    assert run(tiny_config(run_dir, *EXTRA, "async_training.mode=sync", "name=det-sync"), progress=False) == 0
+    assert run(resolve_plan(tiny_config(run_dir, *EXTRA, "async_training.mode=sync", "name=det-sync")), progress=False) == 0
     assert ledger_by_step(run_dir) == ledger_by_step(reference)  # the same prompts in the same steps
     assert step_metrics(run_dir) == step_metrics(reference)  # the same rewards, losses, staleness, ...
     assert final_hash(run_dir) == final_hash(reference)

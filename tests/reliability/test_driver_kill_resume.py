@@ -20,6 +20,7 @@ from reliability_helpers import (
 
 from engine.persist.checkpoint import latest_valid, list_checkpoints, step_of
 from engine.runtime.driver import run
+from engine.plan.run_plan import resolve_plan
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +44,7 @@ def test_driver_killed_after_a_checkpoint_resumes_losslessly(tmp_path) -> None:
     assert ckpt is not None
 
     cfg = tiny_config(run_dir, *EXTRA)
-    assert run(cfg, resume="auto", progress=False) == 0
+    assert run(resolve_plan(cfg), resume="auto", progress=False) == 0
 
     resumed = events(run_dir, "resume")
     assert len(resumed) == 1 and resumed[0]["step"] == step_of(ckpt) and resumed[0]["path"] == str(ckpt)

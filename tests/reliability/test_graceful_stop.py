@@ -12,6 +12,7 @@ from reliability_helpers import assert_ledger_exact, events, tiny_config, train_
 
 from engine.persist.checkpoint import latest_valid, list_checkpoints, read_checkpoint
 from engine.runtime.driver import run
+from engine.plan.run_plan import resolve_plan
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +42,7 @@ def test_on_demand_checkpoint_and_graceful_stop_then_resume(tmp_path, capsys) ->
     done: list = []
     t = threading.Thread(target=_operator, args=(run_dir, cfg.name, done), daemon=True)
     t.start()
-    assert run(cfg, progress=False) == 0
+    assert run(resolve_plan(cfg), progress=False) == 0
     t.join(timeout=10)
     assert done
     assert "run stopped" in capsys.readouterr().err
@@ -50,7 +51,7 @@ def test_on_demand_checkpoint_and_graceful_stop_then_resume(tmp_path, capsys) ->
     stopped_at = read_checkpoint(latest_valid(run_dir / "checkpoints"))["state"]["step"]
     assert stopped_at < 60
 
-    assert run(cfg, resume="auto", progress=False) == 0
+    assert run(resolve_plan(cfg), resume="auto", progress=False) == 0
     assert events(run_dir, "resume")[0]["step"] == stopped_at
     assert [s for s, _ in train_steps(run_dir)] == list(range(1, 61))
     assert_ledger_exact(cfg, run_dir, trained=480)

@@ -12,6 +12,7 @@ import ray
 from reliability_helpers import assert_ledger_exact, events, read_jsonl, tiny_config, train_steps
 
 from engine.runtime.driver import run
+from engine.plan.run_plan import resolve_plan
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +49,7 @@ def _run_with(tmp_path, plan, *extra: str, resume: str | None = None):
     done: list = []
     t = threading.Thread(target=_operator, args=(run_dir, cfg.name, plan, done), daemon=True)
     t.start()
-    rc = run(cfg, progress=False, resume=resume)
+    rc = run(resolve_plan(cfg), progress=False, resume=resume)
     t.join(timeout=10)
     return cfg, run_dir, rc, done
 
@@ -103,7 +104,7 @@ def test_resume_after_a_raise_keeps_the_new_interval(tmp_path) -> None:
     assert rc == 0
     stopped_at = train_steps(run_dir)[-1][0]
     assert stopped_at < STEPS
-    assert run(cfg, resume="auto", progress=False) == 0
+    assert run(resolve_plan(cfg), resume="auto", progress=False) == 0
     resumed = [r for r in train_steps(run_dir) if r[0] > stopped_at]
     assert resumed, "the resumed run trained nothing"
     syncs = [s for s in _sync_steps(run_dir) if s > stopped_at]

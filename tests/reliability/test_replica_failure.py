@@ -10,6 +10,7 @@ from reliability_helpers import assert_ledger_exact, events, tiny_config, train_
 from engine.persist.checkpoint import latest_valid, read_checkpoint
 from engine.runtime.driver import run
 from engine.persist.resume import find_resume_point
+from engine.plan.run_plan import resolve_plan
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +20,7 @@ EXTRA = ("rollout.total_rollout_steps=160", "data.max_response_length=8", "debug
 def test_dead_replica_is_replaced_and_the_run_finishes(tmp_path) -> None:
     run_dir = tmp_path / "run"
     cfg = tiny_config(run_dir, *EXTRA)
-    assert run(cfg, progress=False) == 0
+    assert run(resolve_plan(cfg), progress=False) == 0
 
     assert events(run_dir, "fault")
     phases = [e["phase"] for e in events(run_dir, "replica")]
@@ -33,7 +34,7 @@ def test_dead_replica_is_replaced_and_the_run_finishes(tmp_path) -> None:
 def test_spent_restart_budget_stops_with_a_resumable_checkpoint(tmp_path, capsys) -> None:
     run_dir = tmp_path / "run"
     cfg = tiny_config(run_dir, *EXTRA, "rollout.max_replica_restarts=0")
-    assert run(cfg, progress=False) == 1
+    assert run(resolve_plan(cfg), progress=False) == 1
 
     err = capsys.readouterr().err
     line = [ln for ln in err.splitlines() if "run failed" in ln]
@@ -53,7 +54,7 @@ def test_a_bucket_corrupted_on_the_wire_fails_the_run_naming_replica_and_bucket(
     run_dir = tmp_path / "run"
     cfg = tiny_config(run_dir, "rollout.total_rollout_steps=32", "data.max_response_length=8",
                       "debug.corrupt_sync_bucket=0")
-    assert run(cfg, progress=False) == 1
+    assert run(resolve_plan(cfg), progress=False) == 1
     err = capsys.readouterr().err
     failed = [ln for ln in err.splitlines() if "run failed" in ln]
     assert len(failed) == 1 and "rollout replica 0 loaded bucket 0 (" in failed[0], failed

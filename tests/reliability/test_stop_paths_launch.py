@@ -30,6 +30,7 @@ from reliability_helpers import (
 
 from engine.persist.checkpoint import latest_valid, read_checkpoint
 from engine.runtime.driver import run
+from engine.plan.run_plan import resolve_plan
 
 pytestmark = pytest.mark.integration
 
@@ -95,7 +96,7 @@ def _assert_stopped_and_resumable(run_dir: Path, kind: str | None = "full") -> d
     assert stopped_at < STEPS
 
     cfg = tiny_config(run_dir, *EXTRA)
-    assert run(cfg, resume="auto", progress=False) == 0
+    assert run(resolve_plan(cfg), resume="auto", progress=False) == 0
     assert events(run_dir, "resume")[-1]["step"] == stopped_at
     assert [s for s, _ in train_steps(run_dir)] == list(range(1, STEPS + 1))
     assert_ledger_exact(cfg, run_dir, trained=STEPS * 8)

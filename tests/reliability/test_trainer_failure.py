@@ -8,6 +8,7 @@ import pytest
 from reliability_helpers import assert_ledger_exact, events, tiny_config, train_steps
 
 from engine.runtime.driver import run
+from engine.plan.run_plan import resolve_plan
 
 pytestmark = pytest.mark.integration
 
@@ -17,7 +18,7 @@ EXTRA = ("rollout.total_rollout_steps=160", "checkpoint.every_versions=2", "chec
 def test_trainer_death_is_a_failure_with_a_resumable_checkpoint(tmp_path, capsys) -> None:
     run_dir = tmp_path / "run"
     cfg = tiny_config(run_dir, *EXTRA, "debug.kill_trainer_at_step=5")
-    assert run(cfg, progress=False) == 1
+    assert run(resolve_plan(cfg), progress=False) == 1
     err = capsys.readouterr().err
     line = [ln for ln in err.splitlines() if "run failed" in ln]
     assert len(line) == 1, err
@@ -30,7 +31,7 @@ def test_trainer_death_is_a_failure_with_a_resumable_checkpoint(tmp_path, capsys
     weights = run_dir / "checkpoints" / "global_step_4" / "trainer" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     cfg = tiny_config(run_dir, *EXTRA, "debug.kill_trainer_at_step=0")
-    assert run(cfg, resume="auto", progress=False) == 0
+    assert run(resolve_plan(cfg), resume="auto", progress=False) == 0
     err = capsys.readouterr().err
     assert "global_step_4 is corrupt" in err and "truncated" in err and "skipped" in err
     assert any("global_step_4" in e["message"] for e in events(run_dir, "checkpoint") if e["level"] == "warning")

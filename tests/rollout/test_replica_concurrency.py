@@ -29,8 +29,14 @@ def replica():
     if started:
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
                  object_store_memory=256 * 2**20)
+    from dataclasses import replace
+
+    from engine.plan.run_plan import resolve_plan
+
     cfg = load_run_config(TINY, ["rollout.max_num_seqs=12"]).config
-    actor = RolloutReplica.options(num_cpus=0).remote(cfg, str(resolve_model_path("builtin:tiny-qwen")), 0, 1)
+    spec = replace(resolve_plan(cfg).role_specs().replica, model_dir=str(resolve_model_path("builtin:tiny-qwen")),
+                   threads=1)
+    actor = RolloutReplica.options(num_cpus=0).remote(spec, 0)
     ray.get(actor.ready.remote())
     yield actor
     ray.kill(actor)

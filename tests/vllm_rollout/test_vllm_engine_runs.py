@@ -106,5 +106,6 @@ def test_vllm_rollout_with_megatron_trainer_sync_mode(run_dir: Path) -> None:
 
 def _run(cfg: object) -> int:
     from engine.runtime.driver import run
+    from engine.plan.run_plan import resolve_plan
 
-    return run(cfg, progress=False)
+    return run(resolve_plan(cfg), progress=False)

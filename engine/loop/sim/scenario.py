@@ -148,7 +148,8 @@ def draw(seed: int, multi_turn: bool | None = None) -> Scenario:
                           for _ in range(s.replicas)]
     if r.random() < 0.15:  # deterministic mode (drawn last: the fields above are as before)
         s.deterministic = True
-        s.partial_rollout = False  # as `RolloutParams.from_config` makes it
+        s.partial_rollout = False  # as `partial_rollout_in_force` makes it
+        s.stale_policy = "drop"  # `validate` refuses "wait" in deterministic mode (determinism_checks.py)
     mt = r.random() < 0.35  # multi-turn (drawn last: the fields above are as before)
     if multi_turn if multi_turn is not None else mt:
         _draw_multi_turn(r, s)

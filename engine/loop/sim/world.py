@@ -29,7 +29,8 @@ from engine.loop.commands import (
 )
 from engine.loop.knobs import ROLLOUTER, TRAINER
 from engine.loop.agent import AgentLimits
-from engine.loop.rollout import RolloutLoop, RolloutParams
+from engine.loop.budget import staleness_in_force
+from engine.loop.rollout import RolloutLoop, RolloutParams, partial_rollout_in_force
 from engine.loop.sim.checks import Checker
 from engine.loop.sim.replicas import SimReplica, SimReplicas
 from engine.loop.sim.scenario import Scenario, time_bound
@@ -84,8 +85,8 @@ class World(SimReplicas, SimTools):
         self.bound = time_bound(s)
         sync = s.mode == "sync"
         self.rp = RolloutParams(n=s.n, max_new_tokens=s.max_new_tokens, required_samples=s.required_samples,
-                                staleness_threshold=0.0 if sync else s.staleness_threshold, trigger=s.trigger,
-                                partial_rollout=s.partial_rollout and not sync and not s.deterministic,
+                                staleness_threshold=staleness_in_force(s.staleness_threshold, sync), trigger=s.trigger,
+                                partial_rollout=partial_rollout_in_force(s.partial_rollout, sync, s.deterministic),
                                 seqs_per_call=s.seqs_per_call,
                                 test_freq=s.test_freq, sync_mode=sync, deterministic=s.deterministic,
                                 agent=AgentLimits(s.max_new_tokens, s.max_assistant_turns, s.max_user_turns,
@@ -98,7 +99,8 @@ class World(SimReplicas, SimTools):
         total_local = max(1, s.total_prompts // cycle) * s.trigger
         self.tp = TrainerParams(s.required_samples, s.trigger, total_local, sync, s.max_staleness_versions,
                                 s.stale_policy, s.checkpoint_every_versions, ordered=s.deterministic,
-                                staleness_threshold=s.staleness_threshold, validate_at_end=bool(s.test_freq))
+                                staleness_threshold=staleness_in_force(s.staleness_threshold, sync),
+                                validate_at_end=bool(s.test_freq))
         self.controller = ControllerCore(f"sim-{s.seed}", sinks=[], clock=lambda: self.now, config={
             "async_training": {"trigger_parameter_sync_step": s.trigger, "staleness_threshold": s.staleness_threshold}})
         self.val = [Prompt(uid=f"v{i}", index=i, epoch=0, prompt_ids=[4, 5]) for i in range(s.val_prompts)]

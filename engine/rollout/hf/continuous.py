@@ -34,7 +34,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,6 +42,9 @@ from engine.rollout.base import SamplingParams
 from engine.rollout.hf.decode import DecodeCounters, ForwardAdapter, RowOutput, RowSpec, left_pad
 from engine.rollout.hf.kv_cache import make_cache, merge_rows, supports_merge
 from engine.rollout.hf.sampling import select_tokens
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 @dataclass
@@ -235,7 +238,7 @@ class ContinuousBatcher:
         self.live.extend(new)
         return len(new)
 
-    def _admit_unmerged(self, take: list[tuple[BatchCall, int]], keys: list[Any], config: Any,
+    def _admit_unmerged(self, take: list[tuple[BatchCall, int]], keys: list[Any], config: PretrainedConfig,
                         version: int) -> int:
         """Models on transformers' own cache (sliding windows): rows join only an empty batch, one prefill
         per distinct context of this admission."""

@@ -1,0 +1,209 @@
+"""Role specs: what each actor of a run is handed, resolved once from the run config by `resolve_plan`.
+
+One frozen dataclass per role, carrying the sizes derived once (`engine.plan.sizes.derive`), the role's device
+(`engine.plan.devices.RoleDevice`), its share of the placement (threads; Ray options once the driver placed the
+pools) and, bound by the driver at launch, the run's identity:
+
+    RolloutSpec     the Rollouter: the `RolloutLoop`'s parameters (required_samples, the staleness in force —
+                    0 in sync mode —, the sync interval, partial rollout off in sync and deterministic mode),
+                    total_rollout_steps (the prompt stream's length), R replicas and the `ReplicaSpec` it starts
+                    replacements from, the checkpoint's rollout part on resume
+    ReplicaSpec     one rollout replica: config, the rollout `RoleDevice`, its threads
+    TrainerSpec     trainer rank 0 (and, through `world`, ranks 1 … M−1): the `TrainerLoop`'s parameters
+                    (required_samples, total_local_steps = total_train_steps × trigger, sync mode, the hard cap,
+                    the checkpoint cadence), M ranks, the trainer `RoleDevice`, its threads, the weight sync, the
+                    checkpoint's trainer part on resume
+    WeightSyncSpec  the weight-sync transport: object store or collective, on which device, with how many
+                    receiving ranks (R × the vLLM TP workers of a replica), bucket size
+    RunIdentity     bound at launch (`RoleSpecs.bind`): run id, name, run directory, the model directory the
+                    preflight resolved, the checkpoint a resume continues from
+
+An actor reads its sizes and device from its spec and nothing else: no actor re-derives them from the config,
+reloads the hardware preset or re-reads the training data's parquet footers. Pure Python (no torch, no Ray).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from engine.loop.agent import AgentLimits
+from engine.loop.rollout import RolloutParams, partial_rollout_in_force
+from engine.loop.trainer import TrainerParams
+from engine.plan.devices import RoleDevice
+
+if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
+    from engine.plan.sizes import Derived
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """Who and where a launched run is: what the driver decides before the actors start."""
+
+    run_id: str
+    name: str
+    run_dir: str
+    model_dir: str
+    """The model directory the preflight resolved (a converted built-in model, or the configured path)."""
+    resumed_from: str | None = None
+    """The checkpoint this run continues from (None: a new run)."""
+
+
+@dataclass(frozen=True)
+class WeightSyncSpec:
+    """How trainer rank 0 pushes weights to the replicas (`engine.sync.runtime.build_weight_sync`)."""
+
+    transport: str
+    """`rollout.weight_sync`: "collective" (one broadcast group) or "object_store"."""
+    device: str
+    """The trainer's device type: the collective's backend is this device's (`COLLECTIVE_BACKEND`)."""
+    receivers: int
+    """Receiving ranks of the collective group: R replicas × `per_replica`."""
+    per_replica: int
+    """Ranks one replica takes in the group: its vLLM TP workers, 1 for `hf`."""
+    bucket_bytes: int
+    """`rollout.weight_sync_bucket_mb` in bytes."""
+    corrupt_bucket: int | None = None
+    """`debug.corrupt_sync_bucket`: fault injection (the delivery check must catch it)."""
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """One rollout replica (`engine.runtime.replica.RolloutReplica`)."""
+
+    config: RunConfig
+    device: RoleDevice
+    threads: int
+    """torch intra-op threads of the replica's process (the plan's core split on CPU)."""
+    model_dir: str = ""
+    """Bound at launch (`RoleSpecs.bind`)."""
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """The Rollouter (`engine.runtime.rollouter`)."""
+
+    config: RunConfig
+    params: RolloutParams
+    total_rollout_steps: int
+    """Prompts the run generates: min(rollout.total_rollout_steps, train_size × total_epochs)."""
+    replicas: int
+    """R."""
+    replica: ReplicaSpec
+    """What a replacement replica is started from."""
+    replica_options: Any = None
+    """Ray options of a replica slot (one dict for all, or a list by slot: its placement-group bundles); bound at
+    launch. None: no replacement replicas."""
+    identity: RunIdentity | None = None
+    resume: dict[str, Any] | None = None
+    """A checkpoint's rollout part (`{"rollout", "queued", "in_flight"}`), on resume."""
+
+    @property
+    def model_dir(self) -> str:
+        return self.replica.model_dir
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """Trainer rank 0 (`engine.runtime.trainer_actor`) and, with `world` > 1, the ranks it starts
+    (`engine.runtime.trainer_group`)."""
+
+    config: RunConfig
+    params: TrainerParams
+    world: int
+    """M, the trainer ranks."""
+    device: RoleDevice
+    threads: int
+    """torch intra-op threads of each rank's process."""
+    weight_sync: WeightSyncSpec
+    rank_options: Any = None
+    """Ray options of the ranks (one dict for all, or a list by rank); bound at launch."""
+    identity: RunIdentity | None = None
+    resume: dict[str, Any] | None = None
+    """A checkpoint's trainer part (`{"path", "state"}`), on resume."""
+
+    @property
+    def model_dir(self) -> str:
+        return self.identity.model_dir if self.identity else ""
+
+    @property
+    def run_dir(self) -> str:
+        if self.identity is None:
+            raise ValueError("the trainer spec has no run identity: bind it first (RoleSpecs.bind)")
+        return self.identity.run_dir
+
+
+@dataclass(frozen=True)
+class RoleSpecs:
+    """Every role of a run (see the module docstring)."""
+
+    rollout: RolloutSpec
+    trainer: TrainerSpec
+
+    @property
+    def replica(self) -> ReplicaSpec:
+        return self.rollout.replica
+
+    @property
+    def weight_sync(self) -> WeightSyncSpec:
+        return self.trainer.weight_sync
+
+    def bind(self, identity: RunIdentity, *, rollout_resume: dict[str, Any] | None = None,
+             trainer_resume: dict[str, Any] | None = None, replica_options: Any = None,
+             rank_options: Any = None) -> RoleSpecs:
+        """The specs of a launched run: its identity, the model directory, the checkpoint parts on resume and the
+        Ray options the driver's placement gave each actor."""
+        replica = replace(self.replica, model_dir=identity.model_dir)
+        return RoleSpecs(
+            rollout=replace(self.rollout, replica=replica, replica_options=replica_options, identity=identity,
+                            resume=rollout_resume),
+            trainer=replace(self.trainer, rank_options=rank_options, identity=identity, resume=trainer_resume))
+
+
+def rollout_params(cfg: RunConfig, d: Derived) -> RolloutParams:
+    """The rollout core's parameters: the sizes from `d`; partial rollout only in fully async, non-deterministic
+    runs (sync mode never interrupts a generation; deterministic mode waits for it)."""
+    ac, ro = cfg.async_training, cfg.rollout
+    sync, det = ac.mode == "sync", cfg.trainer.deterministic
+    mt = ro.multi_turn
+    agent = AgentLimits(cfg.data.max_response_length, mt.max_assistant_turns, mt.max_user_turns,
+                        mt.max_parallel_calls, mt.max_tokens_per_turn) if mt.enable else None
+    return RolloutParams(n=ro.n, max_new_tokens=cfg.data.max_response_length, required_samples=d.required_samples,
+                         staleness_threshold=d.staleness_threshold, trigger=ac.trigger_parameter_sync_step,
+                         partial_rollout=partial_rollout_in_force(ac.partial_rollout, sync, det),
+                         seqs_per_call=max(ro.n, ro.max_num_seqs), test_freq=cfg.trainer.test_freq, sync_mode=sync,
+                         deterministic=det, agent=agent)
+
+
+def trainer_params(cfg: RunConfig, d: Derived, total_local_steps: int) -> TrainerParams:
+    """The trainer core's parameters: the sizes from `d`, the run's length in local steps."""
+    ac = cfg.async_training
+    return TrainerParams(required_samples=d.required_samples, trigger=ac.trigger_parameter_sync_step,
+                         total_local_steps=total_local_steps, sync_mode=ac.mode == "sync",
+                         max_staleness_versions=ac.max_staleness_versions, stale_policy=ac.stale_policy,
+                         checkpoint_every_versions=cfg.checkpoint.every_versions, ordered=cfg.trainer.deterministic,
+                         staleness_threshold=d.staleness_threshold, validate_at_end=cfg.trainer.test_freq > 0)
+
+
+def weight_sync_spec(cfg: RunConfig, d: Derived, trainer_device: RoleDevice) -> WeightSyncSpec:
+    """The weight sync of `cfg`: a vLLM replica joins the collective with each of its TP workers."""
+    per_replica = cfg.rollout.tensor_parallel_size if cfg.rollout.backend == "vllm" else 1
+    return WeightSyncSpec(transport=cfg.rollout.weight_sync, device=trainer_device.type,
+                          receivers=d.rollout_replicas * per_replica, per_replica=per_replica,
+                          bucket_bytes=cfg.rollout.weight_sync_bucket_mb * MIB,
+                          corrupt_bucket=cfg.debug.corrupt_sync_bucket)
+
+
+def role_specs(cfg: RunConfig, d: Derived, devices: dict[str, RoleDevice], actors: dict[str, Any]) -> RoleSpecs | None:
+    """Every role's spec (unbound: no identity yet); None when the run's length is unknown (the training data is
+    not available locally and neither `trainer.total_steps` nor `rollout.total_rollout_steps` bounds it)."""
+    if d.total_local_steps is None or d.total_rollout_steps is None:
+        return None
+    replica = ReplicaSpec(cfg, devices["rollout"], int(actors["replica_threads"]))
+    rollout = RolloutSpec(cfg, rollout_params(cfg, d), d.total_rollout_steps, d.rollout_replicas, replica)
+    trainer = TrainerSpec(cfg, trainer_params(cfg, d, d.total_local_steps), d.trainer_world, devices["trainer"],
+                          int(actors["trainer_threads"]), weight_sync_spec(cfg, d, devices["trainer"]))
+    return RoleSpecs(rollout, trainer)
