@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.data.builtin import builtin_rows
+from engine.plan.run_plan import resolve_plan
 from engine.runtime.driver import run
 from run_helpers import REPO, read_jsonl, tiny_config, train_records
 
@@ -66,7 +67,7 @@ def test_tools_that_sleep_time_out_and_raise_across_syncs_keep_an_exact_ledger(r
                       # min_version < max_version crossed a sync between its turns — waiting on its tool
                       "async_training.partial_rollout=false",
                       preset=TOOLS)
-    assert run(cfg, progress=False) == 0
+    assert run(resolve_plan(cfg), progress=False) == 0
 
     recs = train_records(run_dir)
     ledger = read_jsonl(run_dir / "ledger.jsonl")
