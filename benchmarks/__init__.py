@@ -18,6 +18,7 @@ STUDIES: dict[str, str] = {
     "precision": "benchmarks.precision",
     "demo-sweep": "benchmarks.demo_sweep",
     "memory-model": "benchmarks.memory_model",
+    "tool-use": "benchmarks.tool_use",
 }
 """Study name → module; each module exposes `run(size: str, out_dir: Path) -> dict`."""
 

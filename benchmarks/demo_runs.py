@@ -81,12 +81,13 @@ class DemoRun:
         return self.curve[-1]["acc"] if self.curve else None
 
 
-def launch(variant: Variant, root: Path, timeout_s: float) -> DemoRun:
-    """`asyncrl launch` the demo with `variant.overrides` in a subprocess (all cores) and summarise it."""
+def launch(variant: Variant, root: Path, timeout_s: float, preset: Path = PRESET) -> DemoRun:
+    """`asyncrl launch` `preset` (the demo's by default) with `variant.overrides` in a subprocess (all cores)
+    and summarise it."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", variant.label)  # "lr 4e-5" → "lr-4e-5", "bf16+rc" → "bf16-rc"
     run_dir = root / slug
     exe = Path(sys.executable).parent / "asyncrl"  # the CLI of the environment running the study
-    argv = [str(exe if exe.exists() else "asyncrl"), "launch", str(PRESET), "--set", f'logging.run_dir="{run_dir}"',
+    argv = [str(exe if exe.exists() else "asyncrl"), "launch", str(preset), "--set", f'logging.run_dir="{run_dir}"',
             "--set", f'name="bench-{slug}"']
     for o in variant.overrides:
         argv += ["--set", o]

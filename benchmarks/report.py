@@ -25,6 +25,7 @@ TITLES = {
     "trl-grpo": "8. TRL GRPOTrainer side by side",
     "precision": "9. Precision per role",
     "demo-sweep": "10. Demo recipe sweep",
+    "tool-use": "12. Tool use: SmolLM2 with and without a calculator",
 }
 
 
@@ -58,12 +59,16 @@ def measured_text(t: dict[str, Any]) -> str:
         return "—"
     if isinstance(m, bool):
         return "yes" if m else "no"
+    if isinstance(m, (list, tuple)):  # a comparison of arms (e.g. the tool-use study's [tool, no tool])
+        return " vs ".join("—" if v is None else f"{v:g}" for v in m)
     return f"{m:g}{t.get('unit') or ''}"
 
 
 def goal_text(t: dict[str, Any]) -> str:
     if t["op"] == "true":
         return "yes"
+    if not isinstance(t["goal"], (int, float)):  # a goal named in words (another arm)
+        return f"{t['op']} {t['goal']}"
     sym = "≥" if t["op"] == ">=" else "≤"
     return f"{sym} {t['goal']:g}{t.get('unit') or ''}"
 

@@ -10,6 +10,11 @@ Tasks:
 - `arith`: single-digit +/− word problems for SmolLM2-135M-Instruct (addition: a, b ∈ 1..9; subtraction:
   a ∈ 5..19, b ∈ 1..9, b < a; 8 names × 8 items), asked with a one-shot gsm8k-style chat prompt
   (system message + one example user/assistant turn + the question); ground truth the number.
+- `bigarith` / `bigarith-tools`: multi-digit word problems SmolLM2-135M cannot solve in its head (3-digit
+  + and −, 2-digit ×; a fixed seeded pool of `BIGARITH_POOL` facts × names × items), ground truth the number.
+  The two share their problems and splits (same pool, same permutation) and differ only in the one-shot
+  prompt: `bigarith` shows the sum worked in the answer, `bigarith-tools` shows a Hermes `calculator` call,
+  its answer and the final `#### N` (for `[rollout.multi_turn]` runs with the `calculator` tool).
 - `figures` (multimodal): a geometry figure drawn with Pillow and a question with a numeric answer
   (`engine.data.figures`); rows carry an `images` column (one PNG each) and an `<image>` marker, as geo3k.
 
@@ -36,18 +41,22 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from engine.data.figures import Figure
 
-BUILTIN_TASKS: tuple[str, ...] = ("copy", "reverse", "arith", "lookup")
+BUILTIN_TASKS: tuple[str, ...] = ("copy", "reverse", "arith", "lookup", "bigarith", "bigarith-tools")
 """The text tasks."""
 MULTIMODAL_TASKS: tuple[str, ...] = ("figures",)
 """Tasks whose rows carry images (in the `images` column); their prompt texts repeat across items."""
 ALL_TASKS: tuple[str, ...] = BUILTIN_TASKS + MULTIMODAL_TASKS
-DATA_SOURCES: dict[str, str] = {name: f"asyncrl/{name}" for name in ALL_TASKS}
+SHARED_POOL: dict[str, str] = {"bigarith-tools": "bigarith"}
+"""Tasks that are another task's problems under another prompt: same pool, same splits, same data source."""
+DATA_SOURCES: dict[str, str] = {name: f"asyncrl/{SHARED_POOL.get(name, name)}" for name in ALL_TASKS}
 ABILITY: dict[str, str] = {"copy": "copy", "reverse": "reverse", "arith": "math", "figures": "math",
-                           "lookup": "tool"}
-VAL_RESERVE: dict[str, int] = {"copy": 100, "reverse": 100, "arith": 512, "figures": 64, "lookup": 100}
+                           "lookup": "tool", "bigarith": "math", "bigarith-tools": "math"}
+VAL_RESERVE: dict[str, int] = {"copy": 100, "reverse": 100, "arith": 512, "figures": 64, "lookup": 100,
+                               "bigarith": 256, "bigarith-tools": 256}
 """Items set aside for validation (upper bound on `val_size`)."""
 DEFAULT_SIZES: dict[str, tuple[int, int]] = {"copy": (900, 64), "reverse": (900, 64), "arith": (2048, 64),
-                                             "figures": (482, 32), "lookup": (900, 64)}
+                                             "figures": (482, 32), "lookup": (900, 64), "bigarith": (2048, 64),
+                                             "bigarith-tools": (2048, 64)}
 """(train_size, val_size) used when the config leaves them unset."""
 
 LOOKUP_PROMPT = "secret="
@@ -71,6 +80,18 @@ ARITH_ITEMS: tuple[tuple[str, str], ...] = (
     ("sticker", "stickers"),
     ("toy car", "toy cars"),
 )
+
+BIGARITH_POOL = 4096
+BIGARITH_SYSTEM = "Solve the math problem. End your reply with '#### <number>'."
+BIGARITH_TOOL_SYSTEM = (
+    "Solve the math problem. Do not compute in your head: call the calculator tool with "
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "<expression>"}}</tool_call>, '
+    "wait for its answer, then end your reply with '#### <number>'."
+)
+BIGARITH_EXAMPLE_USER = "Sara has 125 pens and buys 348 more. How many pens does Sara have now?"
+BIGARITH_EXAMPLE_ANSWER = "Sara has 125 + 348 = 473 pens.\n#### 473"
+BIGARITH_EXAMPLE_CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "125 + 348"}}\n</tool_call>'
+BIGARITH_EXAMPLE_FINAL = "Sara has 473 pens.\n#### 473"
 
 Row = dict[str, Any]
 
@@ -102,6 +123,55 @@ def arith_messages(question: str) -> list[dict[str, str]]:
         {"role": "assistant", "content": ARITH_EXAMPLE_ASSISTANT},
         {"role": "user", "content": question},
     ]
+
+
+def bigarith_question(name: str, item: tuple[str, str], a: int, b: int, op: str) -> str:
+    """One multi-digit word problem: "+" buys b more, "-" gives away b, "*" has a boxes of b items each."""
+    singular, plural = item
+    if op == "+":
+        return f"{name} has {a} {plural} and buys {b} more. How many {plural} does {name} have now?"
+    if op == "-":
+        return f"{name} has {a} {plural} and gives away {b}. How many {plural} does {name} have left?"
+    return f"{name} has {a} boxes with {b} {plural} in each box. How many {plural} does {name} have?"
+
+
+def bigarith_messages(question: str, tools: bool) -> list[dict[str, str]]:
+    """The one-shot chat prompt of `bigarith` (`tools`: of `bigarith-tools`, whose example calls the tool)."""
+    if not tools:
+        return [{"role": "system", "content": BIGARITH_SYSTEM}, {"role": "user", "content": BIGARITH_EXAMPLE_USER},
+                {"role": "assistant", "content": BIGARITH_EXAMPLE_ANSWER}, {"role": "user", "content": question}]
+    return [{"role": "system", "content": BIGARITH_TOOL_SYSTEM}, {"role": "user", "content": BIGARITH_EXAMPLE_USER},
+            {"role": "assistant", "content": BIGARITH_EXAMPLE_CALL}, {"role": "tool", "content": "473"},
+            {"role": "assistant", "content": BIGARITH_EXAMPLE_FINAL}, {"role": "user", "content": question}]
+
+
+def _bigarith_facts() -> list[tuple[str, tuple[str, str], int, int, str]]:
+    """The fixed pool (name, item, a, b, op): a third each of 3-digit sums, 3-digit differences, 2-digit
+    products, drawn once with a fixed seed (the splits permute it per data seed)."""
+    rng = random.Random("asyncrl:bigarith:pool")
+    facts: list[tuple[str, tuple[str, str], int, int, str]] = []
+    seen: set[tuple[int, int, str]] = set()  # no two items share their numbers (splits stay disjoint)
+    while len(facts) < BIGARITH_POOL:
+        name, item = rng.choice(ARITH_NAMES), rng.choice(ARITH_ITEMS)
+        op = "+-*"[len(facts) % 3]
+        if op == "*":
+            a, b = rng.randint(11, 99), rng.randint(11, 99)
+        else:
+            a, b = rng.randint(100, 999), rng.randint(100, 999)
+            if op == "-" and b > a:
+                a, b = b, a
+        if (a, b, op) not in seen:
+            seen.add((a, b, op))
+            facts.append((name, item, a, b, op))
+    return facts
+
+
+def _bigarith_items(tools: bool) -> list[tuple[list[dict[str, str]], str]]:
+    items = []
+    for name, item, a, b, op in _bigarith_facts():
+        answer = a + b if op == "+" else a - b if op == "-" else a * b
+        items.append((bigarith_messages(bigarith_question(name, item, a, b, op), tools), str(answer)))
+    return items
 
 
 def _digit_items(task: str) -> list[tuple[list[dict[str, str]], str]]:
@@ -143,7 +213,10 @@ def _pool(name: str) -> list[Item]:
         from engine.data.figures import all_figures, figure_messages
 
         return [(figure_messages(f), str(f.answer), f) for f in all_figures()]
-    items = _arith_items() if name == "arith" else _digit_items(name)
+    if name in ("bigarith", "bigarith-tools"):
+        items = _bigarith_items(tools=name == "bigarith-tools")
+    else:
+        items = _arith_items() if name == "arith" else _digit_items(name)
     return [(messages, truth, None) for messages, truth in items]
 
 
@@ -172,7 +245,7 @@ def builtin_rows(name: str, split: str, seed: int = 0, size: int | None = None) 
     if n < 0:
         raise ValueError(f"size must be >= 0, got {n}")
     items = _pool(name)
-    rng = random.Random(f"asyncrl:{name}:{seed}")
+    rng = random.Random(f"asyncrl:{SHARED_POOL.get(name, name)}:{seed}")
     rng.shuffle(items)
     reserve = VAL_RESERVE[name]
     if split == "val":
@@ -240,6 +313,10 @@ def corpus_texts(tasks: tuple[str, ...] = BUILTIN_TASKS) -> list[str]:
             from engine.data.figures import corpus_texts as figure_texts
 
             texts.update(figure_texts())
+        elif name in ("bigarith", "bigarith-tools"):
+            for messages, truth in _bigarith_items(tools=name == "bigarith-tools"):
+                texts.update(m["content"] for m in messages)
+                texts.add(f"#### {truth}")
         elif name == "arith":
             texts.update((ARITH_SYSTEM, ARITH_EXAMPLE_USER, ARITH_EXAMPLE_ASSISTANT))
             for a, b, op in _arith_facts():

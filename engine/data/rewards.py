@@ -190,6 +190,7 @@ _EXACT_SOURCES = {
     "asyncrl/copy": "copy",
     "asyncrl/reverse": "reverse",
     "asyncrl/arith": "arith",
+    "asyncrl/bigarith": "arith",
     "asyncrl/figures": "figures",
     "asyncrl/lookup": "lookup",
 }

@@ -68,10 +68,14 @@ class SetQueueBound:
 
 @dataclass(frozen=True)
 class ValidationDone:
-    """Every validation answer of `version` is in: score them and record the metrics."""
+    """Every validation answer of `version` is in: score them and record the metrics. Multi-turn: each result
+    is the whole conversation (model turns and tool answers), and `turns` / `tool_calls` count, per result,
+    its model turns and the tool calls it ran (empty for single-turn)."""
 
     version: int
     results: tuple[GenResult, ...]
+    turns: tuple[int, ...] = ()
+    tool_calls: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,8 @@ class CallTools:
     errors: tuple[str, ...] = ()
     tools_kwargs: dict[str, Any] = field(default_factory=dict)
     """The prompt's `extra_info.tools_kwargs` (verl's layout: `{tool: {"create_kwargs": {...}}}`)."""
+    validation: bool = False
+    """A validation conversation's calls (answered with `tools_done(..., validation=True)`)."""
 
 
 @dataclass(frozen=True)

@@ -121,8 +121,8 @@ class RolloutShell:
                         return
                     self.loop.queue_seen(size)
                     if self.tools is not None:
-                        for uid, index, answer in self.tools.ready():
-                            self._execute(self.loop.tools_done(uid, index, answer))
+                        for uid, index, answer, validation in self.tools.ready():
+                            self._execute(self.loop.tools_done(uid, index, answer, validation))
                     self._execute(self.loop.tick(time.monotonic()))
                     self.lock.notify_all()
                 self._push_workers()
@@ -153,7 +153,9 @@ class RolloutShell:
                     self._replica_failed(rid, cause or "died", requeued)
                 else:
                     self.tokens_since_report += sum(r.new_tokens for r in results)
-                    calls = self.tools.parse(results, self.loop.turn_start) if self.tools is not None else None
+                    run = self.loop.dispatches.by_id.get(did)
+                    calls = self.tools.parse(results, self.loop.turn_start, run is not None and run.kind == "val") \
+                        if self.tools is not None else None
                     self._execute(self.loop.generation_finished(rid, results, time.monotonic(), did, calls))
                 self.lock.notify_all()
 
@@ -226,7 +228,8 @@ class RolloutShell:
 
         by_uid = {p.uid: p for p in self.loop.val_prompts}
         scored = [(by_uid[r.request_id.rsplit("#", 1)[0]], r) for r in done.results]
-        rec, summary = validation_record(self.scorer, scored, version=done.version, step=self.loop.step)
+        rec, summary = validation_record(self.scorer, scored, version=done.version, step=self.loop.step,
+                                         turns=list(done.turns), tool_calls=list(done.tool_calls))
         self.controller.record_metrics.remote(rec)
         self._event("info", "validation", f"validation at version {done.version}: {summary}")
 

@@ -64,15 +64,18 @@ class Scorer:
         return {"asyncrl/reward/errors": self.errors}
 
 
-def validation_record(scorer: Scorer, scored: list[tuple[Prompt, Any]], *, version: int,
-                      step: int) -> tuple[dict[str, Any], str]:
+def validation_record(scorer: Scorer, scored: list[tuple[Prompt, Any]], *, version: int, step: int,
+                      turns: list[int] | None = None, tool_calls: list[int] | None = None) -> tuple[dict[str, Any], str]:
     """The metrics record of one validation and its one-line summary, named as verl names them.
 
     Per data source, over one greedy answer per prompt (`@1`): when the reward reports `acc`,
     `val-core/<source>/acc/mean@1` is its mean and, when the shaped reward differs from it,
     `val-aux/<source>/reward/mean@1` goes beside it (verl files every variable but the core one under
     `val-aux`); a reward without `acc` gives `val-core/<source>/reward/mean@1`. Every other numeric entry of the
-    reward's info (e.g. `overlong_reward`, `overlong` of the DAPO manager) gives `val-aux/<source>/<key>/mean@1`."""
+    reward's info (e.g. `overlong_reward`, `overlong` of the DAPO manager) gives `val-aux/<source>/<key>/mean@1`.
+    Multi-turn (`turns`, `tool_calls`: per answer, its model turns and the tool calls it ran): verl's
+    `val-aux/num_turns/{min,max,mean}`, and `asyncrl/val/tool_calls_per_answer` (calls / answers) with
+    `asyncrl/val/tool_call_rate` (the share of answers with at least one call)."""
     acc: dict[str, list[float | None]] = {}
     reward: dict[str, list[float]] = {}
     extra: dict[str, dict[str, list[float]]] = {}
@@ -100,6 +103,13 @@ def validation_record(scorer: Scorer, scored: list[tuple[Prompt, Any]], *, versi
             parts.append(f"{src} reward={mean_reward:.3f}")
         for key, values in extra.get(src, {}).items():
             rec[f"val-aux/{src}/{key}/mean@1"] = sum(values) / len(values)
+    if turns:
+        rec.update({"val-aux/num_turns/min": min(turns), "val-aux/num_turns/max": max(turns),
+                    "val-aux/num_turns/mean": sum(turns) / len(turns)})
+    if tool_calls:
+        rec["asyncrl/val/tool_calls_per_answer"] = sum(tool_calls) / len(tool_calls)
+        rec["asyncrl/val/tool_call_rate"] = sum(1 for k in tool_calls if k > 0) / len(tool_calls)
+        parts.append(f"tool calls in {rec['asyncrl/val/tool_call_rate']:.0%} of answers")
     return rec, ", ".join(parts)
 
 

@@ -9,7 +9,9 @@ error, timeout or crash becomes its text and a counted status.
 Metrics (per step, since the last report): `asyncrl/tools/calls`, `asyncrl/tools/errors` and one count per
 failure status (`asyncrl/tools/status/{error,timeout,crashed,bad_output}`; a call the
 model got wrong (unknown tool, bad arguments, malformed JSON) counts as `error`), the latency
-`asyncrl/tools/latency_s/{p50,p99,max}`, `asyncrl/tools/waiting` (trajectories waiting for tools now).
+`asyncrl/tools/latency_s/{p50,p99,max}`, `asyncrl/tools/waiting` (trajectories waiting for tools now). These
+count training conversations only; a validation conversation's calls (`CallTools.validation`) run the same
+way and are counted in the validation record (`engine.runtime.scoring.validation_record`).
 """
 
 from __future__ import annotations
@@ -39,17 +41,19 @@ class ToolShell:
         self.parse_text = parser(mt.format)
         self.tokenizer = tokenizer
         self.runner = ToolRunner(mt.max_concurrent_tools)
-        self._waiting: dict[tuple[str, int], tuple[list[Future[ToolOutcome] | ToolOutcome], float]] = {}
+        self._waiting: dict[tuple[str, int, bool], tuple[list[Future[ToolOutcome] | ToolOutcome], float]] = {}
         self._latencies: list[float] = []
         self._counts: dict[str, int] = {}
 
-    def parse(self, results: list[GenResult], turn_start: Any) -> dict[str, list[Any]]:
-        """The tool calls in the text of every returned turn, by request id (`turn_start(request_id)`: where
-        the turn's tokens begin in the response); the loop uses them only for a turn that ended."""
+    def parse(self, results: list[GenResult], turn_start: Any, validation: bool = False) -> dict[str, list[Any]]:
+        """The tool calls in the text of every returned turn, by request id (`turn_start(request_id,
+        validation)`: where the turn's tokens begin in the response); the loop uses them only for a turn that
+        ended."""
         out: dict[str, list[Any]] = {}
         for r in results:
             if r.response_ids:
-                text = self.tokenizer.decode(r.response_ids[turn_start(r.request_id):], skip_special_tokens=False)
+                start = turn_start(r.request_id, validation)
+                text = self.tokenizer.decode(r.response_ids[start:], skip_special_tokens=False)
                 out[r.request_id] = self.parse_text(text)
         return out
 
@@ -63,31 +67,32 @@ class ToolShell:
             tool = self.registry.tools[call.name]
             hidden = (c.tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
             work.append(self.runner.submit(tool.function, {**call.arguments, **hidden}, tool.limits))
-        self._waiting[(c.uid, c.index)] = (work, time.monotonic())
+        self._waiting[(c.uid, c.index, c.validation)] = (work, time.monotonic())
 
-    def ready(self) -> list[tuple[str, int, list[int]]]:
-        """(uid, index, answer token ids) of every trajectory whose calls have all answered."""
-        done: list[tuple[str, int, list[int]]] = []
+    def ready(self) -> list[tuple[str, int, list[int], bool]]:
+        """(uid, index, answer token ids, validation) of every trajectory (or validation conversation) whose
+        calls have all answered."""
+        done: list[tuple[str, int, list[int], bool]] = []
         for key, (work, _) in list(self._waiting.items()):
             if any(isinstance(w, Future) and not w.done() for w in work):
                 continue
             del self._waiting[key]
             outcomes = [w.result() if isinstance(w, Future) else w for w in work]
-            for o in outcomes:
+            for o in (outcomes if not key[2] else []):  # validation's calls are in its own record
                 self._count("calls")
                 if not o.ok:
                     self._count("errors")
                     self._count(o.status)
                 self._latencies.append(o.seconds)
             texts = [o.text if o.ok else f"Error: {o.text}" for o in outcomes]
-            done.append((key[0], key[1], tool_answer_ids(self.tokenizer, texts)))
+            done.append((key[0], key[1], tool_answer_ids(self.tokenizer, texts), key[2]))
         return done
 
     def counters(self) -> dict[str, float]:
         lat = sorted(self._latencies)
         out: dict[str, float] = {"asyncrl/tools/calls": self._counts.get("calls", 0),
                                  "asyncrl/tools/errors": self._counts.get("errors", 0),
-                                 "asyncrl/tools/waiting": len(self._waiting)}
+                                 "asyncrl/tools/waiting": sum(1 for key in self._waiting if not key[2])}
         for status in ("error", "timeout", "crashed", "bad_output"):
             out[f"asyncrl/tools/status/{status}"] = self._counts.get(status, 0)
         if lat:

@@ -107,3 +107,22 @@ def test_study_writes_its_json_and_plot_from_the_runs(tmp_path: Path, monkeypatc
         assert saved["ranking"][0] == launched[0]  # all reach 0.8; the first reached it soonest
     else:
         assert saved["targets"][0]["measured"] == pytest.approx(1.0)  # equal step times: bf16 ÷ fp32 = 1
+
+
+def test_tool_use_reads_the_tool_rates_and_compares_at_the_budget(tmp_path: Path) -> None:
+    from benchmarks.tool_use import BUDGET_S, best_by, tool_series
+
+    d = write_run(tmp_path / "tool", [(0, 60.0, 0.25), (2, 500.0, 0.4), (4, BUDGET_S + 100, 0.6)], steps=3)
+    records = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    for r in records:
+        if "val-core/asyncrl/arith/acc/mean@1" in r:
+            r["asyncrl/val/tool_call_rate"] = r["val-core/asyncrl/arith/acc/mean@1"] + 0.1
+        else:
+            r["asyncrl/tools/calls_per_trajectory"] = r["critic/rewards/mean"] * 2
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    s = tool_series(d)
+    assert s == {"val_tool_call_rate": [0.35, 0.5, 0.7], "calls_per_trajectory": [0.2, 0.4, 0.6]}
+    run = summarize(Variant("tool"), d, T0, 0, BUDGET_S + 120)
+    assert best_by(run, BUDGET_S) == 0.4 and run.final_acc == 0.6  # the last validation came after the budget
+    single = write_run(tmp_path / "no-tool", [(0, 50.0, 0.1)], steps=2)
+    assert tool_series(single)["val_tool_call_rate"] == [0.0]  # a single-turn run calls nothing

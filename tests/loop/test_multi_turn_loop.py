@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from engine.agent.tool_calls import ToolCall
 from engine.loop.agent import AgentLimits
-from engine.loop.commands import Abort, CallTools, Dispatch, Put
+from engine.loop.commands import Abort, CallTools, Dispatch, Put, ValidationDone
 from engine.loop.rollout import RolloutLoop, RolloutParams
 from engine.loop.stream import PromptStream
 from engine.trainer.batch import collate
@@ -89,3 +89,53 @@ def test_a_checkpoint_while_tools_run_regenerates_that_turn_and_keeps_the_ledger
     assert st.pending[0].prefix_ids == []  # its turn with the unanswered call is generated again
     assert st.pending[1].prefix_ids == [8, 70] and st.convs[1].loss_mask == [1, 0]
     assert fresh.tools_done("p0", 0, [70]) == []  # an answer owed to the old process is ignored
+
+
+def _val_loop() -> RolloutLoop:
+    params = RolloutParams(n=2, max_new_tokens=32, required_samples=1, staleness_threshold=1.0, trigger=1,
+                           partial_rollout=True, seqs_per_call=2, test_freq=1,
+                           agent=AgentLimits(32, max_assistant_turns=4))
+    stream = PromptStream(1, 1)
+    stream.deliver(0, [Prompt("0:0", 0, 0, [1, 2])])
+    # the validation prompt shares its uid with a training prompt (both are `epoch:index`)
+    return RolloutLoop(params, stream, [Prompt("0:0", 0, 0, [3, 4], extra_info={"tools_kwargs": {"t": {}}})], 1)
+
+
+def test_validation_runs_the_agent_loop_and_a_sync_waits_for_its_tools():
+    loop = _val_loop()
+    loop.queue_validation(0)
+    (d,) = [c for c in loop.tick(0.0) if isinstance(c, Dispatch) and c.kind == "val"]
+    (req,) = d.requests
+    assert req.request_id == "0:0#0" and req.prompt_ids == [3, 4] and req.max_new_tokens == 32
+    cmds = loop.generation_finished(0, [_turn(req, [5, 6], 0)], 0.1, d.dispatch_id,
+                                    tool_calls={req.request_id: [CALC]})
+    assert cmds == [CallTools("0:0", 0, (CALC,), (), {"t": {}}, validation=True)]
+    assert loop.turn_start("0:0#0", validation=True) == 2
+    assert loop.validating()  # waiting for its tools, the validation still runs
+    loop.begin_sync(1, 1)
+    assert not loop.sync_ready()  # a sync waits for the validation's tools and its next turn
+    assert loop.tools_done("0:0", 0, [70, 71]) == []  # a training trajectory's answer: not this one's
+    assert loop.tools_done("0:0", 0, [70, 71], validation=True) == []
+    (d2,) = [c for c in loop.tick(0.2) if isinstance(c, Dispatch)]
+    assert d2.kind == "val"
+    (req2,) = d2.requests
+    assert req2.prefix_ids == [5, 6, 70, 71] and req2.max_new_tokens == 32 - 4
+    (done,) = loop.generation_finished(0, [_turn(req2, [9, 1], 0)], 0.3, d2.dispatch_id,
+                                       tool_calls={req2.request_id: []})
+    assert isinstance(done, ValidationDone) and done.version == 0
+    (r,) = done.results
+    assert r.response_ids == [5, 6, 70, 71, 9, 1] and r.finish_reason == "stop"  # the whole conversation
+    assert (r.min_version, r.max_version) == (0, 0)
+    assert (done.turns, done.tool_calls) == ((2,), (1,))
+    assert loop.sync_ready() and loop.validated_version == 0
+
+
+def test_single_turn_validation_is_unchanged():
+    params = RolloutParams(n=1, max_new_tokens=8, required_samples=1, staleness_threshold=1.0, trigger=1,
+                           partial_rollout=True, seqs_per_call=2)
+    loop = RolloutLoop(params, PromptStream(1, 0), [Prompt("v", 0, 0, [3])], 1)
+    loop.queue_validation(0)
+    (d,) = [c for c in loop.tick(0.0) if isinstance(c, Dispatch)]
+    (done,) = loop.generation_finished(0, [_turn(d.requests[0], [9], 0)], 0.1, d.dispatch_id,
+                                       tool_calls={"v#0": [CALC]})
+    assert done.results[0].response_ids == [9] and (done.turns, done.tool_calls) == ((), ())

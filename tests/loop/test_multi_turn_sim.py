@@ -60,3 +60,23 @@ def test_a_sync_that_aborts_a_tool_wait_is_caught(monkeypatch) -> None:
     orig = RolloutLoop.begin_sync
     monkeypatch.setattr(RolloutLoop, "begin_sync", forgetful)
     assert any("tool-wait" in v for v in run_scenario(_tool_heavy(2)).violations)
+
+
+def _validating_with_tools(seed: int) -> Scenario:
+    """`_tool_heavy` with a validation every 2 versions whose conversations call the slow tool too."""
+    s = _tool_heavy(seed)
+    s.val_prompts, s.test_freq = 3, 2
+    return s
+
+
+def test_validation_conversations_call_tools_and_a_sync_waits_for_them(monkeypatch) -> None:
+    outs = [run_scenario(_validating_with_tools(seed)) for seed in range(4)]
+    assert [v for o in outs for v in o.violations] == []
+    assert all(o.finished for o in outs)
+
+    def old_validating(self):  # the bug: a validation waiting on its tools is not "running"
+        return bool(self.val_pending) or self.dispatches.any("val")
+
+    monkeypatch.setattr(RolloutLoop, "validating", old_validating)
+    broken = [v for seed in range(4) for v in run_scenario(_validating_with_tools(seed)).violations]
+    assert any(v.startswith("validation") or "validation" in v for v in broken), broken[:3]

@@ -140,6 +140,6 @@ class SimReplicas:
             else:
                 reason = "length" if k >= req.max_new_tokens and length > done + k else "stop"
             out.append(GenResult(req.request_id, ids, log_probs, reason, first, rep.version, k))
-            if self.s.multi_turn and d.kind == "train" and reason != "abort":
+            if self.s.multi_turn and reason != "abort":  # validation conversations call tools too
                 calls[req.request_id] = self._turn_calls(req)
         self._execute(self.rollout.generation_finished(rid, out, self.now, did, tool_calls=calls or None))

@@ -8,7 +8,8 @@ malformed) is a pure function of the seed, the request id and the turn's start, 
 turn ends as it would have. `CallTools` runs every call concurrently: each takes `tool_latency × U(0.5, 1.5)`,
 20× that with probability `tool_tail`, and one still running at `tool_timeout` answers with a 2-token error
 text at that moment; the answers come back as one `tools_done` after the slowest. `answers` records every
-answer id the world appended (the checks compare the trained tokens with it).
+answer id the world appended (the checks compare the trained tokens with it). Validation conversations call
+tools the same way (`CallTools.validation`), so the validation checks cover their turns too.
 """
 
 from __future__ import annotations
@@ -69,14 +70,16 @@ class SimTools:
                     tokens = self.tool_rng.randint(1, 2 * s.tool_answer_tokens)
             latest = max(latest, took)
             size += tokens
-        self.tool_waits[(c.uid, c.index)] = self.now
-        self._at(self.now + latest, "tools_answered", (self.run_epoch, c.uid, c.index, size))
+        if not c.validation:  # a validation conversation's wait is covered by the validation checks
+            self.tool_waits[(c.uid, c.index)] = self.now
+        self._at(self.now + latest, "tools_answered", (self.run_epoch, c.uid, c.index, size, c.validation))
 
-    def _on_tools_answered(self, run_epoch: int, uid: str, index: int, size: int) -> None:
+    def _on_tools_answered(self, run_epoch: int, uid: str, index: int, size: int, validation: bool) -> None:
         if run_epoch != self.run_epoch:
             return  # the trainer died meanwhile: the resumed conversation generates its turn again
-        self.tool_waits.pop((uid, index), None)
-        self.check.on_tools_answered(uid, index)
+        if not validation:
+            self.tool_waits.pop((uid, index), None)
+            self.check.on_tools_answered(uid, index)
         token = TOOL_BASE + len(self.answers)
         self.answers[token] = (uid, index, size)
-        self._execute(self.rollout.tools_done(uid, index, [token] * size))
+        self._execute(self.rollout.tools_done(uid, index, [token] * size, validation))
