@@ -8,7 +8,9 @@ For a group g (the `n` trajectories sampled for one prompt) with rewards r_1..r_
     A_i    =  r_i − mean_g                                # norm_by_std = False (Dr.GRPO)
 
 A group of a single trajectory uses mean 0 and std 1, exactly as verl does, so its advantage is r/(1 + eps)
-(or r without std-normalisation). A group whose rewards are all equal gets A = 0 for every member.
+(or r without std-normalisation). A group whose rewards are all equal gets exactly A = 0 for every member (set, not computed: in floating point
+mean_g of n copies of 0.1 is not 0.1, and the rounding residue divided by std_g + eps would leave |A| ~ 1e-3 —
+enough to hide the group from `zero_adv_fraction` and `skip_zero_advantage`).
 The per-trajectory advantage is broadcast to every response token: A[b, t] = A_b · m[b, t].
 """
 
@@ -59,7 +61,10 @@ def _grouped(rewards: torch.Tensor, ids: list[object], norm_by_std: bool, eps: f
             mean, std = torch.zeros((), dtype=scores.dtype), torch.ones((), dtype=scores.dtype)
         else:
             mean, std = group.mean(), group.std()
-        adv = (group - mean) / (std + eps) if norm_by_std else group - mean
+        if group.numel() > 1 and bool(group.eq(group[0]).all()):
+            adv = torch.zeros_like(group)
+        else:
+            adv = (group - mean) / (std + eps) if norm_by_std else group - mean
         out.index_copy_(0, index, adv)
     return out
 

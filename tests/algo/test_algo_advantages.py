@@ -69,3 +69,12 @@ def test_entropy_from_logits() -> None:
     assert ent[1].item() == pytest.approx(0.0, abs=1e-6)  # (almost) deterministic
     # p = softmax([log 0.5, log 0.25, log 0.25]) → H = 0.5 log 2 + 2 · 0.25 log 4 = 1.5 log 2
     assert entropy_from_logits(torch.log(torch.tensor([0.5, 0.25, 0.25]))).item() == pytest.approx(1.5 * math.log(2))
+
+
+def test_a_group_of_equal_fractional_rewards_has_exactly_zero_advantage() -> None:
+    # 8 × 0.1 (a format bonus every answer earns): the fp32 mean is not exactly 0.1, and without the equal-group
+    # rule the residue / (std + eps) gave |A| ≈ 7e-3 — such a group escaped zero_adv_fraction / skip_zero_advantage.
+    rewards = torch.tensor([0.1] * 8 + [0.3, 0.1, 0.1, 0.1], dtype=torch.float32)
+    adv = grpo_advantages(rewards, [0] * 8 + [1] * 4)
+    assert adv[:8].eq(0).all()
+    assert adv[8].item() > 1.0 and (adv[9:] < 0).all()
