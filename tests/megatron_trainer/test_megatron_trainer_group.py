@@ -138,8 +138,11 @@ def assert_like_one_process(out: dict, ref: dict, batch: Any) -> None:
     assert torch.equal(out["prox"], out["lp0"])  # π_prox: the snapshot taken before the step
     torch.testing.assert_close(out["lp_loaded"], out["lp1"], atol=1e-6, rtol=0)  # sharded checkpoint round trip
     assert set(out["export"]) == set(ref["state"])  # every HF tensor, experts gathered from both EP ranks
+    # One Adam step at lr 1e-2 moves a weight by ≈ lr · g / (|g| + eps): where |g| is near eps the rounding of a
+    # different reduction order shows (measured: 1 element of 3072 off by 1.3e-4). 1e-3 = a tenth of the step
+    # still fails a wrong or stale tensor (off by ~lr or by the weight itself, ~2e-2).
     for name, t in out["export"].items():
-        torch.testing.assert_close(t, ref["state"][name], atol=1e-4, rtol=0, msg=name)
+        torch.testing.assert_close(t, ref["state"][name], atol=1e-3, rtol=0, msg=name)
 
 
 def test_megatron_tp2_trainer_group_matches_one_process(hf_dirs: dict[str, Path], tmp_path: Path,
