@@ -54,8 +54,10 @@ def test_token_budget_updates_equal_the_unsplit_ones(mode: str) -> None:
         metrics = dynamic.train_step(batch, agg_loss_fn(batch, mode))
     assert metrics["asyncrl/trainer/micro_batches"] > 2  # more than one micro-batch per mini-batch
     assert dynamic.global_step == plain.global_step == 4
+    # 4 Adam steps at lr 1e-3 summed in another order: isolated elements differ by ~1.4e-6 (measured); 1e-5 = 1 %
+    # of one step still fails a wrongly weighted micro-batch, which moves every weight by ~lr.
     for (name, a), b in zip(plain.model.state_dict().items(), dynamic.model.state_dict().values()):
-        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5, msg=name)
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5, msg=name)
 
 
 def test_token_budget_log_probs_come_back_in_row_order() -> None:
