@@ -59,15 +59,20 @@ def load_buckets_into(model: torch.nn.Module, buckets: Iterable[Any], strict: bo
                 copied += load_flat(targets, bucket, strict)
                 continue
             for name, array in bucket.items():
-                target = targets.get(name)
-                if target is None:
-                    target = fused_expert_view(targets, name)
-                if target is None:
-                    if strict:
-                        raise KeyError(f"weight {name!r} is not a tensor of the model")
-                    continue
-                copied += _copy(name, target, as_tensor(array))
+                target = _target(targets, name, strict)
+                if target is not None:
+                    copied += _copy(name, target, as_tensor(array))
     return copied
+
+
+def _target(targets: dict[str, torch.Tensor], name: str, strict: bool) -> torch.Tensor | None:
+    """The model tensor (or fused-expert slice) that weight `name` loads into; None (strict: KeyError) if none."""
+    target = targets.get(name)
+    if target is None:
+        target = fused_expert_view(targets, name)
+    if target is None and strict:
+        raise KeyError(f"weight {name!r} is not a tensor of the model")
+    return target
 
 
 def _copy(name: str, target: torch.Tensor, source: torch.Tensor) -> int:
@@ -88,12 +93,8 @@ def load_flat(targets: dict[str, torch.Tensor], bucket: FlatBucket, strict: bool
     for (name, view), (_, _, _, offset, nbytes) in zip(bucket.tensors(), bucket.index):
         end = min(buf.size, offset + nbytes + (-(offset + nbytes)) % ALIGN)  # the tensor and its padding
         region = buf[offset:end]
-        target = targets.get(name)
+        target = _target(targets, name, strict)
         if target is None:
-            target = fused_expert_view(targets, name)
-        if target is None:
-            if strict:
-                raise KeyError(f"weight {name!r} is not a tensor of the model")
             copy_fingerprinted(region, region, 0, fp, offset, region)
         elif (target.dtype == view.dtype and target.device.type == "cpu" and target.is_contiguous()
               and tuple(target.shape) == tuple(view.shape)):
