@@ -54,7 +54,7 @@ class RunIdentity:
 
 @dataclass(frozen=True)
 class WeightSyncSpec:
-    """How trainer rank 0 pushes weights to the replicas (`engine.sync.runtime.build_weight_sync`)."""
+    """How trainer rank 0 pushes weights to the replicas (`engine.runtime.backends.build_weight_sync`)."""
 
     transport: str
     """`rollout.weight_sync` resolved ("auto" → `engine.plan.devices.weight_sync_transport`): "shared_memory",
