@@ -62,20 +62,29 @@ class Running:
 
 
 class DispatchTable:
-    """The dispatches out now, by id, with per-replica views."""
+    """The dispatches out now, by id, with per-replica views and per-replica (rows, calls) counts kept as
+    dispatches come and go (read at every tick for every replica). Change `by_id` only through `add` / `pop`."""
 
     def __init__(self) -> None:
         self.by_id: dict[int, Running] = {}
         self._next = 0
+        self._rows: dict[int, int] = {}
+        self._calls: dict[int, int] = {}
 
     def add(self, rid: int, kind: str, requests: list[GenRequest], now: float) -> Running:
         self._next += 1
         run = Running(kind, list(requests), now, rid, self._next)
         self.by_id[run.id] = run
+        self._rows[rid] = self._rows.get(rid, 0) + len(run.requests)
+        self._calls[rid] = self._calls.get(rid, 0) + 1
         return run
 
     def pop(self, dispatch_id: int) -> Running | None:
-        return self.by_id.pop(dispatch_id, None)
+        run = self.by_id.pop(dispatch_id, None)
+        if run is not None:
+            self._rows[run.replica] -= len(run.requests)
+            self._calls[run.replica] -= 1
+        return run
 
     def find(self, rid: int, request_ids: list[str]) -> Running | None:
         """The dispatch of `rid` that sent these requests (for callers that do not pass a dispatch id)."""
@@ -93,14 +102,16 @@ class DispatchTable:
     def pop_replica(self, rid: int) -> list[Running]:
         runs = self.on(rid)
         for r in runs:
-            del self.by_id[r.id]
+            self.pop(r.id)
         return runs
 
     def rows_on(self, rid: int) -> int:
-        return sum(len(r.requests) for r in self.by_id.values() if r.replica == rid)
+        """Σ rows of the dispatches out on replica `rid`."""
+        return self._rows.get(rid, 0)
 
     def calls_on(self, rid: int) -> int:
-        return sum(1 for r in self.by_id.values() if r.replica == rid)
+        """Dispatches out on replica `rid`."""
+        return self._calls.get(rid, 0)
 
     def by_replica(self) -> dict[int, list[Running]]:
         out: dict[int, list[Running]] = {}

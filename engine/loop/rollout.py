@@ -401,6 +401,8 @@ class RolloutLoop:
     def _take_pending(self, capacity: int) -> list[GenRequest]:
         out: list[GenRequest] = []
         for st in self.in_flight.values():
+            if not st.pending:
+                continue
             for idx in sorted(st.pending):
                 if len(out) >= capacity:
                     return out

@@ -28,7 +28,9 @@ SMALL = (
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    """Complete records only: a last line without its newline is still being written by the live run."""
+    text = path.read_text()
+    return [json.loads(x) for x in text[: text.rfind("\n") + 1].splitlines() if x.strip()]
 
 
 def wait_for(condition: Any, timeout: float, what: str) -> None:

@@ -32,7 +32,12 @@ def tiny_config(run_dir: Path, *extra: str) -> Any:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    """The complete records of a JSONL file a live run may be appending to: a last line without its newline is
+    still being written and is left for the next read."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
 
 
 def train_steps(run_dir: Path) -> list[tuple[int, int]]:

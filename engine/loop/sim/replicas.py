@@ -26,6 +26,7 @@ class SimDispatch:
     start: float
     token: int = 0  # changes on abort: the completion scheduled before it is ignored
     cut: bool = False  # aborted: its return is scheduled at a token boundary
+    turns: list[tuple[int, int]] = field(default_factory=list)  # `_turn` of each request, fixed at the start
 
 
 @dataclass
@@ -79,7 +80,7 @@ class SimReplicas:
 
     def _start(self, rid: int, did: int, kind: str, reqs: list[GenRequest]) -> None:
         rep = self.replicas[rid]
-        d = SimDispatch(did, kind, reqs, self.now, self._new_token())
+        d = SimDispatch(did, kind, reqs, self.now, self._new_token(), turns=[self._turn(r) for r in reqs])
         if len(rep.dispatches) >= rep.calls or sum(len(x.requests) for x in rep.dispatches.values()) \
                 + len(reqs) > rep.rows:
             self.check.violation("capacity", f"replica {rid} sent {len(reqs)} rows beyond its capacity "
@@ -91,7 +92,7 @@ class SimReplicas:
             d.cut = True
             self._at(self.now, "generated", (rid, did, d.token, 0))
             return
-        self._schedule(rid, d, max(self._remaining(r) for r in reqs))
+        self._schedule(rid, d, max(self._remaining(r, t) for r, t in zip(reqs, d.turns)))
 
     def _schedule(self, rid: int, d: SimDispatch, steps: int) -> None:
         """The completion of a dispatch that runs `steps` decode steps."""
@@ -128,8 +129,8 @@ class SimReplicas:
             self.rollout_busy += self.now - rep.busy_since
             rep.busy_since = None
         out, calls = [], {}
-        for req in d.requests:
-            length, done = turn = self._turn(req)
+        for req, turn in zip(d.requests, d.turns):
+            length, done = turn
             remaining = self._remaining(req, turn)
             k = min(steps, remaining)
             ids = list(req.prefix_ids) + [MODEL_TOKEN] * k
