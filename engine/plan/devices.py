@@ -29,7 +29,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
 
 DeviceType = Literal["cuda", "npu", "cpu"]
 IndexPolicy = Literal["ray", "local_rank", "bundles", "none"]
@@ -38,13 +41,13 @@ COLLECTIVE_BACKEND: dict[str, str] = {"cpu": "gloo", "cuda": "nccl", "npu": "hcc
 """torch.distributed backend of each device's tensors (the one device → backend table)."""
 
 
-def weight_sync_transport(cfg: Any, device: str) -> str:
+def weight_sync_transport(cfg: RunConfig, device: str) -> str:
     """The transport `rollout.weight_sync` resolves to on `device` (the run plan shows it; the trainer builds it):
     an explicit choice as is; `"auto"` → `"shared_memory"` when the weights live on the host (`cpu`), the
     replicas are `hf` samplers and every pool is on one node (the trainer's host: Ray places a one-node CPU run
     there), else `"collective"`. ValueError (one line) for a choice the run cannot use."""
     r = cfg.rollout
-    choice = getattr(r, "weight_sync", "auto")
+    choice = r.weight_sync
     one_host = cfg.resources.trainer.nnodes == 1 and cfg.resources.rollout.nnodes == 1
     if choice == "auto":
         return "shared_memory" if device == "cpu" and r.backend == "hf" and one_host else "collective"
