@@ -64,7 +64,7 @@ from engine.multimodal.images import open_b64
 from engine.multimodal.vision import placeholder_token_ids
 from engine.rollout.base import SamplingParams, account_results, new_rollout_stats
 from engine.rollout.vllm.loop_thread import LoopThread
-from engine.rollout.vllm.compat import EngineFeatures, cpu_kv_cache_env
+from engine.rollout.vllm.compat import EngineFeatures, cpu_engine_overrides, cpu_kv_cache_env
 from engine.rollout.vllm.selftest import ResumeContinuityReport, ResumeContinuitySelfTest
 from engine.rollout.vllm.weights import send_bucket, tied_embeddings
 from engine.sync.verify import Delivery
@@ -143,6 +143,7 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         if device == "cpu":
             for key, value in cpu_kv_cache_env(engine_kwargs["kv_cache_memory_bytes"]).items():
                 os.environ.setdefault(key, value)
+            engine_kwargs.update(cpu_engine_overrides())
         self._loop = LoopThread("vllm-rollout-loop")
         try:
             self._engine: Any = self._run(self._start(engine_kwargs))
