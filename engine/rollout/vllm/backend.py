@@ -22,9 +22,13 @@ submitted (each request returns "abort" with its prefix only). A resumed request
 result is the whole response `prefix_ids + new tokens`, `prefix_log_probs + new log-probs`.
 
 Images (vision-language models, e.g. Qwen3-VL). A request's `images` go to the engine as
-`multi_modal_data={"image": [PIL images]}` with the prompt tokens, whose image placeholders are already
-expanded to each image's vision-token count (`engine.multimodal`): vLLM's processor finds them in place and
-does not expand them again. A resumed request sends its images again with prompt + prefix. The image and
+`multi_modal_data={"image": [PIL images]}` with the prompt tokens. The prompt's image placeholders are expanded
+to each image's vision-token count (`engine.multimodal`), but vLLM's multimodal processor (0.13 and 0.32 alike)
+expands a token prompt itself: it replaces each image's *first* placeholder by the image's count, so an expanded
+run of n would grow to 2n − 1 (the extra n − 1 read as text tokens, every later position shifted — log-probs
+0.1–0.3 nats off the trainer's on the tiny Qwen3-VL). The engine therefore gets each run cut to one placeholder
+(`collapse_image_placeholders`) and expands it back to the same n. A resumed request sends its images again
+with prompt + prefix. The image and
 video placeholder ids get a −∞ logit bias — with `processed_logprobs` the reported log-probs are then those
 of π(v) ∝ exp(z_v / T) · 1[v ∉ placeholders], the `hf` sampler's and the trainer's distribution.
 
@@ -61,10 +65,10 @@ from typing import Any, Literal, Self, TypeVar
 import numpy as np
 
 from engine.multimodal.images import open_b64
-from engine.multimodal.vision import placeholder_token_ids
+from engine.multimodal.vision import VisionSpec, placeholder_token_ids
 from engine.rollout.base import SamplingParams, account_results, new_rollout_stats
 from engine.rollout.vllm.loop_thread import LoopThread
-from engine.rollout.vllm.compat import EngineFeatures, cpu_kv_cache_env
+from engine.rollout.vllm.compat import EngineFeatures, cpu_engine_overrides, cpu_kv_cache_env
 from engine.rollout.vllm.selftest import ResumeContinuityReport, ResumeContinuitySelfTest
 from engine.rollout.vllm.weights import send_bucket, tied_embeddings
 from engine.sync.verify import Delivery
@@ -134,6 +138,8 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         self.abort_poll_s = float(abort_poll_s)
         self.tied_embeddings = tied_embeddings(self.model_dir)
         self.suppressed_ids = placeholder_token_ids(json.loads((Path(self.model_dir) / "config.json").read_text()))
+        vision = VisionSpec.from_model_dir(self.model_dir)
+        self.image_token_id = vision.image_token_id if vision is not None else None
         self._flights: dict[str, _Flight] = {}
         self._paused_by_caller = False
         self._frozen: set[str] = set()  # flights aborted by an emulated "keep" pause, resubmitted on resume
@@ -143,6 +149,7 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         if device == "cpu":
             for key, value in cpu_kv_cache_env(engine_kwargs["kv_cache_memory_bytes"]).items():
                 os.environ.setdefault(key, value)
+            engine_kwargs.update(cpu_engine_overrides())
         self._loop = LoopThread("vllm-rollout-loop")
         try:
             self._engine: Any = self._run(self._start(engine_kwargs))
@@ -287,6 +294,8 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
 
     def _engine_prompt(self, token_ids: list[int], images: list[str] | None = None) -> Any:
         """Token ids (and images) rendered for the engine (vLLM ≥ 0.32 deprecates passing raw prompt dicts)."""
+        if images and self.image_token_id is not None:
+            token_ids = collapse_image_placeholders(token_ids, self.image_token_id)
         raw: dict[str, Any] = {"prompt_token_ids": token_ids}
         if images:
             raw["multi_modal_data"] = {"image": [open_b64(img) for img in images]}
@@ -429,6 +438,19 @@ def _check(req: GenRequest) -> None:
             f"request {req.request_id!r}: {len(req.prefix_ids)} prefix tokens but "
             f"{len(req.prefix_log_probs)} prefix log-probs"
         )
+
+
+def collapse_image_placeholders(token_ids: list[int], image_token_id: int) -> list[int]:
+    """`token_ids` with each run of `image_token_id` cut to one: the form vLLM's multimodal processor expands
+    (module docstring, "Images"). Each image's placeholders must be one run of their own (the chat template puts
+    `<|vision_start|>` / `<|vision_end|>` around each); runs that touch would merge, and vLLM then refuses the
+    request for finding fewer placeholders than images."""
+    out: list[int] = []
+    for token in token_ids:
+        if token == image_token_id and out and out[-1] == image_token_id:
+            continue
+        out.append(token)
+    return out
 
 
 def engine_args(

