@@ -91,6 +91,10 @@ SIZES: dict[str, dict[str, Any]] = {
              "transports": TRANSPORTS, "repeats": 3},
     "target": {"runs": [("500M", "bf16")], "transports": TRANSPORTS, "repeats": 3},
     "target-shm": {"runs": [("500M", "bf16")], "transports": ("shared_memory",), "repeats": 3},
+    # the same with the replica idle during the sync: the transfer's own cost, without the decode's contention
+    "target-shm-idle": {"runs": [("500M", "bf16")], "transports": ("shared_memory",), "repeats": 3,
+                        "background_rows": 0},
+    "1B-fp32-shm": {"runs": [("1B", "fp32")], "transports": ("shared_memory",), "repeats": 3},
     "toy": {"runs": [("1M", "fp32")], "transports": ("shared_memory", "collective"), "repeats": 1},
 }
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -171,7 +175,8 @@ class TimedIter:
             self.seconds += time.perf_counter() - t0
 
 
-def one_sync(trainer: Any, replica: Any, sync: Any, version: int, bucket_bytes: int) -> dict[str, float]:
+def one_sync(trainer: Any, replica: Any, sync: Any, version: int, bucket_bytes: int,
+             rows: int = BACKGROUND_ROWS) -> dict[str, float]:
     """One sync through the engine's pipeline while the replica generates (module docstring)."""
     import ray
 
@@ -182,7 +187,7 @@ def one_sync(trainer: Any, replica: Any, sync: Any, version: int, bucket_bytes: 
     from engine.types import GenRequest
 
     reqs = [
-        GenRequest(f"bg{i}", [3, 4, 5 + i], max_new_tokens=BACKGROUND_TOKENS) for i in range(BACKGROUND_ROWS)
+        GenRequest(f"bg{i}", [3, 4, 5 + i], max_new_tokens=BACKGROUND_TOKENS) for i in range(rows)
     ]
     staged = ray.get(replica.stages_weights.remote())  # rollout.weight_sync_back_buffer (auto: memory allows)
     gen_ref = replica.generate.remote(reqs, SamplingParams(temperature=1.0, seed=version))
@@ -250,7 +255,7 @@ def one_sync(trainer: Any, replica: Any, sync: Any, version: int, bucket_bytes: 
 
 
 def measure_shape(shape: str, dtype: str, transports: Any, repeats: int, root: Path,
-                  threads: int) -> list[dict[str, Any]]:
+                  threads: int, background: int = BACKGROUND_ROWS) -> list[dict[str, Any]]:
     import os
 
     import ray
@@ -280,7 +285,7 @@ def measure_shape(shape: str, dtype: str, transports: Any, repeats: int, root: P
                 "object_store": ObjectStoreSync}[transport]()
         try:
             ray.get(replica.ready.remote())
-            runs = [one_sync(trainer, replica, sync, v, bucket_bytes) for v in range(1, repeats + 2)][1:]
+            runs = [one_sync(trainer, replica, sync, v, bucket_bytes, background) for v in range(1, repeats + 2)][1:]
         finally:  # the first sync (group formation, first-touch pages) is a warm-up
             ray.kill(replica, no_restart=True)
             getattr(sync, "close", lambda: None)()
@@ -341,7 +346,7 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
             **spec,
             "replica_threads": threads,
             "trainer_threads": os.cpu_count(),
-            "background_rows": BACKGROUND_ROWS,
+            "background_rows": spec.get("background_rows", BACKGROUND_ROWS),
             "shapes": {m: SHAPES[m] for m, _ in spec["runs"]},
         },
     )
@@ -352,7 +357,8 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
         ray_session(max(1 << 30, 2 * largest)),
     ):
         for shape, dtype in spec["runs"]:
-            rows += measure_shape(shape, dtype, spec["transports"], spec["repeats"], Path(tmp), threads)
+            rows += measure_shape(shape, dtype, spec["transports"], spec["repeats"], Path(tmp), threads,
+                                  spec.get("background_rows", BACKGROUND_ROWS))
     result["rows"] = rows
     result["tables"] = [
         table(
@@ -426,7 +432,7 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
             "so it pays the first-touch page faults that each sync's fresh buckets pay."
         ),
         (
-            f"Generation: {BACKGROUND_ROWS} rows decode on the replica through every sync. Staged (back buffer): "
+            f"Generation: {spec.get('background_rows', BACKGROUND_ROWS)} rows decode on the replica through every sync. Staged (back buffer): "
             "the replica receives the version while they decode, then is aborted; `drain` = until its running "
             "decode step ended (it still produces tokens), `pause` = from then until the swap made the new "
             "weights live. In place: `pause` counts from the abort to the weights loaded (drain included). "
