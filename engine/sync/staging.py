@@ -19,12 +19,15 @@ Ray, no runtime.
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from engine.sync.apply import load_into, named_tensors
+from engine.sync.flat import ALIGN
 
 
 def weights_nbytes(model: torch.nn.Module) -> int:
@@ -50,27 +53,49 @@ class BackBuffer:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.back.values())
 
-    def allocate(self) -> None:
-        """Allocate the back tensors and touch their pages (done by the first `stage` otherwise)."""
-        self._targets()
+    def allocate(self, lock: Any = None) -> None:
+        """Allocate the back buffer (done by the first `stage` otherwise): the weights move into one flat
+        buffer and the back tensors are views of a second one, each touched now. Moving the live weights
+        (copied, then swapped in under `lock`: the replica's model lock) makes both sides of the swap the
+        same kind of memory — one large, fresh, touched allocation each; the storage the model was loaded
+        into (many allocations, or pages not yet written) otherwise made every other sync's load slower."""
+        if self.back:
+            return
+        unique = list({id(t): t for t in self.front.values()}.values())
+        offsets, size = [], 0
+        for t in unique:
+            offsets.append(size)
+            size += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+        device = unique[0].device if unique else torch.device("cpu")
+
+        def views(flat: torch.Tensor) -> list[torch.Tensor]:
+            return [flat[o:o + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+                    for t, o in zip(unique, offsets)]
+
+        live = views(torch.empty(max(size, ALIGN), dtype=torch.uint8, device=device))
+        with torch.no_grad():
+            for new, t in zip(live, unique):
+                new.copy_(t.detach())
+            with lock if lock is not None else contextlib.nullcontext():
+                for new, t in zip(live, unique):
+                    t.data = new
+        back_flat = torch.zeros(max(size, ALIGN), dtype=torch.uint8, device=device)  # touched now
+        self.back = {id(t): b for t, b in zip(unique, views(back_flat))}
 
     def _targets(self) -> dict[str, torch.Tensor]:
-        if not self.back:
-            for t in self.front.values():
-                if id(t) not in self.back:
-                    self.back[id(t)] = torch.empty_like(t.detach())
-                    self.back[id(t)].zero_()  # touch the pages now, not in the first sync
+        self.allocate()
         return {name: self.back[id(t)] for name, t in self.front.items()}
 
     def stage(self, buckets: Iterable[Any], version: int, strict: bool = True) -> int:
         """Copy `buckets` into the back buffer (the live weights are not touched) and remember `version`;
         returns the bytes copied. A second `stage` before `swap` replaces the first."""
         targets = self._targets()
-        owner = {b.untyped_storage().data_ptr(): key for key, b in self.back.items()}
+        starts = sorted((b.data_ptr(), key) for key, b in self.back.items())
         regions: dict[int, list[torch.Tensor]] = {}
 
         def written(target: torch.Tensor) -> None:  # a back tensor or a view of one (a fused expert's slice)
-            regions.setdefault(owner[target.untyped_storage().data_ptr()], []).append(target)
+            i = bisect.bisect_right(starts, (target.data_ptr(), float("inf"))) - 1
+            regions.setdefault(starts[i][1], []).append(target)
 
         self.staged = None
         copied = load_into(targets, buckets, strict, written)

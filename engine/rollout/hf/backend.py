@@ -245,6 +245,7 @@ class HFRolloutBackend:
         with self._stage_lock:
             if self._back is None:
                 self._back = BackBuffer(self.model)
+            self._back.allocate(self._model_lock)
             copied = self._back.stage(buckets, version)
         self._stats["weight_update_bytes"] += copied
         self._stats["weight_stage_seconds"] = self._stats.get("weight_stage_seconds", 0.0) + \
@@ -271,7 +272,7 @@ class HFRolloutBackend:
         with self._stage_lock:
             if self._back is None:
                 self._back = BackBuffer(self.model)
-            self._back.allocate()
+            self._back.allocate(self._model_lock)
 
     def weights_fingerprint(self) -> int:
         """A sample fingerprint of the loaded weights (`engine.sync.verify.weights_fingerprint`)."""
