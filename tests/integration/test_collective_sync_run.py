@@ -56,6 +56,9 @@ def test_auto_is_the_default_shared_memory_on_one_cpu_host_collective_with_vllm(
     assert weight_sync_transport(an.config, "cuda") == "collective"
     vllm = analyze_run_config(TINY, ['rollout.backend="vllm"']).config
     assert weight_sync_transport(vllm, "cpu") == "collective"
+    with pytest.raises(ValueError, match='weight_sync_back_buffer = "on" needs rollout.backend = "hf"'):
+        weight_sync_transport(analyze_run_config(TINY, ['rollout.backend="vllm"',
+                                                        'rollout.weight_sync_back_buffer="on"']).config, "cpu")
     with pytest.raises(ValueError, match="needs device cpu"):
         weight_sync_transport(analyze_run_config(TINY, ['rollout.weight_sync="shared_memory"']).config, "cuda")
     assert not [p for p in an.problems if p.severity == "error"]

@@ -99,3 +99,13 @@ def test_a_fused_expert_tensor_written_in_parts_gets_only_those_parts() -> None:
     back.swap(2)
     assert torch.equal(model.mlp.experts.gate_up_proj.detach(), want_gu)
     assert torch.equal(model.mlp.experts.down_proj.detach(), want_d)
+
+
+def test_auto_allocates_the_back_buffer_only_where_twice_the_weights_are_free() -> None:
+    from engine.runtime.replica import back_buffer_fits, free_memory
+
+    free = free_memory("cpu")
+    assert free > 0
+    assert back_buffer_fits(min(2**20, free // 4), "cpu") is (free >= 2**20 + 2**30)
+    assert back_buffer_fits(free, "cpu") is False  # the copy itself would take all that is free
+    assert back_buffer_fits(free // 2 + 1, "cpu") is False  # fits, but nothing as large would be left
