@@ -173,8 +173,11 @@ class ReplicaPool:
         staged it (`commit`) and the outcome so far (slots that died). None, before anything is sent, when
         some target does not stage (no back buffer): then `update_live` loads in place during the pause."""
         targets = self._targets(bucket_refs, version)
+        asks = [getattr(self.replicas[rid], "stages_weights", None) for rid in targets]
+        if not targets or any(a is None for a in asks):  # a replica without back buffers: in place
+            return None
         try:
-            if not targets or not all(ray.get([self.replicas[rid].stages_weights.remote() for rid in targets])):
+            if not all(ray.get([a.remote() for a in asks])):
                 return None
         except ray.exceptions.RayActorError:  # a dead replica: the in-place path notices and reports it
             return None
