@@ -10,10 +10,16 @@ checked against the sender's fingerprints (the delivery check). Generation runs 
 in the engine: `object_store` puts every bucket while it generates, then aborts and loads; `collective`
 aborts first (the replicas join the broadcast once paused), then the trainer broadcasts while they load.
 
-    sync_s  = object_store: push (generation running) + update;  collective: update
-    update_s = from the drained abort to the weights loaded and verified (RPC, transfer, load)
-    GB/s    = bytes ÷ sync_s                      (bytes = everything sent, tied lm_head included)
-    pause_s = abort → generation drained → weights loaded   (the time generation is stopped)
+With back buffers (`rollout.weight_sync_back_buffer`, on when memory allows: `staged` in the rows) the
+replica receives the whole version while it keeps generating (`stage_weights`), then it is aborted, drains
+its current decode step, and swaps the new weights in (`swap_weights`), as the rollouter does:
+
+    sync_s   = push (export + pack: object store `ray.put`s) + update (the bytes moved into the live weights)
+    update_s = staged: transfer into the back buffer + swap;  in place: drained abort → loaded (RPC, load)
+    GB/s     = bytes ÷ sync_s                      (bytes = everything sent, tied lm_head included)
+    drain_s  = abort → the replica's running decode step ended (it still generates meanwhile)
+    pause_s  = staged: drained → swapped (generation stopped);  in place: abort → drained → loaded
+    wall_s   = the trainer's whole wait: the sync plus, staged, the drain between transfer and swap
 """
 
 from __future__ import annotations
@@ -78,13 +84,16 @@ SHAPES["1B"] = {
 }
 TRANSPORTS = ("shared_memory", "collective", "object_store")
 SIZES: dict[str, dict[str, Any]] = {
-    # (model, dtype): 1B in fp32 (4.4 GB per copy: the trainer's model, the replica's, the object store's or
-    # the 1.5 GB shared-memory ring, plus the HF directory written for the replica) does not fit beside the
-    # other jobs of this shared 24 GiB machine
+    # (model, dtype): 1B in fp32 is 4.4 GB per copy — the trainer's model, the replica's and its back buffer, the
+    # object store's — so it runs alone, through shared memory only (`1B-fp32-shm`), on this shared 24 GiB machine
     "full": {"runs": [("100M", "fp32"), ("100M", "bf16"), ("500M", "fp32"), ("500M", "bf16"), ("1B", "bf16")],
              "transports": TRANSPORTS, "repeats": 3},
     "target": {"runs": [("500M", "bf16")], "transports": TRANSPORTS, "repeats": 3},
     "target-shm": {"runs": [("500M", "bf16")], "transports": ("shared_memory",), "repeats": 3},
+    # the same with the replica idle during the sync: the transfer's own cost, without the decode's contention
+    "target-shm-idle": {"runs": [("500M", "bf16")], "transports": ("shared_memory",), "repeats": 3,
+                        "background_rows": 0},
+    "1B-fp32-shm": {"runs": [("1B", "fp32")], "transports": ("shared_memory",), "repeats": 3},
     "toy": {"runs": [("1M", "fp32")], "transports": ("shared_memory", "collective"), "repeats": 1},
 }
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -165,7 +174,8 @@ class TimedIter:
             self.seconds += time.perf_counter() - t0
 
 
-def one_sync(trainer: Any, replica: Any, sync: Any, version: int, bucket_bytes: int) -> dict[str, float]:
+def one_sync(trainer: Any, replica: Any, sync: Any, version: int, bucket_bytes: int,
+             rows: int = BACKGROUND_ROWS) -> dict[str, float]:
     """One sync through the engine's pipeline while the replica generates (module docstring)."""
     import ray
 
@@ -176,51 +186,75 @@ def one_sync(trainer: Any, replica: Any, sync: Any, version: int, bucket_bytes: 
     from engine.types import GenRequest
 
     reqs = [
-        GenRequest(f"bg{i}", [3, 4, 5 + i], max_new_tokens=BACKGROUND_TOKENS) for i in range(BACKGROUND_ROWS)
+        GenRequest(f"bg{i}", [3, 4, 5 + i], max_new_tokens=BACKGROUND_TOKENS) for i in range(rows)
     ]
+    staged = ray.get(replica.stages_weights.remote())  # rollout.weight_sync_back_buffer (auto: memory allows)
     gen_ref = replica.generate.remote(reqs, SamplingParams(temperature=1.0, seed=version))
     time.sleep(0.5)
     export = TimedIter(trainer.export_weights(bucket_bytes))
     t0 = time.perf_counter()
-    if isinstance(sync, CollectiveSync):  # the engine pauses first: the replicas join once generation stopped
-        running = not ray.wait([gen_ref], timeout=0)[0]
-        replica.abort.remote()
-        ray.get(gen_ref)
-        t1 = t2 = time.perf_counter()
-        paused = t0
-        sent = publish(sync, version, export, lambda refs: replica.update_weights.remote(refs, version))
-    else:  # the object store is filled while the replica generates, then it pauses and loads
-        sent = publish(sync, version, export, lambda refs: refs)
-        t1 = time.perf_counter()
-        running = not ray.wait([gen_ref], timeout=0)[0]
+    if staged:  # as the rollouter: receive into the back buffer while generating, then pause and swap
+        if isinstance(sync, CollectiveSync):
+            sent = publish(sync, version, export, lambda refs: replica.stage_weights.remote(refs, version))
+            t1 = time.perf_counter()
+        else:
+            sent = publish(sync, version, export, lambda refs: refs)
+            t1 = time.perf_counter()
+            sent.out = replica.stage_weights.remote(sent.out, version)
+        ray.get(sent.out)
+        t_staged = time.perf_counter()
+        running = not ray.wait([gen_ref], timeout=0)[0]  # generation ran through the whole transfer
         replica.abort.remote()
         ray.get(gen_ref)
         t2 = time.perf_counter()
-        paused = t1
-        sent.out = replica.update_weights.remote(sent.out, version)
-    receipt = ray.get(sent.out)
-    t3 = time.perf_counter()
+        receipt = ray.get(replica.swap_weights.remote(version))
+        t3 = time.perf_counter()
+        push_s, update_s = t1 - t0, (t_staged - t1) + (t3 - t2)
+        drain_s, pause_s = t2 - t_staged, t3 - t2
+    else:
+        if isinstance(sync, CollectiveSync):  # the engine pauses first: the replicas join once generation stopped
+            running = not ray.wait([gen_ref], timeout=0)[0]
+            replica.abort.remote()
+            ray.get(gen_ref)
+            t1 = t2 = time.perf_counter()
+            paused = t0
+            sent = publish(sync, version, export, lambda refs: replica.update_weights.remote(refs, version))
+        else:  # the object store is filled while the replica generates, then it pauses and loads
+            sent = publish(sync, version, export, lambda refs: refs)
+            t1 = time.perf_counter()
+            running = not ray.wait([gen_ref], timeout=0)[0]
+            replica.abort.remote()
+            ray.get(gen_ref)
+            t2 = time.perf_counter()
+            paused = t1
+            sent.out = replica.update_weights.remote(sent.out, version)
+        receipt = ray.get(sent.out)
+        t3 = time.perf_counter()
+        push_s, update_s = t1 - t0, t3 - t2
+        drain_s, pause_s = t2 - paused, t3 - paused
     DeliveryCheck().check(version, sent.fingerprints, {0: receipt}, sent.names)  # raises on a bad delivery
     if ray.get(replica.version.remote()) != version:
         raise RuntimeError("the replica did not take the new version")
-    push_s, update_s = t1 - t0, t3 - t2
     return {
         "bytes": sent.nbytes,
         "buckets": len(sent.fingerprints),
+        "staged": staged,
         "export_s": export.seconds,
         "put_s": max(0.0, push_s - export.seconds),
         "update_s": update_s,
         "replica_load_s": receipt["seconds"],
+        "swap_s": receipt.get("swap_s", 0.0),
         "sync_s": push_s + update_s,
-        "drain_s": t2 - paused,
-        "pause_s": t3 - paused,
+        "drain_s": drain_s,
+        "pause_s": pause_s,
+        "wall_s": t3 - t0,
         "generation_running": running,
         "verified": True,
     }
 
 
 def measure_shape(shape: str, dtype: str, transports: Any, repeats: int, root: Path,
-                  threads: int) -> list[dict[str, Any]]:
+                  threads: int, background: int = BACKGROUND_ROWS) -> list[dict[str, Any]]:
     import os
 
     import ray
@@ -235,8 +269,14 @@ def measure_shape(shape: str, dtype: str, transports: Any, repeats: int, root: P
 
     model, model_dir = build_model_dir(shape, root, dtype)
     params = sum(p.numel() for p in model.parameters())
+    # the run config only shapes the replica: no optimizer step is taken, so the plan's trainer memory check
+    # (Adam states of a 1B model exceed the cpu preset's 16 GB per worker) must not refuse it
+    hardware = root / "cpu-bench.toml"
+    hardware.write_text((PRESETS.parent / "hardware" / "cpu.toml").read_text().replace("memory_gb = 16",
+                                                                                       "memory_gb = 64"))
     cfg = load_config(PRESETS / "tiny-cpu.toml", [f'model.path="{model_dir}"', "trainer.test_freq=0",
-                                                  f'model.dtype="{DTYPES[dtype]}"'])
+                                                  f'model.dtype="{DTYPES[dtype]}"',
+                                                  f'resources.hardware="{hardware}"'])
     bucket_bytes = cfg.rollout.weight_sync_bucket_mb * 2**20
     trainer = TorchTrainerBackend(model, optim_cfg={"lr": 1e-6})
     rows = []
@@ -250,7 +290,7 @@ def measure_shape(shape: str, dtype: str, transports: Any, repeats: int, root: P
                 "object_store": ObjectStoreSync}[transport]()
         try:
             ray.get(replica.ready.remote())
-            runs = [one_sync(trainer, replica, sync, v, bucket_bytes) for v in range(1, repeats + 2)][1:]
+            runs = [one_sync(trainer, replica, sync, v, bucket_bytes, background) for v in range(1, repeats + 2)][1:]
         finally:  # the first sync (group formation, first-touch pages) is a warm-up
             ray.kill(replica, no_restart=True)
             getattr(sync, "close", lambda: None)()
@@ -267,11 +307,17 @@ def _row(shape: str, dtype: str, transport: str, params: int, bucket_mb: int,
     copy = memcpy_gb_s(nbytes)
     med = {
         k: median([r[k] for r in runs])
-        for k in ("export_s", "put_s", "update_s", "replica_load_s", "sync_s", "drain_s", "pause_s")
+        for k in ("export_s", "put_s", "update_s", "replica_load_s", "swap_s", "sync_s", "drain_s", "pause_s",
+                  "wall_s")
     }
     sync_gb_s = gb_per_s(nbytes, med["sync_s"])
     memcpy = max(copy["numpy_gb_s"], copy["torch_gb_s"])
+    import datetime
+    import os
+
     return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "load": list(os.getloadavg()),
         "model": shape,
         "dtype": dtype,
         "transport": transport,
@@ -286,6 +332,8 @@ def _row(shape: str, dtype: str, transport: str, params: int, bucket_mb: int,
         "fraction_of_memcpy": sync_gb_s / memcpy,
         "pause_over_sync": med["pause_s"] / med["sync_s"],
         "verified": all(r["verified"] for r in runs),
+        "staged": all(r["staged"] for r in runs),
+        "generation_running": all(r["generation_running"] for r in runs),
         "runs": runs,
     }
 
@@ -303,7 +351,7 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
             **spec,
             "replica_threads": threads,
             "trainer_threads": os.cpu_count(),
-            "background_rows": BACKGROUND_ROWS,
+            "background_rows": spec.get("background_rows", BACKGROUND_ROWS),
             "shapes": {m: SHAPES[m] for m, _ in spec["runs"]},
         },
     )
@@ -314,7 +362,8 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
         ray_session(max(1 << 30, 2 * largest)),
     ):
         for shape, dtype in spec["runs"]:
-            rows += measure_shape(shape, dtype, spec["transports"], spec["repeats"], Path(tmp), threads)
+            rows += measure_shape(shape, dtype, spec["transports"], spec["repeats"], Path(tmp), threads,
+                                  spec.get("background_rows", BACKGROUND_ROWS))
     result["rows"] = rows
     result["tables"] = [
         table(
@@ -333,8 +382,12 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
                 "memcpy GB/s",
                 "memcpy to a new buffer GB/s",
                 "sync ÷ memcpy",
+                "drain (s)",
                 "pause (s)",
                 "pause ÷ sync",
+                "trainer wait (s)",
+                "staged",
+                "load",
             ],
             [
                 [
@@ -351,8 +404,12 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
                     round(r["memcpy_gb_s"], 2),
                     round(r["fresh_gb_s"], 2),
                     f"{100 * r['fraction_of_memcpy']:.0f} %",
+                    round(r["drain_s"], 3),
                     round(r["pause_s"], 3),
                     round(r["pause_over_sync"], 2),
+                    round(r["wall_s"], 3),
+                    "yes" if r["staged"] else "no",
+                    f"{r['load'][0]:.1f}",
                 ]
                 for r in rows
             ],
@@ -380,8 +437,11 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
             "so it pays the first-touch page faults that each sync's fresh buckets pay."
         ),
         (
-            "`pause` counts from the abort to the weights being loaded: waiting for the next token boundary of "
-            f"{BACKGROUND_ROWS} rows generating on the replica, then the replica's update."
+            f"Generation: {spec.get('background_rows', BACKGROUND_ROWS)} rows decode on the replica through every sync. Staged (back buffer): "
+            "the replica receives the version while they decode, then is aborted; `drain` = until its running "
+            "decode step ended (it still produces tokens), `pause` = from then until the swap made the new "
+            "weights live. In place: `pause` counts from the abort to the weights loaded (drain included). "
+            "`trainer wait` = the whole sync as the trainer waits for it (staged: sync + drain)."
         ),
     ]
     write_json(finish_result(result, started), out_dir)

@@ -414,6 +414,15 @@ class RolloutConfig(Section):
     bucket, each replica `ray.get`s them zero-copy (shared memory on one node, Ray's object transfer across
     nodes); the object store holds one version while replicas load it (it may spill beyond
     `object_store_memory`); a replacement loads the newest version at once."""
+    weight_sync_back_buffer: Literal["auto", "on", "off"] = "auto"
+    """Stage each sync in a back buffer (`hf` replicas; `engine.sync.staging`): a replica receives the new weights
+    into a second copy of its weights while it keeps generating with the old ones, and the sync's pause is then
+    only the wait for the current decode step plus an O(1) storage swap (rows generated before the swap carry
+    the old version, after it the new one) instead of that wait plus the whole transfer. **Doubles the
+    replica's weight memory.** `auto` (default): on where the replica's device has the memory free (at least
+    twice the weights, and the weights + 1 GiB; decided per replica at its first sync, the buffer allocated
+    then), else off; `on`: always (`hf` only); `off`: load in place during the pause (the old path). vLLM
+    replicas always load in place."""
     multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
     """Multi-turn, tool-using rollouts (off by default)."""
     max_replica_restarts: int = Field(3, ge=0)

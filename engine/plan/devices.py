@@ -47,6 +47,9 @@ def weight_sync_transport(cfg: RunConfig, device: str) -> str:
     replicas are `hf` samplers and every pool is on one node (the trainer's host: Ray places a one-node CPU run
     there), else `"collective"`. ValueError (one line) for a choice the run cannot use."""
     r = cfg.rollout
+    if r.weight_sync_back_buffer == "on" and r.backend != "hf":
+        raise ValueError('rollout.weight_sync_back_buffer = "on" needs rollout.backend = "hf" (vLLM replicas load '
+                         'in place); use "auto" or "off"')
     choice = r.weight_sync
     one_host = cfg.resources.trainer.nnodes == 1 and cfg.resources.rollout.nnodes == 1
     if choice == "auto":

@@ -82,6 +82,7 @@ TERMS = {
     "moe_dispatch": "Megatron MoE token dispatcher: permuted input and output, 2·T'·k·h·b_c",
     "prox_snapshot": "π_prox snapshot of this rank's parameters (decoupled mode; pinned host memory)",
     "weight_sync_bucket": "one weight-sync bucket (rollout.weight_sync_bucket_mb)",
+    "weight_sync_back_buffer": "a second copy of the replica's weights (rollout.weight_sync_back_buffer = \"on\")",
     "runtime": "CUDA/CANN context and allocator fragmentation (2 GB; 0.3 GB on CPU)",
     "activation_reserve": "vLLM's activation reserve: max(1 GB, 5 % of the budget)",
     "kv_cache": "KV cache: 2·L·⌈n_kv/TP⌉·d·b_r per token, max_num_seqs full-length sequences, capped by the budget",
@@ -277,10 +278,14 @@ def rollout_memory(cfg: RunConfig, m: ModelShape, memory: float, device: str) ->
     bucket = r.weight_sync_bucket_mb * 2**20
     kv_tok = 2 * m.layers * max(1, -(-m.kv_heads // tp)) * m.head_dim * b_r
     seq = d.max_prompt_length + d.max_response_length
-    kv_free = budget - weights - reserve - bucket
+    # a staged sync's back buffer (engine.sync.staging): counted when forced on; "auto" allocates it only where
+    # the memory is free at run time
+    back = weights if r.backend == "hf" and r.weight_sync_back_buffer == "on" else 0.0
+    kv_free = budget - weights - reserve - bucket - back
     seqs_full = int(kv_free // (kv_tok * seq)) if kv_free > 0 else 0
     kv_needed = r.max_num_seqs * kv_tok * seq
     terms = {"weights": weights, "activation_reserve": reserve, "weight_sync_bucket": bucket,
+             **({"weight_sync_back_buffer": back} if back else {}),
              "kv_cache": min(kv_needed, max(kv_free, 0.0))}
     return RoleMemory("rollout", terms, budget, kv_free > 0 and seqs_full >= 1, {}, {
         "kv_bytes_per_token": kv_tok, "max_sequence_tokens": seq, "kv_gb_for_max_num_seqs": round(kv_needed / GB, 2),

@@ -35,6 +35,36 @@ MAX_CONCURRENCY = GENERATE_CALLS + 4
 """Threads of a replica actor: concurrent `generate` calls plus the control calls (abort, stats, ...)."""
 
 
+BACK_BUFFER_SPARE = 1.0
+"""`rollout.weight_sync_back_buffer = "auto"`: the back buffer is allocated only when the device's free memory
+is at least (1 + this) × its size, and at least 1 GiB more than it."""
+
+
+def free_memory(device: Any) -> int:
+    """Free bytes on `device`: host `MemAvailable` for cpu, the CUDA allocator's free memory for cuda (0 where
+    unknown)."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return int(torch.cuda.mem_get_info(dev)[0])
+    if dev.type != "cpu":
+        return 0
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def back_buffer_fits(nbytes: int, device: Any) -> bool:
+    """Whether a back buffer of `nbytes` fits on `device` with room to spare (`BACK_BUFFER_SPARE`)."""
+    return free_memory(device) >= nbytes + max(2**30, BACK_BUFFER_SPARE * nbytes)
+
+
 @ray.remote(max_concurrency=MAX_CONCURRENCY)
 class RolloutReplica:
     """One generation engine of `spec` (`engine.plan.roles.ReplicaSpec`: config, model directory, the plan's rollout
@@ -46,6 +76,9 @@ class RolloutReplica:
         torch.set_num_threads(max(1, spec.threads))
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.replica_id = replica_id
+        self.spec = spec
+        self._stages: bool | None = None  # `stages_weights`, decided at its first call
+        self._staged: tuple[int, list[int], float] | None = None  # (version, bucket fingerprints, seconds)
         self.backend = build_rollout_backend(spec.config, spec.model_dir, spec.device)
         self._abort = threading.Event()  # training calls
         self._abort_val = threading.Event()  # validation calls (a stop)
@@ -117,6 +150,53 @@ class RolloutReplica:
         self._abort_val.clear()
         return {"fingerprints": delivery.fingerprints, "weights": self.backend.weights_fingerprint(),
                 "seconds": time.monotonic() - t0}
+
+    def stages_weights(self) -> bool:
+        """Whether this replica receives a sync into a back buffer while it generates (`stage_weights`, then
+        `swap_weights` at the pause) — `rollout.weight_sync_back_buffer`: "on", "off", or "auto" = on when the
+        backend can and the device's free memory holds the back buffer with as much again to spare (decided
+        once, at the first call, and the buffer allocated then)."""
+        if self._stages is None:
+            mode = self.spec.config.rollout.weight_sync_back_buffer
+            can = callable(getattr(self.backend, "stage_weights", None))
+            if mode == "on" and not can:
+                raise ValueError('rollout.weight_sync_back_buffer = "on" needs rollout.backend = "hf"')
+            stages = can and (mode == "on" or (mode == "auto" and back_buffer_fits(
+                self.backend.back_buffer_bytes(), self.backend.device)))
+            if stages:
+                self.backend.allocate_back_buffer()
+            self._stages = stages
+        return self._stages
+
+    def stage_weights(self, bucket_refs: list, version: int) -> dict[str, Any]:
+        """Receive `version` (as `update_weights` does) into the back buffer while generation goes on with the
+        loaded weights; returns {"seconds"}. The receipt comes with `swap_weights`."""
+        from engine.sync.runtime import resolve_buckets
+
+        t0 = time.monotonic()
+        self._staged = None
+        delivery = resolve_buckets(bucket_refs, self.replica_id)
+        self.backend.stage_weights(delivery, version)
+        self._staged = (version, delivery.fingerprints, time.monotonic() - t0)
+        return {"seconds": self._staged[2]}
+
+    def swap_weights(self, version: int) -> dict[str, Any]:
+        """Make the staged `version` live (a storage swap, between two decode steps; the rollouter calls it once
+        generation is paused) and clear the abort flags. Returns the receipt `update_weights` returns: the
+        fingerprints of the buckets staged, a sample fingerprint of the weights now live, and the seconds
+        (staging + swap; `swap_s` the swap alone)."""
+        if self._staged is None or self._staged[0] != version:
+            raise RuntimeError(f"rollout replica {self.replica_id}: asked to swap in weights v{version}, staged "
+                               f"{'nothing' if self._staged is None else f'v{self._staged[0]}'}")
+        _, fingerprints, stage_s = self._staged
+        t0 = time.monotonic()
+        self.backend.swap_weights(version)
+        self._staged = None
+        swap_s = time.monotonic() - t0
+        self._abort.clear()
+        self._abort_val.clear()
+        return {"fingerprints": fingerprints, "weights": self.backend.weights_fingerprint(),
+                "seconds": stage_s + swap_s, "swap_s": swap_s}
 
     def version(self) -> int:
         return self.backend.version

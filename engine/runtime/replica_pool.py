@@ -160,10 +160,40 @@ class ReplicaPool:
     def update_live(self, bucket_refs: list, version: int) -> SyncOutcome:
         """Load weights on every live replica — with a collective sync also on every replacement waiting for it
         (all slots are group members) — and collect their receipts (`engine.sync.verify`)."""
+        return self._load(bucket_refs, version, self._targets(bucket_refs, version))
+
+    def _targets(self, bucket_refs: list, version: int) -> list[int]:
         self.set_latest(version, bucket_refs)
         members = getattr(bucket_refs[0], "members", None) if self.collective() else None
-        targets = self.live() if members is None else list(members)
-        return self._load(bucket_refs, version, targets)
+        return self.live() if members is None else list(members)
+
+    def stage_live(self, bucket_refs: list, version: int) -> tuple[list[int], SyncOutcome] | None:
+        """A staged sync (`rollout.weight_sync_back_buffer`, `engine.sync.staging`): every replica `update_live`
+        would load receives `version` into its back buffer while it keeps generating; returns the slots that
+        staged it (`commit`) and the outcome so far (slots that died). None, before anything is sent, when
+        some target does not stage (no back buffer): then `update_live` loads in place during the pause."""
+        targets = self._targets(bucket_refs, version)
+        asks = [getattr(self.replicas[rid], "stages_weights", None) for rid in targets]
+        if not targets or any(a is None for a in asks):  # a replica without back buffers: in place
+            return None
+        try:
+            if not all(ray.get([a.remote() for a in asks])):
+                return None
+        except ray.exceptions.RayActorError:  # a dead replica: the in-place path notices and reports it
+            return None
+        calls = {rid: self.replicas[rid].stage_weights.remote(bucket_refs, version) for rid in targets}
+        out, staged = SyncOutcome(), []
+        for rid, ref in calls.items():
+            try:
+                ray.get(ref)
+                staged.append(rid)
+            except ray.exceptions.RayActorError as e:
+                out.dead.append((rid, describe_failure(e)))
+        return staged, out
+
+    def commit(self, version: int, staged: list[int], out: SyncOutcome) -> SyncOutcome:
+        """Swap the staged `version` in on the slots `staged` (generation paused) and collect their receipts."""
+        return self._collect({rid: self.replicas[rid].swap_weights.remote(version) for rid in staged}, version, out)
 
     def catch_up(self, bucket_refs: list, version: int, slots: list[int]) -> SyncOutcome:
         """Load the latest weights (a catch-up broadcast of `version`) on the waiting replacements `slots`."""
@@ -171,7 +201,9 @@ class ReplicaPool:
 
     def _load(self, bucket_refs: list, version: int, targets: list[int]) -> SyncOutcome:
         calls = {rid: self.replicas[rid].update_weights.remote(bucket_refs, version) for rid in targets}
-        out = SyncOutcome()
+        return self._collect(calls, version, SyncOutcome())
+
+    def _collect(self, calls: dict[int, Any], version: int, out: SyncOutcome) -> SyncOutcome:
         for rid, ref in calls.items():
             try:
                 out.receipts[rid] = ray.get(ref)

@@ -238,7 +238,18 @@ class RolloutShell:
                        trigger: int | None = None) -> dict[str, Any]:
         """Pause (abort training work; a running validation finishes) → load weights on every live replica →
         resume. `trigger`: a sync interval the trainer takes at this sync (sync mode). With `snapshot`, the
-        rollout side's checkpoint state is taken while paused (under key `snapshot`)."""
+        rollout side's checkpoint state is taken while paused (under key `snapshot`).
+
+        With back buffers (`rollout.weight_sync_back_buffer`, every target replica has one) the load is split:
+        the replicas receive the weights *before* the pause, while they still generate with the old ones
+        (`stage_s`), and the pause only swaps them in (`transfer_s`: the swap). The loop's protocol is the same
+        (begin_sync → Abort → sync_ready → weights live → finish_sync → Resume): staging is carried out
+        before `begin_sync`, so nothing generated before the swap carries the new version.
+        Metrics: `pause_s` = begin_sync until generation drained, `transfer_s` = the load (or swap) in the pause,
+        `stage_s` = the staged receive before it (0 without back buffers), `staged` = 1 when staged."""
+        t_stage = time.monotonic()
+        staged = self.pool.stage_live(bucket_refs, version)  # back buffers: received while generation runs
+        stage_s = time.monotonic() - t_stage
         t0 = time.monotonic()
         with self.lock:
             self._execute(self.loop.begin_sync(version, step))
@@ -249,7 +260,7 @@ class RolloutShell:
                 self.lock.wait(0.05)
         pause_s = time.monotonic() - t0
         t1 = time.monotonic()
-        outcome = self.pool.update_live(bucket_refs, version)
+        outcome = self.pool.update_live(bucket_refs, version) if staged is None else self.pool.commit(version, *staged)
         transfer_s = time.monotonic() - t1
         size = ray.get(self.queue.size.remote())
         with self.lock:
@@ -263,6 +274,8 @@ class RolloutShell:
                 "fully_async/rollouter/idle_ratio": max(0.0, 1.0 - active_s / (version_time * len(self.pool))),
                 "asyncrl/sync/pause_s": pause_s,
                 "asyncrl/sync/transfer_s": transfer_s,
+                "asyncrl/sync/stage_s": stage_s,
+                "asyncrl/sync/staged": float(staged is not None),
             }
             self.version_started = now
             self.loop.queue_seen(size)

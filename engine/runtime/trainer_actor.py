@@ -310,9 +310,10 @@ class TrainerCore(TrainerCheckpoints):
                     "asyncrl/sync/verified": 1.0, "asyncrl/sync/buckets": len(sent.fingerprints)})
         self.controller.record_event.remote(self._ev(
             "info", "sync", f"weights v{version} pushed: {nbytes / 2**20:.1f} MiB in {total:.2f}s "
-            f"(pause {out['asyncrl/sync/pause_s']:.2f}s, transfer {out['asyncrl/sync/transfer_s']:.2f}s), "
+            f"({_staged(out)}pause {out['asyncrl/sync/pause_s']:.2f}s, transfer {out['asyncrl/sync/transfer_s']:.2f}s), "
             f"verified on every replica", bytes=nbytes, seconds=total, pause_s=out["asyncrl/sync/pause_s"],
-            transfer_s=out["asyncrl/sync/transfer_s"], interval=c.trigger or self.trigger, verified=True,
+            transfer_s=out["asyncrl/sync/transfer_s"], stage_s=out.get("asyncrl/sync/stage_s", 0.0),
+            interval=c.trigger or self.trigger, verified=True,
             buckets=len(sent.fingerprints), transport=type(self.weight_sync).__name__))
         return out
 
@@ -415,3 +416,10 @@ class Trainer:
         sent = publish(ObjectStoreSync(), core.version, core.backend.export_weights(core.bucket_bytes),
                        lambda refs: core.rollouter.load_weights.remote(core.version, refs))
         core._verify_delivery(core.version, sent, ray.get(sent.out))
+
+
+def _staged(out: dict[str, Any]) -> str:
+    """"staged 0.41s while generating, " for a sync received into back buffers (`engine.sync.staging`)."""
+    if not out.get("asyncrl/sync/staged"):
+        return ""
+    return f"staged {out.get('asyncrl/sync/stage_s', 0.0):.2f}s while generating, "

@@ -10,7 +10,7 @@ fused tensor — what a Megatron export or a vLLM-bound bucket carries lands in 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -51,17 +51,25 @@ def load_buckets_into(model: torch.nn.Module, buckets: Iterable[Any], strict: bo
     `strict`, an unknown name or a shape mismatch raises `KeyError` / `ValueError`; unknown names are skipped
     otherwise. A host `FlatBucket` is fingerprinted as it is copied (`load_flat`), its `fingerprint` set.
     """
-    targets = named_tensors(model)
+    return load_into(named_tensors(model), buckets, strict)
+
+
+def load_into(targets: dict[str, torch.Tensor], buckets: Iterable[Any], strict: bool = True,
+              written: Callable[[torch.Tensor], None] | None = None) -> int:
+    """`load_buckets_into` with the destination tensors by name (`named_tensors` of a model, or a back buffer's:
+    `engine.sync.staging`); `written(target)` is called with each tensor (or fused-expert slice) written."""
     copied = 0
     with torch.no_grad():
         for bucket in buckets:
             if isinstance(bucket, FlatBucket) and bucket.data.device.type == "cpu":
-                copied += load_flat(targets, bucket, strict)
+                copied += load_flat(targets, bucket, strict, written)
                 continue
             for name, array in bucket.items():
                 target = _target(targets, name, strict)
                 if target is not None:
                     copied += _copy(name, target, as_tensor(array))
+                    if written is not None:
+                        written(target)
     return copied
 
 
@@ -82,11 +90,13 @@ def _copy(name: str, target: torch.Tensor, source: torch.Tensor) -> int:
     return source.numel() * source.element_size()
 
 
-def load_flat(targets: dict[str, torch.Tensor], bucket: FlatBucket, strict: bool = True) -> int:
+def load_flat(targets: dict[str, torch.Tensor], bucket: FlatBucket, strict: bool = True,
+              written: Callable[[torch.Tensor], None] | None = None) -> int:
     """Copy a host bucket's tensors into `targets` and fingerprint the bucket's bytes on the way: each `CHUNK` of
     the received buffer is added to the fingerprint right after it was copied out, while it is in cache (one
     read of the buffer in all). A target of another dtype or layout (a fused expert slice) takes the general
-    copy, its region fingerprinted after. Sets `bucket.fingerprint` (= `fingerprint(bucket.data)`)."""
+    copy, its region fingerprinted after. Sets `bucket.fingerprint` (= `fingerprint(bucket.data)`); `written` as
+    for `load_into`."""
     fp = Fingerprint()
     buf = host_bytes(bucket.data)
     covered = copied = 0
@@ -103,6 +113,8 @@ def load_flat(targets: dict[str, torch.Tensor], bucket: FlatBucket, strict: bool
         else:
             copied += _copy(name, target, view)
             copy_fingerprinted(region, region, 0, fp, offset, region)
+        if target is not None and written is not None:
+            written(target)
         covered = end
     if covered < buf.size:
         copy_fingerprinted(buf[covered:], buf[covered:], 0, fp, covered, buf[covered:])

@@ -7,7 +7,9 @@ picklable object) to every replica; each replica calls `pull(handle)` and feeds 
 
 Timing is split by the caller (the rollouter), which knows when generation was paused:
 `pause_s` = generation stopped → weights loaded and generation resumed (the whole sync as the replicas
-see it, reported as `timing_s/param_sync`), `transfer_s` = the part spent inside push + pull + load.
+see it, reported as `timing_s/param_sync`), `transfer_s` = the part spent inside push + pull + load. With
+back buffers (`engine.sync.staging`) the pull + load happen before the pause (`stage_s`) and `transfer_s`
+is the swap.
 """
 
 from __future__ import annotations

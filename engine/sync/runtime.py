@@ -17,7 +17,9 @@
 rollouter's `update_weights`) in the order each transport requires — object store: put every bucket, then
 send the refs; collective and shared memory: send the handle first (the replicas join the broadcast once generation is paused),
 then broadcast — and returns what was sent (bytes, per-bucket fingerprints and names) for the delivery check
-(`engine.sync.verify`). `resolve_buckets` is the replica's side: a `Delivery` over the buckets it was sent.
+(`engine.sync.verify`). `resolve_buckets` is the replica's side: a `Delivery` over the buckets it was sent —
+loaded in place during the pause, or (`hf` replicas with a back buffer, `engine.sync.staging`) staged into a
+second copy of the weights while the replica still generates and swapped in at the pause.
 """
 
 from __future__ import annotations

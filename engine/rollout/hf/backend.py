@@ -19,6 +19,10 @@ the synced arrays to it on load.
 Version stamps: `max_version` is the version loaded when the row finished; `min_version` is the request's
 when it resumes a non-empty prefix, else the version loaded when the row started. `update_weights` replaces
 weights in place between two decode steps (the replica normally aborts or drains generation first).
+`stage_weights` + `swap_weights` do the same in two halves (`rollout.weight_sync_back_buffer`,
+`engine.sync.staging`): the new weights are copied into a back buffer while generation still runs on the old
+ones, and go live by a storage swap between two decode steps — rows generated before the swap carry the old
+version, rows started after it the new one.
 
 Images: a vision-language model (Qwen3-VL, `engine.multimodal`) takes `GenRequest.images` with the prompt —
 a resumed request carries them again with its prefix. The pixel values come from the model directory's
@@ -45,6 +49,7 @@ from engine.rollout.hf.continuous import BatchCall, ContinuousBatcher
 from engine.rollout.hf.decode import DecodeCounters, ForwardAdapter, MultimodalForward, RowOutput, RowSpec
 from engine.rollout.hf.keyed import generate_alone, split_groups
 from engine.sync.apply import load_buckets_into
+from engine.sync.staging import BackBuffer, weights_nbytes
 from engine.sync.verify import weights_fingerprint
 from engine.types import GenRequest, GenResult
 
@@ -88,6 +93,8 @@ class HFRolloutBackend:
         self._counters = DecodeCounters()
         self._stats: dict[str, float] = new_rollout_stats("image_mismatch")
         self._model_lock = threading.RLock()
+        self._stage_lock = threading.Lock()
+        self._back: BackBuffer | None = None  # staged weight syncs (`stage_weights`), allocated at the first
         self._stats_lock = threading.Lock()
         self.deterministic = bool(deterministic)
         self._alone_lock = threading.Lock()  # deterministic mode: one call at a time
@@ -229,6 +236,43 @@ class HFRolloutBackend:
         self._stats["weight_updates"] += 1
         self._stats["weight_update_seconds"] += time.perf_counter() - start
         self._stats["weight_update_bytes"] += copied
+
+    def stage_weights(self, buckets: Iterable[Any], version: int) -> None:
+        """Receive `version` into the back buffer (`engine.sync.staging`) while generation goes on with the
+        live weights; `swap_weights(version)` makes it live. The first call allocates the back buffer (as large
+        as the weights)."""
+        start = time.perf_counter()
+        with self._stage_lock:
+            if self._back is None:
+                self._back = BackBuffer(self.model)
+            self._back.allocate(self._model_lock)
+            copied = self._back.stage(buckets, version)
+        self._stats["weight_update_bytes"] += copied
+        self._stats["weight_stage_seconds"] = self._stats.get("weight_stage_seconds", 0.0) + \
+            time.perf_counter() - start
+
+    def swap_weights(self, version: int) -> None:
+        """Make the staged `version` live between two decode steps: each parameter's storage swapped with its
+        back buffer (no copy); rows started from here on run on it."""
+        start = time.perf_counter()
+        with self._stage_lock, self._model_lock:
+            if self._back is None:
+                raise RuntimeError(f"weight sync v{version}: nothing staged to swap in")
+            self._back.swap(version)
+            self.version = int(version)
+        self._stats["weight_updates"] += 1
+        self._stats["weight_update_seconds"] += time.perf_counter() - start
+
+    def back_buffer_bytes(self) -> int:
+        """Bytes a back buffer takes (the weights'), allocated or not."""
+        return weights_nbytes(self.model)
+
+    def allocate_back_buffer(self) -> None:
+        """Allocate (and touch) the back buffer now rather than at the first `stage_weights`."""
+        with self._stage_lock:
+            if self._back is None:
+                self._back = BackBuffer(self.model)
+            self._back.allocate(self._model_lock)
 
     def weights_fingerprint(self) -> int:
         """A sample fingerprint of the loaded weights (`engine.sync.verify.weights_fingerprint`)."""
