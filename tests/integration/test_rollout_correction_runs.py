@@ -22,7 +22,8 @@ def _quarters(recs: list[dict]) -> list[float]:
     return [sum(r["critic/rewards/mean"] for r in recs[i * q:(i + 1) * q]) / q for i in range(4)]
 
 
-@pytest.mark.parametrize("preset", ["decoupled_geo_rs_seq_tis", "bypass_ppo_clip_geo_rs"])
+@pytest.mark.parametrize("preset", ["decoupled_geo_rs_seq_tis",
+                                    pytest.param("bypass_ppo_clip_geo_rs", marks=pytest.mark.slow)])
 def test_rollout_correction_preset_learns_under_staleness(run_dir, preset):
     cfg = tiny_config(run_dir, *COMMON, f'algorithm.rollout_correction.preset="{preset}"')
     assert cfg.algorithm.rollout_correction.rollout_rs == "seq_mean_k1"

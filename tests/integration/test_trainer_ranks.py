@@ -60,6 +60,7 @@ def test_two_trainer_ranks_sync_the_replica_to_the_trained_weights(run_dir):
     _assert_accounted(run_dir, 6, 8)
 
 
+@pytest.mark.slow  # two ranks in decoupled mode also run in tests/megatron_trainer/test_megatron_async_run.py
 def test_two_trainer_ranks_fully_async_decoupled(run_dir):
     # fully async with the proximal-policy snapshot: snapshot_params / proximal_log_probs run on both ranks
     cfg = tiny_config(run_dir, *SMALL, "async_training.trigger_parameter_sync_step=1",

@@ -14,6 +14,7 @@ pytestmark = [pytest.mark.megatron, pytest.mark.integration, pytest.mark.timeout
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
 
+@pytest.mark.slow  # the two-rank run below is decoupled too and checkpoints as well
 def test_tiny_async_run_with_megatron_trainer_in_decoupled_mode(tmp_path: Path) -> None:
     from run_helpers import tiny_config, train_records
 

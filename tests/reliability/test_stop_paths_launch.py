@@ -103,6 +103,7 @@ def _assert_stopped_and_resumable(run_dir: Path, kind: str | None = "full") -> d
     return stop
 
 
+@pytest.mark.slow  # the default suite stops by signal in test_stop_paths.py and test_graceful_stop.py
 def test_ctrl_c_through_tee_stops_with_a_checkpoint_and_resumes_exactly(tmp_path: Path) -> None:
     """`asyncrl launch RUN.toml 2>&1 | tee run.log`, Ctrl-C: `tee` exits at once, the driver's writes get EPIPE;
     the stop still checkpoints, records `stop` and writes the resume command into the run directory."""
