@@ -105,6 +105,10 @@ class DispatchTable:
             self.pop(r.id)
         return runs
 
+    def room(self, rid: int, capacity: Capacity, n: int) -> int:
+        """Rows the next dispatch to replica `rid` may take (`Capacity.room` with its rows and calls out now)."""
+        return capacity.room(n, self._rows.get(rid, 0), self._calls.get(rid, 0))
+
     def rows_on(self, rid: int) -> int:
         """Σ rows of the dispatches out on replica `rid`."""
         return self._rows.get(rid, 0)

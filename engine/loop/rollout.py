@@ -208,7 +208,7 @@ class RolloutLoop:
 
     def _next_dispatch(self, rid: int, now: float) -> Dispatch | None:
         """One more dispatch for replica `rid` if it has a free call and free rows and there is work for it."""
-        room = self.capacity[rid].room(self.p.n, self.dispatches.rows_on(rid), self.dispatches.calls_on(rid))
+        room = self.dispatches.room(rid, self.capacity[rid], self.p.n)
         if room <= 0:
             return None
         if self.val_pending:  # an aborted replica still runs validation: its abort holds training work only
@@ -218,7 +218,7 @@ class RolloutLoop:
                                                                    and deterministic.owes_work(self))):
             return None  # deterministic mode: a sync waits for the loaded version's work, which goes on
         reqs = self._take_pending(room)
-        if not self.paused:
+        if not self.paused and room - len(reqs) >= self.p.n:  # a whole group fits: admit
             reqs += self._admit(room - len(reqs), now)
         return self._dispatch(rid, reqs, "train", now) if reqs else None
 

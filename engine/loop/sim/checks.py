@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from itertools import groupby
 from typing import Any
 
 
@@ -150,21 +151,21 @@ class Checker:
             self.violation("loss-mask", f"{rid}: {len(ids)} tokens > max_response_length {self.s.max_new_tokens}")
         uid, index = rid.rsplit("#", 1)
         runs: list[tuple[int, int, int]] = []  # (token, start, length) of each masked run
-        for k, (tok, m, lp) in enumerate(zip(ids, mask, lps)):
+        k = 0  # position of the run of equal (token, mask, log-prob) entries looked at
+        for (tok, m, lp), same in groupby(zip(ids, mask, lps)):
             if m == 1 and (tok != MODEL_TOKEN or lp != MODEL_LOG_PROB):
                 self.violation("loss-mask", f"{rid}: token {k} ({tok}, log-prob {lp}) trained but not sampled")
                 return
+            size = len(list(same))
             if m == 0:
                 if tok < TOOL_BASE or self.w.answers.get(tok, ("", -1, 0))[:2] != (uid, int(index)) or lp != 0.0:
                     self.violation("loss-mask", f"{rid}: token {k} ({tok}) masked but not a tool answer to it")
                     return
-                if runs and runs[-1][0] == tok and runs[-1][1] + runs[-1][2] == k:
-                    runs[-1] = (tok, runs[-1][1], runs[-1][2] + 1)
-                else:
-                    runs.append((tok, k, 1))
+                runs.append((tok, k, size))
             elif m != 1:
                 self.violation("loss-mask", f"{rid}: mask entry {m} at token {k}")
                 return
+            k += size
         for j, (tok, start, size) in enumerate(runs):
             whole = self.w.answers[tok][2]
             cut = j == len(runs) - 1 and start + size == len(ids) == self.s.max_new_tokens

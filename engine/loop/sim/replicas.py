@@ -26,7 +26,7 @@ class SimDispatch:
     start: float
     token: int = 0  # changes on abort: the completion scheduled before it is ignored
     cut: bool = False  # aborted: its return is scheduled at a token boundary
-    turns: list[tuple[int, int]] = field(default_factory=list)  # `_turn` of each request, fixed at the start
+    turns: list[tuple[int, int, int]] = field(default_factory=list)  # `_turn` of each request, fixed at the start
 
 
 @dataclass
@@ -65,14 +65,15 @@ class SimReplicas:
             return self.s.max_new_tokens
         return 1 + (h >> 10) % max(1, self.s.max_new_tokens // 3)
 
-    def _turn(self, req: GenRequest) -> tuple[int, int]:
-        """(the length of the turn `req` generates, its tokens already in the prefix)."""
+    def _turn(self, req: GenRequest) -> tuple[int, int, int]:
+        """(the length of the turn `req` generates, its tokens already in the prefix, the tokens this call
+        generates: the rest of the turn within the request's budget, at least 1)."""
         start = turn_start(req.prefix_ids)
-        return self._length(req.request_id, start), len(req.prefix_ids) - start
+        length, done = self._length(req.request_id, start), len(req.prefix_ids) - start
+        return length, done, max(1, min(req.max_new_tokens, length - done))
 
-    def _remaining(self, req: GenRequest, turn: tuple[int, int] | None = None) -> int:
-        length, done = turn or self._turn(req)
-        return max(1, min(req.max_new_tokens, length - done))
+    def _remaining(self, req: GenRequest) -> int:
+        return self._turn(req)[2]
 
     def _new_token(self) -> int:
         self._token += 1
@@ -92,7 +93,7 @@ class SimReplicas:
             d.cut = True
             self._at(self.now, "generated", (rid, did, d.token, 0))
             return
-        self._schedule(rid, d, max(self._remaining(r, t) for r, t in zip(reqs, d.turns)))
+        self._schedule(rid, d, max(t[2] for t in d.turns))
 
     def _schedule(self, rid: int, d: SimDispatch, steps: int) -> None:
         """The completion of a dispatch that runs `steps` decode steps."""
@@ -130,8 +131,7 @@ class SimReplicas:
             rep.busy_since = None
         out, calls = [], {}
         for req, turn in zip(d.requests, d.turns):
-            length, done = turn
-            remaining = self._remaining(req, turn)
+            length, done, remaining = turn
             k = min(steps, remaining)
             ids = list(req.prefix_ids) + [MODEL_TOKEN] * k
             log_probs = list(req.prefix_log_probs or [0.0] * len(req.prefix_ids)) + [MODEL_LOG_PROB] * k

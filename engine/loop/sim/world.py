@@ -192,6 +192,7 @@ class World(SimReplicas, SimTools):
     def run(self) -> Outcome:
         self._trainer_run(self.trainer.start())
         self._kick()
+        handlers: dict[str, Any] = {}  # event kind -> this world's bound `_on_<kind>`
         while not self.done and self.heap:
             t, _, kind, args = heapq.heappop(self.heap)
             if t > self.bound:
@@ -200,7 +201,10 @@ class World(SimReplicas, SimTools):
                 break
             self.now = t
             self.events += 1
-            getattr(self, f"_on_{kind}")(*args)
+            on = handlers.get(kind)
+            if on is None:
+                on = handlers[kind] = getattr(self, f"_on_{kind}")
+            on(*args)
             self._kick()
         if not self.done and not self.check.violations:
             self.check.violation("deadlock", f"no event can happen and the run is not over: {self.describe()}")
