@@ -95,6 +95,7 @@ def test_partial_rollout_resumes_across_syncs(run_dir):
     assert all(r["response_length/max"] <= 48 for r in recs)  # the cumulative budget holds across resumes
 
 
+@pytest.mark.slow  # tests/reliability/test_trainer_failure.py kills the trainer too, and resumes
 def test_trainer_crash_fails_the_run_loudly(run_dir, capsys):
     cfg = tiny_config(run_dir, *SMALL, "debug.kill_trainer_at_step=3")
     assert run(resolve_plan(cfg), progress=False) == 1
