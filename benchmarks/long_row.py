@@ -29,7 +29,7 @@ The one-row modes run at two lengths T1 < T2 (the plain path fits both with ≥ 
 shows the activation peak is linear in T (slope per mode) and extrapolates — labelled as such — to 28k tokens,
 the length the target names, which this machine cannot run plain (the RAM it needs is printed next to it).
 
-    python -m benchmarks long-row          # ~40 min on 2 cores; writes benchmarks/results/long-row.json
+    python -m benchmarks long-row          # ~30 min on 2 cores; writes benchmarks/results/long-row.json
     python -m benchmarks long-row --toy    # seconds: a 512-wide slice (the smoke test)
 """
 
@@ -59,7 +59,7 @@ SIZES: dict[str, dict[str, Any]] = {
     # tokens: (T1, T2); the padded / budget step is the T1 row with `short` rows of T1 // 4 tokens
     "toy": {"shape": TOY, "layers": 2, "tokens": (128, 256), "short": 3, "repeats": 2, "threads": 1,
             "timeout_s": 300},
-    "full": {"shape": Q7B, "layers": 8, "tokens": (1024, 2048), "short": 3, "repeats": 3, "threads": 2,
+    "full": {"shape": Q7B, "layers": 8, "tokens": (1536, 3072), "short": 3, "repeats": 3, "threads": 2,
              "timeout_s": 3600},
 }
 
