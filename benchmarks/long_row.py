@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import new_result, publish, table
+from benchmarks.common import RESULTS_DIR, finish_result, new_result, publish, table, write_json
 from benchmarks.memory_model import Q7B, _build, _pass, _reset_peak, _Shape, _status, measure, predict
 from benchmarks.plots import pyplot, save
 from benchmarks.targets import evaluate
@@ -315,5 +315,33 @@ def _model_slope(shape: dict[str, Any], layers: int, recompute: bool, cal: dict[
     return activation_bytes(_Shape({**shape, "layers": layers}), 1, layers, recompute, 2, cal)
 
 
+def check_target_length(out_dir: Path, layers: int = 2, tokens: int = TARGET_TOKENS, threads: int = 2) -> Path:
+    """The target's length itself on a slice shallow enough to run plain here (2 layers at the 7B width: ~15 GB):
+    one step per mode, to check the per-layer slopes that the study extrapolates to 28k tokens. Writes
+    `<out_dir>/long-row-28k.json` (not a registered study: the `long-row` commentary cites it)."""
+    started = time.monotonic()
+    result = new_result("long-row-28k", "full", {"shape": Q7B, "layers": layers, "tokens": tokens,
+                                                  "threads": threads})
+    result["command"] = "python -m benchmarks.long_row --check-28k"
+    cases = [{"name": n, "tokens": tokens, "recompute": n == "recompute", "micro_batches": [[tokens]]}
+             for n in ("plain", "recompute")]
+    meas = measure({**Q7B, "layers": layers, "repeats": 1, "cases": cases}, module="benchmarks.long_row",
+                   threads=threads, timeout_s=3000)
+    result["measurements"] = meas
+    peak = {c["name"]: c["peaks"][0] for c in meas["cases"]}
+    result["derived"] = {"activation_cut": peak["plain"] / peak["recompute"],
+                         "per_token_per_layer_plain": peak["plain"] / tokens / layers}
+    result["tables"] = [table(f"One {tokens}-token row, {layers} layers at the 7B width (measured)",
+                              ["mode", "static GB", "activation peak GB", "total peak GB", "step s"],
+                              [[c["name"], f"{meas['static'] / 1e9:.2f}", f"{c['peaks'][0] / 1e9:.2f}",
+                                f"{(meas['static'] + c['peaks'][0]) / 1e9:.2f}", c["seconds"][0]]
+                               for c in meas["cases"]])]
+    finish_result(result, started)
+    return write_json(result, out_dir)
+
+
 if __name__ == "__main__":
-    print(json.dumps(_measure_cases(json.loads(sys.argv[1]))))
+    if sys.argv[1:] == ["--check-28k"]:
+        print(check_target_length(RESULTS_DIR))
+    else:
+        print(json.dumps(_measure_cases(json.loads(sys.argv[1]))))
