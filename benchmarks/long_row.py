@@ -317,12 +317,13 @@ def _model_slope(shape: dict[str, Any], layers: int, recompute: bool, cal: dict[
 
 def check_target_length(out_dir: Path, layers: int = 2, tokens: int = TARGET_TOKENS, threads: int = 2) -> Path:
     """The target's length itself on a slice shallow enough to run plain here (2 layers at the 7B width: ~15 GB):
-    one step per mode, to check the per-layer slopes that the study extrapolates to 28k tokens. Writes
-    `<out_dir>/long-row-28k.json` (not a registered study: the `long-row` commentary cites it)."""
+    one step per mode, to check the per-layer slopes that the study extrapolates to 28k tokens; two depths (1 and
+    2 layers) give the per-layer cost at 28k itself. Writes `<out_dir>/long-row-28k-<layers>l.json` (not a
+    registered study: the `long-row` commentary cites it)."""
     started = time.monotonic()
     result = new_result("long-row-28k", "full", {"shape": Q7B, "layers": layers, "tokens": tokens,
                                                   "threads": threads})
-    result["command"] = "python -m benchmarks.long_row --check-28k"
+    result["command"] = f"python -m benchmarks.long_row --check-28k {layers}"
     cases = [{"name": n, "tokens": tokens, "recompute": n == "recompute", "micro_batches": [[tokens]]}
              for n in ("plain", "recompute")]
     meas = measure({**Q7B, "layers": layers, "repeats": 1, "cases": cases}, module="benchmarks.long_row",
@@ -337,11 +338,12 @@ def check_target_length(out_dir: Path, layers: int = 2, tokens: int = TARGET_TOK
                                 f"{(meas['static'] + c['peaks'][0]) / 1e9:.2f}", c["seconds"][0]]
                                for c in meas["cases"]])]
     finish_result(result, started)
-    return write_json(result, out_dir)
+    written = write_json(result, out_dir)
+    return written.rename(written.with_name(f"long-row-28k-{layers}l.json"))
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--check-28k"]:
-        print(check_target_length(RESULTS_DIR))
+    if sys.argv[1] == "--check-28k":  # python -m benchmarks.long_row --check-28k [LAYERS]
+        print(check_target_length(RESULTS_DIR, layers=int(sys.argv[2]) if len(sys.argv) > 2 else 2))
     else:
         print(json.dumps(_measure_cases(json.loads(sys.argv[1]))))
