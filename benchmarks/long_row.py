@@ -315,24 +315,26 @@ def _model_slope(shape: dict[str, Any], layers: int, recompute: bool, cal: dict[
     return activation_bytes(_Shape({**shape, "layers": layers}), 1, layers, recompute, 2, cal)
 
 
-def check_target_length(out_dir: Path, layers: int = 2, tokens: int = TARGET_TOKENS, threads: int = 2) -> Path:
+def check_target_length(out_dir: Path, layers: int = 2, tokens: int = TARGET_TOKENS, threads: int = 2,
+                        shape: dict[str, Any] = Q7B) -> Path:
     """The target's length itself on a slice shallow enough to run plain here (2 layers at the 7B width: ~15 GB):
     one step per mode, to check the per-layer slopes that the study extrapolates to 28k tokens; two depths (1 and
     2 layers) give the per-layer cost at 28k itself. Writes `<out_dir>/long-row-28k-<layers>l.json` (not a
     registered study: the `long-row` commentary cites it)."""
     started = time.monotonic()
-    result = new_result("long-row-28k", "full", {"shape": Q7B, "layers": layers, "tokens": tokens,
+    result = new_result("long-row-28k", "full", {"shape": shape, "layers": layers, "tokens": tokens,
                                                   "threads": threads})
     result["command"] = f"python -m benchmarks.long_row --check-28k {layers}"
     cases = [{"name": n, "tokens": tokens, "recompute": n == "recompute", "micro_batches": [[tokens]]}
              for n in ("plain", "recompute")]
-    meas = measure({**Q7B, "layers": layers, "repeats": 1, "cases": cases}, module="benchmarks.long_row",
+    meas = measure({**shape, "layers": layers, "repeats": 1, "cases": cases}, module="benchmarks.long_row",
                    threads=threads, timeout_s=3000)
     result["measurements"] = meas
     peak = {c["name"]: c["peaks"][0] for c in meas["cases"]}
     result["derived"] = {"activation_cut": peak["plain"] / peak["recompute"],
                          "per_token_per_layer_plain": peak["plain"] / tokens / layers}
-    result["tables"] = [table(f"One {tokens}-token row, {layers} layers at the 7B width (measured)",
+    result["tables"] = [table(f"One {tokens}-token row, {layers} layers at {shape['hidden']} / "
+                              f"{shape['intermediate']} (measured)",
                               ["mode", "static GB", "activation peak GB", "total peak GB", "step s"],
                               [[c["name"], f"{meas['static'] / 1e9:.2f}", f"{c['peaks'][0] / 1e9:.2f}",
                                 f"{(meas['static'] + c['peaks'][0]) / 1e9:.2f}", c["seconds"][0]]

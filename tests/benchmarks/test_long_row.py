@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from benchmarks.cli import run_study
-from benchmarks.long_row import step_cases
+from benchmarks.long_row import TOY, check_target_length, step_cases
 
 
 def test_the_budget_step_uses_the_trainers_token_budget_grouping() -> None:
@@ -43,3 +43,13 @@ def test_long_row_toy(tmp_path: Path) -> None:
     measured_28k = next(t for name, t in targets.items() if name.endswith("28672-token row measured"))
     assert measured_28k["status"] == "not measured" and "GB here" in measured_28k["why"]
     assert all(t["status"] in ("met", "missed") for t in targets.values() if t is not measured_28k)
+
+
+def test_the_target_length_check_writes_both_modes(tmp_path: Path) -> None:
+    path = check_target_length(tmp_path, layers=1, tokens=512, threads=1, shape=TOY)
+    assert path.name == "long-row-28k-1l.json"
+    data = json.loads(path.read_text())
+    plain, recompute = data["measurements"]["cases"]
+    assert (plain["name"], recompute["name"]) == ("plain", "recompute")
+    assert plain["micro_batches"] == recompute["micro_batches"] == [[512]]
+    assert plain["peaks"][0] > 0 and recompute["peaks"][0] > 0 and data["derived"]["activation_cut"] > 0
