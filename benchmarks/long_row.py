@@ -31,6 +31,7 @@ the length the target names, which this machine cannot run plain (the RAM it nee
 
     python -m benchmarks long-row          # ~30 min on 2 cores; writes benchmarks/results/long-row.json
     python -m benchmarks long-row --toy    # seconds: a 512-wide slice (the smoke test)
+    python -m benchmarks.long_row --check-28k 2   # the 28k row itself on a 2-layer slice (~14 min; 1: ~6 min)
 """
 
 from __future__ import annotations
