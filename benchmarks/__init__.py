@@ -19,6 +19,7 @@ STUDIES: dict[str, str] = {
     "demo-sweep": "benchmarks.demo_sweep",
     "memory-model": "benchmarks.memory_model",
     "tool-use": "benchmarks.tool_use",
+    "long-row": "benchmarks.long_row",
 }
 """Study name → module; each module exposes `run(size: str, out_dir: Path) -> dict`."""
 

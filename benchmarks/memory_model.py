@@ -140,13 +140,16 @@ def _measure_head(spec: dict[str, Any]) -> dict[str, Any]:
     return {"static": 0, "activation_peak": _status("VmHWM") - base, "params": 0}
 
 
-def measure(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run one measurement in a fresh subprocess (see the module docstring); its bytes and seconds."""
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1",
+def measure(spec: dict[str, Any], *, module: str = "benchmarks.memory_model", threads: int = 1,
+            timeout_s: float = 600) -> dict[str, Any]:
+    """Run one measurement in a fresh subprocess (see the module docstring); its bytes and seconds. `module` is
+    the worker (`python -m module SPEC` prints one JSON line; the long-row study has its own), `threads` its
+    intra-op threads."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": str(threads),
            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     start = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "benchmarks.memory_model", json.dumps(spec)], env=env,
-                         capture_output=True, text=True, timeout=600, check=False)
+    out = subprocess.run([sys.executable, "-m", module, json.dumps(spec)], env=env,
+                         capture_output=True, text=True, timeout=timeout_s, check=False)
     if out.returncode:
         raise RuntimeError(f"measurement {spec} failed:\n{out.stderr[-3000:]}")
     return {**json.loads(out.stdout.strip().splitlines()[-1]), "seconds": round(time.monotonic() - start, 1)}

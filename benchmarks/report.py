@@ -26,6 +26,7 @@ TITLES = {
     "precision": "9. Precision per role",
     "demo-sweep": "10. Demo recipe sweep",
     "tool-use": "12. Tool use: SmolLM2 with and without a calculator",
+    "long-row": "13. Long row: recompute and token budgets at the 7B width",
 }
 
 

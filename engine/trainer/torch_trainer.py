@@ -97,6 +97,15 @@ def select_mini_batch(batch: TrainBatch, idx: list[int]) -> TrainBatch:
     return filler
 
 
+def enable_recompute(model: torch.nn.Module) -> None:
+    """`trainer.enable_gradient_checkpointing`: HF's per-decoder-layer checkpointing (non-reentrant), each layer's
+    forward recomputed in the backward in train mode (the long-row study turns it on the same way)."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.2's name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
     """alias → canonical name for parameters registered under several names (tied embeddings)."""
     first: dict[int, str] = {}
@@ -169,11 +178,8 @@ class TorchTrainerBackend(WarmupSchedule):
         if frozen:  # a reference: no gradients, no optimizer (`engine.runtime.backends.build_reference_backend`)
             model.requires_grad_(False)
             model.eval()
-        elif gradient_checkpointing:  # HF: each decoder layer's forward is recomputed in backward (train mode)
-            if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.2's name
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif gradient_checkpointing:
+            enable_recompute(model)
         self.entropy_mode: EntropyMode = entropy
         self.aliases = tied_aliases(model)
         self.vision = VisionSpec.from_config(getattr(model, "config", None))
