@@ -3,7 +3,6 @@ returns (not when all of them have, or the timeout has run out), and takes every
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -12,20 +11,6 @@ from engine.rollout.base import SamplingParams
 from engine.runtime.replica_calls import ReplicaCalls
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                 object_store_memory=128 * 2**20)
-    yield ray
-    if started:
-        ray.shutdown()
 
 
 def _sleeper(ray):

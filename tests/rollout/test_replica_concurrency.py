@@ -4,7 +4,6 @@ boundary (until `resume`)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -18,17 +17,12 @@ TINY = Path(__file__).resolve().parents[2] / "presets" / "runs" / "tiny-cpu.toml
 
 
 @pytest.fixture(scope="module")
-def replica():
-    import ray
+def replica(ray_local):
+    ray = ray_local
 
     from engine.models.loader import resolve_model_path
     from engine.runtime.replica import RolloutReplica
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                 object_store_memory=256 * 2**20)
     from dataclasses import replace
 
     from engine.plan.run_plan import resolve_plan
@@ -40,8 +34,6 @@ def replica():
     ray.get(actor.ready.remote())
     yield actor
     ray.kill(actor)
-    if started:
-        ray.shutdown()
 
 
 def _reqs(tag: str, count: int, budget: int) -> list[GenRequest]:

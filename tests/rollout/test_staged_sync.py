@@ -23,8 +23,8 @@ TINY = Path(__file__).resolve().parents[2] / "presets" / "runs" / "tiny-cpu.toml
 
 
 @pytest.fixture(scope="module")
-def setup():
-    import ray
+def setup(ray_local):
+    ray = ray_local
 
     from engine.models.loader import load_causal_lm, resolve_model_path
     from engine.plan.run_plan import resolve_plan
@@ -33,11 +33,6 @@ def setup():
     from engine.sync.shared_memory import SharedMemorySync
     from engine.trainer.fsdp import free_port
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                 object_store_memory=256 * 2**20)
     model_dir = resolve_model_path("builtin:tiny-qwen")
     cfg = load_run_config(TINY, ["rollout.max_num_seqs=8", 'rollout.weight_sync_back_buffer="on"']).config
     spec = replace(resolve_plan(cfg).role_specs().replica, model_dir=str(model_dir), threads=1)
@@ -48,8 +43,6 @@ def setup():
     yield actor, sender, sync
     sync.close()
     ray.kill(actor)
-    if started:
-        ray.shutdown()
 
 
 def _buckets(model: torch.nn.Module) -> list[dict[str, torch.Tensor]]:
