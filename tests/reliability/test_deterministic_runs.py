@@ -26,7 +26,7 @@ from engine.plan.run_plan import resolve_plan
 
 pytestmark = pytest.mark.integration
 
-STEPS = 40
+STEPS = 24
 EXTRA = (*DETERMINISTIC, f"rollout.total_rollout_steps={STEPS * 8}", "checkpoint.every_versions=4")
 
 

@@ -16,7 +16,8 @@ from engine.plan.run_plan import resolve_plan
 
 pytestmark = pytest.mark.integration
 
-EXTRA = ("rollout.total_rollout_steps=480", "data.max_response_length=8")
+STEPS = 24
+EXTRA = (f"rollout.total_rollout_steps={STEPS * 8}", "data.max_response_length=8")
 
 
 def _operator(run_dir, name: str, done: list) -> None:
@@ -49,9 +50,9 @@ def test_on_demand_checkpoint_and_graceful_stop_then_resume(tmp_path, capsys) ->
     reasons = [read_checkpoint(p)["state"]["reason"] for p in list_checkpoints(run_dir / "checkpoints")]
     assert reasons == ["on_demand", "stop"], reasons
     stopped_at = read_checkpoint(latest_valid(run_dir / "checkpoints"))["state"]["step"]
-    assert stopped_at < 60
+    assert stopped_at < STEPS
 
     assert run(resolve_plan(cfg), resume="auto", progress=False) == 0
     assert events(run_dir, "resume")[0]["step"] == stopped_at
-    assert [s for s, _ in train_steps(run_dir)] == list(range(1, 61))
-    assert_ledger_exact(cfg, run_dir, trained=480)
+    assert [s for s, _ in train_steps(run_dir)] == list(range(1, STEPS + 1))
+    assert_ledger_exact(cfg, run_dir, trained=STEPS * 8)
