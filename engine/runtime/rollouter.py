@@ -15,7 +15,8 @@ Elastic cores (`resources.elastic_cores`, `engine.loop.elastic`): the shell feed
 rollout's fact after every tick (a dispatch is out, or none) and the trainer's (`trainer_phase`: a step starts,
 or the trainer waits for a batch), and carries out its `SetThreads`: a replica's threads are sent to the
 replicas (applied at their next decode step), the trainer's are handed back to the trainer in `trainer_phase`'s
-answer (applied at its next local step).
+answer (applied at its next local step). The core has its own lock, so the trainer's report never waits behind
+the dispatch thread, which holds `self.lock` while it scores and queues groups.
 
 Reliability: a replica whose process dies (its `generate` raises `RayActorError`) is reported to the loop
 (its work goes back to pending) and replaced through the `ReplicaPool` (`rollout.max_replica_restarts`; when
@@ -92,6 +93,7 @@ class RolloutShell:
         self.lock = threading.Condition()
         self.calls = ReplicaCalls(keyed=cfg.trainer.deterministic)  # the generate calls out
         self.elastic = ElasticCores(spec.elastic)
+        self._elastic_lock = threading.Lock()  # the elastic core's own: the trainer never waits on `self.lock`
         self._trainer_threads = self.elastic.granted[TRAINER]  # the last SetThreads("trainer"), for trainer_phase
         self._running = False
         self.failure: str | None = None
@@ -134,8 +136,9 @@ class RolloutShell:
                         for uid, index, answer, validation in self.tools.ready():
                             self._execute(self.loop.tools_done(uid, index, answer, validation))
                     self._execute(self.loop.tick(time.monotonic()))
-                    self._execute(self.elastic.rollout(bool(self.loop.dispatches)))
+                    dispatching = bool(self.loop.dispatches)
                     self.lock.notify_all()
+                self._elastic_event(lambda core: core.rollout(dispatching))
                 self._push_workers()
                 if not self.calls:
                     time.sleep(LOOP_WAIT_S)
@@ -197,18 +200,24 @@ class RolloutShell:
                 self.controller.ack_knob.remote(c.name, c.version, self.loop.step)
             elif isinstance(c, CallTools):
                 self.tools.start(c)
-            elif isinstance(c, SetThreads):
-                self._set_threads(c)
             elif isinstance(c, Event):
                 self._event(c.level, c.kind, c.message, **c.extra)
 
+    def _elastic_event(self, event: Any) -> int:
+        """Feed the elastic-cores core one event (`event(core)` returns its commands) under its own lock — not
+        `self.lock`, which the dispatch thread holds while it scores and queues groups — and carry out its
+        `SetThreads`: the replicas take theirs at their next decode step (not waited for); the trainer's is the
+        answer to its next `trainer_phase` (its next local step). Returns the trainer's threads."""
+        with self._elastic_lock:
+            for c in event(self.elastic):
+                self._set_threads(c)
+            return self._trainer_threads
+
     def _set_threads(self, c: SetThreads) -> None:
-        """`SetThreads`: the replicas take theirs at their next decode step (not waited for); the trainer's is
-        answered to its next `trainer_phase` (its next local step)."""
         if c.role == TRAINER:
             self._trainer_threads = c.threads
             return
-        self.pool.signal(sorted(self.loop.live), "set_threads", c.threads)
+        self.pool.signal(self.pool.live(), "set_threads", c.threads)
 
     def _deliver_prompts(self) -> None:
         """`NeedPrompts`: read and render the epoch's training prompts (outside the lock), then hand them in."""
@@ -361,13 +370,11 @@ class RolloutShell:
     def trainer_phase(self, computing: bool, seq: int) -> int:
         """Elastic cores: the trainer starts a local step (`computing`) or waits for a batch (`seq`: its report's
         number; an overtaken one is ignored). Returns the threads the trainer computes with from its next step."""
-        with self.lock:
-            self._execute(self.elastic.trainer(computing, seq))
-            return self._trainer_threads
+        return self._elastic_event(lambda core: core.trainer(computing, seq))
 
     def replica_threads(self) -> list[dict[str, float]]:
         """Each live replica's threads as applied by its decode steps (`RolloutReplica.threads`)."""
-        refs = self.pool.signal(sorted(self.loop.live), "threads")
+        refs = self.pool.signal(self.pool.live(), "threads")
         out = []
         for ref in refs:
             try:
