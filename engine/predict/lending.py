@@ -5,21 +5,21 @@ the trainer waits for data, its M devices generate as ⌊M / tp⌋ more replicas
 parallel size), and are handed back before its next step (as verl's successor trainer and ROLL do). From
 the plan's steady window (`engine.predict.prediction.Prediction` of the layout):
 
-    T  = version time                              i = trainer idle ratio (its wait for data over T)
-    C  = (1 − i) · T                               the trainer's busy time per version (compute + sync pauses)
-    W  = R · slots · T · (1 − rollout idle)        the generation work per version (replica-slot-seconds)
-    L  = ⌊M / tp⌋ · slots                          the lent devices as replica slots (R · slots the rollout's own)
-    s  = the plan's sync pause per version         each version the lent replicas load the weights once
+    T  = version time                        i = trainer idle ratio (its wait for data over T)
+    C  = (1 − i) · T                         the trainer's busy time per version (compute + sync pauses)
+    w  = i · T                               the trainer's wait per version
+    u  = 1 − rollout idle ratio              the share of the rollout's slots busy (taken as uniform over T)
+    own = R · slots                          the rollout's own slots;  L = ⌊M / tp⌋ · slots the lent ones
+    s  = the plan's sync pause per version   the lent replicas load the current weights once per version
 
-    generation capacity over a version of length T':   R·slots·T' + L · max(0, T' − C − s) ≥ W
-    T' = max(C, W / (R·slots))                            when W / (R·slots) ≤ C + s (nothing left to lend for)
-    T' = max(C, (W + L · (C + s)) / (R·slots + L))        otherwise
-    predicted gain = T / T'
+    T' = min(T, C + s + w · ((1 − u) + u · own / (own + L)))        predicted gain = T / T'
 
-The gain is an upper bound of the schedule alone: it assumes the lent devices hold the rollout's weights and KV
-cache beside the trainer's (offloaded) state, switch in no time beyond the weight load `s`, and that the
-trainer's data arrives no later for it (the staleness budget is unchanged). With i = 0 (the trainer never
-waits) the gain is 1.
+Amdahl's rule over the trainer's wait: only its throughput-bound part (the rollout's busy share u) runs on
+own + L slots; the rest (a long-tail response, the staleness budget, a sync) does not shorten with more devices.
+Lending is worth it only when the wait saved exceeds the weight load `s` (else T' = T, gain 1). An upper bound of
+the schedule: the lent devices must hold the rollout's weights and KV cache beside the trainer's (offloaded)
+state and switch back at once; the staleness budget is unchanged. With i = 0 (the trainer never waits) the gain
+is 1.
 """
 
 from __future__ import annotations
@@ -34,24 +34,20 @@ def lending_gain(layout: Layout, plan: Any) -> dict[str, Any]:
     slots = max(1, layout.slots)
     T = plan.version_time_s
     i = plan.trainer_idle_ratio
-    C = (1.0 - i) * T
+    C, w = (1.0 - i) * T, i * T
+    u = max(0.0, min(1.0, 1.0 - plan.rollout_idle_ratio))
     own = layout.replicas * slots
-    W = own * T * (1.0 - plan.rollout_idle_ratio)
-    L = (layout.trainer_world // max(1, layout.rollout_tp)) * slots
-    s = plan.sync_pause_s
-    if L == 0 or W / own <= C + s:
-        t_new = max(C, W / own)
-    else:
-        t_new = max(C, (W + L * (C + s)) / (own + L))
-    t_new = min(T, t_new) if T > 0 else T
-    gain = T / t_new if t_new > 0 else 1.0
+    lent = layout.trainer_world // max(1, layout.rollout_tp)
+    L = lent * slots
+    t_new = min(T, C + plan.sync_pause_s + w * ((1.0 - u) + u * own / (own + L))) if L else T
     return {
         "built": False,
-        "lendable_replicas": layout.trainer_world // max(1, layout.rollout_tp),
+        "lendable_replicas": lent,
         "trainer_idle_ratio": i,
+        "rollout_busy_share": u,
         "version_time_s": T,
         "predicted_version_time_s": t_new,
-        "predicted_gain": gain,
-        "formula": "T' = max(C, (W + L·(C + s)) / (R·slots + L)); gain = T / T'  (C = (1 − i)·T, "
-                   "W = R·slots·T·(1 − rollout idle), L = ⌊M / tp⌋·slots, s = sync pause)",
+        "predicted_gain": T / t_new if t_new > 0 else 1.0,
+        "formula": "T' = min(T, C + s + w·((1 − u) + u·own / (own + L))); gain = T / T'  (C = (1 − i)·T, "
+                   "w = i·T, u = 1 − rollout idle, own = R·slots, L = ⌊M / tp⌋·slots, s = sync pause)",
     }
