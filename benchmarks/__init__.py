@@ -20,6 +20,7 @@ STUDIES: dict[str, str] = {
     "memory-model": "benchmarks.memory_model",
     "tool-use": "benchmarks.tool_use",
     "long-row": "benchmarks.long_row",
+    "elastic-cores": "benchmarks.elastic_cores",
 }
 """Study name → module; each module exposes `run(size: str, out_dir: Path) -> dict`."""
 

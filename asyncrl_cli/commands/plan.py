@@ -137,6 +137,11 @@ def _render(layout: Layout, costs: CostModel, out: dict[str, Any], seconds: floa
         parts.append(f"÷ colocated ({layout.accelerators} accelerators in turn): {out['speedup_vs_colocated']:.2f}×")
     if parts:
         con.print(" · ".join(parts))
+    if "lending" in out:
+        lend = out["lending"]
+        con.print(f"lending idle trainer devices to rollout (modelled, not built): {lend['predicted_gain']:.2f}× "
+                  f"(trainer idle {lend['trainer_idle_ratio']:.2f}, {lend['lendable_replicas']} replica(s) worth of "
+                  f"trainer devices; version {lend['version_time_s']:.3g} s → {lend['predicted_version_time_s']:.3g} s)")
     con.print("costs: " + ", ".join(f"{k} ← {v}" for k, v in sorted(costs.sources.items())))
     for note in costs.notes:
         con.print(f"  {note}")

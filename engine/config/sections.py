@@ -173,6 +173,13 @@ class ResourcesConfig(Section):
     """Trainer pool (`trainer.nnodes`, `trainer.n_gpus_per_node` in verl)."""
     rollout: NodeGroup = Field(default_factory=NodeGroup)
     """Rollout pool (`rollout.nnodes`, `rollout.n_gpus_per_node` in verl)."""
+    elastic_cores: bool = False
+    """On `device = "cpu"`, fully async, one trainer rank, not `trainer.deterministic`: when one role waits (the
+    trainer for a batch; the rollout for the staleness budget, a sync or the end of the stream), the other takes
+    its threads, and gives them back before the waiting role computes again (`engine.loop.elastic`: the trainer
+    changes its threads at a local-step boundary, a replica at a decode step). Off by default: on the tiny
+    preset it measured within the spread of the fixed split (docs/benchmarks.md, "Elastic cores"). Elsewhere
+    it changes nothing (`asyncrl plan` models the GPU analogue, lending idle trainer devices to rollout)."""
     placement_timeout_s: float = Field(300.0, gt=0)
     """On accelerator hardware: how long `launch` waits for Ray to place the pools' placement groups (one per
     node, one bundle per accelerator) before it fails with one line naming what could not be placed."""

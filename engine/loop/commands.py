@@ -4,7 +4,7 @@ A command is a request to do I/O: send requests to a replica, abort or resume re
 into the queue, pull groups, train a batch, push weights, cut a checkpoint, record an event. The shell
 carries each one out and reports the outcome back as an event (e.g. `RolloutLoop.group_put` after a `Put`,
 `TrainerLoop.trained` after a `Train`). The first block is the rollouter's, the second the trainer's;
-`AckKnob` and `Event` are both's.
+`AckKnob` and `Event` are both's; `SetThreads` is the elastic-cores core's (`engine.loop.elastic`).
 """
 
 from __future__ import annotations
@@ -208,6 +208,20 @@ class Finish:
     validate: bool
 
 
+# ---------------------------------------------------------------------------------- elastic cores
+
+
+@dataclass(frozen=True)
+class SetThreads:
+    """`role` ("trainer": each trainer rank; "rollout": each replica) computes with `threads` intra-op threads
+    from its next boundary on (the trainer: its next local step; a replica: its next decode step). Issued by
+    `engine.loop.elastic.ElasticCores`; the shell applies `torch.set_num_threads(threads)` in the thread that
+    computes, at that boundary."""
+
+    role: str
+    threads: int
+
+
 Command = (Dispatch | Abort | Resume | Put | CloseQueue | SetQueueBound | ValidationDone | NeedPrompts | CallTools | Event
            | AckKnob | PollControl | Pull | Drop | Train | AskOutstanding | Allow | SetTrigger | Sync | Checkpoint
-           | Record | Finish)
+           | Record | Finish | SetThreads)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from engine.loop.agent import AgentLimits
+from engine.loop.elastic import ElasticParams
 from engine.loop.rollout import RolloutParams, partial_rollout_in_force
 from engine.loop.trainer import TrainerParams
 from engine.plan.devices import RoleDevice, weight_sync_transport
@@ -101,6 +102,9 @@ class RolloutSpec:
     identity: RunIdentity | None = None
     resume: dict[str, Any] | None = None
     """A checkpoint's rollout part (`{"rollout", "queued", "in_flight"}`), on resume."""
+    elastic: ElasticParams = ElasticParams(1, 1)
+    """`resources.elastic_cores`: the plan's thread split and whether the rollouter lends it
+    (`engine.loop.elastic`; off unless `elastic_params` turns it on)."""
 
     @property
     def model_dir(self) -> str:
@@ -122,6 +126,9 @@ class TrainerSpec:
     weight_sync: WeightSyncSpec
     rank_options: Any = None
     """Ray options of the ranks (one dict for all, or a list by rank); bound at launch."""
+    elastic: bool = False
+    """Elastic cores on (`RolloutSpec.elastic`): the trainer reports its waits and steps to the rollouter and takes
+    the threads it answers at each local step."""
     identity: RunIdentity | None = None
     resume: dict[str, Any] | None = None
     """A checkpoint's trainer part (`{"path", "state"}`), on resume."""
@@ -189,6 +196,16 @@ def trainer_params(cfg: RunConfig, d: Derived, total_local_steps: int) -> Traine
                          staleness_threshold=d.staleness_threshold, validate_at_end=cfg.trainer.test_freq > 0)
 
 
+def elastic_params(cfg: RunConfig, d: Derived, actors: dict[str, Any]) -> ElasticParams:
+    """The elastic-cores core's parameters: the plan's split (`actors`: `engine.plan.placement.actor_resources`)
+    and the switch — on only where it is built: `resources.elastic_cores` on `device = "cpu"`, fully async, one
+    trainer rank, not `trainer.deterministic` (which pins one thread) and an `hf` rollout."""
+    on = (cfg.resources.elastic_cores and actors.get("device") == "cpu" and cfg.async_training.mode != "sync"
+          and d.trainer_world == 1 and not cfg.trainer.deterministic and cfg.rollout.backend == "hf")
+    return ElasticParams(int(actors["trainer_threads"]), int(actors["replica_threads"]), d.trainer_world,
+                         d.rollout_replicas, bool(on))
+
+
 def weight_sync_spec(cfg: RunConfig, d: Derived, trainer_device: RoleDevice) -> WeightSyncSpec:
     """The weight sync of `cfg`: a vLLM replica joins the collective with each of its TP workers."""
     per_replica = cfg.rollout.tensor_parallel_size if cfg.rollout.backend == "vllm" else 1
@@ -204,7 +221,9 @@ def role_specs(cfg: RunConfig, d: Derived, devices: dict[str, RoleDevice], actor
     if d.total_local_steps is None or d.total_rollout_steps is None:
         return None
     replica = ReplicaSpec(cfg, devices["rollout"], int(actors["replica_threads"]))
-    rollout = RolloutSpec(cfg, rollout_params(cfg, d), d.total_rollout_steps, d.rollout_replicas, replica)
+    rollout = RolloutSpec(cfg, rollout_params(cfg, d), d.total_rollout_steps, d.rollout_replicas, replica,
+                          elastic=elastic_params(cfg, d, actors))
     trainer = TrainerSpec(cfg, trainer_params(cfg, d, d.total_local_steps), d.trainer_world, devices["trainer"],
-                          int(actors["trainer_threads"]), weight_sync_spec(cfg, d, devices["trainer"]))
+                          int(actors["trainer_threads"]), weight_sync_spec(cfg, d, devices["trainer"]),
+                          elastic=rollout.elastic.enabled)
     return RoleSpecs(rollout, trainer)

@@ -22,6 +22,9 @@ waits for follows the dependencies (a rule chosen after the tiny-preset runs of 
 Baselines on the same accelerators: `sync` (asyncrl's mode = "sync": the same actors in turn) and
 `colocated` (verl's colocate baseline: all accelerators generate, then all train; the batch is split evenly
 over the replicas at once, so slots do not matter, and the training cost scales as 1 / world).
+
+On accelerators the plan adds `lending` (`engine.predict.lending`): the predicted gain of lending the trainer's
+devices to rollout while it waits for data — modelled, not built (on CPU, `resources.elastic_cores` is built).
 """
 
 from __future__ import annotations
@@ -177,6 +180,10 @@ def predict(layout: Layout, costs: CostModel, baselines: bool = True, measure: i
         if colo.device != "cpu":
             out["colocated"] = simulate(colo, costs, "colocated", measure, resolution=resolution)
         out["speedup_vs_sync"] = main.samples_per_s / out["sync"].samples_per_s
+        if layout.device != "cpu":
+            from engine.predict.lending import lending_gain
+
+            out["lending"] = lending_gain(layout, main)
         if "colocated" in out:
             out["speedup_vs_colocated"] = main.samples_per_s / out["colocated"].samples_per_s
     return out

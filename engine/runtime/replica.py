@@ -9,6 +9,10 @@ calls too with `abort(validation=True)`, at a stop). The flags stay set until th
 current weights still runs. `capacity()` is the number of sequences a new call could add now; `limits()`
 what the rollouter may send at once: `rows` (the backend's batch) and `calls` (`GENERATE_CALLS` for a
 backend with continuous batching, 1 for one without a `capacity()`: one batch per call).
+
+Threads: the process starts with the plan's share (`spec.threads`); `set_threads(n)` (elastic cores,
+`engine.loop.elastic`) hands `n` to the backend, which applies it in its decode thread at the next decode step;
+`threads()` reports what the decode steps ran with.
 """
 
 from __future__ import annotations
@@ -200,6 +204,22 @@ class RolloutReplica:
 
     def version(self) -> int:
         return self.backend.version
+
+    def set_threads(self, n: int) -> None:
+        """Elastic cores: compute with `n` intra-op threads from the next decode step on (a backend without
+        `set_threads`, e.g. vLLM, keeps its own)."""
+        setter = getattr(self.backend, "set_threads", None)
+        if callable(setter):
+            setter(int(n))
+
+    def threads(self) -> dict[str, float]:
+        """`{"applied", "mean"}`: the threads of the last decode step, and their mean over the decode steps since
+        the last call (the plan's share for a backend that does not report them)."""
+        take = getattr(self.backend, "take_thread_stats", None)
+        if callable(take):
+            return take()
+        n = float(max(1, self.spec.threads))
+        return {"applied": n, "mean": n}
 
     def debug_exit(self) -> None:
         """Fault injection (`debug.kill_replica_at_step`): the process exits at once, as a crash would."""

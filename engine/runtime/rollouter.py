@@ -11,6 +11,13 @@ Concurrency: one dispatch thread (`run`) collects results and ticks the loop; th
 `update_weights` / `snapshot` / `set_trigger` from other actor threads. Every call into the loop holds
 `self.lock`, so the loop sees one event at a time.
 
+Elastic cores (`resources.elastic_cores`, `engine.loop.elastic`): the shell feeds the `ElasticCores` core the
+rollout's fact after every tick (a dispatch is out, or none) and the trainer's (`trainer_phase`: a step starts,
+or the trainer waits for a batch), and carries out its `SetThreads`: a replica's threads are sent to the
+replicas (applied at their next decode step), the trainer's are handed back to the trainer in `trainer_phase`'s
+answer (applied at its next local step). The core has its own lock, so the trainer's report never waits behind
+the dispatch thread, which holds `self.lock` while it scores and queues groups.
+
 Reliability: a replica whose process dies (its `generate` raises `RayActorError`) is reported to the loop
 (its work goes back to pending) and replaced through the `ReplicaPool` (`rollout.max_replica_restarts`; when
 spent, `fit()` returns a `failure` and the driver stops the run with a checkpoint).
@@ -26,8 +33,10 @@ from typing import Any
 import ray
 
 from engine.loop.commands import (
-    Abort, AckKnob, CallTools, CloseQueue, Dispatch, Event, NeedPrompts, Put, Resume, SetQueueBound, ValidationDone,
+    Abort, AckKnob, CallTools, CloseQueue, Dispatch, Event, NeedPrompts, Put, Resume, SetQueueBound, SetThreads,
+    ValidationDone,
 )
+from engine.loop.elastic import TRAINER, ElasticCores
 from engine.loop.rollout import RolloutLoop
 from engine.loop.stream import PromptStream
 from engine.rollout.base import SamplingParams
@@ -83,6 +92,9 @@ class RolloutShell:
         self.inbox = self.loop.inbox()
         self.lock = threading.Condition()
         self.calls = ReplicaCalls(keyed=cfg.trainer.deterministic)  # the generate calls out
+        self.elastic = ElasticCores(spec.elastic)
+        self._elastic_lock = threading.Lock()  # the elastic core's own: the trainer never waits on `self.lock`
+        self._trainer_threads = self.elastic.granted[TRAINER]  # the last SetThreads("trainer"), for trainer_phase
         self._running = False
         self.failure: str | None = None
         self._error: str | None = None
@@ -124,7 +136,9 @@ class RolloutShell:
                         for uid, index, answer, validation in self.tools.ready():
                             self._execute(self.loop.tools_done(uid, index, answer, validation))
                     self._execute(self.loop.tick(time.monotonic()))
+                    dispatching = bool(self.loop.dispatches)
                     self.lock.notify_all()
+                self._elastic_event(lambda core: core.rollout(dispatching))
                 self._push_workers()
                 if not self.calls:
                     time.sleep(LOOP_WAIT_S)
@@ -188,6 +202,22 @@ class RolloutShell:
                 self.tools.start(c)
             elif isinstance(c, Event):
                 self._event(c.level, c.kind, c.message, **c.extra)
+
+    def _elastic_event(self, event: Any) -> int:
+        """Feed the elastic-cores core one event (`event(core)` returns its commands) under its own lock — not
+        `self.lock`, which the dispatch thread holds while it scores and queues groups — and carry out its
+        `SetThreads`: the replicas take theirs at their next decode step (not waited for); the trainer's is the
+        answer to its next `trainer_phase` (its next local step). Returns the trainer's threads."""
+        with self._elastic_lock:
+            for c in event(self.elastic):
+                self._set_threads(c)
+            return self._trainer_threads
+
+    def _set_threads(self, c: SetThreads) -> None:
+        if c.role == TRAINER:
+            self._trainer_threads = c.threads
+            return
+        self.pool.signal(self.pool.live(), "set_threads", c.threads)
 
     def _deliver_prompts(self) -> None:
         """`NeedPrompts`: read and render the epoch's training prompts (outside the lock), then hand them in."""
@@ -337,6 +367,22 @@ class RolloutShell:
             self.lock.notify_all()
             return self.pool.sync_members()
 
+    def trainer_phase(self, computing: bool, seq: int) -> int:
+        """Elastic cores: the trainer starts a local step (`computing`) or waits for a batch (`seq`: its report's
+        number; an overtaken one is ignored). Returns the threads the trainer computes with from its next step."""
+        return self._elastic_event(lambda core: core.trainer(computing, seq))
+
+    def replica_threads(self) -> list[dict[str, float]]:
+        """Each live replica's threads as applied by its decode steps (`RolloutReplica.threads`)."""
+        refs = self.pool.signal(self.pool.live(), "threads")
+        out = []
+        for ref in refs:
+            try:
+                out.append(ray.get(ref, timeout=10))
+            except (ray.exceptions.RayError, TimeoutError):
+                pass
+        return out
+
     def set_trigger(self, trigger: int) -> None:
         """The trainer applied a new sync interval at its local-step boundary: the budget uses it now."""
         with self.lock:
@@ -476,6 +522,13 @@ class RolloutShell:
 
     def report(self, step: int | None = None) -> dict[str, float]:
         """Counters for the trainer's per-step record (`step`: the trainer's local step just finished)."""
+        threads: dict[str, float] = {}
+        if self.elastic.p.enabled:  # what the replicas' decode steps ran with since the last report
+            seen = self.replica_threads()
+            if seen:
+                threads["asyncrl/threads/rollout"] = sum(t["mean"] for t in seen) / len(seen)
+            threads["asyncrl/elastic/lends/trainer"] = self.elastic.lends["trainer"]
+            threads["asyncrl/elastic/lends/rollout"] = self.elastic.lends["rollout"]
         with self.lock:
             if step is not None:
                 self.loop.step = step
@@ -494,6 +547,7 @@ class RolloutShell:
                 "asyncrl/rollout/version": loop.version,
                 "asyncrl/rollout/replica_restarts": self.pool.restarts,
                 **self._counters,
+                **threads,
                 **self.scorer.counters(),
                 **(self.tools.counters() if self.tools is not None else {}),
             }

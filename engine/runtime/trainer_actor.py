@@ -11,6 +11,10 @@ Checkpoints (`engine.persist.checkpoint`) are written when the core says `Checkp
 action `checkpoint`), at a graceful stop and at the end. When a step raises before the weights changed, a
 last checkpoint is attempted with the step's groups put back (`TrainerLoop.failed`). `resume` (from `engine.persist.resume`) restores the backend and counters.
 
+Elastic cores (`resources.elastic_cores`, `engine.loop.elastic`): before a `Pull` the shell tells the rollouter
+the trainer waits (not waited for), before a `Train` that it computes, and the answer is the thread count the
+step runs with (`torch.set_num_threads` here, at the step boundary; the metric `asyncrl/threads/trainer`).
+
 With M = `resources.trainer.nnodes × gpus_per_node` > 1 this actor is rank 0 of a `TrainerGroup`
 (`engine.runtime.trainer_group`): it alone runs the loop and talks to the other actors, and every backend call
 fans out to the M ranks (the batch's rows split between them).
@@ -91,6 +95,7 @@ class TrainerCore(TrainerCheckpoints):
         self._wait_s = 0.0
         self._weights_dirty = False  # True from the optimizer step until the step is in the ledger
         self._sync_snapshot: dict | None = None  # rollout-side cut taken at a sync, for a periodic checkpoint
+        self._phase_seq = 0  # elastic cores: the number of the trainer's last wait / compute report
         self.t0 = time.time()
         if spec.resume:
             self._restore(spec.resume)
@@ -153,6 +158,9 @@ class TrainerCore(TrainerCheckpoints):
                 self.request_stop("requested through the controller")
             return self.loop.control(self.inbox.take(knobs), actions)
         if isinstance(c, Pull):
+            if self.spec.elastic:  # the trainer waits for a batch: the rollout may take its threads
+                self._phase_seq += 1
+                self.rollouter.trainer_phase.remote(False, self._phase_seq)
             t0 = time.monotonic()
             got, closed = ray.get(self.queue.get_batch.remote(c.n, 1.0))
             self._wait_s += time.monotonic() - t0
@@ -163,6 +171,7 @@ class TrainerCore(TrainerCheckpoints):
             self._record_drops(list(c.groups), c.reason)
             return []
         if isinstance(c, Train):
+            self._take_threads()
             self._train(list(c.groups))
             return self.loop.trained()
         if isinstance(c, AskOutstanding):
@@ -199,6 +208,18 @@ class TrainerCore(TrainerCheckpoints):
             self.controller.record_event.remote(self._ev(c.level, c.kind, c.message, **c.extra))
             return []
         raise TypeError(f"not a trainer command: {c!r}")
+
+    def _take_threads(self) -> None:
+        """At the step boundary: elastic cores give the step its thread count (their `SetThreads("trainer")`,
+        answered by the rollouter); the metric records what the step runs with."""
+        import torch
+
+        if self.spec.elastic:
+            self._phase_seq += 1
+            n = int(ray.get(self.rollouter.trainer_phase.remote(True, self._phase_seq)))
+            if n != torch.get_num_threads():
+                torch.set_num_threads(max(1, n))
+        self._rec["asyncrl/threads/trainer"] = torch.get_num_threads()
 
     def _train(self, groups: list[TrajectoryGroup]) -> None:
         """One local step: proximal / reference log-probs, rollout correction, the optimizer step, the ledger."""

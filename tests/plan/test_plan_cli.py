@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from asyncrl_cli.app import app
@@ -118,3 +119,44 @@ def test_the_plan_models_the_streaming_rollouters_slots_by_default() -> None:
     assert plan_slots(4096, 8, replicas=64, in_flight=1000) == 1  # the simulation's budget
     assert plan_slots(4096, 8, replicas=2, in_flight=6) == 3  # no more slots than groups out at once
     assert plan_slots(256, 8, replicas=1, in_flight=32) == 8  # 8 slots of 4 groups hold all 32 in one round
+
+
+SEED_002 = RUNS / "qwen3-vl-8b-geo3k-fsdp2-npu-2x8.toml"  # the 16-16 file's 910C preset has no cost figures
+
+
+def test_seed_layouts_model_lending_idle_trainer_devices_to_rollout() -> None:
+    """`plan --json` carries the lending term (modelled, not built) for both seed layouts, with its formula; the
+    predicted version time follows it from the plan's own steady state."""
+
+    for preset in (SEED, SEED_002):
+        r = _plan(preset, "--json")
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.output)
+        lend, plan = doc["lending"], doc["plan"]
+        assert lend["built"] is False and "T'" in lend["formula"]
+        assert lend["trainer_idle_ratio"] == plan["trainer_idle_ratio"]
+        assert lend["predicted_gain"] >= 1.0
+        assert lend["predicted_version_time_s"] == pytest.approx(plan["version_time_s"] / lend["predicted_gain"])
+        assert lend["lendable_replicas"] == doc["layout"]["trainer_world"] // doc["layout"]["rollout_tp"]
+    assert "lending idle trainer devices" in _plan(SEED).output
+
+
+def test_lending_gains_nothing_when_the_trainer_never_waits_and_more_when_it_waits_longer() -> None:
+    from types import SimpleNamespace
+
+    from engine.predict.costs import Layout
+    from engine.predict.lending import lending_gain
+
+    layout = Layout("x", "fully_async", 8, 32, 1, 0.5, True, None, "drop", 512, 128, 64, replicas=4, rollout_tp=2,
+                    trainer_world=8, trainer_model_parallel=1, total_versions=None, log_prob_passes=1)
+    busy = SimpleNamespace(version_time_s=10.0, trainer_idle_ratio=0.0, rollout_idle_ratio=0.0, sync_pause_s=0.5)
+    assert lending_gain(layout, busy)["predicted_gain"] == 1.0
+    gains = [lending_gain(layout, SimpleNamespace(version_time_s=10.0, trainer_idle_ratio=i, rollout_idle_ratio=0.0,
+                                                  sync_pause_s=0.5))["predicted_gain"] for i in (0.2, 0.4, 0.6)]
+    assert 1.0 < gains[0] < gains[1] < gains[2]
+    # i = 0.6, u = 1: C = 4, w = 6, own = L = 4, s = 0.5: T' = 4 + 0.5 + 6 · 4 / 8 = 7.5
+    assert gains[2] == pytest.approx(10.0 / 7.5)
+    # a latency-bound wait (the rollout mostly idle) gains little from more devices
+    idle = lending_gain(layout, SimpleNamespace(version_time_s=10.0, trainer_idle_ratio=0.6, rollout_idle_ratio=0.9,
+                                                sync_pause_s=0.5))
+    assert 1.0 <= idle["predicted_gain"] < gains[0]

@@ -96,3 +96,21 @@ def test_the_driver_takes_a_plan_only() -> None:
 
     with pytest.raises(TypeError, match="resolve_plan"):
         run(tiny())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("overrides", "on"), [
+    ((), False),  # off by default
+    (("resources.elastic_cores=true",), True),
+    (("resources.elastic_cores=true", 'async_training.mode="sync"', "async_training.staleness_threshold=0",
+      "async_training.partial_rollout=false"), False),  # sync: each phase has every core already
+    (("resources.elastic_cores=true", "trainer.deterministic=true"), False),  # one pinned thread
+    (("resources.elastic_cores=true", 'resources.hardware="h100"'), False),  # modelled by `plan`, not built
+])
+def test_elastic_cores_are_on_only_where_they_are_built(overrides: tuple[str, ...], on: bool) -> None:
+    plan = resolve_plan(tiny(*overrides), cores=4)
+    specs = plan.role_specs()
+    assert specs.rollout.elastic.enabled is on
+    assert specs.trainer.elastic is on
+    if plan.actors["device"] == "cpu":  # the core lends the plan's split
+        assert (specs.rollout.elastic.trainer_threads, specs.rollout.elastic.replica_threads) == \
+            (plan.actors["trainer_threads"], plan.actors["replica_threads"])

@@ -170,3 +170,24 @@ def test_samples_of_a_prompt_joining_at_different_steps_share_one_prefill(tiny_l
                                          r.max_version)) for r in results], pad_token_id=PAD)
     log_probs, _ = trainer.compute_log_probs(batch)
     assert float((log_probs - batch.rollout_log_probs)[batch.response_mask.bool()].abs().max()) < 1e-4
+
+
+def test_set_threads_takes_effect_in_the_decode_thread_at_the_next_decode_step(tiny_lm) -> None:
+    """Elastic cores: `set_threads(n)` is applied with `torch.set_num_threads` by the decode thread at its next
+    iteration — also in the middle of a running call — and the decode steps report what they ran with."""
+    backend = HFRolloutBackend(tiny_lm(), eos_token_id=NEVER, pad_token_id=PAD, max_batch_size=8)
+    backend.set_threads(1)
+    backend.generate(reqs("a", 2, 5, seed=1), GREEDY)
+    assert backend.take_thread_stats() == {"applied": 1.0, "mean": 1.0}
+    backend.set_threads(2)
+    backend.generate(reqs("b", 2, 5, seed=2), GREEDY)
+    assert backend.take_thread_stats() == {"applied": 2.0, "mean": 2.0}
+    backend.set_threads(1)
+    gate = Gate(after=4)
+    t, box = in_thread(backend.generate, reqs("long", 2, 40, seed=3), GREEDY, should_abort=gate)
+    assert gate.event.wait(30)
+    backend.set_threads(2)  # lands between two decode steps of the running call
+    t.join(60)
+    assert all(r.finish_reason == "length" for r in box["out"])
+    st = backend.take_thread_stats()
+    assert st["applied"] == 2.0 and 1.0 < st["mean"] < 2.0

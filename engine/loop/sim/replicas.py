@@ -40,6 +40,9 @@ class SimReplica:
     calls: int = 1
     dispatches: dict[int, SimDispatch] = field(default_factory=dict)
     busy_since: float | None = None
+    threads: int = 1  # elastic cores: what its decode steps run with
+    want_threads: int = 1  # the last `SetThreads("rollout")`, taken at the next decode step
+    threads_due: float = 0.0  # when the last `SetThreads` takes effect (its next decode step)
 
     def is_aborted(self, kind: str) -> bool:
         return self.aborted_val if kind == "val" else self.aborted
@@ -88,6 +91,7 @@ class SimReplicas:
                                  f"({rep.rows} rows, {rep.calls} calls): {self.describe()}")
         if not rep.dispatches:
             rep.busy_since = self.now
+            rep.threads = rep.want_threads  # an idle replica's next decode step is this dispatch's first
         rep.dispatches[did] = d
         if rep.is_aborted(kind):  # an aborted call returns at once (the core never sends one; safety)
             d.cut = True

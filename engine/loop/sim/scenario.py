@@ -74,6 +74,12 @@ class Scenario:
     """A call still running after this long answers with a timeout error text instead (None: no timeout)."""
     tool_answer_tokens: int = 3
     """A tool answer renders to 1..2× this many tokens (an error text to 2)."""
+    elastic_cores: bool = False
+    """`resources.elastic_cores`: the world runs `engine.loop.elastic.ElasticCores` and applies its
+    `SetThreads` at each role's next boundary (the checker bounds the threads in use)."""
+    trainer_threads: int = 1
+    """The plan's split: threads of the trainer (one rank) and of each replica."""
+    replica_threads: int = 1
 
     @property
     def required_samples(self) -> int:
@@ -153,6 +159,9 @@ def draw(seed: int, multi_turn: bool | None = None) -> Scenario:
     mt = r.random() < 0.35  # multi-turn (drawn last: the fields above are as before)
     if multi_turn if multi_turn is not None else mt:
         _draw_multi_turn(r, s)
+    if r.random() < 0.5:  # elastic cores (drawn last: the fields above are as before)
+        s.elastic_cores = True
+        s.trainer_threads, s.replica_threads = r.choice([1, 1, 2, 3]), r.choice([1, 1, 2])
     return s
 
 

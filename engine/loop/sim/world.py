@@ -5,7 +5,10 @@ sequence (pull, drop, train, sync decision, sync, checkpoint cut, stop, end) is 
 
 Replicas (`engine.loop.sim.replicas`) take several dispatches at once up to their drawn capacity; each
 generates in `max(remaining tokens) × token_cost`; an abort returns at the next token boundary with the
-tokens generated so far. A training step takes its tokens ×
+tokens generated so far. With `elastic_cores` the world runs the real `ElasticCores` core (`engine.loop.elastic`):
+the trainer reports a wait before every `Pull` and a step before every `Train` (taking the threads granted at
+that step boundary), the rollout whether a dispatch is out after every tick; a replica takes a `SetThreads` at
+its next decode step (`replica cost` later while it generates, at once when idle). A training step takes its tokens ×
 `train_token_cost`, a sync `sync_cost`. A checkpoint is a copy of both cores' checkpoint state, the queue,
 the trainer's buffer and the ledger's length, cut as the rollouter cuts it: at a sync while the rollout side
 is paused (periodic), else under `begin_hold` with the running generations drained (on demand, stop, final);
@@ -25,8 +28,10 @@ from typing import Any
 from engine.control.core import ControllerCore
 from engine.loop.commands import (
     Abort, AckKnob, Allow, AskOutstanding, CallTools, Checkpoint, CloseQueue, Command, Dispatch, Drop, Event, Finish,
-    NeedPrompts, PollControl, Pull, Put, Record, Resume, SetQueueBound, SetTrigger, Sync, Train, ValidationDone,
+    NeedPrompts, PollControl, Pull, Put, Record, Resume, SetQueueBound, SetThreads, SetTrigger, Sync, Train,
+    ValidationDone,
 )
+from engine.loop.elastic import ROLLOUT as E_ROLLOUT, TRAINER as E_TRAINER, ElasticCores, ElasticParams
 from engine.loop.knobs import ROLLOUTER, TRAINER
 from engine.loop.agent import AgentLimits
 from engine.loop.budget import staleness_in_force
@@ -152,6 +157,12 @@ class World(SimReplicas, SimTools):
         for r in self.replicas:
             r.reset()
         self.rollout.live = {i for i, r in enumerate(self.replicas) if r.alive}
+        self.elastic = ElasticCores(ElasticParams(self.s.trainer_threads, self.s.replica_threads, 1,
+                                                  len(self.replicas), self.s.elastic_cores))
+        self.trainer_grant = self.trainer_threads = self.elastic.granted[E_TRAINER]  # granted; applied by the step
+        self.training_until: float | None = None  # the end of the step being trained (None: not training)
+        for r in self.replicas:
+            r.threads = r.want_threads = self.elastic.granted[E_ROLLOUT]
         if ckpt is None:
             self.ledger = []
             if self.s.val_before_train and self.val:
@@ -206,6 +217,7 @@ class World(SimReplicas, SimTools):
                 on = handlers[kind] = getattr(self, f"_on_{kind}")
             on(*args)
             self._kick()
+            self.check.on_threads()
         if not self.done and not self.check.violations:
             self.check.violation("deadlock", f"no event can happen and the run is not over: {self.describe()}")
         if self.done:
@@ -234,6 +246,7 @@ class World(SimReplicas, SimTools):
             if self.rollout.stream.emitted > before:
                 self.check.on_admit(self.rollout.budget)
             self._execute(cmds)
+            self._execute(self.elastic.rollout(bool(self.rollout.dispatches)))
             if not self._trainer_progress() and not cmds:
                 return
         self.check.violation("livelock", f"1000 actions at one instant: {self.describe()}")
@@ -274,9 +287,48 @@ class World(SimReplicas, SimTools):
                 self._ack(c)
             elif isinstance(c, CallTools):
                 self._call_tools(c)
+            elif isinstance(c, SetThreads):
+                self._set_threads(c)
             elif isinstance(c, Event):
                 if c.kind == "knob" and "refused" in c.message:
                     self.check.on_knob_refused(c.extra.get("knob"))
+
+    def _set_threads(self, c: SetThreads) -> None:
+        """The trainer takes its threads at its next step; a generating replica at its next decode step, an idle
+        one when it next starts (`_on_threads`)."""
+        if c.role == E_TRAINER:
+            self.trainer_grant = c.threads
+            return
+        for rid, rep in enumerate(self.replicas):
+            rep.want_threads = c.threads
+            if rep.dispatches:
+                rep.threads_due = self.now + rep.cost  # its next decode step
+                self._at(rep.threads_due, "threads", (self.run_epoch, rid, c.threads))
+            else:
+                rep.threads = c.threads
+
+    def _on_threads(self, run_epoch: int, rid: int, n: int) -> None:
+        rep = self.replicas[rid]
+        if run_epoch == self.run_epoch and rep.want_threads == n:
+            rep.threads = n
+
+    def threads_in_use(self) -> tuple[int, int, float | None]:
+        """(threads computing now as applied, the same counting only what the core grants now, the latest end of
+        a window in which a borrower still runs with threads it gave back: its next boundary)."""
+        used = bounded = 0
+        ends: list[float] = []
+        if self.training_until is not None:
+            used += self.trainer_threads
+            bounded += min(self.trainer_threads, self.elastic.granted[E_TRAINER])
+            if self.trainer_threads > self.elastic.granted[E_TRAINER]:
+                ends.append(self.training_until)
+        for rep in self.replicas:
+            if rep.alive and rep.dispatches:
+                used += rep.threads
+                bounded += min(rep.threads, rep.want_threads)
+                if rep.threads > rep.want_threads:
+                    ends.append(rep.threads_due)
+        return used, bounded, max(ends) if ends else None
 
     # ------------------------------------------------------------------ faults and the operator
     def _on_replica_death(self) -> None:
@@ -352,6 +404,7 @@ class World(SimReplicas, SimTools):
             return tr.control(self.inbox[TRAINER].take(self.controller.get_knobs()),
                               self.controller.take_actions("trainer", tr.local_step))
         if isinstance(c, Pull):
+            self._execute(self.elastic.trainer(False))  # the trainer waits for a batch
             return self._pull(c.n)
         if isinstance(c, Drop):
             uids = [g.prompt.uid for g in c.groups]
@@ -364,6 +417,8 @@ class World(SimReplicas, SimTools):
                 self.staleness.append(st)
                 self.check.on_trained(g, st)
             cost = sum(len(t.response_ids) for g in c.groups for t in g.trajectories) * self.s.train_token_cost
+            self._execute(self.elastic.trainer(True))  # the step starts: it takes the threads granted now
+            self.trainer_threads, self.training_until = self.trainer_grant, self.now + cost
             self.trainer_busy += cost
             self._at(self.now + cost, "trained", (self.run_epoch, [g.prompt.uid for g in c.groups]))
             return None
@@ -452,7 +507,7 @@ class World(SimReplicas, SimTools):
         if run_epoch != self.run_epoch:
             return
         self.ledger += [(u, "trained") for u in uids]
-        self.waiting = None
+        self.waiting, self.training_until = None, None
         self._trainer_run(self.trainer.trained())
 
     def _on_synced(self, run_epoch: int) -> None:

@@ -162,6 +162,15 @@ class HFRolloutBackend:
                 for k, out in zip(members, outs):
                     outputs[where[k]], started[where[k]] = out, version
 
+    def set_threads(self, n: int) -> None:
+        """Decode with `n` intra-op threads from the next decode step on (`torch.set_num_threads` in the decode
+        thread; elastic cores)."""
+        self._batcher.threads = max(1, int(n))
+
+    def take_thread_stats(self) -> dict[str, float]:
+        """The threads of the last decode step and their mean over the steps since the last call."""
+        return self._batcher.take_thread_stats()
+
     def capacity(self) -> int:
         """Rows a new request could take now (`max_batch_size` − running − waiting)."""
         return self._batcher.free_rows()

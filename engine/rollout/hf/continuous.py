@@ -21,6 +21,10 @@ does, in order:
 5. **decode step** for the rows left: one forward of the sampled tokens at positions L_i + t (+ δ_i, the
    multimodal RoPE offset), giving the next pending logits.
 
+Threads: `threads` (set by `HFRolloutBackend.set_threads`, elastic cores) is applied with `torch.set_num_threads`
+in the worker thread at the start of an iteration — a decode-step boundary — when it differs from what that
+thread runs with (torch's thread count is per thread once a thread has computed).
+
 A row's log-probs are those of its own context whatever padding or neighbours the batch gives it (the
 attention mask hides padding; rows never attend to each other), so abort/resume at any boundary and the
 trainer's recomputation agree as before. Models whose cache cannot be merged (sliding-window layers:
@@ -97,6 +101,10 @@ class ContinuousBatcher:
         self._waiting_keys: Counter = Counter()  # context key → rows of it still waiting
         self._stash: dict[Any, tuple[int, Any, torch.Tensor, torch.Tensor]] = {}
         self.busy_seconds = 0.0
+        self.threads: int | None = None  # wanted intra-op threads (None: the process's setting)
+        self._thread_sum = 0  # threads × iterations since `take_thread_stats`
+        self._thread_steps = 0
+        self._thread_last = 0
         self._reset()
 
     def _reset(self) -> None:
@@ -128,12 +136,33 @@ class ContinuousBatcher:
             return max(0, self.max_rows - len(self.live) - len(self._pending))
 
     # --- the worker -------------------------------------------------------------------------------------
+    def take_thread_stats(self) -> dict[str, float]:
+        """`{"applied", "mean"}`: the threads of the last iteration, their mean over the iterations since the
+        last call (the last one's when none ran)."""
+        with self._lock:
+            last = self._thread_last or torch.get_num_threads()
+            mean = self._thread_sum / self._thread_steps if self._thread_steps else last
+            self._thread_sum = self._thread_steps = 0
+            return {"applied": float(last), "mean": float(mean)}
+
+    def _apply_threads(self) -> None:
+        """At a decode-step boundary, in the worker thread: take the wanted thread count."""
+        want = self.threads
+        if want is not None and want != torch.get_num_threads():
+            torch.set_num_threads(want)
+        n = torch.get_num_threads()
+        with self._lock:
+            self._thread_last = n
+            self._thread_sum += n
+            self._thread_steps += 1
+
     def _loop(self) -> None:
         while True:
             with self._lock:
                 if not self._pending and not self.live:
                     self._worker = None
                     return
+            self._apply_threads()
             start = time.perf_counter()
             try:
                 with self.model_lock, torch.inference_mode():
