@@ -48,6 +48,11 @@ from engine.sync.verify import DeliveryCheck
 from engine.types import TrajectoryGroup
 
 
+ELASTIC_ANSWER_S = 30.0
+"""Elastic cores: how long a step waits for the rollouter's thread answer before it trains with the threads it has
+(the rollouter answers at once unless its process is stalled; a dead one raises)."""
+
+
 class TrainerCore(TrainerCheckpoints):
     """The training loop of rank 0, from its `TrainerSpec` (`engine.plan.roles`: the loop's parameters, M ranks,
     the trainer device and threads, the weight sync, the run's identity, a checkpoint's trainer part on resume).
@@ -216,7 +221,11 @@ class TrainerCore(TrainerCheckpoints):
 
         if self.spec.elastic:
             self._phase_seq += 1
-            n = int(ray.get(self.rollouter.trainer_phase.remote(True, self._phase_seq)))
+            try:
+                n = int(ray.get(self.rollouter.trainer_phase.remote(True, self._phase_seq), timeout=ELASTIC_ANSWER_S))
+            except ray.exceptions.GetTimeoutError:  # never wait on an optimisation: train with the threads it has
+                n = torch.get_num_threads()
+                self._rec["asyncrl/elastic/late_answers"] = self._rec.get("asyncrl/elastic/late_answers", 0) + 1
             if n != torch.get_num_threads():
                 torch.set_num_threads(max(1, n))
         self._rec["asyncrl/threads/trainer"] = torch.get_num_threads()
