@@ -34,6 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.sync import native
+
 ALIGN = 64
 """Byte alignment of each tensor in a bucket (a cache line; any dtype's element size divides it)."""
 _K = 0x9E3779B97F4A7C15 - 2**64  # the golden-ratio constant as a signed int64
@@ -109,6 +111,10 @@ def fingerprint(data: torch.Tensor) -> int:
     if data.device.type == "cpu":
         fp = Fingerprint()
         array = host_bytes(data)
+        sums = native.sum_fp(array, 0)
+        if sums is not None:
+            fp.total, fp.strided = sums
+            return fp.value
         for lo in range(0, array.size, CHUNK):
             fp.add(array[lo:lo + CHUNK], lo)
         return fp.value
@@ -133,6 +139,11 @@ class Fingerprint:
         self.strided = 0
 
     def add(self, region: Any, at: int) -> None:
+        sums = native.sum_fp(region, at)
+        if sums is not None:
+            self.total += sums[0]
+            self.strided += sums[1]
+            return
         words = region.view("<u8")
         self.total += int(words.sum())
         self.strided += int(words[(-(at // 8)) % 7::7].sum())
@@ -145,7 +156,13 @@ class Fingerprint:
 def copy_fingerprinted(dst: Any, src: Any, n: int, fp: Fingerprint, at: int, seen: Any) -> None:
     """Copy the first `n` bytes of `src` into `dst` (numpy uint8 arrays) `CHUNK` by `CHUNK`, adding each chunk of
     `seen` to `fp` while it is still in cache. `seen` is the buffer's region that starts at byte `at` (length a
-    multiple of 8, its padding beyond `n` included): `dst` on the sender's pack, `src` on a receiver's load."""
+    multiple of 8, its padding beyond `n` included): `dst` on the sender's pack, `src` on a receiver's load.
+    With the native kernel (`engine.sync.native`) all of it is one call, one pass, the same fingerprint."""
+    sums = native.copy_fp(dst, src, n, seen, at)
+    if sums is not None:
+        fp.total += sums[0]
+        fp.strided += sums[1]
+        return
     for lo in range(0, seen.size, CHUNK):
         hi = min(lo + CHUNK, seen.size)
         if lo < n:
