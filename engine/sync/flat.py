@@ -28,6 +28,8 @@ with `torch.from_numpy` without a copy. Raw bytes only: numpy never sees a bf16 
 
 from __future__ import annotations
 
+import threading
+import time
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -155,11 +157,32 @@ class Fingerprint:
         return (self.total + _K * self.strided) & _MASK
 
 
+_COPY_STATS = [0.0, 0]
+_COPY_LOCK = threading.Lock()
+
+
+def copy_stats() -> tuple[float, int]:
+    """(seconds, bytes) this process has spent in `copy_fingerprinted`, all threads together (`bytes`: the
+    regions fingerprinted); the difference of two readings is one side's busy time in a sync."""
+    with _COPY_LOCK:
+        return _COPY_STATS[0], _COPY_STATS[1]
+
+
 def copy_fingerprinted(dst: Any, src: Any, n: int, fp: Fingerprint, at: int, seen: Any) -> None:
     """Copy the first `n` bytes of `src` into `dst` (numpy uint8 arrays) `CHUNK` by `CHUNK`, adding each chunk of
     `seen` to `fp` while it is still in cache. `seen` is the buffer's region that starts at byte `at` (length a
     multiple of 8, its padding beyond `n` included): `dst` on the sender's pack, `src` on a receiver's load.
-    With the native kernel (`engine.sync.native`) all of it is one call, one pass, the same fingerprint."""
+    With the native kernel (`engine.sync.native`) all of it is one call, one pass, the same fingerprint. Its
+    time and bytes are counted (`copy_stats`)."""
+    t0 = time.perf_counter()
+    _copy_fingerprinted(dst, src, n, fp, at, seen)
+    dt = time.perf_counter() - t0
+    with _COPY_LOCK:
+        _COPY_STATS[0] += dt
+        _COPY_STATS[1] += seen.size
+
+
+def _copy_fingerprinted(dst: Any, src: Any, n: int, fp: Fingerprint, at: int, seen: Any) -> None:
     sums = native.copy_fp(dst, src, n, seen, at)
     if sums is not None:
         fp.total += sums[0]
