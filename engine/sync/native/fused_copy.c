@@ -11,10 +11,11 @@
  * of seen (the word holding the copy's last bytes, the padding) is read after the copy. n = 0: sums only.
  *
  * Summing: 7 vector accumulators, one per vector of a block of 7 vectors (7 x 8 words with AVX-512, 7 x 4 with
- * AVX2, 7 x 1 scalar). A block is a multiple of 7 words, so a word's lane and accumulator fix its global index
+ * AVX2, 7 x 2 with SSE2; without SIMD one word at a time). A block is a multiple of 7 words, so a word's lane and accumulator fix its global index
  * mod 7: the strided sum is a fixed selection of the accumulators' lanes, taken once at the end.
- * Stores: non-temporal (streamed past the cache, no read-for-ownership) when `nt` and dst aligns to the vector
- * after a few scalar words; regular stores otherwise; _mm_sfence() after streaming.
+ * Loads: prefetched PREFETCH bytes ahead. Stores: non-temporal (streamed past the cache, no read-for-ownership)
+ * when `nt` and dst aligns to the vector after a few scalar words; regular stores otherwise; _mm_sfence() after
+ * streaming.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -103,6 +104,7 @@ const char *asyncrl_native_isa(void) {
 
 #ifdef VW
 #define BLOCK (7 * VW * 8) /* bytes per block */
+#define PREFETCH 3584      /* bytes ahead the loads are prefetched (+6-10 % over the hardware prefetcher alone here) */
 
 /* mode 0: sum only; 1: copy with regular stores; 2: copy with streaming stores (dst aligned to the vector). */
 static inline __attribute__((always_inline)) void blocks(uint8_t *dst, const uint8_t *src, size_t nblocks, int mode,
@@ -110,6 +112,7 @@ static inline __attribute__((always_inline)) void blocks(uint8_t *dst, const uin
     vec a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3], a4 = acc[4], a5 = acc[5], a6 = acc[6];
     for (size_t b = 0; b < nblocks; b++) {
         const uint8_t *s = src + b * BLOCK;
+        for (unsigned o = 0; o < BLOCK; o += 64) _mm_prefetch((const char *)(s + PREFETCH + o), _MM_HINT_T0);
         vec v0 = VLOAD(s), v1 = VLOAD(s + 8 * VW), v2 = VLOAD(s + 16 * VW), v3 = VLOAD(s + 24 * VW);
         vec v4 = VLOAD(s + 32 * VW), v5 = VLOAD(s + 40 * VW), v6 = VLOAD(s + 48 * VW);
         if (mode == 1) {
