@@ -94,7 +94,7 @@ def test_slots_carry_every_byte_to_every_receiver_and_no_file_is_left_in_dev_shm
                 assert sums == sent.fingerprints[:len(want)]  # the receiver's checksums are the sender's
                 assert len(got) == len(want)
                 for g, w in zip(got, want):
-                    assert list(g) == list(w)
+                    assert sorted(g) == sorted(w)  # (first and last bucket: smallest tensors at the ends, `ramped`)
                     for name in w:  # dtype, shape and every byte
                         assert g[name] == raw(w[name]), name
     finally:
