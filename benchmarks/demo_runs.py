@@ -117,6 +117,16 @@ def run_variants(study: str, size: str, variants: list[Variant]) -> tuple[dict[s
     return result, runs
 
 
+def val_accuracy(record: dict[str, Any]) -> float:
+    """A validation record's greedy accuracy: `val-core/<source>/acc/mean@1`, or the reward's mean where the scorer
+    returns a plain score (`gsm8k`: 1 right / 0 wrong, so its reward is its accuracy)."""
+    for suffix in ("/acc/mean@1", "/reward/mean@1"):
+        found = [v for k, v in record.items() if k.startswith("val-core/") and k.endswith(suffix)]
+        if found:
+            return float(found[0])
+    raise ValueError(f"no val-core accuracy in {sorted(record)}")
+
+
 def summarize(variant: Variant, run_dir: Path, t0: float, code: int, wall_s: float) -> DemoRun:
     """A finished run directory reduced to a `DemoRun` (formulas in the module docstring)."""
     records = read_jsonl(run_dir / "metrics.jsonl")
@@ -125,7 +135,7 @@ def summarize(variant: Variant, run_dir: Path, t0: float, code: int, wall_s: flo
     train = [r for r in records if "critic/rewards/mean" in r]
     run = DemoRun(variant.label, list(variant.overrides), code, round(wall_s, 1), steps=len(train))
     for rec, ev in zip(vals, events):
-        acc = next(v for k, v in rec.items() if k.startswith("val-core/") and k.endswith("/acc/mean@1"))
+        acc = val_accuracy(rec)
         run.curve.append({"version": int(rec.get("fully_async/count/current_param_version", 0)),
                           "time_s": round(float(ev["time"]) - t0, 1), "acc": round(float(acc), 4)})
     if not train:

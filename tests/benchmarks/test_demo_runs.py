@@ -126,3 +126,16 @@ def test_tool_use_reads_the_tool_rates_and_compares_at_the_budget(tmp_path: Path
     assert best_by(run, BUDGET_S) == 0.4 and run.final_acc == 0.6  # the last validation came after the budget
     single = write_run(tmp_path / "no-tool", [(0, 50.0, 0.1)], steps=2)
     assert tool_series(single)["val_tool_call_rate"] == [0.0]  # a single-turn run calls nothing
+
+
+def test_a_plain_score_reward_is_read_as_the_validation_accuracy(tmp_path: Path) -> None:
+    """`gsm8k` returns a bare score, so its validation key is `…/reward/mean@1`; an `acc` key wins when present."""
+    d = write_run(tmp_path / "gsm8k", [(0, 40.0, 0.25), (2, 300.0, 0.5)], steps=2)
+    text = (d / "metrics.jsonl").read_text().replace("val-core/asyncrl/arith/acc/mean@1",
+                                                      "val-core/asyncrl/bigarith/reward/mean@1")
+    (d / "metrics.jsonl").write_text(text)
+    assert [p["acc"] for p in summarize(Variant("g"), d, T0, 0, 320.0).curve] == [0.25, 0.5]
+    both = {"val-core/x/reward/mean@1": 0.9, "val-core/x/acc/mean@1": 0.4}
+    from benchmarks.demo_runs import val_accuracy
+
+    assert val_accuracy(both) == 0.4
