@@ -151,6 +151,13 @@ def memcpy_gb_s(nbytes: int, repeats: int = 3) -> dict[str, float]:
     }
 
 
+def copy_kernel() -> str:
+    """What does the host copies + fingerprints in this process (`engine.sync.native.describe`)."""
+    import engine.sync.native as native
+
+    return native.describe()
+
+
 def _timed(fn: Any) -> float:
     t0 = time.perf_counter()
     fn()
@@ -181,6 +188,7 @@ def one_sync(trainer: Any, replica: Any, sync: Any, version: int, bucket_bytes: 
 
     from engine.rollout.base import SamplingParams
     from engine.sync.collective import CollectiveSync
+    from engine.sync.flat import copy_stats
     from engine.sync.runtime import publish
     from engine.sync.verify import DeliveryCheck
     from engine.types import GenRequest
@@ -192,6 +200,7 @@ def one_sync(trainer: Any, replica: Any, sync: Any, version: int, bucket_bytes: 
     gen_ref = replica.generate.remote(reqs, SamplingParams(temperature=1.0, seed=version))
     time.sleep(0.5)
     export = TimedIter(trainer.export_weights(bucket_bytes))
+    c0 = copy_stats()  # the trainer's pack runs in this process: its host copy + fingerprint time
     t0 = time.perf_counter()
     if staged:  # as the rollouter: receive into the back buffer while generating, then pause and swap
         if isinstance(sync, CollectiveSync):
@@ -203,6 +212,7 @@ def one_sync(trainer: Any, replica: Any, sync: Any, version: int, bucket_bytes: 
             sent.out = replica.stage_weights.remote(sent.out, version)
         ray.get(sent.out)
         t_staged = time.perf_counter()
+        c1 = copy_stats()
         running = not ray.wait([gen_ref], timeout=0)[0]  # generation ran through the whole transfer
         replica.abort.remote()
         ray.get(gen_ref)
@@ -230,6 +240,7 @@ def one_sync(trainer: Any, replica: Any, sync: Any, version: int, bucket_bytes: 
             sent.out = replica.update_weights.remote(sent.out, version)
         receipt = ray.get(sent.out)
         t3 = time.perf_counter()
+        c1 = copy_stats()
         push_s, update_s = t1 - t0, t3 - t2
         drain_s, pause_s = t2 - paused, t3 - paused
     DeliveryCheck().check(version, sent.fingerprints, {0: receipt}, sent.names)  # raises on a bad delivery
@@ -244,6 +255,11 @@ def one_sync(trainer: Any, replica: Any, sync: Any, version: int, bucket_bytes: 
         "update_s": update_s,
         "replica_load_s": receipt["seconds"],
         "swap_s": receipt.get("swap_s", 0.0),
+        # each side's host copy + fingerprint busy time inside the sync (the trainer's pack; the replica's load)
+        "pack_copy_s": c1[0] - c0[0],
+        "pack_copy_bytes": c1[1] - c0[1],
+        "load_copy_s": receipt.get("copy_s", 0.0),
+        "load_copy_bytes": receipt.get("copy_bytes", 0),
         "sync_s": push_s + update_s,
         "drain_s": drain_s,
         "pause_s": pause_s,
@@ -308,7 +324,7 @@ def _row(shape: str, dtype: str, transport: str, params: int, bucket_mb: int,
     med = {
         k: median([r[k] for r in runs])
         for k in ("export_s", "put_s", "update_s", "replica_load_s", "swap_s", "sync_s", "drain_s", "pause_s",
-                  "wall_s")
+                  "wall_s", "pack_copy_s", "load_copy_s")
     }
     sync_gb_s = gb_per_s(nbytes, med["sync_s"])
     memcpy = max(copy["numpy_gb_s"], copy["torch_gb_s"])
@@ -331,6 +347,10 @@ def _row(shape: str, dtype: str, transport: str, params: int, bucket_mb: int,
         "memcpy_gb_s": memcpy,
         "fraction_of_memcpy": sync_gb_s / memcpy,
         "pause_over_sync": med["pause_s"] / med["sync_s"],
+        # each side's host copy + fingerprint rate inside the sync (0: the side did not copy on the host)
+        "pack_copy_gb_s": gb_per_s(runs[0]["pack_copy_bytes"], med["pack_copy_s"]) if med["pack_copy_s"] else 0.0,
+        "load_copy_gb_s": gb_per_s(runs[0]["load_copy_bytes"], med["load_copy_s"]) if med["load_copy_s"] else 0.0,
+        "copy_kernel": copy_kernel(),
         "verified": all(r["verified"] for r in runs),
         "staged": all(r["staged"] for r in runs),
         "generation_running": all(r["generation_running"] for r in runs),
@@ -442,6 +462,11 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
             "decode step ended (it still produces tokens), `pause` = from then until the swap made the new "
             "weights live. In place: `pause` counts from the abort to the weights loaded (drain included). "
             "`trainer wait` = the whole sync as the trainer waits for it (staged: sync + drain)."
+        ),
+        (
+            "Rows also record each side's host copy + fingerprint busy time inside the sync (`pack_copy_s`: the "
+            "trainer packing its tensors into the buffers; `load_copy_s`: the replica copying them out; "
+            f"`pack_copy_gb_s` / `load_copy_gb_s` their rates) and what did them (`copy_kernel`: {copy_kernel()})."
         ),
     ]
     write_json(finish_result(result, started), out_dir)

@@ -83,6 +83,7 @@ class RolloutReplica:
         self.spec = spec
         self._stages: bool | None = None  # `stages_weights`, decided at its first call
         self._staged: tuple[int, list[int], float] | None = None  # (version, bucket fingerprints, seconds)
+        self._copy: dict[str, float] = {}  # the last stage's host copy + fingerprint time and bytes (receipts)
         self.backend = build_rollout_backend(spec.config, spec.model_dir, spec.device)
         self._abort = threading.Event()  # training calls
         self._abort_val = threading.Event()  # validation calls (a stop)
@@ -175,14 +176,18 @@ class RolloutReplica:
     def stage_weights(self, bucket_refs: list, version: int) -> dict[str, Any]:
         """Receive `version` (as `update_weights` does) into the back buffer while generation goes on with the
         loaded weights; returns {"seconds"}. The receipt comes with `swap_weights`."""
+        from engine.sync.flat import copy_stats
         from engine.sync.runtime import resolve_buckets
 
         t0 = time.monotonic()
         self._staged = None
+        c0 = copy_stats()
         delivery = resolve_buckets(bucket_refs, self.replica_id)
         self.backend.stage_weights(delivery, version)
+        c1 = copy_stats()
         self._staged = (version, delivery.fingerprints, time.monotonic() - t0)
-        return {"seconds": self._staged[2]}
+        self._copy = {"copy_s": c1[0] - c0[0], "copy_bytes": c1[1] - c0[1]}  # the host copies' busy time
+        return {"seconds": self._staged[2], **self._copy}
 
     def swap_weights(self, version: int) -> dict[str, Any]:
         """Make the staged `version` live (a storage swap, between two decode steps; the rollouter calls it once
@@ -200,7 +205,7 @@ class RolloutReplica:
         self._abort.clear()
         self._abort_val.clear()
         return {"fingerprints": fingerprints, "weights": self.backend.weights_fingerprint(),
-                "seconds": stage_s + swap_s, "swap_s": swap_s}
+                "seconds": stage_s + swap_s, "swap_s": swap_s, **self._copy}
 
     def version(self) -> int:
         return self.backend.version

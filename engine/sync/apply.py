@@ -57,19 +57,28 @@ def load_buckets_into(model: torch.nn.Module, buckets: Iterable[Any], strict: bo
 def load_into(targets: dict[str, torch.Tensor], buckets: Iterable[Any], strict: bool = True,
               written: Callable[[torch.Tensor], None] | None = None) -> int:
     """`load_buckets_into` with the destination tensors by name (`named_tensors` of a model, or a back buffer's:
-    `engine.sync.staging`); `written(target)` is called with each tensor (or fused-expert slice) written."""
+    `engine.sync.staging`); `written(target)` is called with each tensor (or fused-expert slice) written.
+    The buckets' iterator is closed when this returns or raises: a transport's receiver then acknowledges
+    what was not loaded at once, so a failed load never leaves the sender waiting out its timeout (while the
+    error and its traceback, which would keep the iterator alive, are reported)."""
     copied = 0
-    with torch.no_grad():
-        for bucket in buckets:
-            if isinstance(bucket, FlatBucket) and bucket.data.device.type == "cpu":
-                copied += load_flat(targets, bucket, strict, written)
-                continue
-            for name, array in bucket.items():
-                target = _target(targets, name, strict)
-                if target is not None:
-                    copied += _copy(name, target, as_tensor(array))
-                    if written is not None:
-                        written(target)
+    it = iter(buckets)
+    try:
+        with torch.no_grad():
+            for bucket in it:
+                if isinstance(bucket, FlatBucket) and bucket.data.device.type == "cpu":
+                    copied += load_flat(targets, bucket, strict, written)
+                    continue
+                for name, array in bucket.items():
+                    target = _target(targets, name, strict)
+                    if target is not None:
+                        copied += _copy(name, target, as_tensor(array))
+                        if written is not None:
+                            written(target)
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
     return copied
 
 

@@ -18,7 +18,8 @@ acknowledged, so with S = 3 it runs up to two buckets ahead. Time per sync ≈ o
 slower side, plus one bucket. The handle is a `CollectiveHandle` (generation, member slots, receiver ranks), so
 group generations, the catch-up of a replaced replica and the delivery check work as for the collective.
 
-The ring's files: `/dev/shm/asyncrl-<run id>-p<pid>-e<epoch>-s<slot>`, made (and `posix_fallocate`d, so a full
+The ring's files: `/dev/shm/asyncrl-<run id>-<token>-p<pid>-e<epoch>-s<slot>` (`token`: random per sender, so
+a sender made again in the same process never reuses an earlier one's names), made (and `posix_fallocate`d, so a full
 `/dev/shm` is an error, not a SIGBUS) at the first sync, when a bucket outgrows the slots, and for every new
 group generation (a replacement must map them). Each receiver maps all slots of an epoch when it first sees it;
 at the end of the epoch's first sync (every receiver acknowledged every bucket, so all have mapped them) the
@@ -29,7 +30,8 @@ on this host) remove them.
 
 Limits: every receiver on the sender's host (a receiver that cannot find a slot file says so); host memory on
 both sides (CPU trainer and `hf` replicas); no Ray here. A receiver that dies mid-sync leaves the sender waiting
-for its acknowledgement until `timeout_s`, then the sync fails.
+for its acknowledgement until `timeout_s`, then the sync fails; one whose load raises acknowledges the rest at
+once (`engine.sync.apply.load_into` closes the pull), so the sender finishes and the replica's error is reported.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import mmap
 import os
 import pickle
 import re
+import secrets
 import threading
 import warnings
 import weakref
@@ -210,8 +213,10 @@ class SharedMemorySync(CollectiveSync):
     def __init__(self, host: str, port: int, world: int, run_id: str = "run", slot_bytes: int = 0,
                  timeout_s: float = 300.0, per_replica: int = 1, slots: int = SLOTS) -> None:
         super().__init__(host, port, world, "gloo", timeout_s, per_replica, torch.device("cpu"))
-        self.ring = ShmRing(re.sub(r"[^A-Za-z0-9_.]", "_", run_id), slots, _aligned(max(slot_bytes, ALIGN)),
-                            timeout_s=timeout_s)
+        # a random token per sender: its file names never repeat those of an earlier sender of the same run id
+        # in this process (epochs restart at 0), so a receiver's mappings, cached by name, are never stale
+        safe = f"{re.sub(r'[^A-Za-z0-9_.]', '_', run_id)}-{secrets.token_hex(3)}"
+        self.ring = ShmRing(safe, slots, _aligned(max(slot_bytes, ALIGN)), timeout_s=timeout_s)
         self.gen: int | None = None
 
     def _store(self) -> Any:

@@ -45,13 +45,19 @@ class Delivery:
     def __iter__(self) -> Iterator[Any]:
         from engine.sync.flat import FlatBucket, fingerprint, flatten
 
-        for bucket in self.buckets:
-            fb = bucket if isinstance(bucket, FlatBucket) else flatten(bucket, len(self.fingerprints))
-            fb.fingerprint = None  # recomputed on the bytes this replica received: by the consumer's load
-            yield fb  # (`engine.sync.apply.load_flat`, fused with its copy), else here once it is done with them
-            if fb.fingerprint is None:
-                fb.fingerprint = fingerprint(fb.data)
-            self.fingerprints.append(fb.fingerprint)
+        it = iter(self.buckets)
+        try:
+            for bucket in it:
+                fb = bucket if isinstance(bucket, FlatBucket) else flatten(bucket, len(self.fingerprints))
+                fb.fingerprint = None  # recomputed on the bytes this replica received: by the consumer's load
+                yield fb  # (`engine.sync.apply.load_flat`, fused with its copy), else here once it is done
+                if fb.fingerprint is None:
+                    fb.fingerprint = fingerprint(fb.data)
+                self.fingerprints.append(fb.fingerprint)
+        finally:  # a consumer that stopped (an error): the source acknowledges the rest to its sender now
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
 
 
 def weights_fingerprint(tensors: Iterable[Any]) -> int:

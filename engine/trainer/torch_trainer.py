@@ -195,6 +195,7 @@ class TorchTrainerBackend(WarmupSchedule):
         self.extra_metrics: dict[str, float] = {}
         self._snapshot: list[torch.Tensor] | None = None
         self._live: list[torch.Tensor] | None = None
+        self._plain_state: bool | None = None  # `full_state_dict`: whether `model.state_dict()` gives the same
 
     # --- distributed hooks (identity for one process) --------------------------------------------------
     def _prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -422,8 +423,18 @@ class TorchTrainerBackend(WarmupSchedule):
 
     # --- weights out ------------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full (unsharded) weights in HF names on CPU, tied aliases included; empty on ranks ≠ 0."""
-        state = get_model_state_dict(self.model, options=self._state_dict_options())
+        """Full (unsharded) weights in HF names on CPU, tied aliases included; empty on ranks ≠ 0.
+
+        A plain module's own `state_dict()` (detached) is the same dict, ~15× cheaper than `get_model_state_dict`
+        (2 against 30 ms for a 500M model: it sits before the first bucket of every weight sync); it is used once
+        the first call has checked that both give the same names and the very same tensors (not so for a
+        sharded, wrapped or offloaded model: those keep `get_model_state_dict`)."""
+        if self._plain_state is True:
+            state = {k: v.detach() for k, v in self.model.state_dict().items()}
+        else:
+            state = get_model_state_dict(self.model, options=self._state_dict_options())
+            if self._plain_state is None:
+                self._plain_state = _same_tensors(state, self.model.state_dict())
         if not self.is_main:
             return {}
         for alias, canonical in self.aliases.items():
@@ -479,3 +490,18 @@ class TorchTrainerBackend(WarmupSchedule):
         if rng_path.exists():
             ckpt.restore_rng(torch.load(rng_path, map_location="cpu", weights_only=False))
         self._snapshot = None
+
+
+def _same_tensors(state: Mapping[str, torch.Tensor], direct: Mapping[str, torch.Tensor]) -> bool:
+    """Whether `direct` has `state`'s names in the same order, each the same tensor (storage, offset, shape,
+    strides, dtype, device; plain tensors, no DTensor)."""
+    if list(state) != list(direct):
+        return False
+    for k, a in state.items():
+        b = direct[k]
+        if type(a) is not torch.Tensor or type(b) not in (torch.Tensor, torch.nn.Parameter):
+            return False
+        if (a.data_ptr(), a.shape, a.stride(), a.dtype, a.device) != (b.data_ptr(), b.shape, b.stride(), b.dtype,
+                                                                      b.device):
+            return False
+    return True

@@ -56,6 +56,7 @@ def test_a_built_wheel_ships_the_presets(tmp_path: Path) -> None:
     site = tmp_path / "site"
     (wheel,) = tmp_path.glob("asyncrl-*.whl")
     zipfile.ZipFile(wheel).extractall(site)
+    assert (site / "engine" / "sync" / "native" / "fused_copy.c").is_file()  # the native kernel's source ships
     code = (
         "from engine.plan.presets import presets_dir; from engine.plan.hardware import load_hardware\n"
         "from asyncrl_cli.config.catalog import list_presets\n"

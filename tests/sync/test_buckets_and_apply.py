@@ -77,3 +77,31 @@ def test_per_expert_checkpoint_names_land_in_the_fused_expert_tensors(tmp_path) 
     load_buckets_into(model, [{k: source(k).numpy() for k in source}])
     for name, t in source_model.state_dict().items():
         assert torch.equal(model.state_dict()[name], t), name
+
+
+def test_shared_memory_pieces_ramp_up_at_the_start_and_down_at_the_end() -> None:
+    """`ramped`: every tensor exactly once, no piece over the limit unless a tensor alone; the first exported
+    bucket starts with its smallest tensors in a piece of at most the ramp size, the last ends likewise (so the
+    pieces that cannot overlap with the other side are small); a single bucket ramps both ways."""
+    from engine.sync.runtime import ramped
+
+    def t(kib: int) -> torch.Tensor:
+        return torch.zeros(kib * 1024, dtype=torch.uint8)
+
+    big, limit, ramp = 96, 64 * 1024, 4 * 1024
+    first = {"embed": t(big), **{f"a{i}": t(i % 5 + 1) for i in range(40)}, "mlp0": t(12), "mlp1": t(40)}
+    middle = {f"m{i}": t(30) for i in range(6)}
+    last = {**{f"z{i}": t(i % 3 + 1) for i in range(30)}, "norm": t(1), "lm_head": t(big)}
+    for buckets in ([first, middle, last], [first, last], [{**first, **last}]):
+        pieces = list(ramped(buckets, limit, ramp))
+        names = [n for p in pieces for n in p]
+        assert sorted(names) == sorted(n for b in buckets for n in b)  # each tensor once
+        for p in pieces:
+            assert sum(v.nbytes for v in p.values()) <= limit or len(p) == 1
+        assert sum(v.nbytes for v in pieces[0].values()) <= ramp
+        assert sum(v.nbytes for v in pieces[-1].values()) <= ramp
+        assert "embed" not in pieces[0] and "lm_head" not in pieces[-1]
+    pieces = [list(p) for p in ramped([first, middle, last], limit, ramp)]
+    between = [list(p) for p in bucketize(middle.items(), limit)]  # the buckets between: split as before
+    assert any(pieces[i:i + len(between)] == between for i in range(len(pieces)))
+    assert [list(p) for p in ramped([middle], limit, ramp)] != []  # tensors all over the ramp size: still sent

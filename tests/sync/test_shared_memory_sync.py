@@ -94,7 +94,7 @@ def test_slots_carry_every_byte_to_every_receiver_and_no_file_is_left_in_dev_shm
                 assert sums == sent.fingerprints[:len(want)]  # the receiver's checksums are the sender's
                 assert len(got) == len(want)
                 for g, w in zip(got, want):
-                    assert list(g) == list(w)
+                    assert sorted(g) == sorted(w)  # (first and last bucket: smallest tensors at the ends, `ramped`)
                     for name in w:  # dtype, shape and every byte
                         assert g[name] == raw(w[name]), name
     finally:
@@ -161,3 +161,90 @@ def test_a_replica_loads_every_bucket_from_the_ring_fingerprinted_as_it_copies()
                     p.add_(1)
     finally:
         sync.close()
+
+
+def test_a_load_that_fails_releases_the_sender_at_once() -> None:
+    """A replica whose load raises (here: a tensor its model lacks) acknowledges the rest of the version at once,
+    while its error (and traceback) is still held: the sender's publish returns instead of waiting out its
+    timeout (600 s here; the test's own timeout is 120 s)."""
+    import threading
+
+    from engine.sync.apply import load_buckets_into
+    from engine.sync.shared_memory import pull
+    from engine.sync.verify import Delivery
+    from engine.trainer.fsdp import free_port
+
+    torch.manual_seed(0)
+    src = torch.nn.Sequential(*[torch.nn.Linear(40, 40) for _ in range(4)])
+    dst = torch.nn.Sequential(*[torch.nn.Linear(40, 40) for _ in range(3)])  # lacks layer 3
+    buckets = [{f"{i}.weight": m.weight.detach(), f"{i}.bias": m.bias.detach()} for i, m in enumerate(src)]
+    run_id = f"pytfail{os.getpid()}"
+    sync = SharedMemorySync("127.0.0.1", free_port(), 2, run_id=run_id, slot_bytes=4096, timeout_s=600)
+    got: dict = {}
+
+    def receive(handle) -> None:
+        try:
+            load_buckets_into(dst, Delivery(pull(handle, 1)))
+        except KeyError as e:
+            got["error"] = e  # held, traceback and all, as an actor's error is while it is reported
+
+    def send(refs):
+        t = threading.Thread(target=receive, args=(refs[0],))
+        t.start()
+        return t
+
+    done = threading.Event()
+    sender = threading.Thread(target=lambda: (publish(sync, 1, buckets, send).out.join(), done.set()), daemon=True)
+    try:
+        sender.start()
+        assert done.wait(timeout=90), "the sender is still waiting for the failed replica's acknowledgements"
+        assert "'3.weight' is not a tensor of the model" in str(got["error"])
+        assert not ring_files(run_id)
+    finally:
+        sync.close()
+
+
+def test_a_new_sender_with_the_same_run_id_is_never_confused_with_the_old_one() -> None:
+    """A sender made again in the same process with the same run id (a restarted trainer core) starts its epochs
+    from 0 again: its files carry a fresh random token, so a receiver that mapped the old sender's files (cached
+    by name) maps the new ones and loads the new weights, not the old files' stale bytes."""
+    import threading
+
+    from engine.sync.apply import load_buckets_into
+    from engine.sync.shared_memory import pull
+    from engine.sync.verify import Delivery
+    from engine.trainer.fsdp import free_port
+
+    torch.manual_seed(0)
+    src = torch.nn.Sequential(*[torch.nn.Linear(40, 40) for _ in range(3)])
+    dst = torch.nn.Sequential(*[torch.nn.Linear(40, 40) for _ in range(3)])
+    run_id = f"pytsame{os.getpid()}"
+    names = []
+    for version in (1, 2):
+        sync = SharedMemorySync("127.0.0.1", free_port(), 2, run_id=run_id, slot_bytes=4096)
+        got: dict = {}
+
+        def receive(handle) -> None:
+            delivery = Delivery(pull(handle, 1))
+            load_buckets_into(dst, delivery)
+            got["fingerprints"] = delivery.fingerprints
+
+        def send(refs):
+            t = threading.Thread(target=receive, args=(refs[0],))
+            t.start()
+            return t
+
+        try:
+            buckets = [{f"{i}.weight": m.weight.detach(), f"{i}.bias": m.bias.detach()} for i, m in enumerate(src)]
+            sent = publish(sync, version, buckets, send)
+            sent.out.join(timeout=60)
+            names.append(sync.ring.name)
+        finally:
+            sync.close()
+        assert got["fingerprints"] == sent.fingerprints
+        assert all(torch.equal(a, b) for a, b in zip(src.state_dict().values(), dst.state_dict().values()))
+        with torch.no_grad():
+            for p in src.parameters():
+                p.mul_(-2)
+    assert names[0] != names[1]
+    assert not ring_files(run_id)

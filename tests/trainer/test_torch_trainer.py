@@ -165,6 +165,40 @@ def test_export_weights_buckets_are_hf_named_zero_copy_views_in_the_model_dtype(
     assert {a.dtype for b in bf16.export_weights(1 << 20) for a in b.values()} == {torch.bfloat16}  # not widened
 
 
+def test_full_state_dict_takes_the_module_state_dict_only_where_it_is_the_same(tiny_lm) -> None:
+    """After its first call has checked them equal, `full_state_dict` of a plain module is its own `state_dict`
+    (cheaper than `get_model_state_dict`): the same names, order and tensors, also after a step."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    trainer = make_trainer(tiny_lm(), 4)
+
+    def reference() -> dict:
+        return get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    first = trainer.full_state_dict()
+    assert trainer._plain_state is True
+    for _ in range(2):
+        again = trainer.full_state_dict()
+        ref = reference()
+        assert list(again) == list(first) == list(ref) + [k for k in again if k not in ref]
+        for k, t in ref.items():
+            assert again[k].data_ptr() == t.data_ptr() and torch.equal(again[k], t)
+            assert not again[k].requires_grad
+        trainer.train_step(random_batch(4), token_mean_pg_loss)
+
+    class Wrapped(torch.nn.Module):  # names that differ from the checkpoint's: get_model_state_dict stays
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+    from engine.trainer.torch_trainer import _same_tensors
+
+    w = Wrapped(torch.nn.Linear(2, 2))
+    assert _same_tensors(w.state_dict(), w.state_dict())
+    assert not _same_tensors({"weight": w.inner.weight.detach()}, w.state_dict())
+    assert not _same_tensors({k: v.clone() for k, v in w.state_dict().items()}, w.state_dict())
+
+
 class EntropyBonusLoss:
     """−mean entropy: only the entropy term carries gradient; flags itself with `needs_entropy`."""
 
