@@ -66,13 +66,14 @@ def parse_hermes(text: str) -> list[ParsedCall]:
     return calls
 
 
-_BARE = re.compile(r"\s*([A-Za-z_]\w*)")
+_BARE = re.compile(r"\s*([A-Za-z_]+)")
 
 
 def parse_bare(text: str) -> list[ParsedCall]:
-    """A turn that begins with a word NAME (`lookup`) calls tool NAME without arguments — for tiny models whose
-    vocabulary has no JSON; the tool's inputs come from the row's `tools_kwargs`. A turn that begins
-    otherwise (digits) is an answer."""
+    """A turn that begins with a word NAME of letters (`lookup`) calls tool NAME without arguments — for tiny
+    models whose vocabulary has no JSON; the tool's inputs come from the row's `tools_kwargs`. A turn that begins
+    otherwise (digits) is an answer. The name ends at the first non-letter: a tiny vocabulary without a space
+    token decodes `lookup` followed by `1` as "lookup1" (transformers ≥ 5.19 joins such tokens without spaces)."""
     m = _BARE.match(text)
     return [ToolCall(m.group(1), {})] if m else []
 

@@ -117,3 +117,12 @@ def test_verl_tool_config_maps_the_code_interpreter_and_refuses_the_rest(tmp_pat
                    "    tool_schema: {type: function, function: {name: search}}\n")
     with pytest.raises(ValueError, match=r"search \(verl.tools.search_tool.SearchTool\): no asyncrl equivalent"):
         from_verl_yaml(cfg)
+
+
+def test_a_bare_call_is_read_when_the_tokenizer_joins_the_next_token_without_a_space() -> None:
+    """The tiny tool model's vocabulary has no space: `lookup` then `1` decodes as "lookup1"; still a `lookup` call."""
+    from engine.agent.tool_calls import ToolCall, parse_bare
+
+    assert parse_bare("lookup1") == [ToolCall("lookup", {})]
+    assert parse_bare(" lookup") == [ToolCall("lookup", {})]
+    assert parse_bare("123") == []  # digits first: an answer
