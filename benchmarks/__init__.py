@@ -21,6 +21,7 @@ STUDIES: dict[str, str] = {
     "tool-use": "benchmarks.tool_use",
     "long-row": "benchmarks.long_row",
     "elastic-cores": "benchmarks.elastic_cores",
+    "demo-seeds": "benchmarks.demo_seeds",
 }
 """Study name → module; each module exposes `run(size: str, out_dir: Path) -> dict`."""
 

@@ -28,6 +28,7 @@ TITLES = {
     "tool-use": "12. Tool use: SmolLM2 with and without a calculator",
     "long-row": "13. Long row: recompute and token budgets at the 7B width",
     "elastic-cores": "14. Elastic cores: async ÷ sync with and without lending",
+    "demo-seeds": "15. The demo as `make demo` runs it, three seeds",
 }
 
 

@@ -252,6 +252,16 @@ class TrainerConfig(Section):
     """Keep the frozen reference model's weights in host memory between its log-prob calls and move them to
     the device only for them (verl's `ref.param_offload`). The reference never has gradients, an optimizer or
     a DDP wrapper in any case."""
+    attn_implementation: Literal["sdpa", "eager", "auto"] = "sdpa"
+    """torch / FSDP2 backends: the attention kernel of the trainer's model (transformers' `attn_implementation`;
+    verl's `model.override_config.attn_implementation`). `sdpa` = `scaled_dot_product_attention` (transformers'
+    default; flash-style, memory O(S)); `eager` = softmax(QKᵀ/√d + mask)·V in plain matmuls, which keeps the
+    B·H·S² probabilities for the backward. On CPU the flash kernel's backward works in fixed blocks, so at short
+    rows (a few hundred tokens) eager's fwd + bwd can be several times faster — and at long rows several times
+    slower. `auto` = decided at launch: `sdpa` on cuda / npu; on CPU the faster of the two, timed fwd + bwd at
+    the trainer's micro-batch rows × (max_prompt_length / 2 + max_response_length) positions in its precision
+    (`eager` when ≥ 1.1× faster; `engine.plan.auto`, cached per machine and shape, reported at launch). The
+    megatron backend has its own attention and ignores this key."""
     enable_gradient_checkpointing: bool = False
     """torch / FSDP2 backends: recompute each decoder layer's activations in the backward pass instead of
     keeping them (HF's `gradient_checkpointing_enable()`, verl's `model.enable_gradient_checkpointing`)."""

@@ -1,10 +1,11 @@
-"""The launch-time measurement behind `"auto"` precision and threads (`engine.plan.auto` decides from it).
+"""The launch-time measurement behind `"auto"` precision, threads and attention (`engine.plan.auto` decides).
 
 `resolve_auto(plan, model_dir)` is what the driver calls before anything starts: when the config has an
 "auto" setting it times the run's matmul shapes on this machine (fp32 vs bf16 with every core, then 1 vs every
-core in each role's chosen precision), decides, prints one line per setting on stderr, and returns the plan of
-the resolved config (concrete values, so the actors, `config.resolved.json` and a resume see what ran) and the
-record for `<run dir>/machine.json`. On cuda / npu nothing is timed (bf16).
+core in each role's chosen precision, then the trainer's attention fwd + bwd in sdpa vs eager), decides,
+prints one line per setting on stderr, and returns the plan of the resolved config (concrete values, so the
+actors, `config.resolved.json` and a resume see what ran) and the record for `<run dir>/machine.json`. On
+cuda / npu nothing is timed (bf16, sdpa).
 
 Each timing is the fastest of a few calls after one warm-up (the minimum is the estimate least disturbed by
 other processes on the cores), at most ~`BUDGET_S` per entry. Timings are cached in
@@ -22,6 +23,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from engine.persist.atomic import atomic_write_json
@@ -37,37 +39,78 @@ BUDGET_S = 0.15
 MIN_CALLS, MAX_CALLS = 2, 20
 
 
-def time_matmul(shape: tuple[int, int, int], mode: str, threads: int, autocast: bool) -> float:
+def _best_time(call: Callable[[], Any], threads: int) -> float:
+    """The fastest of a few calls of `call` after one warm-up, with `threads` intra-op threads."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        call()  # warm-up: the kernel's first call packs / allocates
+        best, calls, start = float("inf"), 0, time.perf_counter()
+        while calls < MIN_CALLS or (calls < MAX_CALLS and time.perf_counter() - start < BUDGET_S):
+            t0 = time.perf_counter()
+            call()
+            best, calls = min(best, time.perf_counter() - t0), calls + 1
+        return best
+    finally:
+        torch.set_num_threads(before)
+
+
+def time_matmul(shape: tuple[int, ...], mode: str, threads: int, autocast: bool) -> float:
     """Seconds of one `F.linear` of `rows × in` by an `out × in` weight with `threads` intra-op threads.
     `mode` "bf16": bf16 autocast over fp32 tensors (`autocast`, the trainer) or bf16 tensors (the rollout)."""
     import torch
     import torch.nn.functional as F
 
     rows, k, n = shape
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        gen = torch.Generator().manual_seed(0)
-        x, w = torch.randn(rows, k, generator=gen), torch.randn(n, k, generator=gen) * 0.02
-        if mode == "bf16" and not autocast:
-            x, w = x.bfloat16(), w.bfloat16()
-        ctx = torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "bf16" and autocast)
-        with torch.inference_mode(), ctx:
-            F.linear(x, w)  # warm-up: the kernel's first call packs / allocates
-            best, calls, start = float("inf"), 0, time.perf_counter()
-            while calls < MIN_CALLS or (calls < MAX_CALLS and time.perf_counter() - start < BUDGET_S):
-                t0 = time.perf_counter()
-                F.linear(x, w)
-                best, calls = min(best, time.perf_counter() - t0), calls + 1
-        return best
-    finally:
-        torch.set_num_threads(before)
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(rows, k, generator=gen), torch.randn(n, k, generator=gen) * 0.02
+    if mode == "bf16" and not autocast:
+        x, w = x.bfloat16(), w.bfloat16()
+
+    def call() -> None:
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16,
+                                                    enabled=mode == "bf16" and autocast):
+            F.linear(x, w)
+
+    return _best_time(call, threads)
+
+
+def time_attention(shape: tuple[int, ...], impl: str, precision: str, threads: int) -> float:
+    """Seconds of one causal attention forward + backward of B rows × S positions (H query heads over K
+    key-value heads of width d, `shape` = (B, S, H, K, d)) as transformers runs it: K/V repeated to H heads,
+    then `impl` "sdpa" (`scaled_dot_product_attention` with a boolean mask) or "eager" (softmax(QKᵀ/√d + mask)
+    in fp32 · V); `precision` "bf16" = under bf16 autocast over fp32 leaves (the trainer's)."""
+    import torch
+    import torch.nn.functional as F
+
+    b, s, h, k, d = shape
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(b, h, s, d, generator=gen, requires_grad=True)
+    kv = [torch.randn(b, k, s, d, generator=gen, requires_grad=True) for _ in range(2)]
+    allowed = torch.ones(s, s, dtype=torch.bool).tril()
+    bias = torch.zeros(s, s).masked_fill(~allowed, float("-inf"))
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+
+    def call() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            qq, kk, vv = (x.to(dtype) for x in (q, *kv))
+            kk, vv = (x.repeat_interleave(h // k, dim=1) for x in (kk, vv))
+            if impl == "sdpa":
+                out = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=allowed)
+            else:
+                scores = torch.matmul(qq, kk.transpose(2, 3)) * d ** -0.5 + bias.to(dtype)
+                out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype), vv)
+        out.float().sum().backward()
+
+    return _best_time(call, threads)
 
 
 class Timings:
     """Cached matmul timings of one machine and shape set: `get(shape, mode, threads)` times on a miss."""
 
-    def __init__(self, shapes: dict[str, tuple[int, int, int]], path: Path) -> None:
+    def __init__(self, shapes: dict[str, tuple[int, ...]], path: Path) -> None:
         self.shapes, self.path = shapes, path
         try:
             self.entries: dict[str, float] = json.loads(path.read_text())["entries"]
@@ -79,8 +122,12 @@ class Timings:
     def get(self, shape: str, mode: str, threads: int) -> float:
         name = f"{shape}:{mode}:{threads}"
         if name not in self.entries:
-            autocast = shape in auto.ROLE_SHAPES["trainer"]
-            self.entries[name] = time_matmul(self.shapes[shape], mode, threads, autocast)
+            if shape == "attention":  # mode "<impl>-<precision>", e.g. "eager-bf16"
+                impl, precision = mode.split("-")
+                self.entries[name] = time_attention(self.shapes[shape], impl, precision, threads)
+            else:
+                autocast = shape in auto.ROLE_SHAPES["trainer"]
+                self.entries[name] = time_matmul(self.shapes[shape], mode, threads, autocast)
             self.dirty, self.cached = True, False
         return self.entries[name]
 
@@ -94,23 +141,28 @@ class Timings:
             pass
 
 
-def measure(cfg: RunConfig, device: str, shapes: dict[str, tuple[int, int, int]], timings: Timings, cores: int,
-            split: dict[str, int]) -> tuple[dict[str, Any], list[auto.Choice]]:
-    """Time what `cfg`'s "auto" settings need and decide them: (the times, the choices)."""
+def measure(cfg: RunConfig, device: str, shapes: dict[str, tuple[int, ...]], weights: dict[str, float],
+            timings: Timings, cores: int, split: dict[str, int]) -> tuple[dict[str, Any], list[auto.Choice]]:
+    """Time what `cfg`'s "auto" settings need and decide them: (the times, the choices); `weights`:
+    `auto.step_weights`, each shape's share of its role's step."""
     want = auto.wanted(cfg)
-    measured: dict[str, Any] = {"precision": {}, "threads": {}}
+    measured: dict[str, Any] = {"precision": {}, "threads": {}, "attention": None}
     if want["trainer.precision"] or want["rollout.dtype"]:
         for role in auto.ROLES:
             for s in auto.ROLE_SHAPES[role]:
                 measured["precision"][s] = {m: timings.get(s, m, cores) for m in ("fp32", "bf16")}
-    choices = auto.decide_precision(cfg, device, measured["precision"])
+    choices = auto.decide_precision(cfg, device, measured["precision"], weights)
     for role in auto.ROLES:
         if want[f"resources.{role}.cpu_threads"]:
             mode = auto.resolved_precision(cfg, choices, role)
             measured["threads"][role] = {
-                label: sum(timings.get(s, mode, n) for s in auto.ROLE_SHAPES[role])
+                label: auto.role_seconds({s: timings.get(s, mode, n) for s in auto.ROLE_SHAPES[role]}, weights, role)
                 for label, n in (("1", 1), ("all", cores))}
-    return measured, choices + auto.decide_threads(cfg, device, measured["threads"], cores, split)
+    if auto.measures_attention(cfg, device, shapes["attention"]):
+        mode = auto.resolved_precision(cfg, choices, "trainer")
+        measured["attention"] = {impl: timings.get("attention", f"{impl}-{mode}", cores) for impl in ("sdpa", "eager")}
+    return measured, (choices + auto.decide_threads(cfg, device, measured["threads"], cores, split)
+                      + auto.decide_attention(cfg, device, measured["attention"], shapes["attention"]))
 
 
 def resolve_auto(plan: RunPlan, model_dir: str, cache_dir: Path | None = None,
@@ -126,6 +178,7 @@ def resolve_auto(plan: RunPlan, model_dir: str, cache_dir: Path | None = None,
     split = {"trainer": int(plan.actors["trainer_threads"]), "rollout": int(plan.actors["replica_threads"])}
     arch = json.loads((Path(model_dir) / "config.json").read_text())
     shapes = auto.probe_shapes(cfg, arch)
+    weights = auto.step_weights(cfg, arch, shapes)
     measured: dict[str, Any] | None = None
     cached = False
     if plan.device == "cpu":
@@ -136,7 +189,7 @@ def resolve_auto(plan: RunPlan, model_dir: str, cache_dir: Path | None = None,
         key = auto.cache_key(identity, shapes, torch.__version__)
         timings = Timings(shapes, (cache_dir or default_cache_dir()) / "machine" / f"{key}.json")
         t0, load = time.monotonic(), round(os.getloadavg()[0], 2)
-        measured, choices = measure(cfg, plan.device, shapes, timings, cores, split)
+        measured, choices = measure(cfg, plan.device, shapes, weights, timings, cores, split)
         cached = timings.cached
         where = f"cached in {timings.path}" if cached else f"measured in {time.monotonic() - t0:.1f} s at load {load}"
         if load < cores:  # a busy machine's times decide this launch only: the next one measures again
@@ -147,8 +200,9 @@ def resolve_auto(plan: RunPlan, model_dir: str, cache_dir: Path | None = None,
         print(f"asyncrl: auto settings on {identity['cpu']} ({', '.join(identity['isa']) or 'no avx2'}, "
               f"{cores} cores; {where})", file=out)
     else:
-        choices = auto.decide_precision(cfg, plan.device, None) + auto.decide_threads(cfg, plan.device, None,
-                                                                                      cores, split)
+        choices = (auto.decide_precision(cfg, plan.device, None)
+                   + auto.decide_threads(cfg, plan.device, None, cores, split)
+                   + auto.decide_attention(cfg, plan.device, None, shapes["attention"]))
     for c in choices:
         print(f"asyncrl: {c.line()}", file=out)
     config = auto.apply(cfg, choices)
@@ -159,4 +213,4 @@ def resolve_auto(plan: RunPlan, model_dir: str, cache_dir: Path | None = None,
     resolved = resolve_plan(config, hardware=plan.hardware, derived=plan.derived, provenance=plan.provenance,
                             cores=cores)
     resolved = dataclasses.replace(resolved, layout_error=plan.layout_error)
-    return resolved, auto.record(identity, shapes, measured, choices, cached)
+    return resolved, auto.record(identity, shapes, measured, choices, cached, weights)

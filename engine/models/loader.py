@@ -150,8 +150,10 @@ def load_causal_lm(
     cache_dir: Path | None = None,
     seed: int = 0,
     layers: int = 2,
+    attn_implementation: str | None = None,
 ) -> Any:
-    """The causal LM of `path` in `dtype` (fp32 default), in eval mode. A vision-language config
+    """The causal LM of `path` in `dtype` (fp32 default), in eval mode; `attn_implementation` ("sdpa",
+    "eager"; None = transformers' default) picks its attention kernel. A vision-language config
     (`model_type` in `VL_MODEL_TYPES`) loads as `AutoModelForImageTextToText` — Qwen3-VL's
     `*ForConditionalGeneration`, which is a causal LM over text and image tokens.
 
@@ -176,6 +178,7 @@ def load_causal_lm(
         model, info = auto_model_class(config).from_pretrained(
             str(local), config=config, dtype=torch_dtype, local_files_only=True,
             trust_remote_code=trust_remote_code, output_loading_info=True, ignore_mismatched_sizes=True,
+            **({"attn_implementation": attn_implementation} if attn_implementation else {}),
         )
     except Exception as exc:  # noqa: BLE001
         reason = f"{type(exc).__name__}: {_first_line(exc)}"

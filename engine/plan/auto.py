@@ -1,5 +1,5 @@
-"""`"auto"` settings decided from a measurement on the machine at hand: `trainer.precision`, `rollout.dtype` and
-`resources.{trainer,rollout}.cpu_threads`.
+"""`"auto"` settings decided from a measurement on the machine at hand: `trainer.precision`, `rollout.dtype`,
+`resources.{trainer,rollout}.cpu_threads` and `trainer.attn_implementation`.
 
 This module is the pure part: the shapes to measure, the decisions, and the config they resolve to. The
 measurement (`engine.launch.probe`, torch, cached per machine and shape) is the only impure part; the driver
@@ -13,16 +13,30 @@ Measured shapes (rows × in × out of one matmul, the run's real ones, read from
     decode        R_d × h × i    R_d = min(max(n, max_num_seqs), n · ppo_mini_batch_size · require_batches)
     decode_head   R_d × h × V    the sampler's LM head, one decode step
 
+    attention     B × S × H × K × d   one attention fwd + bwd of the trainer: B = ppo_micro_batch_size_per_gpu
+                  (with use_dynamic_bsz: ppo_max_token_len_per_gpu / S) rows of S = max_prompt_length / 2 + max_response_length positions, H query / K key-value heads
+                  of width d (B lowered until B·H·S² ≤ `ATTN_SCORES`)
+
 (h = hidden_size, i = intermediate_size, V = vocab_size; rows capped at `MAX_ROWS`.) The trainer is timed under
 bf16 autocast over fp32 weights (what `trainer.precision = "bf16"` runs), the rollout with bf16 weights (what
 `rollout.dtype = "bf16"` loads).
 
-Decisions, with s = fp32 time ÷ bf16 time summed over a role's shapes (trainer: trainer + lm_head; rollout:
-decode + decode_head) and g = the same sum's 1-thread time ÷ C-thread time, in the role's chosen precision:
+A role's time is its shapes' times weighted by how much of its step each stands for (`step_weights`), per
+token: w_trainer = L·e / R_t and w_lm_head = f / R_h for the trainer, w_decode = L·e / R_d and w_decode_head =
+1 / R_d for the rollout, where e = (2·h·H·d + 2·h·K·d + 3·h·i_a) / (h·i) counts one layer's matmuls in units of
+the measured one (H, K heads of width d; i_a = i, or experts per token × the expert width for MoE), L layers,
+and f = max_response_length / (max_prompt_length / 2 + max_response_length) the share of the trainer's tokens
+that reach the LM head. (Unweighted, one LM-head matmul would count as much as all L layers: on an Intel Xeon
+with AMX, bf16 runs the layer shape 5× fp32 but a 64-row LM head 1.1×, and the sum chose fp32.)
+
+Decisions, with s = fp32 time ÷ bf16 time of a role (trainer: trainer + lm_head; rollout: decode +
+decode_head) and g = the same time's 1-thread ÷ C-thread ratio, in the role's chosen precision:
 
     precision   bf16 if s ≥ BF16_MIN_SPEEDUP, else fp32        (on cuda / npu: bf16, nothing measured)
     cpu_threads C (every core) if g ≥ THREADS_MIN_SPEEDUP, else the pool's share of the automatic split
                 (`engine.plan.placement.actor_resources`: no oversubscription)
+    attention   eager if sdpa time ÷ eager time ≥ EAGER_MIN_SPEEDUP (timed in the trainer's chosen precision),
+                else sdpa; sdpa without measuring on cuda / npu and when S > `ATTN_MAX_POSITIONS`
 """
 
 from __future__ import annotations
@@ -45,6 +59,14 @@ MAX_ROWS = 512
 """Rows of a measured matmul at most (the measurement stays a few seconds)."""
 HEAD_ROWS = 64
 """Rows of the trainer's measured LM-head matmul at most (the largest matrix: V columns)."""
+EAGER_MIN_SPEEDUP = 1.1
+"""Eager attention is chosen when its fwd + bwd is at least this much faster than sdpa's (it also keeps B·H·S²
+probabilities for the backward, so a tie goes to sdpa)."""
+ATTN_MAX_POSITIONS = 1024
+"""Above this many positions sdpa is chosen without measuring: eager's scores grow as S² in time and memory,
+while the flash kernel's fixed-block overhead that eager beats at short rows does not."""
+ATTN_SCORES = 1 << 24
+"""B·H·S² scores of the measured attention at most (B lowered to fit: the ratio, not the time, is wanted)."""
 ROLES = ("trainer", "rollout")
 ROLE_SHAPES = {"trainer": ("trainer", "lm_head"), "rollout": ("decode", "decode_head")}
 """The shapes whose times are summed for a role's decisions."""
@@ -70,7 +92,8 @@ def wanted(cfg: RunConfig) -> dict[str, bool]:
     res = cfg.resources
     return {"trainer.precision": cfg.trainer.precision == "auto", "rollout.dtype": cfg.rollout.dtype == "auto",
             "resources.trainer.cpu_threads": res.trainer.cpu_threads == "auto",
-            "resources.rollout.cpu_threads": res.rollout.cpu_threads == "auto"}
+            "resources.rollout.cpu_threads": res.rollout.cpu_threads == "auto",
+            "trainer.attn_implementation": cfg.trainer.attn_implementation == "auto"}
 
 
 def has_auto(cfg: RunConfig) -> bool:
@@ -78,20 +101,51 @@ def has_auto(cfg: RunConfig) -> bool:
     return any(wanted(cfg).values())
 
 
-def probe_shapes(cfg: RunConfig, arch: dict[str, Any]) -> dict[str, tuple[int, int, int]]:
-    """The matmul shapes (rows, in, out) of the run (see the module docstring); `arch`: the model's config.json
-    (a multimodal model's `text_config` is used when present)."""
+def probe_shapes(cfg: RunConfig, arch: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The measured shapes of the run (see the module docstring): matmuls as (rows, in, out), the attention as
+    (rows, positions, heads, kv heads, head dim); `arch`: the model's config.json (a multimodal model's
+    `text_config` is used when present)."""
     text = arch.get("text_config") or arch
     h, i, v = int(text["hidden_size"]), int(text["intermediate_size"]), int(text["vocab_size"])
     d, t, r = cfg.data, cfg.trainer, cfg.rollout
-    train_rows = min(MAX_ROWS, t.ppo_micro_batch_size_per_gpu * (d.max_prompt_length // 2 + d.max_response_length))
+    positions = d.max_prompt_length // 2 + d.max_response_length
+    train_rows = min(MAX_ROWS, t.ppo_micro_batch_size_per_gpu * positions)
     decode_rows = min(MAX_ROWS, max(r.n, r.max_num_seqs),
                       r.n * t.ppo_mini_batch_size * cfg.async_training.require_batches)
+    heads = int(text.get("num_attention_heads") or 1)
+    kv_heads = int(text.get("num_key_value_heads") or heads)
+    head_dim = int(text.get("head_dim") or h // heads)
+    micro_rows = t.ppo_max_token_len_per_gpu // positions if t.use_dynamic_bsz else t.ppo_micro_batch_size_per_gpu
+    attn_rows = max(1, min(micro_rows, ATTN_SCORES // (heads * positions * positions)))
     return {"trainer": (train_rows, h, i), "lm_head": (min(train_rows, HEAD_ROWS), h, v),
-            "decode": (decode_rows, h, i), "decode_head": (decode_rows, h, v)}
+            "decode": (decode_rows, h, i), "decode_head": (decode_rows, h, v),
+            "attention": (attn_rows, positions, heads, kv_heads, head_dim)}
 
 
-def cache_key(identity: dict[str, Any], shapes: dict[str, tuple[int, int, int]], torch_version: str) -> str:
+def step_weights(cfg: RunConfig, arch: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> dict[str, float]:
+    """Each measured matmul shape's weight in its role's time (see the module docstring): per token of the step,
+    how many such matmuls it runs, divided by the measured matmul's rows."""
+    text = arch.get("text_config") or arch
+    h, i = int(text["hidden_size"]), int(text["intermediate_size"])
+    heads = int(text.get("num_attention_heads") or 1)
+    kv_heads = int(text.get("num_key_value_heads") or heads)
+    head_dim = int(text.get("head_dim") or h // heads)
+    experts_per_token = text.get("num_experts_per_tok")
+    active = int(experts_per_token) * int(text.get("moe_intermediate_size") or i) if experts_per_token else i
+    per_layer = (2 * h * heads * head_dim + 2 * h * kv_heads * head_dim + 3 * h * active) / (h * i)
+    layers = int(text.get("num_hidden_layers") or 1) * per_layer
+    d = cfg.data
+    head_share = d.max_response_length / (d.max_prompt_length // 2 + d.max_response_length)
+    return {"trainer": layers / shapes["trainer"][0], "lm_head": head_share / shapes["lm_head"][0],
+            "decode": layers / shapes["decode"][0], "decode_head": 1.0 / shapes["decode_head"][0]}
+
+
+def role_seconds(times: dict[str, float], weights: dict[str, float], role: str) -> float:
+    """A role's weighted time per token from its shapes' `times` (one precision and thread count)."""
+    return sum(weights[s] * times[s] for s in ROLE_SHAPES[role])
+
+
+def cache_key(identity: dict[str, Any], shapes: dict[str, tuple[int, ...]], torch_version: str) -> str:
     """The measurement's cache key: the machine (CPU model, ISA flags, cores), torch, and the shapes."""
     doc = json.dumps({"machine": identity, "torch": torch_version, "shapes": shapes}, sort_keys=True)
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
@@ -114,9 +168,10 @@ def choose_threads(role: str, one_s: float, all_s: float, cores: int, share: int
     return Choice(f"resources.{role}.cpu_threads", value, round(ratio, 3), why)
 
 
-def decide_precision(cfg: RunConfig, device: str, times: dict[str, dict[str, float]] | None) -> list[Choice]:
+def decide_precision(cfg: RunConfig, device: str, times: dict[str, dict[str, float]] | None,
+                     weights: dict[str, float] | None = None) -> list[Choice]:
     """The choices for `cfg`'s "auto" precisions. `times`: `{shape: {"fp32": s, "bf16": s}}` (None on
-    accelerators, where bf16 is chosen without measuring)."""
+    accelerators, where bf16 is chosen without measuring); `weights`: `step_weights` (needed with `times`)."""
     want, out = wanted(cfg), []
     for role in ROLES:
         key = "trainer.precision" if role == "trainer" else "rollout.dtype"
@@ -125,10 +180,42 @@ def decide_precision(cfg: RunConfig, device: str, times: dict[str, dict[str, flo
         if device in ACCELERATED or times is None:
             out.append(Choice(key, "bf16", None, f"{device} computes in bf16 natively (not measured)"))
             continue
-        shapes = ROLE_SHAPES[role]
-        out.append(choose_precision(role, sum(times[s]["fp32"] for s in shapes),
-                                    sum(times[s]["bf16"] for s in shapes)))
+        assert weights is not None, "measured times need their step weights"
+        out.append(choose_precision(role, *(role_seconds({s: t[mode] for s, t in times.items()}, weights, role)
+                                            for mode in ("fp32", "bf16"))))
     return out
+
+
+def choose_attention(sdpa_s: float, eager_s: float, shape: tuple[int, ...]) -> Choice:
+    """eager when sdpa time ÷ eager time ≥ EAGER_MIN_SPEEDUP, else sdpa (`shape`: the measured attention)."""
+    ratio = sdpa_s / eager_s
+    value = "eager" if ratio >= EAGER_MIN_SPEEDUP else "sdpa"
+    why = (f"eager {ratio:.2f}× sdpa here, fwd + bwd at {shape[0]} × {shape[1]} positions "
+           f"(eager from {EAGER_MIN_SPEEDUP}×)")
+    return Choice("trainer.attn_implementation", value, round(ratio, 3), why)
+
+
+def decide_attention(cfg: RunConfig, device: str, times: dict[str, float] | None,
+                     shape: tuple[int, ...]) -> list[Choice]:
+    """The choice for an "auto" `trainer.attn_implementation`. `times`: `{"sdpa": s, "eager": s}` (None when
+    not measured: on accelerators and above `ATTN_MAX_POSITIONS`, where sdpa is chosen)."""
+    if not wanted(cfg)["trainer.attn_implementation"]:
+        return []
+    key = "trainer.attn_implementation"
+    if device in ACCELERATED:
+        return [Choice(key, "sdpa", None, f"{device}: flash attention through sdpa (not measured)")]
+    if shape[1] > ATTN_MAX_POSITIONS:
+        return [Choice(key, "sdpa", None, f"{shape[1]} positions > {ATTN_MAX_POSITIONS}: eager's S² scores lose "
+                                          "(not measured)")]
+    if times is None:
+        return [Choice(key, "sdpa", None, "not measured")]
+    return [choose_attention(times["sdpa"], times["eager"], shape)]
+
+
+def measures_attention(cfg: RunConfig, device: str, shape: tuple[int, ...]) -> bool:
+    """Whether the launch times the attention (an "auto" kernel on CPU at most `ATTN_MAX_POSITIONS` positions)."""
+    return (wanted(cfg)["trainer.attn_implementation"] and device not in ACCELERATED
+            and shape[1] <= ATTN_MAX_POSITIONS)
 
 
 def decide_threads(cfg: RunConfig, device: str, times: dict[str, dict[str, float]] | None, cores: int,
@@ -188,8 +275,10 @@ def apply(cfg: RunConfig, choices: list[Choice]) -> RunConfig:
 
 
 def record(identity: dict[str, Any], shapes: dict[str, Any], measured: dict[str, Any] | None,
-           choices: list[Choice], cached: bool) -> dict[str, Any]:
-    """What `<run dir>/machine.json` holds: the machine, the shapes, the times, and each choice with its rule."""
-    return {"machine": identity, "shapes": shapes, "measured": measured, "cached": cached,
+           choices: list[Choice], cached: bool, weights: dict[str, float] | None = None) -> dict[str, Any]:
+    """What `<run dir>/machine.json` holds: the machine, the shapes and their step weights, the times, and each
+    choice with its rule."""
+    return {"machine": identity, "shapes": shapes, "weights": weights, "measured": measured, "cached": cached,
             "choices": [asdict(c) for c in choices],
-            "rules": {"bf16_min_speedup": BF16_MIN_SPEEDUP, "threads_min_speedup": THREADS_MIN_SPEEDUP}}
+            "rules": {"bf16_min_speedup": BF16_MIN_SPEEDUP, "threads_min_speedup": THREADS_MIN_SPEEDUP,
+                      "eager_min_speedup": EAGER_MIN_SPEEDUP, "attn_max_positions": ATTN_MAX_POSITIONS}}

@@ -33,6 +33,10 @@ parallel) on Megatron, T on torch:
     log-prob head   T_head·V/tp·c_v: T_head = min(`trainer.logprob_chunk_tokens`, the response tokens of
                     the micro-batch, T · max_response / (max_prompt + max_response))
     moe_dispatch    Megatron MoE: 2·T'·k·h·b_c (the token dispatcher's permuted input and output)
+    attention_scores  torch backend with eager attention (`trainer.attn_implementation`, "auto" counted as eager
+                    when the launch could choose it): the softmax's fp32 output and its b_c copy (b_c < 4) of
+                    H heads × S² per row of S = max_prompt + max_response, B = T/S rows, for L layers (1 with
+                    recompute): L·H·T·S·(4 + b_c) — counted from the kernel's saved tensors, not calibrated
 
 c_h, c_i, c_m, c_ck, c_t, c_v are measured, not guessed: `python -m benchmarks memory-model` runs real HF
 Qwen2 / Qwen3-MoE slices at the presets' real widths on this CPU and writes `_calibration/activations.json`
@@ -80,6 +84,7 @@ TERMS = {
     "backward_transient": "a weight gradient being accumulated in the backward (calibrated, per layer)",
     "logprob_head": "fp32 log-softmax and its gradient over min(logprob_chunk_tokens, response tokens) × V/tp",
     "moe_dispatch": "Megatron MoE token dispatcher: permuted input and output, 2·T'·k·h·b_c",
+    "attention_scores": "eager attention: the softmax probabilities (fp32 and compute dtype) of every layer, H·T·S per layer",
     "prox_snapshot": "π_prox snapshot of this rank's parameters (decoupled mode; pinned host memory)",
     "weight_sync_bucket": "one weight-sync bucket (rollout.weight_sync_bucket_mb)",
     "weight_sync_back_buffer": "a second copy of the replica's weights (rollout.weight_sync_back_buffer = \"on\")",
@@ -180,6 +185,16 @@ def head_bytes(tokens: float, vocab: int, cal: dict[str, Any]) -> float:
     return tokens * vocab * cal["coefficients"]["c_v"]
 
 
+def eager_attention(cfg: RunConfig, seq: int) -> bool:
+    """The torch trainer runs eager attention: `trainer.attn_implementation = "eager"`, or "auto" at rows short
+    enough for the launch to measure it (`engine.plan.auto.ATTN_MAX_POSITIONS`: counted as the larger outcome)."""
+    from engine.plan.auto import ATTN_MAX_POSITIONS
+
+    impl = cfg.trainer.attn_implementation
+    return impl == "eager" or (impl == "auto" and cfg.data.max_prompt_length // 2 + cfg.data.max_response_length
+                               <= ATTN_MAX_POSITIONS)
+
+
 def _bytes(name: str | None, default: int) -> int:
     return DTYPE_BYTES.get(str(name), default) if name else default
 
@@ -246,6 +261,9 @@ def trainer_memory(cfg: RunConfig, m: ModelShape, world: int, capacity: float, d
     terms["activations"] = max(update_act, lp_act)
     terms["backward_transient"] = transient_bytes(m, b_c, cal)
     seq = d.max_prompt_length + d.max_response_length
+    if t.backend != "megatron" and eager_attention(cfg, seq):
+        held = 1 if recompute else m.layers
+        terms["attention_scores"] = held * m.heads * shard_tokens * seq * (4 + (b_c if b_c < 4 else 0))
     response_tokens = shard_tokens * tp * d.max_response_length / seq
     terms["logprob_head"] = head_bytes(min(t.logprob_chunk_tokens, response_tokens), m.vocab // tp, cal)
     if not cfg.algorithm.rollout_correction.bypass_mode:  # decoupled: π_prox snapshot of this rank's shards

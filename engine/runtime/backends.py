@@ -115,6 +115,8 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
     deterministic_threads(cfg)
     if cfg.trainer.precision == "auto":
         raise ValueError(AUTO_UNRESOLVED.format(key="trainer.precision"))
+    if cfg.trainer.attn_implementation == "auto":
+        raise ValueError(AUTO_UNRESOLVED.format(key="trainer.attn_implementation"))
     t = cfg.trainer
     policy = policy_of(cfg)
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
@@ -126,7 +128,9 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
               "shuffle": t.shuffle}
     common = {"optim_cfg": optim, "grad_clip": t.grad_clip, "micro_batch_size": t.ppo_micro_batch_size_per_gpu,
               "temperature": temperature, "seed": t.seed, "frozen": frozen,
-              "param_offload": frozen and t.ref_param_offload, **update}
+              "param_offload": frozen and t.ref_param_offload, "use_dynamic_bsz": t.use_dynamic_bsz,
+              "ppo_max_token_len_per_gpu": t.ppo_max_token_len_per_gpu,
+              "log_prob_max_token_len_per_gpu": t.log_prob_max_token_len_per_gpu, **update}
     if t.backend == "megatron":
         from engine.trainer.megatron.backend import MegatronTrainerBackend
 
@@ -145,7 +149,8 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
     from engine.trainer.torch_trainer import TorchTrainerBackend
 
     # a frozen reference holds no optimizer state: its weights need no fp32 masters
-    model = load_causal_lm(model_dir, dtype=policy.compute if frozen else policy.params)
+    model = load_causal_lm(model_dir, dtype=policy.compute if frozen else policy.params,
+                           attn_implementation=t.attn_implementation)
     kwargs = {"device": check_device(device.type), "precision": SHORT[policy.compute],
               "gradient_checkpointing": t.enable_gradient_checkpointing,
               "logprob_chunk_tokens": t.logprob_chunk_tokens, **common}

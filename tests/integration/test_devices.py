@@ -45,3 +45,28 @@ def test_a_gpu_preset_on_a_machine_without_gpus_fails_with_one_clear_line() -> N
     with pytest.raises(RuntimeError, match='device = "cuda", but this worker sees no CUDA GPU'):
         check_device("cuda")
     assert check_device("cpu") == "cpu"
+
+
+@pytest.mark.parametrize(("budgets", "micro_batches"), [(False, 3), (True, 1)])
+def test_the_trainer_runs_the_configured_token_budget_and_attention(tmp_path: Path, budgets: bool,
+                                                                   micro_batches: int) -> None:
+    """`trainer.use_dynamic_bsz` / `ppo_max_token_len_per_gpu` and `trainer.attn_implementation` reach the
+    trainer built from the config: 12 rows are 3 micro-batches of 4 rows, or one within a 4096-token budget."""
+    from engine.algo.loss import build_loss_fn
+    from engine.trainer.batch import collate
+    from engine.types import Trajectory
+
+    cfg = tiny_config(tmp_path, "trainer.ppo_micro_batch_size_per_gpu=4", 'trainer.attn_implementation="eager"',
+                      f"trainer.use_dynamic_bsz={str(budgets).lower()}", "trainer.ppo_max_token_len_per_gpu=4096")
+    model_dir = str(resolve_model_path(cfg.model.path))
+    trainer = build_trainer_backend(cfg, model_dir, device=resolve_plan(cfg).devices["trainer"])
+    assert trainer.model.config._attn_implementation == "eager"
+    gen = torch.Generator().manual_seed(0)
+    rows = [(torch.randint(3, 27, (5,), generator=gen).tolist(),
+             Trajectory(torch.randint(3, 27, (4,), generator=gen).tolist(), [-1.0] * 4, "length", 0, 0))
+            for _ in range(12)]
+    batch = collate(rows, pad_token_id=0)
+    batch.advantages = torch.randn(batch.responses.shape, generator=gen) * batch.response_mask
+    batch.rollout_log_probs, _ = trainer.compute_log_probs(batch)
+    metrics = trainer.train_step(batch, build_loss_fn(cfg.trainer, cfg.algorithm.rollout_correction))
+    assert metrics["actor/micro_batches"] == micro_batches

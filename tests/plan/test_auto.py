@@ -18,7 +18,8 @@ from engine.plan.run_plan import resolve_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "presets" / "runs" / "smollm2-arith-cpu.toml"
-SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "vocab_size": 49152}
+SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "vocab_size": 49152, "num_attention_heads": 9,
+           "num_key_value_heads": 3}
 
 
 def demo(*overrides: str) -> RunConfig:
@@ -55,10 +56,29 @@ def test_accelerators_choose_bf16_without_measuring() -> None:
 def test_the_roles_decide_from_their_own_shapes() -> None:
     times = {"trainer": {"fp32": 1.0, "bf16": 2.0}, "lm_head": {"fp32": 1.0, "bf16": 1.0},  # trainer: 0.67×
              "decode": {"fp32": 1.0, "bf16": 0.5}, "decode_head": {"fp32": 3.0, "bf16": 1.0}}  # rollout: 2.67×
-    by_key = {c.key: c.value for c in auto.decide_precision(demo(), "cpu", times)}
+    equal = dict.fromkeys(times, 1.0)
+    by_key = {c.key: c.value for c in auto.decide_precision(demo(), "cpu", times, equal)}
     assert by_key == {"trainer.precision": "fp32", "rollout.dtype": "bf16"}
     fixed = demo("trainer.precision=\"fp32\"", "rollout.dtype=\"bf16\"")
-    assert auto.decide_precision(fixed, "cpu", times) == []  # only "auto" settings are decided
+    assert auto.decide_precision(fixed, "cpu", times, equal) == []  # only "auto" settings are decided
+
+
+def test_a_roles_time_weighs_each_shape_by_its_share_of_the_step() -> None:
+    """An Intel Xeon with AMX as measured at a demo launch: bf16 ran the layer shape 2.8× fp32 but the 64-row LM
+    head 0.84×; the layers are most of the trainer's matmuls, so bf16 is chosen (the unweighted sum said 0.93×)."""
+    cfg = demo()
+    arch = {**SMOLLM2, "num_hidden_layers": 30}
+    shapes = auto.probe_shapes(cfg, arch)
+    weights = auto.step_weights(cfg, arch, shapes)
+    # one layer's matmuls = 4 of the 576 × 1536 shape (q, o: 576²; k, v: 576 × 192; 3 × 576 × 1536), 30 layers
+    assert weights["trainer"] * shapes["trainer"][0] == pytest.approx(30 * (2 * 576 * 576 + 2 * 576 * 192
+                                                                            + 3 * 576 * 1536) / (576 * 1536))
+    assert weights["lm_head"] * shapes["lm_head"][0] == pytest.approx(40 / (128 + 40))  # response tokens only
+    times = {"trainer": {"fp32": 0.0051, "bf16": 0.0018}, "lm_head": {"fp32": 0.0314, "bf16": 0.0373},
+             "decode": {"fp32": 1.0, "bf16": 1.0}, "decode_head": {"fp32": 1.0, "bf16": 1.0}}
+    by_key = {c.key: c for c in auto.decide_precision(cfg, "cpu", times, weights)}
+    assert by_key["trainer.precision"].value == "bf16" and by_key["trainer.precision"].ratio > 2
+    assert auto.decide_precision(cfg, "cpu", times, dict.fromkeys(times, 1.0))[0].value == "fp32"
 
 
 def test_the_shapes_are_the_runs() -> None:
@@ -67,16 +87,40 @@ def test_the_shapes_are_the_runs() -> None:
     assert shapes["trainer"] == (auto.MAX_ROWS, 576, 1536)
     assert shapes["lm_head"] == (auto.HEAD_ROWS, 576, 49152)
     assert shapes["decode"] == (32, 576, 1536) and shapes["decode_head"] == (32, 576, 49152)
+    # the attention: the micro-batch's rows (a 4800-token budget: 28 rows) × (256 / 2 + 40) positions, 9 query
+    # over 3 key-value heads of 64
+    assert shapes["attention"] == (4800 // 168, 168, 9, 3, 64)
+    assert auto.probe_shapes(demo("trainer.use_dynamic_bsz=false"), SMOLLM2)["attention"][0] == 8
+    long = auto.probe_shapes(demo("data.max_prompt_length=4096"), SMOLLM2)["attention"]
+    assert long[:2] == (1, 2088)  # rows lowered to fit ATTN_SCORES, at least one
+
+
+def test_eager_attention_is_chosen_only_where_it_is_measurably_faster() -> None:
+    shape = (32, 168, 9, 3, 64)
+    short = auto.choose_attention(sdpa_s=0.19, eager_s=0.07, shape=shape)
+    assert (short.key, short.value) == ("trainer.attn_implementation", "eager")
+    assert short.line() == ("trainer.attn_implementation auto: eager 2.71× sdpa here, fwd + bwd at 32 × 168 "
+                            "positions (eager from 1.1×) → eager")
+    assert auto.choose_attention(0.15, 0.59, shape).value == "sdpa"  # long rows: eager's S² loses
+    assert auto.choose_attention(1.05, 1.0, shape).value == "sdpa"  # a tie keeps the O(S)-memory kernel
+    cfg = demo('trainer.attn_implementation="auto"')
+    assert [c.value for c in auto.decide_attention(cfg, "cuda", None, shape)] == ["sdpa"]
+    long = (1, 2088, 9, 3, 64)
+    assert not auto.measures_attention(cfg, "cpu", long) and auto.measures_attention(cfg, "cpu", shape)
+    assert [c.value for c in auto.decide_attention(cfg, "cpu", None, long)] == ["sdpa"]
+    assert auto.decide_attention(demo('trainer.attn_implementation="sdpa"'), "cpu", None, shape) == []
 
 
 def test_the_resolved_config_has_concrete_values_and_its_plan_gives_the_threads() -> None:
     cfg = demo()
     assert auto.has_auto(cfg) and plan_threads(cfg, 2) == (1, 1)  # "auto" plans as the automatic split
     choices = [auto.Choice("trainer.precision", "fp32", 0.6, ""), auto.Choice("rollout.dtype", "bf16", 2.0, ""),
-               auto.Choice("resources.trainer.cpu_threads", 2, 1.9, "")]
+               auto.Choice("resources.trainer.cpu_threads", 2, 1.9, ""),
+               auto.Choice("trainer.attn_implementation", "eager", 2.7, "")]
     resolved = auto.apply(cfg, choices)
     assert not auto.has_auto(resolved)
     assert (resolved.trainer.precision, resolved.rollout.dtype) == ("fp32", "bf16")
+    assert resolved.trainer.attn_implementation == "eager"
     assert plan_threads(resolved, 2) == (2, 1)
     assert auto.mismatch_uncorrected(resolved)  # fp32 trainer, bf16 sampler, no correction in the demo
 
@@ -103,6 +147,8 @@ def write_cache(cache: Path, cfg: RunConfig, model_dir: Path, bf16_speed: float,
     identity = cpu_identity()
     cores = identity["cores"]
     entries = {}
+    for mode in ("fp32", "bf16"):  # attention: eager 2× sdpa in either precision
+        entries[f"attention:sdpa-{mode}:{cores}"], entries[f"attention:eager-{mode}:{cores}"] = 1.0, 0.5
     for s in shapes:
         entries[f"{s}:fp32:{cores}"] = 1.0
         entries[f"{s}:bf16:{cores}"] = 1.0 / bf16_speed
@@ -134,19 +180,23 @@ def test_launch_resolves_auto_from_the_machines_measurement(tmp_path: Path, bf16
     assert resolved.actors["trainer_threads"] == resolved.config.resources.trainer.cpu_threads == want
     assert {c["key"]: c["value"] for c in record["choices"]}["trainer.precision"] == precision
     assert record["cached"] and record["measured"]["precision"]["lm_head"]["bf16"] == pytest.approx(1 / bf16_speed)
+    if cfg.trainer.attn_implementation == "auto":
+        assert resolved.config.trainer.attn_implementation == "eager" and record["measured"]["attention"] == {
+            "sdpa": 1.0, "eager": 0.5}
 
 
 def test_the_measurement_times_real_matmuls_and_caches_them(tmp_path: Path) -> None:
     from engine.launch.probe import Timings
 
-    shapes = {"trainer": (16, 32, 64), "decode": (4, 32, 64)}
+    shapes = {"trainer": (16, 32, 64), "decode": (4, 32, 64), "attention": (2, 16, 4, 2, 32)}
     path = tmp_path / "m.json"
     timings = Timings(shapes, path)
-    first = {(s, m): timings.get(s, m, 1) for s in shapes for m in ("fp32", "bf16")}
+    modes = {"trainer": ("fp32", "bf16"), "decode": ("fp32", "bf16"), "attention": ("sdpa-bf16", "eager-fp32")}
+    first = {(s, m): timings.get(s, m, 1) for s in shapes for m in modes[s]}
     assert all(0 < t < 1 for t in first.values()) and not timings.cached
     timings.save({"shapes": shapes})
     again = Timings(shapes, path)
-    assert again.cached and {(s, m): again.get(s, m, 1) for s in shapes for m in ("fp32", "bf16")} == first
+    assert again.cached and {(s, m): again.get(s, m, 1) for s in shapes for m in modes[s]} == first
 
 
 @pytest.mark.parametrize(("load", "kept"), [(99.0, False), (0.0, True)])
