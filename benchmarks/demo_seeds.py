@@ -1,11 +1,16 @@
-"""Study — the demo as `make demo` runs it, three seeds: `asyncrl launch presets/runs/smollm2-arith-cpu.toml`
-with only `trainer.seed` changed (0, 1, 2), one after the other on the same cores (`benchmarks.demo_runs`:
-times from the command's start, greedy validation of the 48 held-out problems at versions 0, 5 and 10).
+"""Study — the demo as `make demo` runs it, three seeds, with and without elastic cores:
+`asyncrl launch presets/runs/smollm2-arith-cpu.toml` with `trainer.seed` = 0, 1, 2, each seed as shipped
+(`resources.elastic_cores = true`) and with the fixed split (`= false`), interleaved seed by seed on the same
+cores (`benchmarks.demo_runs`: times from the command's start, greedy validation of the 48 held-out problems
+at the preset's versions).
 
-Issue 29's demo targets, read per seed:
+Issue 29's demo targets, read on the shipped arm per seed:
 
     launch to exit ≤ 480 s                     in every seed (`make demo` ≤ 8 minutes)
     best greedy val by 300 s after launch ≥ 0.78   in at least 2 of the 3 seeds
+
+and the lending's effect on the demo: launch to exit and median step, elastic vs fixed, a winner only when
+every seed of one arm lies beyond the other's whole range (`benchmarks.elastic_cores.beyond`).
 
 Each run's `"auto"` choices (precision, threads, attention; `<run dir>/machine.json`) are recorded beside it:
 they are this machine's, which is the point of the study.
@@ -39,14 +44,16 @@ STUDY = "demo-seeds"
 DEMO_LIMIT_S = 480.0
 """`make demo` ≤ 8 minutes, launch to exit."""
 SEEDS = {"full": (0, 1, 2), "toy": (0,)}
+ARMS = {"shipped": (), "fixed split": ("resources.elastic_cores=false",)}
+"""The preset as shipped (elastic cores on) and the same without lending."""
 TOY = ("rollout.total_rollout_steps=4", "trainer.test_freq=1", "data.val_max_samples=4", "rollout.n=4",
        "data.max_response_length=16")
 
 
 def variants(size: str) -> list[Variant]:
     extra = TOY if size == "toy" else ()
-    return [Variant(f"seed {s}", (f"trainer.seed={s}", *extra), "the shipped demo, this seed")
-            for s in SEEDS[size]]
+    return [Variant(f"{arm} seed {s}", (f"trainer.seed={s}", *more, *extra), f"the demo, {arm}, this seed")
+            for s in SEEDS[size] for arm, more in ARMS.items()]
 
 
 def chosen(run_dir: Path) -> dict[str, Any]:
@@ -58,7 +65,26 @@ def chosen(run_dir: Path) -> dict[str, Any]:
     return {c["key"]: c["value"] for c in record.get("choices", [])}
 
 
+def arm(runs: list[DemoRun], name: str) -> list[DemoRun]:
+    return [r for r in runs if r.label.startswith(name + " seed")]
+
+
+def lending(runs: list[DemoRun]) -> dict[str, Any]:
+    """Elastic (shipped) vs fixed split per metric: the values per seed and the winner beyond the spread."""
+    from benchmarks.elastic_cores import beyond
+
+    out: dict[str, Any] = {}
+    for metric in ("launch_to_exit_s", "median_step_s"):
+        shipped = [getattr(r, metric) for r in arm(runs, "shipped") if not r.error and getattr(r, metric)]
+        fixed = [getattr(r, metric) for r in arm(runs, "fixed split") if not r.error and getattr(r, metric)]
+        faster = beyond([-v for v in shipped], [-v for v in fixed])  # lower is better
+        out[metric] = {"shipped": shipped, "fixed split": fixed,
+                       "winner": {"a": "shipped (elastic)", "b": "fixed split"}.get(faster or "", None)}
+    return out
+
+
 def targets(runs: list[DemoRun]) -> list[dict[str, Any]]:
+    runs = arm(runs, "shipped")
     ok = [r for r in runs if not r.error]
     slowest = max((r.launch_to_exit_s for r in ok), default=None) if len(ok) == len(runs) else None
     early = sum(1 for r in ok if (r.acc_at_or_before(EARLY_S) or 0.0) >= EARLY)
@@ -81,9 +107,12 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
             runs.append(r)
             rows.append({**to_json(r), "auto": chosen(Path(tmp) / v.label.replace(" ", "-"))})
     result["runs"] = rows
-    result["tables"] = [runs_table("The demo as `make demo` runs it, per seed", runs), curves_table(runs)]
+    result["tables"] = [runs_table("The demo as `make demo` runs it (shipped) and without lending, per seed", runs),
+                        curves_table(runs)]
     result["targets"] = targets(runs)
-    result["notes"] = [LAUNCH_NOTE, "Auto choices per seed: " + "; ".join(
+    result["lending"] = lending(runs)
+    result["notes"] = [LAUNCH_NOTE, "Elastic vs fixed split (winner only beyond the spread of the seeds): " + "; ".join(
+        f"{m}: {v['winner'] or 'no winner'}" for m, v in result["lending"].items()), "Auto choices per run: " + "; ".join(
         f"{r['label']}: " + ", ".join(f"{k} = {v}" for k, v in r["auto"].items()) for r in rows)]
     write_json(finish_result(result, started), out_dir)
     plot_runs(STUDY, runs, out_dir)
