@@ -130,6 +130,17 @@ to_tool_format = one_of(("hermes",), "tool-call format {s!r} is not in asyncrl (
 """verl's `multi_turn.format`: asyncrl parses `hermes` tool calls (`<tool_call>{json}</tool_call>`)."""
 
 
+def to_attn_implementation(v: str) -> str:
+    """transformers' `attn_implementation`: sdpa / eager kept; flash_attention_2/3 → sdpa (the same attention,
+    which runs flash kernels on GPU through `scaled_dot_product_attention`)."""
+    s = to_str(v)
+    if s in ("sdpa", "eager"):
+        return s
+    if s in ("flash_attention_2", "flash_attention_3"):
+        return "sdpa"
+    raise ValueError(f"attention implementation {s!r} is not in asyncrl (sdpa, eager, or flash_attention_2 → sdpa)")
+
+
 def to_tool_config(v: str) -> str:
     """verl's `tool_config_path`, kept as written. When the file is at hand (relative paths from the directory
     the import runs in, as verl's scripts run from verl's root) its tools must be ones asyncrl runs
@@ -186,6 +197,7 @@ MAP: dict[str, tuple[str, Callable[[str], Any]]] = {
     f"{ACTOR}.ppo_mini_batch_size": ("trainer.ppo_mini_batch_size", to_int),
     f"{ACTOR}.ppo_micro_batch_size_per_gpu": ("trainer.ppo_micro_batch_size_per_gpu", to_int),
     f"{ACTOR}.use_dynamic_bsz": ("trainer.use_dynamic_bsz", to_bool),
+    f"{AR}.model.override_config.attn_implementation": ("trainer.attn_implementation", to_attn_implementation),
     f"{ACTOR}.ppo_max_token_len_per_gpu": ("trainer.ppo_max_token_len_per_gpu", to_int),
     f"{AR}.ref.log_prob_max_token_len_per_gpu": ("trainer.log_prob_max_token_len_per_gpu", to_int),
     f"{ROLL}.log_prob_max_token_len_per_gpu": ("trainer.log_prob_max_token_len_per_gpu", to_int),

@@ -179,3 +179,11 @@ def test_standalone_gpu_memory_utilization_is_the_one_asyncrls_replicas_use() ->
                                   "+actor_rollout_ref.rollout.standalone_gpu_memory_utilization=0.8"))
     assert conv.values["rollout.gpu_memory_utilization"] == 0.8 and not conv.errors
     assert any(ov.startswith("actor_rollout_ref.rollout.gpu_memory_utilization") for ov, _ in conv.ignored)
+
+
+def test_the_attention_kernel_is_imported_and_flash_attention_runs_as_sdpa() -> None:
+    key = "actor_rollout_ref.model.override_config.attn_implementation"
+    assert convert_script(_script(f"+{key}=eager")).values["trainer.attn_implementation"] == "eager"
+    assert convert_script(_script(f"+{key}=flash_attention_2")).values["trainer.attn_implementation"] == "sdpa"
+    errors = dict((ov.partition("=")[0], why) for ov, why in convert_script(_script(f"+{key}=flex")).errors)
+    assert "'flex' is not in asyncrl" in errors[key]
