@@ -13,9 +13,9 @@ Measured shapes (rows × in × out of one matmul, the run's real ones, read from
     decode        R_d × h × i    R_d = min(max(n, max_num_seqs), n · ppo_mini_batch_size · require_batches)
     decode_head   R_d × h × V    the sampler's LM head, one decode step
 
-    attention     B × S × H × K × d   one attention fwd + bwd of the trainer: B = ppo_micro_batch_size_per_gpu
-                  (with use_dynamic_bsz: ppo_max_token_len_per_gpu / S) rows of S = max_prompt_length / 2 + max_response_length positions, H query / K key-value heads
-                  of width d (B lowered until B·H·S² ≤ `ATTN_SCORES`)
+    attention     B × S × H × K × d   one attention fwd + bwd of the trainer: B rows (ppo_micro_batch_size_per_gpu;
+                  with use_dynamic_bsz ppo_max_token_len_per_gpu / S; lowered until B·H·S² ≤ `ATTN_SCORES`) of
+                  S = max_prompt_length / 2 + max_response_length positions, H query / K key-value heads of width d
 
 (h = hidden_size, i = intermediate_size, V = vocab_size; rows capped at `MAX_ROWS`.) The trainer is timed under
 bf16 autocast over fp32 weights (what `trainer.precision = "bf16"` runs), the rollout with bf16 weights (what
@@ -27,7 +27,7 @@ token: w_trainer = L·e / R_t and w_lm_head = f / R_h for the trainer, w_decode 
 the measured one (H, K heads of width d; i_a = i, or experts per token × the expert width for MoE), L layers,
 and f = max_response_length / (max_prompt_length / 2 + max_response_length) the share of the trainer's tokens
 that reach the LM head. (Unweighted, one LM-head matmul would count as much as all L layers: on an Intel Xeon
-with AMX, bf16 runs the layer shape 5× fp32 but a 64-row LM head 1.1×, and the sum chose fp32.)
+with AMX, bf16 ran the layer shape 2.8× fp32 but a 64-row LM head 0.84×, and the plain sum chose fp32.)
 
 Decisions, with s = fp32 time ÷ bf16 time of a role (trainer: trainer + lm_head; rollout: decode +
 decode_head) and g = the same time's 1-thread ÷ C-thread ratio, in the role's chosen precision:
@@ -180,7 +180,8 @@ def decide_precision(cfg: RunConfig, device: str, times: dict[str, dict[str, flo
         if device in ACCELERATED or times is None:
             out.append(Choice(key, "bf16", None, f"{device} computes in bf16 natively (not measured)"))
             continue
-        assert weights is not None, "measured times need their step weights"
+        if weights is None:
+            raise ValueError("measured times need their step weights (engine.plan.auto.step_weights)")
         out.append(choose_precision(role, *(role_seconds({s: t[mode] for s, t in times.items()}, weights, role)
                                             for mode in ("fp32", "bf16"))))
     return out
