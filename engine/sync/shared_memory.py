@@ -351,8 +351,7 @@ def pull(handle: CollectiveHandle, rank: int, timeout_s: float = 300.0) -> Itera
     _PULLED = marks
     clock = time.monotonic
 
-    def header(i: int) -> Any:
-        store.wait([f"{tag}/h{i}"])
+    def header(i: int) -> Any:  # one round trip: `get` waits for the key (up to the store's timeout)
         return pickle.loads(store.get(f"{tag}/h{i}"))
 
     try:
