@@ -21,43 +21,13 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import sys
-import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from engine.sync.apply import load_into, named_tensors
 from engine.sync.flat import ALIGN
-
-
-STAGE_SWITCH_INTERVAL_S = 0.0002
-"""The interpreter's thread switch interval while a stage runs (`responsive_gil`; Python's default is 5 ms)."""
-_SWITCH_LOCK = threading.Lock()
-_SWITCH_USERS = [0, 0.0]  # stages running, the interval before the first
-
-
-@contextlib.contextmanager
-def responsive_gil(interval_s: float = STAGE_SWITCH_INTERVAL_S) -> Iterator[None]:
-    """Lower the interpreter's switch interval for the block (`sys.setswitchinterval`), restored after it.
-    A staged load runs beside the replica's decode thread: after each native copy and each store round trip
-    the loading thread must take the GIL back, and with the default 5 ms interval it waited up to that long
-    each time the decode thread held it (measured: 15–180 ms of a 0.33–0.42 s sync of 17 pieces went in
-    "loaded → acknowledged" alone, against ~2 ms with the replica idle). Nested or concurrent uses keep the
-    lowest setting until the last one ends."""
-    with _SWITCH_LOCK:
-        if _SWITCH_USERS[0] == 0:
-            _SWITCH_USERS[1] = sys.getswitchinterval()
-        _SWITCH_USERS[0] += 1
-        sys.setswitchinterval(min(interval_s, sys.getswitchinterval()))
-    try:
-        yield
-    finally:
-        with _SWITCH_LOCK:
-            _SWITCH_USERS[0] -= 1
-            if _SWITCH_USERS[0] == 0:
-                sys.setswitchinterval(_SWITCH_USERS[1])
 
 
 def weights_nbytes(model: torch.nn.Module) -> int:

@@ -49,7 +49,7 @@ from engine.rollout.hf.continuous import BatchCall, ContinuousBatcher
 from engine.rollout.hf.decode import DecodeCounters, ForwardAdapter, MultimodalForward, RowOutput, RowSpec
 from engine.rollout.hf.keyed import generate_alone, split_groups
 from engine.sync.apply import load_buckets_into
-from engine.sync.staging import BackBuffer, responsive_gil, weights_nbytes
+from engine.sync.staging import BackBuffer, weights_nbytes
 from engine.sync.verify import weights_fingerprint
 from engine.types import GenRequest, GenResult
 
@@ -251,7 +251,7 @@ class HFRolloutBackend:
         live weights; `swap_weights(version)` makes it live. The first call allocates the back buffer (as large
         as the weights)."""
         start = time.perf_counter()
-        with self._stage_lock, responsive_gil():  # the load takes the GIL back at once from the decode thread
+        with self._stage_lock:
             if self._back is None:
                 self._back = BackBuffer(self.model)
             self._back.allocate(self._model_lock)
