@@ -131,7 +131,7 @@ def build_model_dir(shape: str, root: Path, dtype: str = "fp32") -> tuple[Any, P
     return model, out
 
 
-def memcpy_gb_s(nbytes: int, repeats: int = 3) -> dict[str, float]:
+def memcpy_gb_s(nbytes: int, repeats: int = 3, fresh: bool = True) -> dict[str, float]:
     """Best-of-`repeats` bandwidth of copying `nbytes` between two resident buffers: numpy `copyto`
     (one thread, libc memcpy) and torch `copy_` (all intra-op threads); and, for reference, `fresh`: a copy
     into a newly allocated buffer (first-touch page faults included, as every sync's new buckets pay)."""
@@ -143,12 +143,25 @@ def memcpy_gb_s(nbytes: int, repeats: int = 3) -> dict[str, float]:
     best_np = min(_timed(lambda: np.copyto(dst, src)) for _ in range(repeats))
     tsrc, tdst = torch.from_numpy(src), torch.from_numpy(dst)
     best_torch = min(_timed(lambda: tdst.copy_(tsrc)) for _ in range(repeats))
-    best_fresh = min(_timed(lambda: np.copyto(np.empty_like(src), src)) for _ in range(repeats))
-    return {
-        "numpy_gb_s": gb_per_s(src.nbytes, best_np),
-        "torch_gb_s": gb_per_s(src.nbytes, best_torch),
-        "fresh_gb_s": gb_per_s(src.nbytes, best_fresh),
-    }
+    out = {"numpy_gb_s": gb_per_s(src.nbytes, best_np), "torch_gb_s": gb_per_s(src.nbytes, best_torch)}
+    if fresh:
+        best_fresh = min(_timed(lambda: np.copyto(np.empty_like(src), src)) for _ in range(repeats))
+        out["fresh_gb_s"] = gb_per_s(src.nbytes, best_fresh)
+    return out
+
+
+MEMCPY_READS = 5
+"""`memcpy_gb_s` reads taken before a row's syncs and as many after; the row's yardstick is their median."""
+
+
+def memcpy_reads(nbytes: int, reads: int = MEMCPY_READS) -> list[float]:
+    """`reads` readings of this machine's memcpy bandwidth for `nbytes` (each: the faster of numpy and torch,
+    best of 3, `memcpy_gb_s`), taken one after the other."""
+    out = []
+    for _ in range(reads):
+        r = memcpy_gb_s(nbytes, fresh=False)
+        out.append(max(r["numpy_gb_s"], r["torch_gb_s"]))
+    return out
 
 
 def copy_kernel() -> str:
@@ -201,48 +214,53 @@ def one_sync(trainer: Any, replica: Any, sync: Any, version: int, bucket_bytes: 
     time.sleep(0.5)
     export = TimedIter(trainer.export_weights(bucket_bytes))
     c0 = copy_stats()  # the trainer's pack runs in this process: its host copy + fingerprint time
-    t0 = time.perf_counter()
+    t0 = time.monotonic()
     if staged:  # as the rollouter: receive into the back buffer while generating, then pause and swap
         if isinstance(sync, CollectiveSync):
             sent = publish(sync, version, export, lambda refs: replica.stage_weights.remote(refs, version))
-            t1 = time.perf_counter()
+            t1 = time.monotonic()
         else:
             sent = publish(sync, version, export, lambda refs: refs)
-            t1 = time.perf_counter()
+            t1 = time.monotonic()
             sent.out = replica.stage_weights.remote(sent.out, version)
-        ray.get(sent.out)
-        t_staged = time.perf_counter()
+        stage_receipt = ray.get(sent.out)
+        t_staged = time.monotonic()
         c1 = copy_stats()
         running = not ray.wait([gen_ref], timeout=0)[0]  # generation ran through the whole transfer
         replica.abort.remote()
         ray.get(gen_ref)
-        t2 = time.perf_counter()
+        t2 = time.monotonic()
         receipt = ray.get(replica.swap_weights.remote(version))
-        t3 = time.perf_counter()
+        t3 = time.monotonic()
         push_s, update_s = t1 - t0, (t_staged - t1) + (t3 - t2)
         drain_s, pause_s = t2 - t_staged, t3 - t2
+        ring = getattr(sync, "ring", None)
+        timeline = {"study": {"t0": t0, "published": t1, "staged": t_staged, "drained": t2, "swapped": t3},
+                    "sender": list(getattr(ring, "marks", [])), **stage_receipt.get("timeline", {}),
+                    "swap": receipt.get("swap_marks", [])}
     else:
         if isinstance(sync, CollectiveSync):  # the engine pauses first: the replicas join once generation stopped
             running = not ray.wait([gen_ref], timeout=0)[0]
             replica.abort.remote()
             ray.get(gen_ref)
-            t1 = t2 = time.perf_counter()
+            t1 = t2 = time.monotonic()
             paused = t0
             sent = publish(sync, version, export, lambda refs: replica.update_weights.remote(refs, version))
         else:  # the object store is filled while the replica generates, then it pauses and loads
             sent = publish(sync, version, export, lambda refs: refs)
-            t1 = time.perf_counter()
+            t1 = time.monotonic()
             running = not ray.wait([gen_ref], timeout=0)[0]
             replica.abort.remote()
             ray.get(gen_ref)
-            t2 = time.perf_counter()
+            t2 = time.monotonic()
             paused = t1
             sent.out = replica.update_weights.remote(sent.out, version)
         receipt = ray.get(sent.out)
-        t3 = time.perf_counter()
+        t3 = time.monotonic()
         c1 = copy_stats()
         push_s, update_s = t1 - t0, t3 - t2
         drain_s, pause_s = t2 - paused, t3 - paused
+        timeline = {}
     DeliveryCheck().check(version, sent.fingerprints, {0: receipt}, sent.names)  # raises on a bad delivery
     if ray.get(replica.version.remote()) != version:
         raise RuntimeError("the replica did not take the new version")
@@ -266,7 +284,56 @@ def one_sync(trainer: Any, replica: Any, sync: Any, version: int, bucket_bytes: 
         "wall_s": t3 - t0,
         "generation_running": running,
         "verified": True,
+        "timeline": timeline,
+        "breakdown": breakdown(timeline),
     }
+
+
+def breakdown(timeline: dict[str, Any]) -> dict[str, float]:
+    """Where one staged shared-memory sync's time went, from its timeline (`one_sync`: the study's, the sender's
+    and the receiver's `time.monotonic()` marks, one clock on this host). The receiver's path from the study's
+    start to the swap is cut into consecutive segments whose sum is `sync_s`:
+
+        first_piece_s    start → piece 0's header seen (export, the first pack, its header; or the Ray call
+                         that starts the stage, when that came later: `ray_start_s`)
+        load_s           Σ header seen → loaded (the replica's copy + fingerprint of each piece)
+        ack_s            Σ loaded → acknowledged (the receiver's acknowledgement)
+        sender_behind_s  Σ acknowledged k → piece k+1 published, where the sender published later (a pipeline
+                         bubble: the trainer's pack was the slower side)
+        control_s        Σ the rest of each wait for the next header (published → seen: the control path)
+        end_s            end marker seen → the stage's Ray call returned to the trainer
+        swap_s           the pause (`swap_weights` call: Ray, the swap, the weight sample, the return)
+
+    plus, not on that path: `ray_start_s` (start → the stage running), `slot_wait_s` (Σ the sender waiting for a
+    slot's acknowledgements), `pack_s` (Σ the sender's packs), `weights_sample_s` (inside `swap_s`). Empty when
+    the timeline is incomplete (not a staged shared-memory sync)."""
+    study, sender, pull = timeline.get("study"), timeline.get("sender") or [], timeline.get("pull") or []
+    stage, swap = timeline.get("stage") or [], timeline.get("swap") or []
+    if not study or not sender or not pull or len(stage) != 2:
+        return {}
+    snd: dict[tuple[str, int], float] = {(e, k): t for e, k, t in sender}
+    rcv: dict[tuple[str, int], float] = {(e, k): t for e, k, t in pull}
+    n = sum(1 for e, _, _ in pull if e == "loaded")
+    t0 = study["t0"]
+    out = {"pieces": float(n), "ray_start_s": stage[0] - t0, "first_piece_s": rcv[("header", 0)] - t0,
+           "load_s": 0.0, "ack_s": 0.0, "sender_behind_s": 0.0, "control_s": 0.0}
+    for k in range(n):
+        out["load_s"] += rcv[("loaded", k)] - rcv[("header", k)]
+        out["ack_s"] += rcv[("acked", k)] - rcv[("loaded", k)]
+        gap = rcv[("header", k + 1)] - rcv[("acked", k)]
+        published = snd.get(("published", k + 1), snd.get(("ended", n), rcv[("acked", k)]))
+        behind = min(gap, max(0.0, published - rcv[("acked", k)]))
+        out["sender_behind_s"] += behind
+        out["control_s"] += gap - behind
+    out["end_s"] = study["staged"] - rcv[("header", n)]
+    out["swap_s"] = study["swapped"] - study["drained"]
+    if len(swap) == 3:
+        out["weights_sample_s"] = swap[2] - swap[1]
+    out["slot_wait_s"] = sum(snd.get(("slot", k), 0.0) - snd.get(("get", k), 0.0) for k in range(n))
+    out["pack_s"] = sum(snd.get(("packed", k), 0.0) - snd.get(("slot", k), 0.0) for k in range(n))
+    out["sum_s"] = sum(out[k] for k in ("first_piece_s", "load_s", "ack_s", "sender_behind_s", "control_s",
+                                        "end_s", "swap_s"))
+    return out
 
 
 def measure_shape(shape: str, dtype: str, transports: Any, repeats: int, root: Path,
@@ -285,6 +352,7 @@ def measure_shape(shape: str, dtype: str, transports: Any, repeats: int, root: P
 
     model, model_dir = build_model_dir(shape, root, dtype)
     params = sum(p.numel() for p in model.parameters())
+    sent_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())  # tied lm_head included
     # the run config only shapes the replica: no optimizer step is taken, so the plan's trainer memory check
     # (Adam states of a 1B model exceed the cpu preset's 16 GB per worker) must not refuse it
     hardware = root / "cpu-bench.toml"
@@ -304,13 +372,15 @@ def measure_shape(shape: str, dtype: str, transports: Any, repeats: int, root: P
                 "shared_memory": lambda: SharedMemorySync(host, free_port(), 2, run_id=f"bench{os.getpid()}",
                                                           slot_bytes=min(SHM_SLOT_BYTES, bucket_bytes)),
                 "object_store": ObjectStoreSync}[transport]()
+        before = memcpy_reads(sent_bytes)  # the yardstick, read before and after the syncs (their median counts)
         try:
             ray.get(replica.ready.remote())
             runs = [one_sync(trainer, replica, sync, v, bucket_bytes, background) for v in range(1, repeats + 2)][1:]
         finally:  # the first sync (group formation, first-touch pages) is a warm-up
             ray.kill(replica, no_restart=True)
             getattr(sync, "close", lambda: None)()
-        rows.append(_row(shape, dtype, transport, params, cfg.rollout.weight_sync_bucket_mb, runs))
+        after = memcpy_reads(sent_bytes)
+        rows.append(_row(shape, dtype, transport, params, cfg.rollout.weight_sync_bucket_mb, runs, before + after))
     del trainer, model
     gc.collect()
     shutil.rmtree(model_dir, ignore_errors=True)
@@ -318,7 +388,7 @@ def measure_shape(shape: str, dtype: str, transports: Any, repeats: int, root: P
 
 
 def _row(shape: str, dtype: str, transport: str, params: int, bucket_mb: int,
-         runs: list[dict[str, Any]]) -> dict[str, Any]:
+         runs: list[dict[str, Any]], reads: list[float] | None = None) -> dict[str, Any]:
     nbytes = runs[0]["bytes"]
     copy = memcpy_gb_s(nbytes)
     med = {
@@ -327,7 +397,9 @@ def _row(shape: str, dtype: str, transport: str, params: int, bucket_mb: int,
                   "wall_s", "pack_copy_s", "load_copy_s")
     }
     sync_gb_s = gb_per_s(nbytes, med["sync_s"])
-    memcpy = max(copy["numpy_gb_s"], copy["torch_gb_s"])
+    reads = list(reads or []) + [max(copy["numpy_gb_s"], copy["torch_gb_s"])]  # + this moment's read
+    memcpy = median(reads)
+    parts = [r["breakdown"] for r in runs if r.get("breakdown")]
     import datetime
     import os
 
@@ -344,8 +416,11 @@ def _row(shape: str, dtype: str, transport: str, params: int, bucket_mb: int,
         **med,
         "sync_gb_s": sync_gb_s,
         **copy,
-        "memcpy_gb_s": memcpy,
+        "memcpy_gb_s": memcpy,  # the median of `memcpy_reads` (before the syncs, after them, and at the row)
+        "memcpy_reads_gb_s": reads,
         "fraction_of_memcpy": sync_gb_s / memcpy,
+        # the per-piece timeline's breakdown, median of the runs (`breakdown`; each run keeps its timeline)
+        "breakdown": {k: median([p[k] for p in parts]) for k in parts[0]} if parts else {},
         "pause_over_sync": med["pause_s"] / med["sync_s"],
         # each side's host copy + fingerprint rate inside the sync (0: the side did not copy on the host)
         "pack_copy_gb_s": gb_per_s(runs[0]["pack_copy_bytes"], med["pack_copy_s"]) if med["pack_copy_s"] else 0.0,
@@ -452,9 +527,11 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
             "it (copy 4). With the two sides overlapped the time is set by the slowest stage, not their sum."
         ),
         (
-            "memcpy = the faster of numpy `copyto` (one thread) and torch `copy_` (all threads) between two "
-            "resident buffers of the same size; 'memcpy to a new buffer' allocates the destination first, "
-            "so it pays the first-touch page faults that each sync's fresh buckets pay."
+            "memcpy = the median of 11 reads of the same bytes (5 before the row's syncs, 5 after, 1 at the row; "
+            "all kept in `memcpy_reads_gb_s`), each the faster of numpy `copyto` (one thread) and torch `copy_` "
+            "(all threads) between two resident buffers, best of 3: one read moved by 7.4–10.1 GB/s within "
+            "minutes, so no single one decides the ratio; 'memcpy to a new buffer' allocates the destination "
+            "first, so it pays the first-touch page faults that each sync's fresh buckets pay."
         ),
         (
             f"Generation: {spec.get('background_rows', BACKGROUND_ROWS)} rows decode on the replica through every sync. Staged (back buffer): "

@@ -64,6 +64,13 @@ def free_memory(device: Any) -> int:
     return 0
 
 
+def _is_shm(bucket_refs: list) -> bool:
+    """Whether a sync's refs are a shared-memory handle (whose pull keeps a per-piece timeline)."""
+    from engine.sync.shared_memory import SharedMemoryHandle
+
+    return len(bucket_refs) == 1 and isinstance(bucket_refs[0], SharedMemoryHandle)
+
+
 def back_buffer_fits(nbytes: int, device: Any) -> bool:
     """Whether a back buffer of `nbytes` fits on `device` with room to spare (`BACK_BUFFER_SPARE`)."""
     return free_memory(device) >= nbytes + max(2**30, BACK_BUFFER_SPARE * nbytes)
@@ -179,15 +186,21 @@ class RolloutReplica:
         from engine.sync.flat import copy_stats
         from engine.sync.runtime import resolve_buckets
 
+        from engine.sync.shared_memory import pulled_marks
+
         t0 = time.monotonic()
         self._staged = None
         c0 = copy_stats()
         delivery = resolve_buckets(bucket_refs, self.replica_id)
         self.backend.stage_weights(delivery, version)
         c1 = copy_stats()
-        self._staged = (version, delivery.fingerprints, time.monotonic() - t0)
+        t1 = time.monotonic()
+        self._staged = (version, delivery.fingerprints, t1 - t0)
         self._copy = {"copy_s": c1[0] - c0[0], "copy_bytes": c1[1] - c0[1]}  # the host copies' busy time
-        return {"seconds": self._staged[2], **self._copy}
+        # the stage's timeline (monotonic seconds, comparable across processes on this host): its start and end,
+        # and for a shared-memory sync each piece's header seen / loaded / acknowledged
+        timeline = {"stage": [t0, t1], "pull": pulled_marks() if _is_shm(bucket_refs) else []}
+        return {"seconds": self._staged[2], **self._copy, "timeline": timeline}
 
     def swap_weights(self, version: int) -> dict[str, Any]:
         """Make the staged `version` live (a storage swap, between two decode steps; the rollouter calls it once
@@ -201,11 +214,13 @@ class RolloutReplica:
         t0 = time.monotonic()
         self.backend.swap_weights(version)
         self._staged = None
-        swap_s = time.monotonic() - t0
+        t1 = time.monotonic()
+        swap_s = t1 - t0
         self._abort.clear()
         self._abort_val.clear()
-        return {"fingerprints": fingerprints, "weights": self.backend.weights_fingerprint(),
-                "seconds": stage_s + swap_s, "swap_s": swap_s, **self._copy}
+        weights = self.backend.weights_fingerprint()
+        return {"fingerprints": fingerprints, "weights": weights, "seconds": stage_s + swap_s, "swap_s": swap_s,
+                **self._copy, "swap_marks": [t0, t1, time.monotonic()]}
 
     def version(self) -> int:
         return self.backend.version

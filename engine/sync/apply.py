@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from engine.sync.flat import ALIGN, FlatBucket, Fingerprint, as_tensor, copy_fingerprinted, host_bytes
+from engine.sync import native
+from engine.sync.flat import ALIGN, FlatBucket, Fingerprint, _dtype, as_tensor, copy_batch, copy_fingerprinted, host_bytes
 
 
 def named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -105,7 +106,11 @@ def load_flat(targets: dict[str, torch.Tensor], bucket: FlatBucket, strict: bool
     the received buffer is added to the fingerprint right after it was copied out, while it is in cache (one
     read of the buffer in all). A target of another dtype or layout (a fused expert slice) takes the general
     copy, its region fingerprinted after. Sets `bucket.fingerprint` (= `fingerprint(bucket.data)`); `written` as
-    for `load_into`."""
+    for `load_into`. With the native kernel, the copies of all tensors that take the direct path are one native
+    call (`_load_batched`)."""
+    data = bucket.data
+    if native.kernel() is not None and data.dtype == torch.uint8 and data.dim() == 1 and data.is_contiguous():
+        return _load_batched(targets, bucket, strict, written)
     fp = Fingerprint()
     buf = host_bytes(bucket.data)
     covered = copied = 0
@@ -127,5 +132,42 @@ def load_flat(targets: dict[str, torch.Tensor], bucket: FlatBucket, strict: bool
         covered = end
     if covered < buf.size:
         copy_fingerprinted(buf[covered:], buf[covered:], 0, fp, covered, buf[covered:])
+    bucket.fingerprint = fp.value
+    return copied
+
+
+def _load_batched(targets: dict[str, torch.Tensor], bucket: FlatBucket, strict: bool,
+                  written: Callable[[torch.Tensor], None] | None) -> int:
+    """`load_flat` with the kernel: every direct copy (same dtype, shape, contiguous on the host) and the
+    fingerprint of every region (tensor and padding, the general copies' too) gathered into one
+    `copy_batch` call, by address — each entry checked to lie inside the bucket's buffer, each target to
+    hold exactly its bytes. The general copies (another dtype or layout, a fused expert slice) run first."""
+    data = bucket.data
+    size, base = data.numel(), data.data_ptr()
+    regions: list[tuple[int, int, int, int, int, int]] = []
+    covered = copied = 0
+    for name, dtype, shape, offset, nbytes in bucket.index:
+        end = min(size, offset + nbytes + (-(offset + nbytes)) % ALIGN)  # the tensor and its padding
+        if offset < covered or offset % 8 or offset + nbytes > size:
+            raise ValueError(f"weight bucket {bucket.seq}: entry {name!r} (bytes {offset}…{offset + nbytes}) is "
+                             f"not inside its {size}-byte buffer in order")
+        target = _target(targets, name, strict)
+        if target is None:
+            regions.append((0, 0, 0, base + offset, end - offset, offset))
+        elif (target.dtype == _dtype(dtype) and target.device.type == "cpu" and target.is_contiguous()
+              and tuple(target.shape) == tuple(shape) and target.numel() * target.element_size() == nbytes):
+            regions.append((target.data_ptr(), base + offset, nbytes, base + offset, end - offset, offset))
+            copied += nbytes
+        else:
+            copied += _copy(name, target, data[offset:offset + nbytes].view(_dtype(dtype)).view(shape))
+            regions.append((0, 0, 0, base + offset, end - offset, offset))
+        if target is not None and written is not None:
+            written(target)
+        covered = end
+    if covered < size:
+        regions.append((0, 0, 0, base + covered, size - covered, covered))
+    fp = Fingerprint()
+    if not copy_batch(regions, fp):  # the kernel was just found loaded
+        raise RuntimeError("the native copy kernel went away during a weight load")
     bucket.fingerprint = fp.value
     return copied

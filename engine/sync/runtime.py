@@ -164,8 +164,11 @@ def packed(buckets: Iterable[Any], device: Any, names: list[list[str]],
     `debug.corrupt_sync_bucket`): flip one byte of that bucket *after* its fingerprint was taken, as a fault on
     the wire would."""
     ring = ring if ring is not None else _ring("send")  # the transports copy each bucket out before the next
+    mark = getattr(ring, "mark", None)  # a shared-memory ring keeps the sync's timeline
     for seq, bucket in enumerate(buckets):
         fb = flatten(bucket, seq, device, ring)
+        if mark is not None:
+            mark("packed", seq)
         names.append(fb.names)
         if seq == corrupt_bucket and fb.nbytes:
             fb.data[0] ^= 0x5A

@@ -44,6 +44,7 @@ import pickle
 import re
 import secrets
 import threading
+import time
 import warnings
 import weakref
 from collections import deque
@@ -119,6 +120,16 @@ class ShmRing:
         self.cond = threading.Condition()
         self.acks: Any = None  # a store client of its own: `get` waits in the pack's thread
         self._finalizer: weakref.finalize | None = None
+        self.marks: list[tuple[str, int, float]] = []  # this sync's timeline (`begin`, `mark`)
+        self.handed = 0  # pieces handed to the pack in this sync
+
+    def begin(self) -> None:
+        """A new sync: its timeline starts empty (`marks`)."""
+        self.marks, self.handed = [], 0
+
+    def mark(self, event: str, k: int = -1) -> None:
+        """Record `event` of piece `k` at `time.monotonic()` (system-wide: comparable with the receivers')."""
+        self.marks.append((event, k, time.monotonic()))
 
     @property
     def name(self) -> str:
@@ -167,9 +178,12 @@ class ShmRing:
                 self.pending.clear()
                 self.renew(max(size, self.slot_bytes))
             slot, self.next = self.next, (self.next + 1) % self.nslots
+            k, self.handed = self.handed, self.handed + 1
+            self.mark("get", k)
             self.cond.wait_for(lambda: slot not in self.order)  # its bucket is published: its keys are known
             keys = self.pending.pop(slot, [])
         self.wait(keys, self.timeout_s)  # the receivers are done with the bucket it held
+        self.mark("slot", k)
         with self.cond:
             self.order.append(slot)
         return self.buffers[slot][:size]
@@ -247,6 +261,7 @@ class SharedMemorySync(CollectiveSync):
         receiver is done with every bucket and unlink the ring's files (every receiver has mapped them). Sets the
         handle's bytes, bucket count and fingerprints."""
         store, ring, tag = self._store(), self.ring_for(handle), _tag(handle)
+        ring.begin()  # (the pack's thread starts with the first bucket asked for below)
         ranks = range(1, handle.world)
         keys: list[str] = []
         nbytes, sums = 0, []
@@ -254,14 +269,18 @@ class SharedMemorySync(CollectiveSync):
             acks = [f"{tag}/a{k}/{r}" for r in ranks]
             slot, desc = ring.published(acks)
             store.set(f"{tag}/h{k}", pickle.dumps((fb.seq, slot, fb.data.numel(), fb.index, desc)))
+            ring.mark("published", k)
             keys += [f"{tag}/h{k}", *acks]
             nbytes += fb.nbytes
             sums.append(int(fb.fingerprint))
         end = [f"{tag}/a{len(sums)}/{r}" for r in ranks]  # each receiver read the end marker: keys can go
         store.set(f"{tag}/h{len(sums)}", pickle.dumps(None))
         keys += [f"{tag}/h{len(sums)}", *end]
+        ring.mark("ended", len(sums))
         ring.settle()
+        ring.mark("settled", len(sums))
         ring.wait(end, self.timeout_s)
+        ring.mark("end_acked", len(sums))
         ring.unlink()
         for key in keys:
             store.delete_key(key)
@@ -306,34 +325,51 @@ def _map(ring: tuple[str, list[str], int]) -> list[torch.Tensor]:
 
 
 _CLIENTS: dict[tuple[str, int], Any] = {}
+_PULLED: list[tuple[str, int, float]] = []
+"""The timeline of this process's latest `pull` (`pulled_marks`)."""
+
+
+def pulled_marks() -> list[tuple[str, int, float]]:
+    """The receiver's timeline of its latest `pull`: (event, piece, `time.monotonic()`) for "header" (piece k's
+    header seen and its slot mapped: the load starts), "loaded" (the consumer asked for the next piece) and
+    "acked" (the sender may reuse the slot); the end marker's "header"/"acked" carry k = the piece count."""
+    return list(_PULLED)
 
 
 def pull(handle: CollectiveHandle, rank: int, timeout_s: float = 300.0) -> Iterator[FlatBucket]:
     """The buckets of `handle` as group rank `rank` (≥ 1) receives them: views of the ring's slots, each
     acknowledged when the consumer asks for the next one (so load it before). A consumer that stops early
-    acknowledges the rest unread, so the sender is never left waiting."""
+    acknowledges the rest unread, so the sender is never left waiting. Its timeline: `pulled_marks`."""
+    global _PULLED
     key = (handle.host, handle.port)
     store = _CLIENTS.get(key)
     if store is None:
         store = _CLIENTS[key] = dist.TCPStore(handle.host, handle.port, is_master=False,
                                               timeout=_dt.timedelta(seconds=timeout_s))
     tag, k, done = _tag(handle), 0, False
+    marks: list[tuple[str, int, float]] = []
+    _PULLED = marks
+    clock = time.monotonic
 
-    def header(i: int) -> Any:
-        store.wait([f"{tag}/h{i}"])
+    def header(i: int) -> Any:  # one round trip: `get` waits for the key (up to the store's timeout)
         return pickle.loads(store.get(f"{tag}/h{i}"))
 
     try:
         while True:
             msg = header(k)
             if msg is None:
+                marks.append(("header", k, clock()))
                 done = True
                 store.set(f"{tag}/a{k}/{rank}", b"1")
+                marks.append(("acked", k, clock()))
                 return
             seq, slot, n, index, ring = msg
             slots = _map(ring)
+            marks.append(("header", k, clock()))
             yield FlatBucket(index, slots[slot][:n], seq)
+            marks.append(("loaded", k, clock()))
             store.set(f"{tag}/a{k}/{rank}", b"1")
+            marks.append(("acked", k, clock()))
             k += 1
     finally:
         if not done:

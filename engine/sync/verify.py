@@ -64,13 +64,20 @@ def weights_fingerprint(tensors: Iterable[Any]) -> int:
     """A sample of the weights' bytes: every `SAMPLE_STRIDE`-th byte of each tensor, summed on its device, the
     sums chained (h ← h·1000003 + s mod 2^64). Touches ~1/64 of the model's cache lines; any trained tensor
     changes it."""
+    import numpy as np
     import torch
 
     h = 0
     with torch.no_grad():
         for t in tensors:
-            b = t.detach().contiguous().view(-1).view(torch.uint8)
-            h = (h * 1000003 + int(b[::SAMPLE_STRIDE].sum(dtype=torch.int64)) + b.numel()) & _MASK
+            t = t.detach()
+            if t.device.type == "cpu" and t.is_contiguous():  # numpy: the same sum, a fifth of torch's overhead
+                b = t.reshape(-1).view(torch.uint8).numpy()
+                s, n = int(b[::SAMPLE_STRIDE].sum(dtype=np.int64)), b.size
+            else:
+                b = t.contiguous().view(-1).view(torch.uint8)
+                s, n = int(b[::SAMPLE_STRIDE].sum(dtype=torch.int64)), b.numel()
+            h = (h * 1000003 + s + n) & _MASK
     return h
 
 

@@ -63,6 +63,14 @@ def test_weight_sync(tmp_path: Path, shared_ray: None) -> None:
         assert row["sync_s"] > 0 and row["memcpy_gb_s"] > row["sync_gb_s"] > 0
         assert row["staged"] and row["verified"]  # received into a back buffer while generating, then swapped
         assert row["update_s"] >= row["swap_s"] > 0 and row["wall_s"] >= row["pause_s"] > 0
+        reads = row["memcpy_reads_gb_s"]  # the yardstick: 5 reads before the syncs, 5 after, 1 at the row
+        assert len(reads) == 11 and row["memcpy_gb_s"] == sorted(reads)[5]
+    # the shared-memory sync's per-piece timeline: its consecutive segments add up to the sync's time
+    parts = rows["shared_memory"]["breakdown"]
+    assert parts["pieces"] >= 1 and parts["load_s"] > 0
+    assert abs(parts["sum_s"] - rows["shared_memory"]["sync_s"]) < 1e-3
+    for run in rows["shared_memory"]["runs"]:
+        assert abs(run["breakdown"]["sum_s"] - run["sync_s"]) < 1e-6
 
 
 @pytest.mark.integration

@@ -131,3 +131,20 @@ def test_a_buffer_ring_reuses_resident_buffers_in_turn_and_grows_a_slot_when_nee
     assert ring.get(8192, "cpu").numel() == 8192  # slot 1 grows
     fb = flatten(bucket(), ring=ring)
     assert fb.data.data_ptr() == c.data_ptr() and fb.fingerprint == flatten(bucket()).fingerprint
+
+
+def test_weights_fingerprint_is_the_sample_of_every_tensor_whatever_its_layout() -> None:
+    """The sample (every 4099th byte of each tensor, summed, chained) is the same whether a tensor is read
+    through numpy (contiguous, on the host) or through torch (here: a transposed view)."""
+    import torch
+
+    from engine.sync.verify import SAMPLE_STRIDE
+
+    g = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(300, 70, generator=g).to(torch.bfloat16), torch.randn(9000, generator=g),
+               torch.randn(50, 90, generator=g).t(), torch.zeros(0)]
+    h = 0
+    for t in tensors:
+        b = t.contiguous().view(-1).view(torch.uint8)
+        h = (h * 1000003 + int(b[::SAMPLE_STRIDE].to(torch.int64).sum()) + b.numel()) % 2**64
+    assert weights_fingerprint(tensors) == h

@@ -157,3 +157,75 @@ def test_pack_and_load_same_fingerprint_both_ways(monkeypatch):
     load_buckets_into(model, [got])
     assert got.fingerprint != fb.fingerprint
     assert numpy_fp(lambda: fingerprint(bad), monkeypatch) == got.fingerprint
+
+
+def _mixed_bucket() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    return {"tiny": torch.randn(3, generator=g).to(torch.bfloat16),  # 6 bytes: padded to 64
+            "empty": torch.zeros(0),
+            "w": torch.randn(300, 700, generator=g),  # 840 000 bytes: streamed stores (≥ NT_MIN)
+            "strided": torch.randn(40, 30, generator=g).t(),  # not contiguous on the sender
+            "ints": torch.randint(-9, 9, (13, 7), generator=g, dtype=torch.int32),
+            "half": torch.randn(17, generator=g).half()}
+
+
+@needs_kernel
+def test_a_bucket_packed_in_one_native_call_equals_the_numpy_pack(monkeypatch):
+    """The sender's batched pack (padding zeroed in the kernel, into a dirty reused buffer) writes the same
+    bytes and fingerprint as the numpy path, tensor by tensor."""
+    from engine.sync.flat import BufferRing
+
+    class Dirty(BufferRing):  # a reused slot full of an earlier bucket's bytes
+        def get(self, size, device):
+            return torch.full((size,), 0xAB, dtype=torch.uint8)
+
+    calls = []
+    real = native.copy_fp_batch
+    monkeypatch.setattr(native, "copy_fp_batch", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    fast = flatten(_mixed_bucket(), 0, "cpu", Dirty(1))
+    assert calls == [1]  # one call for the whole bucket
+    slow = numpy_fp(lambda: flatten(_mixed_bucket(), 0, "cpu", Dirty(1)), monkeypatch)
+    assert torch.equal(fast.data, slow.data) and fast.fingerprint == slow.fingerprint
+    assert fast.fingerprint == fingerprint(fast.data)
+
+
+@needs_kernel
+def test_a_bucket_loaded_in_one_native_call_equals_the_numpy_load(monkeypatch):
+    """The receiver's batched load: the same weights and fingerprint as the numpy path, with a target of
+    another dtype (the general copy), an unknown name skipped (not strict), and padding fingerprinted."""
+    from engine.sync.apply import load_flat
+
+    bucket = _mixed_bucket()
+    fb = flatten(bucket, 0, "cpu")
+
+    def targets():
+        t = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in bucket.items() if k != "ints"}
+        t["half"] = torch.empty(17, dtype=torch.float32)  # another dtype: copied and cast by torch
+        return t
+
+    calls = []
+    real = native.copy_fp_batch
+    monkeypatch.setattr(native, "copy_fp_batch", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    got = targets()
+    copied = load_flat(got, fb, strict=False)
+    assert calls == [1] and fb.fingerprint == fingerprint(fb.data)
+    want = targets()
+    fb2 = flatten(bucket, 0, "cpu")
+    numpy_fp(lambda: load_flat(want, fb2, strict=False), monkeypatch)
+    assert fb2.fingerprint == fb.fingerprint
+    assert copied == sum(v.numel() * v.element_size() for k, v in bucket.items() if k != "ints")
+    for k in got:
+        assert torch.equal(got[k], want[k]) and torch.equal(got[k], bucket[k].to(got[k].dtype)), k
+
+
+@needs_kernel
+def test_a_bucket_index_pointing_outside_its_buffer_is_refused_before_any_copy():
+    from engine.sync.apply import load_flat
+
+    fb = flatten({"w": torch.ones(16)}, 3, "cpu")
+    name, dtype, shape, offset, nbytes = fb.index[0]
+    fb.index[0] = (name, dtype, (1 << 20,), offset, 4 << 20)  # a corrupt header: 4 MiB in a 64-byte buffer
+    target = {"w": torch.zeros(1 << 20)}
+    with pytest.raises(ValueError, match=r"weight bucket 3: entry 'w' .* not inside its 64-byte buffer"):
+        load_flat(target, fb)
+    assert not target["w"].any()

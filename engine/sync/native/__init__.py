@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 SOURCE = Path(__file__).with_name("fused_copy.c")
-ABI = 1
+ABI = 2
 NT_MIN = 256 * 1024
 """Copies of at least this many bytes stream their stores past the cache (smaller ones stay cached)."""
 _FLAGS = ["-O3", "-march=native", "-shared", "-fPIC"]
@@ -123,6 +123,9 @@ def _load() -> Any | None:
     lib.asyncrl_copy_fp.restype = None
     lib.asyncrl_sum_fp.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64, u64p]
     lib.asyncrl_sum_fp.restype = None
+    lib.asyncrl_copy_fp_batch.argtypes = [ctypes.c_size_t, u64p, u64p, u64p, u64p, u64p, u64p, ctypes.c_size_t,
+                                          ctypes.c_int, u64p]
+    lib.asyncrl_copy_fp_batch.restype = None
     lib.asyncrl_native_isa.restype = ctypes.c_char_p
     if not _self_check(lib):
         return _fail(f"{path} disagrees with the numpy fingerprint")
@@ -212,6 +215,30 @@ def copy_fp(dst: Any, src: Any, n: int, seen: Any, at: int) -> tuple[int, int] |
         d = s = 0
     out = (ctypes.c_uint64 * 2)()
     lib.asyncrl_copy_fp(d, s, n, _ptr(seen), seen.size, at // 8, 1 if n >= NT_MIN else 0, out)
+    return out[0], out[1]
+
+
+def copy_fp_batch(regions: list[tuple[int, int, int, int, int, int]], zero_pad: bool = False) \
+        -> tuple[int, int] | None:
+    """Many `copy_fp`s in one call, by address: each region (dst, src, n, seen, seen_len, at) copies `n` bytes
+    from address `src` to `dst` (dst 0 and n 0: sums only) and adds the sums of the `seen_len` bytes at `seen`,
+    the buffer's byte `at` (`seen_len` and `at` multiples of 8; `seen` is `dst` or `src`); with `zero_pad`
+    each dst's bytes n … seen_len are zeroed first (the sender's padding). Returns the sums of all regions
+    together, or None when the kernel is not loaded. The caller guarantees the addresses: nothing is checked
+    here (`engine.sync.apply.load_flat`, `engine.sync.flat` build them from tensors they bounds-checked)."""
+    lib = kernel()
+    if lib is None:
+        return None
+    count = len(regions)
+    out = (ctypes.c_uint64 * 2)()
+    if not count:
+        return 0, 0
+    cols = np.array(regions, dtype=np.uint64).reshape(count, 6)
+    cols[:, 5] //= np.uint64(8)
+    arrays = [np.ascontiguousarray(cols[:, j]) for j in range(6)]
+    u64p = ctypes.POINTER(ctypes.c_uint64)
+    ptrs = [a.ctypes.data_as(u64p) for a in arrays]
+    lib.asyncrl_copy_fp_batch(count, *ptrs, NT_MIN, 1 if zero_pad else 0, out)
     return out[0], out[1]
 
 

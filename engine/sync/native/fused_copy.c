@@ -16,6 +16,10 @@
  * Loads: prefetched PREFETCH bytes ahead. Stores: non-temporal (streamed past the cache, no read-for-ownership)
  * when `nt` and dst aligns to the vector after a few scalar words; regular stores otherwise; _mm_sfence() after
  * streaming.
+ *
+ * asyncrl_copy_fp_batch does `count` such copies in one call (a bucket's tensors: no interpreter between them)
+ * and returns the sums of all their `seen` regions added together (the fingerprint is a sum over disjoint
+ * regions, so their order does not matter).
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -24,7 +28,7 @@
 #include <immintrin.h>
 #endif
 
-#define ASYNCRL_NATIVE_ABI 1
+#define ASYNCRL_NATIVE_ABI 2
 
 int asyncrl_native_abi(void) { return ASYNCRL_NATIVE_ABI; }
 
@@ -187,4 +191,23 @@ void asyncrl_copy_fp(uint8_t *dst, const uint8_t *src, size_t n, const uint8_t *
 /* The sums of `len` bytes (a multiple of 8) at global word g. */
 void asyncrl_sum_fp(const uint8_t *p, size_t len, uint64_t g, uint64_t *out) {
     asyncrl_copy_fp(NULL, p, 0, p, len, g, 0, out);
+}
+
+/* count copies: for each i, asyncrl_copy_fp(dst[i], src[i], n[i], seen[i], seen_len[i], g[i], n[i] >= nt_min);
+ * with zero_pad, first dst[i][n[i] .. seen_len[i]) = 0 (the sender's padding; seen[i] is dst[i] then). dst[i]
+ * = 0 with n[i] = 0: sums only. out = the sums of all regions (mod 2^64). */
+void asyncrl_copy_fp_batch(size_t count, const uint64_t *dst, const uint64_t *src, const uint64_t *n,
+                           const uint64_t *seen, const uint64_t *seen_len, const uint64_t *g, size_t nt_min,
+                           int zero_pad, uint64_t *out) {
+    uint64_t tot = 0, str = 0, one[2];
+    for (size_t i = 0; i < count; i++) {
+        uint8_t *d = (uint8_t *)(uintptr_t)dst[i];
+        if (zero_pad && d && seen_len[i] > n[i]) memset(d + n[i], 0, seen_len[i] - n[i]);
+        asyncrl_copy_fp(d, (const uint8_t *)(uintptr_t)src[i], n[i], (const uint8_t *)(uintptr_t)seen[i],
+                        seen_len[i], g[i], n[i] >= nt_min, one);
+        tot += one[0];
+        str += one[1];
+    }
+    out[0] = tot;
+    out[1] = str;
 }
