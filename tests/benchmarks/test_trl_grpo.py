@@ -83,8 +83,9 @@ def test_study_recipe_is_the_demo_preset() -> None:
     assert r["temperature"] == cfg.rollout.temperature and r["top_k"] == cfg.rollout.top_k
     assert r["reward"] == cfg.data.reward and r["val_max_samples"] == cfg.data.val_max_samples
     assert r["beta"] == 0.0 and r["loss_type"] == "dapo" and r["scale_rewards"] == "group"
-    assert validation_steps(r["max_steps"], r["test_freq"], r["val_before_train"]) == list(
-        range(0, r["max_steps"] + 1, cfg.trainer.test_freq * cfg.async_training.trigger_parameter_sync_step))
+    every = cfg.trainer.test_freq * cfg.async_training.trigger_parameter_sync_step  # local steps between validations
+    assert validation_steps(r["max_steps"], r["test_freq"], r["val_before_train"]) == sorted(
+        set(range(0, r["max_steps"] + 1, every)) | {r["max_steps"]})  # and at the end, as asyncrl
 
 
 def test_the_sync_trigger_is_trls_steps_per_generation() -> None:
