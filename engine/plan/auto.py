@@ -101,14 +101,19 @@ def has_auto(cfg: RunConfig) -> bool:
     return any(wanted(cfg).values())
 
 
+def trainer_positions(cfg: RunConfig) -> int:
+    """S: the positions of a typical trainer row, max_prompt_length / 2 + max_response_length."""
+    return cfg.data.max_prompt_length // 2 + cfg.data.max_response_length
+
+
 def probe_shapes(cfg: RunConfig, arch: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """The measured shapes of the run (see the module docstring): matmuls as (rows, in, out), the attention as
     (rows, positions, heads, kv heads, head dim); `arch`: the model's config.json (a multimodal model's
     `text_config` is used when present)."""
     text = arch.get("text_config") or arch
     h, i, v = int(text["hidden_size"]), int(text["intermediate_size"]), int(text["vocab_size"])
-    d, t, r = cfg.data, cfg.trainer, cfg.rollout
-    positions = d.max_prompt_length // 2 + d.max_response_length
+    t, r = cfg.trainer, cfg.rollout
+    positions = trainer_positions(cfg)
     train_rows = min(MAX_ROWS, t.ppo_micro_batch_size_per_gpu * positions)
     decode_rows = min(MAX_ROWS, max(r.n, r.max_num_seqs),
                       r.n * t.ppo_mini_batch_size * cfg.async_training.require_batches)
@@ -135,7 +140,7 @@ def step_weights(cfg: RunConfig, arch: dict[str, Any], shapes: dict[str, tuple[i
     per_layer = (2 * h * heads * head_dim + 2 * h * kv_heads * head_dim + 3 * h * active) / (h * i)
     layers = int(text.get("num_hidden_layers") or 1) * per_layer
     d = cfg.data
-    head_share = d.max_response_length / (d.max_prompt_length // 2 + d.max_response_length)
+    head_share = d.max_response_length / trainer_positions(cfg)
     return {"trainer": layers / shapes["trainer"][0], "lm_head": head_share / shapes["lm_head"][0],
             "decode": layers / shapes["decode"][0], "decode_head": 1.0 / shapes["decode_head"][0]}
 

@@ -188,11 +188,10 @@ def head_bytes(tokens: float, vocab: int, cal: dict[str, Any]) -> float:
 def eager_attention(cfg: RunConfig, seq: int) -> bool:
     """The torch trainer runs eager attention: `trainer.attn_implementation = "eager"`, or "auto" at rows short
     enough for the launch to measure it (`engine.plan.auto.ATTN_MAX_POSITIONS`: counted as the larger outcome)."""
-    from engine.plan.auto import ATTN_MAX_POSITIONS
+    from engine.plan.auto import ATTN_MAX_POSITIONS, trainer_positions
 
     impl = cfg.trainer.attn_implementation
-    return impl == "eager" or (impl == "auto" and cfg.data.max_prompt_length // 2 + cfg.data.max_response_length
-                               <= ATTN_MAX_POSITIONS)
+    return impl == "eager" or (impl == "auto" and trainer_positions(cfg) <= ATTN_MAX_POSITIONS)
 
 
 def _bytes(name: str | None, default: int) -> int:
