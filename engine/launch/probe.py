@@ -11,8 +11,9 @@ Each timing is the fastest of a few calls after one warm-up (the minimum is the 
 other processes on the cores), at most ~`BUDGET_S` per entry. Timings are cached in
 `<cache>/machine/<key>.json` (`$ASYNCRL_CACHE`, default `~/.cache/asyncrl`), the key hashing the CPU model,
 its ISA flags, the cores, torch's version and the shapes: a second launch of the same run on the same machine
-measures nothing — unless the 1-minute load was at or above the core count while it measured: a busy machine's
-times decide that launch only, and the next launch measures again. Delete the file to measure again.
+measures nothing — unless other processes used `QUIET_CORES` or more of the cores while it measured (the busy CPU
+time of the whole machine, from /proc/stat, less this process's own): a busy machine's times decide that launch
+only, and the next launch measures again. Delete the file to measure again.
 """
 
 from __future__ import annotations
@@ -37,6 +38,38 @@ if TYPE_CHECKING:
 BUDGET_S = 0.15
 """Time spent timing one entry (after its warm-up), at most MAX_CALLS calls and at least MIN_CALLS."""
 MIN_CALLS, MAX_CALLS = 2, 20
+QUIET_CORES = 0.5
+"""Timings are cached only when other processes used less than this many cores while they were taken. Timing C
+threads needs C free cores: with one core busy elsewhere, 2 threads read ~1× one thread, and that cached 1× kept
+a quiet 2-core Xeon on one trainer thread for good (1.09× cached at a 1-minute load of 1.66; 1.57–2.01× quiet)."""
+
+
+def _busy_cpu_seconds() -> float | None:
+    """CPU seconds every process on this machine has used since boot (/proc/stat: all but idle and iowait),
+    None where it cannot be read."""
+    try:
+        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class CoresElsewhere:
+    """`with CoresElsewhere() as other:` … `other.cores` = the cores other processes used during the block:
+    (machine busy CPU s − this process's CPU s) ÷ wall s, ≥ 0. Where /proc/stat cannot be read, the 1-minute
+    load average at the start stands in for it."""
+
+    def __enter__(self) -> CoresElsewhere:
+        self.cores = 0.0
+        self._t, self._busy, self._own = time.monotonic(), _busy_cpu_seconds(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall, busy = time.monotonic() - self._t, _busy_cpu_seconds()
+        if self._busy is None or busy is None:
+            self.cores = os.getloadavg()[0]
+        elif wall > 0:
+            self.cores = max(0.0, (busy - self._busy - (time.process_time() - self._own)) / wall)
 
 
 def _best_time(call: Callable[[], Any], threads: int) -> float:
@@ -180,7 +213,7 @@ def resolve_auto(plan: RunPlan, model_dir: str, cache_dir: Path | None = None,
     shapes = auto.probe_shapes(cfg, arch)
     weights = auto.step_weights(cfg, arch, shapes)
     measured: dict[str, Any] | None = None
-    cached = False
+    cached, busy = False, None
     if plan.device == "cpu":
         import torch
 
@@ -188,12 +221,15 @@ def resolve_auto(plan: RunPlan, model_dir: str, cache_dir: Path | None = None,
 
         key = auto.cache_key(identity, shapes, torch.__version__)
         timings = Timings(shapes, (cache_dir or default_cache_dir()) / "machine" / f"{key}.json")
-        t0, load = time.monotonic(), round(os.getloadavg()[0], 2)
-        measured, choices = measure(cfg, plan.device, shapes, weights, timings, cores, split)
+        t0 = time.monotonic()
+        with CoresElsewhere() as other:
+            measured, choices = measure(cfg, plan.device, shapes, weights, timings, cores, split)
         cached = timings.cached
-        where = f"cached in {timings.path}" if cached else f"measured in {time.monotonic() - t0:.1f} s at load {load}"
-        if load < cores:  # a busy machine's times decide this launch only: the next one measures again
-            timings.save({"machine": identity, "torch": torch.__version__, "shapes": shapes, "load_1min": load})
+        busy = round(other.cores, 2)
+        where = (f"cached in {timings.path}" if cached else
+                 f"measured in {time.monotonic() - t0:.1f} s while other processes used {busy} cores")
+        if busy < QUIET_CORES:  # a busy machine's times decide this launch only: the next one measures again
+            timings.save({"machine": identity, "torch": torch.__version__, "shapes": shapes, "cores_elsewhere": busy})
             where += "" if cached else f", cached in {timings.path}"
         elif not cached:
             where += ", not cached: the machine was busy"
@@ -213,4 +249,5 @@ def resolve_auto(plan: RunPlan, model_dir: str, cache_dir: Path | None = None,
     resolved = resolve_plan(config, hardware=plan.hardware, derived=plan.derived, provenance=plan.provenance,
                             cores=cores)
     resolved = dataclasses.replace(resolved, layout_error=plan.layout_error)
-    return resolved, auto.record(identity, shapes, measured, choices, cached, weights)
+    return resolved, auto.record(identity, shapes, measured, choices, cached, weights,
+                                  None if cached else busy)

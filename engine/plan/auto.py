@@ -150,9 +150,16 @@ def role_seconds(times: dict[str, float], weights: dict[str, float], role: str) 
     return sum(weights[s] * times[s] for s in ROLE_SHAPES[role])
 
 
+CACHE_FORMAT = 2
+"""Version of the cached timings (2: cached only when the machine was quiet while measuring, by CPU time spent
+elsewhere; format 1 trusted the 1-minute load average, and cached thread timings taken beside a busy core)."""
+
+
 def cache_key(identity: dict[str, Any], shapes: dict[str, tuple[int, ...]], torch_version: str) -> str:
-    """The measurement's cache key: the machine (CPU model, ISA flags, cores), torch, and the shapes."""
-    doc = json.dumps({"machine": identity, "torch": torch_version, "shapes": shapes}, sort_keys=True)
+    """The measurement's cache key: the cache format, the machine (CPU model, ISA flags, cores), torch, and the
+    shapes."""
+    doc = json.dumps({"format": CACHE_FORMAT, "machine": identity, "torch": torch_version, "shapes": shapes},
+                     sort_keys=True)
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
 
@@ -281,10 +288,13 @@ def apply(cfg: RunConfig, choices: list[Choice]) -> RunConfig:
 
 
 def record(identity: dict[str, Any], shapes: dict[str, Any], measured: dict[str, Any] | None,
-           choices: list[Choice], cached: bool, weights: dict[str, float] | None = None) -> dict[str, Any]:
-    """What `<run dir>/machine.json` holds: the machine, the shapes and their step weights, the times, and each
-    choice with its rule."""
+           choices: list[Choice], cached: bool, weights: dict[str, float] | None = None,
+           cores_elsewhere: float | None = None) -> dict[str, Any]:
+    """What `<run dir>/machine.json` holds: the machine, the shapes and their step weights, the times (and the
+    cores other processes used while they were taken; None when read from the cache), and each choice with its
+    rule."""
     return {"machine": identity, "shapes": shapes, "weights": weights, "measured": measured, "cached": cached,
+            "cores_elsewhere": cores_elsewhere,
             "choices": [asdict(c) for c in choices],
             "rules": {"bf16_min_speedup": BF16_MIN_SPEEDUP, "threads_min_speedup": THREADS_MIN_SPEEDUP,
                       "eager_min_speedup": EAGER_MIN_SPEEDUP, "attn_max_positions": ATTN_MAX_POSITIONS}}

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -199,18 +202,43 @@ def test_the_measurement_times_real_matmuls_and_caches_them(tmp_path: Path) -> N
     assert again.cached and {(s, m): again.get(s, m, 1) for s in shapes for m in modes[s]} == first
 
 
-@pytest.mark.parametrize(("load", "kept"), [(99.0, False), (0.0, True)])
+def test_a_process_spinning_beside_the_measurement_counts_as_busy() -> None:
+    from engine.launch.probe import CoresElsewhere
+
+    if not Path("/proc/stat").exists():
+        pytest.skip("no /proc/stat")
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 3: pass"])
+    try:
+        time.sleep(0.3)
+        with CoresElsewhere() as other:
+            end = time.monotonic() + 1.0
+            while time.monotonic() < end:  # this process works too; only the other one is "elsewhere"
+                pass
+    finally:
+        spin.wait()
+    assert other.cores >= 0.5
+
+
+@pytest.mark.parametrize(("elsewhere", "kept"), [(1.0, False), (0.7, False), (0.2, True), (0.0, True)])
 def test_a_measurement_taken_on_a_busy_machine_is_not_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                             load: float, kept: bool) -> None:
+                                                             elsewhere: float, kept: bool) -> None:
+    """A core busy elsewhere while the timings ran (here: the machine's busy CPU time grows by `elsewhere` cores
+    beyond this process's own) keeps them out of the cache, so the next launch measures again."""
     import engine.launch.probe as probe
     from engine.models.loader import resolve_model_path
 
     cfg = demo('model.path="builtin:tiny-qwen-all"')
     model_dir = resolve_model_path(cfg.model.path, tmp_path / "models")
-    monkeypatch.setattr(probe.os, "getloadavg", lambda: (load, load, load))  # the one input forced here
+    clock = {"wall": time.monotonic(), "own": time.process_time()}
+
+    def busy() -> float:  # the one input forced here: this process's CPU time plus `elsewhere` cores
+        return time.process_time() - clock["own"] + elsewhere * (time.monotonic() - clock["wall"])
+
+    monkeypatch.setattr(probe, "_busy_cpu_seconds", busy)
     out = io.StringIO()
     resolved, record = probe.resolve_auto(resolve_plan(cfg, base_dir=DEMO.parent), str(model_dir),
                                           cache_dir=tmp_path / "cache", out=out)
     assert not record["cached"] and not auto.has_auto(resolved.config)
     assert list((tmp_path / "cache").glob("machine/*.json")) != [] if kept else not (tmp_path / "cache").exists()
     assert ("not cached: the machine was busy" in out.getvalue()) is not kept
+    assert record["cores_elsewhere"] == pytest.approx(elsewhere, abs=0.15)
