@@ -22,6 +22,13 @@ Reported per run:
 
 and the target ratio  t_TRL(0.75) ÷ t_async(0.75)  (≥ 1.5 wanted), TRL at fp32 and at the demo trainer's
 precision (`trainer.precision`; TRL's `bf16=True` is the same autocast over fp32 master weights).
+
+Size `seeds` (issue 29's study at equal terms): for each of 3 seeds (`trainer.seed` = s on both sides; TRL's
+`seed` is mapped from it), TRL in fp32, TRL in bf16 and asyncrl fully async as shipped, interleaved seed by seed.
+Per TRL precision p and seed s the ratio t_TRL,p(0.75) ÷ t_async(0.75), a run that never reaches 0.75 counting
+its whole wall (a lower bound); TRL's *best* precision is the one with the lower median time to 0.75, the
+*equal* one is the precision asyncrl's trainer chose at launch (its `machine.json`). Targets on the median of
+the seeds' ratios, the min…max beside them.
 """
 
 from __future__ import annotations
@@ -54,6 +61,8 @@ SIZES: dict[str, dict[str, Any]] = {
     "full": {"overrides": [], "precisions": ["fp32", "bf16"], "timeout_s": 5400},
     # The smoke: 1 step of 4 prompts × 4, 16 tokens, 4 validation prompts at 0 and 1 — proves the pipeline
     # end to end on a loaded machine, measures nothing.
+    # Issue 29's study at equal terms: 3 seeds × (TRL fp32, TRL bf16, asyncrl fully async as shipped).
+    "seeds": {"overrides": [], "precisions": ["fp32", "bf16"], "timeout_s": 5400, "seeds": [0, 1, 2]},
     "toy": {
         "overrides": ["rollout.total_rollout_steps=4", "rollout.n=4", "data.max_response_length=16",
                       "data.val_max_samples=4", "trainer.test_freq=1"],
@@ -91,10 +100,10 @@ def build_spec(cfg: Any, work_dir: Path) -> dict[str, Any]:
     return out
 
 
-def run_trl(spec_path: Path, precision: str, timeout_s: float) -> dict[str, Any]:
+def run_trl(spec_path: Path, precision: str, timeout_s: float, suffix: str = "") -> dict[str, Any]:
     """One TRL run in its own venv (all cores); `{"label", "error"}` when it cannot run or fails."""
     exe = trl_python()
-    label = f"trl-{precision}"
+    label = f"trl-{precision}{suffix}"
     if exe is None:
         return {"label": label, "error": TRL_HINT}
     res = run_json_subprocess([str(exe), "-m", "benchmarks.trl_worker", str(spec_path), precision],
@@ -119,6 +128,7 @@ def summarize_trl(res: dict[str, Any]) -> dict[str, Any]:
         "sampling_tokens_per_s": res.get("gen_tokens_per_s"),
         "curve": [{"step": p["step"], "time_s": p["time_s"], "acc": p["acc"]} for p in points],
         "time_to_threshold_s": first_time_at(points, THRESHOLD),
+        "wall_s": res.get("wall_s"),
     }
 
 
@@ -153,6 +163,65 @@ def run_asyncrl(overrides: list[str], root: Path) -> list[dict[str, Any]]:
             for label, extra in (("asyncrl-sync", SYNC_OVERRIDES), ("asyncrl-async", ()))]
 
 
+def run_seeds(plan: dict[str, Any], work: Path) -> list[dict[str, Any]]:
+    """Per seed: TRL at each precision, then asyncrl fully async as shipped (its "auto" choices kept)."""
+    from benchmarks.demo_seeds import chosen
+
+    runs: list[dict[str, Any]] = []
+    for seed in plan["seeds"]:
+        overrides = [*plan["overrides"], f"trainer.seed={seed}"]
+        spec_path = work / f"spec-{seed}.json"
+        spec_path.write_text(json.dumps(build_spec(load_config(PRESETS / PRESET, overrides), work)))
+        for precision in plan["precisions"]:
+            runs.append(run_trl(spec_path, precision, plan["timeout_s"], f" seed {seed}"))
+        label = f"asyncrl-async seed {seed}"
+        run = summarize_asyncrl(launch_demo(Variant(label, tuple(overrides)), work / "asyncrl", timeout_s=3600))
+        runs.append({**run, "seed": seed, "auto": chosen(work / "asyncrl" / label.replace(" ", "-"))})
+    return runs
+
+
+def time_or_wall(run: dict[str, Any]) -> float | None:
+    """Seconds to val THRESHOLD; a finished run that never got there: its whole wall (a lower bound)."""
+    if not run or "error" in run:
+        return None
+    return run.get("time_to_threshold_s") or run.get("wall_s")
+
+
+def seed_ratios(runs: list[dict[str, Any]], precisions: list[str], seeds: list[int]) -> dict[str, Any]:
+    """Per TRL precision: t_TRL(THRESHOLD) ÷ t_async(THRESHOLD) by seed, median, min…max; and which precision is
+    TRL's best (lower median time) and which equals asyncrl's trainer (from the fully async runs' choices)."""
+    by = _by_label(runs)
+    out: dict[str, Any] = {"ratios": {}, "median_time_s": {}}
+    for p in precisions:
+        ratios, times = [], []
+        for s in seeds:
+            trl, fast = time_or_wall(by.get(f"trl-{p} seed {s}", {})), time_or_wall(by.get(f"asyncrl-async seed {s}", {}))
+            if trl is not None:
+                times.append(trl)
+            if trl is not None and fast:
+                ratios.append(round(trl / fast, 3))
+        out["ratios"][p] = ratios
+        out["median_time_s"][p] = statistics.median(times) if times else None
+    timed = {p: t for p, t in out["median_time_s"].items() if t is not None}
+    out["best"] = min(timed, key=timed.__getitem__) if timed else None
+    chose = {r.get("auto", {}).get("trainer.precision") for r in runs if r["label"].startswith("asyncrl-async")}
+    out["equal"] = chose.pop() if len(chose) == 1 and None not in chose else None
+    return out
+
+
+def _seed_targets(compared: dict[str, Any], n_seeds: int) -> list[dict[str, Any]]:
+    out = []
+    for name in ("best", "equal"):
+        p = compared[name]
+        ratios = compared["ratios"].get(p, []) if p else []
+        spread = f"per seed {', '.join(f'{x}×' for x in ratios)}" if ratios else ""
+        why = "" if p and len(ratios) == n_seeds else ("a pair failed or is missing" if p else "no precision")
+        out.append(evaluate(f"TRL at its {name} precision ({p or '—'}) time to val {THRESHOLD} ÷ asyncrl fully "
+                            f"async's (median of seeds)", statistics.median(ratios) if ratios else None, 1.5, ">=",
+                            "×", why or spread))
+    return out
+
+
 def run(size: str, out_dir: Path) -> dict[str, Any]:
     if trl_python() is None:  # without TRL there is nothing to compare: say so before 40 min of asyncrl runs
         raise SystemExit(f"trl-grpo: {TRL_HINT} (expected {TRL_VENV / 'bin' / 'python'})")
@@ -165,14 +234,21 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="asyncrl-trl-") as tmp:
         work = Path(tmp)
-        spec_path = work / "spec.json"
-        spec_path.write_text(json.dumps(build_spec(cfg, work)))
-        for precision in plan["precisions"]:
-            runs.append(run_trl(spec_path, precision, plan["timeout_s"]))
-        runs += run_asyncrl(plan["overrides"], work / "asyncrl")
+        if "seeds" in plan:
+            runs = run_seeds(plan, work)
+        else:
+            spec_path = work / "spec.json"
+            spec_path.write_text(json.dumps(build_spec(cfg, work)))
+            for precision in plan["precisions"]:
+                runs.append(run_trl(spec_path, precision, plan["timeout_s"]))
+            runs += run_asyncrl(plan["overrides"], work / "asyncrl")
     result["runs"] = runs
     result["tables"] = _tables(runs)
-    result["targets"] = _targets(runs, SHORT[policy_of(cfg).compute])
+    if "seeds" in plan:
+        result["equal_terms"] = compared = seed_ratios(runs, plan["precisions"], plan["seeds"])
+        result["targets"] = _seed_targets(compared, len(plan["seeds"]))
+    else:
+        result["targets"] = _targets(runs, SHORT[policy_of(cfg).compute])
     result["notes"] = _notes(runs, size)
     write_json(finish_result(result, started), out_dir)
     plot(runs, out_dir)
@@ -269,7 +345,7 @@ def _notes(runs: list[dict[str, Any]], size: str) -> list[str]:
     bad = [r["label"] for r in runs if r.get("prompt_ids_match") is False]
     if bad:
         notes.append(f"TRL rendered prompt token ids that differ from asyncrl's in {', '.join(bad)}.")
-    if size != "full":
+    if size == "toy":
         notes.append("Toy (smoke) size: 1 step of 4 prompts × 4 samples, 16 tokens, 4 validation prompts; "
                      "these numbers prove the harness runs end to end and measure nothing.")
     return notes
@@ -285,7 +361,7 @@ def plot(runs: list[dict[str, Any]], out_dir: Path) -> Path:
     ok = [r for r in runs if "error" not in r]
     for r in ok:
         pts = [p for p in r["curve"] if p["time_s"] is not None and p["acc"] is not None]
-        color = COLORS.get(r["label"])
+        color = COLORS.get(r["label"].split(" seed ")[0])
         axes[0].plot([p["time_s"] for p in pts], [p["acc"] for p in pts], marker="o", color=color, label=r["label"])
         axes[1].plot([p["step"] for p in pts], [p["acc"] for p in pts], marker="o", color=color, label=r["label"])
     for ax, xlabel in ((axes[0], "wall time since the run's start (s)"), (axes[1], "step (policy version)")):
@@ -295,5 +371,5 @@ def plot(runs: list[dict[str, Any]], out_dir: Path) -> Path:
     axes[0].set_title("greedy validation vs wall time", fontsize=10)
     axes[1].set_title("greedy validation vs step", fontsize=10)
     bars(axes[2], [r["label"] for r in ok], [r["median_step_s"] or 0.0 for r in ok], ylabel="median step (s)",
-         title="wall time per step", fmt="{:.1f}", colors=[COLORS.get(r["label"], "tab:grey") for r in ok])
+         title="wall time per step", fmt="{:.1f}", colors=[COLORS.get(r["label"].split(" seed ")[0], "tab:grey") for r in ok])
     return save(fig, out_dir, STUDY)

@@ -1,8 +1,8 @@
 """The launch-time measurement behind `"auto"` precision, threads and attention (`engine.plan.auto` decides).
 
 `resolve_auto(plan, model_dir)` is what the driver calls before anything starts: when the config has an
-"auto" setting it times the run's matmul shapes on this machine (fp32 vs bf16 with every core, then 1 vs every
-core in each role's chosen precision, then the trainer's attention fwd + bwd in sdpa vs eager), decides,
+"auto" setting it times the run's matmul shapes on this machine (fp32 vs bf16 on one thread, the trainer's
+attention fwd + bwd in sdpa vs eager on one thread, then every core in each role's chosen precision), decides,
 prints one line per setting on stderr, and returns the plan of the resolved config (concrete values, so the
 actors, `config.resolved.json` and a resume see what ran) and the record for `<run dir>/machine.json`. On
 cuda / npu nothing is timed (bf16, sdpa).
@@ -11,9 +11,15 @@ Each timing is the fastest of a few calls after one warm-up (the minimum is the 
 other processes on the cores), at most ~`BUDGET_S` per entry. Timings are cached in
 `<cache>/machine/<key>.json` (`$ASYNCRL_CACHE`, default `~/.cache/asyncrl`), the key hashing the CPU model,
 its ISA flags, the cores, torch's version and the shapes: a second launch of the same run on the same machine
-measures nothing — unless other processes used `QUIET_CORES` or more of the cores while it measured (the busy CPU
-time of the whole machine, from /proc/stat, less this process's own): a busy machine's times decide that launch
-only, and the next launch measures again. Delete the file to measure again.
+measures nothing — unless other processes used `auto.QUIET_CORES` or more of the cores while it measured (the
+busy CPU time of the whole machine, from /proc/stat, less this process's own): a busy machine's times decide that
+launch only, and the next launch measures again. Delete the file to measure again.
+
+The ratios (bf16 ÷ fp32, eager ÷ sdpa) are timed on one thread, so a process busy on another core does not
+move them much (timed with every core beside one busy core, one launch read bf16 0.16× fp32 at a decode step
+where a quiet one reads 2.7×: a kernel's threads wait for the descheduled one). Thread scaling needs every core
+free: it is timed last, and when other processes used `auto.QUIET_CORES` or more meanwhile, the role keeps the
+split.
 """
 
 from __future__ import annotations
@@ -38,10 +44,6 @@ if TYPE_CHECKING:
 BUDGET_S = 0.15
 """Time spent timing one entry (after its warm-up), at most MAX_CALLS calls and at least MIN_CALLS."""
 MIN_CALLS, MAX_CALLS = 2, 20
-QUIET_CORES = 0.5
-"""Timings are cached only when other processes used less than this many cores while they were taken. Timing C
-threads needs C free cores: with one core busy elsewhere, 2 threads read ~1× one thread, and that cached 1× kept
-a quiet 2-core Xeon on one trainer thread for good (1.09× cached at a 1-minute load of 1.66; 1.57–2.01× quiet)."""
 
 
 def _busy_cpu_seconds() -> float | None:
@@ -183,17 +185,21 @@ def measure(cfg: RunConfig, device: str, shapes: dict[str, tuple[int, ...]], wei
     if want["trainer.precision"] or want["rollout.dtype"]:
         for role in auto.ROLES:
             for s in auto.ROLE_SHAPES[role]:
-                measured["precision"][s] = {m: timings.get(s, m, cores) for m in ("fp32", "bf16")}
+                measured["precision"][s] = {m: timings.get(s, m, 1) for m in ("fp32", "bf16")}
     choices = auto.decide_precision(cfg, device, measured["precision"], weights)
+    if auto.measures_attention(cfg, device, shapes["attention"]):
+        mode = auto.resolved_precision(cfg, choices, "trainer")
+        measured["attention"] = {impl: timings.get("attention", f"{impl}-{mode}", 1) for impl in ("sdpa", "eager")}
     for role in auto.ROLES:
         if want[f"resources.{role}.cpu_threads"]:
             mode = auto.resolved_precision(cfg, choices, role)
-            measured["threads"][role] = {
-                label: auto.role_seconds({s: timings.get(s, mode, n) for s in auto.ROLE_SHAPES[role]}, weights, role)
-                for label, n in (("1", 1), ("all", cores))}
-    if auto.measures_attention(cfg, device, shapes["attention"]):
-        mode = auto.resolved_precision(cfg, choices, "trainer")
-        measured["attention"] = {impl: timings.get("attention", f"{impl}-{mode}", cores) for impl in ("sdpa", "eager")}
+            one = auto.role_seconds({s: timings.get(s, mode, 1) for s in auto.ROLE_SHAPES[role]}, weights, role)
+            known = len(timings.entries)
+            with CoresElsewhere() as other:
+                every = auto.role_seconds({s: timings.get(s, mode, cores) for s in auto.ROLE_SHAPES[role]}, weights,
+                                          role)
+            fresh = len(timings.entries) > known  # from the cache: it was quiet when it was measured
+            measured["threads"][role] = {"1": one, "all": every, "elsewhere": round(other.cores, 2) if fresh else 0.0}
     return measured, (choices + auto.decide_threads(cfg, device, measured["threads"], cores, split)
                       + auto.decide_attention(cfg, device, measured["attention"], shapes["attention"]))
 
@@ -228,7 +234,7 @@ def resolve_auto(plan: RunPlan, model_dir: str, cache_dir: Path | None = None,
         busy = round(other.cores, 2)
         where = (f"cached in {timings.path}" if cached else
                  f"measured in {time.monotonic() - t0:.1f} s while other processes used {busy} cores")
-        if busy < QUIET_CORES:  # a busy machine's times decide this launch only: the next one measures again
+        if busy < auto.QUIET_CORES:  # a busy machine's times decide this launch only: the next one measures again
             timings.save({"machine": identity, "torch": torch.__version__, "shapes": shapes, "cores_elsewhere": busy})
             where += "" if cached else f", cached in {timings.path}"
         elif not cached:

@@ -67,6 +67,10 @@ ATTN_MAX_POSITIONS = 1024
 while the flash kernel's fixed-block overhead that eager beats at short rows does not."""
 ATTN_SCORES = 1 << 24
 """B·H·S² scores of the measured attention at most (B lowered to fit: the ratio, not the time, is wanted)."""
+QUIET_CORES = 0.5
+"""Thread scaling is trusted, and timings cached, only when other processes used less than this many cores while
+they were measured. Timing C threads needs C free cores: with one core busy elsewhere, 2 threads read 0.6–1.1×
+one thread, and a cached 1.09× kept a quiet 2-core Xeon on one trainer thread (1.57–2.01× when quiet)."""
 ROLES = ("trainer", "rollout")
 ROLE_SHAPES = {"trainer": ("trainer", "lm_head"), "rollout": ("decode", "decode_head")}
 """The shapes whose times are summed for a role's decisions."""
@@ -233,8 +237,10 @@ def measures_attention(cfg: RunConfig, device: str, shape: tuple[int, ...]) -> b
 
 def decide_threads(cfg: RunConfig, device: str, times: dict[str, dict[str, float]] | None, cores: int,
                    split: dict[str, int]) -> list[Choice]:
-    """The choices for `cfg`'s "auto" thread counts. `times`: `{role: {"1": s, "all": s}}` (None off CPU, where
-    the setting keeps its automatic value); `split`: each role's threads in the automatic split."""
+    """The choices for `cfg`'s "auto" thread counts. `times`: `{role: {"1": s, "all": s, "elsewhere": cores}}`
+    (None off CPU, where the setting keeps its automatic value; `elsewhere` = the cores other processes used
+    while "all" was timed: from `QUIET_CORES` on the role keeps the split); `split`: each role's threads in the
+    automatic split."""
     want, out = wanted(cfg), []
     for role in ROLES:
         key = f"resources.{role}.cpu_threads"
@@ -242,6 +248,11 @@ def decide_threads(cfg: RunConfig, device: str, times: dict[str, dict[str, float
             continue
         if device != "cpu" or times is None:
             out.append(Choice(key, 0, None, f"{device}: threads follow the accelerators (not measured)"))
+            continue
+        busy = times[role].get("elsewhere", 0.0)
+        if busy >= QUIET_CORES:
+            out.append(Choice(key, split[role], None, f"not measured: other processes used {busy:.2f} cores while "
+                              f"it measured, so the split's {split[role]} (relaunch on a quiet machine to measure)"))
             continue
         out.append(choose_threads(role, times[role]["1"], times[role]["all"], cores, split[role]))
     return out

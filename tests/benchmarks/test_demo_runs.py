@@ -180,3 +180,41 @@ def test_demo_seeds_reads_the_demo_targets_per_seed(tmp_path: Path, monkeypatch)
     # every sync seed (570–597 s) ends after every shipped one (470–497 s): a winner; time to 0.75 overlaps
     assert compared["launch_to_exit_s"]["winner"] == "shipped"
     assert compared["time_to_level_s"]["winner"] is None
+
+
+def test_trl_study_at_equal_terms_compares_seed_by_seed(tmp_path: Path, monkeypatch) -> None:
+    """Size `seeds`: per seed TRL fp32, TRL bf16, then asyncrl fully async (interleaved); per TRL precision the
+    ratios t_TRL(0.75) ÷ t_async(0.75) by seed (a TRL run that never gets there counts its whole wall); TRL's best
+    precision is the one with the lower median time, the equal one is what asyncrl's trainer chose at launch."""
+    import benchmarks.trl_grpo as study
+
+    trl_times = {("fp32", 0): 600.0, ("fp32", 1): 660.0, ("fp32", 2): 700.0,
+                 ("bf16", 0): 450.0, ("bf16", 1): None, ("bf16", 2): 400.0}  # bf16 seed 1 never reaches 0.75
+    launched: list[str] = []
+
+    def fake_trl(spec_path: Path, precision: str, timeout_s: float, suffix: str = "") -> dict:
+        launched.append(f"trl-{precision}{suffix}")
+        seed = int(suffix.split()[-1])
+        assert json.loads(spec_path.read_text())["seed"] == seed  # TRL's seed is the run's trainer.seed
+        return {"label": f"trl-{precision}{suffix}", "time_to_threshold_s": trl_times[precision, seed],
+                "wall_s": 900.0, "n_steps": 20, "median_step_s": 30.0, "tokens": 1, "tokens_per_s": 1.0,
+                "sampling_tokens_per_s": 1.0, "curve": []}
+
+    def fake_launch(variant: Variant, root: Path, timeout_s: float):
+        launched.append(variant.label)
+        d = write_run(root / variant.label.replace(" ", "-"), [(0, 30, 0.3), (5, 300, 0.8)], 10)
+        (d / "machine.json").write_text(json.dumps({"choices": [{"key": "trainer.precision", "value": "bf16"}]}))
+        return summarize(variant, d, T0, 0, 470.0)
+
+    monkeypatch.setattr(study, "trl_python", lambda: Path("python"))
+    monkeypatch.setattr(study, "run_trl", fake_trl)
+    monkeypatch.setattr(study, "launch_demo", fake_launch)
+    monkeypatch.setattr(study, "build_spec", lambda cfg, work: {"seed": cfg.trainer.seed})
+    result = study.run("seeds", tmp_path / "out")
+    assert launched == [f"{name} seed {s}" for s in (0, 1, 2) for name in ("trl-fp32", "trl-bf16", "asyncrl-async")]
+    compared = result["equal_terms"]
+    assert compared["ratios"] == {"fp32": [2.0, 2.2, 2.333], "bf16": [1.5, 3.0, 1.333]}
+    assert (compared["best"], compared["equal"]) == ("bf16", "bf16")  # median 450 s against 660 s
+    rows = {t["target"]: t for t in result["targets"]}
+    best = rows["TRL at its best precision (bf16) time to val 0.75 ÷ asyncrl fully async's (median of seeds)"]
+    assert (best["measured"], best["status"]) == (1.5, "met")

@@ -141,7 +141,8 @@ def test_cpuinfo_gives_the_model_and_the_bf16_flags() -> None:
 
 
 def write_cache(cache: Path, cfg: RunConfig, model_dir: Path, bf16_speed: float, scaling: float) -> None:
-    """A cache file that says bf16 runs `bf16_speed`× fp32 and every core `scaling`× one thread."""
+    """A cache file that says bf16 runs `bf16_speed`× fp32 (on one thread, where the ratios are timed), every core
+    `scaling`× one thread, and eager attention 2× sdpa."""
     import torch
 
     from engine.plan.machine import cpu_identity
@@ -151,12 +152,12 @@ def write_cache(cache: Path, cfg: RunConfig, model_dir: Path, bf16_speed: float,
     cores = identity["cores"]
     entries = {}
     for mode in ("fp32", "bf16"):  # attention: eager 2× sdpa in either precision
-        entries[f"attention:sdpa-{mode}:{cores}"], entries[f"attention:eager-{mode}:{cores}"] = 1.0, 0.5
+        entries[f"attention:sdpa-{mode}:1"], entries[f"attention:eager-{mode}:1"] = 1.0, 0.5
     for s in shapes:
-        entries[f"{s}:fp32:{cores}"] = 1.0
-        entries[f"{s}:bf16:{cores}"] = 1.0 / bf16_speed
+        entries[f"{s}:fp32:1"] = 1.0
+        entries[f"{s}:bf16:1"] = 1.0 / bf16_speed
         for mode in ("fp32", "bf16"):
-            entries[f"{s}:{mode}:1"] = entries[f"{s}:{mode}:{cores}"] * scaling
+            entries[f"{s}:{mode}:{cores}"] = entries[f"{s}:{mode}:1"] / scaling
     path = cache / "machine" / f"{auto.cache_key(identity, shapes, torch.__version__)}.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"entries": entries}))
@@ -242,3 +243,11 @@ def test_a_measurement_taken_on_a_busy_machine_is_not_cached(tmp_path: Path, mon
     assert list((tmp_path / "cache").glob("machine/*.json")) != [] if kept else not (tmp_path / "cache").exists()
     assert ("not cached: the machine was busy" in out.getvalue()) is not kept
     assert record["cores_elsewhere"] == pytest.approx(elsewhere, abs=0.15)
+    # thread scaling timed beside a busy core is not trusted: the trainer keeps the split's threads
+    plan = resolve_plan(cfg, base_dir=DEMO.parent)
+    line = next(x for x in out.getvalue().splitlines() if "resources.trainer.cpu_threads" in x)
+    if kept:
+        assert "not measured" not in line
+    else:
+        assert "not measured: other processes used" in line
+        assert resolved.config.resources.trainer.cpu_threads == plan.actors["trainer_threads"]
