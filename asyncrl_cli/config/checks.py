@@ -209,6 +209,11 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                     warn("kl-noop", f"trainer.{k}", f"trainer.{k} has no effect while use_kl_loss = false")
                 )
     out += precision_rules(cfg)
+    if t.backend == "megatron" and prov.is_set("trainer.attn_implementation"):
+        out.append(warn("attn-implementation-ignored", "trainer.attn_implementation",
+                        f"trainer.attn_implementation = {t.attn_implementation!r} has no effect with the megatron "
+                        "backend: megatron-core runs its own attention (its local kernel, or Transformer Engine's "
+                        "on CUDA)", "remove it, or use trainer.backend = \"torch\" to choose the kernel"))
     if t.backend == "torch":
         for k in ("tp", "pp", "cp", "ep", "etp"):
             if getattr(t, k) > 1:

@@ -261,7 +261,7 @@ class TrainerConfig(Section):
     slower. `auto` = decided at launch: `sdpa` on cuda / npu; on CPU the faster of the two, timed fwd + bwd at
     the trainer's micro-batch rows × (max_prompt_length / 2 + max_response_length) positions in its precision
     (`eager` when ≥ 1.1× faster; `engine.plan.auto`, cached per machine and shape, reported at launch). The
-    megatron backend has its own attention and ignores this key."""
+    megatron backend has its own attention and ignores this key (`validate` warns when it is set there)."""
     enable_gradient_checkpointing: bool = False
     """torch / FSDP2 backends: recompute each decoder layer's activations in the backward pass instead of
     keeping them (HF's `gradient_checkpointing_enable()`, verl's `model.enable_gradient_checkpointing`)."""

@@ -131,6 +131,15 @@ def test_settings_that_do_nothing_warn(write, minimal) -> None:
     assert {"kl-noop", "sync-staleness", "stale-policy-noop", "rs-threshold-noop"} <= codes
 
 
+def test_an_attention_kernel_on_the_megatron_backend_warns_that_it_does_nothing() -> None:
+    """Megatron runs megatron-core's attention: `trainer.attn_implementation` set there is said to do nothing
+    (and not said when it is left at its default)."""
+    an = analyze_run_config(MOE, ['trainer.attn_implementation="eager"'])
+    p = by_code(an, "attn-implementation-ignored")
+    assert p.severity == "warning" and p.key == "trainer.attn_implementation" and "megatron" in p.message
+    assert "attn-implementation-ignored" not in {q.code for q in analyze_run_config(MOE).problems}
+
+
 def test_rs_without_threshold_is_an_error(write, minimal) -> None:
     run = write("run.toml", minimal + '[algorithm.rollout_correction]\nrollout_rs = "seq_mean_k3"\n')
     an = analyze_run_config(run)
