@@ -29,6 +29,7 @@ def ref_copy(dst, src, n, at, seen_is_dst, monkeypatch):
     return d, fp.value
 
 
+SUPER = 8 * 7 * 4096  # the kernel's interleaved superblock (8 streams of 7 pages): exact multiples and remainders
 LENGTHS = [0, 8, 16, 48, 56, 64, 440, 448, 456, 896 + 40, 4096, 65536 + 8 * 13, 300_000, 2**20 + 8 * 5]
 
 
@@ -48,7 +49,8 @@ def test_sum_matches_numpy(size, at, monkeypatch):
 
 
 @needs_kernel
-@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 63, 64, 65, 447, 449, 1000, 4099, 262_144 + 3, 2**20 + 5])
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 63, 64, 65, 447, 449, 1000, 4099, 262_144 + 3, 2**20 + 5,
+                               2 * SUPER, 3 * SUPER + 8 * 13 + 5, 3 * SUPER - 8])
 @pytest.mark.parametrize("at", [0, 8, 56 * 3, 8 * 1003])
 @pytest.mark.parametrize("seen_is_dst", [True, False])
 def test_copy_matches_numpy(n, at, seen_is_dst, monkeypatch):
