@@ -231,3 +231,32 @@ def test_a_bucket_index_pointing_outside_its_buffer_is_refused_before_any_copy()
     with pytest.raises(ValueError, match=r"weight bucket 3: entry 'w' .* not inside its 64-byte buffer"):
         load_flat(target, fb)
     assert not target["w"].any()
+
+
+@needs_kernel
+def test_a_sampled_batch_sums_every_stride_th_byte_of_each_copy_and_keeps_the_fingerprint():
+    """`copy_fp_batch_sampled`: each region's sum of the bytes it copied at 0, stride, 2·stride, … (the weight
+    sample's per-tensor sum), whatever the length against the kernel's sample chunk; the copy and the
+    fingerprint are those of the unsampled batch."""
+    rng = np.random.default_rng(5)
+    chunk = 4 * SUPER
+    lengths = [0, 1, 4099, 4100, 100_003, chunk - 1, chunk, chunk + 1, 2 * chunk + 4099 * 3, 3 * chunk + 12_345]
+    size = sum(n + (-n) % 64 for n in lengths) + 64
+    src = rng.integers(0, 256, size, dtype=np.uint8)
+    regions, dsts, off = [], [], 0
+    for n in lengths:
+        dst = np.zeros(n + 64, np.uint8)
+        dsts.append(dst)
+        seen = n + (-n) % 8
+        regions.append((dst.ctypes.data if n else 0, src.ctypes.data + off if n else 0, n, src.ctypes.data + off,
+                        seen, off))
+        off += n + (-n) % 64
+    got = native.copy_fp_batch_sampled(regions, 4099)
+    assert got is not None
+    tot, strided, samples = got
+    assert (tot, strided) == native.copy_fp_batch(regions)
+    off = 0
+    for n, dst, s in zip(lengths, dsts, samples):
+        assert np.array_equal(dst[:n], src[off:off + n]) and not dst[n:].any()
+        assert s == int(src[off:off + n][::4099].sum(dtype=np.int64)), n
+        off += n + (-n) % 64

@@ -28,7 +28,7 @@
 #include <immintrin.h>
 #endif
 
-#define ASYNCRL_NATIVE_ABI 2
+#define ASYNCRL_NATIVE_ABI 3
 
 int asyncrl_native_abi(void) { return ASYNCRL_NATIVE_ABI; }
 
@@ -228,18 +228,58 @@ void asyncrl_sum_fp(const uint8_t *p, size_t len, uint64_t g, uint64_t *out) {
     asyncrl_copy_fp(NULL, p, 0, p, len, g, 0, out);
 }
 
+void asyncrl_copy_fp_sample_batch(size_t count, const uint64_t *dst, const uint64_t *src, const uint64_t *n,
+                                  const uint64_t *seen, const uint64_t *seen_len, const uint64_t *g, size_t nt_min,
+                                  int zero_pad, size_t stride, uint64_t *samples, uint64_t *out);
+
+#define SAMPLE_CHUNK (4 * 8 * 7 * 4096) /* bytes copied before their sampled bytes are read back (in L2) */
+
+/* asyncrl_copy_fp, and with stride > 0 also *sample = the sum of the bytes src[0], src[stride], src[2 stride],
+ * ... below n (engine.sync.verify.weights_fingerprint's per-tensor sum of the destination, which the copy made
+ * equal to src): the copy runs in SAMPLE_CHUNK pieces and each piece's sampled bytes are read right after it,
+ * from the cache its loads filled. The fingerprint is the same as one call's (the sums are linear). */
+static void copy_sampled(uint8_t *d, const uint8_t *s, size_t n, const uint8_t *seen, size_t seen_len, uint64_t g,
+                         int nt, size_t stride, uint64_t *sample, uint64_t *out) {
+    uint64_t one[2], smp = 0;
+    size_t o = 0;
+    if (n > seen_len) n = seen_len;
+    out[0] = out[1] = 0;
+    if (stride)
+        for (; n - o > SAMPLE_CHUNK; o += SAMPLE_CHUNK) {
+            asyncrl_copy_fp(d + o, s + o, SAMPLE_CHUNK, seen + o, SAMPLE_CHUNK, g + o / 8, nt, one);
+            out[0] += one[0];
+            out[1] += one[1];
+            for (size_t j = (o + stride - 1) / stride * stride; j < o + SAMPLE_CHUNK; j += stride) smp += s[j];
+        }
+    asyncrl_copy_fp(n ? d + o : d, n ? s + o : s, n - o, seen + o, seen_len - o, g + o / 8, nt, one);
+    out[0] += one[0];
+    out[1] += one[1];
+    if (stride)
+        for (size_t j = (o + stride - 1) / stride * stride; j < n; j += stride) smp += s[j];
+    if (sample) *sample = smp;
+}
+
 /* count copies: for each i, asyncrl_copy_fp(dst[i], src[i], n[i], seen[i], seen_len[i], g[i], n[i] >= nt_min);
  * with zero_pad, first dst[i][n[i] .. seen_len[i]) = 0 (the sender's padding; seen[i] is dst[i] then). dst[i]
  * = 0 with n[i] = 0: sums only. out = the sums of all regions (mod 2^64). */
 void asyncrl_copy_fp_batch(size_t count, const uint64_t *dst, const uint64_t *src, const uint64_t *n,
                            const uint64_t *seen, const uint64_t *seen_len, const uint64_t *g, size_t nt_min,
                            int zero_pad, uint64_t *out) {
+    asyncrl_copy_fp_sample_batch(count, dst, src, n, seen, seen_len, g, nt_min, zero_pad, 0, NULL, out);
+}
+
+/* asyncrl_copy_fp_batch, and with stride > 0 samples[i] = the sum of src[i]'s bytes 0, stride, 2 stride, ...
+ * below n[i] (copy_sampled; 0 where n[i] = 0). */
+void asyncrl_copy_fp_sample_batch(size_t count, const uint64_t *dst, const uint64_t *src, const uint64_t *n,
+                                  const uint64_t *seen, const uint64_t *seen_len, const uint64_t *g, size_t nt_min,
+                                  int zero_pad, size_t stride, uint64_t *samples, uint64_t *out) {
     uint64_t tot = 0, str = 0, one[2];
     for (size_t i = 0; i < count; i++) {
         uint8_t *d = (uint8_t *)(uintptr_t)dst[i];
         if (zero_pad && d && seen_len[i] > n[i]) memset(d + n[i], 0, seen_len[i] - n[i]);
-        asyncrl_copy_fp(d, (const uint8_t *)(uintptr_t)src[i], n[i], (const uint8_t *)(uintptr_t)seen[i],
-                        seen_len[i], g[i], n[i] >= nt_min, one);
+        copy_sampled(d, (const uint8_t *)(uintptr_t)src[i], n[i], (const uint8_t *)(uintptr_t)seen[i], seen_len[i],
+                     g[i], n[i] >= nt_min, n[i] ? stride : 0, samples ? samples + i : NULL, one);
+        if (samples && !n[i]) samples[i] = 0;
         tot += one[0];
         str += one[1];
     }
