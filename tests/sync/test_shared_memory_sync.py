@@ -152,7 +152,10 @@ def test_a_replica_loads_every_bucket_from_the_ring_fingerprinted_as_it_copies()
 
             sent = publish(sync, version, buckets, send)
             sent.out.join(timeout=60)
-            assert got["fingerprints"] == sent.fingerprints and len(sent.fingerprints) > 5  # split into slot-sized pieces
+            assert got["fingerprints"] == sent.fingerprints
+            # v1: split into slot-sized pieces; v2: the slots grew to the largest tensor at v1, and the short last
+            # bucket ramps down together with the one before it (`ramped`): one piece per bucket at least
+            assert len(sent.fingerprints) > 5 if version == 1 else len(sent.fingerprints) >= 5
             assert got["bytes"] == sent.nbytes
             assert all(torch.equal(a, b) for a, b in zip(src.state_dict().values(), dst.state_dict().values()))
             assert not ring_files(run_id)
