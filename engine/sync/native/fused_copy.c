@@ -139,7 +139,9 @@ static inline __attribute__((always_inline)) void blocks(uint8_t *dst, const uin
  * (~7.4-8.2); 8 streams at ~9.1-9.3 (one-off microbenchmark, 96 and 512 MiB, 2026-12-03, issue 24 eighth pass).
  * STREAM_BYTES = 7 pages: a multiple of 7 words and of every ISA's BLOCK, so a block at the same offset in each
  * stream has the same word index mod 7 and all streams share the 7 accumulators. */
+#ifndef STREAMS
 #define STREAMS 8
+#endif
 #define STREAM_BYTES (7 * 4096)
 #define SUPER (STREAMS * STREAM_BYTES)
 
