@@ -17,6 +17,7 @@ import torch
 
 from engine.sync import native
 from engine.sync.flat import ALIGN, FlatBucket, Fingerprint, _dtype, as_tensor, copy_batch, copy_fingerprinted, host_bytes
+from engine.sync.verify import SAMPLE_STRIDE, WeightSamples
 
 
 def named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -56,24 +57,28 @@ def load_buckets_into(model: torch.nn.Module, buckets: Iterable[Any], strict: bo
 
 
 def load_into(targets: dict[str, torch.Tensor], buckets: Iterable[Any], strict: bool = True,
-              written: Callable[[torch.Tensor], None] | None = None) -> int:
+              written: Callable[[torch.Tensor], None] | None = None, samples: WeightSamples | None = None) -> int:
     """`load_buckets_into` with the destination tensors by name (`named_tensors` of a model, or a back buffer's:
     `engine.sync.staging`); `written(target)` is called with each tensor (or fused-expert slice) written.
     The buckets' iterator is closed when this returns or raises: a transport's receiver then acknowledges
     what was not loaded at once, so a failed load never leaves the sender waiting out its timeout (while the
-    error and its traceback, which would keep the iterator alive, are reported)."""
+    error and its traceback, which would keep the iterator alive, are reported). With `samples`, the native
+    load records each tensor's weight-sample sum as it copies it (`engine.sync.verify.WeightSamples`), every
+    other write is marked touched."""
     copied = 0
     it = iter(buckets)
     try:
         with torch.no_grad():
             for bucket in it:
                 if isinstance(bucket, FlatBucket) and bucket.data.device.type == "cpu":
-                    copied += load_flat(targets, bucket, strict, written)
+                    copied += load_flat(targets, bucket, strict, written, samples)
                     continue
                 for name, array in bucket.items():
                     target = _target(targets, name, strict)
                     if target is not None:
                         copied += _copy(name, target, as_tensor(array))
+                        if samples is not None:
+                            samples.touched(target)
                         if written is not None:
                             written(target)
     finally:
@@ -101,16 +106,16 @@ def _copy(name: str, target: torch.Tensor, source: torch.Tensor) -> int:
 
 
 def load_flat(targets: dict[str, torch.Tensor], bucket: FlatBucket, strict: bool = True,
-              written: Callable[[torch.Tensor], None] | None = None) -> int:
+              written: Callable[[torch.Tensor], None] | None = None, samples: WeightSamples | None = None) -> int:
     """Copy a host bucket's tensors into `targets` and fingerprint the bucket's bytes on the way: each `CHUNK` of
     the received buffer is added to the fingerprint right after it was copied out, while it is in cache (one
     read of the buffer in all). A target of another dtype or layout (a fused expert slice) takes the general
     copy, its region fingerprinted after. Sets `bucket.fingerprint` (= `fingerprint(bucket.data)`); `written` as
     for `load_into`. With the native kernel, the copies of all tensors that take the direct path are one native
-    call (`_load_batched`)."""
+    call (`_load_batched`); `samples` as for `load_into` (the numpy path records none: every target touched)."""
     data = bucket.data
     if native.kernel() is not None and data.dtype == torch.uint8 and data.dim() == 1 and data.is_contiguous():
-        return _load_batched(targets, bucket, strict, written)
+        return _load_batched(targets, bucket, strict, written, samples)
     fp = Fingerprint()
     buf = host_bytes(bucket.data)
     covered = copied = 0
@@ -129,6 +134,8 @@ def load_flat(targets: dict[str, torch.Tensor], bucket: FlatBucket, strict: bool
             copy_fingerprinted(region, region, 0, fp, offset, region)
         if target is not None and written is not None:
             written(target)
+        if target is not None and samples is not None:
+            samples.touched(target)
         covered = end
     if covered < buf.size:
         copy_fingerprinted(buf[covered:], buf[covered:], 0, fp, covered, buf[covered:])
@@ -137,14 +144,16 @@ def load_flat(targets: dict[str, torch.Tensor], bucket: FlatBucket, strict: bool
 
 
 def _load_batched(targets: dict[str, torch.Tensor], bucket: FlatBucket, strict: bool,
-                  written: Callable[[torch.Tensor], None] | None) -> int:
+                  written: Callable[[torch.Tensor], None] | None, samples: WeightSamples | None = None) -> int:
     """`load_flat` with the kernel: every direct copy (same dtype, shape, contiguous on the host) and the
     fingerprint of every region (tensor and padding, the general copies' too) gathered into one
     `copy_batch` call, by address — each entry checked to lie inside the bucket's buffer, each target to
-    hold exactly its bytes. The general copies (another dtype or layout, a fused expert slice) run first."""
+    hold exactly its bytes. The general copies (another dtype or layout, a fused expert slice) run first. With
+    `samples` the call also sums each direct copy's sampled bytes, recorded by the target's address."""
     data = bucket.data
     size, base = data.numel(), data.data_ptr()
     regions: list[tuple[int, int, int, int, int, int]] = []
+    direct: list[tuple[int, int, int]] = []  # (region index, target address, bytes) of each direct copy
     covered = copied = 0
     for name, dtype, shape, offset, nbytes in bucket.index:
         end = min(size, offset + nbytes + (-(offset + nbytes)) % ALIGN)  # the tensor and its padding
@@ -156,18 +165,25 @@ def _load_batched(targets: dict[str, torch.Tensor], bucket: FlatBucket, strict: 
             regions.append((0, 0, 0, base + offset, end - offset, offset))
         elif (target.dtype == _dtype(dtype) and target.device.type == "cpu" and target.is_contiguous()
               and tuple(target.shape) == tuple(shape) and target.numel() * target.element_size() == nbytes):
+            direct.append((len(regions), target.data_ptr(), nbytes))
             regions.append((target.data_ptr(), base + offset, nbytes, base + offset, end - offset, offset))
             copied += nbytes
         else:
             copied += _copy(name, target, data[offset:offset + nbytes].view(_dtype(dtype)).view(shape))
             regions.append((0, 0, 0, base + offset, end - offset, offset))
+            if samples is not None:
+                samples.touched(target)
         if target is not None and written is not None:
             written(target)
         covered = end
     if covered < size:
         regions.append((0, 0, 0, base + covered, size - covered, covered))
     fp = Fingerprint()
-    if not copy_batch(regions, fp):  # the kernel was just found loaded
+    sums: list[int] | None = [] if samples is not None else None
+    if not copy_batch(regions, fp, samples=sums, stride=SAMPLE_STRIDE):  # the kernel was just found loaded
         raise RuntimeError("the native copy kernel went away during a weight load")
+    if samples is not None and sums is not None:
+        for i, ptr, nbytes in direct:
+            samples.record(ptr, nbytes, sums[i])
     bucket.fingerprint = fp.value
     return copied

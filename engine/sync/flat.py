@@ -168,12 +168,22 @@ def copy_stats() -> tuple[float, int]:
         return _COPY_STATS[0], _COPY_STATS[1]
 
 
-def copy_batch(regions: list[tuple[int, int, int, int, int, int]], fp: Fingerprint, zero_pad: bool = False) -> bool:
+def copy_batch(regions: list[tuple[int, int, int, int, int, int]], fp: Fingerprint, zero_pad: bool = False,
+               samples: list[int] | None = None, stride: int = 0) -> bool:
     """`copy_fingerprinted` for many regions of one buffer in one native call, by address
     (`engine.sync.native.copy_fp_batch`: no interpreter between the tensors of a bucket); adds their sums to
-    `fp` and counts the time (`copy_stats`). False, with nothing done, when the kernel is not loaded."""
+    `fp` and counts the time (`copy_stats`). With `samples` (a list, and `stride` > 0) it is filled with each
+    region's sampled byte sum (`engine.sync.native.copy_fp_batch_sampled`). False, with nothing done, when the
+    kernel is not loaded."""
     t0 = time.perf_counter()
-    sums = native.copy_fp_batch(regions, zero_pad)
+    if samples is not None and stride > 0:
+        got = native.copy_fp_batch_sampled(regions, stride)
+        if got is None:
+            return False
+        sums = got[:2]
+        samples[:] = got[2]
+    else:
+        sums = native.copy_fp_batch(regions, zero_pad)
     if sums is None:
         return False
     dt = time.perf_counter() - t0

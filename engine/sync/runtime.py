@@ -92,20 +92,31 @@ def _ramp_up(items: list[tuple[str, Any]], nbytes: int, ramp: int) -> list[dict[
     return pieces
 
 
+def _plain(bucket: Any) -> bool:
+    return bucket is not None and not isinstance(bucket, FlatBucket) and hasattr(bucket, "items")
+
+
 def ramped(buckets: Iterable[Any], nbytes: int, ramp: int = RAMP_BYTES) -> Iterator[Any]:
     """`split_buckets` for the shared-memory ring, with small pieces at both ends of the version. The replicas
     cannot start before the first piece is packed, and the trainer has nothing left to pack while they load the
     last one, so those two are not overlapped: the first exported bucket goes smallest tensors first, in pieces
     growing from `ramp` bytes to `nbytes`; the last one largest first, in pieces shrinking to `ramp` (a single
-    bucket: half its tensors each way); the buckets between are split as `split_buckets` does. (A 500M model's
-    98 MB embedding and tied lm_head were its first and last pieces: ~20 ms each not overlapped.) Every tensor
-    travels once, in a piece of at most `nbytes` bytes or alone; names, not order, place it on the receiver."""
+    bucket: half its tensors each way); the buckets between are split as `split_buckets` does. A last bucket
+    under 2·`nbytes` (a 500M model's: its 98 MB tied lm_head alone, loaded while the trainer had nothing left
+    to pack) is ramped down together with the bucket before it (held one bucket longer: the trainer's export
+    is views of its tensors), so that one goes out first and the version still ends in small pieces. Every
+    tensor travels once, in a piece of at most `nbytes` bytes or alone; names, not order, place it on the
+    receiver."""
     it = iter(buckets)
     current = next(it, None)
+    following = next(it, None) if current is not None else None
     first = True
     while current is not None:
-        following = next(it, None)
-        if isinstance(current, FlatBucket) or not hasattr(current, "items"):
+        after = next(it, None) if following is not None else None
+        if after is None and not first and _plain(current) and _plain(following) \
+                and sum(_size(t) for t in following.values()) < 2 * nbytes:  # a short last bucket: one tail
+            current, following = {**current, **following}, None
+        if not _plain(current):
             yield current
         elif first or following is None:
             items = sorted(current.items(), key=lambda kv: _size(kv[1]))
@@ -117,7 +128,7 @@ def ramped(buckets: Iterable[Any], nbytes: int, ramp: int = RAMP_BYTES) -> Itera
             yield from reversed(_ramp_up(tail, nbytes, ramp))
         else:
             yield from bucketize(current.items(), nbytes)
-        first, current = False, following
+        first, current, following = False, following, after
 
 
 COLLECTIVE_DEVICES = ("cpu", "cuda")

@@ -4,13 +4,20 @@ on CPU: `engine.plan.devices.weight_sync_transport`).
 The bytes never cross a socket. The sender packs bucket k straight into slot k mod S of a ring of S buffers in
 `/dev/shm` (its one copy, fused with its fingerprint: `engine.sync.flat.flatten`); each receiver maps the same
 files and copies the bucket from the slot into its parameters (its one copy, fused with its fingerprint:
-`engine.sync.apply.load_flat`). Only small control messages travel, over the trainer's `TCPStore` (its address
-in the handle, as for the collective):
+`engine.sync.apply.load_flat`). Only small control messages travel: headers and the end over the trainer's `TCPStore` (its address in the
+handle, as for the collective), the per-piece acknowledgements as words in a shared-memory control page:
 
-    sender    "<tag>/h<k>"         pickle((seq, slot, data bytes, index, ring))  — None after the last bucket
-    receiver  "<tag>/a<k>/<rank>"  done with bucket k (loaded and fingerprinted): the slot may be reused;
-                                   after the end marker: the version's keys may be deleted
-    tag = "shm/<version>/<gen>", ring = (epoch name, slot paths, slot bytes)
+    sender    "<tag>/h<k>"         pickle((seq, slot, data bytes, index, ring, ack))  — None after the last bucket
+    receiver  control word <rank>  = ack: done with that piece (loaded and fingerprinted), its slot may be reused
+    receiver  "<tag>/a<n>/<rank>"  read the end marker (piece n = the count): the version's keys may be deleted
+    tag = "shm/<version>/<gen>", ring = (epoch name, slot paths, slot bytes, control page path),
+    ack = the piece's number in the ring's epoch (1, 2, … across syncs: a word only grows)
+
+The acknowledgement is a store to the receiver's own word of the page (`ring …-sc`), which the sender's pack
+thread polls (sleeping 20 µs → 0.5 ms between reads) only when it must reuse a slot: no round trip answered by a
+third thread. With the store, each acknowledgement was a `set` the trainer's store thread had to be scheduled
+to answer, on 2 cores busy with the pack and the load: ~0.1 ms each when nothing else ran, 5–28 ms each (up to
+~190 ms a sync) when another process was runnable (issue 24, eighth pass).
 
 Pipelining: the sender packs bucket k+1 into the next slot while the receivers load bucket k (two processes,
 no thread needed for the overlap); it blocks only before reusing a slot whose bucket some receiver has not
@@ -18,7 +25,7 @@ acknowledged, so with S = 3 it runs up to two buckets ahead. Time per sync ≈ o
 slower side, plus one bucket. The handle is a `CollectiveHandle` (generation, member slots, receiver ranks), so
 group generations, the catch-up of a replaced replica and the delivery check work as for the collective.
 
-The ring's files: `/dev/shm/asyncrl-<run id>-<token>-p<pid>-e<epoch>-s<slot>` (`token`: random per sender, so
+The ring's files: `/dev/shm/asyncrl-<run id>-<token>-p<pid>-e<epoch>-s<slot>` and `…-sc` (the control page; `token`: random per sender, so
 a sender made again in the same process never reuses an earlier one's names), made (and `posix_fallocate`d, so a full
 `/dev/shm` is an error, not a SIGBUS) at the first sync, when a bucket outgrows the slots, and for every new
 group generation (a replacement must map them). Each receiver maps all slots of an epoch when it first sees it;
@@ -29,8 +36,9 @@ an exit handler, and the sweep of files whose sender process is gone (`sweep_sta
 on this host) remove them.
 
 Limits: every receiver on the sender's host (a receiver that cannot find a slot file says so); host memory on
-both sides (CPU trainer and `hf` replicas); no Ray here. A receiver that dies mid-sync leaves the sender waiting
-for its acknowledgement until `timeout_s`, then the sync fails; one whose load raises acknowledges the rest at
+both sides (CPU trainer and `hf` replicas); no Ray here; at most `CONTROL_WORDS` − 1 receivers. A receiver that
+dies mid-sync leaves the sender waiting for its acknowledgement until `timeout_s`, then the sync fails (naming
+the receiver and the piece); one whose load raises acknowledges the rest at
 once (`engine.sync.apply.load_into` closes the pull), so the sender finishes and the replica's error is reported.
 """
 
@@ -62,7 +70,9 @@ from engine.sync.flat import ALIGN, FlatBucket
 SLOTS = 3
 """Shared-memory buffers in the ring: one being loaded, one packed ahead, one spare for uneven stages."""
 SHM_DIR = "/dev/shm"
-_FILE = re.compile(r"^asyncrl-.+-p(?P<pid>\d+)-e\d+-s\d+$")
+CONTROL_WORDS = 512
+"""Words of the control page (one 4 KiB page): word r is receiver rank r's acknowledgement (rank 0 is the sender)."""
+_FILE = re.compile(r"^asyncrl-.+-p(?P<pid>\d+)-e\d+-s(\d+|c)$")
 
 
 @dataclass
@@ -116,7 +126,10 @@ class ShmRing:
         self.linked = False
         self.next = 0
         self.order: deque[int] = deque()  # slots handed to the pack, not yet published by `send`
-        self.pending: dict[int, list[str]] = {}  # slot → the acknowledgement keys its bucket is waiting for
+        self.pending: dict[int, tuple[int, list[int]]] = {}  # slot → (its piece's ack number, the ranks to ack it)
+        self.ctrl_path = ""
+        self.ctrl: np.ndarray | None = None  # the control page's words (int64), mapped read-write
+        self.acked = 0  # ack numbers handed out in this epoch
         self.cond = threading.Condition()
         self.acks: Any = None  # a store client of its own: `get` waits in the pack's thread
         self._finalizer: weakref.finalize | None = None
@@ -143,18 +156,20 @@ class ShmRing:
         self.epoch += 1
         self.slot_bytes = slot_bytes
         self.paths = [os.path.join(self.directory, f"{self.name}-s{i}") for i in range(self.nslots)]
-        self._finalizer = weakref.finalize(self, _unlink, list(self.paths))
+        self.ctrl_path = os.path.join(self.directory, f"{self.name}-sc")
+        self._finalizer = weakref.finalize(self, _unlink, [*self.paths, self.ctrl_path])
         self.linked = True
         self.buffers = [_create(p, slot_bytes) for p in self.paths]
-        self.next = 0
+        self.ctrl = _create(self.ctrl_path, CONTROL_WORDS * 8).numpy().view(np.int64)
+        self.next, self.acked = 0, 0
 
-    def describe(self) -> tuple[str, list[str], int]:
-        return self.name, list(self.paths), self.slot_bytes
+    def describe(self) -> tuple[str, list[str], int, str]:
+        return self.name, list(self.paths), self.slot_bytes, self.ctrl_path
 
     def unlink(self) -> None:
         """Remove the files (mappings stay valid): every receiver of this epoch has mapped them."""
         if self.linked:
-            _unlink(self.paths)
+            _unlink([*self.paths, self.ctrl_path])
             self.linked = False
 
     def drop(self) -> None:
@@ -162,10 +177,31 @@ class ShmRing:
         if self._finalizer is not None:
             self._finalizer.detach()
         self.buffers = []
+        self.ctrl = None
 
     def wait(self, keys: list[str], timeout_s: float) -> None:
+        """Wait for store keys (the end marker's acknowledgements)."""
         if keys:
             self.acks.wait(keys, _dt.timedelta(seconds=timeout_s))
+
+    def wait_acked(self, pending: tuple[int, list[int]] | None) -> None:
+        """Wait until every rank's control word reached the piece's ack number (polling, 20 µs → 0.5 ms apart);
+        `timeout_s` without it: `RuntimeError` naming the receiver."""
+        if not pending or self.ctrl is None:
+            return
+        ack, ranks = pending
+        ctrl, pause, deadline = self.ctrl, 2e-5, None
+        for r in ranks:
+            while int(ctrl[r]) < ack:
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.timeout_s
+                elif now > deadline:
+                    raise RuntimeError(f"shared-memory weight sync: receiver rank {r} did not acknowledge piece "
+                                       f"{ack} of ring {self.name} within {self.timeout_s:.0f} s (a replica "
+                                       "died or stopped loading)")
+                time.sleep(pause)
+                pause = min(pause * 2, 5e-4)
 
     def get(self, size: int, device: Any) -> torch.Tensor:
         if torch.device(device).type != "cpu":
@@ -173,35 +209,39 @@ class ShmRing:
         with self.cond:
             if size > self.slot_bytes or not self.buffers:  # outgrown: wait for every slot, then a new epoch
                 self.cond.wait_for(lambda: not self.order)
-                for keys in self.pending.values():
-                    self.wait(keys, self.timeout_s)
+                for pending in self.pending.values():
+                    self.wait_acked(pending)
                 self.pending.clear()
                 self.renew(max(size, self.slot_bytes))
             slot, self.next = self.next, (self.next + 1) % self.nslots
             k, self.handed = self.handed, self.handed + 1
             self.mark("get", k)
-            self.cond.wait_for(lambda: slot not in self.order)  # its bucket is published: its keys are known
-            keys = self.pending.pop(slot, [])
-        self.wait(keys, self.timeout_s)  # the receivers are done with the bucket it held
+            self.cond.wait_for(lambda: slot not in self.order)  # its bucket is published: its ack is known
+            pending = self.pending.pop(slot, None)
+        self.wait_acked(pending)  # the receivers are done with the bucket it held
         self.mark("slot", k)
         with self.cond:
             self.order.append(slot)
         return self.buffers[slot][:size]
 
-    def published(self, keys: list[str]) -> tuple[int, tuple[str, list[str], int]]:
-        """`send` publishes the oldest bucket handed out, whose slot then waits for `keys`: (slot, the ring)."""
+    def published(self, ranks: list[int]) -> tuple[int, int, tuple[str, list[str], int, str]]:
+        """`send` publishes the oldest bucket handed out, whose slot then waits for `ranks` to acknowledge it:
+        (slot, the piece's ack number, the ring)."""
+        if any(not 0 < r < CONTROL_WORDS for r in ranks):
+            raise ValueError(f"shared-memory weight sync: at most {CONTROL_WORDS - 1} receivers")
         with self.cond:
             slot = self.order.popleft()
-            self.pending[slot] = keys
+            self.acked += 1
+            self.pending[slot] = (self.acked, list(ranks))
             self.cond.notify_all()
-            return slot, self.describe()
+            return slot, self.acked, self.describe()
 
     def settle(self) -> None:
         """Wait until every receiver acknowledged every published bucket."""
         with self.cond:
             pending, self.pending = self.pending, {}
-        for keys in pending.values():
-            self.wait(keys, self.timeout_s)
+        for p in pending.values():
+            self.wait_acked(p)
 
 
 def _create(path: str, size: int) -> torch.Tensor:
@@ -262,15 +302,14 @@ class SharedMemorySync(CollectiveSync):
         handle's bytes, bucket count and fingerprints."""
         store, ring, tag = self._store(), self.ring_for(handle), _tag(handle)
         ring.begin()  # (the pack's thread starts with the first bucket asked for below)
-        ranks = range(1, handle.world)
+        ranks = list(range(1, handle.world))
         keys: list[str] = []
         nbytes, sums = 0, []
         for k, fb in enumerate(buckets):
-            acks = [f"{tag}/a{k}/{r}" for r in ranks]
-            slot, desc = ring.published(acks)
-            store.set(f"{tag}/h{k}", pickle.dumps((fb.seq, slot, fb.data.numel(), fb.index, desc)))
+            slot, ack, desc = ring.published(ranks)
+            store.set(f"{tag}/h{k}", pickle.dumps((fb.seq, slot, fb.data.numel(), fb.index, desc, ack)))
             ring.mark("published", k)
-            keys += [f"{tag}/h{k}", *acks]
+            keys.append(f"{tag}/h{k}")
             nbytes += fb.nbytes
             sums.append(int(fb.fingerprint))
         end = [f"{tag}/a{len(sums)}/{r}" for r in ranks]  # each receiver read the end marker: keys can go
@@ -297,31 +336,37 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-_MAPPED: dict[str, list[torch.Tensor]] = {}
-"""This process's mapping of the newest ring epoch it saw, by epoch name (older epochs are dropped)."""
+_MAPPED: dict[str, tuple[list[torch.Tensor], np.ndarray]] = {}
+"""This process's mapping of the newest ring epoch it saw, by epoch name (older epochs are dropped): its slots
+(read-only) and its control page's words (read-write: this receiver's acknowledgements)."""
 
 
-def _map(ring: tuple[str, list[str], int]) -> list[torch.Tensor]:
-    name, paths, size = ring
-    slots = _MAPPED.get(name)
-    if slots is None:
+def _open(path: str, size: int, writable: bool) -> mmap.mmap:
+    try:
+        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+    except FileNotFoundError:
+        raise RuntimeError(f"shared-memory weight sync: {path} is not on this host: every rollout replica "
+                           'must run on the trainer\'s host (set rollout.weight_sync = "collective")') from None
+    try:
+        return mmap.mmap(fd, size, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+    finally:
+        os.close(fd)
+
+
+def _map(ring: tuple[str, list[str], int, str]) -> tuple[list[torch.Tensor], np.ndarray]:
+    name, paths, size, ctrl_path = ring
+    mapped = _MAPPED.get(name)
+    if mapped is None:
         _MAPPED.clear()
         slots = []
         for p in paths:
-            try:
-                fd = os.open(p, os.O_RDONLY)
-            except FileNotFoundError:
-                raise RuntimeError(f"shared-memory weight sync: {p} is not on this host: every rollout replica "
-                                   'must run on the trainer\'s host (set rollout.weight_sync = "collective")') from None
-            try:
-                mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-            finally:
-                os.close(fd)
+            mm = _open(p, size, False)
             with warnings.catch_warnings():  # read-only: the receivers only read the slots
                 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
                 slots.append(torch.from_numpy(np.frombuffer(mm, dtype=np.uint8)))
-        _MAPPED[name] = slots
-    return slots
+        ctrl = np.frombuffer(_open(ctrl_path, CONTROL_WORDS * 8, True), dtype=np.int64)
+        mapped = _MAPPED[name] = (slots, ctrl)
+    return mapped
 
 
 _CLIENTS: dict[tuple[str, int], Any] = {}
@@ -332,7 +377,8 @@ _PULLED: list[tuple[str, int, float]] = []
 def pulled_marks() -> list[tuple[str, int, float]]:
     """The receiver's timeline of its latest `pull`: (event, piece, `time.monotonic()`) for "header" (piece k's
     header seen and its slot mapped: the load starts), "loaded" (the consumer asked for the next piece) and
-    "acked" (the sender may reuse the slot); the end marker's "header"/"acked" carry k = the piece count."""
+    "acked" (its control word written: the sender may reuse the slot); the end marker's "header"/"acked" carry
+    k = the piece count."""
     return list(_PULLED)
 
 
@@ -363,19 +409,20 @@ def pull(handle: CollectiveHandle, rank: int, timeout_s: float = 300.0) -> Itera
                 store.set(f"{tag}/a{k}/{rank}", b"1")
                 marks.append(("acked", k, clock()))
                 return
-            seq, slot, n, index, ring = msg
-            slots = _map(ring)
+            seq, slot, n, index, ring, ack = msg
+            slots, ctrl = _map(ring)
             marks.append(("header", k, clock()))
             yield FlatBucket(index, slots[slot][:n], seq)
             marks.append(("loaded", k, clock()))
-            store.set(f"{tag}/a{k}/{rank}", b"1")
+            ctrl[rank] = ack
             marks.append(("acked", k, clock()))
             k += 1
     finally:
-        if not done:
+        if not done:  # acknowledge the rest unread, then the end marker
             while True:
-                last = header(k) is None
-                store.set(f"{tag}/a{k}/{rank}", b"1")
-                if last:
+                msg = header(k)
+                if msg is None:
+                    store.set(f"{tag}/a{k}/{rank}", b"1")
                     break
+                _map(msg[4])[1][rank] = msg[5]
                 k += 1

@@ -13,6 +13,10 @@ trainer did not send keeps its live value — never the stale content of the bac
 (`lm_head.weight` = `model.embed_tokens.weight`) is one tensor, swapped once. The back buffer is resident:
 allocated at the first stage (pages touched then), reused every sync.
 
+The stage also takes the weight sample's sums of the tensors it copies (`engine.sync.verify.WeightSamples`), so
+the sample after the swap (`engine.sync.verify.weights_fingerprint`, the "weights did not change" alarm) reads
+only what the stage did not write whole — the same value, without reading the model again inside the pause.
+
 Memory: the back buffer is as large as the replica's weights (the replica holds two copies). Pure torch: no
 Ray, no runtime.
 """
@@ -28,6 +32,7 @@ import torch
 
 from engine.sync.apply import load_into, named_tensors
 from engine.sync.flat import ALIGN
+from engine.sync.verify import WeightSamples
 
 
 def weights_nbytes(model: torch.nn.Module) -> int:
@@ -48,6 +53,8 @@ class BackBuffer:
         self.back: dict[int, torch.Tensor] = {}
         self.staged: int | None = None
         self._regions: dict[int, list[torch.Tensor]] = {}  # id(live tensor) → the back regions written
+        self._samples: dict[int, tuple[int, int]] = {}  # the stage's weight-sample sums, by back address
+        self.live_samples: dict[int, tuple[int, int]] | None = None  # … of the tensors the last swap made live
 
     @property
     def nbytes(self) -> int:
@@ -98,8 +105,9 @@ class BackBuffer:
             regions.setdefault(starts[i][1], []).append(target)
 
         self.staged = None
-        copied = load_into(targets, buckets, strict, written)
-        self._regions, self.staged = regions, int(version)
+        samples = WeightSamples()
+        copied = load_into(targets, buckets, strict, written, samples)
+        self._regions, self._samples, self.staged = regions, samples.valid(), int(version)
         return copied
 
     def swap(self, version: int) -> None:
@@ -108,6 +116,7 @@ class BackBuffer:
         if self.staged != int(version):
             raise RuntimeError(f"weight sync v{version}: the replica staged "
                                f"{'nothing' if self.staged is None else f'v{self.staged}'}, cannot swap in v{version}")
+        live: dict[int, tuple[int, int]] = {}
         with torch.no_grad():
             for t in {id(t): t for t in self.front.values()}.values():
                 parts = self._regions.get(id(t))
@@ -120,8 +129,22 @@ class BackBuffer:
                     old = t.data
                     t.data = back
                     self.back[id(t)] = old
+                    rec = self._samples.get(back.data_ptr())
+                    if rec is not None:
+                        live[back.data_ptr()] = rec
                 else:  # written in parts: copy those parts into the live tensor (same layout as the back one)
                     for p in parts:
                         offset = p.storage_offset() - back.storage_offset()
                         t.detach().as_strided(p.size(), p.stride(), t.storage_offset() + offset).copy_(p)
-        self._regions, self.staged = {}, None
+        self._regions, self._samples, self.staged = {}, {}, None
+        self.live_samples = live
+
+    def take_samples(self) -> dict[int, tuple[int, int]] | None:
+        """The weight-sample sums of the tensors the last `swap` made whole (`engine.sync.verify.WeightSamples`:
+        taken while the stage copied them), once: the next call returns None. Only for the fingerprint right
+        after the swap — an in-place write to the live weights must call `forget_samples` first."""
+        live, self.live_samples = self.live_samples, None
+        return live
+
+    def forget_samples(self) -> None:
+        self.live_samples = None

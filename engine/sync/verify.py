@@ -60,10 +60,41 @@ class Delivery:
                 close()
 
 
-def weights_fingerprint(tensors: Iterable[Any]) -> int:
+class WeightSamples:
+    """The weight sample's per-tensor sums taken *while* a load wrote the tensors (the native host load,
+    `engine.sync.apply.load_flat` → `engine.sync.native.copy_fp_batch_sampled`: each tensor's sampled bytes read
+    back from the cache right after they were copied), so `weights_fingerprint` need not read ~1 cache line in
+    64 of the model from memory again after the swap. `record` an address written whole by a direct copy,
+    `touched` a range written any other way during the same load; `valid()` keeps the records no other write of
+    that load overlapped. A record describes the bytes at its address: a caller uses it only while nothing else
+    has written there (`engine.sync.staging.BackBuffer`: from the stage to the fingerprint right after the swap)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[int, tuple[int, int]] = {}
+        self.dirty: list[tuple[int, int]] = []
+
+    def record(self, ptr: int, nbytes: int, total: int) -> None:
+        if nbytes > 0:
+            self.sums[ptr] = (nbytes, int(total))
+
+    def touched(self, t: Any) -> None:
+        """A tensor (or view) written by another path than a recorded direct copy."""
+        span = t.element_size() * (1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))) \
+            if t.numel() else 0
+        self.dirty.append((t.data_ptr(), span))
+
+    def valid(self) -> dict[int, tuple[int, int]]:
+        """address → (bytes, sampled sum) of every record no `touched` range overlaps."""
+        return {p: v for p, v in self.sums.items()
+                if not any(p < d + n and d < p + v[0] for d, n in self.dirty)}
+
+
+def weights_fingerprint(tensors: Iterable[Any], known: dict[int, tuple[int, int]] | None = None) -> int:
     """A sample of the weights' bytes: every `SAMPLE_STRIDE`-th byte of each tensor, summed on its device, the
     sums chained (h ← h·1000003 + s mod 2^64). Touches ~1/64 of the model's cache lines; any trained tensor
-    changes it."""
+    changes it. `known` (`WeightSamples.valid()`): the sums of host tensors a load just wrote whole, by
+    address — a contiguous host tensor whose (address, bytes) is there takes that sum instead of reading its
+    bytes again (the same value: the load summed the same bytes); every other tensor is read."""
     import numpy as np
     import torch
 
@@ -72,8 +103,13 @@ def weights_fingerprint(tensors: Iterable[Any]) -> int:
         for t in tensors:
             t = t.detach()
             if t.device.type == "cpu" and t.is_contiguous():  # numpy: the same sum, a fifth of torch's overhead
-                b = t.reshape(-1).view(torch.uint8).numpy()
-                s, n = int(b[::SAMPLE_STRIDE].sum(dtype=np.int64)), b.size
+                n = t.numel() * t.element_size()
+                rec = known.get(t.data_ptr()) if known else None
+                if rec is not None and rec[0] == n:
+                    s = rec[1]
+                else:
+                    b = t.reshape(-1).view(torch.uint8).numpy()
+                    s = int(b[::SAMPLE_STRIDE].sum(dtype=np.int64))
             else:
                 b = t.contiguous().view(-1).view(torch.uint8)
                 s, n = int(b[::SAMPLE_STRIDE].sum(dtype=torch.int64)), b.numel()

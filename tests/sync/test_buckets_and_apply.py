@@ -92,15 +92,18 @@ def test_shared_memory_pieces_ramp_up_at_the_start_and_down_at_the_end() -> None
     first = {"embed": t(big), **{f"a{i}": t(i % 5 + 1) for i in range(40)}, "mlp0": t(12), "mlp1": t(40)}
     middle = {f"m{i}": t(30) for i in range(6)}
     last = {**{f"z{i}": t(i % 3 + 1) for i in range(30)}, "norm": t(1), "lm_head": t(big)}
-    for buckets in ([first, middle, last], [first, last], [{**first, **last}]):
+    short = {"out": t(big)}  # like a 500M model's last exported bucket: its tied lm_head alone
+    for buckets in ([first, middle, last], [first, last], [{**first, **last}], [first, middle, last, short],
+                    [first, middle, short]):
         pieces = list(ramped(buckets, limit, ramp))
         names = [n for p in pieces for n in p]
         assert sorted(names) == sorted(n for b in buckets for n in b)  # each tensor once
         for p in pieces:
             assert sum(v.nbytes for v in p.values()) <= limit or len(p) == 1
         assert sum(v.nbytes for v in pieces[0].values()) <= ramp
-        assert sum(v.nbytes for v in pieces[-1].values()) <= ramp
+        assert sum(v.nbytes for v in pieces[-1].values()) <= ramp or list(pieces[-1]) == ["m0"]  # (no smaller)
         assert "embed" not in pieces[0] and "lm_head" not in pieces[-1]
+        assert not any(n in pieces[-1] for n in ("embed", "lm_head", "out", "mlp1"))
     pieces = [list(p) for p in ramped([first, middle, last], limit, ramp)]
     between = [list(p) for p in bucketize(middle.items(), limit)]  # the buckets between: split as before
     assert any(pieces[i:i + len(between)] == between for i in range(len(pieces)))

@@ -29,6 +29,7 @@ def ref_copy(dst, src, n, at, seen_is_dst, monkeypatch):
     return d, fp.value
 
 
+SUPER = 8 * 7 * 4096  # the kernel's interleaved superblock (8 streams of 7 pages): exact multiples and remainders
 LENGTHS = [0, 8, 16, 48, 56, 64, 440, 448, 456, 896 + 40, 4096, 65536 + 8 * 13, 300_000, 2**20 + 8 * 5]
 
 
@@ -48,7 +49,8 @@ def test_sum_matches_numpy(size, at, monkeypatch):
 
 
 @needs_kernel
-@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 63, 64, 65, 447, 449, 1000, 4099, 262_144 + 3, 2**20 + 5])
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 63, 64, 65, 447, 449, 1000, 4099, 262_144 + 3, 2**20 + 5,
+                               2 * SUPER, 3 * SUPER + 8 * 13 + 5, 3 * SUPER - 8])
 @pytest.mark.parametrize("at", [0, 8, 56 * 3, 8 * 1003])
 @pytest.mark.parametrize("seen_is_dst", [True, False])
 def test_copy_matches_numpy(n, at, seen_is_dst, monkeypatch):
@@ -229,3 +231,32 @@ def test_a_bucket_index_pointing_outside_its_buffer_is_refused_before_any_copy()
     with pytest.raises(ValueError, match=r"weight bucket 3: entry 'w' .* not inside its 64-byte buffer"):
         load_flat(target, fb)
     assert not target["w"].any()
+
+
+@needs_kernel
+def test_a_sampled_batch_sums_every_stride_th_byte_of_each_copy_and_keeps_the_fingerprint():
+    """`copy_fp_batch_sampled`: each region's sum of the bytes it copied at 0, stride, 2·stride, … (the weight
+    sample's per-tensor sum), whatever the length against the kernel's sample chunk; the copy and the
+    fingerprint are those of the unsampled batch."""
+    rng = np.random.default_rng(5)
+    chunk = 4 * SUPER
+    lengths = [0, 1, 4099, 4100, 100_003, chunk - 1, chunk, chunk + 1, 2 * chunk + 4099 * 3, 3 * chunk + 12_345]
+    size = sum(n + (-n) % 64 for n in lengths) + 64
+    src = rng.integers(0, 256, size, dtype=np.uint8)
+    regions, dsts, off = [], [], 0
+    for n in lengths:
+        dst = np.zeros(n + 64, np.uint8)
+        dsts.append(dst)
+        seen = n + (-n) % 8
+        regions.append((dst.ctypes.data if n else 0, src.ctypes.data + off if n else 0, n, src.ctypes.data + off,
+                        seen, off))
+        off += n + (-n) % 64
+    got = native.copy_fp_batch_sampled(regions, 4099)
+    assert got is not None
+    tot, strided, samples = got
+    assert (tot, strided) == native.copy_fp_batch(regions)
+    off = 0
+    for n, dst, s in zip(lengths, dsts, samples):
+        assert np.array_equal(dst[:n], src[off:off + n]) and not dst[n:].any()
+        assert s == int(src[off:off + n][::4099].sum(dtype=np.int64)), n
+        off += n + (-n) % 64

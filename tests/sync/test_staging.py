@@ -109,3 +109,45 @@ def test_auto_allocates_the_back_buffer_only_where_twice_the_weights_are_free() 
     assert back_buffer_fits(min(2**20, free // 4), "cpu") is (free >= 2**20 + 2**30)
     assert back_buffer_fits(free, "cpu") is False  # the copy itself would take all that is free
     assert back_buffer_fits(free // 2 + 1, "cpu") is False  # fits, but nothing as large would be left
+
+
+class Big(torch.nn.Module):
+    """Tensors above the kernel's sample chunk (~900 KiB) and its streaming threshold, in two dtypes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(1000, 300)  # 1.2 MB fp32, tied below
+        self.body = torch.nn.Linear(300, 1111)  # 1.33 MB weight + a small bias
+        self.head = torch.nn.Linear(300, 1000, bias=False)
+        self.head.weight = self.embed.weight
+        self.low = torch.nn.Parameter(torch.zeros(777, 601, dtype=torch.bfloat16))  # ~0.93 MB bf16
+        self.norm = torch.nn.LayerNorm(300)  # never sent: read after the swap
+
+
+def test_the_weight_sample_taken_while_staging_equals_the_one_read_after_the_swap() -> None:
+    """The sums the stage takes while it copies (the native load) give the very fingerprint a full read of the
+    live weights gives after the swap; a tensor written another way (here in another dtype) or not sent is
+    read; the sums serve the first fingerprint after the swap only."""
+    from engine.sync import native
+    from engine.sync.verify import weights_fingerprint
+
+    torch.manual_seed(0)
+    model = Big()
+    back = BackBuffer(model)
+    for version in (1, 2, 3):
+        g = torch.Generator().manual_seed(version)
+        want = {"embed.weight": torch.randn(1000, 300, generator=g), "body.weight": torch.randn(1111, 300, generator=g),
+                "low": torch.randn(777, 601, generator=g).to(torch.bfloat16),
+                "body.bias": torch.randn(1111, generator=g, dtype=torch.float64)}  # another dtype: general copy
+        buckets = [flatten({k: want[k] for k in ("low", "body.bias")}, 0),
+                   flatten({"embed.weight": want["embed.weight"], "body.weight": want["body.weight"]}, 1),
+                   flatten({"head.weight": want["embed.weight"]}, 2)]
+        back.stage(buckets, version)
+        back.swap(version)
+        known = back.take_samples()
+        assert back.take_samples() is None  # once
+        full = weights_fingerprint(model.state_dict().values())
+        assert weights_fingerprint(model.state_dict().values(), known) == full
+        if native.kernel() is not None:  # the sums were taken: the big tensors are not read again
+            assert {model.embed.weight.data_ptr(), model.body.weight.data_ptr(), model.low.data_ptr()} <= set(known)
+            assert model.body.bias.data_ptr() not in known and model.norm.weight.data_ptr() not in known

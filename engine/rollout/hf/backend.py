@@ -240,6 +240,8 @@ class HFRolloutBackend:
         embedding) and set `version`."""
         start = time.perf_counter()
         with self._model_lock:
+            if self._back is not None:  # the live weights are written in place: no sum taken at a stage holds
+                self._back.forget_samples()
             copied = load_buckets_into(self.model, buckets)
             self.version = int(version)
         self._stats["weight_updates"] += 1
@@ -285,8 +287,9 @@ class HFRolloutBackend:
 
     def weights_fingerprint(self) -> int:
         """A sample fingerprint of the loaded weights (`engine.sync.verify.weights_fingerprint`)."""
-        with self._model_lock:
-            return weights_fingerprint(self.model.state_dict().values())
+        with self._model_lock:  # right after a swap: the sums the stage took of what it made live
+            known = self._back.take_samples() if self._back is not None else None
+            return weights_fingerprint(self.model.state_dict().values(), known)
 
     # --- telemetry --------------------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:
