@@ -198,7 +198,10 @@ class DashboardApp(App[int]):
         self.config_view.show(self.model.run.get("config") or {}, self.model.run.get("provenance") or {})
 
     def _on_screen(self, chart: Any) -> bool:
-        """Whether `chart` sits in the active tab (or outside the tabs)."""
+        """Whether `chart` sits in the active tab (or outside the tabs); nothing is on screen once the app
+        has closed its screens (a chart timer can still fire while the app shuts down)."""
+        if not self.screen_stack:
+            return False
         active = self.screen_stack[0].query_one(TabbedContent).active
         pane = next((a for a in chart.ancestors if isinstance(a, TabPane)), None)
         return pane is None or pane.id == active

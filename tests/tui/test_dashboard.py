@@ -251,3 +251,19 @@ async def test_new_records_are_appended_live(core: ControllerCore, local: LocalS
         await wait_until(pilot, lambda: str(app.query_one("#kpi-trainer", Kpi).content) == "4.32k")
         log = app.query_one("#events-log", EventsLog)
         assert log.count == before + 1 and log.warnings >= 1
+
+
+async def test_a_chart_redraw_pending_at_exit_does_not_crash_the_closing_app() -> None:
+    """A rate-limited chart redraw can fire while the app tears its screens down (seen in CI): it must be a
+    no-op there, not an IndexError that turns a clean detach into a traceback."""
+    app = make_app(replay_source(), poll_interval=0.05)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        app.chart_interval = 3600.0
+        app._dirty_charts.update(app.charts)
+        app._redraw_visible_charts()
+        assert app._chart_timer is not None, "the redraw waits for its timer"
+        await pilot.press("q")
+    assert not app.screen_stack
+    app._chart_timer_fired()
+    assert app.charts_pending == 0
