@@ -38,6 +38,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -163,8 +164,11 @@ def run_asyncrl(overrides: list[str], root: Path) -> list[dict[str, Any]]:
             for label, extra in (("asyncrl-sync", SYNC_OVERRIDES), ("asyncrl-async", ()))]
 
 
-def run_seeds(plan: dict[str, Any], work: Path) -> list[dict[str, Any]]:
-    """Per seed: TRL at each precision, then asyncrl fully async as shipped (its "auto" choices kept)."""
+def run_seeds(
+    plan: dict[str, Any], work: Path, keep: Callable[[list[dict[str, Any]]], None] = lambda runs: None
+) -> list[dict[str, Any]]:
+    """Per seed: TRL at each precision, then asyncrl fully async as shipped (its "auto" choices kept);
+    `keep(runs)` after every run, so an interrupted study leaves what it measured."""
     from benchmarks.demo_seeds import chosen
 
     runs: list[dict[str, Any]] = []
@@ -173,10 +177,12 @@ def run_seeds(plan: dict[str, Any], work: Path) -> list[dict[str, Any]]:
         spec_path = work / f"spec-{seed}.json"
         spec_path.write_text(json.dumps(build_spec(load_config(PRESETS / PRESET, overrides), work)))
         for precision in plan["precisions"]:
-            runs.append(run_trl(spec_path, precision, plan["timeout_s"], f" seed {seed}"))
+            runs.append({**run_trl(spec_path, precision, plan["timeout_s"], f" seed {seed}"), "seed": seed})
+            keep(runs)
         label = f"asyncrl-async seed {seed}"
         run = summarize_asyncrl(launch_demo(Variant(label, tuple(overrides)), work / "asyncrl", timeout_s=3600))
         runs.append({**run, "seed": seed, "auto": chosen(work / "asyncrl" / label.replace(" ", "-"))})
+        keep(runs)
     return runs
 
 
@@ -235,7 +241,8 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="asyncrl-trl-") as tmp:
         work = Path(tmp)
         if "seeds" in plan:
-            runs = run_seeds(plan, work)
+            partial = {**result, "study": f"{STUDY}.partial"}
+            runs = run_seeds(plan, work, lambda done: write_json({**partial, "runs": done}, out_dir))
         else:
             spec_path = work / "spec.json"
             spec_path.write_text(json.dumps(build_spec(cfg, work)))
@@ -251,6 +258,7 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
         result["targets"] = _targets(runs, SHORT[policy_of(cfg).compute])
     result["notes"] = _notes(runs, size)
     write_json(finish_result(result, started), out_dir)
+    (out_dir / f"{STUDY}.partial.json").unlink(missing_ok=True)
     plot(runs, out_dir)
     return result
 

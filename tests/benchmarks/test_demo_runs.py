@@ -192,7 +192,11 @@ def test_trl_study_at_equal_terms_compares_seed_by_seed(tmp_path: Path, monkeypa
                  ("bf16", 0): 450.0, ("bf16", 1): None, ("bf16", 2): 400.0}  # bf16 seed 1 never reaches 0.75
     launched: list[str] = []
 
+    partial = tmp_path / "out" / "trl-grpo.partial.json"
+
     def fake_trl(spec_path: Path, precision: str, timeout_s: float, suffix: str = "") -> dict:
+        if launched:  # an interrupted study keeps every run finished so far
+            assert [r["label"] for r in json.loads(partial.read_text())["runs"]] == launched
         launched.append(f"trl-{precision}{suffix}")
         seed = int(suffix.split()[-1])
         assert json.loads(spec_path.read_text())["seed"] == seed  # TRL's seed is the run's trainer.seed
@@ -211,6 +215,7 @@ def test_trl_study_at_equal_terms_compares_seed_by_seed(tmp_path: Path, monkeypa
     monkeypatch.setattr(study, "launch_demo", fake_launch)
     monkeypatch.setattr(study, "build_spec", lambda cfg, work: {"seed": cfg.trainer.seed})
     result = study.run("seeds", tmp_path / "out")
+    assert not partial.exists() and (tmp_path / "out" / "trl-grpo.json").exists()
     assert launched == [f"{name} seed {s}" for s in (0, 1, 2) for name in ("trl-fp32", "trl-bf16", "asyncrl-async")]
     compared = result["equal_terms"]
     assert compared["ratios"] == {"fp32": [2.0, 2.2, 2.333], "bf16": [1.5, 3.0, 1.333]}
