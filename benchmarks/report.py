@@ -32,14 +32,17 @@ TITLES = {
 }
 
 
+REPORTED_SIZES = ("full", "seeds")  # `seeds`: a study repeated over seeds (trl-grpo's equal terms)
+
+
 def load_results(results_dir: Path) -> dict[str, dict[str, Any]]:
-    """Full-size results by study name (toy results are ignored)."""
+    """Reported results by study name: `<study>.json` at a full size (toy and smoke sizes are ignored)."""
     out = {}
     for name in STUDIES:
         path = results_dir / f"{name}.json"
         if path.exists():
             data = json.loads(path.read_text())
-            if data.get("size") == "full":
+            if data.get("size") in REPORTED_SIZES:
                 out[name] = data
     return out
 

@@ -216,6 +216,9 @@ def test_trl_study_at_equal_terms_compares_seed_by_seed(tmp_path: Path, monkeypa
     monkeypatch.setattr(study, "build_spec", lambda cfg, work: {"seed": cfg.trainer.seed})
     result = study.run("seeds", tmp_path / "out")
     assert not partial.exists() and (tmp_path / "out" / "trl-grpo.json").exists()
+    from benchmarks.report import load_results, render
+
+    assert "TRL at its best precision (bf16)" in render(load_results(tmp_path / "out"))  # docs/benchmarks.md shows it
     assert launched == [f"{name} seed {s}" for s in (0, 1, 2) for name in ("trl-fp32", "trl-bf16", "asyncrl-async")]
     compared = result["equal_terms"]
     assert compared["ratios"] == {"fp32": [2.0, 2.2, 2.333], "bf16": [1.5, 3.0, 1.333]}
