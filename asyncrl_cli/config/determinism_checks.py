@@ -2,7 +2,7 @@
 
 Refused (errors): a non-CPU device, a non-fp32 trainer or rollout, a rollout backend other than `hf`, more
 than one rollout replica, `stale_policy = "wait"` with a hard cap (its postponement follows the rollouter's
-progress). Noted (info): partial rollout is turned off (a resumed prefix is re-prefilled, which rounds
+progress), dynamic sampling (`algorithm.filter_groups`: a replaced prompt shifts the schedule). Noted (info): partial rollout is turned off (a resumed prefix is re-prefilled, which rounds
 differently from the decode steps that produced it).
 """
 
@@ -42,6 +42,10 @@ def determinism_rules(cfg: RunConfig, hw: HardwarePreset) -> list[Problem]:
     if cfg.rollout.multi_turn.enable:
         refuse("rollout.multi_turn.enable", "single-turn rollouts",
                "tool latencies decide when a conversation's next turn is generated; turn multi_turn off")
+    if cfg.algorithm.filter_groups.enable:
+        refuse("algorithm.filter_groups.enable", "every prompt trained in stream order",
+               "dynamic sampling replaces dropped prompts, which moves every later prompt to another step and "
+               "version; turn filter_groups off")
     replicas = rollout_replicas(cfg)
     if replicas != 1:
         refuse("resources.rollout.gpus_per_node", f"one rollout replica (got {replicas})",

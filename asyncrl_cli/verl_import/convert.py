@@ -226,6 +226,8 @@ MAP: dict[str, tuple[str, Callable[[str], Any]]] = {
     f"{ROLL}.val_kwargs.top_k": ("rollout.val_top_k", to_top_k),
     "algorithm.adv_estimator": ("algorithm.adv_estimator", to_str),
     "algorithm.norm_adv_by_std_in_grpo": ("algorithm.norm_adv_by_std_in_grpo", to_bool),
+    "algorithm.filter_groups.enable": ("algorithm.filter_groups.enable", to_bool),
+    "algorithm.filter_groups.metric": ("algorithm.filter_groups.metric", to_str),
     f"{RC}.rollout_is": (f"{RC}.rollout_is", to_optional(to_str)),
     f"{RC}.rollout_is_threshold": (f"{RC}.rollout_is_threshold", to_threshold),
     f"{RC}.rollout_is_batch_normalize": (f"{RC}.rollout_is_batch_normalize", to_bool),
@@ -316,6 +318,8 @@ IGNORED: dict[str, str] = {
     "trainer.use_legacy_worker_impl": "an implementation choice of verl's workers",
     "critic.strategy": "GRPO has no critic",
     "algorithm.kl_ctrl.kl_coef": "no effect without algorithm.use_kl_in_reward",
+    "algorithm.filter_groups.max_num_gen_batches": "a cap past which verl stops with an error; asyncrl samples "
+                                                   "until the prompts run out, then ends the run",
     f"{AR}.nccl_timeout": "a timeout",
     f"{AR}.model.use_remove_padding": "padding removal is a speed-up with the same result",
     f"{AR}.model.use_fused_kernels": "fused kernels: speed only",

@@ -15,7 +15,8 @@ from asyncrl_cli.verl_import.convert import Conversion
 
 ORDER = (
     "", "model", "data", "data.overlong_buffer", "resources", "resources.trainer", "resources.rollout", "trainer", "trainer.optim",
-    "rollout", "rollout.multi_turn", "async_training", "algorithm", "algorithm.rollout_correction", "checkpoint", "logging",
+    "rollout", "rollout.multi_turn", "async_training", "algorithm", "algorithm.filter_groups", "algorithm.rollout_correction",
+    "checkpoint", "logging",
 )  # fmt: skip
 
 

@@ -139,13 +139,33 @@ class RolloutCorrectionConfig(Section):
         return [(th.option, th.lower, th.upper) for th in parse_rs_thresholds(opts, self.rollout_rs_threshold)]
 
 
+class FilterGroupsConfig(Section):
+    """Dynamic sampling (DAPO; verl's `algorithm.filter_groups`). A group whose responses all scored alike has
+    the GRPO advantage A_i = (r_i − mean r) / (std r + ε) = 0 for every response: no policy gradient, only
+    compute (and, with Adam, a step along the old momentum). With `enable` the trainer drops such a group as
+    it arrives (ledger status `dropped`, reason `filtered`; `asyncrl/count/filtered_groups`), its prompt leaves
+    the rollout budget, and the rollouter samples further prompts until a local step has `required_samples`
+    groups that carry a gradient. If a fraction f of groups is uniform, a trained group costs 1 / (1 − f)
+    sampled prompts. The prompts are finite: `total_rollout_steps` then feeds fewer local steps, and the run
+    ends when they run out (raise it, or set `trainer.total_steps`). A group of one response is kept (verl)."""
+
+    enable: bool = False
+    """Drop groups whose `metric` does not vary (off = verl's default: every group is trained)."""
+    metric: Literal["score", "acc", "seq_reward", "seq_final_reward"] = "score"
+    """What must vary within a group: `score` = the reward the advantage is computed from (verl's `seq_reward`
+    and `seq_final_reward` are the same value in asyncrl, which adds no KL penalty to the reward); `acc` = the
+    reward function's `acc` entry (the run fails with a clear message when the function returns none)."""
+
+
 class AlgorithmConfig(Section):
-    """Advantage estimation and rollout correction (`[algorithm]`)."""
+    """Advantage estimation, dynamic sampling and rollout correction (`[algorithm]`)."""
 
     adv_estimator: Literal["grpo"] = "grpo"
     """Advantage estimator: GRPO, A_i = (r_i − mean(r)) / (std(r) + ε) within each prompt's group."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide by the group's reward std (False = Dr.GRPO, centring only)."""
+    filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
+    """Dynamic sampling: drop the groups that carry no gradient and sample more (off by default)."""
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
     """Importance sampling and rejection sampling against train/inference mismatch and staleness."""
 

@@ -136,8 +136,8 @@ class Pull:
 
 @dataclass(frozen=True)
 class Drop:
-    """These pulled groups are not trained (`reason`, e.g. "stale"): ledger, release from the rollout budget,
-    event."""
+    """These pulled groups are not trained (`reason`: "stale" — past the hard staleness cap — or "filtered" —
+    no reward variance under dynamic sampling): ledger, release from the rollout budget, event."""
 
     groups: tuple[Any, ...]
     reason: str

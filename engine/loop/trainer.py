@@ -14,7 +14,9 @@ One local step, as the core sequences it:
    (`control`); a lowered interval can make a sync due at once; `stop` ends the run at this boundary, an
    on-demand `checkpoint` is cut here;
 2. `Pull(want)` until a batch is buffered (a whole cycle `N · R` first in sync mode); `PollControl` before
-   every pull, so knobs apply while the trainer waits for data;
+   every pull, so knobs apply while the trainer waits for data; with dynamic sampling
+   (`algorithm.filter_groups`) a pulled group whose responses all scored alike is dropped at once
+   (`Drop(…, "filtered")`: released from the rollout budget, so another prompt is sampled in its place);
 3. the hard staleness cap drops what is too old (`Drop`), the rest is trained (`Train`); `trained` counts
    the step;
 4. the sync decision: not due, due (`Sync(v + 1)`; with `cut` when `v + 1` is a multiple of
@@ -63,6 +65,9 @@ class TrainerParams:
     """In force at start (for the reported bound; the rollouter applies it)."""
     validate_at_end: bool = False
     """`trainer.test_freq > 0`: the last version is validated when the run ends (not after a stop)."""
+    filter_metric: str | None = None
+    """`algorithm.filter_groups.metric` when dynamic sampling is on: pulled groups whose metric does not vary
+    are dropped (`Drop(…, "filtered")`) and the trainer pulls on; None = every group is trained."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,25 @@ class SyncDecision:
 def staleness_of(group: Any, version: int) -> int:
     """Staleness of a group trained at `version`: version − its oldest generating version."""
     return version - group.min_version
+
+
+def informative(group: Any, metric: str) -> bool:
+    """Whether `group` can carry a policy gradient: its responses' `metric` values are not all equal (GRPO's
+    A_i = (r_i − mean r) / (std r + ε) is 0 for every response when they are), or it has one response (verl's
+    `filter_groups` keeps those). `metric`: "score" (and verl's "seq_reward" / "seq_final_reward", the same
+    value here) = the reward; any other name = that entry of the reward function's info."""
+    if len(group.trajectories) <= 1:
+        return True
+    if metric in ("score", "seq_reward", "seq_final_reward"):
+        values = [t.reward for t in group.trajectories]
+    else:
+        missing = [t for t in group.trajectories if metric not in t.reward_info]
+        if missing:
+            raise ValueError(f"algorithm.filter_groups.metric = {metric!r}, but the reward function returned no "
+                             f"{metric!r} (it returned {sorted(missing[0].reward_info) or 'only a score'}); "
+                             "use metric = \"score\" or return it")
+        values = [t.reward_info[metric] for t in group.trajectories]
+    return any(v != values[0] for v in values[1:])
 
 
 def staleness_bound(cap: int | None, sync_mode: bool, threshold: float) -> float:
@@ -101,6 +125,7 @@ class TrainerLoop:
         self.stopping = False
         self.postponed = False
         self.dropped_stale = 0
+        self.filtered_groups = 0
         self.last_checkpoint_step: int | None = None
         self.last_decision: SyncDecision | None = None
         self.done = False
@@ -167,13 +192,22 @@ class TrainerLoop:
         return cmds + self._after_control()
 
     def pulled(self, groups: list[Any], closed: bool) -> list[Command]:
-        """`Pull`'s outcome; `closed`: the queue is closed and empty."""
+        """`Pull`'s outcome; `closed`: the queue is closed and empty. With dynamic sampling the groups that
+        carry no gradient are dropped here, so the buffer fills with informative ones only."""
+        cmds: list[Command] = []
+        if self.p.filter_metric is not None:
+            keep = [informative(g, self.p.filter_metric) for g in groups]
+            flat = tuple(g for g, k in zip(groups, keep) if not k)
+            if flat:
+                self.filtered_groups += len(flat)
+                cmds.append(Drop(flat, "filtered"))
+                groups = [g for g, k in zip(groups, keep) if k]
         self.buffer.extend(groups)
         self.closed = self.closed or closed
         self._recheck = True
         if not self.can_step():
-            return self._boundary()
-        return self._take()
+            return cmds + self._boundary()
+        return cmds + self._take()
 
     def trained(self) -> list[Command]:
         """`Train`'s outcome: the optimizer step is done (the shell has it in the ledger)."""
@@ -331,11 +365,12 @@ class TrainerLoop:
     def state(self) -> dict[str, Any]:
         return {"version": self.version, "step": self.local_step, "since_sync": self.since_sync,
                 "trigger": self.trigger, "dropped_stale": self.dropped_stale,
-                "staleness_threshold": self.threshold}
+                "filtered_groups": self.filtered_groups, "staleness_threshold": self.threshold}
 
     def restore(self, st: dict[str, Any]) -> None:
         self.version, self.local_step, self.since_sync = int(st["version"]), int(st["step"]), int(st["since_sync"])
         self.trigger = int(st.get("trigger", self.trigger))
         self.dropped_stale = int(st.get("dropped_stale", self.dropped_stale))
+        self.filtered_groups = int(st.get("filtered_groups", self.filtered_groups))
         self.threshold = float(st.get("staleness_threshold", self.threshold))
         self.last_checkpoint_step = self.local_step

@@ -193,7 +193,8 @@ def trainer_params(cfg: RunConfig, d: Derived, total_local_steps: int) -> Traine
                          total_local_steps=total_local_steps, sync_mode=ac.mode == "sync",
                          max_staleness_versions=ac.max_staleness_versions, stale_policy=ac.stale_policy,
                          checkpoint_every_versions=cfg.checkpoint.every_versions, ordered=cfg.trainer.deterministic,
-                         staleness_threshold=d.staleness_threshold, validate_at_end=cfg.trainer.test_freq > 0)
+                         staleness_threshold=d.staleness_threshold, validate_at_end=cfg.trainer.test_freq > 0,
+                         filter_metric=fg.metric if (fg := cfg.algorithm.filter_groups).enable else None)
 
 
 def elastic_params(cfg: RunConfig, d: Derived, actors: dict[str, Any]) -> ElasticParams:

@@ -289,6 +289,7 @@ class TrainerCore(TrainerCheckpoints):
             "asyncrl/trainer/world_size": self.world,
             "asyncrl/sync_interval": r.sync_interval,
             "asyncrl/count/skipped_updates": self.skipped_updates,
+            "asyncrl/count/filtered_groups": self.loop.filtered_groups,
             "asyncrl/staleness/bound": r.staleness_bound,
             "asyncrl/time": time.time() - self.t0,
             "asyncrl/total_steps": self.total_local_steps,
@@ -306,13 +307,18 @@ class TrainerCore(TrainerCheckpoints):
                                                            "step": self.local_step})
 
     def _record_drops(self, drop: list, reason: str) -> None:
-        """Groups the core did not train (the hard version cap: `stale_policy = "drop"`): ledger, budget, event."""
+        """Groups the core did not train — past the hard version cap (`stale_policy = "drop"`) or, with dynamic
+        sampling, without reward variance: ledger, budget, event."""
         uids = [g.prompt.uid for g in drop]
         self.ledger.record(uids, "dropped", step=self.local_step, version=self.version, reason=reason)
         self.rollouter.release.remote(uids, reason)
-        self.controller.record_event.remote(self._ev(
-            "warning", "drop", f"dropped {len(drop)} prompt(s) older than max_staleness_versions="
-            f"{self.loop.p.max_staleness_versions}", uids=uids, reason=reason))
+        if reason == "filtered":
+            ev = self._ev("info", "drop", f"filtered {len(drop)} prompt(s) whose responses all scored alike "
+                          f"(algorithm.filter_groups; {self.loop.filtered_groups} so far)", uids=uids, reason=reason)
+        else:
+            ev = self._ev("warning", "drop", f"dropped {len(drop)} prompt(s) older than max_staleness_versions="
+                          f"{self.loop.p.max_staleness_versions}", uids=uids, reason=reason)
+        self.controller.record_event.remote(ev)
 
     # ------------------------------------------------------------------ sync
     def _sync(self, c: Sync) -> dict[str, float]:

@@ -187,3 +187,22 @@ def test_the_attention_kernel_is_imported_and_flash_attention_runs_as_sdpa() -> 
     assert convert_script(_script(f"+{key}=flash_attention_2")).values["trainer.attn_implementation"] == "sdpa"
     errors = dict((ov.partition("=")[0], why) for ov, why in convert_script(_script(f"+{key}=flex")).errors)
     assert "'flex' is not in asyncrl" in errors[key]
+
+
+def test_dapo_dynamic_sampling_is_imported() -> None:
+    """DAPO's `algorithm.filter_groups` lines: enable and metric map, the generation cap is listed as ignored."""
+    conv = convert_script(_script("algorithm.adv_estimator=grpo", "algorithm.filter_groups.enable=True",
+                                  "algorithm.filter_groups.metric=acc",
+                                  "algorithm.filter_groups.max_num_gen_batches=10"))
+    assert conv.values["algorithm.filter_groups.enable"] is True and not conv.errors
+    assert conv.values["algorithm.filter_groups.metric"] == "acc"
+    assert any(ov.startswith("algorithm.filter_groups.max_num_gen_batches") for ov, _ in conv.ignored)
+
+
+def test_every_mapped_key_has_a_table_in_the_written_file() -> None:
+    """A key the importer maps into a section the writer does not know would crash `asyncrl import verl`."""
+    from asyncrl_cli.verl_import.convert import MAP
+    from asyncrl_cli.verl_import.write import ORDER
+
+    sections = {target.rpartition(".")[0] for target, _ in MAP.values()}
+    assert sections <= set(ORDER), sorted(sections - set(ORDER))

@@ -54,6 +54,7 @@ class FakeRollouter:
     def __init__(self) -> None:
         self.syncs: list[tuple[int, bool, int | None]] = []
         self.triggers: list[int] = []
+        self.released: list[tuple[list, str]] = []
 
     def update_weights(self, version: int, refs: list, step: int, cut: bool, trigger: int | None) -> dict:
         self.syncs.append((version, cut, trigger))
@@ -79,7 +80,8 @@ class FakeRollouter:
 
     def allow(self, need: int) -> None: ...
 
-    def release(self, uids: list, reason: str) -> None: ...
+    def release(self, uids: list, reason: str) -> None:
+        self.released.append((list(uids), reason))
 
     def outstanding_min_version(self) -> None:
         return None
@@ -102,7 +104,7 @@ def shell(tmp_path: Path, monkeypatch):
     from engine.models.loader import resolve_model_path
     from engine.runtime import trainer_actor
 
-    def build(steps: int, *extra: str):
+    def build(steps: int, *extra: str, groups: list[TrajectoryGroup] | None = None):
         sets = [f'logging.run_dir="{tmp_path / "run"}"', f"rollout.total_rollout_steps={R * steps}", "rollout.n=2",
                 "trainer.ppo_mini_batch_size=4", "trainer.ppo_micro_batch_size_per_gpu=8", "trainer.test_freq=0",
                 "async_training.trigger_parameter_sync_step=1", "checkpoint.every_versions=2", *extra]
@@ -113,7 +115,7 @@ def shell(tmp_path: Path, monkeypatch):
         monkeypatch.setattr(trainer_actor, "publish",
                             lambda ws, v, buckets, send, **_: Published(send(list(buckets)), 1, [], []))
         core = ControllerCore(cfg.name, run_dir=str(tmp_path / "run"), sinks=[], config=cfg.model_dump())
-        queue, rollouter = FakeQueue(_groups(R * steps)), FakeRollouter()
+        queue, rollouter = FakeQueue(_groups(R * steps) if groups is None else groups), FakeRollouter()
         model = resolve_model_path(cfg.model.path, seed=cfg.trainer.seed)
         identity = RunIdentity("test", cfg.name, str(tmp_path / "run"), str(model))
         spec = resolve_plan(cfg).role_specs().bind(identity).trainer
@@ -146,3 +148,25 @@ def test_a_live_interval_and_a_stop_reach_the_actor_only_through_the_core(shell)
     out = t.fit()
     assert out["local_step"] == 0 and out["version"] == 0  # the stop is taken at the first boundary
     assert rollouter.triggers == [2] and core.get_knobs()["trigger_parameter_sync_step"]["applied_value"] == 2
+
+
+def test_dynamic_sampling_drops_uniform_groups_releases_them_and_trains_full_steps(shell, tmp_path) -> None:
+    """`algorithm.filter_groups`: every third group scored alike; the shell records them as dropped (reason
+    `filtered`) and releases them to the rollouter; each step still trains R groups, all with reward variance."""
+    mixed = _groups(2 * R)
+    flat = [TrajectoryGroup(Prompt(f"0:{100 + i}", 100 + i, 0, [1, 2, 3]),
+                            [Trajectory([4, 5], [-1.0, -1.0], "stop", 0, 0, reward=1.0) for _ in range(N)])
+            for i in range(R)]
+    stream = [g for pair in zip(mixed[:R], flat) for g in pair] + mixed[R:]
+    t, core, rollouter = shell(2, "algorithm.filter_groups.enable=true", groups=stream)
+    out = t.fit()
+    assert out["local_step"] == 2
+    assert [u for uids, _ in rollouter.released for u in uids] == [g.prompt.uid for g in flat]
+    assert {why for _, why in rollouter.released} == {"filtered"}
+    ledger = [json.loads(x) for x in (tmp_path / "run" / "ledger.jsonl").read_text().splitlines()]
+    assert sorted(e["uid"] for e in ledger if e["status"] == "trained") == sorted(g.prompt.uid for g in mixed)
+    assert {e["uid"]: e.get("reason") for e in ledger if e["status"] == "dropped"} == \
+        {g.prompt.uid: "filtered" for g in flat}
+    records = [r for r in core.snapshot()["metrics"] if "training/global_step" in r]
+    assert records[-1]["asyncrl/count/filtered_groups"] == R
+    assert all(r["asyncrl/zero_adv_fraction"] == 0.0 for r in records)

@@ -128,7 +128,8 @@ def test_the_weights_hash_sees_every_bit_and_not_the_name_order() -> None:
                                            ("rollout.dtype=bf16", "rollout.dtype"),
                                            ("resources.rollout.gpus_per_node=2", "resources.rollout.gpus_per_node"),
                                            ("resources.hardware=h100", "resources.hardware"),
-                                           ("rollout.backend=vllm", "rollout.backend")])
+                                           ("rollout.backend=vllm", "rollout.backend"),
+                                           ("algorithm.filter_groups.enable=true", "algorithm.filter_groups.enable")])
 def test_validate_refuses_what_breaks_determinism(override: str, key: str) -> None:
     from asyncrl_cli.config import analyze_run_config
     from reliability_helpers import TINY

@@ -80,6 +80,11 @@ class Scenario:
     trainer_threads: int = 1
     """The plan's split: threads of the trainer (one rank) and of each replica."""
     replica_threads: int = 1
+    filter_groups: bool = False
+    """`algorithm.filter_groups` (dynamic sampling, metric "score"): the world scores each group, the trainer
+    core drops the uniform ones and the rollouter samples replacements."""
+    uniform_p: float = 0.0
+    """Probability that a group's responses all score alike (dropped under `filter_groups`)."""
 
     @property
     def required_samples(self) -> int:
@@ -162,6 +167,9 @@ def draw(seed: int, multi_turn: bool | None = None) -> Scenario:
     if r.random() < 0.5:  # elastic cores (drawn last: the fields above are as before)
         s.elastic_cores = True
         s.trainer_threads, s.replica_threads = r.choice([1, 1, 2, 3]), r.choice([1, 1, 2])
+    if r.random() < 0.3 and not s.deterministic:  # dynamic sampling (drawn last; `validate` refuses it with
+        s.filter_groups = True                     # deterministic mode)
+        s.uniform_p = r.choice([0.0, 0.3, 0.7, 1.0])
     return s
 
 

@@ -104,6 +104,7 @@ class World(SimReplicas, SimTools):
                                                   s.max_parallel_calls, s.max_tokens_per_turn)
                                 if s.multi_turn else None)
         self.tool_rng = random.Random(s.seed * 104729 + 3)
+        self.reward_rng = random.Random(s.seed * 15485863 + 5)  # rewards matter only with dynamic sampling
         self.tool_waits: dict[tuple[str, int], float] = {}
         self.answers: dict[int, tuple[str, int, int]] = {}
         cycle = s.required_samples * s.trigger
@@ -111,7 +112,8 @@ class World(SimReplicas, SimTools):
         self.tp = TrainerParams(s.required_samples, s.trigger, total_local, sync, s.max_staleness_versions,
                                 s.stale_policy, s.checkpoint_every_versions, ordered=s.deterministic,
                                 staleness_threshold=staleness_in_force(s.staleness_threshold, sync),
-                                validate_at_end=bool(s.test_freq))
+                                validate_at_end=bool(s.test_freq),
+                                filter_metric="score" if s.filter_groups else None)
         self.controller = ControllerCore(f"sim-{s.seed}", sinks=[], clock=lambda: self.now, config={
             "async_training": {"trigger_parameter_sync_step": s.trigger, "staleness_threshold": s.staleness_threshold}})
         self.val = [Prompt(uid=f"v{i}", index=i, epoch=0, prompt_ids=[4, 5]) for i in range(s.val_prompts)]
@@ -265,6 +267,10 @@ class World(SimReplicas, SimTools):
                     self._resume(rid)
             elif isinstance(c, Put):
                 group = TrajectoryGroup(c.prompt, list(c.trajectories), admitted_version=c.admitted_version)
+                if self.s.filter_groups:  # the scorer: all alike with probability uniform_p, else 0/1 at random
+                    flat = self.reward_rng.random() < self.s.uniform_p
+                    for i, t in enumerate(group.trajectories):
+                        t.reward = 0.0 if flat else float(i % 2 if i < 2 else self.reward_rng.random() < 0.5)
                 evicted = None
                 if len(self.queue) >= self.queue_bound:
                     evicted = self.queue.pop(0).prompt.uid
