@@ -66,6 +66,8 @@ class DemoRun:
     curve: list[dict[str, Any]] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     mismatch: dict[str, float] = field(default_factory=dict)
+    filtered_groups: int = 0
+    """Groups dynamic sampling dropped (`asyncrl/count/filtered_groups` at the last step; 0 when it is off)."""
     error: str | None = None
 
     def acc_at_or_before(self, seconds: float) -> float | None:
@@ -141,6 +143,7 @@ def summarize(variant: Variant, run_dir: Path, t0: float, code: int, wall_s: flo
     if not train:
         return run
     run.rewards = [round(float(r["critic/rewards/mean"]), 4) for r in train]
+    run.filtered_groups = int(max(float(r.get("asyncrl/count/filtered_groups", 0)) for r in train))
     run.median_step_s = statistics.median(float(r["timing_s/step"]) for r in train)
     tps = [float(r["asyncrl/rollout/tokens_per_s"]) for r in train if "asyncrl/rollout/tokens_per_s" in r]
     run.sampling_tokens_per_s = statistics.fmean(tps) if tps else None

@@ -26,7 +26,7 @@ def write_run(run_dir: Path, vals: list[tuple[int, float, float]], steps: int, k
     for k in range(1, steps + 1):
         records.append({"critic/rewards/mean": 0.1 * k, "timing_s/step": 10.0 + k, "actor/response_tokens": 100.0,
                         "asyncrl/time": 20.0 * k, "asyncrl/rollout/tokens_per_s": 50.0, "rollout_corr/kl": kl,
-                        "fully_async/rollouter/active_time": 5.0,
+                        "fully_async/rollouter/active_time": 5.0, "asyncrl/count/filtered_groups": 2 * k,
                         "rollout_corr/ppl_ratio": 1.0 + kl})
     events.insert(1, {"time": T0 + 1.0, "kind": "sync"})  # other events are ignored
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -46,6 +46,7 @@ def test_validation_times_are_seconds_since_the_launch_command(tmp_path: Path) -
     # the sampler's busy rate: 50 tokens/s × 200 s of reports over 10 × 5 s with a call out
     assert run.busy_tokens_per_s == pytest.approx(50.0 * 200.0 / 50.0)
     assert run.mismatch["kl"] == pytest.approx(0.01) and "rollout_rs_masked_fraction" not in run.mismatch
+    assert run.filtered_groups == 20  # dynamic sampling's count at the last step
 
 
 def test_sweep_ranks_by_accuracy_within_five_minutes_then_speed(tmp_path: Path) -> None:
