@@ -256,7 +256,7 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
         result["targets"] = _seed_targets(compared, len(plan["seeds"]))
     else:
         result["targets"] = _targets(runs, SHORT[policy_of(cfg).compute])
-    result["notes"] = _notes(runs, size)
+    result["notes"] = _notes(runs, size, recipe)
     write_json(finish_result(result, started), out_dir)
     (out_dir / f"{STUDY}.partial.json").unlink(missing_ok=True)
     plot(runs, out_dir)
@@ -341,7 +341,7 @@ def _tables(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def _notes(runs: list[dict[str, Any]], size: str) -> list[str]:
+def _notes(runs: list[dict[str, Any]], size: str, recipe: dict[str, Any] | None = None) -> list[str]:
     notes = [
         "TRL runs `GRPOTrainer` with `shuffle_dataset=False` on asyncrl's train stream, `lr_scheduler_type="
         "'constant'`, `gradient_checkpointing=False` (TRL's default is on; it trades recompute for memory, which is not short here), "
@@ -350,6 +350,10 @@ def _notes(runs: list[dict[str, Any]], size: str) -> list[str]:
         "validation compute in bf16 too); asyncrl runs the preset's precision in both of its modes "
         "(`rollout.dtype`, `trainer.precision`).",
     ]
+    if recipe and recipe.get("filter_groups"):
+        notes.append("asyncrl's preset samples dynamically (`algorithm.filter_groups`): a group whose answers all "
+                     "scored alike is dropped and another prompt sampled, so each of its steps trains groups with "
+                     "a gradient; TRL's `GRPOTrainer` has no such option and trains every group it sampled.")
     bad = [r["label"] for r in runs if r.get("prompt_ids_match") is False]
     if bad:
         notes.append(f"TRL rendered prompt token ids that differ from asyncrl's in {', '.join(bad)}.")

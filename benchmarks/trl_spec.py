@@ -14,7 +14,10 @@ Mapping of the preset onto TRL (one TRL optimizer step = one asyncrl local step)
                          TRL generates T steps' sequences (generation_batch_size = T · P · n) with one policy
                          and trains T optimizer steps on them before it generates again — asyncrl's weight push
                          every T local steps (`mode = "sync"` is that exactly; fully async adds its staleness)
-    max_steps          = rollout.total_rollout_steps / P
+    max_steps          = trainer.total_steps · T when set (versions × steps per version), else
+                         rollout.total_rollout_steps / P
+    filter_groups      = algorithm.filter_groups.enable: recorded only — TRL's `GRPOTrainer` has no dynamic
+                         sampling, so its steps keep the groups whose answers all scored alike
     max_completion_length = data.max_response_length
     learning_rate, adam_beta1/2, adam_epsilon, weight_decay, warmup_steps = trainer.optim.*
     lr_scheduler_type  = "constant"                                 (asyncrl keeps lr fixed after warm-up)
@@ -86,19 +89,24 @@ def recipe_from_config(cfg: Any) -> dict[str, Any]:
     n = int(_get(cfg, "rollout.n"))
     micro = int(_get(cfg, "trainer.ppo_micro_batch_size_per_gpu"))
     total_prompts = int(_get(cfg, "rollout.total_rollout_steps"))
+    trigger = int(_get(cfg, "async_training.trigger_parameter_sync_step"))
+    versions = _get(cfg, "trainer.total_steps")
     if (prompts * n) % micro:
         raise SpecError(f"{prompts} prompts × n={n} does not split into micro-batches of {micro}")
-    if total_prompts % prompts:
+    if versions is None and total_prompts % prompts:
         raise SpecError(f"total_rollout_steps={total_prompts} is not a whole number of {prompts}-prompt steps")
-    trigger = int(_get(cfg, "async_training.trigger_parameter_sync_step"))
+    max_steps = int(versions) * trigger if versions is not None else total_prompts // prompts
+    if max_steps * prompts > total_prompts:
+        raise SpecError(f"trainer.total_steps={versions} needs {max_steps * prompts} prompts, "
+                        f"total_rollout_steps={total_prompts} gives fewer")
     if int(_get(cfg, "async_training.require_batches")) != 1:
         raise SpecError("async_training.require_batches > 1: asyncrl takes one optimizer step per mini-batch, "
                         "this mapping one per local step; no TRL run here would do the same updates")
     if trigger > 1 and int(_get(cfg, "trainer.ppo_epochs")) > 1:
         raise SpecError(f"trigger_parameter_sync_step = {trigger} with ppo_epochs > 1: TRL's num_iterations "
                         "passes go over the whole generation batch (all T steps), asyncrl's over each local step")
-    if (total_prompts // prompts) % trigger:
-        raise SpecError(f"{total_prompts // prompts} steps are not a whole number of generations of "
+    if max_steps % trigger:
+        raise SpecError(f"{max_steps} steps are not a whole number of generations of "
                         f"trigger_parameter_sync_step = {trigger} steps")
     use_kl = bool(_get(cfg, "trainer.use_kl_loss"))
     agg = str(_get(cfg, "trainer.loss_agg_mode"))
@@ -112,7 +120,8 @@ def recipe_from_config(cfg: Any) -> dict[str, Any]:
         "per_device_train_batch_size": micro,
         "gradient_accumulation_steps": prompts * n // micro,
         "steps_per_generation": prompts * n // micro * trigger,
-        "max_steps": total_prompts // prompts,
+        "max_steps": max_steps,
+        "filter_groups": bool(_get(cfg, "algorithm.filter_groups.enable")),
         "adam_beta1": float(betas[0]),
         "adam_beta2": float(betas[1]),
         "beta": float(_get(cfg, "trainer.kl_loss_coef")) if use_kl else 0.0,

@@ -74,7 +74,10 @@ def test_study_recipe_is_the_demo_preset() -> None:
     assert r["num_generations"] == cfg.rollout.n
     assert r["prompts_per_step"] == prompts
     assert r["per_device_train_batch_size"] * r["gradient_accumulation_steps"] == prompts * cfg.rollout.n
-    assert r["max_steps"] * prompts == cfg.rollout.total_rollout_steps
+    versions = cfg.trainer.total_steps
+    assert r["max_steps"] == (versions * cfg.async_training.trigger_parameter_sync_step if versions is not None
+                              else cfg.rollout.total_rollout_steps // prompts)
+    assert r["filter_groups"] == cfg.algorithm.filter_groups.enable
     assert r["max_completion_length"] == cfg.data.max_response_length
     assert r["learning_rate"] == cfg.trainer.optim.lr
     assert [r["adam_beta1"], r["adam_beta2"]] == list(cfg.trainer.optim.betas)
@@ -103,8 +106,11 @@ def test_the_sync_trigger_is_trls_steps_per_generation() -> None:
 def test_recipe_refuses_a_trigger_trl_cannot_map() -> None:
     with pytest.raises(SpecError, match="ppo_epochs"):
         recipe_from_config(load_config(PRESETS / PRESET, ["trainer.ppo_epochs=2"]))
+    by_prompts = load_config(PRESETS / PRESET, ["async_training.trigger_parameter_sync_step=3",
+                                                "rollout.total_rollout_steps=80"]).model_dump()
+    by_prompts["trainer"]["total_steps"] = None  # 20 steps from the prompts: not a whole number of 3-step versions
     with pytest.raises(SpecError, match="generations of trigger_parameter_sync_step = 3"):
-        recipe_from_config(load_config(PRESETS / PRESET, ["async_training.trigger_parameter_sync_step=3"]))
+        recipe_from_config(by_prompts)
     dumped = load_config(PRESETS / PRESET, []).model_dump()
     dumped["async_training"]["require_batches"] = 2
     with pytest.raises(SpecError, match="require_batches"):
@@ -163,3 +169,12 @@ def test_study_without_the_trl_venv_stops_in_one_line(monkeypatch, tmp_path) -> 
         study.run("toy", tmp_path)
     assert "make bench-trl-venv" in str(exc.value) and "\n" not in str(exc.value)
     assert not (tmp_path / "trl-grpo.json").exists()
+
+
+def test_trainer_total_steps_sets_trls_step_count() -> None:
+    """`trainer.total_steps` counts versions: TRL trains versions × trigger steps, on the first prompts of the
+    stream; too few prompts for them is refused."""
+    r = recipe_from_config(load_config(PRESETS / PRESET, ["trainer.total_steps=5", "rollout.total_rollout_steps=200"]))
+    assert r["max_steps"] == 5 * 2
+    with pytest.raises(SpecError, match="needs 80 prompts"):
+        recipe_from_config(load_config(PRESETS / PRESET, ["trainer.total_steps=10", "rollout.total_rollout_steps=40"]))
