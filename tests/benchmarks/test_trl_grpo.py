@@ -118,7 +118,8 @@ def test_recipe_refuses_a_trigger_trl_cannot_map() -> None:
 
 
 def test_recipe_refuses_work_trl_cannot_repeat() -> None:
-    cfg = load_config(PRESETS / PRESET, ["rollout.total_rollout_steps=10"])  # asyncrl trains a last, partial step
+    cfg = load_config(PRESETS / PRESET, ["rollout.total_rollout_steps=10"]).model_dump()
+    cfg["trainer"]["total_steps"] = None  # steps from the prompts: asyncrl would train a last, partial step
     with pytest.raises(SpecError, match="whole number"):
         recipe_from_config(cfg)
     dumped = load_config(PRESETS / PRESET, []).model_dump()
