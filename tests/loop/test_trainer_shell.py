@@ -170,3 +170,11 @@ def test_dynamic_sampling_drops_uniform_groups_releases_them_and_trains_full_ste
     records = [r for r in core.snapshot()["metrics"] if "training/global_step" in r]
     assert records[-1]["asyncrl/count/filtered_groups"] == R
     assert all(r["asyncrl/zero_adv_fraction"] == 0.0 for r in records)
+
+
+def test_dynamic_sampling_on_a_metric_the_reward_does_not_return_fails_naming_it(shell) -> None:
+    """metric = "acc" with a reward function that returns only a score: the trainer stops at the first pull with
+    a message naming the key and the fix, instead of training or filtering on a guess."""
+    t, _, _ = shell(1, "algorithm.filter_groups.enable=true", 'algorithm.filter_groups.metric="acc"')
+    with pytest.raises(ValueError, match=r"metric = 'acc', but the reward function returned no 'acc'.*score"):
+        t.fit()
