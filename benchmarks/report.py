@@ -67,7 +67,13 @@ def measured_text(t: dict[str, Any]) -> str:
         return "yes" if m else "no"
     if isinstance(m, (list, tuple)):  # a comparison of arms (e.g. the tool-use study's [tool, no tool])
         return " vs ".join("—" if v is None else f"{v:g}" for v in m)
-    return f"{m:g}{t.get('unit') or ''}"
+    return f"{m:g}{unit_text(t)}"
+
+
+def unit_text(t: dict[str, Any]) -> str:
+    """A symbol sticks to its number (`1.3×`, `40%`); a word or a letter gets a space (`3 of 3`, `12 s`)."""
+    unit = t.get("unit") or ""
+    return f" {unit}" if unit[:1].isalpha() else unit
 
 
 def goal_text(t: dict[str, Any]) -> str:
@@ -76,7 +82,7 @@ def goal_text(t: dict[str, Any]) -> str:
     if not isinstance(t["goal"], (int, float)):  # a goal named in words (another arm)
         return f"{t['op']} {t['goal']}"
     sym = "≥" if t["op"] == ">=" else "≤"
-    return f"{sym} {t['goal']:g}{t.get('unit') or ''}"
+    return f"{sym} {t['goal']:g}{unit_text(t)}"
 
 
 def machine_lines(results: dict[str, dict[str, Any]]) -> list[str]:

@@ -93,12 +93,16 @@ def test_report_renders_tables_targets_and_load_warning() -> None:
         "tables": [
             {"title": "CLI", "columns": ["command", "median (s)"], "rows": [["`asyncrl --help`", 0.4]]}
         ],
-        "targets": [evaluate("`asyncrl --help`", 0.4, 0.3, "<=", "s")],
+        "targets": [evaluate("`asyncrl --help`", 0.4, 0.3, "<=", "s"),
+                    evaluate("seeds at the early bar", 3, 2, ">=", "of 3"),
+                    evaluate("speed-up", 1.2, 1.25, ">=", "×")],
         "notes": ["a note"],
     }
     text = render({"cli-latency": result})
     assert "| `asyncrl --help` | 0.4 |" in text
     assert "missed by 33.3 %" in text
+    assert "| 0.4 s | ≤ 0.3 s |" in text  # a unit in letters stands apart from its number, a symbol sticks
+    assert "| 3 of 3 | ≥ 2 of 3 | met |" in text and "| 1.2× | ≥ 1.25× |" in text
     assert "Test CPU (ISA flags not recorded), 2 cores, 8.0 GiB RAM" in text
     assert "Ran from commit `abc123` (tree state not recorded)" in text
     assert "machine was shared" in text and "cli-latency (3.2 → 3.1)" in text
