@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import threading
 import time
-import traceback
 from typing import Any
 
 import ray
@@ -97,7 +96,6 @@ class RolloutShell:
         self._trainer_threads = self.elastic.granted[TRAINER]  # the last SetThreads("trainer"), for trainer_phase
         self._running = False
         self.failure: str | None = None
-        self._error: str | None = None
         self._kill_at = cfg.debug.kill_replica_at_step or 0
         self._killed = False
         self._reward_errors_seen = 0
@@ -142,10 +140,7 @@ class RolloutShell:
                 self._push_workers()
                 if not self.calls:
                     time.sleep(LOOP_WAIT_S)
-        except Exception as e:  # surfaced through fit() to the driver
-            self._error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-            raise
-        finally:
+        finally:  # an exception reaches the driver through fit()
             with self.lock:
                 self._running = False
                 self.lock.notify_all()

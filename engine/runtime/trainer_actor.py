@@ -138,8 +138,11 @@ class TrainerCore(TrainerCheckpoints):
                                                                      "world_size": self.world})
         try:
             self._run(self.loop.start())
-        except Exception:
-            self.controller.record_event.remote(self._ev("error", "error", traceback.format_exc(limit=8)))
+        except Exception as e:
+            # one line for the terminal and the dashboard; the traceback stays in events.jsonl for a bug report
+            self.controller.record_event.remote(self._ev(
+                "error", "error", f"trainer failed at step {self.local_step}: {one_line(e)}",
+                traceback=traceback.format_exc(limit=8)))
             self._run(self.loop.failed(self._weights_dirty))
             raise
         finally:
@@ -422,6 +425,12 @@ class TrainerCore(TrainerCheckpoints):
     def _ev(self, level: str, kind: str, message: str, **extra: Any) -> dict[str, Any]:
         return {"time": time.time(), "kind": kind, "level": level, "step": self.local_step,
                 "version": self.version, "message": message, **extra}
+
+
+def one_line(e: BaseException) -> str:
+    """`Type: the message's last non-blank line` (a chained or multi-line message ends with its cause)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[-1]}"[:240] if lines else type(e).__name__
 
 
 def _jsonable(rec: dict[str, Any]) -> dict[str, Any]:

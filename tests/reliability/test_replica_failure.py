@@ -54,9 +54,15 @@ def test_a_bucket_corrupted_on_the_wire_fails_the_run_naming_replica_and_bucket(
     run_dir = tmp_path / "run"
     cfg = tiny_config(run_dir, "rollout.total_rollout_steps=32", "data.max_response_length=8",
                       "debug.corrupt_sync_bucket=0")
-    assert run(resolve_plan(cfg), progress=False) == 1
+    assert run(resolve_plan(cfg), progress=True) == 1
     err = capsys.readouterr().err
     failed = [ln for ln in err.splitlines() if "run failed" in ln]
     assert len(failed) == 1 and "rollout replica 0 loaded bucket 0 (" in failed[0], failed
     assert "corrupted" in failed[0]
     assert not events(run_dir, "sync")  # no sync was reported as done
+    # the terminal shows the trainer's error as one line, never the actor's traceback; events.jsonl keeps it
+    assert "Traceback" not in err and 'File "' not in err, err
+    error = [e for e in events(run_dir, "error") if e["message"].startswith("trainer failed at step")]
+    assert len(error) == 1 and "\n" not in error[0]["message"], error
+    assert "SyncDeliveryError: weight sync v1: rollout replica 0 loaded bucket 0" in error[0]["message"]
+    assert "Traceback" in error[0]["traceback"]
