@@ -109,7 +109,7 @@ def run_trl(spec_path: Path, precision: str, timeout_s: float, suffix: str = "")
         return {"label": label, "error": TRL_HINT}
     res = run_json_subprocess([str(exe), "-m", "benchmarks.trl_worker", str(spec_path), precision],
                               threads=os.cpu_count() or 2, timeout_s=timeout_s)
-    res.setdefault("label", label)
+    res["label"] = label  # the worker names its precision only; the seed's suffix is the study's
     return summarize_trl(res) if "error" not in res else res
 
 

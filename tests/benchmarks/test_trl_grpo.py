@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks.common import PRESETS
@@ -147,6 +149,23 @@ def test_trl_summary_rates_and_time_to_threshold() -> None:
     assert s["tokens_per_s"] == pytest.approx(1000 / 50.0)  # from the first validation to the last step
     assert s["time_to_threshold_s"] == 35.0
     assert first_time_at(s["curve"], 0.95) is None
+
+
+def test_a_trl_run_is_labelled_with_its_seed_whatever_the_worker_calls_it(monkeypatch, tmp_path) -> None:
+    """The worker names its run by precision only ("trl-bf16"); the study's seed-by-seed comparison looks runs
+    up as "trl-bf16 seed 2", so `run_trl` must label them (a study at equal terms once compared nothing)."""
+    import benchmarks.trl_grpo as study
+
+    worker_out = {"label": "trl-bf16", "steps": [{"step": 1, "step_s": 10.0, "tokens": 600, "time_s": 30.0}],
+                  "validation": [{"step": 0, "time_s": 20.0, "acc": 0.5}, {"step": 1, "time_s": 35.0, "acc": 0.8}],
+                  "gen_tokens_per_s": 100.0, "wall_s": 40.0}
+    monkeypatch.setattr(study, "trl_python", lambda: Path("python"))
+    monkeypatch.setattr(study, "run_json_subprocess", lambda argv, threads, timeout_s: dict(worker_out))
+    run = study.run_trl(tmp_path / "spec.json", "bf16", 60.0, " seed 2")
+    assert run["label"] == "trl-bf16 seed 2" and run["time_to_threshold_s"] == 35.0
+    runs = [{**run, "seed": 2}, {"label": "asyncrl-async seed 2", "time_to_threshold_s": 17.5, "wall_s": 30.0,
+                                 "auto": {"trainer.precision": "bf16"}}]
+    assert study.seed_ratios(runs, ["bf16"], [2])["ratios"] == {"bf16": [2.0]}
 
 
 def test_report_shows_the_trl_method_before_a_full_run() -> None:
