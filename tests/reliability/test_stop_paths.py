@@ -101,6 +101,9 @@ def test_stdout_closed_at_start_is_reopened_on_devnull_and_logged(tmp_path: Path
 # ------------------------------------------------------------------------------------------- signals
 @pytest.mark.parametrize("name", ["SIGINT", "SIGTERM", "SIGHUP"])
 def test_each_stop_signal_raises_keyboard_interrupt_and_is_recorded(name: str) -> None:
+    # a suite started in the background by a shell without job control inherits SIGINT ignored, which
+    # StopSignals rightly keeps ignored (nohup): start from a handled signal, as a terminal's launch does
+    before = signal.signal(getattr(signal, name), signal.default_int_handler)
     signals = StopSignals()
     undo = signals.install()
     try:
@@ -109,6 +112,7 @@ def test_each_stop_signal_raises_keyboard_interrupt_and_is_recorded(name: str) -
             time.sleep(1)
     finally:
         undo()
+        signal.signal(getattr(signal, name), before)
     assert signals.first is not None and signals.first[0] == name
 
 
@@ -121,9 +125,15 @@ def test_sighup_ignored_at_start_stays_ignored_under_nohup() -> None:
         os.kill(os.getpid(), signal.SIGHUP)
         time.sleep(0.2)
         print(s.ignored, s.received)
-    """, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    """, preexec_fn=_nohup)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "['SIGHUP'] []"
+
+
+def _nohup() -> None:
+    """What `nohup` leaves a child: SIGHUP ignored, SIGINT as a terminal gives it (whatever the suite inherited)."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 # ------------------------------------------------------------------------------------------- grace
