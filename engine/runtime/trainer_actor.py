@@ -36,6 +36,7 @@ from engine.loop.commands import (
 )
 from engine.loop.trainer import TrainerLoop
 from engine.plan.roles import TrainerSpec
+from engine.runtime.replica_pool import describe_failure
 from engine.runtime.backends import build_reference_backend, build_trainer_backend, build_weight_sync
 from engine.algo.batching import LogRatioObserver, is_ratio_metrics, prepare_batch
 from engine.persist.ledger import Ledger
@@ -141,7 +142,7 @@ class TrainerCore(TrainerCheckpoints):
         except Exception as e:
             # one line for the terminal and the dashboard; the traceback stays in events.jsonl for a bug report
             self.controller.record_event.remote(self._ev(
-                "error", "error", f"trainer failed at step {self.local_step}: {one_line(e)}",
+                "error", "error", f"trainer failed at step {self.local_step}: {type(e).__name__}: {describe_failure(e)}",
                 traceback=traceback.format_exc(limit=8)))
             self._run(self.loop.failed(self._weights_dirty))
             raise
@@ -425,12 +426,6 @@ class TrainerCore(TrainerCheckpoints):
     def _ev(self, level: str, kind: str, message: str, **extra: Any) -> dict[str, Any]:
         return {"time": time.time(), "kind": kind, "level": level, "step": self.local_step,
                 "version": self.version, "message": message, **extra}
-
-
-def one_line(e: BaseException) -> str:
-    """`Type: the message's last non-blank line` (a chained or multi-line message ends with its cause)."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    return f"{type(e).__name__}: {lines[-1]}"[:240] if lines else type(e).__name__
 
 
 def _jsonable(rec: dict[str, Any]) -> dict[str, Any]:

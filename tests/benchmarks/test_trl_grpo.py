@@ -3,9 +3,8 @@ recipe is the demo preset's (n, prompts per step, max tokens, lr, ...), so the c
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
