@@ -281,6 +281,14 @@ class TrainerConfig(Section):
     log-softmax and entropy chunk by chunk (recomputed in backward), so at most [chunk × vocab] logits exist at
     once instead of [tokens × vocab]; Megatron chunks the fp32 log-softmax over its vocab-parallel logits.
     The entropy is computed only when a loss uses it or `actor/entropy` is logged."""
+    shared_prompt: bool = True
+    """torch / FSDP2 backends: forward the rows of a micro-batch that share a prompt (a GRPO group's n responses)
+    as one sequence — the prompt once, each response attending to it and to itself only, at the positions it
+    had — instead of n padded rows. The log-probs, entropy and gradient are the padded forward's (up to
+    summation order); the linear layers see |p| + Σ|r_i| tokens instead of n·|p| + Σ|r_i| (~2.7× fewer on the
+    demo). Applies with `eager` / `sdpa` attention to text models, when it saves ≥ 1.1× the tokens and the
+    dense mask fits 64 MiB (`engine.trainer.shared_prefix`); the metric `asyncrl/trainer/shared_prompt_saving`
+    reports the saving. The megatron backend forwards padded rows."""
     grad_clip: float = Field(1.0, gt=0)
     """Clip the global gradient norm to this value."""
     ppo_mini_batch_size: int = Field(32, gt=0)

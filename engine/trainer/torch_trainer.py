@@ -20,6 +20,8 @@ dtype every forward runs under `torch.autocast(compute)` (the FSDP2 subclass cas
 `MixedPrecisionPolicy` instead): matmuls compute in bf16 (and their backward too), while the log-softmax
 (`logprobs.py`), the loss and the update stay fp32. `gradient_checkpointing` recomputes each decoder layer in
 backward (HF's mechanism); `logprob_chunk_tokens` bounds the log-prob head's logits (`logprobs.py`).
+`shared_prompt` forwards each micro-batch's rows that share a prompt (a GRPO group) as one sequence, the prompt
+once (`shared_prefix.py`: the same log-probs and gradient, fewer tokens) where `shared_prefix.applies`.
 `frozen = True` builds a reference model (`engine.runtime.backends.build_reference_backend`): no gradients, no optimizer, only
 `compute_log_probs`, with its weights in host memory between calls when `param_offload` (on an accelerator).
 An update whose gradient is non-finite, or whose total mass is 0, is skipped (counted in `actor/skipped_step`).
@@ -71,6 +73,7 @@ from engine.trainer.batch import (
     trim_padding,
 )
 from engine.trainer.logprobs import response_log_probs
+from engine.trainer.shared_prefix import SharedBatch, pack, shared_prompt_log_probs, worth_sharing
 from engine.trainer.minibatch import local_step_metrics, mini_batch_plan
 from engine.trainer.optim import OptimConfig, WarmupSchedule, build_optimizer, set_lr
 from engine.trainer.step_metrics import update_metrics
@@ -149,6 +152,7 @@ class TorchTrainerBackend(WarmupSchedule):
         use_dynamic_bsz: bool = False,
         ppo_max_token_len_per_gpu: int = 16384,
         log_prob_max_token_len_per_gpu: int | None = None,
+        shared_prompt: bool = True,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError("micro_batch_size must be >= 1")
@@ -174,6 +178,8 @@ class TorchTrainerBackend(WarmupSchedule):
         self.compute_dtype = COMPUTE_DTYPES[precision]
         self.param_dtype = next(model.parameters()).dtype
         self.logprob_chunk_tokens = logprob_chunk_tokens
+        self.shared_prompt = bool(shared_prompt)
+        self._forward_tokens = [0, 0]  # this local step's forwards: padded row tokens, tokens forwarded
         self.frozen, self.param_offload = bool(frozen), bool(param_offload) and torch.device(device).type != "cpu"
         if frozen:  # a reference: no gradients, no optimizer (`engine.runtime.backends.build_reference_backend`)
             model.requires_grad_(False)
@@ -271,12 +277,36 @@ class TorchTrainerBackend(WarmupSchedule):
     def _log_probs(
         self, micro: TrainBatch, with_entropy: bool, entropy_grad: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        model_kwargs = self._model_kwargs(micro)
+        packed = self._shared(micro) if model_kwargs is None else None
+        self._forward_tokens[0] += micro.input_ids.numel()
+        self._forward_tokens[1] += micro.input_ids.numel() if packed is None else packed.tokens
         with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self._autocast()):
+            if packed is not None:
+                return shared_prompt_log_probs(
+                    self.model, packed, micro.responses, self.temperature, with_entropy, entropy_grad=entropy_grad,
+                    suppress_ids=self.suppress_ids, chunk_tokens=self.logprob_chunk_tokens,
+                )
             return response_log_probs(
                 self.model, micro.input_ids, micro.attention_mask, micro.position_ids, micro.responses,
-                self.temperature, with_entropy, entropy_grad=entropy_grad, model_kwargs=self._model_kwargs(micro),
+                self.temperature, with_entropy, entropy_grad=entropy_grad, model_kwargs=model_kwargs,
                 suppress_ids=self.suppress_ids, chunk_tokens=self.logprob_chunk_tokens,
             )
+
+    def _shared(self, micro: TrainBatch) -> SharedBatch | None:
+        """The shared-prompt packing of `micro` when `shared_prompt` is on and it pays (`worth_sharing`), else
+        None (the padded rows are forwarded as they are)."""
+        if not self.shared_prompt or not worth_sharing(self.model, micro.input_ids, micro.attention_mask,
+                                                       micro.responses.shape[1], self.param_dtype):
+            return None
+        return pack(micro.input_ids.cpu(), micro.attention_mask.cpu(), micro.responses.shape[1],
+                    mask_dtype=self.param_dtype)
+
+    def take_forward_saving(self) -> float:
+        """Padded row tokens ÷ tokens forwarded since the last call (1.0 without shared prompts), then reset."""
+        rows, forwarded = self._forward_tokens
+        self._forward_tokens = [0, 0]
+        return rows / forwarded if forwarded else 1.0
 
     def _micro_batches(self, batch: TrainBatch, max_tokens: int) -> tuple[list[TrainBatch], TrainBatch, list[int] | None]:
         """The micro-batches of `batch` (`plan_micro_batches`; `max_tokens` with `use_dynamic_bsz`), the one this
@@ -329,6 +359,7 @@ class TorchTrainerBackend(WarmupSchedule):
                 applied += int(not updates[-1]["actor/skipped_step"])
         out = local_step_metrics(updates, self._sum_across_ranks([tokens])[0], self.global_step,
                                  time.perf_counter() - start, self.extra_metrics)
+        out["asyncrl/trainer/shared_prompt_saving"] = self.take_forward_saving()
         self.extra_metrics = {}
         return out
 
