@@ -22,6 +22,7 @@ STUDIES: dict[str, str] = {
     "long-row": "benchmarks.long_row",
     "elastic-cores": "benchmarks.elastic_cores",
     "demo-seeds": "benchmarks.demo_seeds",
+    "shared-prompt": "benchmarks.shared_prompt",
 }
 """Study name → module; each module exposes `run(size: str, out_dir: Path) -> dict`."""
 

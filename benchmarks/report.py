@@ -29,6 +29,7 @@ TITLES = {
     "long-row": "13. Long row: recompute and token budgets at the 7B width",
     "elastic-cores": "14. Elastic cores: async ÷ sync with and without lending",
     "demo-seeds": "15. The demo as `make demo` runs it, three seeds",
+    "shared-prompt": "16. Shared-prompt forward: a group's prompt once",
 }
 
 

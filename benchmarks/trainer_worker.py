@@ -95,6 +95,9 @@ def measure(
         "logprob_s": logprob_s,
         "logprob_tokens_per_s": prep.num_tokens / logprob_s,
         "grad_norm": float(metrics.get("actor/grad_norm", 0.0)),
+        "shared_prompt_saving": float(metrics.get("asyncrl/trainer/shared_prompt_saving", 1.0)),
+        "precision": cfg.trainer.precision,
+        "attn_implementation": cfg.trainer.attn_implementation,
     }
 
 

@@ -20,6 +20,7 @@ is per row, in the batch's order, exactly as `engine.trainer.logprobs.response_l
 Where it applies (`worth_sharing`): a text model whose forward takes `logits_to_keep` and a dense 4-D additive
 mask — transformers' `eager` and `sdpa` attention (flash-attention kernels take no arbitrary mask) — when the
 packing forwards at least `MIN_SAVING`× fewer padded tokens and its mask [G, L, L] stays under `MAX_MASK_BYTES`
+(`engine.trainer.prompt_sharing`, the rule `asyncrl plan` predicts with)
 (long rows on an accelerator would want a varlen or flex-attention kernel instead; not built).
 """
 
@@ -33,11 +34,7 @@ import inspect
 import torch
 
 from engine.trainer.logprobs import chunked_token_log_probs, token_log_probs
-
-MIN_SAVING = 1.1
-"""Share only when the padded rows hold at least this many times the tokens of the packed sequences."""
-MAX_MASK_BYTES = 64 * 2**20
-"""The largest dense attention mask [G, 1, L, L] the packing may build."""
+from engine.trainer.prompt_sharing import pays
 
 
 @dataclass
@@ -82,8 +79,7 @@ def worth_sharing(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
     for p, n in zip(prompts, lengths):
         groups[p] = groups.get(p, 0) + n
     width = max(len(p) + n for p, n in groups.items())
-    mask_bytes = len(groups) * width * width * torch.finfo(mask_dtype).bits // 8
-    return mask_bytes <= MAX_MASK_BYTES and input_ids.numel() >= MIN_SAVING * len(groups) * width
+    return pays(input_ids.numel(), len(groups), width, torch.finfo(mask_dtype).bits // 8)
 
 
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int, pad_id: int = 0,

@@ -52,6 +52,16 @@ def test_trainer_throughput(tmp_path: Path) -> None:
     assert "error" in mega or mega["tokens_per_s"] > 0  # Megatron may be unavailable: then a skip reason
 
 
+def test_shared_prompt(tmp_path: Path) -> None:
+    run_study("shared-prompt", "toy", tmp_path)
+    data = _written(tmp_path, "shared-prompt")
+    rows = {r["arm"]: r for r in data["rows"]}
+    assert set(rows) == {"shared", "padded"} and not any("error" in r for r in rows.values()), rows
+    assert rows["shared"]["shared_prompt_saving"] > 1.5 and rows["padded"]["shared_prompt_saving"] == 1.0
+    assert rows["shared"]["grad_norm"] == pytest.approx(rows["padded"]["grad_norm"], rel=1e-4)  # the same update
+    assert data["summary"]["speedup_of_medians"] > 0
+
+
 @pytest.mark.integration
 def test_weight_sync(tmp_path: Path, shared_ray: None) -> None:
     run_study("weight-sync", "toy", tmp_path)
