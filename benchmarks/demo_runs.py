@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -39,6 +40,12 @@ EARLY, EARLY_S, FINAL = 0.78, 300.0, 0.88
 """The issue's demo targets: greedy validation ≥ 0.78 within 5 minutes of launch and ≥ 0.88 by the end."""
 LAUNCH_NOTE = ("Each run is `asyncrl launch presets/runs/smollm2-arith-cpu.toml --set …` in its own process (its "
                "own local Ray), timed from the command's start; the variants ran one after the other on the same cores.")
+KEEP_ENV = "ASYNCRL_BENCH_RUNS"
+"""Where each launched run's records are kept after its study: `$ASYNCRL_BENCH_RUNS`, default `runs/bench/` in the
+repository (not committed), one directory per run named by its UTC start and label (`keep_records`)."""
+RECORDS = ("metrics.jsonl", "events.jsonl", "ledger.jsonl", "config.resolved.json", "config.provenance.json",
+           "machine.json", "run.json", "run.log")
+"""A run directory's records — everything but its checkpoints (1.6 GB for the demo)."""
 MISMATCH = ("kl", "ppl_ratio", "chi2_token", "rollout_rs_masked_fraction", "rollout_is_mean")
 
 
@@ -69,6 +76,8 @@ class DemoRun:
     filtered_groups: int = 0
     """Groups dynamic sampling dropped (`asyncrl/count/filtered_groups` at the last step; 0 when it is off)."""
     error: str | None = None
+    records: str | None = None
+    """Where the run's records were kept (`keep_records`), relative to the repository."""
 
     def acc_at_or_before(self, seconds: float) -> float | None:
         """The best greedy validation reached by `seconds` after launch (None: no validation by then)."""
@@ -107,7 +116,21 @@ def launch(variant: Variant, root: Path, timeout_s: float, preset: Path = PRESET
           file=sys.stderr, flush=True)
     if code != 0:
         out.error = f"exit {code}: {tail[0][:200] if tail else 'no output'}"
+    kept = Path(os.environ.get(KEEP_ENV) or REPO / "runs" / "bench")
+    out.records = keep_records(run_dir, kept / f"{time.strftime('%Y-%m-%dT%H%M%S', time.gmtime(t0))}-{slug}")
     return out
+
+
+def keep_records(run_dir: Path, dest: Path) -> str | None:
+    """Copy `run_dir`'s records (`RECORDS`, not its checkpoints) to `dest`, so a study's runs can be read after
+    its temporary directory is gone; returns `dest` relative to the repository (None: nothing to keep)."""
+    found = [run_dir / name for name in RECORDS if (run_dir / name).is_file()]
+    if not found:
+        return None
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in found:
+        shutil.copy2(path, dest / path.name)
+    return str(dest.relative_to(REPO)) if dest.is_relative_to(REPO) else str(dest)
 
 
 def run_variants(study: str, size: str, variants: list[Variant]) -> tuple[dict[str, Any], list[DemoRun]]:

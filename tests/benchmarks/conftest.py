@@ -20,6 +20,12 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _kept_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A study's launched runs keep their records under the test's temporary directory, not the repository."""
+    monkeypatch.setenv("ASYNCRL_BENCH_RUNS", str(tmp_path / "kept-runs"))
+
+
 @pytest.fixture(scope="session")
 def shared_ray() -> Iterator[None]:
     """One local Ray cluster for every study that needs one (each study reuses an initialised Ray)."""

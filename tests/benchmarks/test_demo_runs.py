@@ -227,3 +227,19 @@ def test_trl_study_at_equal_terms_compares_seed_by_seed(tmp_path: Path, monkeypa
     rows = {t["target"]: t for t in result["targets"]}
     best = rows["TRL at its best precision (bf16) time to val 0.75 ÷ asyncrl fully async's (median of seeds)"]
     assert (best["measured"], best["status"]) == (1.5, "met")
+
+
+def test_a_runs_records_are_kept_without_its_checkpoints(tmp_path: Path) -> None:
+    from benchmarks.demo_runs import keep_records
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "global_step_2").mkdir(parents=True)
+    (run_dir / "checkpoints" / "global_step_2" / "model.safetensors").write_bytes(b"\0" * 1024)
+    for name in ("metrics.jsonl", "events.jsonl", "run.log"):
+        (run_dir / name).write_text(f"{name}\n")
+    kept = keep_records(run_dir, tmp_path / "kept" / "seed-0")
+    assert kept == str(tmp_path / "kept" / "seed-0")  # outside the repository: an absolute path
+    assert sorted(p.name for p in (tmp_path / "kept" / "seed-0").iterdir()) == ["events.jsonl", "metrics.jsonl",
+                                                                                  "run.log"]
+    assert (tmp_path / "kept" / "seed-0" / "metrics.jsonl").read_text() == "metrics.jsonl\n"
+    assert keep_records(tmp_path / "empty", tmp_path / "kept" / "none") is None
