@@ -288,7 +288,9 @@ class TrainerConfig(Section):
     summation order); the linear layers see |p| + Σ|r_i| tokens instead of n·|p| + Σ|r_i| (~2.7× fewer on the
     demo). Applies with `eager` / `sdpa` attention to text models, when it saves ≥ 1.1× the tokens and the
     dense mask fits 64 MiB (`engine.trainer.shared_prefix`); the metric `asyncrl/trainer/shared_prompt_saving`
-    reports the saving. The megatron backend forwards padded rows."""
+    reports the saving. The megatron backend forwards padded rows. On an accelerator sdpa with a dense mask
+    cannot take the flash kernel; no GPU run has measured whether sharing still pays there (the shipped GPU
+    presets do not share: their rows are too long for the mask, or carry images)."""
     grad_clip: float = Field(1.0, gt=0)
     """Clip the global gradient norm to this value."""
     ppo_mini_batch_size: int = Field(32, gt=0)

@@ -21,7 +21,7 @@ dtype every forward runs under `torch.autocast(compute)` (the FSDP2 subclass cas
 (`logprobs.py`), the loss and the update stay fp32. `gradient_checkpointing` recomputes each decoder layer in
 backward (HF's mechanism); `logprob_chunk_tokens` bounds the log-prob head's logits (`logprobs.py`).
 `shared_prompt` forwards each micro-batch's rows that share a prompt (a GRPO group) as one sequence, the prompt
-once (`shared_prefix.py`: the same log-probs and gradient, fewer tokens) where `shared_prefix.applies`.
+once (`shared_prefix.py`: the same log-probs and gradient, fewer tokens) where `shared_prefix.worth_sharing` says it applies and pays.
 `frozen = True` builds a reference model (`engine.runtime.backends.build_reference_backend`): no gradients, no optimizer, only
 `compute_log_probs`, with its weights in host memory between calls when `param_offload` (on an accelerator).
 An update whose gradient is non-finite, or whose total mass is 0, is skipped (counted in `actor/skipped_step`).

@@ -77,6 +77,20 @@ def test_estimate_follows_the_stated_formulas_for_the_seed_layout() -> None:
     assert any("η_bw" in n for n in costs.notes)
 
 
+def test_the_train_step_counts_a_groups_prompt_once_where_the_trainer_shares_it() -> None:
+    """`trainer.shared_prompt` (torch / FSDP2): a group's prompt is trained once instead of n times when the
+    packed group pays and its mask fits (`engine.trainer.prompt_sharing`); a long-row layout keeps n copies."""
+    layout, an = _layout(SEED)
+    short = dataclasses.replace(layout, max_new_tokens=64)
+    padded = resolve(short, an.model, an.hardware)
+    shared = resolve(dataclasses.replace(short, shared_prompt=True), an.model, an.hardware)
+    saved = (short.n - 1) * short.required_samples * short.prompt_tokens * padded.train_token_s
+    assert shared.train_token_s == padded.train_token_s
+    assert padded.train_step_s - shared.train_step_s == pytest.approx(saved)
+    long_rows = dataclasses.replace(layout, shared_prompt=True)  # the seed's 8k-token responses: L² mask too large
+    assert resolve(long_rows, an.model, an.hardware).train_step_s == resolve(layout, an.model, an.hardware).train_step_s
+
+
 def test_a_builtin_model_without_calibration_has_no_cost_source() -> None:
     layout, an = _layout(ROOT / "presets" / "runs" / "tiny-cpu.toml")
     with pytest.raises(CostsUnavailable, match="--calibrate"):

@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from trainer_helpers import EOS, PAD, build_tiny_lm, build_tiny_moe_lm, token_mean_pg_loss
+from trainer_helpers import PAD, build_tiny_lm, build_tiny_moe_lm, group_batch, token_mean_pg_loss
 
 from engine.trainer.batch import collate
 from engine.trainer.shared_prefix import pack, worth_sharing
@@ -17,24 +17,6 @@ from engine.types import Trajectory
 
 OPTIM = {"lr": 1e-3, "weight_decay": 0.0, "eps": 1e-4}
 BUILDERS = {"dense": build_tiny_lm, "moe": build_tiny_moe_lm}
-
-
-def group_batch(groups: int = 3, n: int = 4, seed: int = 0):
-    """`groups` prompts of different lengths, each with `n` responses of different lengths (one of 1 token, some
-    ending in EOS), with random advantages — what a GRPO step trains on."""
-    gen = torch.Generator().manual_seed(seed)
-    items = []
-    for g in range(groups):
-        prompt = torch.randint(2, 32, (5 + 3 * g,), generator=gen).tolist()
-        for i in range(n):
-            length = 1 if i == 0 else int(torch.randint(2, 9, (1,), generator=gen))
-            response = torch.randint(2, 32, (length,), generator=gen).tolist()
-            if i % 2:
-                response[-1] = EOS
-            items.append((prompt, Trajectory(response, [-1.0] * length, "stop", 0, 0)))
-    batch = collate(items, pad_token_id=PAD)
-    batch.advantages = torch.randn(batch.responses.shape, generator=gen) * batch.response_mask
-    return batch
 
 
 def make(model: torch.nn.Module, **kw: object) -> TorchTrainerBackend:

@@ -52,6 +52,24 @@ def random_batch(rows: int = 10, seed: int = 0, max_prompt: int = 7, max_respons
     return batch
 
 
+def group_batch(groups: int = 3, n: int = 4, seed: int = 0):
+    """`groups` prompts of different lengths, each with `n` responses of different lengths (one of 1 token, some
+    ending in EOS), with random advantages — what a GRPO step trains on."""
+    gen = torch.Generator().manual_seed(seed)
+    items = []
+    for g in range(groups):
+        prompt = torch.randint(2, 32, (5 + 3 * g,), generator=gen).tolist()
+        for i in range(n):
+            length = 1 if i == 0 else int(torch.randint(2, 9, (1,), generator=gen))
+            response = torch.randint(2, 32, (length,), generator=gen).tolist()
+            if i % 2:
+                response[-1] = EOS
+            items.append((prompt, Trajectory(response, [-1.0] * length, "stop", 0, 0)))
+    batch = collate(items, pad_token_id=PAD)
+    batch.advantages = torch.randn(batch.responses.shape, generator=gen) * batch.response_mask
+    return batch
+
+
 def token_mean_pg_loss(log_probs: torch.Tensor, entropy: torch.Tensor | None, mb: TrainBatch):
     """REINFORCE, token-mean within the micro-batch: −Σ A·log π·m / Σ m."""
     mask = mb.response_mask
