@@ -8,6 +8,10 @@ processes each; the winner is claimed only when every repeat of one arm lies bey
 
     speedup = padded update seconds ÷ shared update seconds          (by repeat, and of the medians)
 
+Size `attention` runs the shared arm twice instead, eager against sdpa attention (speedup = sdpa seconds ÷
+eager seconds): whether the kernel `trainer.attn_implementation = "auto"` picks from its one-attention probe is
+the faster one for the whole update.
+
 Both arms train the same batch from the same weights, so their gradient norms agree up to bf16 rounding
 (recorded; the exact equality in fp32 is a unit test, tests/trainer/test_shared_prompt.py). The full size pins
 the precision and attention the demo's `auto` chose on the machines it was measured on (bf16, eager), with
@@ -31,6 +35,11 @@ ARMS = {"shared": ["trainer.shared_prompt=true"], "padded": ["trainer.shared_pro
 SIZES: dict[str, dict[str, Any]] = {
     "full": {"preset": "smollm2-arith-cpu.toml", "steps": 3, "threads": 2, "repeats": 3,
              "overrides": ['trainer.precision="bf16"', 'trainer.attn_implementation="eager"']},
+    # the attention kernel at the shared sequences (what `trainer.attn_implementation = "auto"` now times)
+    "attention": {"preset": "smollm2-arith-cpu.toml", "steps": 3, "threads": 2, "repeats": 3,
+                  "overrides": ['trainer.precision="bf16"', "trainer.shared_prompt=true"],
+                  "arms": {"eager": ['trainer.attn_implementation="eager"'],
+                           "sdpa": ['trainer.attn_implementation="sdpa"']}},
     "toy": {"preset": "tiny-cpu.toml", "steps": 1, "threads": 1, "repeats": 1,
             "overrides": ["trainer.ppo_mini_batch_size=4", "rollout.n=4", "trainer.ppo_micro_batch_size_per_gpu=16",
                          'trainer.attn_implementation="eager"']},
@@ -40,22 +49,24 @@ SIZES: dict[str, dict[str, Any]] = {
 def run(size: str, out_dir: Path) -> dict[str, Any]:
     started = time.monotonic()
     spec = SIZES[size]
-    result = new_result(STUDY, size, {**spec, "arms": ARMS})
+    arms = spec.get("arms", ARMS)
+    result = new_result(STUDY, size, {**spec, "arms": arms})
     rows = []
     for repeat in range(spec["repeats"]):
-        for arm, extra in ARMS.items():
+        for arm, extra in arms.items():
             out = measure(spec["preset"], [*spec["overrides"], *extra], "torch", spec["steps"], spec["threads"])
             rows.append({"arm": arm, "repeat": repeat, **out})
     result["rows"] = rows
-    step = {arm: [r["step_s"] for r in rows if r["arm"] == arm and "step_s" in r] for arm in ARMS}
+    first, second = arms  # speedup = second arm's seconds ÷ first arm's
+    step = {arm: [r["step_s"] for r in rows if r["arm"] == arm and "step_s" in r] for arm in arms}
     ratios = [p["step_s"] / s["step_s"] for s, p in zip(*(sorted((r for r in rows if r["arm"] == a and "step_s" in r),
-                                                                  key=lambda r: r["repeat"]) for a in ARMS))]
+                                                                  key=lambda r: r["repeat"]) for a in arms))]
     result["summary"] = {
-        "shared_step_s": step["shared"], "padded_step_s": step["padded"], "speedup_by_repeat": ratios,
-        "speedup_of_medians": (statistics.median(step["padded"]) / statistics.median(step["shared"])
-                               if step["shared"] and step["padded"] else None),
-        "winner": {"a": "shared", "b": "padded"}.get(
-            beyond(step["padded"], step["shared"]) or ""),  # "a": every padded update took longer
+        f"{first}_step_s": step[first], f"{second}_step_s": step[second], "speedup_by_repeat": ratios,
+        "speedup_of_medians": (statistics.median(step[second]) / statistics.median(step[first])
+                               if step[first] and step[second] else None),
+        "winner": {"a": first, "b": second}.get(
+            beyond(step[second], step[first]) or ""),  # "a": every update of the second arm took longer
     }
     result["tables"] = [table(
         f"One GRPO update of {spec['preset']}'s batch, {spec['threads']} thread(s), median of {spec['steps']} steps "
@@ -79,10 +90,11 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
 def plot(rows: list[dict[str, Any]], out_dir: Path) -> Path:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    for i, arm in enumerate(ARMS):
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    for i, arm in enumerate(arms):
         mine = [r for r in rows if r["arm"] == arm and "step_s" in r]
         ax.scatter([i] * len(mine), [r["step_s"] for r in mine], label=arm)
-    ax.set_xticks(range(len(ARMS)), list(ARMS))
-    ax.set(ylabel="update seconds (median of steps)", title="shared-prompt forward vs padded rows")
+    ax.set_xticks(range(len(arms)), arms)
+    ax.set(ylabel="update seconds (median of steps)", title=" vs ".join(arms))
     ax.set_ylim(bottom=0)
     return save(fig, out_dir, STUDY)

@@ -113,19 +113,28 @@ def time_matmul(shape: tuple[int, ...], mode: str, threads: int, autocast: bool)
 
 
 def time_attention(shape: tuple[int, ...], impl: str, precision: str, threads: int) -> float:
-    """Seconds of one causal attention forward + backward of B rows × S positions (H query heads over K
-    key-value heads of width d, `shape` = (B, S, H, K, d)) as transformers runs it: K/V repeated to H heads,
-    then `impl` "sdpa" (`scaled_dot_product_attention` with a boolean mask) or "eager" (softmax(QKᵀ/√d + mask)
-    in fp32 · V); `precision` "bf16" = under bf16 autocast over fp32 leaves (the trainer's)."""
+    """Seconds of one attention forward + backward of B rows × S positions (H query heads over K key-value heads
+    of width d, `shape` = (B, S, H, K, d, n, r)) as transformers runs it: K/V repeated to H heads, then `impl`
+    "sdpa" (`scaled_dot_product_attention` with the mask) or "eager" (softmax(QKᵀ/√d + mask) in fp32 · V, the
+    additive mask in fp32: transformers builds it in the embeddings' dtype, fp32 under autocast);
+    `precision` "bf16" = under bf16 autocast over fp32 leaves (the trainer's). The mask: causal (n = 0, a boolean
+    one for sdpa), or, for a shared-prompt sequence of S − n·r prompt tokens and n responses of r, the additive
+    fp32 mask the trainer passes (`engine.trainer.shared_prefix`)."""
     import torch
     import torch.nn.functional as F
 
-    b, s, h, k, d = shape
+    from engine.trainer.shared_prefix import additive_mask, group_allowed
+
+    b, s, h, k, d, n, r = (*shape, 0, 0)[:7]
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(b, h, s, d, generator=gen, requires_grad=True)
     kv = [torch.randn(b, k, s, d, generator=gen, requires_grad=True) for _ in range(2)]
-    allowed = torch.ones(s, s, dtype=torch.bool).tril()
-    bias = torch.zeros(s, s).masked_fill(~allowed, float("-inf"))
+    if n:
+        bias = additive_mask(group_allowed(s - n * r, [r] * n, s).unsqueeze(0), torch.float32)[0, 0]
+        sdpa_mask = bias
+    else:
+        sdpa_mask = torch.ones(s, s, dtype=torch.bool).tril()
+        bias = torch.zeros(s, s).masked_fill(~sdpa_mask, float("-inf"))
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
 
     def call() -> None:
@@ -133,9 +142,9 @@ def time_attention(shape: tuple[int, ...], impl: str, precision: str, threads: i
             qq, kk, vv = (x.to(dtype) for x in (q, *kv))
             kk, vv = (x.repeat_interleave(h // k, dim=1) for x in (kk, vv))
             if impl == "sdpa":
-                out = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=allowed)
+                out = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=sdpa_mask)
             else:
-                scores = torch.matmul(qq, kk.transpose(2, 3)) * d ** -0.5 + bias.to(dtype)
+                scores = torch.matmul(qq, kk.transpose(2, 3)) * d ** -0.5 + bias
                 out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype), vv)
         out.float().sum().backward()
 

@@ -13,9 +13,14 @@ Measured shapes (rows × in × out of one matmul, the run's real ones, read from
     decode        R_d × h × i    R_d = min(max(n, max_num_seqs), n · ppo_mini_batch_size · require_batches)
     decode_head   R_d × h × V    the sampler's LM head, one decode step
 
-    attention     B × S × H × K × d   one attention fwd + bwd of the trainer: B rows (ppo_micro_batch_size_per_gpu;
-                  with use_dynamic_bsz ppo_max_token_len_per_gpu / S; lowered until B·H·S² ≤ `ATTN_SCORES`) of
-                  S = max_prompt_length / 2 + max_response_length positions, H query / K key-value heads of width d
+    attention     B × S × H × K × d × n × r   one attention fwd + bwd of the trainer: B rows
+                  (ppo_micro_batch_size_per_gpu; with use_dynamic_bsz ppo_max_token_len_per_gpu / S; lowered until
+                  B·H·S² ≤ `ATTN_SCORES`) of S = max_prompt_length / 2 + max_response_length causal positions,
+                  H query / K key-value heads of width d (n = r = 0). Where the trainer forwards a group's prompt
+                  once (`trainer.shared_prompt` on torch / FSDP2, when `prompt_sharing.group_pays` for a group of
+                  rollout.n rows), the sequence it really runs instead: B = the micro-batch's rows / n groups, each
+                  of S = max_prompt_length / 2 + n·r positions (r = max_response_length) under the shared-prompt
+                  mask (`engine.trainer.shared_prefix.group_allowed`)
 
 (h = hidden_size, i = intermediate_size, V = vocab_size; rows capped at `MAX_ROWS`.) The trainer is timed under
 bf16 autocast over fp32 weights (what `trainer.precision = "bf16"` runs), the rollout with bf16 weights (what
@@ -26,7 +31,7 @@ token: w_trainer = L·e / R_t and w_lm_head = f / R_h for the trainer, w_decode 
 1 / R_d for the rollout, where e = (2·h·H·d + 2·h·K·d + 3·h·i_a) / (h·i) counts one layer's matmuls in units of
 the measured one (H, K heads of width d; i_a = i, or experts per token × the expert width for MoE), L layers,
 and f = max_response_length / (max_prompt_length / 2 + max_response_length) the share of the trainer's tokens
-that reach the LM head. (Unweighted, one LM-head matmul would count as much as all L layers: on an Intel Xeon
+that reach the LM head (n·r / S of the shared sequence where the prompt is shared). (Unweighted, one LM-head matmul would count as much as all L layers: on an Intel Xeon
 with AMX, bf16 ran the layer shape 2.8× fp32 but a 64-row LM head 0.84×, and the plain sum chose fp32.)
 
 Decisions, with s = fp32 time ÷ bf16 time of a role (trainer: trainer + lm_head; rollout: decode +
@@ -45,6 +50,8 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
+
+from engine.trainer.prompt_sharing import group_pays, may_share
 
 if TYPE_CHECKING:
     from engine.config.schema import RunConfig
@@ -125,10 +132,22 @@ def probe_shapes(cfg: RunConfig, arch: dict[str, Any]) -> dict[str, tuple[int, .
     kv_heads = int(text.get("num_key_value_heads") or heads)
     head_dim = int(text.get("head_dim") or h // heads)
     micro_rows = t.ppo_max_token_len_per_gpu // positions if t.use_dynamic_bsz else t.ppo_micro_batch_size_per_gpu
+    n = r_len = 0
+    if shares_prompt(cfg):
+        n, r_len = r.n, cfg.data.max_response_length
+        micro_rows, positions = max(1, micro_rows // n), cfg.data.max_prompt_length // 2 + n * r_len
     attn_rows = max(1, min(micro_rows, ATTN_SCORES // (heads * positions * positions)))
     return {"trainer": (train_rows, h, i), "lm_head": (min(train_rows, HEAD_ROWS), h, v),
             "decode": (decode_rows, h, i), "decode_head": (decode_rows, h, v),
-            "attention": (attn_rows, positions, heads, kv_heads, head_dim)}
+            "attention": (attn_rows, positions, heads, kv_heads, head_dim, n, r_len)}
+
+
+def shares_prompt(cfg: RunConfig) -> bool:
+    """Whether the trainer forwards a typical group's prompt once: `prompt_sharing.may_share`, and
+    `prompt_sharing.group_pays` for rollout.n rows of max_prompt_length / 2 + max_response_length tokens."""
+    d = cfg.data
+    return may_share(cfg) and group_pays(cfg.rollout.n, d.max_prompt_length // 2, d.max_response_length,
+                                         d.max_response_length)
 
 
 def step_weights(cfg: RunConfig, arch: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> dict[str, float]:
@@ -144,7 +163,8 @@ def step_weights(cfg: RunConfig, arch: dict[str, Any], shapes: dict[str, tuple[i
     per_layer = (2 * h * heads * head_dim + 2 * h * kv_heads * head_dim + 3 * h * active) / (h * i)
     layers = int(text.get("num_hidden_layers") or 1) * per_layer
     d = cfg.data
-    head_share = d.max_response_length / trainer_positions(cfg)
+    _, positions, *_, n, r_len = shapes["attention"]
+    head_share = n * r_len / positions if n else d.max_response_length / trainer_positions(cfg)
     return {"trainer": layers / shapes["trainer"][0], "lm_head": head_share / shapes["lm_head"][0],
             "decode": layers / shapes["decode"][0], "decode_head": 1.0 / shapes["decode_head"][0]}
 
@@ -207,8 +227,8 @@ def choose_attention(sdpa_s: float, eager_s: float, shape: tuple[int, ...]) -> C
     """eager when sdpa time ÷ eager time ≥ EAGER_MIN_SPEEDUP, else sdpa (`shape`: the measured attention)."""
     ratio = sdpa_s / eager_s
     value = "eager" if ratio >= EAGER_MIN_SPEEDUP else "sdpa"
-    why = (f"eager {ratio:.2f}× sdpa here, fwd + bwd at {shape[0]} × {shape[1]} positions "
-           f"(eager from {EAGER_MIN_SPEEDUP}×)")
+    what = f"{shape[0]} × {shape[1]} positions" + (" (shared prompts)" if len(shape) > 5 and shape[5] else "")
+    why = f"eager {ratio:.2f}× sdpa here, fwd + bwd at {what} (eager from {EAGER_MIN_SPEEDUP}×)"
     return Choice("trainer.attn_implementation", value, round(ratio, 3), why)
 
 

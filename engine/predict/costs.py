@@ -13,7 +13,7 @@ Sources, in order (a later one only fills what an earlier one left empty):
     training, per response token on W ranks       c = (6 + 2·passes) · (P_active + L·h·ctx) / (W · F · MFU)
     training, fixed per local step                prompt tokens of the step × c + 16·P_total / (W · BW · η_bw)
                                                   (a group's prompt counted n times, or once where the trainer
-                                                  shares it: `engine.trainer.prompt_sharing.pays` on one group)
+                                                  shares it: `engine.trainer.prompt_sharing.group_pays`)
     weight sync (the engine's pipeline, `engine.sync`)  with B = 2·P_total bytes (bf16), n = ⌈B / bucket⌉:
         gather   = B·(1 − 1/g) / gather bandwidth     (TP·EP shards to the sender, g = trainer TP·EP; NVLink)
         transfer = B / link bandwidth                 (the sender's link to the replicas; a broadcast is
@@ -40,7 +40,7 @@ from engine.plan.sizes import (
     rollout_replicas,
     trainer_world,
 )
-from engine.trainer.prompt_sharing import pays
+from engine.trainer.prompt_sharing import group_pays, may_share
 
 if TYPE_CHECKING:
     from engine.config.schema import RunConfig
@@ -102,8 +102,8 @@ class Layout:
     trainer_ep: int = 1
     """Megatron expert parallelism: the EP group's experts are gathered to the sync's sender too."""
     shared_prompt: bool = False
-    """The trainer forwards a group's prompt once (`trainer.shared_prompt` on a torch / FSDP2 backend) where it
-    pays (`engine.trainer.prompt_sharing`)."""
+    """The trainer forwards a group's prompt once (`engine.trainer.prompt_sharing.may_share`) where it pays
+    (`group_pays`)."""
     slots: int = 1
     """Dispatches one replica serves at once: 1 models one dispatch (`seqs_per_call` rows) per replica, got
     back whole (asyncrl's loop before it streamed); a server with continuous batching that takes each prompt
@@ -137,7 +137,7 @@ class Layout:
             total_versions=total_versions, log_prob_passes=passes, device=device,
             slots=plan_slots(max(r.n, r.max_num_seqs), r.n, rollout_replicas(cfg), max_required_samples(cfg)),
             trainer_ep=t.ep if t.backend == "megatron" else 1,
-            shared_prompt=t.backend != "megatron" and t.shared_prompt,
+            shared_prompt=may_share(cfg),
         )
 
 
@@ -210,8 +210,7 @@ def estimate(layout: Layout, facts: Any, hw: Any) -> tuple[dict[str, float], lis
     per_token_fwd = 2 * (p_act + facts.layers * facts.hidden * ctx)
     c = (3 + layout.log_prob_passes) * per_token_fwd / (world * F * mfu)
     copies = layout.n  # a group's prompt, forwarded once per row or once (the trainer's shared-prompt forward)
-    if layout.shared_prompt and pays(round(layout.n * (layout.prompt_tokens + layout.max_new_tokens)), 1,
-                                     round(layout.prompt_tokens + layout.n * mean_resp)):
+    if layout.shared_prompt and group_pays(layout.n, layout.prompt_tokens, layout.max_new_tokens, mean_resp):
         copies = 1
     prompt_tokens_step = layout.required_samples * copies * layout.prompt_tokens
     sync_s, terms = sync_pipeline(p_tot, layout, getattr(hw, "interconnect", ""), BW)

@@ -96,29 +96,46 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: in
     g_count, b = len(groups), input_ids.shape[0]
     ids = torch.full((g_count, width), pad_id, dtype=torch.long)
     pos = torch.zeros((g_count, width), dtype=torch.long)
-    allowed = torch.zeros((g_count, width, width), dtype=torch.bool)
     predictors = torch.zeros((b, max(response_len, 1)), dtype=torch.long)
-    causal = torch.ones((width, width), dtype=torch.bool).tril()
+    allowed = []
     for g, (prompt, rows) in enumerate(groups):
         n_p = len(prompt)
         ids[g, :n_p] = torch.tensor(prompt, dtype=torch.long)
         pos[g, :n_p] = torch.arange(n_p)
-        allowed[g, :n_p, :n_p] = causal[:n_p, :n_p]
         at = n_p
         for i in rows:
             n = lengths[i]
             if n:
                 ids[g, at:at + n] = input_ids[i, p_width:p_width + n]
                 pos[g, at:at + n] = torch.arange(n_p, n_p + n)
-                allowed[g, at:at + n, :n_p] = True
-                allowed[g, at:at + n, at:at + n] = causal[:n, :n]
                 predictors[i, 0] = g * width + n_p - 1
                 predictors[i, 1:n] = g * width + torch.arange(at, at + n - 1)
             at += n
-        allowed[g, at:, at:] = torch.eye(width - at, dtype=torch.bool)  # padding attends to itself: finite rows
-    mask = torch.zeros((g_count, 1, width, width), dtype=mask_dtype)
-    mask.masked_fill_(~allowed.unsqueeze(1), torch.finfo(mask_dtype).min)
-    return SharedBatch(ids, pos, mask, predictors)
+        allowed.append(group_allowed(n_p, [lengths[i] for i in rows], width))
+    return SharedBatch(ids, pos, additive_mask(torch.stack(allowed), mask_dtype), predictors)
+
+
+def group_allowed(prompt_len: int, response_lens: Sequence[int], width: int) -> torch.Tensor:
+    """Which positions of one packed sequence (prompt, then the responses, then padding to `width`) may attend to
+    which [width, width] (bool): causal within the prompt; a response's tokens to the whole prompt and causally
+    to their own response; each padding position to itself only (its row stays finite)."""
+    causal = torch.ones((width, width), dtype=torch.bool).tril()
+    allowed = torch.zeros((width, width), dtype=torch.bool)
+    allowed[:prompt_len, :prompt_len] = causal[:prompt_len, :prompt_len]
+    at = prompt_len
+    for n in response_lens:
+        allowed[at:at + n, :prompt_len] = True
+        allowed[at:at + n, at:at + n] = causal[:n, :n]
+        at += n
+    allowed[at:, at:] = torch.eye(width - at, dtype=torch.bool)
+    return allowed
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The 4-D additive mask [G, 1, L, L] of `allowed` [G, L, L]: 0 where allowed, the dtype's minimum elsewhere
+    (what transformers' eager and sdpa attention add to the scores)."""
+    mask = torch.zeros((allowed.shape[0], 1, *allowed.shape[1:]), dtype=dtype)
+    return mask.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
 
 
 def shared_prompt_log_probs(

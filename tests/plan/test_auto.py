@@ -76,11 +76,16 @@ def test_a_roles_time_weighs_each_shape_by_its_share_of_the_step() -> None:
     # one layer's matmuls = 4 of the 576 × 1536 shape (q, o: 576²; k, v: 576 × 192; 3 × 576 × 1536), 30 layers
     assert weights["trainer"] * shapes["trainer"][0] == pytest.approx(30 * (2 * 576 * 576 + 2 * 576 * 192
                                                                             + 3 * 576 * 1536) / (576 * 1536))
-    assert weights["lm_head"] * shapes["lm_head"][0] == pytest.approx(40 / (128 + 40))  # response tokens only
+    # the demo's trainer forwards each group's prompt once: 8 responses of 40 after a 128-token prompt, and the
+    # LM head reads the response tokens only
+    assert weights["lm_head"] * shapes["lm_head"][0] == pytest.approx(8 * 40 / (128 + 8 * 40))
+    padded = demo("trainer.shared_prompt=false")
+    padded_weights = auto.step_weights(padded, arch, auto.probe_shapes(padded, arch))
+    assert padded_weights["lm_head"] * shapes["lm_head"][0] == pytest.approx(40 / (128 + 40))
     times = {"trainer": {"fp32": 0.0051, "bf16": 0.0018}, "lm_head": {"fp32": 0.0314, "bf16": 0.0373},
              "decode": {"fp32": 1.0, "bf16": 1.0}, "decode_head": {"fp32": 1.0, "bf16": 1.0}}
     by_key = {c.key: c for c in auto.decide_precision(cfg, "cpu", times, weights)}
-    assert by_key["trainer.precision"].value == "bf16" and by_key["trainer.precision"].ratio > 2
+    assert by_key["trainer.precision"].value == "bf16" and by_key["trainer.precision"].ratio > 1.5
     assert auto.decide_precision(cfg, "cpu", times, dict.fromkeys(times, 1.0))[0].value == "fp32"
 
 
@@ -90,25 +95,35 @@ def test_the_shapes_are_the_runs() -> None:
     assert shapes["trainer"] == (auto.MAX_ROWS, 576, 1536)
     assert shapes["lm_head"] == (auto.HEAD_ROWS, 576, 49152)
     assert shapes["decode"] == (32, 576, 1536) and shapes["decode_head"] == (32, 576, 49152)
-    # the attention: the micro-batch's rows (a 4800-token budget: 28 rows) × (256 / 2 + 40) positions, 9 query
-    # over 3 key-value heads of 64
-    assert shapes["attention"] == (4800 // 168, 168, 9, 3, 64)
-    assert auto.probe_shapes(demo("trainer.use_dynamic_bsz=false"), SMOLLM2)["attention"][0] == 8
+    # the attention the trainer runs: a micro-batch's rows (a 4800-token budget: 28 rows of 256 / 2 + 40) as
+    # 28 // 8 = 3 shared-prompt sequences of one 128-token prompt and 8 responses of 40; 9 query over 3
+    # key-value heads of 64
+    assert shapes["attention"] == (3, 128 + 8 * 40, 9, 3, 64, 8, 40)
+    # padded rows where the prompt is not shared: the 28 rows of 168 positions, causal
+    assert auto.probe_shapes(demo("trainer.shared_prompt=false"), SMOLLM2)["attention"] == (28, 168, 9, 3, 64, 0, 0)
+    megatron = demo('trainer.backend="megatron"', "trainer.use_dynamic_bsz=false")
+    assert auto.probe_shapes(megatron, SMOLLM2)["attention"] == (8, 168, 9, 3, 64, 0, 0)  # no shared forward there
     long = auto.probe_shapes(demo("data.max_prompt_length=4096"), SMOLLM2)["attention"]
-    assert long[:2] == (1, 2088)  # rows lowered to fit ATTN_SCORES, at least one
+    assert long[:2] == (1, 2048 + 8 * 40)  # rows lowered to fit ATTN_SCORES, at least one
+    from engine.trainer.prompt_sharing import group_pays
+
+    assert not group_pays(8, 32768, 40, 40)  # a 33k-token group's dense mask would take more than 64 MiB
+    assert not auto.shares_prompt(demo('data.image_key="images"'))  # image rows are forwarded padded
 
 
 def test_eager_attention_is_chosen_only_where_it_is_measurably_faster() -> None:
-    shape = (32, 168, 9, 3, 64)
+    shape = (32, 168, 9, 3, 64, 0, 0)
     short = auto.choose_attention(sdpa_s=0.19, eager_s=0.07, shape=shape)
     assert (short.key, short.value) == ("trainer.attn_implementation", "eager")
     assert short.line() == ("trainer.attn_implementation auto: eager 2.71× sdpa here, fwd + bwd at 32 × 168 "
                             "positions (eager from 1.1×) → eager")
+    shared = auto.choose_attention(0.069, 0.073, (3, 448, 9, 3, 64, 8, 40))
+    assert shared.value == "sdpa" and "3 × 448 positions (shared prompts)" in shared.line()
     assert auto.choose_attention(0.15, 0.59, shape).value == "sdpa"  # long rows: eager's S² loses
     assert auto.choose_attention(1.05, 1.0, shape).value == "sdpa"  # a tie keeps the O(S)-memory kernel
     cfg = demo('trainer.attn_implementation="auto"')
     assert [c.value for c in auto.decide_attention(cfg, "cuda", None, shape)] == ["sdpa"]
-    long = (1, 2088, 9, 3, 64)
+    long = (1, 2088, 9, 3, 64, 0, 0)
     assert not auto.measures_attention(cfg, "cpu", long) and auto.measures_attention(cfg, "cpu", shape)
     assert [c.value for c in auto.decide_attention(cfg, "cpu", None, long)] == ["sdpa"]
     assert auto.decide_attention(demo('trainer.attn_implementation="sdpa"'), "cpu", None, shape) == []
@@ -192,7 +207,7 @@ def test_launch_resolves_auto_from_the_machines_measurement(tmp_path: Path, bf16
 def test_the_measurement_times_real_matmuls_and_caches_them(tmp_path: Path) -> None:
     from engine.launch.probe import Timings
 
-    shapes = {"trainer": (16, 32, 64), "decode": (4, 32, 64), "attention": (2, 16, 4, 2, 32)}
+    shapes = {"trainer": (16, 32, 64), "decode": (4, 32, 64), "attention": (2, 16, 4, 2, 32, 0, 0)}
     path = tmp_path / "m.json"
     timings = Timings(shapes, path)
     modes = {"trainer": ("fp32", "bf16"), "decode": ("fp32", "bf16"), "attention": ("sdpa-bf16", "eager-fp32")}
@@ -201,6 +216,32 @@ def test_the_measurement_times_real_matmuls_and_caches_them(tmp_path: Path) -> N
     timings.save({"shapes": shapes})
     again = Timings(shapes, path)
     assert again.cached and {(s, m): again.get(s, m, 1) for s in shapes for m in modes[s]} == first
+
+
+def test_the_probe_times_the_shared_prompt_sequence_the_trainer_forwards() -> None:
+    """The attention the launch times for a shared-prompt run has the mask the trainer's packing builds for a
+    group (a 5-token prompt, 3 responses of 4), and runs in both kernels."""
+    import torch
+
+    from engine.launch import probe
+    from engine.trainer.shared_prefix import pack
+
+    prompt, n, r = [11, 12, 13, 14, 15], 3, 4
+    ids = torch.tensor([prompt + [20 + 4 * i + j for j in range(r)] for i in range(n)])
+    packed = pack(ids, torch.ones_like(ids), r)
+    seen = {}
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):  # noqa: ANN001, ANN003, ANN202 — records what the probe passes
+        seen["mask"] = attn_mask
+        return real_sdpa(q, k, v, attn_mask=attn_mask, **kw)
+
+    shape = (1, len(prompt) + n * r, 4, 2, 32, n, r)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+        assert probe.time_attention(shape, "sdpa", "bf16", 1) > 0
+    assert torch.equal(seen["mask"], packed.mask[0, 0])
+    assert probe.time_attention(shape, "eager", "fp32", 1) > 0
 
 
 def test_a_process_spinning_beside_the_measurement_counts_as_busy() -> None:
