@@ -1,9 +1,9 @@
 """The launch-time measurement behind `"auto"` precision, threads and attention (`engine.plan.auto` decides).
 
 `resolve_auto(plan, model_dir)` is what the driver calls before anything starts: when the config has an
-"auto" setting it times the run's matmul shapes on this machine (fp32 vs bf16 on one thread, the trainer's
-attention fwd + bwd in sdpa vs eager on one thread, then every core in each role's chosen precision), decides,
-prints one line per setting on stderr, and returns the plan of the resolved config (concrete values, so the
+"auto" setting it times the run's matmul shapes on this machine (fp32 vs bf16 on one thread, then every core
+in each role's chosen precision, then the trainer's attention fwd + bwd in sdpa vs eager on the trainer's
+chosen threads), decides, prints one line per setting on stderr, and returns the plan of the resolved config (concrete values, so the
 actors, `config.resolved.json` and a resume see what ran) and the record for `<run dir>/machine.json`. On
 cuda / npu nothing is timed (bf16, sdpa).
 
@@ -15,11 +15,13 @@ measures nothing — unless other processes used `auto.QUIET_CORES` or more of t
 busy CPU time of the whole machine, from /proc/stat, less this process's own): a busy machine's times decide that
 launch only, and the next launch measures again. Delete the file to measure again.
 
-The ratios (bf16 ÷ fp32, eager ÷ sdpa) are timed on one thread, so a process busy on another core does not
-move them much (timed with every core beside one busy core, one launch read bf16 0.16× fp32 at a decode step
-where a quiet one reads 2.7×: a kernel's threads wait for the descheduled one). Thread scaling needs every core
-free: it is timed last, and when other processes used `auto.QUIET_CORES` or more meanwhile, the role keeps the
-split.
+The precision ratio (bf16 ÷ fp32) is timed on one thread, so a process busy on another core does not move it
+much (timed with every core beside one busy core, one launch read bf16 0.16× fp32 at a decode step where a
+quiet one reads 2.7×: a kernel's threads wait for the descheduled one). Thread scaling needs every core free:
+it is timed next, and when other processes used `auto.QUIET_CORES` or more meanwhile, the role keeps the split.
+The attention is timed last, on the threads the trainer will run (eager ÷ sdpa depends on them: at the demo's
+shared-prompt shape on an AMD EPYC, sdpa ÷ eager read 0.70× on one thread and 1.17× on two, and a whole update
+on two threads was 1.08× faster with eager — study 16).
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ if TYPE_CHECKING:
 BUDGET_S = 0.15
 """Time spent timing one entry (after its warm-up), at most MAX_CALLS calls and at least MIN_CALLS."""
 MIN_CALLS, MAX_CALLS = 2, 20
+ATTN_MIN_CALLS = 5
+"""An attention fwd + bwd takes tens of ms, so the budget alone would time it twice: sdpa and eager are often
+within 10–20 % of each other, and the fastest of two calls moved their ratio from 0.6× to 1.2× between launches."""
 
 
 def _busy_cpu_seconds() -> float | None:
@@ -74,7 +79,7 @@ class CoresElsewhere:
             self.cores = max(0.0, (busy - self._busy - (time.process_time() - self._own)) / wall)
 
 
-def _best_time(call: Callable[[], Any], threads: int) -> float:
+def _best_time(call: Callable[[], Any], threads: int, min_calls: int = MIN_CALLS) -> float:
     """The fastest of a few calls of `call` after one warm-up, with `threads` intra-op threads."""
     import torch
 
@@ -83,7 +88,7 @@ def _best_time(call: Callable[[], Any], threads: int) -> float:
     try:
         call()  # warm-up: the kernel's first call packs / allocates
         best, calls, start = float("inf"), 0, time.perf_counter()
-        while calls < MIN_CALLS or (calls < MAX_CALLS and time.perf_counter() - start < BUDGET_S):
+        while calls < min_calls or (calls < MAX_CALLS and time.perf_counter() - start < BUDGET_S):
             t0 = time.perf_counter()
             call()
             best, calls = min(best, time.perf_counter() - t0), calls + 1
@@ -130,11 +135,11 @@ def time_attention(shape: tuple[int, ...], impl: str, precision: str, threads: i
     q = torch.randn(b, h, s, d, generator=gen, requires_grad=True)
     kv = [torch.randn(b, k, s, d, generator=gen, requires_grad=True) for _ in range(2)]
     if n:
-        bias = additive_mask(group_allowed(s - n * r, [r] * n, s).unsqueeze(0), torch.float32)[0, 0]
-        sdpa_mask = bias
+        allowed = group_allowed(s - n * r, [r] * n, s)
     else:
-        sdpa_mask = torch.ones(s, s, dtype=torch.bool).tril()
-        bias = torch.zeros(s, s).masked_fill(~sdpa_mask, float("-inf"))
+        allowed = torch.ones(s, s, dtype=torch.bool).tril()
+    bias = additive_mask(allowed.expand(b, s, s), torch.float32)  # [B, 1, S, S], as the model's layers get it
+    sdpa_mask = bias if n else allowed.expand(b, 1, s, s)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
 
     def call() -> None:
@@ -148,7 +153,7 @@ def time_attention(shape: tuple[int, ...], impl: str, precision: str, threads: i
                 out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype), vv)
         out.float().sum().backward()
 
-    return _best_time(call, threads)
+    return _best_time(call, threads, min_calls=ATTN_MIN_CALLS)
 
 
 class Timings:
@@ -196,9 +201,6 @@ def measure(cfg: RunConfig, device: str, shapes: dict[str, tuple[int, ...]], wei
             for s in auto.ROLE_SHAPES[role]:
                 measured["precision"][s] = {m: timings.get(s, m, 1) for m in ("fp32", "bf16")}
     choices = auto.decide_precision(cfg, device, measured["precision"], weights)
-    if auto.measures_attention(cfg, device, shapes["attention"]):
-        mode = auto.resolved_precision(cfg, choices, "trainer")
-        measured["attention"] = {impl: timings.get("attention", f"{impl}-{mode}", 1) for impl in ("sdpa", "eager")}
     for role in auto.ROLES:
         if want[f"resources.{role}.cpu_threads"]:
             mode = auto.resolved_precision(cfg, choices, role)
@@ -209,8 +211,13 @@ def measure(cfg: RunConfig, device: str, shapes: dict[str, tuple[int, ...]], wei
                                           role)
             fresh = len(timings.entries) > known  # from the cache: it was quiet when it was measured
             measured["threads"][role] = {"1": one, "all": every, "elsewhere": round(other.cores, 2) if fresh else 0.0}
-    return measured, (choices + auto.decide_threads(cfg, device, measured["threads"], cores, split)
-                      + auto.decide_attention(cfg, device, measured["attention"], shapes["attention"]))
+    choices += auto.decide_threads(cfg, device, measured["threads"], cores, split)
+    if auto.measures_attention(cfg, device, shapes["attention"]):
+        mode, threads = auto.resolved_precision(cfg, choices, "trainer"), auto.trainer_threads(cfg, choices, split)
+        measured["attention"] = {impl: timings.get("attention", f"{impl}-{mode}", threads)
+                                 for impl in ("sdpa", "eager")}
+        measured["attention"]["threads"] = threads
+    return measured, choices + auto.decide_attention(cfg, device, measured["attention"], shapes["attention"])
 
 
 def resolve_auto(plan: RunPlan, model_dir: str, cache_dir: Path | None = None,

@@ -40,8 +40,8 @@ decode_head) and g = the same time's 1-thread ÷ C-thread ratio, in the role's c
     precision   bf16 if s ≥ BF16_MIN_SPEEDUP, else fp32        (on cuda / npu: bf16, nothing measured)
     cpu_threads C (every core) if g ≥ THREADS_MIN_SPEEDUP, else the pool's share of the automatic split
                 (`engine.plan.placement.actor_resources`: no oversubscription)
-    attention   eager if sdpa time ÷ eager time ≥ EAGER_MIN_SPEEDUP (timed in the trainer's chosen precision),
-                else sdpa; sdpa without measuring on cuda / npu and when S > `ATTN_MAX_POSITIONS`
+    attention   eager if sdpa time ÷ eager time ≥ EAGER_MIN_SPEEDUP (timed in the trainer's chosen precision
+                and threads), else sdpa; sdpa without measuring on cuda / npu and when S > `ATTN_MAX_POSITIONS`
 """
 
 from __future__ import annotations
@@ -223,11 +223,13 @@ def decide_precision(cfg: RunConfig, device: str, times: dict[str, dict[str, flo
     return out
 
 
-def choose_attention(sdpa_s: float, eager_s: float, shape: tuple[int, ...]) -> Choice:
-    """eager when sdpa time ÷ eager time ≥ EAGER_MIN_SPEEDUP, else sdpa (`shape`: the measured attention)."""
+def choose_attention(sdpa_s: float, eager_s: float, shape: tuple[int, ...], threads: int = 0) -> Choice:
+    """eager when sdpa time ÷ eager time ≥ EAGER_MIN_SPEEDUP, else sdpa (`shape`: the measured attention,
+    timed on `threads` threads)."""
     ratio = sdpa_s / eager_s
     value = "eager" if ratio >= EAGER_MIN_SPEEDUP else "sdpa"
     what = f"{shape[0]} × {shape[1]} positions" + (" (shared prompts)" if len(shape) > 5 and shape[5] else "")
+    what += f", {threads} thread{'s' if threads > 1 else ''}" if threads else ""
     why = f"eager {ratio:.2f}× sdpa here, fwd + bwd at {what} (eager from {EAGER_MIN_SPEEDUP}×)"
     return Choice("trainer.attn_implementation", value, round(ratio, 3), why)
 
@@ -246,7 +248,7 @@ def decide_attention(cfg: RunConfig, device: str, times: dict[str, float] | None
                                           "(not measured)")]
     if times is None:
         return [Choice(key, "sdpa", None, "not measured")]
-    return [choose_attention(times["sdpa"], times["eager"], shape)]
+    return [choose_attention(times["sdpa"], times["eager"], shape, int(times.get("threads", 0)))]
 
 
 def measures_attention(cfg: RunConfig, device: str, shape: tuple[int, ...]) -> bool:
@@ -287,6 +289,15 @@ def resolved_precision(cfg: RunConfig, choices: list[Choice], role: str) -> str:
     from engine.config.precision import SHORT
 
     return SHORT[compute_dtypes(cfg)[0 if role == "rollout" else 1]]
+
+
+def trainer_threads(cfg: RunConfig, choices: list[Choice], split: dict[str, int]) -> int:
+    """The intra-op threads the trainer runs with once `choices` apply: its `cpu_threads` choice, else the
+    plan's (`split["trainer"]`: a fixed `cpu_threads`, or the automatic split)."""
+    for c in choices:
+        if c.key == "resources.trainer.cpu_threads" and int(c.value) > 0:
+            return int(c.value)
+    return max(1, int(split["trainer"]))
 
 
 def compute_dtypes(cfg: RunConfig) -> tuple[str, str]:

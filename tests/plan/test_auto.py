@@ -166,8 +166,9 @@ def write_cache(cache: Path, cfg: RunConfig, model_dir: Path, bf16_speed: float,
     identity = cpu_identity()
     cores = identity["cores"]
     entries = {}
-    for mode in ("fp32", "bf16"):  # attention: eager 2× sdpa in either precision
-        entries[f"attention:sdpa-{mode}:1"], entries[f"attention:eager-{mode}:1"] = 1.0, 0.5
+    for mode in ("fp32", "bf16"):  # attention: eager 2× sdpa in either precision, on one thread or all
+        for threads in {1, cores}:
+            entries[f"attention:sdpa-{mode}:{threads}"], entries[f"attention:eager-{mode}:{threads}"] = 1.0, 0.5
     for s in shapes:
         entries[f"{s}:fp32:1"] = 1.0
         entries[f"{s}:bf16:1"] = 1.0 / bf16_speed
@@ -201,7 +202,7 @@ def test_launch_resolves_auto_from_the_machines_measurement(tmp_path: Path, bf16
     assert record["cached"] and record["measured"]["precision"]["lm_head"]["bf16"] == pytest.approx(1 / bf16_speed)
     if cfg.trainer.attn_implementation == "auto":
         assert resolved.config.trainer.attn_implementation == "eager" and record["measured"]["attention"] == {
-            "sdpa": 1.0, "eager": 0.5}
+            "sdpa": 1.0, "eager": 0.5, "threads": want}  # timed on the threads the trainer runs
 
 
 def test_the_measurement_times_real_matmuls_and_caches_them(tmp_path: Path) -> None:
@@ -240,7 +241,7 @@ def test_the_probe_times_the_shared_prompt_sequence_the_trainer_forwards() -> No
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
         assert probe.time_attention(shape, "sdpa", "bf16", 1) > 0
-    assert torch.equal(seen["mask"], packed.mask[0, 0])
+    assert seen["mask"].shape == (1, 1, *packed.mask.shape[-2:]) and torch.equal(seen["mask"][0], packed.mask[0])
     assert probe.time_attention(shape, "eager", "fp32", 1) > 0
 
 
