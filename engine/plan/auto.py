@@ -51,7 +51,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.trainer.prompt_sharing import group_pays, may_share
+from engine.plan.prompt_sharing import group_pays, may_share
 
 if TYPE_CHECKING:
     from engine.config.schema import RunConfig

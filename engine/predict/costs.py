@@ -13,7 +13,7 @@ Sources, in order (a later one only fills what an earlier one left empty):
     training, per response token on W ranks       c = (6 + 2·passes) · (P_active + L·h·ctx) / (W · F · MFU)
     training, fixed per local step                prompt tokens of the step × c + 16·P_total / (W · BW · η_bw)
                                                   (a group's prompt counted n times, or once where the trainer
-                                                  shares it: `engine.trainer.prompt_sharing.group_pays`)
+                                                  shares it: `engine.plan.prompt_sharing.group_pays`)
     weight sync (the engine's pipeline, `engine.sync`)  with B = 2·P_total bytes (bf16), n = ⌈B / bucket⌉:
         gather   = B·(1 − 1/g) / gather bandwidth     (TP·EP shards to the sender, g = trainer TP·EP; NVLink)
         transfer = B / link bandwidth                 (the sender's link to the replicas; a broadcast is
@@ -40,7 +40,7 @@ from engine.plan.sizes import (
     rollout_replicas,
     trainer_world,
 )
-from engine.trainer.prompt_sharing import group_pays, may_share
+from engine.plan.prompt_sharing import group_pays, may_share
 
 if TYPE_CHECKING:
     from engine.config.schema import RunConfig
@@ -102,7 +102,7 @@ class Layout:
     trainer_ep: int = 1
     """Megatron expert parallelism: the EP group's experts are gathered to the sync's sender too."""
     shared_prompt: bool = False
-    """The trainer forwards a group's prompt once (`engine.trainer.prompt_sharing.may_share`) where it pays
+    """The trainer forwards a group's prompt once (`engine.plan.prompt_sharing.may_share`) where it pays
     (`group_pays`)."""
     slots: int = 1
     """Dispatches one replica serves at once: 1 models one dispatch (`seqs_per_call` rows) per replica, got

@@ -24,6 +24,8 @@ second copy of the weights while the replica still generates and swapped in at t
 
 from __future__ import annotations
 
+import sys
+
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -200,10 +202,24 @@ def publish(sync: Any, version: int, buckets: Iterable[Any], send: Callable[[lis
         if isinstance(sync, SharedMemorySync):  # packed straight into /dev/shm, in slot-sized pieces
             ring = sync.ring_for(handle)
             buckets = ramped(buckets, ring.slot_bytes)
-        sync.send(handle, ahead(packed(buckets, device, names, corrupt_bucket, ring), PIPELINE_DEPTH))
+        pieces = ahead(packed(buckets, device, names, corrupt_bucket, ring), PIPELINE_DEPTH)
+        if ring is not None:
+            sync.send(handle, pieces, receivers_done=returned(out))
+        else:
+            sync.send(handle, pieces)
         return Published(out, handle.nbytes, handle.fingerprints, names)
     handle = sync.push(version, ahead(packed(buckets, "cpu", names, corrupt_bucket), PIPELINE_DEPTH))
     return Published(send(handle.refs), handle.nbytes, handle.fingerprints, names)
+
+
+def returned(out: Any) -> Callable[[], bool]:
+    """Whether the receivers' side of a sync (`send`'s result: a Ray object ref, or a thread in tests) has
+    returned — every receiver that will acknowledge has, so the sender stops waiting for the others."""
+    ray = sys.modules.get("ray")
+    if ray is not None and isinstance(out, ray.ObjectRef):
+        return lambda: bool(ray.wait([out], timeout=0)[0])
+    is_alive = getattr(out, "is_alive", None)
+    return (lambda: not is_alive()) if callable(is_alive) else (lambda: False)
 
 
 def _fetch(refs: list) -> Iterator[Any]:

@@ -37,9 +37,13 @@ on this host) remove them.
 
 Limits: every receiver on the sender's host (a receiver that cannot find a slot file says so); host memory on
 both sides (CPU trainer and `hf` replicas); no Ray here; at most `CONTROL_WORDS` − 1 receivers. A receiver that
-dies mid-sync leaves the sender waiting for its acknowledgement until `timeout_s`, then the sync fails (naming
-the receiver and the piece); one whose load raises acknowledges the rest at
-once (`engine.sync.apply.load_into` closes the pull), so the sender finishes and the replica's error is reported.
+dies mid-sync (a killed replica) stops acknowledging: each receiver writes its process id into the control page
+when it maps the ring, and the sender, while it waits, checks every `CHECK_S` whether that process still runs —
+a rank whose process is gone (or any rank still missing once the receivers' side of the sync has returned:
+`send(…, receivers_done)`, the rollouter's `update_weights`) is not waited for (`ShmRing.lost`); the rollouter
+reports the dead replica and the run replaces it. A receiver that runs but never acknowledges (hung), or dies
+before it mapped the ring, fails the sync after `timeout_s`, naming the receiver and the piece. One whose load raises acknowledges the rest at once (`engine.sync.apply.load_into`
+closes the pull), so the sender finishes and the replica's error is reported.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,9 +73,13 @@ from engine.sync.flat import ALIGN, FlatBucket
 
 SLOTS = 3
 """Shared-memory buffers in the ring: one being loaded, one packed ahead, one spare for uneven stages."""
+CHECK_S = 0.2
+"""While waiting for an acknowledgement, how often the sender asks whether the receivers' side has returned."""
 SHM_DIR = "/dev/shm"
 CONTROL_WORDS = 512
-"""Words of the control page (one 4 KiB page): word r is receiver rank r's acknowledgement (rank 0 is the sender)."""
+"""Words of the control page (one 4 KiB page): word r is receiver rank r's acknowledgement (rank 0 is the sender),
+word `PID_WORDS` + r its process id (written when it maps the ring: the sender's liveness check)."""
+PID_WORDS = CONTROL_WORDS // 2
 _FILE = re.compile(r"^asyncrl-.+-p(?P<pid>\d+)-e\d+-s(\d+|c)$")
 
 
@@ -135,10 +143,28 @@ class ShmRing:
         self._finalizer: weakref.finalize | None = None
         self.marks: list[tuple[str, int, float]] = []  # this sync's timeline (`begin`, `mark`)
         self.handed = 0  # pieces handed to the pack in this sync
+        self.receivers_done: Callable[[], bool] = lambda: False
+        self.lost: set[int] = set()  # ranks this sync stopped waiting for (their side returned without them)
 
-    def begin(self) -> None:
-        """A new sync: its timeline starts empty (`marks`)."""
-        self.marks, self.handed = [], 0
+    def begin(self, receivers_done: Callable[[], bool] | None = None) -> None:
+        """A new sync: its timeline starts empty (`marks`); `receivers_done()` turns true once the receivers'
+        side has returned (every receiver that will acknowledge has), so a rank still missing then is lost."""
+        self.marks, self.handed, self.lost = [], 0, set()
+        self.receivers_done = receivers_done or (lambda: False)
+
+    def _gone(self, r: int, since: float) -> bool:
+        """Whether to stop waiting for rank `r` (asked at most every `CHECK_S` of waiting): its process is gone
+        (the pid it wrote into the control page no longer runs: a replica killed mid-sync, which the rollouter
+        reports and replaces), or the receivers' side of the sync returned without it."""
+        if r in self.lost:
+            return True
+        if time.monotonic() - since < CHECK_S:
+            return False
+        pid = int(self.ctrl[PID_WORDS + r]) if self.ctrl is not None else 0
+        if (pid > 0 and not _alive(pid)) or self.receivers_done():
+            self.lost.add(r)
+            return True
+        return False
 
     def mark(self, event: str, k: int = -1) -> None:
         """Record `event` of piece `k` at `time.monotonic()` (system-wide: comparable with the receivers')."""
@@ -179,10 +205,26 @@ class ShmRing:
         self.buffers = []
         self.ctrl = None
 
-    def wait(self, keys: list[str], timeout_s: float) -> None:
-        """Wait for store keys (the end marker's acknowledgements)."""
-        if keys:
-            self.acks.wait(keys, _dt.timedelta(seconds=timeout_s))
+    def wait(self, keys: dict[int, str], timeout_s: float) -> None:
+        """Wait for the store key of each rank (the end marker's acknowledgements), polling (0.1 → 5 ms apart):
+        a rank still missing once the receivers' side returned is lost (`_gone`); `timeout_s` without them:
+        `RuntimeError` naming the ranks."""
+        start = checked = time.monotonic()
+        pause = 1e-4
+        while True:
+            keys = {r: k for r, k in keys.items() if r not in self.lost and not self.acks.check([k])}
+            if not keys:
+                return
+            now = time.monotonic()
+            if now - start > timeout_s:
+                raise RuntimeError(f"shared-memory weight sync: receiver rank(s) {sorted(keys)} did not acknowledge "
+                                   f"the end of the version within {timeout_s:.0f} s (a replica died or stopped)")
+            for r in keys:
+                self._gone(r, checked)
+            if now - checked >= CHECK_S:
+                checked = now
+            time.sleep(pause)
+            pause = min(pause * 2, 5e-3)
 
     def wait_acked(self, pending: tuple[int, list[int]] | None) -> None:
         """Wait until every rank's control word reached the piece's ack number (polling, 20 µs → 0.5 ms apart);
@@ -190,10 +232,14 @@ class ShmRing:
         if not pending or self.ctrl is None:
             return
         ack, ranks = pending
-        ctrl, pause, deadline = self.ctrl, 2e-5, None
+        ctrl, pause, deadline, checked = self.ctrl, 2e-5, None, time.monotonic()
         for r in ranks:
             while int(ctrl[r]) < ack:
                 now = time.monotonic()
+                if self._gone(r, checked):
+                    break
+                if now - checked >= CHECK_S:
+                    checked = now
                 if deadline is None:
                     deadline = now + self.timeout_s
                 elif now > deadline:
@@ -227,8 +273,8 @@ class ShmRing:
     def published(self, ranks: list[int]) -> tuple[int, int, tuple[str, list[str], int, str]]:
         """`send` publishes the oldest bucket handed out, whose slot then waits for `ranks` to acknowledge it:
         (slot, the piece's ack number, the ring)."""
-        if any(not 0 < r < CONTROL_WORDS for r in ranks):
-            raise ValueError(f"shared-memory weight sync: at most {CONTROL_WORDS - 1} receivers")
+        if any(not 0 < r < PID_WORDS for r in ranks):
+            raise ValueError(f"shared-memory weight sync: at most {PID_WORDS - 1} receivers")
         with self.cond:
             slot = self.order.popleft()
             self.acked += 1
@@ -242,6 +288,21 @@ class ShmRing:
             pending, self.pending = self.pending, {}
         for p in pending.values():
             self.wait_acked(p)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs on this host (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
 def _create(path: str, size: int) -> torch.Tensor:
@@ -296,12 +357,14 @@ class SharedMemorySync(CollectiveSync):
             self.gen = handle.gen
         return self.ring
 
-    def send(self, handle: CollectiveHandle, buckets: Iterable[FlatBucket]) -> CollectiveHandle:
+    def send(self, handle: CollectiveHandle, buckets: Iterable[FlatBucket],
+             receivers_done: Callable[[], bool] | None = None) -> CollectiveHandle:
         """Publish each bucket (packed into a slot of `ring_for(handle)`), then the end marker; wait until every
         receiver is done with every bucket and unlink the ring's files (every receiver has mapped them). Sets the
-        handle's bytes, bucket count and fingerprints."""
+        handle's bytes, bucket count and fingerprints. `receivers_done()`: true once the receivers' side of the
+        sync returned — a receiver that has not acknowledged by then is not waited for (`ShmRing.lost`)."""
         store, ring, tag = self._store(), self.ring_for(handle), _tag(handle)
-        ring.begin()  # (the pack's thread starts with the first bucket asked for below)
+        ring.begin(receivers_done)  # (the pack's thread starts with the first bucket asked for below)
         ranks = list(range(1, handle.world))
         keys: list[str] = []
         nbytes, sums = 0, []
@@ -312,9 +375,9 @@ class SharedMemorySync(CollectiveSync):
             keys.append(f"{tag}/h{k}")
             nbytes += fb.nbytes
             sums.append(int(fb.fingerprint))
-        end = [f"{tag}/a{len(sums)}/{r}" for r in ranks]  # each receiver read the end marker: keys can go
+        end = {r: f"{tag}/a{len(sums)}/{r}" for r in ranks}  # each receiver read the end marker: keys can go
         store.set(f"{tag}/h{len(sums)}", pickle.dumps(None))
-        keys += [f"{tag}/h{len(sums)}", *end]
+        keys += [f"{tag}/h{len(sums)}", *end.values()]
         ring.mark("ended", len(sums))
         ring.settle()
         ring.mark("settled", len(sums))
@@ -411,6 +474,8 @@ def pull(handle: CollectiveHandle, rank: int, timeout_s: float = 300.0) -> Itera
                 return
             seq, slot, n, index, ring, ack = msg
             slots, ctrl = _map(ring)
+            if k == 0:
+                ctrl[PID_WORDS + rank] = os.getpid()  # the sender stops waiting for a process that is gone
             marks.append(("header", k, clock()))
             yield FlatBucket(index, slots[slot][:n], seq)
             marks.append(("loaded", k, clock()))

@@ -20,7 +20,7 @@ is per row, in the batch's order, exactly as `engine.trainer.logprobs.response_l
 Where it applies (`worth_sharing`): a text model whose forward takes `logits_to_keep` and a dense 4-D additive
 mask — transformers' `eager` and `sdpa` attention (flash-attention kernels take no arbitrary mask) — when the
 packing forwards at least `MIN_SAVING`× fewer padded tokens and its mask [G, L, L] stays under `MAX_MASK_BYTES`
-(`engine.trainer.prompt_sharing`, the rule `asyncrl plan` predicts with)
+(`engine.plan.prompt_sharing`, the rule `asyncrl plan` predicts with)
 (long rows on an accelerator would want a varlen or flex-attention kernel instead; not built).
 """
 
@@ -34,7 +34,7 @@ import inspect
 import torch
 
 from engine.trainer.logprobs import chunked_token_log_probs, token_log_probs
-from engine.trainer.prompt_sharing import pays
+from engine.plan.prompt_sharing import pays
 
 
 @dataclass

@@ -105,7 +105,7 @@ def test_the_shapes_are_the_runs() -> None:
     assert auto.probe_shapes(megatron, SMOLLM2)["attention"] == (8, 168, 9, 3, 64, 0, 0)  # no shared forward there
     long = auto.probe_shapes(demo("data.max_prompt_length=4096"), SMOLLM2)["attention"]
     assert long[:2] == (1, 2048 + 8 * 40)  # rows lowered to fit ATTN_SCORES, at least one
-    from engine.trainer.prompt_sharing import group_pays
+    from engine.plan.prompt_sharing import group_pays
 
     assert not group_pays(8, 32768, 40, 40)  # a 33k-token group's dense mask would take more than 64 MiB
     assert not auto.shares_prompt(demo('data.image_key="images"'))  # image rows are forwarded padded

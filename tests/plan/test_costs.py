@@ -79,7 +79,7 @@ def test_estimate_follows_the_stated_formulas_for_the_seed_layout() -> None:
 
 def test_the_train_step_counts_a_groups_prompt_once_where_the_trainer_shares_it() -> None:
     """`trainer.shared_prompt` (torch / FSDP2): a group's prompt is trained once instead of n times when the
-    packed group pays and its mask fits (`engine.trainer.prompt_sharing`); a long-row layout keeps n copies."""
+    packed group pays and its mask fits (`engine.plan.prompt_sharing`); a long-row layout keeps n copies."""
     layout, an = _layout(SEED)
     short = dataclasses.replace(layout, max_new_tokens=64)
     padded = resolve(short, an.model, an.hardware)

@@ -52,6 +52,15 @@ def receiver(handles, rank: int, results, stop_early_at: int | None, quit_after:
     os._exit(0)
 
 
+def dying_receiver(handle, rank: int) -> None:
+    """A replica killed mid-sync: it reads the first bucket, then its process ends without a word."""
+    from engine.sync.shared_memory import pull
+
+    received = pull(handle, rank)
+    next(received)  # (held: a generator freed here would acknowledge the rest as it closes)
+    os._exit(0)
+
+
 def ring_files(run_id: str) -> list[str]:
     return [f for f in os.listdir("/dev/shm") if f.startswith(f"asyncrl-{run_id}-")]
 
@@ -212,9 +221,9 @@ def test_a_load_that_fails_releases_the_sender_at_once() -> None:
 
 def test_a_receiver_that_never_acknowledges_fails_the_sync_naming_it() -> None:
     """The per-piece acknowledgements are words of the ring's control page: a receiver that reads the first
-    header but never loads (a replica that died mid-sync) leaves its word behind, and the sender's publish fails
-    after `timeout_s` with a message naming the receiver rank and the piece — it does not hang, and it does not
-    go on reusing a slot the receiver may still read."""
+    header but never loads while its side of the sync has not returned (a hung replica) leaves its word behind,
+    and the sender's publish fails after `timeout_s` with a message naming the receiver rank and the piece — it
+    does not hang, and it does not go on reusing a slot the receiver may still read."""
     import pickle
     import threading
 
@@ -225,13 +234,15 @@ def test_a_receiver_that_never_acknowledges_fails_the_sync_naming_it() -> None:
     run_id = f"pytdead{os.getpid()}"
     sync = SharedMemorySync("127.0.0.1", free_port(), 2, run_id=run_id, slot_bytes=4096, timeout_s=2)
     seen: list = []
+    release = threading.Event()
 
-    def receive(handle) -> None:  # the "replica": reads the first header, then never acknowledges
+    def receive(handle) -> None:  # the "replica": reads the first header, then never acknowledges (nor returns)
         import datetime as dt
 
         store = torch.distributed.TCPStore(handle.host, handle.port, is_master=False,
                                            timeout=dt.timedelta(seconds=30))
         seen.append(pickle.loads(store.get(f"{_tag(handle)}/h0")))
+        release.wait(30)
 
     def send(refs):
         t = threading.Thread(target=receive, args=(refs[0],), daemon=True)
@@ -243,8 +254,47 @@ def test_a_receiver_that_never_acknowledges_fails_the_sync_naming_it() -> None:
             publish(sync, 1, buckets, send)
         assert seen and seen[0][5] == 1  # the header carried the piece's acknowledgement number
     finally:
+        release.set()
         sync.close()
     assert not ring_files(run_id)
+
+
+def test_a_receiver_that_dies_mid_sync_is_not_waited_for() -> None:
+    """A replica killed mid-sync stops acknowledging while the live ones still need the rest of the version. The
+    sender sees that the receiver's process is gone (the pid it wrote into the control page) and goes on without
+    it — long before its `timeout_s` (600 s; the test's own timeout is 120 s) — with every byte at the live
+    receiver, the dead rank recorded as lost, and no file left in /dev/shm."""
+    import threading
+
+    from engine.sync.shared_memory import pull
+    from engine.trainer.fsdp import free_port
+
+    buckets = [{f"w{i}": torch.full((1000,), float(i))} for i in range(6)]  # 4 KB each: one slot each
+    run_id = f"pytkill{os.getpid()}"
+    sync = SharedMemorySync("127.0.0.1", free_port(), 3, run_id=run_id, slot_bytes=4096, timeout_s=600)
+    live: list = []
+
+    def receive(handle) -> None:
+        dying = mp.get_context("spawn").Process(target=dying_receiver, args=(handle, 2))
+        dying.start()  # rank 2: takes the first bucket, then its process ends at once (no acknowledgement)
+        live.extend(next(bucket.tensors())[1].clone() for bucket in pull(handle, 1))  # rank 1 loads everything
+        dying.join()
+
+    def send(refs):
+        t = threading.Thread(target=receive, args=(refs[0],), daemon=True)
+        t.start()
+        return t
+
+    done = threading.Event()
+    sender = threading.Thread(target=lambda: (publish(sync, 1, buckets, send).out.join(), done.set()), daemon=True)
+    try:
+        sender.start()
+        assert done.wait(timeout=90), "the sender is still waiting for the dead receiver"
+        assert sync.ring.lost == {2}
+        assert sorted(t[0].item() for t in live) == [float(i) for i in range(6)]  # every bucket (in any order)
+        assert not ring_files(run_id)
+    finally:
+        sync.close()
 
 
 def test_a_new_sender_with_the_same_run_id_is_never_confused_with_the_old_one() -> None:
