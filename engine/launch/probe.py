@@ -20,7 +20,7 @@ much (timed with every core beside one busy core, one launch read bf16 0.16× fp
 quiet one reads 2.7×: a kernel's threads wait for the descheduled one). Thread scaling needs every core free:
 it is timed next, and when other processes used `auto.QUIET_CORES` or more meanwhile, the role keeps the split.
 The attention is timed last, on the threads the trainer will run (eager ÷ sdpa depends on them: at the demo's
-shared-prompt shape on an AMD EPYC, sdpa ÷ eager read 0.70× on one thread and 1.17× on two, and a whole update
+shared-prompt shape on an AMD EPYC, sdpa ÷ eager read 0.58× on one thread and 1.95–1.98× on two, and a whole update
 on two threads was 1.08× faster with eager — study 16).
 """
 
