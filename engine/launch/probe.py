@@ -3,9 +3,9 @@
 `resolve_auto(plan, model_dir)` is what the driver calls before anything starts: when the config has an
 "auto" setting it times the run's matmul shapes on this machine (fp32 vs bf16 on one thread, then every core
 in each role's chosen precision, then the trainer's attention fwd + bwd in sdpa vs eager on the trainer's
-chosen threads), decides, prints one line per setting on stderr, and returns the plan of the resolved config (concrete values, so the
-actors, `config.resolved.json` and a resume see what ran) and the record for `<run dir>/machine.json`. On
-cuda / npu nothing is timed (bf16, sdpa).
+chosen threads), decides, prints one line per setting on stderr, and returns the plan of the resolved config
+(concrete values, so the actors, `config.resolved.json` and a resume see what ran) and the record for
+`<run dir>/machine.json`. On cuda / npu nothing is timed (bf16, sdpa).
 
 Each timing is the fastest of a few calls after one warm-up (the minimum is the estimate least disturbed by
 other processes on the cores), at most ~`BUDGET_S` per entry. Timings are cached in
@@ -19,9 +19,9 @@ The precision ratio (bf16 ÷ fp32) is timed on one thread, so a process busy on 
 much (timed with every core beside one busy core, one launch read bf16 0.16× fp32 at a decode step where a
 quiet one reads 2.7×: a kernel's threads wait for the descheduled one). Thread scaling needs every core free:
 it is timed next, and when other processes used `auto.QUIET_CORES` or more meanwhile, the role keeps the split.
-The attention is timed last, on the threads the trainer will run (eager ÷ sdpa depends on them: at the demo's
-shared-prompt shape on an AMD EPYC, sdpa ÷ eager read 0.58× on one thread and 1.95–1.98× on two, and a whole update
-on two threads was 1.08× faster with eager — study 16).
+The attention is timed last, on the threads the trainer will run (the ratio depends on them: at the demo's
+shared-prompt shape on an AMD EPYC, sdpa time ÷ eager time read 0.58× on one thread and 1.95–1.98× on two, and a
+whole update on two threads was 1.08× faster with eager — study 16).
 """
 
 from __future__ import annotations

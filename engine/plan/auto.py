@@ -31,8 +31,9 @@ token: w_trainer = L·e / R_t and w_lm_head = f / R_h for the trainer, w_decode 
 1 / R_d for the rollout, where e = (2·h·H·d + 2·h·K·d + 3·h·i_a) / (h·i) counts one layer's matmuls in units of
 the measured one (H, K heads of width d; i_a = i, or experts per token × the expert width for MoE), L layers,
 and f = max_response_length / (max_prompt_length / 2 + max_response_length) the share of the trainer's tokens
-that reach the LM head (n·r / S of the shared sequence where the prompt is shared). (Unweighted, one LM-head matmul would count as much as all L layers: on an Intel Xeon
-with AMX, bf16 ran the layer shape 2.8× fp32 but a 64-row LM head 0.84×, and the plain sum chose fp32.)
+that reach the LM head (n·r / S of the shared sequence where the prompt is shared). (Unweighted, one LM-head
+matmul would count as much as all L layers: on an Intel Xeon with AMX, bf16 ran the layer shape 2.8× fp32 but
+a 64-row LM head 0.84×, and the plain sum chose fp32.)
 
 Decisions, with s = fp32 time ÷ bf16 time of a role (trainer: trainer + lm_head; rollout: decode +
 decode_head) and g = the same time's 1-thread ÷ C-thread ratio, in the role's chosen precision:

@@ -42,8 +42,9 @@ when it maps the ring, and the sender, while it waits, checks every `CHECK_S` wh
 a rank whose process is gone (or any rank still missing once the receivers' side of the sync has returned:
 `send(…, receivers_done)`, the rollouter's `update_weights`) is not waited for (`ShmRing.lost`); the rollouter
 reports the dead replica and the run replaces it. A receiver that runs but never acknowledges (hung), or dies
-before it mapped the ring, fails the sync after `timeout_s`, naming the receiver and the piece. One whose load raises acknowledges the rest at once (`engine.sync.apply.load_into`
-closes the pull), so the sender finishes and the replica's error is reported.
+before it mapped the ring, fails the sync after `timeout_s`, naming the receiver and the piece. One whose load
+raises acknowledges the rest at once (`engine.sync.apply.load_into` closes the pull), so the sender finishes and
+the replica's error is reported.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ from engine.sync.flat import ALIGN, FlatBucket
 SLOTS = 3
 """Shared-memory buffers in the ring: one being loaded, one packed ahead, one spare for uneven stages."""
 CHECK_S = 0.2
-"""While waiting for an acknowledgement, how often the sender asks whether the receivers' side has returned."""
+"""While waiting for an acknowledgement, how often the sender asks whether the receiver's process still runs and
+whether the receivers' side of the sync has returned (`ShmRing._gone`)."""
 SHM_DIR = "/dev/shm"
 CONTROL_WORDS = 512
 """Words of the control page (one 4 KiB page): word r is receiver rank r's acknowledgement (rank 0 is the sender),
@@ -144,11 +146,12 @@ class ShmRing:
         self.marks: list[tuple[str, int, float]] = []  # this sync's timeline (`begin`, `mark`)
         self.handed = 0  # pieces handed to the pack in this sync
         self.receivers_done: Callable[[], bool] = lambda: False
-        self.lost: set[int] = set()  # ranks this sync stopped waiting for (their side returned without them)
+        self.lost: set[int] = set()  # ranks this sync stopped waiting for (`_gone`)
 
     def begin(self, receivers_done: Callable[[], bool] | None = None) -> None:
-        """A new sync: its timeline starts empty (`marks`); `receivers_done()` turns true once the receivers'
-        side has returned (every receiver that will acknowledge has), so a rank still missing then is lost."""
+        """A new sync: its timeline starts empty (`marks`), no rank is lost; `receivers_done()` turns true once
+        the receivers' side has returned (every receiver that will acknowledge has): a rank still missing then is
+        lost (`_gone`)."""
         self.marks, self.handed, self.lost = [], 0, set()
         self.receivers_done = receivers_done or (lambda: False)
 
