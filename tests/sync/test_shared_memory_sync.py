@@ -340,3 +340,65 @@ def test_a_new_sender_with_the_same_run_id_is_never_confused_with_the_old_one() 
                 p.mul_(-2)
     assert names[0] != names[1]
     assert not ring_files(run_id)
+
+
+def test_a_replica_keeps_its_weights_in_the_ring_and_the_sender_never_overwrites_them() -> None:
+    """One copy per sync (`pull(…, keep=True)` + `BackBuffer.stage(…, keep=True)`): the replica's weights become
+    views of the ring's slots. While the next version is packed and staged, the live version's slots are held —
+    the sender grows the ring instead of reusing them, so the weights the replica generates with never change
+    under it — and after the swap (`kept_live`) their slots are reused: the ring stops growing once it holds two
+    versions. Every byte and fingerprint is the sender's; no file is left in /dev/shm."""
+    import threading
+
+    from engine.sync import native
+    from engine.sync.shared_memory import _MAPPED, kept_live, pull, release_kept
+    from engine.sync.staging import BackBuffer
+    from engine.sync.verify import Delivery
+    from engine.trainer.fsdp import free_port
+
+    if native.kernel() is None:
+        pytest.skip("keeping needs the native kernel (the numpy load copies)")
+    torch.manual_seed(0)
+    src = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)]).to(torch.bfloat16)
+    dst = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)]).to(torch.bfloat16)
+    buckets = [{f"{i}.weight": m.weight.detach(), f"{i}.bias": m.bias.detach()} for i, m in enumerate(src)]
+    run_id = f"pytkeep{os.getpid()}"
+    sync = SharedMemorySync("127.0.0.1", free_port(), 2, run_id=run_id, slot_bytes=8192)
+    back = BackBuffer(dst)
+    got: dict = {}
+    sizes = []
+    try:
+        for version in (1, 2, 3, 4, 5):
+            live = {k: v.clone() for k, v in dst.state_dict().items()}
+
+            def receive(handle) -> None:
+                delivery = Delivery(pull(handle, 1, keep=True), keep=True)
+                got["copied"] = back.stage(delivery, version, keep=True)
+                got["fingerprints"] = delivery.fingerprints
+
+            def send(refs):
+                t = threading.Thread(target=receive, args=(refs[0],))
+                t.start()
+                return t
+
+            sent = publish(sync, version, buckets, send)
+            sent.out.join(timeout=60)
+            assert got["fingerprints"] == sent.fingerprints and got["copied"] == 0  # nothing copied
+            # the version generating meanwhile was never written: its slots were held
+            assert all(torch.equal(live[k], v) for k, v in dst.state_dict().items())
+            back.swap(version)
+            kept_live()
+            assert all(torch.equal(a, b) for a, b in zip(src.state_dict().values(), dst.state_dict().values()))
+            slots = [(s.data_ptr(), s.data_ptr() + s.numel()) for s in next(iter(_MAPPED.values()))[0]]
+            assert all(any(lo <= p.data_ptr() < hi for lo, hi in slots) for p in dst.parameters())
+            assert not ring_files(run_id)
+            sizes.append(len(sync.ring.buffers))
+            with torch.no_grad():
+                for p in src.parameters():
+                    p.add_(1)
+        assert sizes[-1] == sizes[-2] == sizes[-3]  # two versions' slots, reused from then on
+        assert sizes[-1] <= 2 * len(sent.fingerprints) + 3
+    finally:
+        back.own()
+        release_kept()
+        sync.close()

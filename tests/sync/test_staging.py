@@ -151,3 +151,54 @@ def test_the_weight_sample_taken_while_staging_equals_the_one_read_after_the_swa
         if native.kernel() is not None:  # the sums were taken: the big tensors are not read again
             assert {model.embed.weight.data_ptr(), model.body.weight.data_ptr(), model.low.data_ptr()} <= set(known)
             assert model.body.bias.data_ptr() not in known and model.norm.weight.data_ptr() not in known
+
+
+def test_kept_tensors_become_views_of_the_received_buffers_and_own_copies_them_out() -> None:
+    """`stage(…, keep=True)`: a tensor that arrives whole in its dtype is not copied — after the swap the
+    parameter *is* the received bytes (tied weights still one tensor), the fingerprints and the weight sample are
+    those of a copying load; one that needs a copy (another dtype) still goes through the back buffer. `own`
+    copies the kept weights out before an in-place load, so the received buffers are never written."""
+    from engine.sync import native
+    from engine.sync.apply import load_buckets_into
+    from engine.sync.verify import Delivery, weights_fingerprint
+
+    if native.kernel() is None:
+        pytest.skip("keeping needs the native kernel (the numpy load copies)")
+    torch.manual_seed(0)
+    model, copied_model = Big(), Big()
+    back = BackBuffer(model)
+    for version in (1, 2, 3):
+        g = torch.Generator().manual_seed(version)
+        want = {"embed.weight": torch.randn(1000, 300, generator=g), "body.weight": torch.randn(1111, 300, generator=g),
+                "low": torch.randn(777, 601, generator=g).to(torch.bfloat16),
+                "body.bias": torch.randn(1111, generator=g, dtype=torch.float64)}  # another dtype: copied
+        parts = [{k: want[k] for k in ("low", "body.bias")},
+                 {"embed.weight": want["embed.weight"], "body.weight": want["body.weight"]},
+                 {"head.weight": want["embed.weight"]}]
+        received = [flatten(p, i) for i, p in enumerate(parts)]  # the "slots": alive until the next swap
+        bufs = [(fb.data.data_ptr(), fb.data.data_ptr() + fb.data.numel()) for fb in received]
+        delivery, reference = Delivery(received, keep=True), Delivery([flatten(p, i) for i, p in enumerate(parts)])
+        live_before = snapshot(model)
+        copied = back.stage(delivery, version, keep=True)
+        assert copied == want["body.bias"].numel() * 8  # only the float64 bias was copied (into fp32)
+        assert all(torch.equal(live_before[k], v) for k, v in snapshot(model).items())  # staging left them
+        back.swap(version)
+        load_buckets_into(copied_model, reference)
+        assert delivery.fingerprints == reference.fingerprints  # the delivery check sees the same bytes
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), copied_model.state_dict().values()))
+        for t in (model.embed.weight, model.body.weight, model.low):  # the received bytes, not a copy
+            assert any(lo <= t.data_ptr() < hi for lo, hi in bufs)
+        assert model.head.weight is model.embed.weight
+        assert not any(lo <= model.body.bias.data_ptr() < hi for lo, hi in bufs)
+        known = back.take_samples()
+        assert weights_fingerprint(model.state_dict().values(), known) == \
+            weights_fingerprint(model.state_dict().values())
+        assert {model.embed.weight.data_ptr(), model.low.data_ptr()} <= set(known)
+    snap = [(fb.data.clone(), fb) for fb in received]
+    back.own()
+    assert not back.kept
+    for t in (model.embed.weight, model.body.weight, model.low):
+        assert not any(lo <= t.data_ptr() < hi for lo, hi in bufs)
+    load_buckets_into(model, [flatten({"low": torch.ones(777, 601, dtype=torch.bfloat16)}, 0)])  # in place
+    assert torch.equal(model.low, torch.ones(777, 601, dtype=torch.bfloat16))
+    assert all(torch.equal(before, fb.data) for before, fb in snap)  # the received buffers were not written
