@@ -155,12 +155,9 @@ class RolloutReplica:
         the weights now loaded, and the seconds it took."""
         from engine.sync.runtime import resolve_buckets
 
-        from engine.sync.shared_memory import release_kept
-
         t0 = time.monotonic()
         delivery = resolve_buckets(bucket_refs, self.replica_id)
-        self.backend.update_weights(delivery, version)  # (copies kept weights out first: `BackBuffer.own`)
-        release_kept()
+        self.backend.update_weights(delivery, version)
         self._abort.clear()
         self._abort_val.clear()
         return {"fingerprints": delivery.fingerprints, "weights": self.backend.weights_fingerprint(),
@@ -194,7 +191,7 @@ class RolloutReplica:
         t0 = time.monotonic()
         self._staged = None
         c0 = copy_stats()
-        delivery = resolve_buckets(bucket_refs, self.replica_id, keep=True)
+        delivery = resolve_buckets(bucket_refs, self.replica_id)
         self.backend.stage_weights(delivery, version)
         c1 = copy_stats()
         t1 = time.monotonic()
@@ -214,11 +211,8 @@ class RolloutReplica:
             raise RuntimeError(f"rollout replica {self.replica_id}: asked to swap in weights v{version}, staged "
                                f"{'nothing' if self._staged is None else f'v{self._staged[0]}'}")
         _, fingerprints, stage_s = self._staged
-        from engine.sync.shared_memory import kept_live
-
         t0 = time.monotonic()
         self.backend.swap_weights(version)
-        kept_live()  # the version before is referenced no more: the sender may reuse its slots
         self._staged = None
         t1 = time.monotonic()
         swap_s = t1 - t0

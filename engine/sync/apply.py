@@ -56,29 +56,22 @@ def load_buckets_into(model: torch.nn.Module, buckets: Iterable[Any], strict: bo
     return load_into(named_tensors(model), buckets, strict)
 
 
-Keep = Callable[[torch.Tensor, torch.Tensor], bool]
-"""`keep(target, view)`: whether the consumer takes `view` (the received bytes of the tensor that would be copied
-into `target`) instead of the copy — it then references the received buffer (`engine.sync.staging`)."""
-
-
 def load_into(targets: dict[str, torch.Tensor], buckets: Iterable[Any], strict: bool = True,
-              written: Callable[[torch.Tensor], None] | None = None, samples: WeightSamples | None = None,
-              keep: Keep | None = None) -> int:
+              written: Callable[[torch.Tensor], None] | None = None, samples: WeightSamples | None = None) -> int:
     """`load_buckets_into` with the destination tensors by name (`named_tensors` of a model, or a back buffer's:
     `engine.sync.staging`); `written(target)` is called with each tensor (or fused-expert slice) written.
     The buckets' iterator is closed when this returns or raises: a transport's receiver then acknowledges
     what was not loaded at once, so a failed load never leaves the sender waiting out its timeout (while the
     error and its traceback, which would keep the iterator alive, are reported). With `samples`, the native
     load records each tensor's weight-sample sum as it copies it (`engine.sync.verify.WeightSamples`), every
-    other write is marked touched. With `keep` (host buckets through the native kernel only), a direct copy the
-    consumer keeps (`Keep`) is not made: its bytes are only fingerprinted, its weight sample summed in place."""
+    other write is marked touched."""
     copied = 0
     it = iter(buckets)
     try:
         with torch.no_grad():
             for bucket in it:
                 if isinstance(bucket, FlatBucket) and bucket.data.device.type == "cpu":
-                    copied += load_flat(targets, bucket, strict, written, samples, keep)
+                    copied += load_flat(targets, bucket, strict, written, samples)
                     continue
                 for name, array in bucket.items():
                     target = _target(targets, name, strict)
@@ -113,18 +106,16 @@ def _copy(name: str, target: torch.Tensor, source: torch.Tensor) -> int:
 
 
 def load_flat(targets: dict[str, torch.Tensor], bucket: FlatBucket, strict: bool = True,
-              written: Callable[[torch.Tensor], None] | None = None, samples: WeightSamples | None = None,
-              keep: Keep | None = None) -> int:
+              written: Callable[[torch.Tensor], None] | None = None, samples: WeightSamples | None = None) -> int:
     """Copy a host bucket's tensors into `targets` and fingerprint the bucket's bytes on the way: each `CHUNK` of
     the received buffer is added to the fingerprint right after it was copied out, while it is in cache (one
     read of the buffer in all). A target of another dtype or layout (a fused expert slice) takes the general
     copy, its region fingerprinted after. Sets `bucket.fingerprint` (= `fingerprint(bucket.data)`); `written` as
     for `load_into`. With the native kernel, the copies of all tensors that take the direct path are one native
-    call (`_load_batched`); `samples` and `keep` as for `load_into` (the numpy path records no sample — every
-    target touched — and keeps nothing)."""
+    call (`_load_batched`); `samples` as for `load_into` (the numpy path records none: every target touched)."""
     data = bucket.data
     if native.kernel() is not None and data.dtype == torch.uint8 and data.dim() == 1 and data.is_contiguous():
-        return _load_batched(targets, bucket, strict, written, samples, keep)
+        return _load_batched(targets, bucket, strict, written, samples)
     fp = Fingerprint()
     buf = host_bytes(bucket.data)
     covered = copied = 0
@@ -153,15 +144,12 @@ def load_flat(targets: dict[str, torch.Tensor], bucket: FlatBucket, strict: bool
 
 
 def _load_batched(targets: dict[str, torch.Tensor], bucket: FlatBucket, strict: bool,
-                  written: Callable[[torch.Tensor], None] | None, samples: WeightSamples | None = None,
-                  keep: Keep | None = None) -> int:
+                  written: Callable[[torch.Tensor], None] | None, samples: WeightSamples | None = None) -> int:
     """`load_flat` with the kernel: every direct copy (same dtype, shape, contiguous on the host) and the
     fingerprint of every region (tensor and padding, the general copies' too) gathered into one
     `copy_batch` call, by address — each entry checked to lie inside the bucket's buffer, each target to
     hold exactly its bytes. The general copies (another dtype or layout, a fused expert slice) run first. With
-    `samples` the call also sums each direct copy's sampled bytes, recorded by the target's address. A direct
-    entry the consumer keeps (`keep`) is fingerprinted only, its sample summed from the buffer and recorded by
-    the buffer's address (where the kept view lies): one kernel call still."""
+    `samples` the call also sums each direct copy's sampled bytes, recorded by the target's address."""
     data = bucket.data
     size, base = data.numel(), data.data_ptr()
     regions: list[tuple[int, int, int, int, int, int]] = []
@@ -177,11 +165,6 @@ def _load_batched(targets: dict[str, torch.Tensor], bucket: FlatBucket, strict: 
             regions.append((0, 0, 0, base + offset, end - offset, offset))
         elif (target.dtype == _dtype(dtype) and target.device.type == "cpu" and target.is_contiguous()
               and tuple(target.shape) == tuple(shape) and target.numel() * target.element_size() == nbytes):
-            if keep is not None and keep(target, data[offset:offset + nbytes].view(target.dtype).view(target.shape)):
-                direct.append((len(regions), base + offset, nbytes))  # fingerprinted and sampled, not copied
-                regions.append((0, base + offset, nbytes, base + offset, end - offset, offset))
-                covered = end
-                continue
             direct.append((len(regions), target.data_ptr(), nbytes))
             regions.append((target.data_ptr(), base + offset, nbytes, base + offset, end - offset, offset))
             copied += nbytes
@@ -204,4 +187,3 @@ def _load_batched(targets: dict[str, torch.Tensor], bucket: FlatBucket, strict: 
             samples.record(ptr, nbytes, sums[i])
     bucket.fingerprint = fp.value
     return copied
-

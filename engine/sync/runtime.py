@@ -229,15 +229,13 @@ def _fetch(refs: list) -> Iterator[Any]:
         yield ray.get(r) if isinstance(r, ray.ObjectRef) else r
 
 
-def resolve_buckets(bucket_refs: list, replica_id: int, keep: bool = False) -> Delivery:
+def resolve_buckets(bucket_refs: list, replica_id: int) -> Delivery:
     """The buckets behind what a replica was sent, fetched one bucket ahead of its load: object refs (or
     buckets) in order, or a collective handle (received as group rank `handle.first_rank(replica_id)`; a vLLM
-    backend instead hands `handle` and `rank` to its workers, which receive themselves). `keep` (a replica that
-    stages into a back buffer): a shared-memory delivery's buckets may be kept past their load (`Delivery.keep`;
-    `engine.sync.shared_memory.pull(…, keep=True)`; the replica calls `kept_live` after its swap)."""
+    backend instead hands `handle` and `rank` to its workers, which receive themselves)."""
     if len(bucket_refs) == 1 and isinstance(bucket_refs[0], SharedMemoryHandle):
         handle = bucket_refs[0]  # the slots are read in place: no receive to overlap, the sender packs ahead
-        return Delivery(_Lazy(lambda: shm_pull(handle, handle.first_rank(replica_id), keep=keep)), keep=keep)
+        return Delivery(_Lazy(lambda: shm_pull(handle, handle.first_rank(replica_id))))
     if len(bucket_refs) == 1 and isinstance(bucket_refs[0], CollectiveHandle):
         handle = bucket_refs[0]
         rank = handle.first_rank(replica_id)

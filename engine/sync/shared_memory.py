@@ -78,12 +78,10 @@ CHECK_S = 0.2
 """While waiting for an acknowledgement, how often the sender asks whether the receiver's process still runs and
 whether the receivers' side of the sync has returned (`ShmRing._gone`)."""
 SHM_DIR = "/dev/shm"
-CONTROL_WORDS = 768
-"""Words of the control page (6 KiB): word r is receiver rank r's acknowledgement (rank 0 is the sender), word
-`PID_WORDS` + r its process id (written when it maps the ring: the sender's liveness check), word `HOLD_WORDS` + r
-the first piece it still holds (0: none; `pull(…, keep=True)`)."""
-PID_WORDS = 256
-HOLD_WORDS = 512
+CONTROL_WORDS = 512
+"""Words of the control page (one 4 KiB page): word r is receiver rank r's acknowledgement (rank 0 is the sender),
+word `PID_WORDS` + r its process id (written when it maps the ring: the sender's liveness check)."""
+PID_WORDS = CONTROL_WORDS // 2
 _FILE = re.compile(r"^asyncrl-.+-p(?P<pid>\d+)-e\d+-s(\d+|c)$")
 
 
@@ -133,10 +131,9 @@ class ShmRing:
         self.run_id, self.nslots, self.slot_bytes, self.directory = run_id, slots, slot_bytes, directory
         self.timeout_s = timeout_s
         self.epoch = -1
-        self.paths: list[str] = []  # this epoch's slot files (`nslots` at its start, more as `_grow` adds them)
-        self.sizes: list[int] = []
+        self.paths: list[str] = []
         self.buffers: list[torch.Tensor] = []
-        self.linked: list[str] = []  # files not yet unlinked (some receiver may not have mapped them yet)
+        self.linked = False
         self.next = 0
         self.order: deque[int] = deque()  # slots handed to the pack, not yet published by `send`
         self.pending: dict[int, tuple[int, list[int]]] = {}  # slot → (its piece's ack number, the ranks to ack it)
@@ -181,41 +178,28 @@ class ShmRing:
         return f"asyncrl-{self.run_id}-p{os.getpid()}-e{self.epoch}"
 
     def renew(self, slot_bytes: int) -> None:
-        """A new epoch: `nslots` fresh files of `slot_bytes` (the old ones are unlinked; their memory goes when the
-        last receiver drops its mapping)."""
+        """A new epoch: fresh files of `slot_bytes` (the old ones are unlinked; their memory goes when the last
+        receiver drops its mapping)."""
         self.drop()
         sweep_stale(self.directory)
         self.epoch += 1
         self.slot_bytes = slot_bytes
-        self.paths, self.sizes, self.buffers, self.linked = [], [], [], []
+        self.paths = [os.path.join(self.directory, f"{self.name}-s{i}") for i in range(self.nslots)]
         self.ctrl_path = os.path.join(self.directory, f"{self.name}-sc")
-        # one list, grown in place: the exit handler removes every file this epoch made
-        self._finalizer = weakref.finalize(self, _unlink, self.linked)
-        self.linked.append(self.ctrl_path)
+        self._finalizer = weakref.finalize(self, _unlink, [*self.paths, self.ctrl_path])
+        self.linked = True
+        self.buffers = [_create(p, slot_bytes) for p in self.paths]
         self.ctrl = _create(self.ctrl_path, CONTROL_WORDS * 8).numpy().view(np.int64)
-        for _ in range(self.nslots):
-            self._grow(slot_bytes)
         self.next, self.acked = 0, 0
-        self.pending.clear()
 
-    def _grow(self, size: int) -> int:
-        """One more slot of `size` bytes in this epoch (a receiver maps it at the first header that lists it);
-        returns its index."""
-        i = len(self.paths)
-        path = os.path.join(self.directory, f"{self.name}-s{i}")
-        self.linked.append(path)
-        self.buffers.append(_create(path, size))
-        self.paths.append(path)
-        self.sizes.append(size)
-        return i
-
-    def describe(self) -> tuple[str, list[str], list[int], str]:
-        return self.name, list(self.paths), list(self.sizes), self.ctrl_path
+    def describe(self) -> tuple[str, list[str], int, str]:
+        return self.name, list(self.paths), self.slot_bytes, self.ctrl_path
 
     def unlink(self) -> None:
-        """Remove the files not yet removed (mappings stay valid): every receiver of this sync has mapped them."""
-        _unlink(self.linked)
-        self.linked.clear()
+        """Remove the files (mappings stay valid): every receiver of this epoch has mapped them."""
+        if self.linked:
+            _unlink([*self.paths, self.ctrl_path])
+            self.linked = False
 
     def drop(self) -> None:
         self.unlink()
@@ -245,19 +229,11 @@ class ShmRing:
             time.sleep(pause)
             pause = min(pause * 2, 5e-3)
 
-    def _held(self, pending: tuple[int, list[int]], r: int) -> bool:
-        """Whether rank `r` still holds the piece (its hold word: the first piece it keeps, 0 = none); read after
-        its acknowledgement word — a receiver writes its hold before it acknowledges a piece it keeps."""
-        hold = int(self.ctrl[HOLD_WORDS + r]) if self.ctrl is not None else 0
-        return 0 < hold <= pending[0] and r not in self.lost
-
-    def wait_acked(self, pending: tuple[int, list[int]] | None, held_ok: bool = True) -> bool:
+    def wait_acked(self, pending: tuple[int, list[int]] | None) -> None:
         """Wait until every rank's control word reached the piece's ack number (polling, 20 µs → 0.5 ms apart);
-        `timeout_s` without it: `RuntimeError` naming the receiver. With `held_ok` False, return False as soon
-        as some rank holds the piece (its slot cannot be reused before that rank swaps another version in);
-        True otherwise."""
+        `timeout_s` without it: `RuntimeError` naming the receiver."""
         if not pending or self.ctrl is None:
-            return True
+            return
         ack, ranks = pending
         ctrl, pause, deadline, checked = self.ctrl, 2e-5, None, time.monotonic()
         for r in ranks:
@@ -265,8 +241,6 @@ class ShmRing:
                 now = time.monotonic()
                 if self._gone(r, checked):
                     break
-                if not held_ok and self._held(pending, r):
-                    return False
                 if now - checked >= CHECK_S:
                     checked = now
                 if deadline is None:
@@ -277,25 +251,8 @@ class ShmRing:
                                        "died or stopped loading)")
                 time.sleep(pause)
                 pause = min(pause * 2, 5e-4)
-            if not held_ok and self._held(pending, r):
-                return False
-        return True
-
-    def keeping(self) -> bool:
-        """Whether some receiver holds pieces (`pull(…, keep=True)`)."""
-        return self.ctrl is not None and bool(self.ctrl[HOLD_WORDS:HOLD_WORDS + PID_WORDS].any())
-
-    def _free(self, size: int) -> list[int]:
-        """Slots a piece of `size` bytes may take, best first: not handed out, large enough, held by no receiver
-        — smallest first, then in ring order from `next` (the oldest piece, likely acknowledged first)."""
-        n = len(self.buffers)
-        out = [i for i in range(n) if i not in self.order and self.sizes[i] >= size
-               and not (i in self.pending and any(self._held(self.pending[i], r) for r in self.pending[i][1]))]
-        return sorted(out, key=lambda i: (self.sizes[i], (i - self.next) % n))
 
     def get(self, size: int, device: Any) -> torch.Tensor:
-        """The slot the next piece (`size` bytes) is packed into (module docstring: a slot held by a receiver is
-        never reused; none free and large enough: a new one)."""
         if torch.device(device).type != "cpu":
             raise ValueError("shared-memory weight sync packs on the host (device cpu)")
         with self.cond:
@@ -303,26 +260,17 @@ class ShmRing:
                 self.cond.wait_for(lambda: not self.order)
                 for pending in self.pending.values():
                     self.wait_acked(pending)
+                self.pending.clear()
                 self.renew(max(size, self.slot_bytes))
+            slot, self.next = self.next, (self.next + 1) % self.nslots
             k, self.handed = self.handed, self.handed + 1
             self.mark("get", k)
-        while True:
-            with self.cond:
-                free = self._free(size)
-                if not free and not self.keeping() and any(self.sizes[i] >= size for i in self.order):
-                    self.cond.wait(CHECK_S)  # no receiver keeps pieces: a slot handed out comes back once loaded
-                    continue
-                slot = free[0] if free else self._grow(_aligned(size))
-                self.order.append(slot)  # reserved (the pack asks for one slot at a time)
-                self.next = (slot + 1) % len(self.buffers)
-                pending = self.pending.get(slot)
-            if self.wait_acked(pending, held_ok=False):  # the receivers are done with the bucket it held
-                break
-            with self.cond:  # a receiver kept that piece meanwhile: choose again
-                self.order.remove(slot)
-        with self.cond:
-            self.pending.pop(slot, None)
+            self.cond.wait_for(lambda: slot not in self.order)  # its bucket is published: its ack is known
+            pending = self.pending.pop(slot, None)
+        self.wait_acked(pending)  # the receivers are done with the bucket it held
         self.mark("slot", k)
+        with self.cond:
+            self.order.append(slot)
         return self.buffers[slot][:size]
 
     def published(self, ranks: list[int]) -> tuple[int, int, tuple[str, list[str], int, str]]:
@@ -338,11 +286,10 @@ class ShmRing:
             return slot, self.acked, self.describe()
 
     def settle(self) -> None:
-        """Wait until every receiver acknowledged every published bucket (the slots keep their pieces' ack
-        numbers: a receiver may hold them past this sync)."""
+        """Wait until every receiver acknowledged every published bucket."""
         with self.cond:
-            pending = list(self.pending.values())
-        for p in pending:
+            pending, self.pending = self.pending, {}
+        for p in pending.values():
             self.wait_acked(p)
 
 
@@ -472,61 +419,20 @@ def _open(path: str, size: int, writable: bool) -> mmap.mmap:
         os.close(fd)
 
 
-def _map(ring: tuple[str, list[str], list[int], str]) -> tuple[list[torch.Tensor], np.ndarray]:
-    """The slots and control page of `ring`'s epoch, mapped: every slot it lists (a slot the sender added since
-    is mapped at the first header that lists it, while its file exists)."""
-    name, paths, sizes, ctrl_path = ring
+def _map(ring: tuple[str, list[str], int, str]) -> tuple[list[torch.Tensor], np.ndarray]:
+    name, paths, size, ctrl_path = ring
     mapped = _MAPPED.get(name)
     if mapped is None:
-        _MAPPED.clear()  # (a receiver's kept weights keep their own mappings alive)
+        _MAPPED.clear()
+        slots = []
+        for p in paths:
+            mm = _open(p, size, False)
+            with warnings.catch_warnings():  # read-only: the receivers only read the slots
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                slots.append(torch.from_numpy(np.frombuffer(mm, dtype=np.uint8)))
         ctrl = np.frombuffer(_open(ctrl_path, CONTROL_WORDS * 8, True), dtype=np.int64)
-        mapped = _MAPPED[name] = ([], ctrl)
-    slots = mapped[0]
-    for p, size in zip(paths[len(slots):], sizes[len(slots):]):
-        mm = _open(p, size, False)
-        with warnings.catch_warnings():  # read-only: the receivers only read the slots
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            slots.append(torch.from_numpy(np.frombuffer(mm, dtype=np.uint8)))
+        mapped = _MAPPED[name] = (slots, ctrl)
     return mapped
-
-
-_KEPT: dict[str, list[tuple[np.ndarray, int, int]]] = {}
-"""This process's kept pieces (`pull(…, keep=True)`): "staged" and "live" → per ring epoch the version's pieces
-came through (a sender may start a new epoch mid-version: a piece outgrew the slots), (its control words, this
-receiver's rank, the version's first piece there)."""
-
-
-def _hold(ctrl: np.ndarray, rank: int, ack: int) -> None:
-    """Hold piece `ack` and every later one of this epoch (unless an earlier piece is held already), before the
-    piece is acknowledged; remembered as the staged version's first piece in this epoch."""
-    staged = _KEPT.setdefault("staged", [])
-    if any(c is ctrl for c, _, _ in staged):
-        return
-    if not 0 < int(ctrl[HOLD_WORDS + rank]) <= ack:
-        ctrl[HOLD_WORDS + rank] = ack
-    staged.append((ctrl, rank, ack))
-
-
-def kept_live() -> None:
-    """The version last pulled with `keep=True` is now live (the receiver swapped it in; nothing references the
-    one before): release every piece before it — the sender may reuse their slots."""
-    staged = _KEPT.pop("staged", None)
-    if staged is None:
-        return
-    for ctrl, rank, _ in _KEPT.get("live", []):
-        if not any(c is ctrl for c, _, _ in staged):
-            ctrl[HOLD_WORDS + rank] = 0  # an epoch the live version has no piece in: all of it
-    for ctrl, rank, first in staged:
-        ctrl[HOLD_WORDS + rank] = first
-    _KEPT["live"] = staged
-
-
-def release_kept() -> None:
-    """This process no longer references any piece it kept (its weights were copied out, or it stops)."""
-    for entries in _KEPT.values():
-        for ctrl, rank, _ in entries:
-            ctrl[HOLD_WORDS + rank] = 0
-    _KEPT.clear()
 
 
 _CLIENTS: dict[tuple[str, int], Any] = {}
@@ -542,15 +448,10 @@ def pulled_marks() -> list[tuple[str, int, float]]:
     return list(_PULLED)
 
 
-def pull(handle: CollectiveHandle, rank: int, timeout_s: float = 300.0, keep: bool = False) -> Iterator[FlatBucket]:
+def pull(handle: CollectiveHandle, rank: int, timeout_s: float = 300.0) -> Iterator[FlatBucket]:
     """The buckets of `handle` as group rank `rank` (≥ 1) receives them: views of the ring's slots, each
     acknowledged when the consumer asks for the next one (so load it before). A consumer that stops early
-    acknowledges the rest unread, so the sender is never left waiting. Its timeline: `pulled_marks`.
-
-    `keep`: the consumer may keep referencing the views after it acknowledged them (its weights become views of
-    the slots: `engine.sync.staging.BackBuffer.stage(…, keep=True)`): before the first piece is acknowledged the
-    receiver's hold word is set to that piece (unless it already holds an earlier one: its live weights), and
-    the sender reuses none of these slots until `kept_live()` (after the swap) or `release_kept()`."""
+    acknowledges the rest unread, so the sender is never left waiting. Its timeline: `pulled_marks`."""
     global _PULLED
     key = (handle.host, handle.port)
     store = _CLIENTS.get(key)
@@ -578,10 +479,6 @@ def pull(handle: CollectiveHandle, rank: int, timeout_s: float = 300.0, keep: bo
             slots, ctrl = _map(ring)
             if k == 0:
                 ctrl[PID_WORDS + rank] = os.getpid()  # the sender stops waiting for a process that is gone
-                if keep:
-                    _KEPT.pop("staged", None)  # (a version staged before and never swapped in: replaced)
-            if keep:  # held from here (written before this piece's acknowledgement), in every epoch it spans
-                _hold(ctrl, rank, ack)
             marks.append(("header", k, clock()))
             yield FlatBucket(index, slots[slot][:n], seq)
             marks.append(("loaded", k, clock()))

@@ -17,15 +17,6 @@ The stage also takes the weight sample's sums of the tensors it copies (`engine.
 the sample after the swap (`engine.sync.verify.weights_fingerprint`, the "weights did not change" alarm) reads
 only what the stage did not write whole — the same value, without reading the model again inside the pause.
 
-Kept weights (`stage(…, keep=True)`, the shared-memory transport: `engine.sync.shared_memory.pull(…, keep=True)`):
-a tensor that arrives whole, in its own dtype and shape, is not copied at all — the stage only fingerprints it
-(and takes its weight sample) where it lies, in the sender's ring slot, and the swap makes that view of the slot
-the parameter (`param.data = view`). The sync then costs one copy of the model (the trainer's pack) instead of
-two, and every replica on the host shares the same pages. The slots are mapped read-only: a write to a kept
-weight is a fault, never a silent change of another replica's weights; so an in-place load first copies the kept
-weights out (`own`). Tensors that need a copy (another dtype, a fused expert written in parts) still go
-through the back buffer.
-
 Memory: the back buffer is as large as the replica's weights (the replica holds two copies). Pure torch: no
 Ray, no runtime.
 """
@@ -64,8 +55,6 @@ class BackBuffer:
         self._regions: dict[int, list[torch.Tensor]] = {}  # id(live tensor) → the back regions written
         self._samples: dict[int, tuple[int, int]] = {}  # the stage's weight-sample sums, by back address
         self.live_samples: dict[int, tuple[int, int]] | None = None  # … of the tensors the last swap made live
-        self._views: dict[int, torch.Tensor] = {}  # id(live tensor) → the staged view it becomes (`keep`)
-        self.kept: set[int] = set()  # id(live tensor) of the tensors that are views of received buffers now
 
     @property
     def nbytes(self) -> int:
@@ -104,36 +93,21 @@ class BackBuffer:
         self.allocate()
         return {name: self.back[id(t)] for name, t in self.front.items()}
 
-    def stage(self, buckets: Iterable[Any], version: int, strict: bool = True, keep: bool = False) -> int:
+    def stage(self, buckets: Iterable[Any], version: int, strict: bool = True) -> int:
         """Copy `buckets` into the back buffer (the live weights are not touched) and remember `version`;
-        returns the bytes copied. With `keep`, a tensor that arrives whole in its own dtype and shape is kept as
-        a view of the received buffer instead (module docstring: the buckets must stay valid until the swap after
-        the next). A second `stage` before `swap` replaces the first."""
+        returns the bytes copied. A second `stage` before `swap` replaces the first."""
         targets = self._targets()
         starts = sorted((b.data_ptr(), key) for key, b in self.back.items())
         regions: dict[int, list[torch.Tensor]] = {}
-        views: dict[int, torch.Tensor] = {}
-
-        def key_of(target: torch.Tensor) -> int:  # the live tensor whose back tensor `target` lies in
-            return starts[bisect.bisect_right(starts, (target.data_ptr(), float("inf"))) - 1][1]
 
         def written(target: torch.Tensor) -> None:  # a back tensor or a view of one (a fused expert's slice)
-            regions.setdefault(key_of(target), []).append(target)
-
-        def kept(target: torch.Tensor, view: torch.Tensor) -> bool:  # whole tensors only (a tied one: once)
-            key = key_of(target)
-            back = self.back[key]
-            if target.data_ptr() != back.data_ptr() or target.numel() != back.numel() or key in regions:
-                return False
-            views.setdefault(key, view)
-            return True
+            i = bisect.bisect_right(starts, (target.data_ptr(), float("inf"))) - 1
+            regions.setdefault(starts[i][1], []).append(target)
 
         self.staged = None
-        self._views = {}
         samples = WeightSamples()
-        copied = load_into(targets, buckets, strict, written, samples, kept if keep else None)
-        self._regions, self._samples, self._views = regions, samples.valid(), views
-        self.staged = int(version)
+        copied = load_into(targets, buckets, strict, written, samples)
+        self._regions, self._samples, self.staged = regions, samples.valid(), int(version)
         return copied
 
     def swap(self, version: int) -> None:
@@ -145,51 +119,25 @@ class BackBuffer:
         live: dict[int, tuple[int, int]] = {}
         with torch.no_grad():
             for t in {id(t): t for t in self.front.values()}.values():
-                key = id(t)
-                view = self._views.get(key)
-                parts = self._regions.get(key)
-                if view is not None and not parts:  # kept: the received bytes become the parameter
-                    t.data = view
-                    self.kept.add(key)
-                    rec = self._samples.get(view.data_ptr())
-                    if rec is not None:
-                        live[view.data_ptr()] = rec
-                    continue
+                parts = self._regions.get(id(t))
                 if not parts:
                     continue
-                back = self.back[key]
+                back = self.back[id(t)]
                 whole = any(p.data_ptr() == back.data_ptr() and p.numel() == back.numel() for p in parts) or \
                     sum(p.numel() for p in parts) >= back.numel()
                 if whole:
                     old = t.data
                     t.data = back
-                    self.back[key] = old if key not in self.kept else torch.empty_like(back)
-                    self.kept.discard(key)
+                    self.back[id(t)] = old
                     rec = self._samples.get(back.data_ptr())
                     if rec is not None:
                         live[back.data_ptr()] = rec
                 else:  # written in parts: copy those parts into the live tensor (same layout as the back one)
-                    self._own(t)
                     for p in parts:
                         offset = p.storage_offset() - back.storage_offset()
                         t.detach().as_strided(p.size(), p.stride(), t.storage_offset() + offset).copy_(p)
-        self._regions, self._samples, self._views, self.staged = {}, {}, {}, None
+        self._regions, self._samples, self.staged = {}, {}, None
         self.live_samples = live
-
-    def _own(self, t: torch.Tensor) -> None:
-        """A kept tensor copied into memory of its own (so it may be written)."""
-        if id(t) in self.kept:
-            t.data = t.data.clone()
-            self.kept.discard(id(t))
-
-    def own(self) -> None:
-        """Copy every kept weight into memory of the replica's own (before an in-place load, which writes the
-        live weights) and drop a staged version that kept any (its buffers are released after this)."""
-        with torch.no_grad():
-            for t in {id(t): t for t in self.front.values()}.values():
-                self._own(t)
-        if self._views:
-            self._regions, self._samples, self._views, self.staged = {}, {}, {}, None
 
     def take_samples(self) -> dict[int, tuple[int, int]] | None:
         """The weight-sample sums of the tensors the last `swap` made whole (`engine.sync.verify.WeightSamples`:

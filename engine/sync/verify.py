@@ -36,12 +36,10 @@ class SyncDeliveryError(RuntimeError):
 
 class Delivery:
     """Wraps the buckets a replica consumes and records each one's fingerprint (`fingerprints`, in order).
-    A consumer that receives elsewhere (vLLM workers) sets `fingerprints` itself. `keep`: the consumer may keep
-    referencing the buckets' bytes after it loaded them (`engine.sync.staging.BackBuffer.stage`)."""
+    A consumer that receives elsewhere (vLLM workers) sets `fingerprints` itself."""
 
-    def __init__(self, buckets: Iterable[Any], handle: Any = None, rank: int | None = None,
-                 keep: bool = False) -> None:
-        self.buckets, self.handle, self.rank, self.keep = buckets, handle, rank, keep
+    def __init__(self, buckets: Iterable[Any], handle: Any = None, rank: int | None = None) -> None:
+        self.buckets, self.handle, self.rank = buckets, handle, rank
         self.fingerprints: list[int] = []
 
     def __iter__(self) -> Iterator[Any]:

@@ -240,9 +240,8 @@ class HFRolloutBackend:
         embedding) and set `version`."""
         start = time.perf_counter()
         with self._model_lock:
-            if self._back is not None:  # the live weights are written in place: no sum taken at a stage holds,
-                self._back.forget_samples()  # and kept weights (views of the sender's buffers) are copied out first
-                self._back.own()
+            if self._back is not None:  # the live weights are written in place: no sum taken at a stage holds
+                self._back.forget_samples()
             copied = load_buckets_into(self.model, buckets)
             self.version = int(version)
         self._stats["weight_updates"] += 1
@@ -252,14 +251,13 @@ class HFRolloutBackend:
     def stage_weights(self, buckets: Iterable[Any], version: int) -> None:
         """Receive `version` into the back buffer (`engine.sync.staging`) while generation goes on with the
         live weights; `swap_weights(version)` makes it live. The first call allocates the back buffer (as large
-        as the weights). Buckets whose `keep` is true (a shared-memory delivery) are kept where they lie: the
-        swap makes views of them the weights."""
+        as the weights)."""
         start = time.perf_counter()
         with self._stage_lock:
             if self._back is None:
                 self._back = BackBuffer(self.model)
             self._back.allocate(self._model_lock)
-            copied = self._back.stage(buckets, version, keep=bool(getattr(buckets, "keep", False)))
+            copied = self._back.stage(buckets, version)
         self._stats["weight_update_bytes"] += copied
         self._stats["weight_stage_seconds"] = self._stats.get("weight_stage_seconds", 0.0) + \
             time.perf_counter() - start

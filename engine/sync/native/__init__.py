@@ -224,8 +224,7 @@ def copy_fp(dst: Any, src: Any, n: int, seen: Any, at: int) -> tuple[int, int] |
 def copy_fp_batch(regions: list[tuple[int, int, int, int, int, int]], zero_pad: bool = False) \
         -> tuple[int, int] | None:
     """Many `copy_fp`s in one call, by address: each region (dst, src, n, seen, seen_len, at) copies `n` bytes
-    from address `src` to `dst` (dst 0: sums only; with n > 0 and `seen` = `src`, the sampled call still samples
-    `src`'s n bytes, copying nothing) and adds the sums of the `seen_len` bytes at `seen`,
+    from address `src` to `dst` (dst 0 and n 0: sums only) and adds the sums of the `seen_len` bytes at `seen`,
     the buffer's byte `at` (`seen_len` and `at` multiples of 8; `seen` is `dst` or `src`); with `zero_pad`
     each dst's bytes n … seen_len are zeroed first (the sender's padding). Returns the sums of all regions
     together, or None when the kernel is not loaded. The caller guarantees the addresses: nothing is checked

@@ -214,7 +214,7 @@ void asyncrl_copy_fp(uint8_t *dst, const uint8_t *src, size_t n, const uint8_t *
     if (n > seen_len) n = seen_len;
     size_t nw = n / 8;
     int streamed = nw ? run_words(dst, src, nw, g, nt, &tot, &str) : 0;
-    if (dst && n > 8 * nw) memcpy(dst + 8 * nw, src + 8 * nw, n - 8 * nw);
+    if (n > 8 * nw) memcpy(dst + 8 * nw, src + 8 * nw, n - 8 * nw);
 #if defined(__SSE2__)
     if (streamed) _mm_sfence();
 #else
@@ -248,12 +248,12 @@ static void copy_sampled(uint8_t *d, const uint8_t *s, size_t n, const uint8_t *
     out[0] = out[1] = 0;
     if (stride)
         for (; n - o > SAMPLE_CHUNK; o += SAMPLE_CHUNK) {
-            asyncrl_copy_fp(d ? d + o : NULL, s + o, SAMPLE_CHUNK, seen + o, SAMPLE_CHUNK, g + o / 8, nt, one);
+            asyncrl_copy_fp(d + o, s + o, SAMPLE_CHUNK, seen + o, SAMPLE_CHUNK, g + o / 8, nt, one);
             out[0] += one[0];
             out[1] += one[1];
             for (size_t j = (o + stride - 1) / stride * stride; j < o + SAMPLE_CHUNK; j += stride) smp += s[j];
         }
-    asyncrl_copy_fp(n && d ? d + o : d, n ? s + o : s, n - o, seen + o, seen_len - o, g + o / 8, nt, one);
+    asyncrl_copy_fp(n ? d + o : d, n ? s + o : s, n - o, seen + o, seen_len - o, g + o / 8, nt, one);
     out[0] += one[0];
     out[1] += one[1];
     if (stride)
@@ -263,8 +263,7 @@ static void copy_sampled(uint8_t *d, const uint8_t *s, size_t n, const uint8_t *
 
 /* count copies: for each i, asyncrl_copy_fp(dst[i], src[i], n[i], seen[i], seen_len[i], g[i], n[i] >= nt_min);
  * with zero_pad, first dst[i][n[i] .. seen_len[i]) = 0 (the sender's padding; seen[i] is dst[i] then). dst[i]
- * = 0: sums only (with n[i] > 0 and src[i] = seen[i]: nothing copied, the sample of src[i] taken). out = the
- * sums of all regions (mod 2^64). */
+ * = 0 with n[i] = 0: sums only. out = the sums of all regions (mod 2^64). */
 void asyncrl_copy_fp_batch(size_t count, const uint64_t *dst, const uint64_t *src, const uint64_t *n,
                            const uint64_t *seen, const uint64_t *seen_len, const uint64_t *g, size_t nt_min,
                            int zero_pad, uint64_t *out) {
