@@ -10,6 +10,7 @@ handle, as for the collective), the per-piece acknowledgements as words in a sha
     sender    "<tag>/h<k>"         pickle((seq, slot, data bytes, index, ring, ack))  — None after the last bucket
     receiver  control word <rank>  = ack: done with that piece (loaded and fingerprinted), its slot may be reused
     receiver  "<tag>/a<n>/<rank>"  read the end marker (piece n = the count): the version's keys may be deleted
+    receiver  "<tag>/p<rank>"      its process id, as its pull begins (before it has mapped the ring)
     tag = "shm/<version>/<gen>", ring = (epoch name, slot paths, slot bytes, control page path),
     ack = the piece's number in the ring's epoch (1, 2, … across syncs: a word only grows)
 
@@ -36,13 +37,16 @@ an exit handler, and the sweep of files whose sender process is gone (`sweep_sta
 on this host) remove them.
 
 Limits: every receiver on the sender's host (a receiver that cannot find a slot file says so); host memory on
-both sides (CPU trainer and `hf` replicas); no Ray here; at most `CONTROL_WORDS` − 1 receivers. A receiver that
-dies mid-sync (a killed replica) stops acknowledging: each receiver writes its process id into the control page
-when it maps the ring, and the sender, while it waits, checks every `CHECK_S` whether that process still runs —
-a rank whose process is gone (or any rank still missing once the receivers' side of the sync has returned:
-`send(…, receivers_done)`, the rollouter's `update_weights`) is not waited for (`ShmRing.lost`); the rollouter
-reports the dead replica and the run replaces it. A receiver that runs but never acknowledges (hung), or dies
-before it mapped the ring, fails the sync after `timeout_s`, naming the receiver and the piece. One whose load
+both sides (CPU trainer and `hf` replicas); no Ray here; at most `PID_WORDS` − 1 = 255 receivers. A receiver
+that dies mid-sync (a killed replica) stops acknowledging: each receiver registers its process id in the store
+as its pull begins and writes it into the control page when it maps the ring, and the sender, while it waits,
+checks every `CHECK_S` whether that process still runs — a rank whose process is gone (or any rank still missing
+once the receivers' side of the sync has returned: `send(…, receivers_done)`, the rollouter's `update_weights`)
+is not waited for (`ShmRing.lost`); the rollouter reports the dead replica and the run replaces it. A receiver
+that runs but never acknowledges (hung), or dies before its pull began, fails the sync after `timeout_s`, naming
+the receiver and the piece. The pid check assumes the sender and its receivers share a PID namespace (one host,
+one Ray node); a receiver in another one would read as gone and be dropped, and the delivery check would then
+fail the sync naming it — loud, not silent. One whose load
 raises acknowledges the rest at once (`engine.sync.apply.load_into` closes the pull), so the sender finishes and
 the replica's error is reported.
 """
@@ -147,23 +151,30 @@ class ShmRing:
         self.handed = 0  # pieces handed to the pack in this sync
         self.receivers_done: Callable[[], bool] = lambda: False
         self.lost: set[int] = set()  # ranks this sync stopped waiting for (`_gone`)
+        self.tag = ""  # this sync's store prefix (`begin`)
+        self.acks_lock = threading.Lock()
 
-    def begin(self, receivers_done: Callable[[], bool] | None = None) -> None:
-        """A new sync: its timeline starts empty (`marks`), no rank is lost; `receivers_done()` turns true once
-        the receivers' side has returned (every receiver that will acknowledge has): a rank still missing then is
-        lost (`_gone`)."""
-        self.marks, self.handed, self.lost = [], 0, set()
+    def begin(self, receivers_done: Callable[[], bool] | None = None, tag: str = "") -> None:
+        """A new sync (`tag`: its store keys' prefix): its timeline starts empty (`marks`), no rank is lost;
+        `receivers_done()` turns true once the receivers' side has returned (every receiver that will
+        acknowledge has): a rank still missing then is lost (`_gone`)."""
+        self.marks, self.handed, self.lost, self.tag = [], 0, set(), tag
         self.receivers_done = receivers_done or (lambda: False)
 
     def _gone(self, r: int, since: float) -> bool:
         """Whether to stop waiting for rank `r` (asked at most every `CHECK_S` of waiting): its process is gone
         (the pid it wrote into the control page no longer runs: a replica killed mid-sync, which the rollouter
-        reports and replaces), or the receivers' side of the sync returned without it."""
+        reports and replaces), or the receivers' side of the sync returned without it. A receiver that has not
+        mapped this ring yet is known by the pid it registered in the store when its pull began (`pull`)."""
         if r in self.lost:
             return True
         if time.monotonic() - since < CHECK_S:
             return False
         pid = int(self.ctrl[PID_WORDS + r]) if self.ctrl is not None else 0
+        if pid == 0 and self.tag and self.acks is not None:
+            with self.acks_lock:  # (the pack's and the send's threads may both wait)
+                key = f"{self.tag}/p{r}"
+                pid = int(self.acks.get(key)) if self.acks.check([key]) else 0
         if (pid > 0 and not _alive(pid)) or self.receivers_done():
             self.lost.add(r)
             return True
@@ -215,7 +226,8 @@ class ShmRing:
         start = checked = time.monotonic()
         pause = 1e-4
         while True:
-            keys = {r: k for r, k in keys.items() if r not in self.lost and not self.acks.check([k])}
+            with self.acks_lock:
+                keys = {r: k for r, k in keys.items() if r not in self.lost and not self.acks.check([k])}
             if not keys:
                 return
             now = time.monotonic()
@@ -367,9 +379,9 @@ class SharedMemorySync(CollectiveSync):
         handle's bytes, bucket count and fingerprints. `receivers_done()`: true once the receivers' side of the
         sync returned — a receiver that has not acknowledged by then is not waited for (`ShmRing.lost`)."""
         store, ring, tag = self._store(), self.ring_for(handle), _tag(handle)
-        ring.begin(receivers_done)  # (the pack's thread starts with the first bucket asked for below)
+        ring.begin(receivers_done, tag)  # (the pack's thread starts with the first bucket asked for below)
         ranks = list(range(1, handle.world))
-        keys: list[str] = []
+        keys: list[str] = [f"{tag}/p{r}" for r in ranks]  # (the receivers' pids: `pull`)
         nbytes, sums = 0, []
         for k, fb in enumerate(buckets):
             slot, ack, desc = ring.published(ranks)
@@ -466,6 +478,7 @@ def pull(handle: CollectiveHandle, rank: int, timeout_s: float = 300.0) -> Itera
     def header(i: int) -> Any:  # one round trip: `get` waits for the key (up to the store's timeout)
         return pickle.loads(store.get(f"{tag}/h{i}"))
 
+    store.set(f"{tag}/p{rank}", str(os.getpid()))  # found by the sender if this process dies before it maps
     try:
         while True:
             msg = header(k)

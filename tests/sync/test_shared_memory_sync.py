@@ -75,6 +75,15 @@ def dying_receiver(handle, rank: int) -> None:
     os._exit(0)
 
 
+def receiver_dying_before_it_maps(handle, rank: int) -> None:
+    """A replica killed as its pull begins: it has registered itself, and its process ends as it would map the
+    ring (so its pid never reaches the control page)."""
+    import engine.sync.shared_memory as shm
+
+    shm._map = lambda ring: os._exit(0)
+    next(shm.pull(handle, rank))
+
+
 def ring_files(run_id: str) -> list[str]:
     return [f for f in os.listdir("/dev/shm") if f.startswith(f"asyncrl-{run_id}-")]
 
@@ -291,6 +300,35 @@ def test_a_receiver_that_dies_mid_sync_is_not_waited_for() -> None:
         assert done.wait(timeout=90), "the sender is still waiting for the dead receiver"
         assert sync.ring.lost == {2}
         assert sorted(t[0].item() for t in live) == [float(i) for i in range(6)]  # every bucket (in any order)
+        assert not ring_files(run_id)
+    finally:
+        sync.close()
+
+
+def test_a_receiver_that_dies_before_it_mapped_the_ring_is_not_waited_for() -> None:
+    """The first sync of a ring (a new group generation: a replacement replica joined) — a replica killed before it
+    mapped the ring never writes its pid into the control page; the pid it registered in the store as its pull
+    began tells the sender it is gone, and the sync goes on without it (long before `timeout_s`, 600 s)."""
+    from engine.sync.shared_memory import pull
+    from engine.trainer.fsdp import free_port
+
+    buckets = [{f"w{i}": torch.full((1000,), float(i))} for i in range(6)]
+    run_id = f"pytearly{os.getpid()}"
+    sync = SharedMemorySync("127.0.0.1", free_port(), 3, run_id=run_id, slot_bytes=4096, timeout_s=600)
+    live: list = []
+
+    def receive(handle) -> None:
+        dying = mp.get_context("spawn").Process(target=receiver_dying_before_it_maps, args=(handle, 2))
+        dying.start()
+        live.extend(next(bucket.tensors())[1].clone() for bucket in pull(handle, 1))  # rank 1 loads everything
+        dying.join()
+
+    done = publish_in_background(sync, buckets, receive)
+    try:
+        assert done.wait(timeout=90), "the sender is still waiting for the receiver that died before it mapped"
+        assert sync.ring.lost == {2}
+        assert int(sync.ring.ctrl[256 + 2]) == 0  # it never wrote its pid into the control page
+        assert sorted(t[0].item() for t in live) == [float(i) for i in range(6)]
         assert not ring_files(run_id)
     finally:
         sync.close()
