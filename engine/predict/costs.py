@@ -109,6 +109,9 @@ class Layout:
     back whole (asyncrl's loop before it streamed); a server with continuous batching that takes each prompt
     on its own (asyncrl's streaming rollouter, verl's `concurrent_samples_per_replica`) is that many.
     `from_config` takes asyncrl's (`plan_slots`)."""
+    colocated: bool = False
+    """Trainer and rollout on the same accelerators (verl's colocate baseline, `engine.predict.prediction.
+    colocated_layout`): a training step waits until generation is done."""
 
     @property
     def rollout_world(self) -> int:

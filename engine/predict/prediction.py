@@ -20,7 +20,8 @@ overlap (T): on shared cores a side slows down while the other computes rather t
 waits for follows the dependencies (a rule chosen after the tiny-preset runs of the plan-validation study).
 
 Baselines on the same accelerators: `sync` (asyncrl's mode = "sync": the same actors in turn) and
-`colocated` (verl's colocate baseline: all accelerators generate, then all train; the batch is split evenly
+`colocated` (verl's colocate baseline: all accelerators generate, then all train — no training step starts while
+a dispatch is in flight (`CostedScenario.exclusive`); the batch is split evenly
 over the replicas at once, so slots do not matter, and the training cost scales as 1 / world).
 
 On accelerators the plan adds `lending` (`engine.predict.lending`): the predicted gain of lending the trainer's
@@ -100,6 +101,7 @@ def scenario(layout: Layout, costs: CostModel, versions: int, seed: int = 0, res
         row_cost=costs.row_step_s * q * k, prefill_cost=costs.prefill_token_s * q,
         prompt_tokens=math.ceil(layout.prompt_tokens / q), train_step_overhead=step,
         short_max=max(1, math.ceil(min(costs.short_max, layout.max_new_tokens) / q)),
+        exclusive=layout.colocated,
     )
 
 
@@ -166,7 +168,7 @@ def colocated_layout(layout: Layout) -> Layout:
     per_version = layout.required_samples * layout.trigger
     per_call = min(layout.seqs_per_call, layout.n * math.ceil(per_version / replicas))
     return dataclasses.replace(sync_layout(layout), replicas=replicas, seqs_per_call=max(layout.n, per_call),
-                               trainer_world=layout.accelerators, slots=1)
+                               trainer_world=layout.accelerators, slots=1, colocated=True)
 
 
 def predict(layout: Layout, costs: CostModel, baselines: bool = True, measure: int = MEASURE,

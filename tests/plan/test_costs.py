@@ -141,3 +141,35 @@ def test_async_overlaps_what_sync_serialises_on_separate_devices(run_dir: Path) 
     cpu = simulate(dataclasses.replace(gpu, device="cpu"), costs)
     assert cpu.samples_per_s < fast.samples_per_s and cpu.cpu_contention
     assert math.isclose(sum(fast.staleness_hist.values()), 4 * 32)  # 4 measured versions of 32 prompts
+
+
+class _Recorded(CostedWorld):
+    """A costed world that records, at each training step's start, whether a dispatch was in flight."""
+
+    def __init__(self, s: CostedScenario) -> None:
+        self.overlaps: list[bool] = []
+        super().__init__(s)
+
+    def _at(self, t: float, kind: str, args: tuple) -> None:
+        if kind == "trained":
+            self.overlaps.append(self._generating())
+        super()._at(t, kind, args)
+
+
+def test_on_shared_accelerators_no_training_step_runs_while_a_replica_generates() -> None:
+    """verl's colocate baseline (`exclusive`): the trainer's step waits until the last dispatch of the version
+    is back; asyncrl's sync mode on its own pools starts its first step as soon as that step's groups are."""
+    def run(exclusive: bool) -> tuple[_Recorded, float]:
+        s = CostedScenario(seed=5, n=4, ppo_mini_batch_size=1, trigger=2, mode="sync", replicas=2, seqs_per_call=4,
+                           total_prompts=8, max_new_tokens=40, long_tail=0.0, token_cost=0.01,
+                           train_token_cost=0.002, sync_cost=0.0, short_max=40, exclusive=exclusive)
+        w = _Recorded(s)
+        out = w.run()
+        assert out.finished and not out.violations and out.steps == 8
+        return w, out.sim_time
+
+    own_pools, t_own = run(False)
+    shared, t_shared = run(True)
+    assert any(own_pools.overlaps)  # a step trained beside a replica still generating
+    assert shared.overlaps and not any(shared.overlaps)
+    assert t_shared > t_own  # the overlap is gone from the shared accelerators' time

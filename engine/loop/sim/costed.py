@@ -12,7 +12,8 @@ rollout prefills its prefix again). Rows leave the batch as they finish, so a lo
 per step. An abort returns at the first step boundary k with start + T(k) > now (at most the dispatch's end). A training step takes
 `tokens · train_token_cost + train_step_overhead`. Several dispatches on one replica (a drawn capacity of
 several calls) each follow T(k) on their own clock: the per-row cost of the others' rows is not charged to
-them. With b = p = overhead = 0 and `short_max = None` this is
+them. With `exclusive` (shared accelerators) a training step waits until no dispatch is in flight. With
+b = p = overhead = 0, `short_max = None` and no `exclusive` this is
 exactly `World`'s cost model (and `World` itself, untouched, is what `asyncrl simulate --check` runs).
 """
 
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
+from engine.loop.commands import Train
 from engine.loop.sim.replicas import SimDispatch
 from engine.loop.sim.scenario import Scenario
 from engine.loop.sim.world import World
@@ -38,6 +41,10 @@ class CostedScenario(Scenario):
     short_max: int | None = None
     """Short responses are uniform on 1..short_max (None: max_new_tokens // 3); `long_tail` of them run to
     the token limit."""
+    exclusive: bool = False
+    """The trainer and the rollout share the accelerators (verl's colocate baseline): a training step starts
+    only once no dispatch is in flight. Without it a sync-mode trainer starts its first step as soon as that
+    step's groups are back, while other replicas still generate (asyncrl's sync mode on its own pools)."""
 
 
 @dataclass
@@ -64,6 +71,7 @@ class CostedWorld(World):
 
     def __init__(self, s: CostedScenario) -> None:
         self.costs: dict[int, _Dispatch] = {}  # by dispatch id
+        self._deferred: Train | None = None  # a training step waiting for the accelerators (`exclusive`)
         self.marks: list[SyncMark] = []
         self.trained_prompts = 0
         self._lengths: dict[str, int] = {}
@@ -128,6 +136,19 @@ class CostedWorld(World):
         if d is not None and d.token == token:
             self.costs.pop(did, None)
         super()._on_generated(rid, did, token, steps)
+        if self._deferred is not None and not self._generating():  # the accelerators are free: train now
+            step, self._deferred = self._deferred, None
+            super()._trainer_do(step)
+
+    # ------------------------------------------------------------------ shared accelerators
+    def _generating(self) -> bool:
+        return any(r.dispatches for r in self.replicas)
+
+    def _trainer_do(self, c: Any) -> list | None:
+        if self.s.exclusive and isinstance(c, Train) and self._generating():
+            self._deferred = c  # the trainer waits on the step; it starts when the last dispatch is back
+            return None
+        return super()._trainer_do(c)
 
     def _at(self, t: float, kind: str, args: tuple) -> None:
         if kind == "trained":  # the fixed cost of a step (World charges only its tokens)
