@@ -275,23 +275,26 @@ def test_a_receiver_that_never_acknowledges_fails_the_sync_naming_it() -> None:
     assert not ring_files(run_id)
 
 
-def test_a_receiver_that_dies_mid_sync_is_not_waited_for() -> None:
+@pytest.mark.parametrize("dies", [dying_receiver, receiver_dying_before_it_maps], ids=["mid-sync", "before-it-maps"])
+def test_a_receiver_that_dies_is_not_waited_for(dies) -> None:
     """A replica killed mid-sync stops acknowledging while the live ones still need the rest of the version. The
-    sender sees that the receiver's process is gone (the pid it wrote into the control page) and goes on without
-    it — long before its `timeout_s` (600 s; the test's own timeout is 120 s) — with every byte at the live
-    receiver, the dead rank recorded as lost, and no file left in /dev/shm."""
+    sender sees that the receiver's process is gone — by the pid it wrote into the control page when it mapped
+    the ring, or, killed before it mapped it (the first sync of a new group generation), by the pid it
+    registered in the store as its pull began — and goes on without it, long before its `timeout_s` (600 s; the
+    test waits 90 s), with every byte at the live receiver, the dead rank recorded as lost, and no file left in
+    /dev/shm."""
 
     from engine.sync.shared_memory import pull
     from engine.trainer.fsdp import free_port
 
     buckets = [{f"w{i}": torch.full((1000,), float(i))} for i in range(6)]  # 4 KB each: one slot each
-    run_id = f"pytkill{os.getpid()}"
+    run_id = f"pytkill{os.getpid()}{dies.__name__[:6]}"
     sync = SharedMemorySync("127.0.0.1", free_port(), 3, run_id=run_id, slot_bytes=4096, timeout_s=600)
     live: list = []
 
     def receive(handle) -> None:
-        dying = mp.get_context("spawn").Process(target=dying_receiver, args=(handle, 2))
-        dying.start()  # rank 2: takes the first bucket, then its process ends at once (no acknowledgement)
+        dying = mp.get_context("spawn").Process(target=dies, args=(handle, 2))
+        dying.start()  # rank 2 ends without a word: after its first bucket, or as it would map the ring
         live.extend(next(bucket.tensors())[1].clone() for bucket in pull(handle, 1))  # rank 1 loads everything
         dying.join()
 
@@ -299,36 +302,9 @@ def test_a_receiver_that_dies_mid_sync_is_not_waited_for() -> None:
     try:
         assert done.wait(timeout=90), "the sender is still waiting for the dead receiver"
         assert sync.ring.lost == {2}
+        if dies is receiver_dying_before_it_maps:
+            assert int(sync.ring.ctrl[256 + 2]) == 0  # it never wrote its pid into the control page
         assert sorted(t[0].item() for t in live) == [float(i) for i in range(6)]  # every bucket (in any order)
-        assert not ring_files(run_id)
-    finally:
-        sync.close()
-
-
-def test_a_receiver_that_dies_before_it_mapped_the_ring_is_not_waited_for() -> None:
-    """The first sync of a ring (a new group generation: a replacement replica joined) — a replica killed before it
-    mapped the ring never writes its pid into the control page; the pid it registered in the store as its pull
-    began tells the sender it is gone, and the sync goes on without it (long before `timeout_s`, 600 s)."""
-    from engine.sync.shared_memory import pull
-    from engine.trainer.fsdp import free_port
-
-    buckets = [{f"w{i}": torch.full((1000,), float(i))} for i in range(6)]
-    run_id = f"pytearly{os.getpid()}"
-    sync = SharedMemorySync("127.0.0.1", free_port(), 3, run_id=run_id, slot_bytes=4096, timeout_s=600)
-    live: list = []
-
-    def receive(handle) -> None:
-        dying = mp.get_context("spawn").Process(target=receiver_dying_before_it_maps, args=(handle, 2))
-        dying.start()
-        live.extend(next(bucket.tensors())[1].clone() for bucket in pull(handle, 1))  # rank 1 loads everything
-        dying.join()
-
-    done = publish_in_background(sync, buckets, receive)
-    try:
-        assert done.wait(timeout=90), "the sender is still waiting for the receiver that died before it mapped"
-        assert sync.ring.lost == {2}
-        assert int(sync.ring.ctrl[256 + 2]) == 0  # it never wrote its pid into the control page
-        assert sorted(t[0].item() for t in live) == [float(i) for i in range(6)]
         assert not ring_files(run_id)
     finally:
         sync.close()
