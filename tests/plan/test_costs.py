@@ -173,3 +173,18 @@ def test_on_shared_accelerators_no_training_step_runs_while_a_replica_generates(
     assert any(own_pools.overlaps)  # a step trained beside a replica still generating
     assert shared.overlaps and not any(shared.overlaps)
     assert t_shared > t_own  # the overlap is gone from the shared accelerators' time
+
+
+def test_holding_steps_for_shared_accelerators_never_stalls_a_run_with_faults() -> None:
+    """The hold is the shell's, over any scenario the simulator draws (replica and trainer deaths, knob changes,
+    async and sync): no violation, no deadlock, and every run ends as it does without the hold."""
+    names = {f.name for f in dataclasses.fields(draw(0))}
+    faulted = 0
+    for seed in list(scenario_seeds(40, 3)):
+        s = draw(seed)
+        kw = {n: getattr(s, n) for n in names}
+        free, held = CostedWorld(CostedScenario(**kw)).run(), CostedWorld(CostedScenario(**kw, exclusive=True)).run()
+        faulted += bool(s.replica_deaths or s.trainer_deaths)
+        assert not held.violations, (seed, held.violations[:1])
+        assert (held.finished, held.failure) == (free.finished, free.failure), seed
+    assert faulted >= 10

@@ -136,13 +136,23 @@ class CostedWorld(World):
         if d is not None and d.token == token:
             self.costs.pop(did, None)
         super()._on_generated(rid, did, token, steps)
-        if self._deferred is not None and not self._generating():  # the accelerators are free: train now
-            step, self._deferred = self._deferred, None
-            super()._trainer_do(step)
 
     # ------------------------------------------------------------------ shared accelerators
     def _generating(self) -> bool:
         return any(r.dispatches for r in self.replicas)
+
+    def _new_run(self, ckpt: Any) -> None:
+        self._deferred = None  # a trainer that died with a step waiting starts over from its checkpoint
+        super()._new_run(ckpt)
+
+    def _kick(self) -> None:
+        """After every event: a training step held for the accelerators starts once no dispatch is in flight
+        (however the last one ended: finished, aborted, or its replica died)."""
+        super()._kick()
+        if self._deferred is not None and not self._generating():
+            step, self._deferred = self._deferred, None
+            super()._trainer_do(step)
+            super()._kick()
 
     def _trainer_do(self, c: Any) -> list | None:
         if self.s.exclusive and isinstance(c, Train) and self._generating():
