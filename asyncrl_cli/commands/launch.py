@@ -18,7 +18,7 @@ from asyncrl_cli.commands._common import JsonOpt, SetOpt, analyze
 from asyncrl_cli.errors import AsyncrlError, handle_errors
 from asyncrl_cli.output import emit_json, stderr_console, stdout_console
 from asyncrl_cli.report import render_derived, render_headline, render_placement, render_problems
-from asyncrl_cli.val_curve import show_validation_curve
+from engine.telemetry.val_curve import show_validation_curve
 from engine.config.precision import policy_of
 
 if TYPE_CHECKING:

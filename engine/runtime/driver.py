@@ -223,7 +223,16 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
             pools = reserve_run(placement, cfg.name)
         except PlacementTimeout as e:
             raise RunFailed(str(e)) from None
-        return _run_actors(run_plan, cfg_dict, provenance, run_dir, model_dir, placement, resumed, tui, progress, ident)
+        rc = 130
+        try:
+            rc = _run_actors(run_plan, cfg_dict, provenance, run_dir, model_dir, placement, resumed, tui, progress,
+                             ident)
+        except RunFailed:
+            rc = 1
+            raise
+        finally:
+            _write_report(run_dir, rc)
+        return rc
     finally:
         restore_signals()
         if pools is not None:
@@ -335,6 +344,17 @@ def _with_live_knobs(cfg_dict: dict, state: dict | None) -> dict:
     if rollout.get("staleness_threshold") is not None and ac.get("mode") != "sync":
         ac["staleness_threshold"] = float(rollout["staleness_threshold"])
     return out
+
+
+def _write_report(run_dir: Path, rc: int) -> None:
+    """`report.md` into the run directory (`engine.telemetry.run_report`); a report that cannot be written costs
+    a line, never the run's exit code."""
+    from engine.telemetry.run_report import write_report
+
+    try:
+        say(f"asyncrl: report: {write_report(run_dir, rc)}")
+    except Exception as e:  # noqa: BLE001 — the run's outcome stands whatever the report does
+        say(f"asyncrl: the run report could not be written: {type(e).__name__}: {e}")
 
 
 def _event(level: str, kind: str, message: str, step: int | None, version: int | None, **extra: Any) -> dict:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl_cli.val_curve import (
+from engine.telemetry.val_curve import (
     format_validation_curve,
     show_validation_curve,
     validation_curve,

@@ -47,6 +47,10 @@ def test_fully_async_versions_cadence_and_ledger(run_dir):
         assert key in recs[-1], key
     # staleness never exceeds verl's nominal bound ceil(staleness_threshold) + the partial-rollout span
     assert max(r["asyncrl/staleness/max"] for r in recs) <= 2
+    # the run's own report: where a user looks after the run
+    report = (run_dir / "report.md").read_text()
+    assert "outcome: **finished**" in report and "trained 12 steps" in report
+    assert "| weight syncs | 6 (6 verified)" in report and "96 trained" in report
 
 
 def test_hard_staleness_cap_drops_and_logs(run_dir):

@@ -1,9 +1,10 @@
-"""The validation curve of a finished run, read from its `metrics.jsonl` (printed by `asyncrl launch`).
+"""The validation curve of a finished run, read from its `metrics.jsonl` (printed by `asyncrl launch`, drawn
+into the run's `report.md` by `engine.telemetry.run_report`).
 
 A validation record carries `fully_async/count/current_param_version` (the weights validated),
 `asyncrl/time` (seconds since the run started) and one `val-core/<data_source>/<metric>/mean@1` per data
 source, where `<metric>` is `acc` (exact answers) or, in runs written before that rename, `reward`; both are
-read. Pure functions, no engine imports: the CLI stays light.
+read. Pure functions over the standard library: the CLI imports them and stays light.
 """
 
 from __future__ import annotations
