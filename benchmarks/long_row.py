@@ -31,7 +31,7 @@ the length the target names, which this machine cannot run plain (the RAM it nee
 
     python -m benchmarks long-row          # ~30 min on 2 cores; writes benchmarks/results/long-row.json
     python -m benchmarks long-row --toy    # seconds: a 512-wide slice (the smoke test)
-    python -m benchmarks.long_row --check-28k 2   # the 28k row itself on a 2-layer slice (~14 min; 1: ~6 min)
+    python -m benchmarks.long_row --check-28k 2   # the 28k row itself on a 2-layer slice (~14 min; 1: ~6 min; a temp dir)
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS_DIR, finish_result, new_result, publish, table, write_json
+from benchmarks.common import default_out_dir, finish_result, new_result, publish, table, write_json
 from benchmarks.memory_model import Q7B, _build, _pass, _reset_peak, _Shape, _status, measure, predict
 from benchmarks.plots import pyplot, save
 from benchmarks.targets import evaluate
@@ -321,7 +321,7 @@ def check_target_length(out_dir: Path, layers: int = 2, tokens: int = TARGET_TOK
     """The target's length itself on a slice shallow enough to run plain here (2 layers at the 7B width: ~15 GB):
     one step per mode, to check the per-layer slopes that the study extrapolates to 28k tokens; two depths (1 and
     2 layers) give the per-layer cost at 28k itself. Writes `<out_dir>/long-row-28k-<layers>l.json` (not a
-    registered study: the `long-row` commentary cites it)."""
+    registered study, so not kept in benchmarks/results: the `long-row` commentary quotes its numbers)."""
     started = time.monotonic()
     result = new_result("long-row-28k", "full", {"shape": shape, "layers": layers, "tokens": tokens,
                                                   "threads": threads})
@@ -347,6 +347,6 @@ def check_target_length(out_dir: Path, layers: int = 2, tokens: int = TARGET_TOK
 
 if __name__ == "__main__":
     if sys.argv[1] == "--check-28k":  # python -m benchmarks.long_row --check-28k [LAYERS]
-        print(check_target_length(RESULTS_DIR, layers=int(sys.argv[2]) if len(sys.argv) > 2 else 2))
+        print(check_target_length(default_out_dir("check-28k"), layers=int(sys.argv[2]) if len(sys.argv) > 2 else 2))
     else:
         print(json.dumps(_measure_cases(json.loads(sys.argv[1]))))
