@@ -6,6 +6,7 @@ torch, ray, vllm or transformers: the engine is imported lazily by `launch` and 
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -14,6 +15,7 @@ from asyncrl_cli.commands import (
     attach, bench, ctl, data, import_, init, launch, plan, presets, schema, simulate, status, validate,
 )
 from asyncrl_cli.errors import AsyncrlError, debug_enabled, report_error
+from asyncrl_cli.version import VERSION_FLAGS, version_line
 
 LIFECYCLE = "Run lifecycle"
 INSPECT = "Inspect"
@@ -31,19 +33,14 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            typer.echo(f"asyncrl {version('asyncrl')}")
-        except PackageNotFoundError:
-            typer.echo("asyncrl (not installed)")
+        typer.echo(version_line())
         raise typer.Exit(0)
 
 
 @app.callback()
 def _root(
     version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+        bool, typer.Option(*VERSION_FLAGS, callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
 ) -> None:
     """asyncrl: fully asynchronous GRPO/PPO with verl's semantics, on one CPU or many GPUs."""
@@ -66,6 +63,9 @@ app.command("plan", rich_help_panel=TOOLS)(plan.command)
 
 def main() -> None:
     """Console-script entry; unexpected errors become one line (ASYNCRL_DEBUG=1 shows the trace)."""
+    if len(sys.argv) == 2 and sys.argv[1] in VERSION_FLAGS:  # `asyncrl -V`: answered before Click builds the tree
+        print(version_line())
+        raise SystemExit(0)
     try:
         app()
     except AsyncrlError as e:

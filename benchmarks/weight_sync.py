@@ -165,10 +165,12 @@ def memcpy_reads(nbytes: int, reads: int = MEMCPY_READS) -> list[float]:
 
 
 def copy_kernel() -> str:
-    """What does the host copies + fingerprints in this process (`engine.sync.native.describe`)."""
+    """What does the host copies + fingerprints in this process (`engine.sync.native.describe`): `native avx512`
+    (the kernel's ISA; not its cached file, whose path is one machine's) or `numpy (why)`."""
     import engine.sync.native as native
 
-    return native.describe()
+    desc = native.describe()
+    return desc.split(" (", 1)[0] if desc.startswith("native ") else desc
 
 
 def _timed(fn: Any) -> float:

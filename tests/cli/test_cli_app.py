@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
 from asyncrl_cli import app as app_module
+from asyncrl_cli import version as version_module
 from asyncrl_cli.config.jsonschema import run_schema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,9 +37,30 @@ def test_help_lists_the_commands_in_panels(cli) -> None:
     assert cli().exit_code == 2  # no arguments: help, as a usage error
 
 
-def test_version(cli) -> None:
-    r = cli("--version")
-    assert r.exit_code == 0 and r.stdout.startswith("asyncrl ")
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version(cli, flag: str) -> None:
+    r = cli(flag)
+    assert r.exit_code == 0 and r.stdout == f"asyncrl {metadata.version('asyncrl')}\n"
+
+
+def test_version_of_a_source_tree_that_is_not_installed_is_pyprojects(monkeypatch, tmp_path: Path) -> None:
+    def not_installed(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(version_module, "version", not_installed)
+    assert version_module.package_version() == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert version_module.package_version(tmp_path / "missing.toml") == "unknown"
+
+
+def test_version_flag_answers_without_building_the_cli() -> None:
+    """`asyncrl -V` as the console script runs it: one line, exit 0, before the config schema or anything heavy
+    is imported (the answer must be instant)."""
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "asyncrl_cli", "-V"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == f"asyncrl {metadata.version('asyncrl')}\n"
+    imported = {line.split("|")[-1].strip() for line in r.stderr.splitlines() if "|" in line}
+    assert not {m.split(".")[0] for m in imported} & {*HEAVY, "pydantic"}
+    assert "asyncrl_cli.config.schema" not in imported
 
 
 def test_presets_list_and_show(cli) -> None:
