@@ -99,6 +99,11 @@ def _python_binds() -> tuple[tuple[str, str], ...]:
     return tuple(binds)
 
 
+def interpreter() -> str:
+    """The base interpreter (not the venv's launcher) a box runs, at its host path."""
+    return _python_binds()[0][1]
+
+
 def _system_binds() -> list[str]:
     """The shared libraries: `/usr/lib*` bound, `/lib*` bound or re-created as the symlinks they are."""
     args: list[str] = []
@@ -155,8 +160,7 @@ def build(bwrap: str, module_file: str, *, root: bool | None = None, seccomp_fd:
              "--tmpfs", "/tmp", "--chdir", "/tmp"]
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
-    exe = _python_binds()[0][1]
-    args += ["--", exe, *INTERPRETER_FLAGS, RUNNER]
+    args += ["--", interpreter(), *INTERPRETER_FLAGS, RUNNER]
     return Box(args, ["/box/tool", "/box/site"], UIDS.take() if root else None)
 
 
@@ -171,7 +175,7 @@ def direct(module_file: str) -> Box:
     """No box (`allow_unsandboxed`): the runner in a plain subprocess, only its rlimits and environment."""
     site = sorted({str(Path(src).parent) for src, dst in _python_binds() if dst.startswith("/box/site/")})
     runner = str(Path(__file__).with_name("box_runner.py"))
-    return Box([_python_binds()[0][1], *INTERPRETER_FLAGS, runner], [str(Path(module_file).parent), *site], None)
+    return Box([interpreter(), *INTERPRETER_FLAGS, runner], [str(Path(module_file).parent), *site], None)
 
 
 _FIX = ("set rollout.multi_turn.allow_unsandboxed = true to run tools WITHOUT isolation (trusted code only)")
