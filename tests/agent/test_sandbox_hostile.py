@@ -245,3 +245,20 @@ def test_the_box_as_a_non_root_user():
     assert res["passwd"][0] == "error" and res["bomb"][0] == "limit" and res["big"][1] == "file_size"
     assert res["numpy"][:1] == ["ok"] and res["numpy"][2].strip() == "6"
     assert res["hang"][0] == "timeout" and res["hang"][3] < 4
+
+
+@pytest.mark.skipif(__import__("engine.agent.seccomp", fromlist=["program"]).program() is None,
+                    reason="no seccomp filter for this architecture")
+def test_the_seccomp_filter_denies_namespaces_io_uring_and_keyrings_but_not_threads_or_fork(world):
+    call, _, _ = world
+    code = ("import ctypes, errno, os, threading\nlibc = ctypes.CDLL(None, use_errno=True)\nres = []\n"
+            "for nr, args in ((272, (0x10000000,)), (272, (0x40000000,)), (425, (8, ctypes.create_string_buffer(120))),"
+            " (250, (0, -3, 0))):\n"
+            "    res.append((libc.syscall(nr, *args), errno.errorcode.get(ctypes.get_errno())))\n"
+            "t = threading.Thread(target=res.append, args=('thread',))\nt.start()\nt.join()\n"
+            "pid = os.fork()\nif pid == 0:\n    os._exit(7)\nres.append(os.waitpid(pid, 0)[1] >> 8)\nprint(res)")
+    if os.uname().machine != "x86_64":
+        pytest.skip("the syscall numbers in this test are x86-64's")
+    out = call(code)
+    assert out.ok, out
+    assert out.text.strip() == str([(-1, "EPERM")] * 4 + ["thread", 7])
