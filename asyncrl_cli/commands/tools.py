@@ -2,8 +2,9 @@
 
 The tools are the run's (`--config RUN.toml`, read and checked as `validate` does: built-ins named in
 `[rollout.multi_turn]` or its verl `tool_config_path`) or, without a run file, the built-ins. The call runs in
-the same box, with the same limits, as in a run (`engine.agent.sandbox.run_sandboxed`); printed: the answer,
-the status, the time and the limit that stopped it.
+the same box, with the same limits, as in a run (`engine.agent.sandbox.run_sandboxed`), or on the run's
+SandboxFusion service when its verl config names one; printed: the answer, the status, the time, where it ran
+and the limit that stopped it.
 
 Exit codes: 0 the call answered (`ok`) · 1 it ended in `error`, `timeout` or `limit`, or no sandbox can be
 built here (the message says why and how to fix it) · 2 usage (unknown tool, bad JSON, arguments the tool's
@@ -97,14 +98,21 @@ def try_(
     if problem is not None:
         raise UsageProblem(problem, json.dumps(registry.tools[name].parameters))
     arguments = {**arguments, **_arguments(create_kwargs, None)}
-    reason = unavailable_reason()
+    spec = registry.tools[name]
+    reason = unavailable_reason() if spec.service is None else None
     if reason is not None and not allow_unsandboxed:
         raise AsyncrlError(f"tools refuse to run: {reason}")
-    spec = registry.tools[name]
     limits = spec.limits if timeout is None else replace(spec.limits, timeout_s=timeout)
-    out = run_sandboxed(spec.function, arguments, limits, "box" if reason is None else "none")
+    if spec.service is not None:
+        from engine.agent.fusion import run_fusion
+
+        out = run_fusion(spec.service, arguments.get("code", ""), limits)
+        where = f"SandboxFusion at {spec.service.url}"
+    else:
+        out = run_sandboxed(spec.function, arguments, limits, "box" if reason is None else "none")
+        where = "bubblewrap" if reason is None else "NONE (allow_unsandboxed)"
     doc = {"tool": name, "status": out.status, "limit": out.limit, "seconds": round(out.seconds, 4),
-           "sandbox": "bubblewrap" if reason is None else "NONE (allow_unsandboxed)", "answer": out.text,
+           "sandbox": where, "answer": out.text,
            "limits": {"timeout_s": limits.timeout_s, "memory_mb": limits.memory_mb,
                       "max_output_chars": limits.max_output_chars, "processes": limits.processes,
                       "file_mb": limits.file_mb, "open_files": limits.open_files}}

@@ -247,18 +247,25 @@ class ToolRunner:
     """Runs tool calls concurrently (`max_concurrent` at once) so other trajectories keep generating while
     one waits for its tool. `submit` returns a future that always resolves to a `ToolOutcome`.
 
-    It refuses to start (`SandboxUnavailable`, saying why and how to fix it) where no box can be built, unless
-    `allow_unsandboxed`: then calls run without isolation (`isolation == "none"`, said in `warning`)."""
+    It refuses to start (`SandboxUnavailable`, saying why and how to fix it) where no box can be built and a
+    tool `needs_box` (not all on SandboxFusion), unless `allow_unsandboxed`: then calls run without isolation
+    (`isolation == "none"`, said in `warning`)."""
 
-    def __init__(self, max_concurrent: int = 4, allow_unsandboxed: bool = False) -> None:
-        reason = boxes.unavailable_reason()
+    def __init__(self, max_concurrent: int = 4, allow_unsandboxed: bool = False, needs_box: bool = True) -> None:
+        reason = boxes.unavailable_reason() if needs_box else None
         if reason is not None and not allow_unsandboxed:
             raise boxes.SandboxUnavailable(f"tools refuse to run: {reason}")
         self.isolation: Literal["box", "none"] = "box" if reason is None else "none"
         self.warning = None if reason is None else f"TOOLS RUN UNSANDBOXED (allow_unsandboxed = true): {reason}"
         self._pool = ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="asyncrl-tool")
 
-    def submit(self, function: str, arguments: dict[str, Any], limits: SandboxLimits) -> Future[ToolOutcome]:
+    def submit(self, function: str, arguments: dict[str, Any], limits: SandboxLimits,
+               service: Any = None) -> Future[ToolOutcome]:
+        """One call: `function` in the box, or the `code` argument on a SandboxFusion `service`."""
+        if service is not None:
+            from engine.agent.fusion import run_fusion
+
+            return self._pool.submit(run_fusion, service, arguments.get("code", ""), limits)
         return self._pool.submit(_never_raise, function, arguments, limits, self.isolation)
 
     def close(self) -> None:

@@ -27,7 +27,8 @@ class MultiTurnConfig(Section):
     create_kwargs` (verl's layout) are passed to tool NAME with the model's arguments."""
     tool_config_path: str | None = None
     """verl's tool config YAML (`tools: [{class_name, config, tool_schema}]`); its sandbox-fusion code
-    interpreter runs as the built-in `python` tool, other verl tool classes are refused."""
+    interpreter runs on the SandboxFusion service its `sandbox_fusion_url` names (the `fusion` extra), or as the
+    built-in `python` tool in the local box when it names none; other verl tool classes are refused."""
     max_assistant_turns: int | None = Field(None, gt=0)
     """End the conversation after this many model turns (None = only the budget ends it)."""
     max_user_turns: int | None = Field(None, gt=0)

@@ -55,8 +55,13 @@ def check_tool_sandbox(cfg: RunConfig) -> None:
     mt = cfg.rollout.multi_turn
     if mt.enable and not mt.allow_unsandboxed:
         from engine.agent.box import unavailable_reason
+        from engine.agent.tools import run_tools
 
-        reason = unavailable_reason()
+        try:
+            needs_box = run_tools(mt).needs_box()
+        except (OSError, ValueError):
+            needs_box = True  # validate reports the tools' own problem
+        reason = unavailable_reason() if needs_box else None
         if reason is not None:
             raise PreflightError(f"rollout.multi_turn: tools refuse to run: {reason}")
 

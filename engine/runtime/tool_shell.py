@@ -25,16 +25,14 @@ from typing import Any
 from engine.agent.sandbox import STATUSES, ToolOutcome, ToolRunner
 from engine.agent.template import tool_answer_ids
 from engine.agent.tool_calls import parser
-from engine.agent.tools import ToolRegistry, from_verl_yaml
+from engine.agent.tools import ToolRegistry, run_tools
 from engine.loop.commands import CallTools
 from engine.types import GenResult
 
 
 def tool_registry(mt: Any) -> ToolRegistry:
     """The run's tools: verl's tool config when given, else the named built-ins."""
-    if mt.tool_config_path:
-        return from_verl_yaml(mt.tool_config_path)
-    return ToolRegistry.builtin(list(mt.tools))
+    return run_tools(mt)
 
 
 class ToolShell:
@@ -42,7 +40,7 @@ class ToolShell:
         self.registry = tool_registry(mt)
         self.parse_text = parser(mt.format)
         self.tokenizer = tokenizer
-        self.runner = ToolRunner(mt.max_concurrent_tools, mt.allow_unsandboxed)
+        self.runner = ToolRunner(mt.max_concurrent_tools, mt.allow_unsandboxed, self.registry.needs_box())
         self._waiting: dict[tuple[str, int, bool], tuple[list[Future[ToolOutcome] | ToolOutcome], float]] = {}
         self._latencies: list[float] = []
         self._counts: dict[str, int] = {}
@@ -68,7 +66,7 @@ class ToolShell:
                 continue
             tool = self.registry.tools[call.name]
             hidden = (c.tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
-            work.append(self.runner.submit(tool.function, {**call.arguments, **hidden}, tool.limits))
+            work.append(self.runner.submit(tool.function, {**call.arguments, **hidden}, tool.limits, tool.service))
         self._waiting[(c.uid, c.index, c.validation)] = (work, time.monotonic())
 
     def ready(self) -> list[tuple[str, int, list[int], bool]]:
