@@ -29,7 +29,7 @@ app = typer.Typer(no_args_is_help=True, help="Run and debug the multi-turn tools
 
 def _registry(config: Path | None, sets: list[str] | None) -> tuple[Any, bool]:
     """The run's tools (or every built-in) and the run's `allow_unsandboxed`."""
-    from engine.agent.tools import BUILTIN_TOOLS, ToolRegistry, from_verl_yaml
+    from engine.agent.tools import BUILTIN_TOOLS, ToolRegistry, run_tools
 
     if config is None:
         return ToolRegistry(list(BUILTIN_TOOLS.values())), False
@@ -38,10 +38,7 @@ def _registry(config: Path | None, sets: list[str] | None) -> tuple[Any, bool]:
         raise AsyncrlError(f"{config} is not a valid run file", f"run `asyncrl validate {config}` to see why")
     mt = an.config.rollout.multi_turn
     try:
-        if mt.tool_config_path:
-            path = Path(mt.tool_config_path)
-            return from_verl_yaml(path if path.is_absolute() else config.resolve().parent / path), mt.allow_unsandboxed
-        return ToolRegistry.builtin(list(mt.tools)), mt.allow_unsandboxed
+        return run_tools(mt, config.resolve().parent), mt.allow_unsandboxed
     except (OSError, ValueError) as e:
         raise AsyncrlError(f"{config}: the run's tools cannot be loaded: {e}") from None
 

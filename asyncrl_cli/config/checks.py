@@ -74,9 +74,9 @@ def multi_turn_rules(cfg: RunConfig, prov: Provenance, base_dir: Path | None = N
         return [warn("multi-turn-off", f"{key}.{set_keys[0]}", f"{key}.enable is false: {', '.join(set_keys)} "
                      "do nothing")] if set_keys else []
     out: list[Problem] = []
-    if not mt.tools and not mt.tool_config_path:
+    if not mt.tools and not mt.tool_config_path and not mt.tool:
         out.append(error("multi-turn-no-tools", f"{key}.tools", "multi-turn rollouts need tools: name built-ins "
-                         '(tools = ["calculator"]) or a verl tool_config_path'))
+                         '(tools = ["calculator"]), a verl tool_config_path or [[rollout.multi_turn.tool]]'))
     if mt.tools and mt.tool_config_path:
         out.append(error("multi-turn-two-tool-sources", f"{key}.tool_config_path",
                          "give either tools or tool_config_path, not both"))
@@ -84,11 +84,12 @@ def multi_turn_rules(cfg: RunConfig, prov: Provenance, base_dir: Path | None = N
     try:
         from engine.agent.tools import run_tools
 
-        if mt.tool_config_path or mt.tools:
+        if mt.tool_config_path or mt.tools or mt.tool:
             registry = run_tools(mt, base_dir)
     except (OSError, ValueError) as e:
-        out.append(error("multi-turn-tools", f"{key}.tool_config_path" if mt.tool_config_path else f"{key}.tools",
-                         str(e)))
+        where = ("tool" if mt.tool and str(e).startswith("tool ") else "tool_config_path" if mt.tool_config_path
+                 else "tools" if mt.tools else "tool")
+        out.append(error("multi-turn-tools", f"{key}.{where}", str(e)))
     return out + sandbox_rules(cfg, registry)
 
 

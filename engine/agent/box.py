@@ -73,7 +73,12 @@ def bwrap_binary() -> str | None:
 
 
 def tool_file(module: str) -> str:
-    """The source file of a tool's module (found without importing it); a box binds only this file."""
+    """The source file of a tool's module (`package.module`, found without importing it, or `path/file.py`);
+    a box binds only this file."""
+    if module.endswith(".py"):
+        if not os.path.isfile(module):
+            raise ValueError(f"tool file {module} not found")
+        return os.path.abspath(module)
     spec = find_spec(module)
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         raise ValueError(f"tool module {module!r} is not a single Python file")

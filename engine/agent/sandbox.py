@@ -98,10 +98,10 @@ class _Stream:
 
 def run_sandboxed(function: str, arguments: dict[str, Any], limits: SandboxLimits,
                   isolation: Literal["box", "none"] = "box") -> ToolOutcome:
-    """Run `module:function(**arguments)` in a box (or, `isolation="none"`, a plain limited subprocess) and wait
-    for it (at most `limits.timeout_s` + ~1 s). Never raises."""
+    """Run `module:function(**arguments)` (or `path/file.py:function`) in a box (or, `isolation="none"`, a plain
+    limited subprocess) and wait for it (at most `limits.timeout_s` + ~1 s). Never raises."""
     t0 = time.monotonic()
-    module, _, name = function.partition(":")
+    module, _, name = function.rpartition(":")
     filter_fd = None
     try:
         module_file = boxes.tool_file(module)

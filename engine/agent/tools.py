@@ -122,12 +122,40 @@ _VERL_CODE_TOOLS = ("SandboxFusionTool", "CustomSandboxFusionTool")
 
 
 def run_tools(mt: Any, base_dir: Path | None = None) -> ToolRegistry:
-    """A run's tools (`[rollout.multi_turn]`): verl's tool config when given (a relative path from `base_dir`,
-    else as the run resolves it), else the named built-ins."""
+    """A run's tools (`[rollout.multi_turn]`): verl's tool config when given, else the named built-ins, and the
+    user's own (`tool`); relative paths from `base_dir` (validate: the run file's directory), else from the
+    working directory. ValueError names what is wrong."""
+    tools: list[Tool] = []
     if mt.tool_config_path:
         path = Path(mt.tool_config_path)
-        return from_verl_yaml(path if path.is_absolute() or base_dir is None else base_dir / path)
-    return ToolRegistry.builtin(list(mt.tools))
+        tools += from_verl_yaml(path if path.is_absolute() or base_dir is None else base_dir / path).tools.values()
+    elif mt.tools:
+        tools += ToolRegistry.builtin(list(mt.tools)).tools.values()
+    tools += [user_tool(t, base_dir) for t in getattr(mt, "tool", [])]
+    return ToolRegistry(tools)
+
+
+def user_tool(t: Any, base_dir: Path | None = None) -> Tool:
+    """A `[[rollout.multi_turn.tool]]` as a `Tool`: its file must exist (it is not imported here) and be a
+    module name the box can import (an identifier that no standard-library module shadows)."""
+    import sys
+
+    file, _, fn = str(t.function).rpartition(":")
+    path = Path(file)
+    if not path.is_absolute():
+        here = base_dir / path if base_dir is not None else None
+        path = here if here is not None and here.is_file() else Path.cwd() / path
+    if not path.is_file():
+        raise ValueError(f"tool {t.name}: function file {file} not found")
+    if not path.stem.isidentifier() or path.stem in sys.stdlib_module_names or path.stem == "runner":
+        raise ValueError(f"tool {t.name}: rename {path.name}: its name must be a Python identifier that no "
+                         "standard-library module uses")
+    params = t.parameters
+    if not isinstance(params, dict) or params.get("type", "object") != "object":
+        raise ValueError(f"tool {t.name}: parameters must be a JSON schema of type object")
+    return Tool(t.name, t.description, {"type": "object", **params}, f"{path.resolve()}:{fn}",
+                SandboxLimits(timeout_s=float(t.timeout_s), memory_mb=int(t.memory_mb),
+                              max_output_chars=int(t.max_output_chars)))
 
 
 def from_verl_yaml(path: str | Path) -> ToolRegistry:

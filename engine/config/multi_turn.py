@@ -2,11 +2,33 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from engine.config.section_base import Section
+
+
+class UserToolConfig(Section):
+    """A tool of your own (`[[rollout.multi_turn.tool]]`): a Python function in a file, called with the model's
+    JSON arguments (plus the row's `tools_kwargs.NAME.create_kwargs`) in the same bubblewrap box as the built-ins
+    — only that one file is bound into the box (numpy and sympy importable), nothing else of yours."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
+    """The name the model calls it by."""
+    description: str = ""
+    """What the model is told the tool does."""
+    parameters: dict[str, Any] = {"type": "object", "properties": {}}
+    """Its arguments as a JSON schema object (`properties`, `required`, `additionalProperties`)."""
+    function: str = Field(pattern=r"^[^:\s]+\.py:[A-Za-z_]\w*$")
+    """`path/to/file.py:function` (relative to the working directory the run starts in); the function returns
+    the answer as text, or prints it and returns None."""
+    timeout_s: float = Field(10.0, gt=0)
+    """Wall-clock limit of one call (the CPU-time limit is one second more)."""
+    memory_mb: int = Field(1024, gt=0)
+    """Address-space limit of one call."""
+    max_output_chars: int = Field(4096, gt=0)
+    """The answer is cut after this many characters."""
 
 
 class MultiTurnConfig(Section):
@@ -40,6 +62,8 @@ class MultiTurnConfig(Section):
     """Tool calls run per model turn; further calls in the turn are answered with an error."""
     max_concurrent_tools: int = Field(4, gt=0)
     """Tool calls running at once on the rollouter's machine (each in its own bubblewrap box)."""
+    tool: list[UserToolConfig] = []
+    """Your own tools, each a `[[rollout.multi_turn.tool]]` table (beside `tools` or `tool_config_path`)."""
     allow_unsandboxed: bool = False
     """Where no tool sandbox can be built (no bubblewrap, no user namespaces), run tools anyway WITHOUT
     isolation — a plain subprocess with only its rlimits, able to read and write what the run can. For trusted
