@@ -60,7 +60,9 @@ class Capture:
 
 
 def _answer(status: str, text: str, limit: str | None = None) -> None:
-    data = (json.dumps({"status": status, "text": text, "limit": limit}) + "\n").encode()
+    """Write the answer (UTF-8, at most 4 bytes a character: lone surrogates become "?") and exit."""
+    text = str(text).encode("utf-8", errors="replace").decode("utf-8")
+    data = (json.dumps({"status": status, "text": text, "limit": limit}, ensure_ascii=False) + "\n").encode()
     try:
         while data:
             data = data[os.write(ANSWER_FD[0], data):]

@@ -157,6 +157,8 @@ def test_output_floods_are_capped(world):
     _bad(call("while True:\n    print('z' * 100000)"), "timeout")
     out = call("print('w' * 10**7)", max_output_chars=100)
     assert out.ok and len(out.text) < 200 and "truncated at 100" in out.text
+    out = call("print('\\U0001F600' * 5000)")  # 4-byte characters: the cap counts characters, not bytes
+    assert out.ok and out.text.startswith("\U0001F600" * 4096) and "truncated at 4096" in out.text
 
 
 def test_the_environment_has_no_secrets(world):
