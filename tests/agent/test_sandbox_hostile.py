@@ -138,7 +138,7 @@ def test_killing_or_signalling_the_parent(world):
     assert out.status in ("ok", "error")  # bwrap's pid 1 ignores it or refuses it; either way an answer
     _bad(call(f"import os, signal\nos.kill({parent}, signal.SIGTERM)"))
     _bad(call(f"import os, signal\nos.kill({parent}, signal.SIGKILL)"))
-    out = call("import os, signal\nos.kill(-1, signal.SIGKILL)\nimport time\ntime.sleep(5)")
+    out = call("import os, signal\nos.kill(-1, signal.SIGKILL)\nimport time\ntime.sleep(5)", 1.0)
     _bad(out, "error", "timeout")
 
 
@@ -148,13 +148,13 @@ def test_a_setsid_grandchild_dies_with_the_call(world):
                "    os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(1000)  # {marker}'])\n")
     out = call(forever + "print('returned')")  # the call ends, its grandchild with it (checked by `call`)
     assert out.ok and "returned" in out.text
-    _bad(call(forever + "time.sleep(1000)"), "timeout")
+    _bad(call(forever + "time.sleep(1000)", 1.0), "timeout")
 
 
 def test_output_floods_are_capped(world):
     call, _, _ = world
-    _bad(call("import os\nwhile True:\n    os.write(1, b'x' * 65536)\n    os.write(2, b'y' * 65536)"), "timeout")
-    _bad(call("while True:\n    print('z' * 100000)"), "timeout")
+    _bad(call("import os\nwhile True:\n    os.write(1, b'x' * 65536)\n    os.write(2, b'y' * 65536)", 1.0), "timeout")
+    _bad(call("while True:\n    print('z' * 100000)", 1.0), "timeout")
     out = call("print('w' * 10**7)", max_output_chars=100)
     assert out.ok and len(out.text) < 200 and "truncated at 100" in out.text
     out = call("print('\\U0001F600' * 5000)")  # 4-byte characters: the cap counts characters, not bytes
