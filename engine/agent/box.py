@@ -43,7 +43,8 @@ BOX_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C
 SCRATCH_MB = 64
 """Size of the box's tmpfs (its working directory)."""
 BOX_UID_BASE = 1_900_000_000
-"""Root hosts: box k runs as uid/gid `BOX_UID_BASE + k` (k < `_SLOTS`); no account needs to exist."""
+"""Root hosts: box k of a process runs as uid/gid `BOX_UID_BASE + 1024 × (pid mod 256) + k` (k < 1024: two
+rollouters on one host rarely share a range); no account needs to exist."""
 _SLOTS = 1024
 RUNNER = "/box/runner.py"
 INTERPRETER_FLAGS = ("-I", "-S", "-X", "utf8")
@@ -128,17 +129,19 @@ class _UidPool:
     """Box uids for a root host: one per box alive, so each box's process count is its own."""
 
     def __init__(self) -> None:
+        self.base = BOX_UID_BASE + _SLOTS * (os.getpid() % 256)
         self._free = list(range(_SLOTS - 1, -1, -1))
         self._lock = threading.Lock()
 
     def take(self) -> int:
         with self._lock:
-            return BOX_UID_BASE + (self._free.pop() if self._free else _SLOTS)
+            return self.base + (self._free.pop() if self._free else _SLOTS - 1)
 
     def give(self, uid: int) -> None:
         with self._lock:
-            if BOX_UID_BASE <= uid < BOX_UID_BASE + _SLOTS:
-                self._free.append(uid - BOX_UID_BASE)
+            k = uid - self.base
+            if 0 <= k < _SLOTS and k not in self._free:
+                self._free.append(k)
 
 
 UIDS = _UidPool()
