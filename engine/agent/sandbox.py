@@ -129,8 +129,8 @@ def run_sandboxed(function: str, arguments: dict[str, Any], limits: SandboxLimit
 def _request(box: boxes.Box, module_file: str, name: str, arguments: dict[str, Any], limits: SandboxLimits,
              answer_fd: int) -> int:
     """The request as a memfd positioned at 0 (the runner's stdin); the runner answers on `answer_fd`."""
-    req = {"answer_fd": answer_fd, "module": os.path.basename(module_file)[:-3], "function": name, "arguments": arguments,
-           "paths": box.paths, "uid": box.uid, "max_output_chars": limits.max_output_chars,
+    req = {"answer_fd": answer_fd, "module": os.path.basename(module_file)[:-3], "function": name,
+           "arguments": arguments, "paths": box.paths, "uid": box.uid, "max_output_chars": limits.max_output_chars,
            "limits": {"cpu_s": limits.timeout_s + 1, "memory_mb": limits.memory_mb, "processes": limits.processes,
                       "file_mb": limits.file_mb, "open_files": limits.open_files}}
     fd = os.memfd_create("asyncrl-tool-request", os.MFD_CLOEXEC)
