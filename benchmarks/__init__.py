@@ -23,6 +23,7 @@ STUDIES: dict[str, str] = {
     "elastic-cores": "benchmarks.elastic_cores",
     "demo-seeds": "benchmarks.demo_seeds",
     "shared-prompt": "benchmarks.shared_prompt",
+    "sandbox-overhead": "benchmarks.sandbox_overhead",
 }
 """Study name → module; each module exposes `run(size: str, out_dir: Path) -> dict`."""
 

@@ -32,6 +32,7 @@ TITLES = {
     "elastic-cores": "14. Elastic cores: async ÷ sync with and without lending",
     "demo-seeds": "15. The demo as `make demo` runs it, three seeds",
     "shared-prompt": "16. Shared-prompt forward: a group's prompt once",
+    "sandbox-overhead": "17. Tool sandbox overhead: a call through bubblewrap",
 }
 
 

@@ -11,6 +11,7 @@ silently do nothing or are known to hurt.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from engine.plan.sizes import Derived
 from asyncrl_cli.config.hardware_checks import fit_rules, pitfall_rules, resource_rules
@@ -73,23 +74,44 @@ def multi_turn_rules(cfg: RunConfig, prov: Provenance, base_dir: Path | None = N
         return [warn("multi-turn-off", f"{key}.{set_keys[0]}", f"{key}.enable is false: {', '.join(set_keys)} "
                      "do nothing")] if set_keys else []
     out: list[Problem] = []
-    if not mt.tools and not mt.tool_config_path:
+    if not mt.tools and not mt.tool_config_path and not mt.tool:
         out.append(error("multi-turn-no-tools", f"{key}.tools", "multi-turn rollouts need tools: name built-ins "
-                         '(tools = ["calculator"]) or a verl tool_config_path'))
+                         '(tools = ["calculator"]), a verl tool_config_path or [[rollout.multi_turn.tool]]'))
     if mt.tools and mt.tool_config_path:
         out.append(error("multi-turn-two-tool-sources", f"{key}.tool_config_path",
                          "give either tools or tool_config_path, not both"))
+    registry = None
     try:
-        from engine.agent.tools import ToolRegistry, from_verl_yaml
+        from engine.agent.tools import run_tools
 
-        if mt.tool_config_path:
-            path = Path(mt.tool_config_path)
-            from_verl_yaml(path if path.is_absolute() or base_dir is None else base_dir / path)
-        elif mt.tools:
-            ToolRegistry.builtin(list(mt.tools))
+        if mt.tool_config_path or mt.tools or mt.tool:
+            registry = run_tools(mt, base_dir)
     except (OSError, ValueError) as e:
-        out.append(error("multi-turn-tools", f"{key}.tool_config_path" if mt.tool_config_path else f"{key}.tools",
-                         str(e)))
+        where = ("tool" if mt.tool and str(e).startswith("tool ") else "tool_config_path" if mt.tool_config_path
+                 else "tools" if mt.tools else "tool")
+        out.append(error("multi-turn-tools", f"{key}.{where}", str(e)))
+    return out + sandbox_rules(cfg, registry)
+
+
+def sandbox_rules(cfg: RunConfig, registry: Any = None) -> list[Problem]:
+    """Where the tools run: a SandboxFusion service (said), the local box opted out of (loud), or a box this
+    machine cannot build (the run would refuse)."""
+    from engine.agent.box import unavailable_reason
+
+    key = "rollout.multi_turn.allow_unsandboxed"
+    out = [warn("tools-sandbox-fusion", "rollout.multi_turn.tool_config_path", f"{remote} (verl's "
+                "sandbox_fusion_url): the service must be reachable from the rollouter; nothing runs on the local "
+                "box") for remote in (registry.remote() if registry is not None else [])]
+    if registry is not None and not registry.needs_box():
+        return out
+    reason = unavailable_reason()
+    if cfg.rollout.multi_turn.allow_unsandboxed:
+        here = ("and here they WILL run unsandboxed: " + reason) if reason else "(bubblewrap works here: they are boxed)"
+        return out + [warn("tools-unsandboxed", key, "allow_unsandboxed = true: where no sandbox can be built, "
+                           f"model-written tool code runs UNISOLATED with the run's own files, network and secrets "
+                           f"{here}")]
+    if reason:
+        out.append(warn("tools-sandbox-unavailable", key, f"on this machine tools would refuse to run: {reason}"))
     return out
 
 

@@ -36,6 +36,7 @@ from asyncrl_cli.tui.widgets.kpi_row import KpiRow
 from asyncrl_cli.tui.widgets.run_header import RunHeader
 from asyncrl_cli.tui.widgets.sync_chart import SyncChart
 from asyncrl_cli.tui.widgets.time_chart import Line, TimeChart
+from asyncrl_cli.tui.widgets.tools_panel import ToolsPanel, is_multi_turn
 from asyncrl_cli.tui.widgets.workers_table import WorkersTable
 
 if TYPE_CHECKING:  # the dashboard reads any source; the control client loads only in the command that opens one
@@ -103,6 +104,7 @@ class DashboardApp(App[int]):
         self.chart_interval = 2 * poll_interval
         self._last_chart_draw = -float("inf")
         self._chart_timer: Any = None
+        self.tools_panel: ToolsPanel | None = None
 
     # ------------------------------------------------------------------------------------ layout
 
@@ -189,6 +191,7 @@ class DashboardApp(App[int]):
     def _render_all(self, new_events: list[dict[str, Any]], charts: bool = True) -> None:
         self.header.show(self.model, self.source.label, self.read_only)
         self.kpis.show(self.model)
+        self._show_tools()
         if charts:
             self._dirty_charts.update(self.charts)
         self._redraw_visible_charts()
@@ -196,6 +199,23 @@ class DashboardApp(App[int]):
         for log in self.logs:
             log.add_events(new_events)
         self.config_view.show(self.model.run.get("config") or {}, self.model.run.get("provenance") or {})
+
+    def _show_tools(self) -> None:
+        """A multi-turn run gets a "6 Tools" tab (added once its config or first tool metrics arrive)."""
+        if not is_multi_turn(self.model) or not self.screen_stack:
+            return
+        if self.tools_panel is None:
+            self.tools_panel = ToolsPanel(id="tools-panel")
+            self.run_worker(self._add_tools_tab(self.tools_panel), group="tools-tab")
+        elif self.tools_panel.is_mounted:
+            self.tools_panel.show(self.model)
+
+    async def _add_tools_tab(self, panel: ToolsPanel) -> None:
+        await self.screen_stack[0].query_one(TabbedContent).add_pane(TabPane("6 Tools", panel, id="tools"))
+        charts = list(panel.query(TimeChart))
+        self.charts += charts
+        self._dirty_charts.update(charts)
+        panel.show(self.model)
 
     def _on_screen(self, chart: Any) -> bool:
         """Whether `chart` sits in the active tab (or outside the tabs); nothing is on screen once the app

@@ -8,9 +8,10 @@ and comes back to it as an error text.
 
 `from_verl_yaml` reads verl's `actor_rollout_ref.rollout.multi_turn.tool_config_path` file
 (`tools: [{class_name, config, tool_schema}]`). verl's tool classes are Python classes of verl's; asyncrl maps
-the ones it has an equivalent for (the sandbox-fusion code interpreter → the built-in `python` tool with the
-config's timeout and memory limit) and refuses the others by name — a tool silently missing would change the
-experiment.
+the ones it has an equivalent for and refuses the others by name — a tool silently missing would change the
+experiment. The sandbox-fusion code interpreter runs where verl's config says: on the SandboxFusion service
+when it names a `sandbox_fusion_url` (`engine.agent.fusion`; `num_workers` calls at once), else as the built-in
+`python` tool in the local box — with the config's timeout and memory limit either way.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.agent.fusion import FusionService
 from engine.agent.sandbox import SandboxLimits
 from engine.agent.tool_calls import ToolCall
 
@@ -38,6 +40,8 @@ class Tool:
     function: str
     """`module:function`, imported and called in the sandbox with the call's arguments."""
     limits: SandboxLimits = field(default_factory=SandboxLimits)
+    service: FusionService | None = None
+    """A SandboxFusion service that runs the call's `code` instead of the local box (verl's retool)."""
 
     def openai_schema(self) -> dict[str, Any]:
         return {"type": "function",
@@ -81,6 +85,14 @@ class ToolRegistry:
             raise ValueError(f"unknown built-in tool(s) {', '.join(unknown)}; known: {', '.join(BUILTIN_TOOLS)}")
         return ToolRegistry([BUILTIN_TOOLS[n] for n in names])
 
+    def needs_box(self) -> bool:
+        """Whether any tool runs in the local box (not on a SandboxFusion service)."""
+        return any(t.service is None for t in self.tools.values())
+
+    def remote(self) -> list[str]:
+        """`name → URL` of every tool that runs on a SandboxFusion service."""
+        return [f"{t.name} → SandboxFusion at {t.service.url}" for t in self.tools.values() if t.service]
+
     def openai_schemas(self) -> list[dict[str, Any]]:
         return [t.openai_schema() for t in self.tools.values()]
 
@@ -109,6 +121,43 @@ class ToolRegistry:
 _VERL_CODE_TOOLS = ("SandboxFusionTool", "CustomSandboxFusionTool")
 
 
+def run_tools(mt: Any, base_dir: Path | None = None) -> ToolRegistry:
+    """A run's tools (`[rollout.multi_turn]`): verl's tool config when given, else the named built-ins, and the
+    user's own (`tool`); relative paths from `base_dir` (validate: the run file's directory), else from the
+    working directory. ValueError names what is wrong."""
+    tools: list[Tool] = []
+    if mt.tool_config_path:
+        path = Path(mt.tool_config_path)
+        tools += from_verl_yaml(path if path.is_absolute() or base_dir is None else base_dir / path).tools.values()
+    elif mt.tools:
+        tools += ToolRegistry.builtin(list(mt.tools)).tools.values()
+    tools += [user_tool(t, base_dir) for t in getattr(mt, "tool", [])]
+    return ToolRegistry(tools)
+
+
+def user_tool(t: Any, base_dir: Path | None = None) -> Tool:
+    """A `[[rollout.multi_turn.tool]]` as a `Tool`: its file must exist (it is not imported here) and be a
+    module name the box can import (an identifier that no standard-library module shadows)."""
+    import sys
+
+    file, _, fn = str(t.function).rpartition(":")
+    path = Path(file)
+    if not path.is_absolute():
+        here = base_dir / path if base_dir is not None else None
+        path = here if here is not None and here.is_file() else Path.cwd() / path
+    if not path.is_file():
+        raise ValueError(f"tool {t.name}: function file {file} not found")
+    if not path.stem.isidentifier() or path.stem in sys.stdlib_module_names or path.stem == "runner":
+        raise ValueError(f"tool {t.name}: rename {path.name}: its name must be a Python identifier that no "
+                         "standard-library module uses")
+    params = t.parameters
+    if not isinstance(params, dict) or params.get("type", "object") != "object":
+        raise ValueError(f"tool {t.name}: parameters must be a JSON schema of type object")
+    return Tool(t.name, t.description, {"type": "object", **params}, f"{path.resolve()}:{fn}",
+                SandboxLimits(timeout_s=float(t.timeout_s), memory_mb=int(t.memory_mb),
+                              max_output_chars=int(t.max_output_chars)))
+
+
 def from_verl_yaml(path: str | Path) -> ToolRegistry:
     """The tools of a verl `tool_config_path` YAML, or a ValueError naming every tool asyncrl cannot run."""
     import yaml
@@ -129,7 +178,11 @@ def from_verl_yaml(path: str | Path) -> ToolRegistry:
                 continue
             limits = SandboxLimits(timeout_s=float(cfg.get("default_timeout", 30)),
                                    memory_mb=int(cfg.get("memory_limit_mb", 1024)))
-            tools.append(Tool(name, schema.get("description", PYTHON.description), params, PYTHON.function, limits))
+            url = cfg.get("sandbox_fusion_url")
+            service = FusionService(str(url), max_concurrent=int(cfg.get("num_workers", 10)),
+                                    language=str(cfg.get("default_language", "python"))) if url else None
+            tools.append(Tool(name, schema.get("description", PYTHON.description), params, PYTHON.function, limits,
+                              service))
         else:
             refused.append(f"{name} ({cls}): no asyncrl equivalent")
     if refused:

@@ -12,19 +12,14 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from engine.config.multi_turn import MultiTurnConfig
+from engine.config.section_base import Section
 from engine.config.names import BUILTIN_DATASETS, BUILTIN_MODELS, NAMED_REWARDS
 
 _REWARD_FN = re.compile(r"^(?:[A-Za-z_][\w.]*|[^:\s]+\.py):[A-Za-z_]\w*$")
 """`module:function` or `path/to/file.py:function` (verl's `custom_reward_function.path` + `.name`)."""
-
-
-class Section(BaseModel):
-    """Base of every table: unknown keys are errors, docstrings are descriptions."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
-                              allow_inf_nan=False)
 
 
 class ModelConfig(Section):
@@ -350,38 +345,6 @@ class TrainerConfig(Section):
     """Bit-reproducible run (CPU, fp32, one `hf` replica): sampling keyed by (seed, prompt uid, sample,
     position), each prompt generated alone, a schedule independent of timing, one thread per process; a run
     killed and resumed, or async at staleness 0 / trigger 1 vs `mode = "sync"`, ends with the same weights."""
-
-
-class MultiTurnConfig(Section):
-    """Multi-turn, tool-using rollouts (`[rollout.multi_turn]`; verl's `actor_rollout_ref.rollout.multi_turn`).
-
-    Each response becomes a conversation: the model generates until it emits tool calls or ends its turn;
-    the tools run in a sandbox while other trajectories keep generating; their answers are appended as token
-    ids through the chat template (never re-tokenised) and excluded from the loss; the next turn is generated
-    under the weights current then. One `data.max_response_length` budget covers model and tool tokens."""
-
-    enable: bool = False
-    """Turn multi-turn rollouts on."""
-    format: Literal["hermes", "bare"] = "hermes"
-    """How tool calls are written: `hermes` = `<tool_call>{"name": …, "arguments": {…}}</tool_call>`;
-    `bare` = a turn that is one word, the tool's name (no arguments; for tiny models)."""
-    tools: list[str] = []
-    """Built-in tools to offer (`calculator`, `python`, `lookup`). A row's `extra_info.tools_kwargs.NAME.
-    create_kwargs` (verl's layout) are passed to tool NAME with the model's arguments."""
-    tool_config_path: str | None = None
-    """verl's tool config YAML (`tools: [{class_name, config, tool_schema}]`); its sandbox-fusion code
-    interpreter runs as the built-in `python` tool, other verl tool classes are refused."""
-    max_assistant_turns: int | None = Field(None, gt=0)
-    """End the conversation after this many model turns (None = only the budget ends it)."""
-    max_user_turns: int | None = Field(None, gt=0)
-    """End the conversation after this many rounds of tool answers (None = no limit)."""
-    max_tokens_per_turn: int | None = Field(None, gt=0)
-    """A model turn ends after this many tokens even without its end-of-turn token, and is parsed for calls
-    like a finished turn (None = a turn ends only at EOS or the response budget)."""
-    max_parallel_calls: int = Field(1, gt=0)
-    """Tool calls run per model turn; further calls in the turn are answered with an error."""
-    max_concurrent_tools: int = Field(4, gt=0)
-    """Tool calls running at once on the rollouter's machine (each in its own sandboxed subprocess)."""
 
 
 class RolloutConfig(Section):

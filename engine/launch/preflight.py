@@ -10,7 +10,9 @@ Checked here:
 * the tokenizer loads;
 * the training (and validation) data load and render: readable parquet, the required columns, a reward
   function that resolves for every `data_source`, empty / over-long prompts filtered or rejected as
-  `data.filter_overlong_prompts` says, and at least one prompt left.
+  `data.filter_overlong_prompts` says, and at least one prompt left;
+* with multi-turn rollouts, that the tool sandbox (bubblewrap) can be built here, unless
+  `rollout.multi_turn.allow_unsandboxed`.
 """
 
 from __future__ import annotations
@@ -44,7 +46,24 @@ def preflight(cfg: RunConfig) -> str:
     except (ValueError, OSError) as e:
         raise PreflightError(f"model.path: {e}") from None
     check_data(cfg, tokenizer)
+    check_tool_sandbox(cfg)
     return str(model_dir)
+
+
+def check_tool_sandbox(cfg: RunConfig) -> None:
+    """Multi-turn tools refuse to run without their sandbox: say so before the run starts."""
+    mt = cfg.rollout.multi_turn
+    if mt.enable and not mt.allow_unsandboxed:
+        from engine.agent.box import unavailable_reason
+        from engine.agent.tools import run_tools
+
+        try:
+            needs_box = run_tools(mt).needs_box()
+        except (OSError, ValueError):
+            needs_box = True  # validate reports the tools' own problem
+        reason = unavailable_reason() if needs_box else None
+        if reason is not None:
+            raise PreflightError(f"rollout.multi_turn: tools refuse to run: {reason}")
 
 
 def check_model_dir(model_dir: Path, trust_remote_code: bool = False) -> None:

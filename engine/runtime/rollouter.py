@@ -88,6 +88,8 @@ class RolloutShell:
                 val_prompts = val_prompts[: cfg.data.val_max_samples]
         stream = PromptStream(cfg.trainer.total_epochs, spec.total_rollout_steps)
         self.loop = RolloutLoop(spec.params, stream, val_prompts, len(replicas), replica_capacities(replicas))
+        if self.tools is not None and self.tools.runner.warning:
+            self._event("warning", "tools", self.tools.runner.warning)
         self.inbox = self.loop.inbox()
         self.lock = threading.Condition()
         self.calls = ReplicaCalls(keyed=cfg.trainer.deterministic)  # the generate calls out

@@ -2,12 +2,14 @@
 
 `RolloutLoop` decides (which turn ends, which calls run, when the next turn is generated); this shell only
 does the I/O it cannot: decoding a turn's text to parse its calls, running the calls in the sandbox
-(`engine.agent.sandbox.ToolRunner`, concurrently, so other trajectories keep generating), and rendering the
-answers as token ids through the chat template. Every call ends in an answer for the model — a tool's
-error, timeout or crash becomes its text and a counted status.
+(`engine.agent.sandbox.ToolRunner`: each call in a bubblewrap box, concurrently, so other trajectories keep
+generating), and rendering the answers as token ids through the chat template. Every call ends in an answer
+for the model — a tool's error, timeout, crash or hit limit becomes its text and a counted status. Where no box
+can be built, the shell does not start (`SandboxUnavailable`: the run stops with the reason and the fix)
+unless `allow_unsandboxed`.
 
 Metrics (per step, since the last report): `asyncrl/tools/calls`, `asyncrl/tools/errors` and one count per
-failure status (`asyncrl/tools/status/{error,timeout,crashed,bad_output}`; a call the
+failure status (`asyncrl/tools/status/{error,timeout,limit,refused}`; a call the
 model got wrong (unknown tool, bad arguments, malformed JSON) counts as `error`), the latency
 `asyncrl/tools/latency_s/{p50,p99,max}`, `asyncrl/tools/waiting` (trajectories waiting for tools now). These
 count training conversations only; a validation conversation's calls (`CallTools.validation`) run the same
@@ -20,19 +22,17 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-from engine.agent.sandbox import ToolOutcome, ToolRunner
+from engine.agent.sandbox import STATUSES, ToolOutcome, ToolRunner
 from engine.agent.template import tool_answer_ids
 from engine.agent.tool_calls import parser
-from engine.agent.tools import ToolRegistry, from_verl_yaml
+from engine.agent.tools import ToolRegistry, run_tools
 from engine.loop.commands import CallTools
 from engine.types import GenResult
 
 
 def tool_registry(mt: Any) -> ToolRegistry:
     """The run's tools: verl's tool config when given, else the named built-ins."""
-    if mt.tool_config_path:
-        return from_verl_yaml(mt.tool_config_path)
-    return ToolRegistry.builtin(list(mt.tools))
+    return run_tools(mt)
 
 
 class ToolShell:
@@ -40,7 +40,7 @@ class ToolShell:
         self.registry = tool_registry(mt)
         self.parse_text = parser(mt.format)
         self.tokenizer = tokenizer
-        self.runner = ToolRunner(mt.max_concurrent_tools)
+        self.runner = ToolRunner(mt.max_concurrent_tools, mt.allow_unsandboxed, self.registry.needs_box())
         self._waiting: dict[tuple[str, int, bool], tuple[list[Future[ToolOutcome] | ToolOutcome], float]] = {}
         self._latencies: list[float] = []
         self._counts: dict[str, int] = {}
@@ -66,7 +66,7 @@ class ToolShell:
                 continue
             tool = self.registry.tools[call.name]
             hidden = (c.tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
-            work.append(self.runner.submit(tool.function, {**call.arguments, **hidden}, tool.limits))
+            work.append(self.runner.submit(tool.function, {**call.arguments, **hidden}, tool.limits, tool.service))
         self._waiting[(c.uid, c.index, c.validation)] = (work, time.monotonic())
 
     def ready(self) -> list[tuple[str, int, list[int], bool]]:
@@ -93,7 +93,7 @@ class ToolShell:
         out: dict[str, float] = {"asyncrl/tools/calls": self._counts.get("calls", 0),
                                  "asyncrl/tools/errors": self._counts.get("errors", 0),
                                  "asyncrl/tools/waiting": sum(1 for key in self._waiting if not key[2])}
-        for status in ("error", "timeout", "crashed", "bad_output"):
+        for status in STATUSES[1:]:
             out[f"asyncrl/tools/status/{status}"] = self._counts.get(status, 0)
         if lat:
             out["asyncrl/tools/latency_s/p50"] = lat[len(lat) // 2]

@@ -96,3 +96,16 @@ def test_async_vs_sync_and_staleness(tmp_path: Path, shared_ray: None) -> None:
     data = _written(tmp_path, "staleness")
     (row,) = data["rows"]
     assert row["config"] == "s=0.5 partial=on" and row["trained_prompts"] == 8
+
+
+def test_sandbox_overhead(tmp_path: Path) -> None:
+    from engine.agent.box import unavailable_reason
+
+    if unavailable_reason() is not None:
+        pytest.skip("no tool box here")
+    run_study("sandbox-overhead", "toy", tmp_path)
+    data = _written(tmp_path, "sandbox-overhead")
+    names = {r["name"] for r in data["rows"]}
+    assert {"calculator/box", "calculator/none", "python/box", "python/none"} <= names
+    assert all(0 < r["median_ms"] <= r["p99_ms"] <= r["max_ms"] < 30_000 for r in data["rows"])
+    assert set(data["overhead_ms"]) == {"calculator", "python"}

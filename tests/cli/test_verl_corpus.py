@@ -175,8 +175,8 @@ def test_a_tool_config_with_a_custom_tool_class_is_refused(tmp_path: Path, monke
 
 def test_the_converted_retool_run_validates(cli, tmp_path: Path) -> None:
     """With the refused keys taken out, the retool script converts into a multi-turn run file that validates
-    (its verl tool config and reward module at hand, as in verl's root: the sandbox-fusion code interpreter →
-    asyncrl's `python`)."""
+    (its verl tool config and reward module at hand, as in verl's root: the sandbox-fusion code interpreter on
+    the service its config names)."""
     cfg = tmp_path / "recipe" / "retool"
     cfg.mkdir(parents=True)
     (cfg / "retool.py").write_text("def compute_score(response_text, ground_truth, **kwargs):\n"
@@ -194,3 +194,5 @@ def test_the_converted_retool_run_validates(cli, tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     written = tomllib.loads((tmp_path / "run.toml").read_text())
     assert written["rollout"]["multi_turn"] == {k.rsplit(".", 1)[-1]: v for k, v in RETOOL_MULTI_TURN.items()}
+    # verl's config names its SandboxFusion service: the run uses it (never the local box), and the import says so
+    assert "SandboxFusion at http://localhost:8080/run_code" in " ".join(r.output.split())

@@ -80,14 +80,15 @@ def test_tools_that_sleep_time_out_and_raise_across_syncs_keep_an_exact_ledger(r
     total = collections.Counter()
     for r in recs:
         for key in ("asyncrl/tools/calls", "asyncrl/tools/errors", "asyncrl/tools/status/timeout",
-                    "asyncrl/tools/status/error", "asyncrl/tools/status/crashed", "asyncrl/tools/status/bad_output",
+                    "asyncrl/tools/status/error", "asyncrl/tools/status/limit", "asyncrl/tools/status/refused",
                     "fully_async/partial/total_partial_num", "asyncrl/tools/masked_tokens"):
             total[key] += r.get(key, 0)
     # timeouts come only from the sleeping rows; `error` counts the raising rows' calls and, with the `bare`
     # format, the untrained model's turns that begin with another word (an unknown tool)
     assert total["asyncrl/tools/status/timeout"] > 0 and total["asyncrl/tools/status/error"] > 0
     assert total["asyncrl/tools/errors"] == sum(total[f"asyncrl/tools/status/{s}"]
-                                                for s in ("timeout", "error", "crashed", "bad_output"))
+                                                for s in ("timeout", "error", "limit", "refused"))
+    assert total["asyncrl/tools/status/refused"] == 0  # every call ran in its box
     assert total["asyncrl/tools/calls"] > total["asyncrl/tools/errors"]  # the slow ones answered
     assert total["asyncrl/tools/masked_tokens"] > 0  # trained trajectories carry their tools' answers
     # trajectories that waited on a tool through a sync were not aborted: their next turn ran on the new weights

@@ -1,0 +1,12 @@
+"""The base of every run-config table (`engine.config.sections`, `engine.config.schema`)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Section(BaseModel):
+    """Base of every table: unknown keys are errors, docstrings are descriptions."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
+                              allow_inf_nan=False)
