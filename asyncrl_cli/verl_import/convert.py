@@ -384,7 +384,10 @@ REFUSED_PREFIXES: dict[str, str] = {
     f"{ROLL}.agent.agent_loop_config_path": "a custom agent loop is not in asyncrl: its one agent loop parses "
                                             "the model's tool calls (rollout.multi_turn)",
     f"{ROLL}.agent.custom_async_server.": "a custom rollout server is not in asyncrl",
-    "data.custom_cls.": "a custom dataset class is not supported (asyncrl reads verl's parquet row layout)",
+    "data.custom_cls.": "verl's custom dataset class cannot be loaded without verl: write its row transform as a "
+                        "plain Python function, data.row_adapter = \"file.py:fn\" with def fn(row: dict) -> dict "
+                        "(a raw row in, verl's row layout out: prompt, data_source, reward_model.ground_truth, "
+                        "extra_info)",
     f"{ROLL}.data_parallel_size": "rollout data parallelism inside a replica: asyncrl's replicas are tensor "
                                   "parallel only",
     f"{ROLL}.expert_parallel_size": "rollout expert parallelism: asyncrl's replicas are tensor parallel only",

@@ -13,6 +13,8 @@ from engine.config.section import Section
 
 _REWARD_FN = re.compile(r"^(?:[A-Za-z_][\w.]*|[^:\s]+\.py):[A-Za-z_]\w*$")
 """`module:function` or `path/to/file.py:function` (verl's `custom_reward_function.path` + `.name`)."""
+_ROW_ADAPTER = re.compile(r"^[^:\s]+\.py:[A-Za-z_]\w*$")
+"""`path/to/file.py:function` (`engine.data.row_adapter.SPEC`)."""
 
 
 class OverlongBufferConfig(Section):
@@ -67,6 +69,13 @@ class DataConfig(Section):
     """Rows of a built-in validation set (None = the task's default size)."""
     val_max_samples: int | None = Field(None, gt=0)
     """Validate on at most this many prompts (None = all)."""
+    row_adapter: str | None = None
+    """`path/to/file.py:fn`: a function `def fn(row: dict) -> dict` the user writes, applied to every raw row of
+    the parquet files when they are read (not to `builtin:` tasks) and returning the row in verl's layout
+    (`prompt` messages, `data_source`, `reward_model.ground_truth`, `extra_info`) — for datasets in another
+    layout (verl's `data.custom_cls`). `validate` runs it on the first rows of each file in a child process
+    (`engine.data.row_adapter`)."""
+
     @field_validator("train_files", "val_files")
     @classmethod
     def _files(cls, v: list[str]) -> list[str]:
@@ -91,6 +100,14 @@ class DataConfig(Section):
             raise ValueError(f"overlong_buffer.len ({ob.len}) exceeds max_response_length "
                              f"({self.max_response_length}): every response would be penalised")
         return self
+
+    @field_validator("row_adapter")
+    @classmethod
+    def _row_adapter(cls, v: str | None) -> str | None:
+        if v is not None and not _ROW_ADAPTER.match(v):
+            raise ValueError(f"row_adapter {v!r} is not `path/to/file.py:function` (a function "
+                             "`def fn(row: dict) -> dict`)")
+        return v
 
     @field_validator("reward")
     @classmethod

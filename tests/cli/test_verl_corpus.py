@@ -71,7 +71,7 @@ EXPECTED: dict[str, tuple[str | None, int, dict | None, tuple[str, ...]]] = {
                                                                    "actor_rollout_ref.partition")),
     "dapo_30b_a3b_base_math_fsdp": (None, 1, None, ("--config-name", *SP)),
     # the multi-turn keys map onto [rollout.multi_turn] and val_kwargs onto rollout.val_* (test_retool_multi_turn_
-    # keys_map); the custom dataset class and Ulysses SP are refused
+    # keys_map); the custom dataset class (test_custom_cls_names_the_row_adapter) and Ulysses SP are refused
     "dapo_7b_async_retool": (None, 1, None, ("data.custom_cls.path", "data.custom_cls.name", SP[0])),
     "grpo_qwen3_235b_megatron_npu": (None, 1, None, (
         "actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size",
@@ -140,6 +140,12 @@ def test_retool_multi_turn_keys_map() -> None:
     assert not [ov for ov, _ in conv.errors if "multi_turn" in ov or "val_kwargs" in ov]
     assert (conv.values["rollout.val_n"], conv.values["rollout.val_temperature"], conv.values["rollout.val_top_p"]) \
         == (30, 1.0, 0.6)
+
+
+def test_custom_cls_names_the_row_adapter_and_its_signature() -> None:
+    conv = convert_script((CORPUS / "dapo_7b_async_retool.sh").read_text())
+    (reason,) = {why for ov, why in conv.errors if ov.startswith("data.custom_cls.path=")}
+    assert 'data.row_adapter = "file.py:fn"' in reason and "def fn(row: dict) -> dict" in reason
 
 
 def _with(extra: str) -> str:
