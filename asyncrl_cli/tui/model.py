@@ -216,6 +216,8 @@ class DashboardModel:
         from engine.telemetry.val_curve import core_accuracy_key
 
         for rec in reversed(self.metrics):
+            if not any(k.startswith("val-core/") for k in rec):
+                continue
             best: dict[str, tuple[int, float, int]] = {}
             for key, value in rec.items():
                 found = core_accuracy_key(key) if is_number(value) else None
