@@ -31,7 +31,8 @@ parallel) on Megatron, T on torch:
                     `recompute_num_layers`)
     transient       c_t · (params of one layer) · b_c  (a weight gradient being accumulated)
     log-prob head   T_head·V/tp·c_v: T_head = min(`trainer.logprob_chunk_tokens`, the response tokens of
-                    the micro-batch, T · max_response / (max_prompt + max_response))
+                    the micro-batch a rank holds, T/cp · max_response / (max_prompt + max_response)); the
+                    Megatron head is chunked at cp > 1 too (`engine.trainer.megatron.head.owned_log_probs`)
     moe_dispatch    Megatron MoE: 2·T'·k·h·b_c (the token dispatcher's permuted input and output)
     attention_scores  torch backend with eager attention (`trainer.attn_implementation`, "auto" counted as eager
                     when the launch could choose it): the softmax's fp32 output and its b_c copy (b_c < 4) of
