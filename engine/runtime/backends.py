@@ -153,7 +153,8 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
                            attn_implementation=t.attn_implementation)
     kwargs = {"device": check_device(device.type), "precision": SHORT[policy.compute],
               "gradient_checkpointing": t.enable_gradient_checkpointing,
-              "logprob_chunk_tokens": t.logprob_chunk_tokens, "shared_prompt": t.shared_prompt, **common}
+              "logprob_chunk_tokens": t.logprob_chunk_tokens, "shared_prompt": t.shared_prompt,
+              "export_dtype": None if frozen else rollout_dtype(cfg), **common}  # syncs in the replicas' dtype
     if distributed:
         from engine.trainer.fsdp import FSDPTrainerBackend
 

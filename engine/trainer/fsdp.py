@@ -9,8 +9,9 @@ scales its micro-batch weights by M and normalises by the *global* mass:
 
 — the gradient of one process training on all rows. Ranks run the same number of micro-batches
 (the short ones repeat their last micro-batch with weight 0), because each forward is collective.
-Weights leave rank 0 as a full state dict (`get_model_state_dict(full_state_dict=True,
-cpu_offload=True)`); checkpoints are full state dicts written by rank 0 and broadcast on load.
+Weights leave rank 0 gathered tensor by tensor on the device in the export dtype (`torch_weights.export_sharded`:
+no full state dict, no host round trip); checkpoints are full state dicts written by rank 0 and broadcast on
+load (`torch_weights.save` / `load`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torch.distributed.tensor import DTensor
 
 from engine.plan.devices import PROCESS_GROUP_TIMEOUT_S, RoleDevice
 from engine.trainer.process_groups import all_reduce_values, init_process_group
+from engine.trainer import torch_weights
 from engine.trainer.torch_trainer import TorchTrainerBackend
 
 
@@ -128,6 +130,10 @@ class FSDPTrainerBackend(TorchTrainerBackend):
 
     def _barrier(self) -> None:
         dist.barrier()
+
+    def export_weights(self, bucket_bytes: int):  # noqa: ANN201 — an iterator of buckets, as the base class
+        """Gathered per tensor on the device in the export dtype (`torch_weights.export_sharded`)."""
+        return torch_weights.export_sharded(self, bucket_bytes)
 
     def _state_dict_options(self, loading: bool = False) -> StateDictOptions:
         if loading:
