@@ -18,7 +18,8 @@ Trainer rank, `torch` backend (FSDP2 over W = trainer_dp ranks, one rank = plain
 S = P_d/(tp·pp) + P_e/(ep·etp·pp) parameters — weights S·b_c, fp32 main gradients S·4, the distributed
 optimizer's fp32 master + m + v 12·(P_d/(tp·pp)/DP + P_e/(ep·etp·pp)/EDP), a frozen reference S·b_c.
 
-Activations of the update micro-batch, T tokens (`ppo_max_token_len_per_gpu` with `use_dynamic_bsz`, else
+Activations of the update micro-batch, T tokens (`ppo_max_token_len_per_gpu` with `use_dynamic_bsz` — a bound on
+padded tokens, rows × longest row, `engine.trainer.minibatch.micro_batch_count` —, else
 `ppo_micro_batch_size_per_gpu × (max_prompt_length + max_response_length)`), per rank T' = T/(cp·tp) (sequence
 parallel) on Megatron, T on torch:
 

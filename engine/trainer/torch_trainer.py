@@ -3,8 +3,8 @@
 One `train_step(batch, loss_fn)` is one local step: `mini_batches × ppo_epochs` optimizer updates, verl's
 mini-batch loop (`engine.trainer.minibatch.mini_batch_plan` gives the split; the PPO ratios use the batch's
 fixed `old_log_probs` in every pass). Each update's mini-batch is split into micro-batches
-b_1 … b_k of `micro_batch_size` rows — or, with `use_dynamic_bsz`, into token-balanced micro-batches of at most
-`ppo_max_token_len_per_gpu` tokens (`log_prob_max_token_len_per_gpu` for the no-grad log-prob passes; the
+b_1 … b_k of `micro_batch_size` rows — or, with `use_dynamic_bsz`, into micro-batches of at most
+`ppo_max_token_len_per_gpu` padded tokens (rows × longest row) (`log_prob_max_token_len_per_gpu` for the no-grad log-prob passes; the
 ranks agree on one count, see `engine.trainer.minibatch`), each padded only to its own longest row; `loss_fn` returns a loss L_i normalised *within* b_i (token-mean,
 seq-mean, …). Each micro-batch gets a mass m_i — `batch.meta["micro_weight_fn"](b_i)` if the loss supplies
 one, else its count of response tokens Σ response_mask — and the accumulated gradient is
