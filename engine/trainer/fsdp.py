@@ -10,8 +10,8 @@ scales its micro-batch weights by M and normalises by the *global* mass:
 — the gradient of one process training on all rows. Ranks run the same number of micro-batches
 (the short ones repeat their last micro-batch with weight 0), because each forward is collective.
 Weights leave rank 0 gathered tensor by tensor on the device in the export dtype (`torch_weights.export_sharded`:
-no full state dict, no host round trip); checkpoints are full state dicts written by rank 0 and broadcast on
-load (`torch_weights.save` / `load`).
+no full state dict, no host round trip); checkpoints are sharded, each rank writing its own shards
+(`torch_weights.save_sharded`, torch distributed checkpoint; `load` re-shards to any world size).
 """
 
 from __future__ import annotations
@@ -130,6 +130,10 @@ class FSDPTrainerBackend(TorchTrainerBackend):
 
     def _barrier(self) -> None:
         dist.barrier()
+
+    def save(self, path: str) -> None:
+        """Every rank writes its shards (`torch_weights.save_sharded`: torch distributed checkpoint, no gather)."""
+        torch_weights.save_sharded(self, path)
 
     def export_weights(self, bucket_bytes: int):  # noqa: ANN201 — an iterator of buckets, as the base class
         """Gathered per tensor on the device in the export dtype (`torch_weights.export_sharded`)."""

@@ -14,14 +14,20 @@ parameters' own — in ~`bucket_bytes` buckets, tied aliases included (the same 
   the other ranks gather and drop. Sync bytes = parameters × the export dtype's size (Qwen3-VL-8B in bf16:
   17.5 GB, not 35).
 
-Checkpoints (`save` / `load`): the full state dict (`get_model_state_dict(full_state_dict, cpu_offload)`) and
-the optimizer's, written by rank 0 into a staging directory and published atomically (`checkpoint.py`);
-loaded on rank 0 and broadcast.
+Checkpoints, written into a staging directory and published atomically (`checkpoint.py`):
+
+* one process (`save`): the full state dict as `model.safetensors` (HF names) + `optimizer.pt`;
+* FSDP2 (`save_sharded`): torch distributed checkpoint (`torch.distributed.checkpoint`, directory `dcp/`) of the
+  *sharded* model and optimizer state dicts — every rank writes its own shards (`__<rank>_0.distcp`, plus the
+  coordinator's `.metadata`), nothing is gathered, no rank holds more than its shard on the host. The save's
+  collectives and the barriers around it run on `process_groups.checkpoint_group` (gloo, a timeout that covers
+  the write). `load` reads either format (DCP re-shards to the loading world, one process included).
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +43,10 @@ from torch.distributed.checkpoint.state_dict import (
 
 from engine.sync.buckets import bucketize
 from engine.trainer import checkpoint as ckpt
+from engine.trainer.process_groups import checkpoint_barrier, checkpoint_group
+
+DCP_DIR = "dcp"
+"""The sharded checkpoint's directory inside a trainer checkpoint (FSDP2)."""
 
 if TYPE_CHECKING:
     from engine.trainer.torch_trainer import TorchTrainerBackend
@@ -135,7 +145,7 @@ def save(trainer: TorchTrainerBackend, path: str) -> None:
     weights = full_state_dict(trainer)
     optim_state = get_optimizer_state_dict(trainer.model, trainer.optimizer, options=trainer._state_dict_options())
     staging = ckpt.staging_dir(path, f"step{trainer.global_step}") if trainer.is_main else None
-    trainer._barrier()
+    checkpoint_barrier()
     staging = staging or Path(f"{str(path).rstrip('/')}.tmp-step{trainer.global_step}")
     if trainer.is_main:
         unique = {k: v.detach().contiguous().clone() for k, v in weights.items() if k not in trainer.aliases}
@@ -144,16 +154,64 @@ def save(trainer: TorchTrainerBackend, path: str) -> None:
         (staging / ckpt.STATE_FILE).write_text(json.dumps({"global_step": trainer.global_step,
                                                            "base_lr": trainer.base_lr}))
     torch.save(ckpt.capture_rng(), staging / ckpt.rng_file(trainer.rank))
-    trainer._barrier()
+    checkpoint_barrier()
     if trainer.is_main:
         ckpt.publish(staging, path)
-    trainer._barrier()
+    checkpoint_barrier()
+
+
+def save_sharded(trainer: TorchTrainerBackend, path: str) -> None:
+    """FSDP2: every rank writes its shards of the model and optimizer state (module docstring)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(trainer.model, trainer.optimizer)  # sharded: nothing gathered
+    staging = ckpt.staging_dir(path, f"step{trainer.global_step}") if trainer.is_main else None
+    checkpoint_barrier()
+    staging = staging or Path(f"{str(path).rstrip('/')}.tmp-step{trainer.global_step}")
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(staging / DCP_DIR),
+             process_group=checkpoint_group())
+    if trainer.is_main:
+        (staging / ckpt.STATE_FILE).write_text(json.dumps({"global_step": trainer.global_step,
+                                                           "base_lr": trainer.base_lr, "format": "dcp"}))
+    torch.save(ckpt.capture_rng(), staging / ckpt.rng_file(trainer.rank))
+    checkpoint_barrier()
+    if trainer.is_main:
+        ckpt.publish(staging, path)
+    checkpoint_barrier()
+
+
+def _load_sharded(trainer: TorchTrainerBackend, root: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(trainer.model, trainer.optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    with warnings.catch_warnings():  # one process (no process group) reading a sharded checkpoint: intended
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
+        dcp.load(state, checkpoint_id=str(root / DCP_DIR), process_group=checkpoint_group())
+    set_state_dict(trainer.model, trainer.optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
 
 
 def load(trainer: TorchTrainerBackend, path: str) -> None:
-    """Restore what `save` wrote (same model architecture; the world size may differ for the weights and
-    optimizer, RNG states are restored for ranks that have a file)."""
+    """Restore what `save` or `save_sharded` wrote (same model architecture; the world size may differ for the
+    weights and optimizer, RNG states are restored for ranks that have a file)."""
     root = Path(path)
+    if (root / DCP_DIR).is_dir():
+        _load_sharded(trainer, root)
+    else:
+        _load_full(trainer, root)
+    state = json.loads((root / ckpt.STATE_FILE).read_text())
+    trainer.global_step = int(state["global_step"])
+    trainer.base_lr = float(state["base_lr"])
+    rng_path = root / ckpt.rng_file(trainer.rank)
+    if rng_path.exists():
+        ckpt.restore_rng(torch.load(rng_path, map_location="cpu", weights_only=False))
+    trainer._snapshot = None
+
+
+def _load_full(trainer: TorchTrainerBackend, root: Path) -> None:
     options = trainer._state_dict_options(loading=True)
     weights: dict[str, torch.Tensor] = {}
     optim_state: dict[str, Any] = {}
@@ -164,13 +222,6 @@ def load(trainer: TorchTrainerBackend, path: str) -> None:
         optim_state = torch.load(root / ckpt.OPTIMIZER_FILE, map_location="cpu", weights_only=False)
     set_model_state_dict(trainer.model, weights, options=options)
     set_optimizer_state_dict(trainer.model, trainer.optimizer, optim_state, options=options)
-    state = json.loads((root / ckpt.STATE_FILE).read_text())
-    trainer.global_step = int(state["global_step"])
-    trainer.base_lr = float(state["base_lr"])
-    rng_path = root / ckpt.rng_file(trainer.rank)
-    if rng_path.exists():
-        ckpt.restore_rng(torch.load(rng_path, map_location="cpu", weights_only=False))
-    trainer._snapshot = None
 
 
 def _same_tensors(state: Mapping[str, torch.Tensor], direct: Mapping[str, torch.Tensor]) -> bool:
