@@ -166,7 +166,7 @@ class TorchTrainerBackend(WarmupSchedule):
         self.suppress_ids = placeholder_token_ids(model.config) if self.vision is not None else []
         self._encoder = image_encoder
         self._model_dir = model_dir_of(model)
-        self.model = self._prepare_model(model.to(self.device))
+        self.model = self._prepare_model(model)
         self.optimizer = None if frozen else build_optimizer(self.model.parameters(), self.optim_cfg)
         if self.param_offload:
             self._offload(True)
@@ -179,7 +179,7 @@ class TorchTrainerBackend(WarmupSchedule):
 
     # --- distributed hooks (identity for one process) --------------------------------------------------
     def _prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        return model
+        return model.to(self.device)
 
     def _sum_across_ranks(self, values: list[float]) -> list[float]:
         return values
