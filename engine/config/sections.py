@@ -208,12 +208,13 @@ class TrainerConfig(Section):
     """Sequences per forward/backward on one GPU (gradient accumulation splits the mini-batch)."""
     use_dynamic_bsz: bool = False
     """Token-budget micro-batches (verl's key): instead of `ppo_micro_batch_size_per_gpu` rows, each rank groups
-    its rows into micro-batches of at most `ppo_max_token_len_per_gpu` tokens (prompt + response, balanced by
-    tokens, the ranks agreeing on one count; `log_prob_max_token_len_per_gpu` for the log-prob passes), each
-    padded only to its own longest row. The gradient equals the unsplit one for every `loss_agg_mode`. torch
-    backend, and megatron with pp = 1."""
+    its rows into micro-batches of at most `ppo_max_token_len_per_gpu` padded tokens (rows × the micro-batch's
+    longest row, prompt + response: rows of similar length grouped together, the ranks agreeing on one count;
+    `log_prob_max_token_len_per_gpu` for the log-prob passes), each padded only to its own longest row. The
+    gradient equals the unsplit one for every `loss_agg_mode`. torch backend, and megatron with pp = 1."""
     ppo_max_token_len_per_gpu: int = Field(16384, gt=0)
-    """Tokens per update micro-batch and rank with `use_dynamic_bsz` (verl's key; ≥ the longest row)."""
+    """Padded tokens (rows × longest row) per update micro-batch and rank with `use_dynamic_bsz` (verl's key;
+    ≥ the longest row)."""
     log_prob_max_token_len_per_gpu: int | None = Field(None, gt=0)
     """Tokens per micro-batch of the no-grad log-prob passes (π_old, π_prox, reference) with `use_dynamic_bsz`
     (verl's key); None = `ppo_max_token_len_per_gpu`."""

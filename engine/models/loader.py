@@ -194,6 +194,25 @@ def load_causal_lm(
     return model.eval()
 
 
+def meta_causal_lm(path: str | Path, dtype: Any = "float32", *, trust_remote_code: bool = False,
+                   attn_implementation: str | None = None) -> Any:
+    """The model `load_causal_lm(path, dtype)` returns, built on the meta device: the same class, config,
+    dtype, module tree and tied weights, no storage and no weights read (`path` must be a local model
+    directory). An FSDP2 rank other than 0 starts from it and receives its shard from rank 0
+    (`engine.trainer.fsdp.shard_from_rank0`)."""
+    import torch
+    from transformers import AutoConfig
+
+    local = resolve_model_path(path)
+    config = AutoConfig.from_pretrained(str(local), local_files_only=True, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = auto_model_class(config).from_config(
+            config, dtype=_torch_dtype(dtype), trust_remote_code=trust_remote_code,
+            **({"attn_implementation": attn_implementation} if attn_implementation else {}))
+    model.config._name_or_path = str(local)  # where its processor files are (`model_dir_of`)
+    return model.eval()
+
+
 def is_vision_language(config: HFConfig) -> bool:
     """True for a config (object or config.json dict) of a supported vision-language architecture."""
     model_type = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)

@@ -40,6 +40,14 @@ IndexPolicy = Literal["ray", "local_rank", "bundles", "none"]
 COLLECTIVE_BACKEND: dict[str, str] = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 """torch.distributed backend of each device's tensors (the one device → backend table)."""
 
+WEIGHT_SYNC_TRANSPORTS: dict[str, tuple[str, ...]] = {
+    "cpu": ("collective", "shared_memory", "object_store"),
+    "cuda": ("collective", "object_store"),
+    "npu": ("collective", "object_store"),
+}
+"""The weight-sync transports that exist on each trainer device (`engine.sync.runtime.weight_transport` builds
+them: the collective over the device's `COLLECTIVE_BACKEND` — gloo, NCCL, HCCL —, shared memory on the host)."""
+
 
 def weight_sync_transport(cfg: RunConfig, device: str) -> str:
     """The transport `rollout.weight_sync` resolves to on `device` (the run plan shows it; the trainer builds it):
@@ -53,13 +61,17 @@ def weight_sync_transport(cfg: RunConfig, device: str) -> str:
     choice = r.weight_sync
     one_host = cfg.resources.trainer.nnodes == 1 and cfg.resources.rollout.nnodes == 1
     if choice == "auto":
-        return "shared_memory" if device == "cpu" and r.backend == "hf" and one_host else "collective"
+        choice = "shared_memory" if device == "cpu" and r.backend == "hf" and one_host else "collective"
     if choice == "shared_memory" and (device != "cpu" or r.backend != "hf" or not one_host):
         raise ValueError('rollout.weight_sync = "shared_memory" needs device cpu, rollout.backend = "hf" and one '
                          f'node for both pools (here: {device}, {r.backend}, trainer.nnodes = '
                          f'{cfg.resources.trainer.nnodes}, rollout.nnodes = {cfg.resources.rollout.nnodes}); use '
                          '"auto" or "collective"')
+    if choice not in WEIGHT_SYNC_TRANSPORTS.get(device, ()):
+        raise ValueError(f'rollout.weight_sync = "{choice}" has no transport on {device!r} (there: '
+                         f'{", ".join(WEIGHT_SYNC_TRANSPORTS.get(device, ())) or "none"})')
     return choice
+
 
 VISIBLE_DEVICES_ENV: dict[str, str] = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}
 """The variable that names the accelerators a process may use."""

@@ -18,7 +18,8 @@ Trainer rank, `torch` backend (FSDP2 over W = trainer_dp ranks, one rank = plain
 S = P_d/(tp·pp) + P_e/(ep·etp·pp) parameters — weights S·b_c, fp32 main gradients S·4, the distributed
 optimizer's fp32 master + m + v 12·(P_d/(tp·pp)/DP + P_e/(ep·etp·pp)/EDP), a frozen reference S·b_c.
 
-Activations of the update micro-batch, T tokens (`ppo_max_token_len_per_gpu` with `use_dynamic_bsz`, else
+Activations of the update micro-batch, T tokens (`ppo_max_token_len_per_gpu` with `use_dynamic_bsz` — a bound on
+padded tokens, rows × longest row, `engine.trainer.minibatch.micro_batch_count` —, else
 `ppo_micro_batch_size_per_gpu × (max_prompt_length + max_response_length)`), per rank T' = T/(cp·tp) (sequence
 parallel) on Megatron, T on torch:
 
@@ -31,7 +32,8 @@ parallel) on Megatron, T on torch:
                     `recompute_num_layers`)
     transient       c_t · (params of one layer) · b_c  (a weight gradient being accumulated)
     log-prob head   T_head·V/tp·c_v: T_head = min(`trainer.logprob_chunk_tokens`, the response tokens of
-                    the micro-batch, T · max_response / (max_prompt + max_response))
+                    the micro-batch a rank holds, T/cp · max_response / (max_prompt + max_response)); the
+                    Megatron head is chunked at cp > 1 too (`engine.trainer.megatron.head.owned_log_probs`)
     moe_dispatch    Megatron MoE: 2·T'·k·h·b_c (the token dispatcher's permuted input and output)
     attention_scores  torch backend with eager attention (`trainer.attn_implementation`, "auto" counted as eager
                     when the launch could choose it): the softmax's fp32 output and its b_c copy (b_c < 4) of

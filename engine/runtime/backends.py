@@ -110,7 +110,7 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
     `engine.config.precision` (parameters in `policy.params`, compute in `policy.compute`). `frozen`: the KL
     loss's reference model (`build_reference_backend`): no gradients, optimizer or DDP wrapper, weights offloaded
     between uses when `trainer.ref_param_offload`."""
-    from engine.config.precision import SHORT, policy_of
+    from engine.config.precision import policy_of
 
     deterministic_threads(cfg)
     if cfg.trainer.precision == "auto":
@@ -145,20 +145,36 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
             recompute_method=t.recompute_method, recompute_num_layers=t.recompute_num_layers,
             logprob_chunk_tokens=t.logprob_chunk_tokens, device=device.type, **common, **world,
         )
-    from engine.models.loader import load_causal_lm
+    from engine.models.loader import load_causal_lm, meta_causal_lm
     from engine.trainer.torch_trainer import TorchTrainerBackend
 
     # a frozen reference holds no optimizer state: its weights need no fp32 masters
-    model = load_causal_lm(model_dir, dtype=policy.compute if frozen else policy.params,
-                           attn_implementation=t.attn_implementation)
-    kwargs = {"device": check_device(device.type), "precision": SHORT[policy.compute],
-              "gradient_checkpointing": t.enable_gradient_checkpointing,
-              "logprob_chunk_tokens": t.logprob_chunk_tokens, "shared_prompt": t.shared_prompt, **common}
+    load = {"dtype": policy.compute if frozen else policy.params, "attn_implementation": t.attn_implementation}
+    if distributed and not (frozen and t.ref_param_offload):  # FSDP2: rank 0 loads, the others get their shards
+        import torch.distributed as dist
+        from engine.trainer.fsdp import FSDPTrainerBackend
+
+        loaded = load_causal_lm(model_dir, **load) if dist.get_rank() == 0 else None
+        skeleton = meta_causal_lm(model_dir, **load)
+        return FSDPTrainerBackend(skeleton, loaded=loaded, **trainer_kwargs(cfg, policy, device, frozen, common))
+    model = load_causal_lm(model_dir, **load)
+    kwargs = trainer_kwargs(cfg, policy, device, frozen, common)
     if distributed:
         from engine.trainer.fsdp import FSDPTrainerBackend
 
         return FSDPTrainerBackend(model, **kwargs)
     return TorchTrainerBackend(model, **kwargs)
+
+
+def trainer_kwargs(cfg: RunConfig, policy: Any, device: RoleDevice, frozen: bool, common: dict[str, Any]) -> dict:
+    """The torch / FSDP2 backend's keyword arguments beyond the model."""
+    from engine.config.precision import SHORT
+
+    t = cfg.trainer
+    return {"device": check_device(device.type), "precision": SHORT[policy.compute],
+            "gradient_checkpointing": t.enable_gradient_checkpointing,
+            "logprob_chunk_tokens": t.logprob_chunk_tokens, "shared_prompt": t.shared_prompt,
+            "export_dtype": None if frozen else rollout_dtype(cfg), **common}  # syncs in the replicas' dtype
 
 
 def build_reference_backend(cfg: RunConfig, model_dir: str, distributed: bool = False, *, device: RoleDevice):

@@ -75,19 +75,40 @@ def default_device(backend: str) -> torch.device:
     if backend == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     if backend == "hccl":
+        _torch_npu()
         return torch.device("npu", torch.npu.current_device())  # type: ignore[attr-defined]  # torch_npu
     raise ValueError(f"collective weight sync over {backend!r} is not available (gloo, nccl or hccl)")
 
 
+BACKENDS = ("gloo", "nccl", "hccl")
+"""The backends `_process_group` builds a stateless group for (`engine.plan.devices.COLLECTIVE_BACKEND`'s values)."""
+
+
+def _torch_npu() -> object:
+    """torch_npu, imported (it registers `torch.npu` and the HCCL backend); ValueError (one line) without it."""
+    try:
+        import torch_npu  # type: ignore[import-not-found]  # noqa: F401  (Ascend's PyTorch adapter)
+    except ImportError as e:
+        raise ValueError(f"collective weight sync over hccl needs torch_npu (Ascend's PyTorch adapter): {e}") from None
+    return torch_npu
+
+
 def _process_group(backend: str, store: object, rank: int, world: int, timeout: _dt.timedelta) -> object:
+    """A stateless backend object of `world` ranks over `store` (not the process's default group). HCCL:
+    `torch_npu._C._distributed_c10d.ProcessGroupHCCL(store, rank, size, options)` with `Options()._timeout`,
+    torch_npu's own binding (the form vLLM-Ascend's stateless groups use); it is a `c10d.Backend`, like
+    `ProcessGroupGloo` / `ProcessGroupNCCL`, so `broadcast(tensor, root)` is the same call on every backend."""
     if backend == "gloo":
         return dist.ProcessGroupGloo(store, rank, world, timeout)
     if backend == "nccl":
         return dist.ProcessGroupNCCL(store, rank, world)
     if backend == "hccl":  # Ascend: torch_npu registers the HCCL process group
+        _torch_npu()
         from torch_npu._C._distributed_c10d import ProcessGroupHCCL  # type: ignore[import-not-found]
 
-        return ProcessGroupHCCL(store, rank, world, timeout)
+        options = ProcessGroupHCCL.Options()
+        options._timeout = timeout
+        return ProcessGroupHCCL(store, rank, world, options)
     raise ValueError(f"collective weight sync over {backend!r} is not available (gloo, nccl or hccl)")
 
 

@@ -133,7 +133,7 @@ def ramped(buckets: Iterable[Any], nbytes: int, ramp: int = RAMP_BYTES) -> Itera
         first, current, following = False, following, after
 
 
-COLLECTIVE_DEVICES = ("cpu", "cuda")
+COLLECTIVE_DEVICES = ("cpu", "cuda", "npu")
 """Devices with a collective weight-sync transport (their backend: `engine.plan.devices.COLLECTIVE_BACKEND`)."""
 
 
@@ -156,7 +156,7 @@ def weight_transport(kind: str, device: str, backend: str = "gloo", host: str = 
         return ObjectStoreSync()
     if device not in COLLECTIVE_DEVICES:
         raise ValueError(f'rollout.weight_sync = "collective" has no transport on {device!r} (gloo on CPU, NCCL '
-                         'on CUDA); use "object_store"')
+                         'on CUDA, HCCL on NPU); use "object_store"')
     return CollectiveSync(host, port, 1 + receivers, backend, per_replica=per_replica)
 
 

@@ -9,8 +9,11 @@ scales its micro-batch weights by M and normalises by the *global* mass:
 
 — the gradient of one process training on all rows. Ranks run the same number of micro-batches
 (the short ones repeat their last micro-batch with weight 0), because each forward is collective.
-Weights leave rank 0 as a full state dict (`get_model_state_dict(full_state_dict=True,
-cpu_offload=True)`); checkpoints are full state dicts written by rank 0 and broadcast on load.
+Start-up (`shard_from_rank0`): rank 0 alone loads the weights (on its host); every rank builds the model on the
+meta device, shards it, allocates its shards on the device and receives them from rank 0 by broadcast.
+Weights leave rank 0 gathered tensor by tensor on the device in the export dtype (`torch_weights.export_sharded`:
+no full state dict, no host round trip); checkpoints are sharded, each rank writing its own shards
+(`torch_weights.save_sharded`, torch distributed checkpoint; `load` re-shards to any world size).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from torch.distributed.tensor import DTensor
 
 from engine.plan.devices import PROCESS_GROUP_TIMEOUT_S, RoleDevice
 from engine.trainer.process_groups import all_reduce_values, init_process_group
+from engine.trainer import torch_weights
 from engine.trainer.torch_trainer import TorchTrainerBackend
 
 
@@ -81,14 +85,43 @@ def shard_model(model: torch.nn.Module, device_type: str, compute_dtype: torch.d
     return model
 
 
-class FSDPTrainerBackend(TorchTrainerBackend):
-    """`TrainerBackend` for one rank of an FSDP2 group; the default process group must exist."""
+def shard_from_rank0(model: torch.nn.Module, loaded: torch.nn.Module | None, device: torch.device,
+                     compute_dtype: torch.dtype | None) -> torch.nn.Module:
+    """FSDP2 from a meta skeleton (`model`, on every rank) and the weights rank 0 loaded on its host (`loaded`;
+    None elsewhere): shard the skeleton (`shard_model`), allocate each rank's shards on `device` (`to_empty`),
+    then broadcast rank 0's full state tensor by tensor, every rank keeping its shard
+    (`set_model_state_dict(full_state_dict, broadcast_from_rank0)`), and rank 0's buffers (the non-persistent
+    ones — rotary frequencies — are in no state dict). No rank but 0 reads the weights; no rank holds the full
+    model on the device; tied weights stay tied."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    def __init__(self, model: torch.nn.Module, **kwargs) -> None:
+    rank0 = dist.get_rank() == 0
+    if rank0 and loaded is None:
+        raise ValueError("rank 0 needs the loaded model to shard a meta skeleton from")
+    full = loaded.state_dict() if rank0 and loaded is not None else {}
+    buffers = dict(loaded.named_buffers()) if rank0 and loaded is not None else {}
+    model = shard_model(model, device.type, compute_dtype)
+    model.to_empty(device=device)
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if rank0:
+                buf.copy_(buffers[name].to(buf.device))
+            dist.broadcast(buf, 0)
+    return model
+
+
+class FSDPTrainerBackend(TorchTrainerBackend):
+    """`TrainerBackend` for one rank of an FSDP2 group; the default process group must exist. `model`: the loaded
+    model, or a meta skeleton (`engine.models.loader.meta_causal_lm`) with rank 0's loaded model as `loaded`
+    (`shard_from_rank0`: the other ranks never load the weights)."""
+
+    def __init__(self, model: torch.nn.Module, loaded: torch.nn.Module | None = None, **kwargs) -> None:
         if not dist.is_initialized():
             raise RuntimeError("FSDPTrainerBackend needs torch.distributed initialised (see init_distributed)")
         self._rank = dist.get_rank()
         self._world = dist.get_world_size()
+        self._loaded = loaded
         super().__init__(model, **kwargs)
 
     @property
@@ -100,7 +133,12 @@ class FSDPTrainerBackend(TorchTrainerBackend):
         return self._world
 
     def _prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        return shard_model(model, self.device.type, self.compute_dtype, offload=self.param_offload)
+        loaded, self._loaded = self._loaded, None
+        if next(model.parameters()).is_meta:
+            if self.param_offload:
+                raise ValueError("a meta skeleton cannot be offloaded: load the model on every rank for that")
+            return shard_from_rank0(model, loaded, self.device, self.compute_dtype)
+        return shard_model(model.to(self.device), self.device.type, self.compute_dtype, offload=self.param_offload)
 
     def _autocast(self) -> bool:
         return False  # the MixedPrecisionPolicy casts
@@ -128,6 +166,14 @@ class FSDPTrainerBackend(TorchTrainerBackend):
 
     def _barrier(self) -> None:
         dist.barrier()
+
+    def save(self, path: str) -> None:
+        """Every rank writes its shards (`torch_weights.save_sharded`: torch distributed checkpoint, no gather)."""
+        torch_weights.save_sharded(self, path)
+
+    def export_weights(self, bucket_bytes: int):  # noqa: ANN201 — an iterator of buckets, as the base class
+        """Gathered per tensor on the device in the export dtype (`torch_weights.export_sharded`)."""
+        return torch_weights.export_sharded(self, bucket_bytes)
 
     def _state_dict_options(self, loading: bool = False) -> StateDictOptions:
         if loading:

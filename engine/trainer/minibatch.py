@@ -22,17 +22,21 @@ split in every epoch; with `shuffle` the rows are permuted anew before each epoc
 (`seed`, `step`, epoch), so a resumed run (same optimizer step count) draws the same permutation.
 
 Token-budget micro-batches (`trainer.use_dynamic_bsz`, verl's `rearrange_micro_batches`): a rank's rows of one
-mini-batch, with lengths ℓ_i (prompt + response tokens, `attention_mask.sum`), are grouped into
+mini-batch, with lengths ℓ_i (prompt + response tokens, `attention_mask.sum`), are grouped into micro-batches
+whose *padded* cost fits the budget:
 
-    k = the least count ≥ ⌈Σ ℓ_i / budget⌉ whose balanced partition has every group ≤ budget
+    cost(g) = |g| · max_{i∈g} ℓ_i ≤ budget      (every row of a micro-batch is padded to its longest)
 
-micro-batches (never more than the rows; a single row longer than the budget is its own micro-batch —
-`validate` refuses such configs), by the Karmarkar–Karp largest-differencing partition of the lengths into k
-groups of near-equal token sums (verl's `get_seqlen_balanced_partitions`). The data-parallel ranks agree on the
-largest k of any rank (verl's `same_micro_num_in_dp`), then each partitions its own rows into that many groups.
-Micro-batches are ordered heaviest first (Σ ℓ_i², the attention cost, as verl's `use_dynamic_bsz_balance`), rows
-within one keep their batch order; callers map results back to row order. verl rounds k up to the count only;
-asyncrl also raises k until every group fits, so `ppo_max_token_len_per_gpu` is a bound, not a target.
+because that — not Σ ℓ_i — is what the forward computes on and what the memory model's T counts (verl counts
+real tokens of packed rows; asyncrl's rows are padded, so counting Σ ℓ_i let one long row in a group of short ones
+multiply the real activation and log-prob-head memory). k = the fewest such groups (never more than the rows; a
+row longer than the budget is its own micro-batch — `validate` refuses such configs): the rows sorted by
+length, cut greedily into consecutive runs (optimal for this cost). The data-parallel ranks agree on the largest
+k of any rank (verl's `same_micro_num_in_dp`), then each cuts its own rows into that many runs with the least
+largest cost. Micro-batches are ordered heaviest first (Σ ℓ_i², the attention cost, as verl's
+`use_dynamic_bsz_balance`), rows within one keep their batch order; callers map results back to row order.
+`ppo_max_token_len_per_gpu` is a bound on padded tokens, not a target. (`balanced_partitions`, Karmarkar–Karp,
+still balances the data-parallel shards' token sums: verl's `balance_batch`.)
 """
 
 from __future__ import annotations
@@ -109,23 +113,55 @@ def balanced_partitions(weights: list[int], parts: int, *, equal_size: bool = Fa
     return [sorted(idx) for _, idx in heap[0][2]]
 
 
+def padded_tokens(lengths: list[int], group: list[int]) -> int:
+    """What micro-batch `group` costs once padded to its longest row: |group| × max ℓ (the tokens the forward
+    really computes on; the module docstring)."""
+    return len(group) * max((lengths[i] for i in group), default=0)
+
+
+def _runs(order: list[int], lengths: list[int], budget: int) -> list[list[int]]:
+    """`order` (rows by descending length) cut greedily into consecutive runs of padded cost ≤ `budget` (a row
+    longer than the budget alone): the fewest runs any partition of these rows can have under that bound."""
+    runs: list[list[int]] = []
+    for i in order:
+        if runs and (len(runs[-1]) + 1) * lengths[runs[-1][0]] <= budget:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
 def micro_batch_count(lengths: list[int], max_tokens: int) -> int:
-    """k of the module docstring: the least count ≥ ⌈Σ ℓ / budget⌉ whose balanced partition fits the budget
-    in every group (at most one per row; 1 for no rows)."""
+    """k of the module docstring: the fewest micro-batches whose padded cost (`padded_tokens`) each fits the
+    budget (at most one per row; 1 for no rows)."""
     if max_tokens < 1:
         raise ValueError(f"the token budget must be >= 1, got {max_tokens}")
     if not lengths:
         return 1
-    k = min(len(lengths), max(1, -(-sum(lengths) // max_tokens)))
-    while k < len(lengths) and max(sum(lengths[i] for i in g) for g in balanced_partitions(lengths, k)) > max_tokens:
-        k += 1
-    return k
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    return len(_runs(order, lengths, max_tokens))
 
 
 def token_budget_micro_batches(lengths: list[int], count: int) -> list[list[int]]:
-    """The row indices of each of min(`count`, rows) micro-batches: the balanced partition of `lengths`
-    (`balanced_partitions`), heaviest (Σ ℓ²) first, indices ascending within each."""
-    groups = [g for g in balanced_partitions(lengths, max(1, min(count, len(lengths)))) if g]
+    """The row indices of each of min(`count`, rows) micro-batches: the rows by descending length cut into that
+    many consecutive runs with the least largest padded cost (the least bound whose greedy cut needs no more runs,
+    then the costliest runs halved until there are `count`), heaviest (Σ ℓ²) first, indices ascending within
+    each."""
+    n = len(lengths)
+    if n == 0:
+        return []
+    count = max(1, min(count, n))
+    order = sorted(range(n), key=lambda i: (-lengths[i], i))
+    lo, hi = lengths[order[0]], n * lengths[order[0]]
+    while lo < hi:  # the least bound that the greedy cut meets with ≤ count runs (bisection: ~log2(n·ℓ) cuts)
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if len(_runs(order, lengths, mid)) <= count else (mid + 1, hi)
+    runs = _runs(order, lengths, lo)
+    while len(runs) < count:  # halve the costliest run (a part never costs more than its run)
+        k = max((r for r in range(len(runs)) if len(runs[r]) > 1), key=lambda r: padded_tokens(lengths, runs[r]))
+        run = runs.pop(k)
+        runs[k:k] = [run[: len(run) // 2], run[len(run) // 2:]]
+    groups = [sorted(r) for r in runs]
     return sorted(groups, key=lambda g: (-sum(lengths[i] ** 2 for i in g), g[0]))
 
 

@@ -7,6 +7,10 @@
     all_reduce_values    a list of floats summed / maxed over the group on the device and in the dtype that
                          `reduction(device, group backend)` picks: never a CPU tensor on an accelerator-only group,
                          never float64 where the backend has no float64 reduction (HCCL)
+    checkpoint_group     a gloo group of every rank whose timeout (`CHECKPOINT_TIMEOUT_S`) covers a checkpoint
+                         write: the barriers around a save and the sharded save's own collectives wait on it, not
+                         on the device group's `PROCESS_GROUP_TIMEOUT_S` (a rank-0 write of a large model's state
+                         takes minutes while the others wait)
 """
 
 from __future__ import annotations
@@ -82,3 +86,30 @@ def rendezvous(master_addr: str, master_port: int) -> str:
     os.environ["MASTER_ADDR"] = master_addr
     os.environ["MASTER_PORT"] = str(master_port)
     return f"tcp://{master_addr}:{master_port}"
+
+
+CHECKPOINT_TIMEOUT_S = 3600.0
+"""How long a rank waits at a checkpoint barrier for the others to finish writing."""
+
+_CHECKPOINT_GROUPS: dict[int, object] = {}
+
+
+def checkpoint_group() -> object | None:
+    """The checkpoint group of the current default group (module docstring); None without a group of several
+    ranks. Created on first use: every rank calls it at the same point (a save is collective)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    world = id(dist.distributed_c10d._get_default_group())
+    group = _CHECKPOINT_GROUPS.get(world)
+    if group is None:
+        _CHECKPOINT_GROUPS.clear()  # a destroyed default group's: never used again
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=CHECKPOINT_TIMEOUT_S))
+        _CHECKPOINT_GROUPS[world] = group
+    return group
+
+
+def checkpoint_barrier() -> None:
+    """A barrier of every rank on `checkpoint_group` (nothing for one rank)."""
+    group = checkpoint_group()
+    if group is not None:
+        dist.barrier(group=group)

@@ -3,8 +3,8 @@
 One `train_step(batch, loss_fn)` is one local step: `mini_batches × ppo_epochs` optimizer updates, verl's
 mini-batch loop (`engine.trainer.minibatch.mini_batch_plan` gives the split; the PPO ratios use the batch's
 fixed `old_log_probs` in every pass). Each update's mini-batch is split into micro-batches
-b_1 … b_k of `micro_batch_size` rows — or, with `use_dynamic_bsz`, into token-balanced micro-batches of at most
-`ppo_max_token_len_per_gpu` tokens (`log_prob_max_token_len_per_gpu` for the no-grad log-prob passes; the
+b_1 … b_k of `micro_batch_size` rows — or, with `use_dynamic_bsz`, into micro-batches of at most
+`ppo_max_token_len_per_gpu` padded tokens (rows × longest row) (`log_prob_max_token_len_per_gpu` for the no-grad log-prob passes; the
 ranks agree on one count, see `engine.trainer.minibatch`), each padded only to its own longest row; `loss_fn` returns a loss L_i normalised *within* b_i (token-mean,
 seq-mean, …). Each micro-batch gets a mass m_i — `batch.meta["micro_weight_fn"](b_i)` if the loss supplies
 one, else its count of response tokens Σ response_mask — and the accumulated gradient is
@@ -42,36 +42,21 @@ and returns no log-probs.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from safetensors.torch import load_file, save_file
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 from engine.multimodal.forward import vision_inputs
 from engine.multimodal.vision import ImageEncoder, VisionSpec, model_dir_of, placeholder_token_ids
-from engine.sync.buckets import bucketize
-from engine.trainer import checkpoint as ckpt
+from engine.trainer import torch_weights
+from engine.trainer.torch_weights import tied_aliases
 from engine.trainer.base import LossFn, TrainBatch
-from engine.trainer.batch import (
-    FILLER,
-    is_filler,
-    lockstep_log_probs,
-    plan_micro_batches,
-    trim_padding,
-)
+from engine.trainer.batch import FILLER, is_filler, lockstep_log_probs, plan_micro_batches, trim_padding
 from engine.trainer.logprobs import response_log_probs
 from engine.trainer.shared_prefix import SharedBatch, pack, shared_prompt_log_probs, worth_sharing
 from engine.trainer.minibatch import local_step_metrics, mini_batch_plan
@@ -82,7 +67,6 @@ EntropyMode = Literal["none", "metric", "grad"]
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 """`precision` (the policy's compute dtype) → torch dtype."""
 MicroWeightFn = Callable[[TrainBatch], float]
-
 
 
 def token_mass(micro: TrainBatch) -> float:
@@ -107,18 +91,6 @@ def enable_recompute(model: torch.nn.Module) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
-def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
-    """alias → canonical name for parameters registered under several names (tied embeddings)."""
-    first: dict[int, str] = {}
-    aliases: dict[str, str] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in first:
-            aliases[name] = first[id(p)]
-        else:
-            first[id(p)] = name
-    return aliases
 
 
 class TorchTrainerBackend(WarmupSchedule):
@@ -153,6 +125,7 @@ class TorchTrainerBackend(WarmupSchedule):
         ppo_max_token_len_per_gpu: int = 16384,
         log_prob_max_token_len_per_gpu: int | None = None,
         shared_prompt: bool = True,
+        export_dtype: str | torch.dtype | None = None,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError("micro_batch_size must be >= 1")
@@ -177,6 +150,7 @@ class TorchTrainerBackend(WarmupSchedule):
         self.precision = precision
         self.compute_dtype = COMPUTE_DTYPES[precision]
         self.param_dtype = next(model.parameters()).dtype
+        self.export_dtype = getattr(torch, export_dtype) if isinstance(export_dtype, str) else export_dtype
         self.logprob_chunk_tokens = logprob_chunk_tokens
         self.shared_prompt = bool(shared_prompt)
         self._forward_tokens = [0, 0]  # this local step's forwards: padded row tokens, tokens forwarded
@@ -192,7 +166,7 @@ class TorchTrainerBackend(WarmupSchedule):
         self.suppress_ids = placeholder_token_ids(model.config) if self.vision is not None else []
         self._encoder = image_encoder
         self._model_dir = model_dir_of(model)
-        self.model = self._prepare_model(model.to(self.device))
+        self.model = self._prepare_model(model)
         self.optimizer = None if frozen else build_optimizer(self.model.parameters(), self.optim_cfg)
         if self.param_offload:
             self._offload(True)
@@ -205,7 +179,7 @@ class TorchTrainerBackend(WarmupSchedule):
 
     # --- distributed hooks (identity for one process) --------------------------------------------------
     def _prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        return model
+        return model.to(self.device)
 
     def _sum_across_ranks(self, values: list[float]) -> list[float]:
         return values
@@ -452,87 +426,20 @@ class TorchTrainerBackend(WarmupSchedule):
         self.extra_metrics["timing_s/prox_log_probs"] = time.perf_counter() - start
         return log_probs
 
-    # --- weights out ------------------------------------------------------------------------------------
+    # --- weights out and checkpoints (`engine.trainer.torch_weights`) -----------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full (unsharded) weights in HF names on CPU, tied aliases included; empty on ranks ≠ 0.
-
-        A plain module's own `state_dict()` (detached) is the same dict, ~15× cheaper than `get_model_state_dict`
-        (2 against 30 ms for a 500M model: it sits before the first bucket of every weight sync); it is used once
-        the first call has checked that both give the same names and the very same tensors (not so for a
-        sharded, wrapped or offloaded model: those keep `get_model_state_dict`)."""
-        if self._plain_state is True:
-            state = {k: v.detach() for k, v in self.model.state_dict().items()}
-        else:
-            state = get_model_state_dict(self.model, options=self._state_dict_options())
-            if self._plain_state is None:
-                self._plain_state = _same_tensors(state, self.model.state_dict())
-        if not self.is_main:
-            return {}
-        for alias, canonical in self.aliases.items():
-            if alias not in state and canonical in state:
-                state[alias] = state[canonical]
-        return state
+        """Full (unsharded) weights in HF names on CPU, tied aliases included; empty on ranks ≠ 0."""
+        return torch_weights.full_state_dict(self)
 
     def export_weights(self, bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
-        """HF-named tensors of the weights in the model's dtype (tied `lm_head.weight` included) in
-        ~`bucket_bytes` buckets. Single-rank, they are the live parameters (valid until the next step: the sync
-        packs them into its own buffers at once). Every rank must iterate it (the gather is collective); only
-        rank 0 yields buckets."""
-        state = self.full_state_dict()
-        yield from bucketize(((name, t.detach()) for name, t in state.items()), bucket_bytes)
+        """HF-named tensors in the export dtype (`export_dtype`, default the parameters'), in ~`bucket_bytes`
+        buckets; every rank must iterate it (the gathers are collective); only rank 0 yields buckets."""
+        return torch_weights.export_live(self, bucket_bytes)
 
-    # --- checkpoints ------------------------------------------------------------------------------------
     def save(self, path: str) -> None:
         """Write weights, optimizer and RNG states to directory `path` atomically (see `checkpoint.py`)."""
-        weights = self.full_state_dict()
-        optim_state = get_optimizer_state_dict(self.model, self.optimizer, options=self._state_dict_options())
-        staging = ckpt.staging_dir(path, f"step{self.global_step}") if self.is_main else None
-        self._barrier()
-        staging = staging or Path(f"{str(path).rstrip('/')}.tmp-step{self.global_step}")
-        if self.is_main:
-            unique = {k: v.detach().contiguous().clone() for k, v in weights.items() if k not in self.aliases}
-            save_file(unique, str(staging / ckpt.MODEL_FILE), metadata={"format": "pt"})
-            torch.save(optim_state, staging / ckpt.OPTIMIZER_FILE)
-            (staging / ckpt.STATE_FILE).write_text(json.dumps({"global_step": self.global_step, "base_lr": self.base_lr}))
-        torch.save(ckpt.capture_rng(), staging / ckpt.rng_file(self.rank))
-        self._barrier()
-        if self.is_main:
-            ckpt.publish(staging, path)
-        self._barrier()
+        torch_weights.save(self, path)
 
     def load(self, path: str) -> None:
-        """Restore what `save` wrote (same model architecture; the world size may differ for the weights
-        and optimizer, RNG states are restored for ranks that have a file)."""
-        root = Path(path)
-        options = self._state_dict_options(loading=True)
-        weights: dict[str, torch.Tensor] = {}
-        optim_state: dict[str, Any] = {}
-        if self.is_main or not options.broadcast_from_rank0:
-            weights = load_file(str(root / ckpt.MODEL_FILE))
-            for alias, canonical in self.aliases.items():
-                weights.setdefault(alias, weights[canonical])
-            optim_state = torch.load(root / ckpt.OPTIMIZER_FILE, map_location="cpu", weights_only=False)
-        set_model_state_dict(self.model, weights, options=options)
-        set_optimizer_state_dict(self.model, self.optimizer, optim_state, options=options)
-        state = json.loads((root / ckpt.STATE_FILE).read_text())
-        self.global_step = int(state["global_step"])
-        self.base_lr = float(state["base_lr"])
-        rng_path = root / ckpt.rng_file(self.rank)
-        if rng_path.exists():
-            ckpt.restore_rng(torch.load(rng_path, map_location="cpu", weights_only=False))
-        self._snapshot = None
-
-
-def _same_tensors(state: Mapping[str, torch.Tensor], direct: Mapping[str, torch.Tensor]) -> bool:
-    """Whether `direct` has `state`'s names in the same order, each the same tensor (storage, offset, shape,
-    strides, dtype, device; plain tensors, no DTensor)."""
-    if list(state) != list(direct):
-        return False
-    for k, a in state.items():
-        b = direct[k]
-        if type(a) is not torch.Tensor or type(b) not in (torch.Tensor, torch.nn.Parameter):
-            return False
-        if (a.data_ptr(), a.shape, a.stride(), a.dtype, a.device) != (b.data_ptr(), b.shape, b.stride(), b.dtype,
-                                                                      b.device):
-            return False
-    return True
+        """Restore what `save` wrote (the world size may differ for the weights and the optimizer)."""
+        torch_weights.load(self, path)

@@ -39,7 +39,8 @@ def test_the_seed_presets_cp_and_pp_layouts_are_not_refused() -> None:
     from engine.plan.run_plan import resolve_plan
     from engine.runtime.driver import trainer_ranks
 
-    for name in ("qwen3-30b-a3b-base-dapo-megatron-96-32.toml", "qwen3-30b-a3b-base-dapo-megatron-96-32-mis.toml"):
+    for name in ("qwen3-30b-a3b-base-dapo-megatron-96-32.toml", "qwen3-30b-a3b-base-dapo-megatron-96-32-mis.toml",
+                 "qwen3-30b-a3b-base-dapo-megatron-96-32-is.toml"):
         cfg = load_run_config(RUNS / name).config
         assert cfg.trainer.cp == 2 and trainer_ranks(resolve_plan(cfg)) == 32
         assert trainer_ranks(resolve_plan(load_run_config(RUNS / name, ["trainer.cp=1", "trainer.pp=2",

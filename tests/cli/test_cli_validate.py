@@ -20,6 +20,7 @@ def test_there_are_run_presets() -> None:
         "smollm2-arith-cpu",
         "qwen3-30b-a3b-base-dapo-megatron-96-32",
         "qwen3-30b-a3b-base-dapo-megatron-96-32-mis",
+        "qwen3-30b-a3b-base-dapo-megatron-96-32-is",
         "qwen3-vl-8b-geo3k-fsdp2-npu-16-16",
         "qwen3-vl-8b-geo3k-fsdp2-npu-2x8",
         "qwen2.5-math-7b-dapo-fsdp2-64-64",

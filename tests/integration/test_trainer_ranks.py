@@ -54,9 +54,11 @@ def test_two_trainer_ranks_sync_the_replica_to_the_trained_weights(run_dir):
     firsts = [r for r in updates if r["training/global_step"] % 2 == 1]
     assert firsts and all(abs(r["rollout_corr/kl"]) < 1e-4 for r in firsts)  # the replica has the trained weights
     assert [e["step"] for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] == "sync"] == [2, 4, 6]
-    # both ranks wrote their part of the checkpoint (rank 0 the weights, each rank its RNG state)
+    # both ranks wrote their part of the checkpoint (each rank its shards of the weights and optimizer, and its
+    # RNG state: torch distributed checkpoint, nothing gathered)
     trainer_dir = run_dir / "checkpoints" / "global_step_4" / "trainer"
-    assert {p.name for p in trainer_dir.iterdir()} >= {"model.safetensors", "rng_rank0.pt", "rng_rank1.pt"}
+    assert {p.name for p in trainer_dir.iterdir()} >= {"dcp", "rng_rank0.pt", "rng_rank1.pt"}
+    assert {p.name for p in (trainer_dir / "dcp").iterdir()} >= {"__0_0.distcp", "__1_0.distcp", ".metadata"}
     _assert_accounted(run_dir, 6, 8)
 
 

@@ -40,8 +40,8 @@ def test_two_mini_batches_two_epochs_equal_four_single_updates(hf_dirs: dict[str
 
 
 def test_token_budget_micro_batches_equal_the_unsplit_update(hf_dirs: dict[str, Path]) -> None:
-    """`use_dynamic_bsz` on Megatron: token-balanced micro-batches (rows 7–9 tokens, budget 17 → 4 micro-batches
-    of 1–2 rows), two updates equal two updates over the whole batch at once, and the log-probs come back in row
+    """`use_dynamic_bsz` on Megatron: token-budget micro-batches (rows 7–9 tokens, a budget of 17 padded tokens →
+    micro-batches of 1–2 rows), two updates equal two updates over the whole batch at once, and the log-probs come back in row
     order."""
     batch = make_batch(rows=6)
     plain, dynamic = _backend(hf_dirs, micro_batch_size=6), _backend(
@@ -53,5 +53,7 @@ def test_token_budget_micro_batches_equal_the_unsplit_update(hf_dirs: dict[str, 
         metrics = dynamic.train_step(batch, nll_loss)
     assert metrics["asyncrl/trainer/micro_batches"] >= 3
     ref = dict(plain.model.named_parameters())
+    # summed in another order: isolated elements differ by ~2.3e-6 after 2 Adam steps (measured); a wrongly
+    # weighted micro-batch moves every weight by ~lr (3e-3 here), so 1e-5 still fails it
     for name, p in dynamic.model.named_parameters():
-        torch.testing.assert_close(p.detach(), ref[name].detach(), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(p.detach(), ref[name].detach(), atol=1e-5, rtol=1e-5)

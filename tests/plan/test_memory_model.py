@@ -15,7 +15,8 @@ RUNS = Path(__file__).resolve().parents[2] / "presets" / "runs"
 SEVEN_B = RUNS / "qwen2.5-math-7b-dapo-fsdp2-64-64.toml"
 MOE = RUNS / "qwen3-30b-a3b-base-dapo-megatron-96-32.toml"
 PRODUCTION = ["qwen2.5-math-7b-dapo-fsdp2-64-64", "qwen3-30b-a3b-base-dapo-megatron-96-32",
-              "qwen3-30b-a3b-base-dapo-megatron-96-32-mis", "qwen3-vl-8b-geo3k-fsdp2-npu-16-16",
+              "qwen3-30b-a3b-base-dapo-megatron-96-32-mis", "qwen3-30b-a3b-base-dapo-megatron-96-32-is",
+              "qwen3-vl-8b-geo3k-fsdp2-npu-16-16",
               "qwen3-vl-8b-geo3k-fsdp2-npu-2x8"]
 
 
@@ -73,3 +74,17 @@ def test_host_terms_count_on_cpu_hardware() -> None:
     assert set(gpu.trainer.host) == {"prox_snapshot", "weight_sync_bucket"}  # decoupled: π_prox on the host
     cpu, _ = _predict(SEVEN_B, "resources.hardware=cpu")
     assert cpu.trainer.host == {} and {"prox_snapshot", "weight_sync_bucket"} <= set(cpu.trainer.terms)
+
+
+def test_the_seed_000_is_preset_computes_the_megatron_proximal_log_prob() -> None:
+    """Seed 000 as verl PR #4023 runs it: decoupled (three policies, π_prox from the trainer), token IS at 2.0."""
+    from engine.algo.loss import build_loss_fn
+
+    p, an = _predict(RUNS / "qwen3-30b-a3b-base-dapo-megatron-96-32-is.toml")
+    rc = an.config.algorithm.rollout_correction
+    assert (rc.bypass_mode, rc.rollout_is, rc.rollout_is_threshold) == (False, "token", 2.0)
+    assert an.config.trainer.backend == "megatron" and an.config.trainer.cp == 2
+    assert build_loss_fn(an.config.trainer, rc).bypass_mode is False  # the loss uses π_prox, not the rollout's log-probs
+    base, _ = _predict(MOE)
+    assert "prox_snapshot" in p.trainer.host and "prox_snapshot" not in base.trainer.host
+    assert p.trainer.host["prox_snapshot"] == pytest.approx(2 * p.trainer.terms["weights"])  # fp32 snapshot of bf16

@@ -13,7 +13,7 @@ from fsdp_worker import OPTIM
 from trainer_helpers import agg_loss_fn, build_tiny_lm, random_batch, spawn_ranks
 
 from engine.trainer.batch import row_lengths
-from engine.trainer.minibatch import balanced_partitions, micro_batch_count, token_budget_micro_batches
+from engine.trainer.minibatch import balanced_partitions, micro_batch_count, padded_tokens, token_budget_micro_batches
 from engine.trainer.torch_trainer import TorchTrainerBackend
 
 
@@ -25,9 +25,22 @@ def test_token_budget_groups_cover_every_row_once_within_the_budget(seed: int) -
     count = micro_batch_count(lengths, budget)
     groups = token_budget_micro_batches(lengths, count)
     assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
-    assert all(sum(lengths[i] for i in g) <= budget for g in groups)
+    assert all(padded_tokens(lengths, g) <= budget for g in groups)  # padded to the longest row: still fits
     assert count >= -(-sum(lengths) // budget)  # never fewer than verl's ⌈Σℓ / budget⌉
     assert all(g == sorted(g) for g in groups)
+    more = token_budget_micro_batches(lengths, count + 3)  # the ranks agreed on a larger count
+    assert len(more) == min(count + 3, len(lengths)) and all(padded_tokens(lengths, g) <= budget for g in more)
+    assert sorted(i for g in more for i in g) == list(range(len(lengths)))
+
+
+def test_the_budget_counts_the_padding_of_each_micro_batch() -> None:
+    """One long row among short ones: summing real tokens would put all four in one micro-batch that the
+    forward pads to 4 × 1000 = 4000 tokens against a budget of 1300."""
+    lengths = [100, 1000, 100, 100]
+    count = micro_batch_count(lengths, 1300)
+    groups = token_budget_micro_batches(lengths, count)
+    assert count == 2 and sorted(map(sorted, groups)) == [[0, 2, 3], [1]]
+    assert [padded_tokens(lengths, g) for g in groups] == [1000, 300]
 
 
 def test_balanced_partitions_balance_tokens_and_equal_sizes() -> None:

@@ -191,7 +191,7 @@ def test_full_state_dict_takes_the_module_state_dict_only_where_it_is_the_same(t
             super().__init__()
             self.inner = inner
 
-    from engine.trainer.torch_trainer import _same_tensors
+    from engine.trainer.torch_weights import _same_tensors
 
     w = Wrapped(torch.nn.Linear(2, 2))
     assert _same_tensors(w.state_dict(), w.state_dict())

@@ -42,7 +42,6 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-import torch.utils.checkpoint
 
 from engine.trainer.base import LossFn, TrainBatch
 from engine.trainer.batch import FILLER, is_filler, lockstep_log_probs, plan_micro_batches, trim_padding
@@ -51,21 +50,19 @@ from engine.trainer.megatron import context_parallel, pipeline
 from engine.trainer.megatron.convert import (
     SafetensorsSource,
     TensorGetter,
-    hf_to_megatron,
-    is_tp_sharded,
-    stage_rules,
+    load_hf_into,
     state_dict_getter,
 )
 from engine.trainer.megatron.export import current_shard_info, export_hf, iter_hf_tensors
 from engine.trainer.megatron.hf_config import load_arch
 from engine.trainer.megatron.inputs import pack_batch
 from engine.trainer.megatron.model import build_gpt_model, recompute_settings
-from engine.trainer.megatron.optim import MainGradAdamW, MegatronDistOptimizer, optim_settings
+from engine.trainer.megatron.optim import MainGradAdamW, MegatronDistOptimizer, optim_settings, wrap_ddp
 from engine.trainer.process_groups import all_reduce_values
 from engine.trainer.megatron.parallel import ParallelLayout, init_model_parallel, init_process_group
 from engine.trainer.megatron.shims import apply_cpu_shims, seed_model_parallel_rng
 from engine.trainer.megatron.snapshot import ParamSnapshot, snapshot_targets
-from engine.trainer.megatron.vocab_parallel import vocab_parallel_log_probs
+from engine.trainer.megatron.head import chunked_log_probs
 from engine.trainer.minibatch import local_step_metrics, mini_batch_plan
 from engine.trainer.optim import OptimConfig, WarmupSchedule
 from engine.trainer.step_metrics import update_metrics
@@ -200,7 +197,7 @@ class MegatronTrainerBackend(WarmupSchedule):
             if self.param_offload:
                 self.model.cpu()
             return
-        self.ddp = self._wrap_ddp(self.model, fp32_master_weights)
+        self.ddp = wrap_ddp(self.model, self.layout, self.on_gpu, fp32_master_weights)
         if self.on_gpu:
             self.optimizer = MegatronDistOptimizer(self.ddp, self.optim_settings, self.grad_clip, self.dtype,
                                                    fp32_master_weights)
@@ -210,43 +207,10 @@ class MegatronTrainerBackend(WarmupSchedule):
         self.snapshot = ParamSnapshot(snapshot_targets(self.ddp))
 
     # --- construction ----------------------------------------------------------------------------------
-    def _wrap_ddp(self, model: torch.nn.Module, fp32_master_weights: bool = True) -> torch.nn.Module:
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-
-        if self.layout.etp != self.layout.tp:
-            # megatron-core 0.16 routes expert gradients through the expert-data-parallel reduction only when
-            # ep > 1 (`allreduce = not (is_expert and ep > 1)`); with etp < tp and ep = 1 the TP ranks hold
-            # whole experts fed different sequence-parallel tokens, whose gradients must be summed over the
-            # expert-DP group (which spans those TP ranks), so mark them as expert-parallel here
-            for name, p in model.named_parameters():
-                if ".experts." in name:
-                    p.allreduce = False
-        cfg = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=fp32_master_weights, overlap_grad_reduce=False,
-            use_distributed_optimizer=self.on_gpu)
-        return DistributedDataParallel(model.config, cfg, module=model)
-
-    @torch.no_grad()
     def load_hf_weights(self, source: TensorGetter | Mapping[str, torch.Tensor]) -> None:
         """Copy HF weights (a tensor getter, e.g. `SafetensorsSource`, or an HF state dict) into this rank."""
         get = state_dict_getter(source) if isinstance(source, Mapping) else source
-        params = dict(self.model.named_parameters())
-        seen: set[str] = set()
-        sharded = {r.megatron for r in stage_rules(self.arch, current_shard_info()) if is_tp_sharded(r)}
-        for name, tensor in hf_to_megatron(get, self.arch, current_shard_info()):
-            p = params.get(name)
-            if p is None:
-                raise KeyError(f"converted tensor {name!r} has no parameter in the Megatron model")
-            if tuple(p.shape) != tuple(tensor.shape):
-                raise ValueError(f"{name}: model shape {tuple(p.shape)} != converted {tuple(tensor.shape)}")
-            if (name in sharded) != bool(getattr(p, "tensor_model_parallel", False)):
-                raise RuntimeError(f"{name}: Megatron's tensor_model_parallel attribute disagrees with the "
-                                   "conversion rule (gradient norms would be wrong)")
-            p.data.copy_(tensor.to(device=p.device, dtype=p.dtype))
-            seen.add(name)
-        missing = set(params) - seen
-        if missing:
-            raise KeyError(f"Megatron parameters without an HF source: {sorted(missing)[:5]}")
+        load_hf_into(dict(self.model.named_parameters()), get, self.arch, current_shard_info())
 
     # --- collectives over ranks ------------------------------------------------------------------------
     def _dp_group(self) -> Any:
@@ -326,25 +290,11 @@ class MegatronTrainerBackend(WarmupSchedule):
 
     def head_log_probs(self, logits: torch.Tensor, response_index: torch.Tensor, responses: torch.Tensor,
                        with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """log π (and H) of `responses` [b, R] from vocab-parallel `logits` [b, S, V/tp] (model dtype) at the
-        positions `response_index` [b, R]: `logprob_chunk_tokens` response positions at a time, each chunk's
-        fp32 logits recomputed in backward, so no fp32 [b·R × V/tp] tensor exists at once."""
-        chunk = max(1, (self.logprob_chunk_tokens or responses.numel()) // max(1, responses.shape[0]))
-
-        def one(start: int) -> tuple[torch.Tensor, torch.Tensor]:
-            def run(lg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-                idx = response_index[:, start : start + chunk]
-                z = lg.gather(1, idx.unsqueeze(-1).expand(-1, -1, lg.shape[-1])).float() / self.temperature
-                lp, ent = vocab_parallel_log_probs(z, responses[:, start : start + chunk], self.arch.vocab_size,
-                                                   with_entropy)
-                return lp, ent if ent is not None else lp.new_zeros(())
-            if torch.is_grad_enabled() and logits.requires_grad and chunk < responses.shape[1]:
-                return torch.utils.checkpoint.checkpoint(run, logits, use_reentrant=False)
-            return run(logits)
-
-        parts = [one(start) for start in range(0, responses.shape[1], chunk)]
-        entropy = torch.cat([e for _, e in parts], dim=1) if with_entropy else None
-        return torch.cat([lp for lp, _ in parts], dim=1), entropy
+        """log π (and H) of `responses` [b, R] from vocab-parallel `logits` [b, S, V/tp] at `response_index`,
+        `logprob_chunk_tokens` positions at a time (`engine.trainer.megatron.head.chunked_log_probs`)."""
+        return chunked_log_probs(logits, response_index, responses, temperature=self.temperature,
+                                 vocab_size=self.arch.vocab_size, chunk_tokens=self.logprob_chunk_tokens,
+                                 with_entropy=with_entropy)
 
     def compute_log_probs(self, batch: TrainBatch, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log π_θ(response token) [B, R] in fp32 on CPU at the trainer temperature (0 on padding)."""

@@ -8,7 +8,9 @@
     path/rng_rank{r}.pt             python / numpy / torch / CUDA RNG states + Megatron's RNG tracker states
 
 Rank 0 creates a staging directory, every rank writes its files, rank 0 publishes it atomically
-(`engine.trainer.checkpoint.publish`). Saving reads the *live* parameters and never the proximal
+(`engine.trainer.checkpoint.publish`). The HF weights are gathered tensor by tensor (a collective every rank
+joins) but kept on the host by rank 0 alone; the barriers wait on `process_groups.checkpoint_group` (gloo, a
+timeout that covers rank 0's write), not on the device group's 300 s. Saving reads the *live* parameters and never the proximal
 snapshot buffers, so it works in decoupled mode at any point (verl #6026 broke exactly there).
 """
 
@@ -23,6 +25,8 @@ from safetensors.torch import save_file
 
 from engine.trainer import checkpoint as ckpt
 from engine.trainer.megatron.convert import SafetensorsSource
+from engine.trainer.megatron.export import iter_hf_tensors
+from engine.trainer.process_groups import checkpoint_barrier
 
 if TYPE_CHECKING:
     from engine.trainer.megatron.backend import MegatronTrainerBackend
@@ -65,12 +69,15 @@ def _layout(backend: MegatronTrainerBackend) -> list[int]:
 
 def save_backend(backend: MegatronTrainerBackend, path: str) -> None:
     """Write the checkpoint directory `path` (collective: every rank calls it)."""
-    weights = backend.hf_state_dict()  # gathered from the live parameters on every rank
+    weights: dict[str, torch.Tensor] = {}
+    for name, t in iter_hf_tensors(backend.model, backend.arch, to_sender=backend.layout.pp == 1):  # collective
+        if backend.is_main:  # only the writer keeps the full weights on the host
+            weights[name] = t.detach().cpu().clone()
     if backend.arch.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     rank = backend.rank
     staging = ckpt.staging_dir(path, f"step{backend.global_step}") if backend.is_main else None
-    backend.barrier()
+    checkpoint_barrier()
     staging = staging or staging_path(path, backend.global_step)
     if backend.is_main:
         save_file({k: v.contiguous() for k, v in weights.items()}, str(staging / ckpt.MODEL_FILE),
@@ -84,10 +91,10 @@ def save_backend(backend: MegatronTrainerBackend, path: str) -> None:
         torch.save({"version": backend.snapshot.version, "tensors": backend.snapshot.state()},
                    staging / prox_file(rank))
     torch.save(capture_rng_with_tracker(), staging / ckpt.rng_file(rank))
-    backend.barrier()
+    checkpoint_barrier()
     if backend.is_main:
         ckpt.publish(staging, path)
-    backend.barrier()
+    checkpoint_barrier()
 
 
 def load_backend(backend: MegatronTrainerBackend, path: str) -> None:

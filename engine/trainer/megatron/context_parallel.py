@@ -12,9 +12,10 @@ r and 2·cp − 1 − r, in that order. Megatron's RoPE selects the same positio
 left-aligned with padding at the end (`inputs.pack_batch`), so plain causal attention (no mask) computes
 exactly what the padded mask computes for every real token.
 
-Log-probs: each CP rank gathers the logits of the response positions it holds, computes their
-vocab-parallel log-probs and zeroes the others; a sum over the CP group gives every CP rank the full
-[b, R]. The backward of that sum passes each rank's own positions' gradient through unchanged, so rank r's
+Log-probs: each CP rank gathers the logits of the response positions it holds — only those, compacted and
+chunked like the cp = 1 head (`engine.trainer.megatron.head.owned_log_probs`: at most `logprob_chunk_tokens`
+fp32 positions × V/tp at once) —, computes their vocab-parallel log-probs and zeroes the others; a sum over the
+CP group gives every CP rank the full [b, R]. The backward of that sum passes each rank's own positions' gradient through unchanged, so rank r's
 parameter gradient is the part of ∂L/∂θ flowing through its tokens; Megatron DDP averages gradients over
 DP × CP, so the backend scales the loss by dp · cp (as Megatron multiplies by cp) and the sum over CP ranks
 is the full gradient. This path has not run here (no CUDA, no TE on the development machine).
@@ -102,10 +103,11 @@ def sum_over_cp(x: torch.Tensor, group: Any) -> torch.Tensor:
 def forward_log_probs(backend: Any, inp: Any, responses: torch.Tensor, with_entropy: bool,
                       rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π [rows, R] (and entropy) for packed inputs `inp` (already on the device, S a multiple of
-    2·cp·tp), computed across the CP group as in the module docstring."""
+    2·cp·tp), computed across the CP group as in the module docstring: each rank's head runs on the response
+    positions it owns only, chunked (`head.owned_log_probs`)."""
     from megatron.core import parallel_state as ps
 
-    from engine.trainer.megatron.vocab_parallel import vocab_parallel_log_probs
+    from engine.trainer.megatron.head import owned_log_probs
 
     cp, rank, group = ps.get_context_parallel_world_size(), ps.get_context_parallel_rank(), \
         ps.get_context_parallel_group()
@@ -114,9 +116,9 @@ def forward_log_probs(backend: Any, inp: Any, responses: torch.Tensor, with_entr
     tokens = inp.tokens[:, positions]
     logits = backend.ddp(tokens, inp.position_ids[:, positions], None)[:rows]  # [b, S/cp, V/tp]
     local, owned = local_response_index(inp.response_index[:rows], seq, cp, rank)
-    z = logits.gather(1, local.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).float() / backend.temperature
-    lp, ent = vocab_parallel_log_probs(z, responses, backend.arch.vocab_size, with_entropy)
-    keep = owned.to(lp.dtype)
-    lp = sum_over_cp(lp * keep, group)
-    ent = sum_over_cp(ent * keep, group) if ent is not None else None
+    lp, ent = owned_log_probs(logits, local, owned, responses, temperature=backend.temperature,
+                              vocab_size=backend.arch.vocab_size, chunk_tokens=backend.logprob_chunk_tokens,
+                              with_entropy=with_entropy)
+    lp = sum_over_cp(lp, group)
+    ent = sum_over_cp(ent, group) if ent is not None else None
     return lp, ent

@@ -218,6 +218,28 @@ def hf_to_megatron(get: TensorGetter, arch: ArchSpec, info: ShardInfo,
         yield rule.megatron, shard(rule, full, rank, size, arch, info.tp_size)
 
 
+@torch.no_grad()
+def load_hf_into(params: Mapping[str, torch.nn.Parameter], get: TensorGetter, arch: ArchSpec, info: ShardInfo) -> None:
+    """Copy the HF tensors `get` serves into this rank's Megatron `params` (named parameters; shard `info`),
+    checking every shape and that Megatron's `tensor_model_parallel` flag agrees with the conversion rule."""
+    seen: set[str] = set()
+    sharded = {r.megatron for r in stage_rules(arch, info) if is_tp_sharded(r)}
+    for name, tensor in hf_to_megatron(get, arch, info):
+        p = params.get(name)
+        if p is None:
+            raise KeyError(f"converted tensor {name!r} has no parameter in the Megatron model")
+        if tuple(p.shape) != tuple(tensor.shape):
+            raise ValueError(f"{name}: model shape {tuple(p.shape)} != converted {tuple(tensor.shape)}")
+        if (name in sharded) != bool(getattr(p, "tensor_model_parallel", False)):
+            raise RuntimeError(f"{name}: Megatron's tensor_model_parallel attribute disagrees with the "
+                               "conversion rule (gradient norms would be wrong)")
+        p.data.copy_(tensor.to(device=p.device, dtype=p.dtype))
+        seen.add(name)
+    missing = set(params) - seen
+    if missing:
+        raise KeyError(f"Megatron parameters without an HF source: {sorted(missing)[:5]}")
+
+
 def is_tp_sharded(rule: Rule) -> bool:
     """Whether the tensor is split over (expert-)TP ranks rather than replicated."""
     return rule.kind != "replicated"

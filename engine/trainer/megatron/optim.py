@@ -35,6 +35,24 @@ import torch.distributed as dist
 from engine.trainer.optim import OptimConfig
 
 
+def wrap_ddp(model: torch.nn.Module, layout: Any, on_gpu: bool, fp32_master_weights: bool = True) -> torch.nn.Module:
+    """Megatron's DDP around `model`: gradients reduced in fp32 with `fp32_master_weights`, the distributed
+    optimizer's buffers on GPU."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    if layout.etp != layout.tp:
+        # megatron-core 0.16 routes expert gradients through the expert-data-parallel reduction only when
+        # ep > 1 (`allreduce = not (is_expert and ep > 1)`); with etp < tp and ep = 1 the TP ranks hold
+        # whole experts fed different sequence-parallel tokens, whose gradients must be summed over the
+        # expert-DP group (which spans those TP ranks), so mark them as expert-parallel here
+        for name, p in model.named_parameters():
+            if ".experts." in name:
+                p.allreduce = False
+    cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=fp32_master_weights, overlap_grad_reduce=False,
+                                        use_distributed_optimizer=on_gpu)
+    return DistributedDataParallel(model.config, cfg, module=model)
+
+
 def optim_settings(cfg: Mapping[str, Any] | OptimConfig | None) -> OptimConfig:
     """The AdamW settings from `[trainer.optim]` as a mapping (`name` must be "adamw"), or as given."""
     if cfg is None:
