@@ -47,6 +47,7 @@ from engine.loop.commands import (
     Event,
     NeedPrompts,
     Put,
+    ReleaseTools,
     Resume,
     SetQueueBound,
     ValidationDone,
@@ -132,6 +133,8 @@ class RolloutLoop:
         self.validated_version: int | None = None  # last version whose validation completed
         self.val_convs: dict[str, AgentConversation] = {}  # multi-turn: each validation prompt's conversation
         self.val_tools: set[str] = set()  # multi-turn: validation prompts waiting for their tools
+        self.tool_users: set[tuple[str, int, bool]] = set()  # multi-turn: trajectories that called tools
+        self._orphans: list[tuple[str, int, bool]] = []  # a replaced validation's: released at the next tick
         self.dropped: list[tuple[str, str]] = []  # (uid, reason), for the ledger
         self.total_generated = 0
 
@@ -179,7 +182,8 @@ class RolloutLoop:
     # ------------------------------------------------------------------ events
     def tick(self, now: float) -> list[Command]:
         """Fill the free rows of every live replica: validation first, then resumed prefixes, then new prompts."""
-        cmds: list[Command] = []
+        cmds: list[Command] = self._release_tools(self._orphans)
+        self._orphans = []
         if self.stopped:
             return cmds
         if self.p.deterministic:  # a prompt restored from a checkpoint may be finished already
@@ -277,9 +281,9 @@ class RolloutLoop:
         if evicted_uid is None:
             return []
         self.queue_size -= 1
-        self._drop(evicted_uid, "queue_overflow")
-        return [Event("warning", "drop", f"queue full: evicted prompt {evicted_uid}",
-                      {"uid": evicted_uid, "uids": [evicted_uid], "reason": "queue_overflow"})]
+        return self._drop(evicted_uid, "queue_overflow") + [
+            Event("warning", "drop", f"queue full: evicted prompt {evicted_uid}",
+                  {"uid": evicted_uid, "uids": [evicted_uid], "reason": "queue_overflow"})]
 
     def begin_sync(self, version: int, step: int) -> list[Command]:
         """The trainer pushes `version`: stop dispatching training work and abort what runs."""
@@ -371,13 +375,14 @@ class RolloutLoop:
         """Stop streaming: abort every replica, validation included."""
         self.stopped = True
         rids = tuple(sorted(self.live))
-        return [Abort(rids, validation=True)] if rids else []
+        return ([Abort(rids, validation=True)] if rids else []) + self._release_tools(sorted(self.tool_users))
 
     def queue_validation(self, version: int) -> None:
         """Validate `version`: one greedy request per validation prompt (multi-turn: its first model turn)."""
         self.val_version = version
         self.val_results = {}
         self.val_tools = set()
+        self._orphans += sorted(k for k in self.tool_users if k[2])
         if self.p.agent is not None:
             self.val_convs = {p.uid: AgentConversation(self.p.agent) for p in self.val_prompts}
             self.val_pending = [next_turn_request(p, 0, self.val_convs[p.uid]) for p in self.val_prompts]
@@ -451,7 +456,7 @@ class RolloutLoop:
                 if self.stopped:
                     continue
                 if not self.p.partial_rollout and self.sync is not None:
-                    self._drop(uid, "aborted_at_sync")
+                    cmds += self._drop(uid, "aborted_at_sync")
                     dropped.append(uid)
                     continue
                 st.pending[i] = GenRequest(r.request_id, st.prompt.prompt_ids, images=st.prompt.images,
@@ -482,9 +487,10 @@ class RolloutLoop:
                              r.max_version, calls)
         if isinstance(cmd, Finish):
             st.done[i] = self._agent_trajectory(st, i, cmd)
-            return []
+            return self._release_tools([(st.prompt.uid, i, False)])
         if isinstance(cmd, RunTools):
             st.tools.add(i)
+            self.tool_users.add((st.prompt.uid, i, False))
             return [CallTools(st.prompt.uid, i, tuple(cmd.calls), tuple(cmd.errors),
                               dict(st.prompt.extra_info.get("tools_kwargs") or {}))]
         st.pending[i] = next_turn_request(st.prompt, i, c, min_version=c.turns[-1].min_version)  # resumes
@@ -498,10 +504,11 @@ class RolloutLoop:
 
     def _agent_done(self, st: InFlight, i: int, end: Finish) -> list[Command]:
         st.done[i] = self._agent_trajectory(st, i, end)
+        released = self._release_tools([(st.prompt.uid, i, False)])
         if len(st.done) < self.p.n or self.p.deterministic:
-            return []
+            return released
         del self.in_flight[st.prompt.uid]
-        return [Put(st.prompt, tuple(st.done[k] for k in range(self.p.n)), st.admitted_version, st.admitted_at)]
+        return released + [Put(st.prompt, tuple(st.done[k] for k in range(self.p.n)), st.admitted_version, st.admitted_at)]
 
     def _on_val_results(self, results: list[GenResult], run: Running,
                         tool_calls: dict[str, list[Any]] | None = None) -> list[Command]:
@@ -530,9 +537,10 @@ class RolloutLoop:
         prompt = next(p for p in self.val_prompts if p.uid == uid)
         if isinstance(cmd, Finish):
             self._val_finished(uid, c, cmd)
-            return []
+            return self._release_tools([(uid, 0, True)])
         if isinstance(cmd, RunTools):
             self.val_tools.add(uid)
+            self.tool_users.add((uid, 0, True))
             return [CallTools(uid, 0, tuple(cmd.calls), tuple(cmd.errors),
                               dict(prompt.extra_info.get("tools_kwargs") or {}), validation=True)]
         self.val_pending.append(next_turn_request(prompt, 0, c, min_version=c.turns[-1].min_version))
@@ -546,7 +554,7 @@ class RolloutLoop:
         cmd = c.on_tool_answers(answer_ids)
         if isinstance(cmd, Finish):
             self._val_finished(uid, c, cmd)
-            return self._val_complete()
+            return self._release_tools([(uid, 0, True)]) + self._val_complete()
         prompt = next(p for p in self.val_prompts if p.uid == uid)
         self.val_pending.append(next_turn_request(prompt, 0, c))
         return []
@@ -584,10 +592,17 @@ class RolloutLoop:
                 st.running.discard(int(idx))
                 st.pending[int(idx)] = req
 
-    def _drop(self, uid: str, reason: str) -> None:
+    def _drop(self, uid: str, reason: str) -> list[Command]:
         self.in_flight.pop(uid, None)
         self.dropped.append((uid, reason))
         self.budget.release(1)
+        return self._release_tools(sorted(k for k in self.tool_users if k[0] == uid and not k[2]))
+
+    def _release_tools(self, keys: list[tuple[str, int, bool]]) -> list[Command]:
+        """`ReleaseTools` for those of these ended trajectories that called tools (their instances end)."""
+        ended = tuple(k for k in keys if k in self.tool_users)
+        self.tool_users.difference_update(ended)
+        return [ReleaseTools(ended)] if ended else []
 
     def _bound_changed(self) -> list[Command]:
         bound = max(1, self.budget.limit + self.budget.extra, self.budget.staleness_samples, self.queue_size)

@@ -32,8 +32,8 @@ from typing import Any
 import ray
 
 from engine.loop.commands import (
-    Abort, AckKnob, CallTools, CloseQueue, Dispatch, Event, NeedPrompts, Put, Resume, SetQueueBound, SetThreads,
-    ValidationDone,
+    Abort, AckKnob, CallTools, CloseQueue, Dispatch, Event, NeedPrompts, Put, ReleaseTools, Resume, SetQueueBound,
+    SetThreads, ValidationDone,
 )
 from engine.loop.elastic import TRAINER, ElasticCores
 from engine.loop.rollout import RolloutLoop
@@ -197,6 +197,8 @@ class RolloutShell:
                 self.controller.ack_knob.remote(c.name, c.version, self.loop.step)
             elif isinstance(c, CallTools):
                 self.tools.start(c)
+            elif isinstance(c, ReleaseTools):
+                self.tools.release(c)
             elif isinstance(c, Event):
                 self._event(c.level, c.kind, c.message, **c.extra)
 

@@ -3,7 +3,9 @@
 `RolloutLoop` decides (which turn ends, which calls run, when the next turn is generated); this shell only
 does the I/O it cannot: decoding a turn's text to parse its calls, running the calls in the sandbox
 (`engine.agent.sandbox.ToolRunner`: each call in a bubblewrap box, concurrently, so other trajectories keep
-generating), and rendering the answers as token ids through the chat template. Every call ends in an answer
+generating; a stateful verl-style tool's calls go to its trajectory's own long-lived box, `engine.agent.session`,
+ended when the core's `ReleaseTools` says the trajectory ended), and rendering the answers as token ids through
+the chat template. Every call ends in an answer
 for the model — a tool's error, timeout, crash or hit limit becomes its text and a counted status. Where no box
 can be built, the shell does not start (`SandboxUnavailable`: the run stops with the reason and the fix)
 unless `allow_unsandboxed`.
@@ -26,7 +28,7 @@ from engine.agent.sandbox import STATUSES, ToolOutcome, ToolRunner
 from engine.agent.template import tool_answer_ids
 from engine.agent.tool_calls import parser
 from engine.agent.tools import ToolRegistry, run_tools
-from engine.loop.commands import CallTools
+from engine.loop.commands import CallTools, ReleaseTools
 from engine.types import GenResult
 
 
@@ -66,7 +68,12 @@ class ToolShell:
                 continue
             tool = self.registry.tools[call.name]
             hidden = (c.tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
-            work.append(self.runner.submit(tool.function, {**call.arguments, **hidden}, tool.limits, tool.service))
+            if tool.stateful:  # verl's interface: create_kwargs go to `create`, the arguments to `execute`
+                work.append(self.runner.submit_stateful((c.uid, c.index, c.validation), tool, call.arguments,
+                                                        hidden))
+            else:
+                work.append(self.runner.submit(tool.function, {**call.arguments, **hidden}, tool.limits,
+                                               tool.service))
         self._waiting[(c.uid, c.index, c.validation)] = (work, time.monotonic())
 
     def ready(self) -> list[tuple[str, int, list[int], bool]]:
@@ -102,7 +109,12 @@ class ToolShell:
         self._latencies, self._counts = [], {}
         return out
 
+    def release(self, c: ReleaseTools) -> None:
+        """These trajectories ended: their stateful tools' instances are released and their boxes killed."""
+        self.runner.release(list(c.trajectories))
+
     def close(self) -> None:
+        """The rollouter stops: every tool box is killed."""
         self.runner.close()
 
     def _count(self, key: str) -> None:
