@@ -100,7 +100,8 @@ class ToolSession:
         text = out.text
         if self.box is not None and (out.status in ("timeout", "refused") or out.limit == "output"
                                      or self.box.proc.poll() is not None):
-            self._end(out.limit or out.status)
+            self._end({"timeout": "it timed out", "refused": "its box could not start"}.get(
+                out.status, "its answer was too long" if out.limit == "output" else "its box died"))
         if self.box is None and not text.endswith(_LOST):
             text += _LOST
         return ToolOutcome(out.status, note + text, time.monotonic() - t0, out.limit)
