@@ -283,6 +283,10 @@ class ToolRunner:
         """One call of a stateful tool on `trajectory`'s instance of it (started at its first call)."""
         return self._pool.submit(self.sessions.call, trajectory, tool, arguments, create_kwargs)
 
+    def instances(self) -> int:
+        """Stateful tools' boxes alive now."""
+        return self._sessions.alive() if self._sessions is not None else 0
+
     def release(self, trajectories: list[tuple[str, int, bool]]) -> None:
         """These trajectories ended: their stateful tools' boxes are released and killed (in the background)."""
         if self._sessions is not None and trajectories:

@@ -13,7 +13,8 @@ unless `allow_unsandboxed`.
 Metrics (per step, since the last report): `asyncrl/tools/calls`, `asyncrl/tools/errors` and one count per
 failure status (`asyncrl/tools/status/{error,timeout,limit,refused}`; a call the
 model got wrong (unknown tool, bad arguments, malformed JSON) counts as `error`), the latency
-`asyncrl/tools/latency_s/{p50,p99,max}`, `asyncrl/tools/waiting` (trajectories waiting for tools now). These
+`asyncrl/tools/latency_s/{p50,p99,max}`, `asyncrl/tools/waiting` (trajectories waiting for tools now),
+`asyncrl/tools/instances` (stateful tools' boxes alive now: one per trajectory and tool until released). These
 count training conversations only; a validation conversation's calls (`CallTools.validation`) run the same
 way and are counted in the validation record (`engine.runtime.scoring.validation_record`).
 """
@@ -99,7 +100,8 @@ class ToolShell:
         lat = sorted(self._latencies)
         out: dict[str, float] = {"asyncrl/tools/calls": self._counts.get("calls", 0),
                                  "asyncrl/tools/errors": self._counts.get("errors", 0),
-                                 "asyncrl/tools/waiting": sum(1 for key in self._waiting if not key[2])}
+                                 "asyncrl/tools/waiting": sum(1 for key in self._waiting if not key[2]),
+                                 "asyncrl/tools/instances": self.runner.instances()}
         for status in STATUSES[1:]:
             out[f"asyncrl/tools/status/{status}"] = self._counts.get(status, 0)
         if lat:

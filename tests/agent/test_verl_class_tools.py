@@ -205,3 +205,93 @@ def test_validate_and_tools_try_take_a_verl_class_tool(tmp_path):
     doc = json.loads(res.output)
     assert (doc["answer"], doc["status"], doc["reward"]) == ("Notes of ann (call 1): hi", "ok", 0.1)
     assert _wait_no_boxes() == []
+
+
+@boxed
+def test_the_rollouters_tool_shell_runs_a_class_per_trajectory_and_releases_it(tmp_path):
+    """Through the rollouter's `ToolShell`: a row's `tools_kwargs.notepad.create_kwargs` reach `create`, each
+    trajectory has its own instance, and the core's `ReleaseTools` ends its box."""
+    from asyncrl_cli.config import load_run_config
+    from engine.loop.commands import CallTools, ReleaseTools
+    from engine.models.loader import load_tokenizer, resolve_model_path
+    from engine.runtime.tool_shell import ToolShell
+    from engine.agent.template import tool_answer_ids
+    from engine.agent.tool_calls import ToolCall
+
+    preset = Path(__file__).resolve().parents[2] / "presets" / "runs" / "tiny-tools-cpu.toml"
+    cfg = load_run_config(preset, [f'logging.run_dir="{tmp_path}"', "rollout.multi_turn.tools=[]",
+                                   f'rollout.multi_turn.tool_config_path="{FIXTURES / "tools.yaml"}"']).config
+    tok = load_tokenizer(resolve_model_path(cfg.model.path))
+    shell = ToolShell(cfg.rollout.multi_turn, tok)
+    kwargs = lambda owner: {"notepad": {"create_kwargs": {"owner": owner}}}
+
+    def answers(n: int) -> dict:
+        got: dict = {}
+        end = time.monotonic() + 30
+        while len(got) < n and time.monotonic() < end:
+            got.update({(u, i): tok.decode(ids) for u, i, ids, _ in shell.ready()})
+            time.sleep(0.02)
+        return got
+
+    try:
+        # the tiny tokenizer keeps digits (and drops most letters): owners and notes are numbers
+        expect = lambda text: tok.decode(tool_answer_ids(tok, [text]))
+        shell.start(CallTools("p", 0, (ToolCall("notepad", {"note": "7"}),), (), kwargs("381")))
+        shell.start(CallTools("p", 1, (ToolCall("notepad", {"note": "8"}),), (), kwargs("907")))
+        first = answers(2)
+        assert first == {("p", 0): expect("Notes of 381 (call 1): 7"), ("p", 1): expect("Notes of 907 (call 1): 8")}
+        shell.start(CallTools("p", 0, (ToolCall("notepad", {"note": "5"}),), (), kwargs("381")))
+        assert answers(1) == {("p", 0): expect("Notes of 381 (call 2): 7, 5")}
+        assert shell.counters()["asyncrl/tools/instances"] == 2
+        shell.release(ReleaseTools((("p", 0, False),)))
+        end = time.monotonic() + 5
+        while shell.runner.sessions.alive() > 1 and time.monotonic() < end:
+            time.sleep(0.05)
+        assert shell.runner.sessions.alive() == 1
+    finally:
+        shell.close()  # the rollouter stops: the other trajectory's box goes too
+    assert _wait_no_boxes() == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to switch to uid 65534")
+def test_a_class_tool_as_a_non_root_user():
+    """As uid 65534 (unprivileged bwrap in a user namespace): state across calls, a hang cut at its deadline,
+    release — or, where user namespaces are off, the refusal with its reason."""
+    import subprocess
+    import sys
+
+    system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    if not system.exists():
+        pytest.skip(f"no {system} to run as another user")
+    site = next(p for p in sys.path if p.endswith("site-packages") and Path(p, "numpy").exists())
+    repo = Path(__file__).resolve().parents[2]
+    script = f'''import json, time
+from pathlib import Path
+from engine.agent.box import unavailable_reason
+from engine.agent.sandbox import ToolRunner
+from engine.agent.verl_tools import verl_class_tool
+out = {{"reason": unavailable_reason()}}
+if out["reason"] is None:
+    e = lambda c: {{"class_name": c, "config": {{"default_timeout": 2}}, "tool_schema": {{"function": {{"name": "t"}}}}}}
+    runner, F = ToolRunner(2), [Path({str(FIXTURES)!r})]
+    n = verl_class_tool(e("notepad_tool.NotepadTool"), F)
+    out["texts"] = [runner.submit_stateful(("a", 0, False), n, {{"note": x}}, {{"owner": "o"}}).result().text
+                    for x in "xy"]
+    t = time.monotonic()
+    o = runner.submit_stateful(("b", 0, False), verl_class_tool(e("hostile_tool.HangsInCreate"), F), {{}}, {{}}).result()
+    out["hang"] = [o.status, time.monotonic() - t]
+    runner.sessions.release([("a", 0, False)]).result()
+    out["alive"] = runner.sessions.alive()
+    runner.close()
+print(json.dumps(out))
+'''
+    proc = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "env", "-i",
+                           f"PYTHONPATH={repo}:{site}", str(system), "-c", script],
+                          capture_output=True, text=True, timeout=60, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    if res["reason"] is not None:
+        assert "allow_unsandboxed" in res["reason"]
+        return
+    assert res["texts"] == ["notes of o (call 1): x", "notes of o (call 2): x, y"]
+    assert res["hang"][0] == "timeout" and res["hang"][1] < 4 and res["alive"] == 0
