@@ -311,6 +311,11 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
     if not cfg.data.val_files and (t.test_freq > 0 or t.val_before_train):
         key = "trainer.test_freq" if t.test_freq > 0 else "trainer.val_before_train"
         out.append(warn("no-val-files", key, "validation is requested but data.val_files is empty"))
+    if r.val_n > 1 and r.val_temperature == 0:
+        out.append(error("val-n-greedy", "rollout.val_n",
+                         f"val_n = {r.val_n} answers per prompt need sampling: greedy validation "
+                         "(rollout.val_temperature = 0) gives the same answer n times; set val_temperature > 0 "
+                         "(verl: val_kwargs.temperature)"))
     if r.backend == "hf":
         if r.tensor_parallel_size > 1:
             out.append(

@@ -6,6 +6,8 @@
   `ground_truth` field), `data_source` (a string; required when `data.reward = "auto"` picks the reward by
   it), and the image column when `data.image_key` is set. Each missing or mistyped column is an error naming
   the file and the column. Files that do not exist here are `path_rules`' warning (the cluster may have them).
+- `data.row_adapter`: the files are read through the user's adapter, so their own schema is not checked;
+  `row_adapter_rules` checks the adapter on their first rows in a child process (`engine.data.row_adapter`).
 - A user reward `module:function` or `file.py:function`: imported (its top-level code runs; the function is
   never called) and checked to take the documented arguments (`engine.data.rewards.SIGNATURE`); a module
   that does not import, a missing function or one like `os:system` is an error.
@@ -88,7 +90,10 @@ def schema_problems(path: Path, schema: Any, cfg: RunConfig, key: str) -> list[P
 
 
 def dataset_rules(cfg: RunConfig, base_dir: Path | None) -> list[Problem]:
-    """Schema problems of the local parquet files of `data.train_files` and `data.val_files`."""
+    """Schema problems of the local parquet files of `data.train_files` and `data.val_files` (with
+    `data.row_adapter`: the adapter's output on their first rows instead, `row_adapter_rules`)."""
+    if cfg.data.row_adapter:
+        return row_adapter_rules(cfg, base_dir)
     out: list[Problem] = []
     for key in ("data.train_files", "data.val_files"):
         paths = _local_parquet(getattr(cfg.data, key.split(".")[1]), base_dir)
@@ -104,6 +109,53 @@ def dataset_rules(cfg: RunConfig, base_dir: Path | None) -> list[Problem]:
                 continue
             out += schema_problems(path, schema, cfg, key)
     return out
+
+
+ROW_ADAPTER_TIMEOUT_S = 120.0
+"""How long `validate` lets the row adapter's check run (importing it and adapting the first rows)."""
+
+
+def row_adapter_rules(cfg: RunConfig, base_dir: Path | None) -> list[Problem]:
+    """`data.row_adapter`: in this process only that the file exists and the name is an identifier (nothing of
+    the user's is imported here); then, in a child process (`python -m engine.data.row_adapter`), the adapter
+    on the first rows of each local parquet file must give rows in verl's layout. A child keeps the user's
+    code, its imports, crashes and hangs out of the CLI (a timeout ends it)."""
+    import json
+    import subprocess
+    import sys
+
+    from engine.data.row_adapter import CHECK_ROWS, SIGNATURE, spec_problem
+
+    spec = cfg.data.row_adapter
+    assert spec is not None
+    problem = spec_problem(spec)
+    if problem is not None:
+        return [_err("row-adapter-unusable", "data.row_adapter", problem, f"an adapter is {SIGNATURE}")]
+    files = [str(p) for key in ("train_files", "val_files") for p in _local_parquet(getattr(cfg.data, key), base_dir)]
+    if not files:
+        return []
+    args = json.dumps({"spec": spec, "files": files, "prompt_key": cfg.data.prompt_key,
+                       "image_key": cfg.data.image_key})
+    import engine
+
+    root = str(Path(engine.__file__).resolve().parents[1])  # the child imports this engine, installed or not
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    try:
+        done = subprocess.run([sys.executable, "-m", "engine.data.row_adapter", args], capture_output=True,
+                              text=True, timeout=ROW_ADAPTER_TIMEOUT_S, check=False, env=env)
+    except subprocess.TimeoutExpired:
+        return [_err("row-adapter-timeout", "data.row_adapter", f"data.row_adapter {spec}: checking it on the first "
+                     f"{CHECK_ROWS} rows of each file took over {ROW_ADAPTER_TIMEOUT_S:.0f} s")]
+    lines = done.stdout.strip().splitlines()
+    try:
+        problems = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        problems = None
+    if not isinstance(problems, list):
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return [_err("row-adapter-unusable", "data.row_adapter", f"data.row_adapter {spec}: its check failed "
+                     f"(exit {done.returncode}): {tail}")]
+    return [_err("row-adapter-row", "data.row_adapter", str(p), f"an adapter is {SIGNATURE}") for p in problems]
 
 
 def reward_rules(cfg: RunConfig) -> list[Problem]:

@@ -4,6 +4,7 @@ Series use the local step `training/global_step` as x. Sync fields (`asyncrl/syn
 that synced, so `latest(key)` looks back for the most recent record that has the key.
 ETA = (total − step) × elapsed / step (mean wall time per local step so far).
 Plan drift = measured step time ÷ planned step time − 1 (the plan comes with the run info of `launch --plan`).
+Validation: the newest record's verl core accuracy `val-core/<source>/acc/mean@n` (n answers per prompt).
 """
 
 from __future__ import annotations
@@ -207,6 +208,25 @@ class DashboardModel:
 
     def knob(self, name: str) -> dict[str, Any]:
         return self.knobs.get(name, {})
+
+    def validation(self) -> tuple[float, int] | None:
+        """(accuracy, n) of the newest validation record in the history: its `val-core/<source>/acc/mean@n`
+        (else `…/reward/mean@n`: verl's core mean over the n answers per prompt), averaged over its data
+        sources; None before the first validation."""
+        from engine.telemetry.val_curve import core_accuracy_key
+
+        for rec in reversed(self.metrics):
+            if not any(k.startswith("val-core/") for k in rec):
+                continue
+            best: dict[str, tuple[int, float, int]] = {}
+            for key, value in rec.items():
+                found = core_accuracy_key(key) if is_number(value) else None
+                if found is not None and (found[0] not in best or found[1] < best[found[0]][0]):
+                    best[found[0]] = (found[1], float(value), found[2])
+            if best:
+                values = [v for _, v, _ in best.values()]
+                return sum(values) / len(values), max(n for _, _, n in best.values())
+        return None
 
     def sync_interval(self) -> tuple[Any, bool, Any]:
         """`(applied value, pending?, requested value)` of `trigger_parameter_sync_step`."""

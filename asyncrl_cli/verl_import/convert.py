@@ -225,6 +225,7 @@ MAP: dict[str, tuple[str, Callable[[str], Any]]] = {
     f"{ROLL}.val_kwargs.temperature": ("rollout.val_temperature", to_float),
     f"{ROLL}.val_kwargs.top_p": ("rollout.val_top_p", to_float),
     f"{ROLL}.val_kwargs.top_k": ("rollout.val_top_k", to_top_k),
+    f"{ROLL}.val_kwargs.n": ("rollout.val_n", to_int),
     "algorithm.adv_estimator": ("algorithm.adv_estimator", to_str),
     "algorithm.norm_adv_by_std_in_grpo": ("algorithm.norm_adv_by_std_in_grpo", to_bool),
     "algorithm.filter_groups.enable": ("algorithm.filter_groups.enable", to_bool),
@@ -282,7 +283,6 @@ REQUIRED: dict[str, tuple[tuple[str, ...], str]] = {
     f"{AR}.hybrid_engine": (("false",), "trainer and rollout pools are separate"),
     "algorithm.use_kl_in_reward": (("false",), "asyncrl has the KL loss (trainer.use_kl_loss), not a KL penalty "
                                                "in the reward"),
-    f"{ROLL}.val_kwargs.n": (("1",), "asyncrl validates one answer per prompt (@1)"),
     f"{ACTOR}.ulysses_sequence_parallel_size": (("1",), "asyncrl's torch trainer has no Ulysses sequence "
                                                         "parallelism (the megatron backend's trainer.cp splits "
                                                         "sequences)"),
@@ -347,7 +347,9 @@ IGNORED: dict[str, str] = {
     f"{ROLL}.max_num_batched_tokens": "vLLM scheduling: speed only",
     f"{ROLL}.max_model_len": "vLLM's context window: asyncrl sizes it to max_prompt_length + max_response_length",
     f"{ROLL}.checkpoint_engine.backend": "the weight transport to the replicas: speed only",
-    f"{ROLL}.val_kwargs.do_sample": "read with val_kwargs.temperature (false = greedy = val_temperature 0)",
+    f"{ROLL}.val_kwargs.do_sample": "verl's fully-async agent loop samples validation at val_kwargs.temperature "
+                                    "whatever do_sample says (fully_async_policy/agent_loop/agent_loop.py); "
+                                    "temperature 0 = greedy",
     f"{ROLL}.multi_turn.use_inference_chat_template": "asyncrl never re-renders a conversation: the trained tokens "
                                                       "are the sampled ones (token in, token out)",
     f"{ROLL}.agent.num_workers": "agent-loop worker processes: speed only",
@@ -383,7 +385,10 @@ REFUSED_PREFIXES: dict[str, str] = {
     f"{ROLL}.agent.agent_loop_config_path": "a custom agent loop is not in asyncrl: its one agent loop parses "
                                             "the model's tool calls (rollout.multi_turn)",
     f"{ROLL}.agent.custom_async_server.": "a custom rollout server is not in asyncrl",
-    "data.custom_cls.": "a custom dataset class is not supported (asyncrl reads verl's parquet row layout)",
+    "data.custom_cls.": "verl's custom dataset class cannot be loaded without verl: write its row transform as a "
+                        "plain Python function, data.row_adapter = \"file.py:fn\" with def fn(row: dict) -> dict "
+                        "(a raw row in, verl's row layout out: prompt, data_source, reward_model.ground_truth, "
+                        "extra_info)",
     f"{ROLL}.data_parallel_size": "rollout data parallelism inside a replica: asyncrl's replicas are tensor "
                                   "parallel only",
     f"{ROLL}.expert_parallel_size": "rollout expert parallelism: asyncrl's replicas are tensor parallel only",
@@ -595,16 +600,8 @@ def _special(conv: Conversion, raw: dict[str, str]) -> None:
         conv.ignored.append((f"{ROLL}.standalone_gpu_memory_utilization={standalone}",
                              "null: gpu_memory_utilization applies"))
     sample = raw.pop(f"{ROLL}.val_kwargs.do_sample", None)
-    if sample is not None and not to_bool_safe(sample):
-        conv.values["rollout.val_temperature"] = 0.0
-        conv.sources["rollout.val_temperature"] = f"{ROLL}.val_kwargs.do_sample={sample} (greedy)"
-        raw.pop(f"{ROLL}.val_kwargs.temperature", None)
-    elif sample is not None:
+    if sample is not None:
         conv.ignored.append((f"{ROLL}.val_kwargs.do_sample={sample}", IGNORED[f"{ROLL}.val_kwargs.do_sample"]))
-    elif f"{ROLL}.val_kwargs.temperature" in raw:  # verl samples greedily unless do_sample (default false)
-        t = raw.pop(f"{ROLL}.val_kwargs.temperature")
-        conv.ignored.append((f"{ROLL}.val_kwargs.temperature={t}", "verl validates greedily without "
-                                                                   "val_kwargs.do_sample=True (val_temperature 0)"))
 
 
 def convert_script(text: str) -> Conversion:

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from engine.config.section_base import Section
+from engine.config.section import Section
 
 
 class UserToolConfig(Section):

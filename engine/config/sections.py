@@ -1,6 +1,7 @@
-"""The run-config schema's sections for the model, data, resources, optimizer, trainer and rollout (pydantic v2,
-one model per TOML table); `engine.config.schema` has the asynchrony, algorithm, checkpoint, logging and
-debug sections and `RunConfig` itself.
+"""The run-config schema's sections for the model, resources, optimizer, trainer and rollout (pydantic v2,
+one model per TOML table; the data table is `engine.config.data_section`'s, re-exported here);
+`engine.config.schema` has the asynchrony, algorithm, checkpoint, logging and debug sections and `RunConfig`
+itself.
 
 Every model forbids unknown keys, and every field has an attribute docstring: it becomes the field's
 description in the JSON Schema (`asyncrl schema`) and in CLI help. Names follow verl where verl has the
@@ -9,17 +10,15 @@ concept. Pure Python + pydantic: no torch, ray, vllm or transformers.
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
+from engine.config.data_section import DataConfig as DataConfig
+from engine.config.data_section import OverlongBufferConfig as OverlongBufferConfig
 from engine.config.multi_turn import MultiTurnConfig
-from engine.config.section_base import Section
-from engine.config.names import BUILTIN_DATASETS, BUILTIN_MODELS, NAMED_REWARDS
-
-_REWARD_FN = re.compile(r"^(?:[A-Za-z_][\w.]*|[^:\s]+\.py):[A-Za-z_]\w*$")
-"""`module:function` or `path/to/file.py:function` (verl's `custom_reward_function.path` + `.name`)."""
+from engine.config.names import BUILTIN_MODELS
+from engine.config.section import Section as Section
 
 
 class ModelConfig(Section):
@@ -47,92 +46,6 @@ class ModelConfig(Section):
         if not v.strip():
             raise ValueError("model path is empty")
         return v
-
-
-class OverlongBufferConfig(Section):
-    """DAPO's soft overlong punishment (`[data.overlong_buffer]`, verl's `reward_model.overlong_buffer` /
-    `reward_kwargs.overlong_buffer_cfg`; applied by the `dapo` reward manager). With L_max =
-    `data.max_response_length`, L_buf = `len` and |y| the response length in tokens:
-    penalty = min(0, −(|y| − (L_max − L_buf)) / L_buf · `penalty_factor`), added to the score."""
-
-    enable: bool = False
-    """Apply the penalty (verl's `overlong_buffer.enable`)."""
-    len: int = Field(0, ge=0)
-    """L_buf: the last `len` tokens of the budget where the penalty grows linearly to −`penalty_factor`."""
-    penalty_factor: float = Field(0.0, ge=0)
-    """The penalty at the full budget (|y| = L_max)."""
-    log: bool = False
-    """Report `overlong_reward` and `overlong` (penalty < 0) per response, as verl's reward extra info (validation
-    logs their means under `val-aux/<source>/…/mean@1`)."""
-
-
-class DataConfig(Section):
-    """Prompts, lengths and the reward (`[data]`)."""
-
-    train_files: list[str] = Field(min_length=1)
-    """Training parquet files in verl's row layout, or one `builtin:NAME` (copy, reverse, arith)."""
-    val_files: list[str] = []
-    """Validation parquet files (or `builtin:NAME`); empty = no validation."""
-    max_prompt_length: int = Field(512, gt=0)
-    """Longest prompt in tokens; longer prompts are filtered (see `filter_overlong_prompts`)."""
-    max_response_length: int = Field(512, gt=0)
-    """Generation budget per response in tokens (a resumed partial rollout keeps the remaining budget)."""
-    reward: str = "auto"
-    """Named reward (`gsm8k`, `math`, `geo3k`, `copy`, `reverse`, `arith`), `module:function`, or `auto`
-    (chosen per row by its `data_source`)."""
-    reward_manager: Literal["naive", "dapo"] = "naive"
-    """verl's `reward_model.reward_manager`: `naive` = the score of `reward`; `dapo` = that score plus the overlong
-    penalty of `overlong_buffer` when it is enabled."""
-    overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
-    """DAPO's overlong buffer (used by `reward_manager = "dapo"`)."""
-    prompt_key: str = "prompt"
-    """Column that holds the chat-format prompt."""
-    image_key: str | None = None
-    """Column that holds the images of a multimodal prompt (verl's `data.image_key`, e.g. `images`)."""
-    filter_overlong_prompts: bool = True
-    """Drop prompts longer than `max_prompt_length` instead of failing."""
-    shuffle: bool = True
-    """Shuffle the training prompts each epoch."""
-    seed: int = 0
-    """Seed of the shuffle and of built-in dataset generation."""
-    train_size: int | None = Field(None, gt=0)
-    """Rows of a built-in training set (None = the task's default size)."""
-    val_size: int | None = Field(None, gt=0)
-    """Rows of a built-in validation set (None = the task's default size)."""
-    val_max_samples: int | None = Field(None, gt=0)
-    """Validate on at most this many prompts (None = all)."""
-
-    @field_validator("train_files", "val_files")
-    @classmethod
-    def _files(cls, v: list[str]) -> list[str]:
-        builtin = [f for f in v if f.startswith("builtin:")]
-        for f in builtin:
-            if f.removeprefix("builtin:") not in BUILTIN_DATASETS:
-                raise ValueError(
-                    f"unknown built-in dataset {f!r}; choose one of {', '.join(BUILTIN_DATASETS)}"
-                )
-        if builtin and len(v) > 1:
-            raise ValueError("a builtin: dataset cannot be mixed with other files")
-        return v
-
-    @model_validator(mode="after")
-    def _overlong(self) -> DataConfig:
-        ob = self.overlong_buffer
-        if ob.enable and self.reward_manager != "dapo":
-            raise ValueError('overlong_buffer.enable needs reward_manager = "dapo" (verl applies it there only)')
-        if ob.enable and ob.len <= 0:
-            raise ValueError("overlong_buffer.enable needs overlong_buffer.len > 0 (the penalty divides by it)")
-        if ob.enable and ob.len > self.max_response_length:
-            raise ValueError(f"overlong_buffer.len ({ob.len}) exceeds max_response_length "
-                             f"({self.max_response_length}): every response would be penalised")
-        return self
-
-    @field_validator("reward")
-    @classmethod
-    def _reward(cls, v: str) -> str:
-        if v in NAMED_REWARDS or _REWARD_FN.match(v):
-            return v
-        raise ValueError(f"reward {v!r} is neither one of {', '.join(NAMED_REWARDS)} nor `module:function`")
 
 
 class NodeGroup(Section):
@@ -380,6 +293,11 @@ class RolloutConfig(Section):
     """Nucleus of validation sampling (verl's `val_kwargs.top_p`; no effect when greedy)."""
     val_top_k: int = Field(0, ge=0)
     """Top-k of validation sampling (verl's `val_kwargs.top_k`; 0 = off, verl's −1)."""
+    val_n: int = Field(1, gt=0, le=1024)
+    """Answers per validation prompt (verl's `val_kwargs.n`). 1 = one answer, `…/mean@1`. n > 1 samples n
+    answers per prompt with `val_temperature` (> 0: verl's `val_kwargs.do_sample`), `val_top_p`, `val_top_k` and
+    logs verl's `mean@n`, `std@n`, `best@k`, `worst@k` and `maj@k` (k = 2, 4, 8, … < n and n;
+    `engine.telemetry.val_metrics`)."""
     replicas: int | None = Field(None, gt=0)
     """Rollout replicas (None = rollout GPUs / `tensor_parallel_size`)."""
     weight_sync_bucket_mb: int = Field(512, gt=0)

@@ -46,9 +46,9 @@ def normalize_final_answer(answer: str) -> str:
     return s.strip()
 
 
-def math_dapo(response_text: str, ground_truth: str, **_: object) -> dict[str, float]:
-    """+1 / −1 with `acc` (see the module docstring)."""
+def math_dapo(response_text: str, ground_truth: str, **_: object) -> dict[str, float | str]:
+    """+1 / −1 with `acc` and verl's `pred` (the normalised answer; see the module docstring)."""
     found = _ANSWER.findall(response_text[-TAIL_CHARS:])
     pred = normalize_final_answer(found[-1] if found else "[INVALID]")
     acc = pred == normalize_final_answer(str(ground_truth))
-    return {"score": 1.0 if acc else -1.0, "acc": float(acc)}
+    return {"score": 1.0 if acc else -1.0, "acc": float(acc), "pred": pred}

@@ -3,6 +3,7 @@
 verl's layout (one row per prompt): `prompt` (list of chat messages `{"role", "content"}`; a plain string is
 accepted and used verbatim), `data_source: str`, `reward_model: {"style", "ground_truth"}`, `extra_info:
 dict` (optional), `ability: str` (optional). The prompt column's name is configurable (`data.prompt_key`).
+A dataset in another layout is read through the user's `data.row_adapter` (`engine.data.row_adapter`).
 
 Multimodal rows (verl's `data.image_key`, e.g. geo3k's `images`): a list of images per row, each a
 `{"bytes", "path"}` struct (Hugging Face `datasets`' Image feature), raw bytes or a file path (relative to the
@@ -103,8 +104,11 @@ def normalize_row(raw: dict[str, Any], origin: str, prompt_key: str = "prompt", 
     )
 
 
-def read_parquet_file(path: Path, prompt_key: str = "prompt", image_key: str | None = None) -> list[DataRow]:
-    """All rows of one verl-format parquet file (with the images of column `image_key` when given)."""
+def read_parquet_file(path: Path, prompt_key: str = "prompt", image_key: str | None = None,
+                      adapter: Any = None) -> list[DataRow]:
+    """All rows of one verl-format parquet file (with the images of column `image_key` when given). With
+    `adapter` (`engine.data.row_adapter.RowAdapter`, `data.row_adapter`) every column is read and each raw row
+    goes through the adapter first: the file's own columns need not be verl's."""
     import pyarrow.parquet as pq
 
     if not path.exists():
@@ -114,23 +118,31 @@ def read_parquet_file(path: Path, prompt_key: str = "prompt", image_key: str | N
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
         raise DataError(f"{path}: cannot read as parquet ({type(exc).__name__}: {exc})") from exc
     names = set(schema.names)
-    for required in (prompt_key, "reward_model"):
-        if required not in names:
-            raise DataError(f"{path}: missing column {required!r} (columns: {', '.join(sorted(names))})")
-    if image_key and image_key not in names:
-        raise DataError(f"{path}: missing image column {image_key!r} (data.image_key; columns: "
-                        f"{', '.join(sorted(names))})")
-    wanted = [c for c in (prompt_key, "data_source", "reward_model", "extra_info", image_key) if c and c in names]
+    if adapter is None:
+        for required in (prompt_key, "reward_model"):
+            if required not in names:
+                raise DataError(f"{path}: missing column {required!r} (columns: {', '.join(sorted(names))})")
+        if image_key and image_key not in names:
+            raise DataError(f"{path}: missing image column {image_key!r} (data.image_key; columns: "
+                            f"{', '.join(sorted(names))})")
+    wanted = None if adapter is not None else \
+        [c for c in (prompt_key, "data_source", "reward_model", "extra_info", image_key) if c and c in names]
     try:
         records = pq.read_table(path, columns=wanted).to_pylist()
     except Exception as exc:  # noqa: BLE001
         raise DataError(f"{path}: cannot read as parquet ({type(exc).__name__}: {exc})") from exc
+    if adapter is not None:
+        from engine.data.row_adapter import adapted_row
+
+        return [adapted_row(adapter, r, f"{path}#{i}", prompt_key, image_key, path.parent)
+                for i, r in enumerate(records)]
     return [normalize_row(r, f"{path}#{i}", prompt_key, image_key, path.parent) for i, r in enumerate(records)]
 
 
-def read_parquet(paths: list[str | Path], prompt_key: str = "prompt", image_key: str | None = None) -> list[DataRow]:
-    """The rows of every file in `paths` (directories expanded), in order."""
+def read_parquet(paths: list[str | Path], prompt_key: str = "prompt", image_key: str | None = None,
+                 adapter: Any = None) -> list[DataRow]:
+    """The rows of every file in `paths` (directories expanded), in order (through `adapter` when given)."""
     rows: list[DataRow] = []
     for path in expand_paths(paths):
-        rows.extend(read_parquet_file(path, prompt_key, image_key))
+        rows.extend(read_parquet_file(path, prompt_key, image_key, adapter))
     return rows

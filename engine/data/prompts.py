@@ -53,7 +53,8 @@ def _get(cfg: DataSection, name: str, default: Any) -> Any:
 
 
 def load_rows(data_cfg: DataSection, split: str = "train") -> list[DataRow]:
-    """The raw rows of a split: parquet files and `builtin:NAME` entries, in the order listed."""
+    """The raw rows of a split: parquet files (through `data.row_adapter` when set) and `builtin:NAME`
+    entries, in the order listed."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     specs = list(_get(data_cfg, "train_files" if split == "train" else "val_files", []) or [])
@@ -63,10 +64,17 @@ def load_rows(data_cfg: DataSection, split: str = "train") -> list[DataRow]:
     size = _get(data_cfg, "train_size" if split == "train" else "val_size", None)
     rows: list[DataRow] = []
     files: list[str] = []
+    adapter_spec = _get(data_cfg, "row_adapter", None)
+    adapter = None
 
     def flush() -> None:
+        nonlocal adapter
         if files:
-            rows.extend(read_parquet(list(files), prompt_key, image_key))
+            if adapter_spec and adapter is None:
+                from engine.data.row_adapter import load_row_adapter
+
+                adapter = load_row_adapter(adapter_spec)
+            rows.extend(read_parquet(list(files), prompt_key, image_key, adapter))
             files.clear()
 
     for spec in specs:

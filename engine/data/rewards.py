@@ -100,25 +100,26 @@ POSITIONAL_DIGITS_WEIGHT = 0.5
 """`copy`/`reverse`: the weight of the digit fraction; 1 − this weight pays for stopping at the right place."""
 
 
-def _positional(response_text: str, target: str, finished: bool) -> dict[str, float]:
-    """score = w · frac + (1 − w) · stop, frac = positions right / |t|, stop = [EOS and |r| = |t|]."""
+def _positional(response_text: str, target: str, finished: bool) -> dict[str, Any]:
+    """score = w · frac + (1 − w) · stop, frac = positions right / |t|, stop = [EOS and |r| = |t|];
+    pred = the stripped text (validation's majority vote)."""
     text = response_text.strip()
     hits = sum(1 for i, ch in enumerate(target) if i < len(text) and text[i] == ch)
     frac = hits / len(target) if target else 0.0
     stop = 1.0 if finished and len(text) == len(target) else 0.0
     exact = finished and text == target
     score = POSITIONAL_DIGITS_WEIGHT * frac + (1.0 - POSITIONAL_DIGITS_WEIGHT) * stop
-    return {"score": score, "acc": 1.0 if exact else 0.0, "partial": frac, "stop": stop}
+    return {"score": score, "acc": 1.0 if exact else 0.0, "partial": frac, "stop": stop, "pred": text}
 
 
 def copy(response_text: str, ground_truth: str, *, data_source: str = "", extra_info: dict | None = None,
-         finished: bool = True) -> dict[str, float]:
+         finished: bool = True) -> dict[str, Any]:
     """0.5 × the fraction of target positions right + 0.5 for stopping (EOS) after |target| characters."""
     return _positional(response_text, str(ground_truth), finished)
 
 
 def reverse(response_text: str, ground_truth: str, *, data_source: str = "", extra_info: dict | None = None,
-            finished: bool = True) -> dict[str, float]:
+            finished: bool = True) -> dict[str, Any]:
     """Same as `copy`; the ground truth is already the reversed digits."""
     return _positional(response_text, str(ground_truth), finished)
 
@@ -129,7 +130,7 @@ init a tiny model calls the tool in ~2 % of its samples, too rarely to learn cop
 
 
 def lookup(response_text: str, ground_truth: str, *, data_source: str = "", extra_info: dict | None = None,
-           finished: bool = True) -> dict[str, float]:
+           finished: bool = True) -> dict[str, Any]:
     """score = b·called + (1 − b)·copy's score of the model's last turn (the text after the last tool answer;
     the tool's answer itself never scores), b = `LOOKUP_CALL_BONUS`, called = a tool answer is in the
     response. Without calling, the score is at most 1 − b and right digits come by chance."""
@@ -145,7 +146,7 @@ VALIDATION_SPLITS = frozenset({"val", "validation", "test"})
 
 
 def arith(response_text: str, ground_truth: str, *, data_source: str = "", extra_info: dict | None = None,
-          finished: bool = True) -> dict[str, float]:
+          finished: bool = True) -> dict[str, Any]:
     """acc + 0.1 · fmt on training rows, acc on validation rows (see the module docstring)."""
     found = _GSM8K_ANSWER.findall(response_text)
     fmt = 1.0 if found else 0.0
@@ -157,7 +158,7 @@ def arith(response_text: str, ground_truth: str, *, data_source: str = "", extra
             acc = 0.0
     is_val = (extra_info or {}).get("split") in VALIDATION_SPLITS
     score = acc if is_val else acc + ARITH_FORMAT_BONUS * fmt
-    return {"score": score, "acc": acc, "format": fmt}
+    return {"score": score, "acc": acc, "format": fmt, "pred": found[-1].replace(",", "") if found else ""}
 
 
 FIGURES_LEAD_WEIGHT, FIGURES_PARTIAL_WEIGHT = 0.1, 0.4
@@ -358,24 +359,42 @@ def safe_score(
 ) -> tuple[float, dict[str, float], str | None]:
     """Call `fn`; returns (score, info, error). A raise, a non-number or a non-finite score gives
     (0.0, {}, "one-line reason") so the caller can count it and go on."""
+    score, info, _pred, error = score_with_pred(fn, response_text, ground_truth, data_source=data_source,
+                                                extra_info=extra_info, finished=finished)
+    return score, info, error
+
+
+def score_with_pred(
+    fn: RewardFn,
+    response_text: str,
+    ground_truth: str,
+    *,
+    data_source: str = "",
+    extra_info: dict | None = None,
+    finished: bool = True,
+) -> tuple[float, dict[str, float], str | None, str | None]:
+    """`safe_score` plus the reward's `pred` (a dict reward's string entry `pred`: the extracted answer, as
+    verl's math_dapo reports it; the vote of validation's `maj@k`): (score, info, pred, error)."""
     try:
         out = fn(response_text, ground_truth, data_source=data_source, extra_info=dict(extra_info or {}),
                  finished=finished)
     except Exception as exc:  # noqa: BLE001 - a user reward may raise anything
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return 0.0, {}, f"{type(exc).__name__}: {first}"[:500]
+        return 0.0, {}, None, f"{type(exc).__name__}: {first}"[:500]
     info: dict[str, float] = {}
+    pred = None
     if isinstance(out, dict):
         if "score" not in out:
-            return 0.0, {}, f"reward returned a dict without 'score' (keys: {sorted(out)[:8]})"
+            return 0.0, {}, None, f"reward returned a dict without 'score' (keys: {sorted(out)[:8]})"
         info = {str(k): float(v) for k, v in out.items()
                 if k != "score" and isinstance(v, numbers.Real) and pymath.isfinite(float(v))}
+        pred = out["pred"] if isinstance(out.get("pred"), str) else None
         out = out["score"]
     if not isinstance(out, numbers.Real) and getattr(out, "ndim", None) == 0 and hasattr(out, "item"):
         out = out.item()  # a numpy / torch scalar
     if not isinstance(out, numbers.Real):
-        return 0.0, {}, f"reward returned {type(out).__name__}, expected a number or a dict with 'score'"
+        return 0.0, {}, None, f"reward returned {type(out).__name__}, expected a number or a dict with 'score'"
     value = float(out)
     if not pymath.isfinite(value):
-        return 0.0, {}, f"reward returned a non-finite score {value}"
-    return value, info, None
+        return 0.0, {}, None, f"reward returned a non-finite score {value}"
+    return value, info, pred, None

@@ -19,7 +19,8 @@ The protocol of a sync (the trainer pushes version v):
    from their prefix (`partial_rollout = true`) or their prompt is dropped (`false`, as current verl does);
    a validation of v is queued every `test_freq` versions.
 
-Validation is greedy, one answer per validation prompt. With multi-turn (`RolloutParams.agent`) each answer is
+Validation asks `val_n` answers per validation prompt (request ids `uid#0` … `uid#{val_n − 1}`; one, greedy, by
+default — the sampling is the shell's). With multi-turn (`RolloutParams.agent`) each answer is
 a conversation run by the same `AgentConversation` rules as training — its tool calls go out as `CallTools`
 (`validation=True`) and come back through `tools_done(..., validation=True)` — and the answer scored is the
 whole conversation; a validation waiting for its tools still counts as running, so a sync waits for it and
@@ -85,6 +86,8 @@ class RolloutParams:
     """`trainer.deterministic`: syncs wait for the loaded version's work instead of aborting it."""
     agent: AgentLimits | None = None
     """Multi-turn rollouts (`rollout.multi_turn.enable`): each trajectory is a conversation with tools."""
+    val_n: int = 1
+    """Answers per validation prompt (`rollout.val_n`)."""
 
 
 def partial_rollout_in_force(partial_rollout: bool, sync_mode: bool, deterministic: bool) -> bool:
@@ -131,8 +134,8 @@ class RolloutLoop:
         self.val_results: dict[str, GenResult] = {}
         self.val_version: int | None = None  # version of the validation pending or running
         self.validated_version: int | None = None  # last version whose validation completed
-        self.val_convs: dict[str, AgentConversation] = {}  # multi-turn: each validation prompt's conversation
-        self.val_tools: set[str] = set()  # multi-turn: validation prompts waiting for their tools
+        self.val_convs: dict[str, AgentConversation] = {}  # multi-turn: each validation answer's conversation
+        self.val_tools: set[str] = set()  # multi-turn: validation answers (request ids) waiting for their tools
         self.tool_users: set[tuple[str, int, bool]] = set()  # multi-turn: trajectories that called tools
         self._orphans: list[tuple[str, int, bool]] = []  # a replaced validation's: released at the next tick
         self.dropped: list[tuple[str, str]] = []  # (uid, reason), for the ledger
@@ -167,7 +170,7 @@ class RolloutLoop:
         after it)."""
         uid, idx = request_id.rsplit("#", 1)
         if validation:
-            c = self.val_convs.get(uid)
+            c = self.val_convs.get(request_id)
         else:
             st = self.in_flight.get(uid)
             c = st.convs.get(int(idx)) if st is not None else None
@@ -243,9 +246,9 @@ class RolloutLoop:
     def tools_done(self, uid: str, index: int, answer_ids: list[int], validation: bool = False) -> list[Command]:
         """Multi-turn: the tools of trajectory `index` of `uid` answered (`answer_ids`: their user turn as
         token ids). The conversation goes on with its next model turn, under the weights current then.
-        `validation`: the answers of validation prompt `uid`'s conversation."""
+        `validation`: the answers of the conversation of validation answer `index` of prompt `uid`."""
         if validation:
-            return self._val_tools_done(uid, answer_ids)
+            return self._val_tools_done(request_id(uid, index), answer_ids)
         st = self.in_flight.get(uid)
         if st is None or index not in st.tools or self.stopped:
             return []
@@ -377,18 +380,23 @@ class RolloutLoop:
         rids = tuple(sorted(self.live))
         return ([Abort(rids, validation=True)] if rids else []) + self._release_tools(sorted(self.tool_users))
 
+    def _val_ids(self) -> list[tuple[Prompt, int]]:
+        """(prompt, answer index) of every validation answer, prompt by prompt."""
+        return [(p, j) for p in self.val_prompts for j in range(self.p.val_n)]
+
     def queue_validation(self, version: int) -> None:
-        """Validate `version`: one greedy request per validation prompt (multi-turn: its first model turn)."""
+        """Validate `version`: `val_n` requests per validation prompt (multi-turn: each its first model turn)."""
         self.val_version = version
         self.val_results = {}
         self.val_tools = set()
         self._orphans += sorted(k for k in self.tool_users if k[2])
         if self.p.agent is not None:
-            self.val_convs = {p.uid: AgentConversation(self.p.agent) for p in self.val_prompts}
-            self.val_pending = [next_turn_request(p, 0, self.val_convs[p.uid]) for p in self.val_prompts]
+            self.val_convs = {request_id(p.uid, j): AgentConversation(self.p.agent) for p, j in self._val_ids()}
+            self.val_pending = [next_turn_request(p, j, self.val_convs[request_id(p.uid, j)])
+                                for p, j in self._val_ids()]
             return
-        self.val_pending = [GenRequest(f"{p.uid}#0", p.prompt_ids, max_new_tokens=self.p.max_new_tokens,
-                                       images=p.images) for p in self.val_prompts]
+        self.val_pending = [GenRequest(request_id(p.uid, j), p.prompt_ids, max_new_tokens=self.p.max_new_tokens,
+                                       images=p.images) for p, j in self._val_ids()]
 
     def request_final_validation(self, version: int) -> bool:
         """At the end of training: validate `version` unless done or under way. True if there is one."""
@@ -527,8 +535,9 @@ class RolloutLoop:
 
     def _val_turn(self, r: GenResult, calls: list[Any] | None) -> list[Command]:
         """A model turn of a validation conversation came back whole (a validation is never interrupted)."""
-        uid = r.request_id.rsplit("#", 1)[0]
-        c = self.val_convs.get(uid)
+        rid = r.request_id
+        uid, index = rid.rsplit("#", 1)
+        c = self.val_convs.get(rid)
         if c is None or c.ended is not None:
             return []
         new = len(c.response_ids)
@@ -536,44 +545,44 @@ class RolloutLoop:
                              r.max_version, calls)
         prompt = next(p for p in self.val_prompts if p.uid == uid)
         if isinstance(cmd, Finish):
-            self._val_finished(uid, c, cmd)
-            return self._release_tools([(uid, 0, True)])
+            self._val_finished(rid, c, cmd)
+            return self._release_tools([(uid, int(index), True)])
         if isinstance(cmd, RunTools):
-            self.val_tools.add(uid)
-            self.tool_users.add((uid, 0, True))
-            return [CallTools(uid, 0, tuple(cmd.calls), tuple(cmd.errors),
+            self.val_tools.add(rid)
+            self.tool_users.add((uid, int(index), True))
+            return [CallTools(uid, int(index), tuple(cmd.calls), tuple(cmd.errors),
                               dict(prompt.extra_info.get("tools_kwargs") or {}), validation=True)]
-        self.val_pending.append(next_turn_request(prompt, 0, c, min_version=c.turns[-1].min_version))
+        self.val_pending.append(next_turn_request(prompt, int(index), c, min_version=c.turns[-1].min_version))
         return []
 
-    def _val_tools_done(self, uid: str, answer_ids: list[int]) -> list[Command]:
-        if uid not in self.val_tools or self.stopped:
+    def _val_tools_done(self, rid: str, answer_ids: list[int]) -> list[Command]:
+        if rid not in self.val_tools or self.stopped:
             return []
-        self.val_tools.discard(uid)
-        c = self.val_convs[uid]
+        self.val_tools.discard(rid)
+        c = self.val_convs[rid]
         cmd = c.on_tool_answers(answer_ids)
+        uid, index = rid.rsplit("#", 1)
         if isinstance(cmd, Finish):
-            self._val_finished(uid, c, cmd)
-            return self._release_tools([(uid, 0, True)]) + self._val_complete()
+            self._val_finished(rid, c, cmd)
+            return self._release_tools([(uid, int(index), True)]) + self._val_complete()
         prompt = next(p for p in self.val_prompts if p.uid == uid)
-        self.val_pending.append(next_turn_request(prompt, 0, c))
+        self.val_pending.append(next_turn_request(prompt, int(index), c))
         return []
 
-    def _val_finished(self, uid: str, c: AgentConversation, end: Finish) -> None:
-        """The conversation ended: it is the validation answer of `uid` (the whole response, scored once)."""
-        rid = request_id(uid, 0)
+    def _val_finished(self, rid: str, c: AgentConversation, end: Finish) -> None:
+        """The conversation ended: it is validation answer `rid` (the whole response, scored once)."""
         self.val_results[rid] = GenResult(rid, list(c.response_ids), list(c.rollout_log_probs),
                                           "length" if end.reason == "length" else "stop", c.min_version,
                                           c.max_version)
 
     def _val_complete(self) -> list[Command]:
-        """`ValidationDone` once every validation prompt has its answer."""
-        if len(self.val_results) < len(self.val_prompts) or self.val_version is None:
+        """`ValidationDone` once every validation prompt has its `val_n` answers."""
+        if len(self.val_results) < len(self.val_prompts) * self.p.val_n or self.val_version is None:
             return []
-        ids = [request_id(p.uid, 0) for p in self.val_prompts]
+        ids = [request_id(p.uid, j) for p, j in self._val_ids()]
         turns = tool_calls = ()
         if self.p.agent is not None:
-            convs = [self.val_convs[p.uid] for p in self.val_prompts]
+            convs = [self.val_convs[i] for i in ids]
             turns = tuple(len(c.turns) for c in convs)
             tool_calls = tuple(sum(t.tool_calls for t in c.turns) for c in convs)
         done = ValidationDone(self.val_version, tuple(self.val_results[i] for i in ids), turns, tool_calls)

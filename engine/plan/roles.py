@@ -183,7 +183,7 @@ def rollout_params(cfg: RunConfig, d: Derived) -> RolloutParams:
                          staleness_threshold=d.staleness_threshold, trigger=ac.trigger_parameter_sync_step,
                          partial_rollout=partial_rollout_in_force(ac.partial_rollout, sync, det),
                          seqs_per_call=max(ro.n, ro.max_num_seqs), test_freq=cfg.trainer.test_freq, sync_mode=sync,
-                         deterministic=det, agent=agent)
+                         deterministic=det, agent=agent, val_n=ro.val_n)
 
 
 def trainer_params(cfg: RunConfig, d: Derived, total_local_steps: int) -> TrainerParams:

@@ -36,12 +36,19 @@ class Scorer:
         return self._fns[data_source]
 
     def _score(self, prompt: Prompt, response_ids: list[int], finished: bool) -> tuple[float, dict[str, float]]:
-        from engine.data.rewards import safe_score
+        score, info, _pred = self.score_answer(prompt, response_ids, finished)
+        return score, info
+
+    def score_answer(self, prompt: Prompt, response_ids: list[int],
+                     finished: bool) -> tuple[float, dict[str, float], str | None]:
+        """(score, numeric info, pred): the reward of one response, its overlong penalty applied, and the
+        extracted answer when the reward reports one (validation's majority vote)."""
+        from engine.data.rewards import score_with_pred
 
         text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
-        score, info, error = safe_score(self._fn(prompt.data_source), text, prompt.ground_truth,
-                                        data_source=prompt.data_source, extra_info=prompt.extra_info,
-                                        finished=finished)
+        score, info, pred, error = score_with_pred(self._fn(prompt.data_source), text, prompt.ground_truth,
+                                                   data_source=prompt.data_source, extra_info=prompt.extra_info,
+                                                   finished=finished)
         if error is not None:
             self.errors += 1
             self.last_error = error
@@ -54,7 +61,7 @@ class Scorer:
             score += penalty
             if self.overlong.log:
                 info["overlong_reward"], info["overlong"] = penalty, float(penalty < 0)
-        return float(score), info
+        return float(score), info, pred
 
     def score_group(self, prompt: Prompt, trajectories: list[Trajectory]) -> None:
         for t in trajectories:
@@ -68,41 +75,43 @@ def validation_record(scorer: Scorer, scored: list[tuple[Prompt, Any]], *, versi
                       turns: list[int] | None = None, tool_calls: list[int] | None = None) -> tuple[dict[str, Any], str]:
     """The metrics record of one validation and its one-line summary, named as verl names them.
 
-    Per data source, over one greedy answer per prompt (`@1`): when the reward reports `acc`,
-    `val-core/<source>/acc/mean@1` is its mean and, when the shaped reward differs from it,
-    `val-aux/<source>/reward/mean@1` goes beside it (verl files every variable but the core one under
-    `val-aux`); a reward without `acc` gives `val-core/<source>/reward/mean@1`. Every other numeric entry of the
-    reward's info (e.g. `overlong_reward`, `overlong` of the DAPO manager) gives `val-aux/<source>/<key>/mean@1`.
-    Multi-turn (`turns`, `tool_calls`: per answer, its model turns and the tool calls it ran): verl's
-    `val-aux/num_turns/{min,max,mean}`, and `asyncrl/val/tool_calls_per_answer` (calls / answers) with
-    `asyncrl/val/tool_call_rate` (the share of answers with at least one call)."""
-    acc: dict[str, list[float | None]] = {}
-    reward: dict[str, list[float]] = {}
-    extra: dict[str, dict[str, list[float]]] = {}
+    `scored` holds every answer (n per prompt with `rollout.val_n`). Per data source the variables are
+    `reward` (the score) and every numeric entry of the reward's info (e.g. `acc`; `overlong_reward`,
+    `overlong` of the DAPO manager); a string `pred` in the info is the vote of majority voting.
+    `engine.telemetry.val_metrics.validation_metrics` turns them into verl's `mean@n`, `std@n`,
+    `best@k`, `worst@k`, `maj@k` under `val-core/<source>/<var>/…` (the core variable: `acc`, else
+    `reward`) and `val-aux/<source>/<var>/…`. Two asyncrl rules keep the record free of duplicates and
+    ambiguity: `acc` counts only when every answer of the source reports it (else `reward` is core), and
+    `reward` is left out when it equals `acc` answer by answer. Multi-turn (`turns`, `tool_calls`: per answer,
+    its model turns and the tool calls it ran): verl's `val-aux/num_turns/{min,max,mean}`, and
+    `asyncrl/val/tool_calls_per_answer` (calls / answers) with `asyncrl/val/tool_call_rate` (the share of
+    answers with at least one call). Summary: `<source>=<core acc mean@n>` per source."""
+    from engine.telemetry.val_metrics import Answer, validation_metrics
+
+    rows: list[tuple[Prompt, float, dict[str, float], str | None]] = []
     for prompt, r in scored:
-        score, info = scorer._score(prompt, r.response_ids, r.finish_reason == "stop")
-        src = prompt.data_source or "val"
-        acc.setdefault(src, []).append(float(info["acc"]) if "acc" in info else None)
-        reward.setdefault(src, []).append(float(score))
-        for key, value in info.items():
-            if key not in ("acc", "score"):
-                extra.setdefault(src, {}).setdefault(key, []).append(value)
+        score, info, pred = scorer.score_answer(prompt, r.response_ids, r.finish_reason == "stop")
+        rows.append((prompt, score, info, pred))
+    by_src: dict[str, list[tuple[Prompt, float, dict[str, float], str | None]]] = {}
+    for row in rows:
+        by_src.setdefault(row[0].data_source or "val", []).append(row)
+    answers: list[Answer] = []
+    for src, items in by_src.items():
+        with_acc = all("acc" in info for _, _, info, _ in items)
+        same = with_acc and all(float(info["acc"]) == score for _, score, info, _ in items)
+        for prompt, score, info, pred in items:
+            values = {} if same else {"reward": score}
+            values.update({k: v for k, v in info.items() if k != "score" and (with_acc or k != "acc")})
+            answers.append(Answer(prompt.uid, src, values, pred))
     rec: dict[str, Any] = {"training/global_step": step, "fully_async/count/current_param_version": version}
+    rec.update(validation_metrics(answers))
     parts = []
-    for src, accs in acc.items():
-        rewards = reward[src]
-        mean_reward = sum(rewards) / len(rewards)
-        if all(a is not None for a in accs):
-            mean_acc = sum(a for a in accs if a is not None) / len(accs)
-            rec[f"val-core/{src}/acc/mean@1"] = mean_acc
-            if rewards != accs:
-                rec[f"val-aux/{src}/reward/mean@1"] = mean_reward
-            parts.append(f"{src}={mean_acc:.3f}")
-        else:
-            rec[f"val-core/{src}/reward/mean@1"] = mean_reward
-            parts.append(f"{src} reward={mean_reward:.3f}")
-        for key, values in extra.get(src, {}).items():
-            rec[f"val-aux/{src}/{key}/mean@1"] = sum(values) / len(values)
+    for src in by_src:
+        core = [(k, v) for k, v in rec.items() if k.startswith(f"val-core/{src}/") and "/mean@" in k]
+        for key, value in core:
+            var = key[len(f"val-core/{src}/"):].split("/", 1)[0]
+            at = "" if key.endswith("/mean@1") else f" ({key.rsplit('/', 1)[1]})"
+            parts.append((f"{src}={value:.3f}" if var == "acc" else f"{src} reward={value:.3f}") + at)
     if turns:
         rec.update({"val-aux/num_turns/min": min(turns), "val-aux/num_turns/max": max(turns),
                     "val-aux/num_turns/mean": sum(turns) / len(turns)})

@@ -2,9 +2,9 @@
 into the run's `report.md` by `engine.telemetry.run_report`).
 
 A validation record carries `fully_async/count/current_param_version` (the weights validated),
-`asyncrl/time` (seconds since the run started) and one `val-core/<data_source>/<metric>/mean@1` per data
-source, where `<metric>` is `acc` (exact answers) or, in runs written before that rename, `reward`; both are
-read. Pure functions over the standard library: the CLI imports them and stays light.
+`asyncrl/time` (seconds since the run started) and one `val-core/<data_source>/<metric>/mean@n` per data
+source (n = `rollout.val_n` answers per prompt; the mean over every answer), where `<metric>` is `acc`
+(exact answers) or, in runs written before that rename, `reward`; both are read. Pure functions over the standard library: the CLI imports them and stays light.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 VAL_PREFIX = "val-core/"
-VAL_SUFFIXES = ("/acc/mean@1", "/reward/mean@1")
+VAL_METRICS = ("acc", "reward")
+"""The core variables, in order of preference."""
+_CORE_MEAN = re.compile(r"^val-core/(?P<source>.+)/(?P<metric>acc|reward)/mean@(?P<n>\d+)$")
 VERSION_KEY = "fully_async/count/current_param_version"
 TIME_KEY = "asyncrl/time"
 _STAMP = re.compile(r"\d{8}-\d{6}")
@@ -28,16 +30,16 @@ class ValPoint:
     version: int | None
     time_s: float | None
     accuracy: dict[str, float]
+    n: int = 1
+    """Answers per prompt the accuracy is the mean over (`mean@n`)."""
 
 
-def _source_and_metric(key: str) -> tuple[str, int] | None:
-    """(data source, preference: 0 = acc, 1 = reward) of a `val-core/...` key, or None."""
-    if not key.startswith(VAL_PREFIX):
+def core_accuracy_key(key: str) -> tuple[str, int, int] | None:
+    """(data source, preference: 0 = acc, 1 = reward, n) of a `val-core/<source>/<metric>/mean@n` key, or None."""
+    m = _CORE_MEAN.match(key)
+    if m is None:
         return None
-    for rank, suffix in enumerate(VAL_SUFFIXES):
-        if key.endswith(suffix):
-            return key[len(VAL_PREFIX) : -len(suffix)], rank
-    return None
+    return m["source"], VAL_METRICS.index(m["metric"]), int(m["n"])
 
 
 def validation_curve(metrics_path: str | Path) -> list[ValPoint]:
@@ -55,11 +57,12 @@ def validation_curve(metrics_path: str | Path) -> list[ValPoint]:
         if not isinstance(rec, dict):
             continue
         best: dict[str, tuple[int, float]] = {}
+        n = 1
         for key, value in rec.items():
-            found = _source_and_metric(key)
+            found = core_accuracy_key(key)
             if found is None or not isinstance(value, (int, float)) or isinstance(value, bool):
                 continue
-            source, rank = found
+            source, rank, n = found
             if source not in best or rank < best[source][0]:
                 best[source] = (rank, float(value))
         if not best:
@@ -70,6 +73,7 @@ def validation_curve(metrics_path: str | Path) -> list[ValPoint]:
             version=int(version) if isinstance(version, (int, float)) else None,
             time_s=float(time_s) if isinstance(time_s, (int, float)) else None,
             accuracy={src: acc for src, (_, acc) in best.items()},
+            n=n,
         ))
     return points
 
@@ -83,7 +87,7 @@ def _clock(seconds: float | None) -> str:
 
 def format_validation_curve(points: list[ValPoint]) -> str:
     """A small table — version, wall time since launch (m:ss), accuracy per source — and the first → last
-    change; "" when there was no validation."""
+    change; "" when there was no validation. The title names `mean@n` when n > 1 answers per prompt."""
     if not points:
         return ""
     sources = sorted({src for p in points for src in p.accuracy})
@@ -91,7 +95,9 @@ def format_validation_curve(points: list[ValPoint]) -> str:
     rows = [[str(p.version) if p.version is not None else "-", _clock(p.time_s)]
             + [f"{p.accuracy[s]:.3f}" if s in p.accuracy else "-" for s in sources] for p in points]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["validation accuracy (val-core, per data source):"]
+    ns = sorted({p.n for p in points})
+    at = "" if ns == [1] else f" mean@{'/'.join(map(str, ns))}"
+    lines = [f"validation accuracy (val-core{at}, per data source):"]
     lines += ["  " + "  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in [header, *rows]]
     for src in sources:
         seen = [p.accuracy[src] for p in points if src in p.accuracy]

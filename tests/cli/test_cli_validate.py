@@ -124,3 +124,12 @@ def test_worst_exit_code_wins_across_files(cli, tmp_path: Path) -> None:
     assert cli("validate", RUNS / "tiny-cpu.toml", "bad.toml").exit_code == 1
     r = cli("validate", RUNS / "tiny-cpu.toml", VL16, "--set", "resources.hardware=ascend-910b", "--json")
     assert r.exit_code == 3 and json.loads(r.stdout)["exit_code"] == 3
+
+
+def test_validation_at_n_needs_sampling(cli) -> None:
+    """n greedy answers per prompt would be one answer n times: validate refuses it, naming the key."""
+    r = cli("validate", RUNS / "tiny-cpu.toml", "--set", "rollout.val_n=4")
+    assert r.exit_code == 1
+    assert "rollout.val_n" in r.output and "val_n = 4 answers per prompt need sampling" in r.output
+    r = cli("validate", RUNS / "tiny-cpu.toml", "--set", "rollout.val_n=4", "--set", "rollout.val_temperature=1.0")
+    assert r.exit_code == 0, r.output

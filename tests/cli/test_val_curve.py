@@ -56,6 +56,19 @@ def test_accepts_the_acc_and_the_old_reward_key_and_prefers_acc(tmp_path: Path) 
     assert "0.333 → 0.750 (+0.417) over 3 validations" in text
 
 
+def test_reads_mean_at_n_of_a_validation_at_n_answers_and_never_best_or_maj(tmp_path: Path) -> None:
+    metrics = _write(tmp_path / "metrics.jsonl", [
+        {"fully_async/count/current_param_version": 2, "asyncrl/time": 12.0,
+         "val-core/lookup/acc/best@4/mean": 0.9, "val-core/lookup/acc/maj@4/mean": 0.7,
+         "val-core/lookup/acc/mean@4": 0.5, "val-aux/lookup/acc/mean@2": 0.1},
+        {"fully_async/count/current_param_version": 4, "asyncrl/time": 24.0, "val-core/lookup/acc/mean@4": 0.75},
+    ])
+    points = validation_curve(metrics)
+    assert [(p.version, p.accuracy, p.n) for p in points] == [(2, {"lookup": 0.5}, 4), (4, {"lookup": 0.75}, 4)]
+    assert format_validation_curve(points).splitlines()[0] == \
+        "validation accuracy (val-core mean@4, per data source):"
+
+
 def test_no_validation_prints_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _write(tmp_path / "metrics.jsonl", [{"training/global_step": 1, "critic/rewards/mean": 0.2}])
     assert validation_curve(tmp_path / "missing.jsonl") == []

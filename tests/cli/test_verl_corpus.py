@@ -70,9 +70,9 @@ EXPECTED: dict[str, tuple[str | None, int, dict | None, tuple[str, ...]]] = {
     "geo3k_qwen3vl_8b_fsdp2_hybrid_res_pool_npu": (None, 1, None, ("async_training.hybrid_res_pool",
                                                                    "actor_rollout_ref.partition")),
     "dapo_30b_a3b_base_math_fsdp": (None, 1, None, ("--config-name", *SP)),
-    # the multi-turn keys map onto [rollout.multi_turn] (test_retool_multi_turn_keys_map); the rest is refused
-    "dapo_7b_async_retool": (None, 1, None, (
-        "data.custom_cls.path", "data.custom_cls.name", SP[0], "actor_rollout_ref.rollout.val_kwargs.n")),
+    # the multi-turn keys map onto [rollout.multi_turn] and val_kwargs onto rollout.val_* (test_retool_multi_turn_
+    # keys_map); the custom dataset class (test_custom_cls_names_the_row_adapter) and Ulysses SP are refused
+    "dapo_7b_async_retool": (None, 1, None, ("data.custom_cls.path", "data.custom_cls.name", SP[0])),
     "grpo_qwen3_235b_megatron_npu": (None, 1, None, (
         "actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size",
         "actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage",
@@ -132,19 +132,27 @@ RETOOL_MULTI_TURN = {"rollout.multi_turn.enable": True, "rollout.multi_turn.max_
 
 def test_retool_multi_turn_keys_map() -> None:
     """verl's retool script: its multi-turn keys land on [rollout.multi_turn] under the same names; what still
-    stops it is the custom dataset class, Ulysses SP and 30 validation answers per prompt."""
+    stops it is the custom dataset class and Ulysses SP. Its 30 validation answers per prompt at temperature 1.0,
+    top-p 0.6 map onto rollout.val_* (verl's fully-async agent loop samples them whatever do_sample says)."""
     conv = convert_script((CORPUS / "dapo_7b_async_retool.sh").read_text())
     for key, want in RETOOL_MULTI_TURN.items():
         assert conv.values[key] == want, key
-    assert not [ov for ov, _ in conv.errors if "multi_turn" in ov]
+    assert not [ov for ov, _ in conv.errors if "multi_turn" in ov or "val_kwargs" in ov]
+    assert (conv.values["rollout.val_n"], conv.values["rollout.val_temperature"], conv.values["rollout.val_top_p"]) \
+        == (30, 1.0, 0.6)
+
+
+def test_custom_cls_names_the_row_adapter_and_its_signature() -> None:
+    conv = convert_script((CORPUS / "dapo_7b_async_retool.sh").read_text())
+    (reason,) = {why for ov, why in conv.errors if ov.startswith("data.custom_cls.path=")}
+    assert 'data.row_adapter = "file.py:fn"' in reason and "def fn(row: dict) -> dict" in reason
 
 
 def _with(extra: str) -> str:
     """The retool script with its refused keys taken out and `extra` overrides added."""
     text = (CORPUS / "dapo_7b_async_retool.sh").read_text()
     for gone in ("data.custom_cls.path=$retool_path", "data.custom_cls.name=CustomRLHFDataset",
-                 "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4",
-                 "actor_rollout_ref.rollout.val_kwargs.n=30"):
+                 "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4"):
         text = text.replace(gone, "")
     return text.replace("async_training.partial_rollout=True", f"async_training.partial_rollout=True {extra}")
 

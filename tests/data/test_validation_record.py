@@ -47,3 +47,20 @@ def test_a_reward_without_acc_is_core_under_its_own_name(tmp_path, monkeypatch) 
     rec, summary = validation_record(scorer, [(_prompt(0, "mine", "x"), _answer([1]))], version=1, step=4)
     assert rec["val-core/mine/reward/mean@1"] == 0.25 and not any("/acc/" in k for k in rec)
     assert summary == "mine reward=0.250"
+
+
+def test_n_answers_per_prompt_give_verls_mean_best_and_maj_at_n_in_val_core() -> None:
+    """Two answers per prompt with the `copy` reward (its `pred` is the answer text: majority voting):
+    prompt 0 right then wrong, prompt 1 wrong twice."""
+    scorer = Scorer(_cfg("copy"), _Tok())
+    p0, p1 = _prompt(0, "copy", "abc"), _prompt(1, "copy", "abc")
+    scored = [(p0, _answer([0, 1, 2])), (p0, _answer([0, 1, 5])), (p1, _answer([3])), (p1, _answer([3]))]
+    rec, summary = validation_record(scorer, scored, version=1, step=2)
+    assert rec["val-core/copy/acc/mean@2"] == 0.25  # (1/2 + 0) / 2
+    assert rec["val-aux/copy/acc/std@2"] == 0.25  # (0.5 + 0) / 2
+    assert sorted(k for k in rec if k.startswith("val-core/")) == [
+        "val-core/copy/acc/best@2/mean", "val-core/copy/acc/best@2/std", "val-core/copy/acc/maj@2/mean",
+        "val-core/copy/acc/maj@2/std", "val-core/copy/acc/mean@2"]
+    # prompt 1 never wins; prompt 0 wins a draw holding its first answer: P = 3/4, so best@2 ≈ 0.75 / 2
+    assert abs(rec["val-core/copy/acc/best@2/mean"] - 0.375) < 0.03
+    assert summary == "copy=0.250 (mean@2)"

@@ -149,3 +149,18 @@ def test_step_time_is_the_recent_mean_and_the_plan_comes_from_the_run_info() -> 
     model.apply(snap(4, [{"training/global_step": 60 + i, "timing_s/step": 0.54} for i in range(20)],
                      run={"plan": {"step_time_s": 0.4}}))
     assert step_time_kpi(model) == ("0.54 / 0.4 +35%", "warn")
+
+
+def test_the_header_shows_the_newest_validations_core_mean_at_n_once_there_is_one() -> None:
+    from asyncrl_cli.tui.widgets.run_header import header_text
+
+    model = DashboardModel()
+    model.apply(snap(1, [{"training/global_step": 1, "timing_s/step": 1.0}]))
+    assert model.validation() is None and " val " not in header_text(model, "local", False).plain
+    model.apply(snap(2, [{"fully_async/count/current_param_version": 2, "val-core/a/acc/mean@4": 0.5,
+                          "val-core/a/acc/best@4/mean": 0.9, "val-core/b/reward/mean@4": 0.25},
+                         {"training/global_step": 2, "timing_s/step": 1.0}]))
+    assert model.validation() == (0.375, 4)  # the mean over the sources, never best@k
+    assert " · val 0.375 mean@4 · " in header_text(model, "local", False).plain
+    model.apply(snap(3, [{"val-core/a/acc/mean@4": 0.75, "val-core/a/reward/mean@4": 0.1}]))
+    assert model.validation() == (0.75, 4)  # acc preferred over reward

@@ -1,4 +1,5 @@
-"""The one-line run header: run, address, state, policy version, step of total, elapsed, ETA."""
+"""The one-line run header: run, address, state, policy version, step of total, validation accuracy (once a
+validation ran: `val 0.750 mean@4`), elapsed, ETA."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ STATE_STYLES = {
 
 
 def header_text(model: DashboardModel, label: str, read_only: bool) -> Text:
-    """`RUN  STATE  [read-only] · policy vN · step S/T · elapsed E · ETA R · ADDRESS` (important first)."""
+    """`RUN  STATE  [read-only] · policy vN · step S/T [· val A mean@n] · elapsed E · ETA R · ADDRESS`
+    (important first)."""
     state = model.state if model.connected else "disconnected"
     version = model.policy_version
     step, total = model.step, model.total_steps
@@ -35,8 +37,11 @@ def header_text(model: DashboardModel, label: str, read_only: bool) -> Text:
     parts += [
         f" · policy v{version if version is not None else MISSING}",
         f" · step {step if step is not None else MISSING}/{total if total is not None else MISSING}",
-        f" · elapsed {fmt_duration(model.elapsed)} · ETA {eta} · {label}",
     ]
+    val = model.validation()
+    if val is not None:
+        parts.append(f" · val {val[0]:.3f} mean@{val[1]}")
+    parts.append(f" · elapsed {fmt_duration(model.elapsed)} · ETA {eta} · {label}")
     return Text.assemble(*parts)
 
 

@@ -1,4 +1,5 @@
-"""The base of every run-config table (`engine.config.sections`, `engine.config.schema`)."""
+"""`Section`: the base of every run-config table (pydantic v2): unknown keys are errors, attribute docstrings
+are descriptions (the JSON Schema's and the CLI help's). Pure Python + pydantic."""
 
 from __future__ import annotations
 
