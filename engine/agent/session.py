@@ -12,8 +12,8 @@ tool, and spoken to over its pipes: one JSON line per op in on stdin, one answer
   is lost; the trajectory's next call starts a fresh instance (`create` again) and its answer says so.
 - `release(trajectory)` (the rollout core's `ReleaseTools`: the trajectory ended, was dropped, or the rollouter
   stopped) sends `release` with a 1 s deadline and kills the box; a call still running then is cut off.
-- A trajectory-level deadline (`Tool.trajectory_timeout_s` from the box's start) kills a box that is never
-  released; the trajectory's later calls are refused. `close()` kills every box. No box outlives its
+- A trajectory-level deadline (`Tool.trajectory_timeout_s` from its first box's start) kills a box that is
+  never released; the trajectory's later calls are refused. `close()` kills every box. No box outlives its
   trajectory: each is killed at release, at its deadline, or with the pool (and `--die-with-parent` with the
   process).
 The CPU-time rlimit of such a box is the trajectory deadline + 1 s (it counts the whole life, not one call).
@@ -71,6 +71,8 @@ class ToolSession:
         """One `execute` (starting the instance first when there is none). Never raises."""
         t0 = time.monotonic()
         with self.lock:
+            if self.deadline is not None and t0 >= self.deadline:
+                self.closed = self.closed or self._past_deadline()
             if self.closed:
                 return ToolOutcome("error", f"tool {self.tool.name}: {self.closed}", 0.0)
             try:
@@ -88,20 +90,21 @@ class ToolSession:
             out = self._start(deadline)
             if out.ok:
                 out = self._op({"op": "create", "create_kwargs": create_kwargs}, deadline)
-            if not out.ok:
-                return self._failed(out, note, t0)
+            if not out.ok:  # no instance without a successful create: the next call starts again
+                return self._failed(out, note, t0, "it could not be created")
         out = self._op({"op": "execute", "arguments": arguments}, deadline)
         if not out.ok:
             return self._failed(out, note, t0)
         return ToolOutcome("ok", note + out.text, time.monotonic() - t0, reward=out.reward)
 
-    def _failed(self, out: ToolOutcome, note: str, t0: float) -> ToolOutcome:
-        """A failed op's answer; a box that cannot go on (dead, timed out, flooded, not started) is ended."""
+    def _failed(self, out: ToolOutcome, note: str, t0: float, end: str | None = None) -> ToolOutcome:
+        """A failed op's answer; a box that cannot go on (dead, timed out, flooded, not started, not created:
+        `end`) is ended."""
         text = out.text
-        if self.box is not None and (out.status in ("timeout", "refused") or out.limit == "output"
+        if self.box is not None and (end or out.status in ("timeout", "refused") or out.limit == "output"
                                      or self.box.proc.poll() is not None):
             self._end({"timeout": "it timed out", "refused": "its box could not start"}.get(
-                out.status, "its answer was too long" if out.limit == "output" else "its box died"))
+                out.status, "its answer was too long" if out.limit == "output" else end or "its box died"))
         if self.box is None and not text.endswith(_LOST):
             text += _LOST
         return ToolOutcome(out.status, note + text, time.monotonic() - t0, out.limit)
@@ -146,7 +149,8 @@ class ToolSession:
         os.close(w3)
         self.box = _Box(proc, r3, _Stream(proc.stdout.fileno(), 4096), _Stream(proc.stderr.fileno(), 4096, True),
                         box.uid, filter_fd, time.monotonic(), scratch)
-        self.deadline = self.box.started + life
+        if self.deadline is None:  # the trajectory's: a fresh instance after a lost one keeps it
+            self.deadline = self.box.started + life
         return self._op(None, deadline, request)
 
     def _op(self, op: dict[str, Any] | None, deadline: float, data: bytes = b"") -> ToolOutcome:
@@ -204,9 +208,12 @@ class ToolSession:
         """Kill the box when the trajectory deadline passed; True if it did."""
         if self.deadline is None or now < self.deadline or self.box is None:
             return False
-        self.closed = self.closed or f"its trajectory deadline ({self.tool.trajectory_timeout_s:g} s) passed"
+        self.closed = self.closed or self._past_deadline()
         self.release(self.closed)
         return True
+
+    def _past_deadline(self) -> str:
+        return f"its trajectory deadline ({self.tool.trajectory_timeout_s:g} s) passed"
 
     def _end(self, why: str) -> None:
         """Kill the box (if any) and free what it held (the caller holds the lock)."""

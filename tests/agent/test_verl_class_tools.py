@@ -113,6 +113,10 @@ def test_a_dead_box_answers_an_error_and_the_next_call_starts_fresh():
         assert dead.status == "error" and "state is lost" in dead.text
         fresh = runner.submit_stateful(key, tool, {}, {}).result()
         assert fresh.ok and fresh.text.endswith("call 1") and "fresh one" in fresh.text
+        picky = verl_class_tool(_entry("hostile_tool.FailsCreateOnce"), [FIXTURES])
+        failed = runner.submit_stateful(("q", 0, False), picky, {}, {}).result()
+        assert failed.status == "error" and "create: ValueError: no key" in failed.text
+        assert runner.submit_stateful(("q", 0, False), picky, {}, {"key": "k"}).result().text.endswith("key k")
     finally:
         runner.close()
     assert _wait_no_boxes() == []
