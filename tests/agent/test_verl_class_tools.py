@@ -11,7 +11,6 @@ import shutil
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from engine.agent.box import unavailable_reason
@@ -28,19 +27,25 @@ def _entry(cls: str, name: str = "t", **config) -> dict:
         "name": name, "description": "d", "parameters": {"type": "object", "properties": {}}}}}
 
 
-def _boxes() -> list[psutil.Process]:
-    """The tool boxes (bwrap and everything in them) under this process."""
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if any("runner.py" in a for a in p.cmdline()):
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
+def _boxes() -> list[int]:
+    """The tool boxes (bwrap and everything in them) under this process: pids from /proc's parent links."""
+    parent, cmd = {}, {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                cmd[int(d.name)] = (d / "cmdline").read_bytes()
+            except (OSError, IndexError, ValueError):
+                pass
+    mine, grew = {os.getpid()}, True
+    while grew:
+        more = {pid for pid, pp in parent.items() if pp in mine} - mine
+        mine |= more
+        grew = bool(more)
+    return sorted(pid for pid in mine if b"runner.py" in cmd.get(pid, b""))
 
 
-def _wait_no_boxes(timeout: float = 5.0) -> list[psutil.Process]:
+def _wait_no_boxes(timeout: float = 5.0) -> list[int]:
     end = time.monotonic() + timeout
     while _boxes() and time.monotonic() < end:
         time.sleep(0.05)
@@ -79,7 +84,7 @@ def test_state_is_per_trajectory_survives_its_calls_and_ends_with_its_box():
         assert call(b, "y", "bob").text == "Notes of bob (call 1): y"
         third = call(a, "z", "ignored: create ran once")
         assert third.text == "Notes of alice (call 2): x, z" and third.seconds < 1.0  # no new box, no new create
-        assert runner.sessions.alive() == 2 and len({p.pid for p in _boxes()}) >= 2
+        assert runner.sessions.alive() == 2 and len(_boxes()) >= 2
         runner.release([a])
         end = time.monotonic() + 3
         while runner.sessions.alive() > 1 and time.monotonic() < end:
