@@ -112,7 +112,7 @@ def try_(
 
         session = ToolSession(("tools-try", 0, False), replace(spec, limits=limits), "box" if reason is None
                               else "none")
-        out = session.call(arguments, hidden)
+        out = session.call(arguments, {"create_kwargs": hidden})
         session.release("tools try is done")
         where = "bubblewrap, one instance" if reason is None else "NONE (allow_unsandboxed)"
     else:

@@ -279,9 +279,10 @@ class ToolRunner:
         return self._sessions
 
     def submit_stateful(self, trajectory: tuple[str, int, bool], tool: Any, arguments: dict[str, Any],
-                        create_kwargs: dict[str, Any]) -> Future[ToolOutcome]:
-        """One call of a stateful tool on `trajectory`'s instance of it (started at its first call)."""
-        return self._pool.submit(self.sessions.call, trajectory, tool, arguments, create_kwargs)
+                        row_kwargs: dict[str, Any]) -> Future[ToolOutcome]:
+        """One call of a stateful tool on `trajectory`'s instance of it (started at its first call);
+        `row_kwargs`: the row's `tools_kwargs[name]` (`create_kwargs`, `execute_kwargs`, `release_kwargs`)."""
+        return self._pool.submit(self.sessions.call, trajectory, tool, arguments, row_kwargs)
 
     def instances(self) -> int:
         """Stateful tools' boxes alive now."""

@@ -1,7 +1,8 @@
 """Stateful verl-style tools (a YAML `class_name` of the user's): one long-lived box per trajectory and tool.
 
 verl's tool interface keeps state per trajectory: `create(instance_id, **create_kwargs)` once, `execute` per
-call, `release` at the end. Here that instance lives in a box of its own (`engine.agent.box`, built as for a
+call, `release` at the end (the row's `tools_kwargs[name]` gives `create_kwargs`, `execute_kwargs` and
+`release_kwargs`, as verl's sglang rollout passes them). Here that instance lives in a box of its own (`engine.agent.box`, built as for a
 single call; `engine.agent.box_lib.box_session` serves it inside), started at the trajectory's first call of the
 tool, and spoken to over its pipes: one JSON line per op in on stdin, one answer line out on the answer pipe.
 - Every call has the per-call deadline (`limits.timeout_s`, wall clock; the first call's covers starting the box,
@@ -66,9 +67,11 @@ class ToolSession:
         self.lost: str | None = None  # why the last instance died (said in the next call's answer)
         self.closed: str | None = None  # released or past its deadline: no more calls
         self.deadline: float | None = None
+        self.release_kwargs: dict[str, Any] = {}
 
-    def call(self, arguments: dict[str, Any], create_kwargs: dict[str, Any]) -> ToolOutcome:
-        """One `execute` (starting the instance first when there is none). Never raises."""
+    def call(self, arguments: dict[str, Any], row_kwargs: dict[str, Any]) -> ToolOutcome:
+        """One `execute` (starting the instance first when there is none). `row_kwargs`: the row's
+        `tools_kwargs[name]` (verl's `create_kwargs`, `execute_kwargs`, `release_kwargs`). Never raises."""
         t0 = time.monotonic()
         with self.lock:
             if self.deadline is not None and t0 >= self.deadline:
@@ -76,23 +79,26 @@ class ToolSession:
             if self.closed:
                 return ToolOutcome("error", f"tool {self.tool.name}: {self.closed}", 0.0)
             try:
-                return self._call(arguments, create_kwargs, t0)
+                return self._call(arguments, row_kwargs, t0)
             except Exception as e:  # noqa: BLE001 - a bug here must end as an answer
                 self._end(f"{type(e).__name__}: {e}")
                 return ToolOutcome("error", f"tool call failed: {type(e).__name__}: {e}", time.monotonic() - t0)
 
-    def _call(self, arguments: dict[str, Any], create_kwargs: dict[str, Any], t0: float) -> ToolOutcome:
+    def _call(self, arguments: dict[str, Any], row_kwargs: dict[str, Any], t0: float) -> ToolOutcome:
         deadline = t0 + self.tool.limits.timeout_s
+        kw = {k: v if isinstance(v := row_kwargs.get(k), dict) else {} for k in
+              ("create_kwargs", "execute_kwargs", "release_kwargs")}
+        self.release_kwargs = kw["release_kwargs"]
         note = ""
         if self.box is None:
             if self.lost:
                 note = f"[the tool's earlier instance was lost ({self.lost}): this call runs on a fresh one]\n"
             out = self._start(deadline)
             if out.ok:
-                out = self._op({"op": "create", "create_kwargs": create_kwargs}, deadline)
+                out = self._op({"op": "create", "kwargs": kw["create_kwargs"]}, deadline)
             if not out.ok:  # no instance without a successful create: the next call starts again
                 return self._failed(out, note, t0, "it could not be created")
-        out = self._op({"op": "execute", "arguments": arguments}, deadline)
+        out = self._op({"op": "execute", "arguments": arguments, "kwargs": kw["execute_kwargs"]}, deadline)
         if not out.ok:
             return self._failed(out, note, t0)
         return ToolOutcome("ok", note + out.text, time.monotonic() - t0, reward=out.reward)
@@ -195,7 +201,7 @@ class ToolSession:
         if self.lock.acquire(blocking=False):
             try:
                 if self.box is not None and self.box.proc.poll() is None:
-                    self._op({"op": "release"}, time.monotonic() + RELEASE_S)
+                    self._op({"op": "release", "kwargs": self.release_kwargs}, time.monotonic() + RELEASE_S)
             except Exception:  # noqa: BLE001 - the box dies whatever happened
                 pass
             finally:
@@ -322,10 +328,10 @@ class SessionPool:
         self._reaper = threading.Thread(target=self._reap, name="asyncrl-tool-reaper", daemon=True)
         self._reaper.start()
 
-    def call(self, key: Key, tool: Any, arguments: dict[str, Any], create_kwargs: dict[str, Any]) -> ToolOutcome:
+    def call(self, key: Key, tool: Any, arguments: dict[str, Any], row_kwargs: dict[str, Any]) -> ToolOutcome:
         with self._lock:
             sess = self._sessions.setdefault((key, tool.name), ToolSession(key, tool, self.isolation))
-        return sess.call(arguments, create_kwargs)
+        return sess.call(arguments, row_kwargs)
 
     def release(self, keys: list[Key], why: str = "its trajectory ended") -> Future[None]:
         """End every instance of these trajectories (in the background: the caller never waits on a tool)."""

@@ -68,10 +68,11 @@ class ToolShell:
                 work.append(ToolOutcome("error", problem, 0.0))
                 continue
             tool = self.registry.tools[call.name]
-            hidden = (c.tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
+            row = c.tools_kwargs.get(call.name) or {}
+            hidden = row.get("create_kwargs") or {}
             if tool.stateful:  # verl's interface: create_kwargs go to `create`, the arguments to `execute`
                 work.append(self.runner.submit_stateful((c.uid, c.index, c.validation), tool, call.arguments,
-                                                        hidden))
+                                                        row))
             else:
                 work.append(self.runner.submit(tool.function, {**call.arguments, **hidden}, tool.limits,
                                                tool.service))

@@ -78,7 +78,8 @@ def test_state_is_per_trajectory_survives_its_calls_and_ends_with_its_box():
     runner = ToolRunner(4)
     a, b = ("p0", 0, False), ("p0", 1, False)
     try:
-        call = lambda key, note, owner: runner.submit_stateful(key, tool, {"note": note}, {"owner": owner}).result()
+        call = lambda key, note, owner: runner.submit_stateful(key, tool, {"note": note}, {
+            "create_kwargs": {"owner": owner}}).result()
         first = call(a, "x", "alice")
         assert (first.status, first.text, first.reward) == ("ok", "Notes of alice (call 1): x", 0.1)
         assert call(b, "y", "bob").text == "Notes of bob (call 1): y"
@@ -91,6 +92,8 @@ def test_state_is_per_trajectory_survives_its_calls_and_ends_with_its_box():
             time.sleep(0.05)
         assert runner.sessions.alive() == 1
         assert call(b, "w", "bob").text == "Notes of bob (call 2): y, w"  # the other trajectory is untouched
+        signed = runner.submit_stateful(b, tool, {"note": "v"}, {"execute_kwargs": {"sign": "B."}}).result()
+        assert signed.text == "Notes of bob (call 3): y, w, v — B."  # the row's execute_kwargs reach execute
     finally:
         runner.close()
     assert _wait_no_boxes() == []
@@ -101,7 +104,7 @@ def test_a_verl_0_5_style_tool_runs_and_create_kwargs_reach_it_both_ways(tmp_pat
     tool = verl_class_tool(_entry("notepad_tool.OldStyleTool"), [FIXTURES])
     runner = ToolRunner(1)
     try:
-        out = runner.submit_stateful(("u", 0, True), tool, {}, {"ground_truth": "4"}).result()
+        out = runner.submit_stateful(("u", 0, True), tool, {}, {"create_kwargs": {"ground_truth": "4"}}).result()
     finally:
         runner.close()
     assert (out.status, out.text) == ("ok", "old style sees ['ground_truth']")
@@ -121,7 +124,7 @@ def test_a_dead_box_answers_an_error_and_the_next_call_starts_fresh():
         picky = verl_class_tool(_entry("hostile_tool.FailsCreateOnce"), [FIXTURES])
         failed = runner.submit_stateful(("q", 0, False), picky, {}, {}).result()
         assert failed.status == "error" and "create: ValueError: no key" in failed.text
-        assert runner.submit_stateful(("q", 0, False), picky, {}, {"key": "k"}).result().text.endswith("key k")
+        assert runner.submit_stateful(("q", 0, False), picky, {}, {"create_kwargs": {"key": "k"}}).result().text.endswith("key k")
     finally:
         runner.close()
     assert _wait_no_boxes() == []
@@ -284,7 +287,7 @@ if out["reason"] is None:
     e = lambda c: {{"class_name": c, "config": {{"default_timeout": 2}}, "tool_schema": {{"function": {{"name": "t"}}}}}}
     runner, F = ToolRunner(2), [Path({str(FIXTURES)!r})]
     n = verl_class_tool(e("notepad_tool.NotepadTool"), F)
-    out["texts"] = [runner.submit_stateful(("a", 0, False), n, {{"note": x}}, {{"owner": "o"}}).result().text
+    out["texts"] = [runner.submit_stateful(("a", 0, False), n, {{"note": x}}, {{"create_kwargs": {{"owner": "o"}}}}).result().text
                     for x in "xy"]
     t = time.monotonic()
     o = runner.submit_stateful(("b", 0, False), verl_class_tool(e("hostile_tool.HangsInCreate"), F), {{}}, {{}}).result()

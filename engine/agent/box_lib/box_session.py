@@ -4,13 +4,15 @@ Started by `engine.agent.box_runner` (limits already set) when its request carri
 `function` name the tool's file and class, `session` its verl `config`, `schema` (the YAML's `tool_schema`) and
 `instance_id`. The class is instantiated as verl does (`cls(config=..., tool_schema=OpenAIFunctionToolSchema)`;
 `verl.*` comes from the shim beside this file), answered `ready`, then ops arrive one JSON line each on stdin:
-- `{"op": "create", "create_kwargs": {...}}` → `await tool.create(instance_id, **create_kwargs,
+- `{"op": "create", "kwargs": {...}}` → `await tool.create(instance_id, **create_kwargs,
   create_kwargs=create_kwargs)` (both of verl's conventions: its sglang rollout spreads them, its agent loop
   passes `create_kwargs=`); a returned id (verl ≤ 0.5: a string, ≥ 0.6: `(id, ToolResponse)`) is kept;
-- `{"op": "execute", "arguments": {...}}` → `await tool.execute(instance_id, arguments)`; the answer is the
+- `{"op": "execute", "arguments": {...}, "kwargs": {...}}` → `await tool.execute(instance_id, arguments,
+  **execute_kwargs)`; the answer is the
   response's text (a string, verl 0.4.1's `{"text": ...}`, or a `ToolResponse`), cut at `max_output_chars`, with
   the step reward when it returned one; images and videos are dropped (said in the text);
-- `{"op": "release"}` → `await tool.release(instance_id)`, answered, then the box exits.
+- `{"op": "release", "kwargs": {...}}` → `await tool.release(instance_id, **release_kwargs)`, answered, then
+  the box exits.
 Each op's answer is one JSON line on the answer pipe (`status`, `text`, `limit`, `reward`, `fatal`). A tool that
 raises an `Exception` gets an `error` answer and keeps its state; one that runs out of memory or CPU, recurses
 too deep or exits answers with `fatal: true` and the box ends (its state is gone). What the tool prints is
@@ -77,7 +79,7 @@ def serve(req, cap, runner):
             os._exit(0)
         op = json.loads(line.decode("utf-8", errors="replace"))
         if op["op"] == "create":
-            kwargs = dict(op.get("create_kwargs") or {})
+            kwargs = dict(op.get("kwargs") or {})
             kwargs.setdefault("create_kwargs", dict(kwargs))
             ok, value = run("create", lambda: tool.create(instance_id, **kwargs))
             if ok:
@@ -85,7 +87,7 @@ def serve(req, cap, runner):
                 instance_id = str(value) if isinstance(value, (str, int)) else instance_id
                 runner._send("ok", "created")
         elif op["op"] == "execute":
-            ok, value = run("execute", lambda: tool.execute(instance_id, op["arguments"]))
+            ok, value = run("execute", lambda: tool.execute(instance_id, op["arguments"], **(op.get("kwargs") or {})))
             if ok:
                 resp, reward = (value[0], value[1] if len(value) > 1 else None) if isinstance(value, tuple) \
                     else (value, None)
@@ -93,6 +95,6 @@ def serve(req, cap, runner):
                     else None
                 runner._send("ok", _text(resp, cap, runner._truncate), reward=reward)
         else:
-            run("release", lambda: tool.release(instance_id))
+            run("release", lambda: tool.release(instance_id, **(op.get("kwargs") or {})))
             runner._send("ok", "released")
             os._exit(0)
