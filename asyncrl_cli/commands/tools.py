@@ -3,8 +3,9 @@
 The tools are the run's (`--config RUN.toml`, read and checked as `validate` does: built-ins named in
 `[rollout.multi_turn]` or its verl `tool_config_path`) or, without a run file, the built-ins. The call runs in
 the same box, with the same limits, as in a run (`engine.agent.sandbox.run_sandboxed`), or on the run's
-SandboxFusion service when its verl config names one; printed: the answer, the status, the time, where it ran
-and the limit that stopped it.
+SandboxFusion service when its verl config names one; a stateful verl-style class (a YAML `class_name` of
+yours) runs as in a trajectory: one box, `create(**create_kwargs)`, `execute(args)`, `release`. Printed: the
+answer, the status, the time, where it ran, the limit that stopped it (and a class's step reward).
 
 Exit codes: 0 the call answered (`ok`) · 1 it ended in `error`, `timeout` or `limit`, or no sandbox can be
 built here (the message says why and how to fix it) · 2 usage (unknown tool, bad JSON, arguments the tool's
@@ -69,7 +70,7 @@ def try_(
     = None,
     create_kwargs: Annotated[str | None, typer.Option(
         "--create-kwargs", help="A row's `tools_kwargs.TOOL.create_kwargs` (JSON): merged over the arguments after "
-        "the schema check, as in a run.")] = None,
+        "the schema check, as in a run (a verl-style class: passed to its `create`).")] = None,
     config: Annotated[Path | None, typer.Option("--config", "-c", metavar="RUN.toml",
                                                 help="Take the tools and limits of this run file.")] = None,
     set_: SetOpt = None,
@@ -94,8 +95,9 @@ def try_(
     problem = registry.check(ToolCall(name, arguments))
     if problem is not None:
         raise UsageProblem(problem, json.dumps(registry.tools[name].parameters))
-    arguments = {**arguments, **_arguments(create_kwargs, None)}
     spec = registry.tools[name]
+    hidden = _arguments(create_kwargs, None)
+    arguments = arguments if spec.stateful else {**arguments, **hidden}
     reason = unavailable_reason() if spec.service is None else None
     if reason is not None and not allow_unsandboxed:
         raise AsyncrlError(f"tools refuse to run: {reason}")
@@ -105,11 +107,19 @@ def try_(
 
         out = run_fusion(spec.service, arguments.get("code", ""), limits)
         where = f"SandboxFusion at {spec.service.url}"
+    elif spec.stateful:  # verl's create(**create_kwargs) → execute(arguments) → release, in one box
+        from engine.agent.session import ToolSession
+
+        session = ToolSession(("tools-try", 0, False), replace(spec, limits=limits), "box" if reason is None
+                              else "none")
+        out = session.call(arguments, {"create_kwargs": hidden})
+        session.release("tools try is done")
+        where = "bubblewrap, one instance" if reason is None else "NONE (allow_unsandboxed)"
     else:
         out = run_sandboxed(spec.function, arguments, limits, "box" if reason is None else "none")
         where = "bubblewrap" if reason is None else "NONE (allow_unsandboxed)"
     doc = {"tool": name, "status": out.status, "limit": out.limit, "seconds": round(out.seconds, 4),
-           "sandbox": where, "answer": out.text,
+           "sandbox": where, "answer": out.text, "reward": out.reward,
            "limits": {"timeout_s": limits.timeout_s, "memory_mb": limits.memory_mb,
                       "max_output_chars": limits.max_output_chars, "processes": limits.processes,
                       "file_mb": limits.file_mb, "open_files": limits.open_files}}
@@ -118,7 +128,8 @@ def try_(
     else:
         con = stdout_console()
         con.print(out.text, markup=False, highlight=False)
-        hit = f" · limit hit: {out.limit}" if out.limit else ""
+        hit = (f" · limit hit: {out.limit}" if out.limit else "") + \
+            (f" · step reward: {out.reward:g}" if out.reward is not None else "")
         con.print(f"[dim]{name}: {out.status} in {out.seconds * 1000:.0f} ms{hit} · sandbox: {doc['sandbox']} · "
                   f"limits: {limits.timeout_s:g} s, {limits.memory_mb} MiB, {limits.processes} processes, "
                   f"{limits.file_mb} MiB files, {limits.max_output_chars} chars[/]")

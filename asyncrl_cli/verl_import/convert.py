@@ -144,7 +144,8 @@ def to_attn_implementation(v: str) -> str:
 def to_tool_config(v: str) -> str:
     """verl's `tool_config_path`, kept as written. When the file is at hand (relative paths from the directory
     the import runs in, as verl's scripts run from verl's root) its tools must be ones asyncrl runs
-    (`engine.agent.tools.from_verl_yaml` refuses a custom tool class); else `asyncrl validate` checks it."""
+    (`engine.agent.tools.from_verl_yaml`: a class of yours must be a file it finds, never imported here; verl's
+    own classes without an asyncrl equivalent are refused); else `asyncrl validate` checks it."""
     from pathlib import Path
 
     s = to_str(v)

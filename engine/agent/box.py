@@ -4,8 +4,8 @@
 gets new pid, network, ipc, uts, mount and cgroup namespaces, and:
 - a root filesystem of read-only binds only: the system's shared libraries (`/usr/lib*`, `/lib*`), the Python
   interpreter and its standard library, the packages the code interpreter may import (`BOX_PACKAGES`: numpy,
-  sympy), the runner (`engine.agent.box_runner`) and the tool's own module file — no `/etc`, no home, no run
-  directory, no `/usr/bin`;
+  sympy), the runner (`engine.agent.box_runner`) and the tool's own module file (a stateful verl-style tool's
+  box adds `box_lib`: its session server and a `verl` shim) — no `/etc`, no home, no run directory, no `/usr/bin`;
 - a fresh empty tmpfs (`SCRATCH_MB`) as `/tmp`, the working directory and the only writable place; it vanishes
   with the box;
 - loopback-only networking (a new network namespace: nothing of the host is reachable, not even 127.0.0.1);
@@ -147,8 +147,14 @@ class _UidPool:
 UIDS = _UidPool()
 
 
-def build(bwrap: str, module_file: str, *, root: bool | None = None, seccomp_fd: int | None = None) -> Box:
-    """The bwrap command line of one call running the tool in `module_file` (see the module docstring)."""
+BOX_LIB = str(Path(__file__).with_name("box_lib"))
+"""What a stateful verl-style tool's box adds (bound at `/box/lib`): its session server and the `verl` shim."""
+
+
+def build(bwrap: str, module_file: str, *, root: bool | None = None, seccomp_fd: int | None = None,
+          session: bool = False) -> Box:
+    """The bwrap command line of one call (or, `session`, of one stateful tool's life) running the tool in
+    `module_file` (see the module docstring)."""
     root = os.geteuid() == 0 if root is None else root
     args = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--hostname", "box", "--clearenv"]
@@ -160,6 +166,7 @@ def build(bwrap: str, module_file: str, *, root: bool | None = None, seccomp_fd:
         args += ["--setenv", key, value]
     runner = str(Path(__file__).with_name("box_runner.py"))
     binds = [*_python_binds(), (runner, RUNNER), (module_file, f"/box/tool/{Path(module_file).name}")]
+    binds += [(BOX_LIB, "/box/lib")] if session else []
     system = _system_binds()
     args += _parents([dst for _, dst in binds] + [system[i + 2] for i in range(0, len(system), 3)])
     args += system
@@ -170,7 +177,7 @@ def build(bwrap: str, module_file: str, *, root: bool | None = None, seccomp_fd:
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
     args += ["--", interpreter(), *INTERPRETER_FLAGS, RUNNER]
-    return Box(args, ["/box/tool", "/box/site"], UIDS.take() if root else None)
+    return Box(args, ["/box/lib"] * session + ["/box/tool", "/box/site"], UIDS.take() if root else None)
 
 
 def _parents(paths: list[str]) -> list[str]:
@@ -180,11 +187,12 @@ def _parents(paths: list[str]) -> list[str]:
     return [a for d in dirs for a in ("--perms", "0755", "--dir", d)]
 
 
-def direct(module_file: str) -> Box:
+def direct(module_file: str, session: bool = False) -> Box:
     """No box (`allow_unsandboxed`): the runner in a plain subprocess, only its rlimits and environment."""
     site = sorted({str(Path(src).parent) for src, dst in _python_binds() if dst.startswith("/box/site/")})
     runner = str(Path(__file__).with_name("box_runner.py"))
-    return Box([interpreter(), *INTERPRETER_FLAGS, runner], [str(Path(module_file).parent), *site], None)
+    return Box([interpreter(), *INTERPRETER_FLAGS, runner],
+               [BOX_LIB] * session + [str(Path(module_file).parent), *site], None)
 
 
 _FIX = ("set rollout.multi_turn.allow_unsandboxed = true to run tools WITHOUT isolation (trusted code only)")

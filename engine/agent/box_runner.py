@@ -4,8 +4,10 @@ Standard library only, nothing else importable when it starts: `-I` keeps the en
 directory and the working directory off `sys.path`, `-S` keeps site-packages off, so no module the tool (or
 an earlier call) could have planted is imported before the limits are set.
 
-Protocol: the request is one JSON object on stdin (`answer_fd`, `module`, `function`, `arguments`, `paths`, `limits`,
-`max_output_chars`, `uid`); the answer is one JSON line `{"status", "text", "limit"}` written to the inherited pipe `answer_fd`.
+Protocol: the request is one JSON line on stdin (`answer_fd`, `module`, `function`, `arguments`, `paths`, `limits`,
+`max_output_chars`, `uid`); the answer is one JSON line `{"status", "text", "limit"}` written to the inherited pipe
+`answer_fd`. A request with `session` starts a stateful verl-style tool instead (`box_lib/box_session.py`: more
+requests follow on stdin, one answer line each, until release).
 Order of work:
 1. read the request, and on a root host drop to the box's own uid (`uid`, never 0) — the box was built by a
    privileged bwrap, this is the point where it stops being root;
@@ -59,15 +61,21 @@ class Capture:
         return "".join(self.parts)
 
 
-def _answer(status: str, text: str, limit: str | None = None) -> None:
-    """Write the answer (UTF-8, at most 4 bytes a character: lone surrogates become "?") and exit."""
+def _send(status: str, text: str, limit: str | None = None, **extra) -> None:
+    """Write one answer line (UTF-8, at most 4 bytes a character: lone surrogates become "?")."""
     text = str(text).encode("utf-8", errors="replace").decode("utf-8")
-    data = (json.dumps({"status": status, "text": text, "limit": limit}, ensure_ascii=False) + "\n").encode()
+    data = (json.dumps({"status": status, "text": text, "limit": limit, **extra}, ensure_ascii=False)
+            + "\n").encode()
     try:
         while data:
             data = data[os.write(ANSWER_FD[0], data):]
     except OSError:
-        pass
+        os._exit(0)  # the parent is gone
+
+
+def _answer(status: str, text: str, limit: str | None = None) -> None:
+    """Write the answer and exit."""
+    _send(status, text, limit)
     os._exit(0)
 
 
@@ -89,6 +97,17 @@ def _limits(lim: dict) -> None:
     signal.signal(signal.SIGXCPU, on_xcpu)
 
 
+def _failure(e: BaseException, cap: int) -> tuple[str, str, str | None]:
+    """(status, text, limit) of a tool that raised `e`."""
+    if isinstance(e, MemoryError):
+        return "limit", "MemoryError: the tool ran out of its memory limit", "memory"
+    if isinstance(e, CpuLimit):
+        return "limit", "the tool ran out of its CPU-time limit", "cpu"
+    if isinstance(e, OSError) and e.errno in _LIMIT_ERRNOS:
+        return "limit", f"{type(e).__name__}: {e}", _LIMIT_ERRNOS[e.errno]
+    return "error", _truncate(f"{type(e).__name__}: {e}", cap), None
+
+
 def _truncate(text: str, cap: int, dropped: int = 0) -> str:
     if len(text) > cap or dropped:
         return text[:cap] + f"\n… [output truncated at {cap} characters]"
@@ -96,7 +115,7 @@ def _truncate(text: str, cap: int, dropped: int = 0) -> str:
 
 
 def main() -> None:
-    req = json.loads(sys.stdin.buffer.read(64 * 1024 * 1024).decode("utf-8", errors="replace"))
+    req = json.loads(sys.stdin.buffer.readline(64 * 1024 * 1024).decode("utf-8", errors="replace"))
     ANSWER_FD[0] = int(req["answer_fd"])
     uid = req.get("uid")
     if uid is not None:
@@ -106,11 +125,15 @@ def main() -> None:
         if os.getuid() == 0 or os.geteuid() == 0:
             _answer("refused", "the tool box could not drop root")
     _limits(req["limits"])
+    sys.path.extend(req["paths"])
+    cap = int(req["max_output_chars"])
+    if req.get("session") is not None:
+        from box_session import serve  # on `paths` (engine/agent/box_lib): a stateful verl-style tool
+
+        serve(req, cap, sys.modules[__name__])
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    sys.path.extend(req["paths"])
-    cap = int(req["max_output_chars"])
     out = Capture(cap)
     sys.stdout = sys.stderr = out
     try:
@@ -118,17 +141,8 @@ def main() -> None:
 
         fn = getattr(importlib.import_module(req["module"]), req["function"])
         result = fn(**req["arguments"])
-    except MemoryError:
-        _answer("limit", "MemoryError: the tool ran out of its memory limit", "memory")
-    except CpuLimit:
-        _answer("limit", "the tool ran out of its CPU-time limit", "cpu")
-    except RecursionError as e:
-        _answer("error", f"RecursionError: {e}")
-    except OSError as e:
-        limit = _LIMIT_ERRNOS.get(e.errno)
-        _answer("limit" if limit else "error", f"{type(e).__name__}: {e}", limit)
     except BaseException as e:  # noqa: BLE001 - every failure of the tool is its answer
-        _answer("error", _truncate(f"{type(e).__name__}: {e}", cap))
+        _answer(*_failure(e, cap))
     printed = result is None
     if printed:
         result = out.value()

@@ -60,6 +60,8 @@ class ToolOutcome:
     text: str
     seconds: float
     limit: str | None = None
+    reward: float | None = None
+    """A stateful verl-style tool's step reward (its `execute`'s second value), when it gave one."""
 
     @property
     def ok(self) -> bool:
@@ -126,15 +128,22 @@ def run_sandboxed(function: str, arguments: dict[str, Any], limits: SandboxLimit
             boxes.UIDS.give(box.uid)
 
 
+def request_bytes(box: boxes.Box, module_file: str, name: str, arguments: dict[str, Any], limits: SandboxLimits,
+                  answer_fd: int, cpu_s: float | None = None, session: dict[str, Any] | None = None) -> bytes:
+    """The runner's request line (`engine.agent.box_runner`); `session` starts a stateful tool instead."""
+    req = {"answer_fd": answer_fd, "module": os.path.basename(module_file)[:-3], "function": name,
+           "arguments": arguments, "paths": box.paths, "uid": box.uid, "max_output_chars": limits.max_output_chars,
+           "limits": {"cpu_s": cpu_s or limits.timeout_s + 1, "memory_mb": limits.memory_mb,
+                      "processes": limits.processes, "file_mb": limits.file_mb, "open_files": limits.open_files},
+           "session": session}
+    return (json.dumps(req) + "\n").encode()
+
+
 def _request(box: boxes.Box, module_file: str, name: str, arguments: dict[str, Any], limits: SandboxLimits,
              answer_fd: int) -> int:
     """The request as a memfd positioned at 0 (the runner's stdin); the runner answers on `answer_fd`."""
-    req = {"answer_fd": answer_fd, "module": os.path.basename(module_file)[:-3], "function": name,
-           "arguments": arguments, "paths": box.paths, "uid": box.uid, "max_output_chars": limits.max_output_chars,
-           "limits": {"cpu_s": limits.timeout_s + 1, "memory_mb": limits.memory_mb, "processes": limits.processes,
-                      "file_mb": limits.file_mb, "open_files": limits.open_files}}
+    data = request_bytes(box, module_file, name, arguments, limits, answer_fd)
     fd = os.memfd_create("asyncrl-tool-request", os.MFD_CLOEXEC)
-    data = json.dumps(req).encode()
     while data:
         data = data[os.write(fd, data):]
     os.lseek(fd, 0, os.SEEK_SET)
@@ -258,6 +267,31 @@ class ToolRunner:
         self.isolation: Literal["box", "none"] = "box" if reason is None else "none"
         self.warning = None if reason is None else f"TOOLS RUN UNSANDBOXED (allow_unsandboxed = true): {reason}"
         self._pool = ThreadPoolExecutor(max_workers=max_concurrent, thread_name_prefix="asyncrl-tool")
+        self._sessions: Any = None
+
+    @property
+    def sessions(self) -> Any:
+        """The stateful tools' per-trajectory boxes (`engine.agent.session.SessionPool`), made at first use."""
+        if self._sessions is None:
+            from engine.agent.session import SessionPool
+
+            self._sessions = SessionPool(self.isolation)
+        return self._sessions
+
+    def submit_stateful(self, trajectory: tuple[str, int, bool], tool: Any, arguments: dict[str, Any],
+                        row_kwargs: dict[str, Any]) -> Future[ToolOutcome]:
+        """One call of a stateful tool on `trajectory`'s instance of it (started at its first call);
+        `row_kwargs`: the row's `tools_kwargs[name]` (`create_kwargs`, `execute_kwargs`, `release_kwargs`)."""
+        return self._pool.submit(self.sessions.call, trajectory, tool, arguments, row_kwargs)
+
+    def instances(self) -> int:
+        """Stateful tools' boxes alive now."""
+        return self._sessions.alive() if self._sessions is not None else 0
+
+    def release(self, trajectories: list[tuple[str, int, bool]]) -> None:
+        """These trajectories ended: their stateful tools' boxes are released and killed (in the background)."""
+        if self._sessions is not None and trajectories:
+            self._sessions.release(trajectories)
 
     def submit(self, function: str, arguments: dict[str, Any], limits: SandboxLimits,
                service: Any = None) -> Future[ToolOutcome]:
@@ -269,6 +303,9 @@ class ToolRunner:
         return self._pool.submit(_never_raise, function, arguments, limits, self.isolation)
 
     def close(self) -> None:
+        """Stop: every stateful tool's box is killed, queued calls are dropped."""
+        if self._sessions is not None:
+            self._sessions.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 

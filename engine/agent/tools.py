@@ -7,9 +7,10 @@ keys, JSON types of the top-level properties) before anything runs: a malformed 
 and comes back to it as an error text.
 
 `from_verl_yaml` reads verl's `actor_rollout_ref.rollout.multi_turn.tool_config_path` file
-(`tools: [{class_name, config, tool_schema}]`). verl's tool classes are Python classes of verl's; asyncrl maps
-the ones it has an equivalent for and refuses the others by name — a tool silently missing would change the
-experiment. The sandbox-fusion code interpreter runs where verl's config says: on the SandboxFusion service
+(`tools: [{class_name, config, tool_schema}]`). A `class_name` of the user's own (a file found without importing
+it: `engine.agent.verl_tools`) runs as a stateful tool — its instance per trajectory in a box of its own
+(`engine.agent.session`); verl's own classes are mapped where asyncrl has an equivalent and refused by name
+otherwise — a tool silently missing would change the experiment. The sandbox-fusion code interpreter runs where verl's config says: on the SandboxFusion service
 when it names a `sandbox_fusion_url` (`engine.agent.fusion`; `num_workers` calls at once), else as the built-in
 `python` tool in the local box — with the config's timeout and memory limit either way.
 """
@@ -42,6 +43,15 @@ class Tool:
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     service: FusionService | None = None
     """A SandboxFusion service that runs the call's `code` instead of the local box (verl's retool)."""
+    config: dict[str, Any] | None = None
+    """A stateful verl-style tool (`function` = `file.py:Class`): the YAML's `config` its class is built with;
+    None for a plain function. Its instances live per trajectory (`engine.agent.session`)."""
+    trajectory_timeout_s: float = 600.0
+    """A stateful tool's box is killed this long after it started, released or not."""
+
+    @property
+    def stateful(self) -> bool:
+        return self.config is not None
 
     def openai_schema(self) -> dict[str, Any]:
         return {"type": "function",
@@ -119,6 +129,8 @@ class ToolRegistry:
 
 
 _VERL_CODE_TOOLS = ("SandboxFusionTool", "CustomSandboxFusionTool")
+RESERVED_MODULES = ("runner", "box_session", "verl")
+"""Module names a tool file may not have: the box's own (`/box/runner.py`, `/box/lib`)."""
 
 
 def run_tools(mt: Any, base_dir: Path | None = None) -> ToolRegistry:
@@ -128,7 +140,8 @@ def run_tools(mt: Any, base_dir: Path | None = None) -> ToolRegistry:
     tools: list[Tool] = []
     if mt.tool_config_path:
         path = Path(mt.tool_config_path)
-        tools += from_verl_yaml(path if path.is_absolute() or base_dir is None else base_dir / path).tools.values()
+        tools += from_verl_yaml(path if path.is_absolute() or base_dir is None else base_dir / path,
+                                base_dir).tools.values()
     elif mt.tools:
         tools += ToolRegistry.builtin(list(mt.tools)).tools.values()
     tools += [user_tool(t, base_dir) for t in getattr(mt, "tool", [])]
@@ -147,7 +160,7 @@ def user_tool(t: Any, base_dir: Path | None = None) -> Tool:
         path = here if here is not None and here.is_file() else Path.cwd() / path
     if not path.is_file():
         raise ValueError(f"tool {t.name}: function file {file} not found")
-    if not path.stem.isidentifier() or path.stem in sys.stdlib_module_names or path.stem == "runner":
+    if not path.stem.isidentifier() or path.stem in sys.stdlib_module_names or path.stem in RESERVED_MODULES:
         raise ValueError(f"tool {t.name}: rename {path.name}: its name must be a Python identifier that no "
                          "standard-library module uses")
     params = t.parameters
@@ -158,9 +171,13 @@ def user_tool(t: Any, base_dir: Path | None = None) -> Tool:
                               max_output_chars=int(t.max_output_chars)))
 
 
-def from_verl_yaml(path: str | Path) -> ToolRegistry:
-    """The tools of a verl `tool_config_path` YAML, or a ValueError naming every tool asyncrl cannot run."""
+def from_verl_yaml(path: str | Path, base_dir: Path | None = None) -> ToolRegistry:
+    """The tools of a verl `tool_config_path` YAML, or a ValueError naming every tool asyncrl cannot run.
+    A `class_name` of the user's (`pkg.module.Class`) is looked up as a file (`pkg/module.py`) beside the YAML,
+    in `base_dir`, the working directory and `sys.path` — never imported here (`engine.agent.verl_tools`)."""
     import yaml
+
+    from engine.agent.verl_tools import verl_class_tool
 
     doc = yaml.safe_load(Path(path).read_text()) or {}
     tools: list[Tool] = []
@@ -184,7 +201,10 @@ def from_verl_yaml(path: str | Path) -> ToolRegistry:
             tools.append(Tool(name, schema.get("description", PYTHON.description), params, PYTHON.function, limits,
                               service))
         else:
-            refused.append(f"{name} ({cls}): no asyncrl equivalent")
+            try:
+                tools.append(verl_class_tool(entry, [Path(path).parent, base_dir, Path.cwd()]))
+            except ValueError as e:
+                refused.append(f"{name} ({cls}): {e}")
     if refused:
         raise ValueError("cannot run these verl tools: " + "; ".join(refused))
     if not tools:

@@ -50,7 +50,11 @@ class MultiTurnConfig(Section):
     tool_config_path: str | None = None
     """verl's tool config YAML (`tools: [{class_name, config, tool_schema}]`); its sandbox-fusion code
     interpreter runs on the SandboxFusion service its `sandbox_fusion_url` names (the `fusion` extra), or as the
-    built-in `python` tool in the local box when it names none; other verl tool classes are refused."""
+    built-in `python` tool in the local box when it names none. A `class_name` of yours (`pkg.module.Class`, the
+    file `pkg/module.py` beside the YAML, the run file or the working directory) runs statefully: one box per
+    trajectory, `create(**create_kwargs)` at its first call, `execute` per call, `release` when it ends (its
+    `config` keys `default_timeout`, `memory_limit_mb`, `trajectory_timeout_s` set the limits); verl's own other
+    tool classes are refused."""
     max_assistant_turns: int | None = Field(None, gt=0)
     """End the conversation after this many model turns (None = only the budget ends it)."""
     max_user_turns: int | None = Field(None, gt=0)

@@ -94,6 +94,14 @@ class CallTools:
 
 
 @dataclass(frozen=True)
+class ReleaseTools:
+    """Multi-turn: these trajectories (`(uid, index, validation)`) ended — finished, dropped, or the rollouter
+    stopped — and had called tools: end their stateful tools' instances (release, then kill their boxes)."""
+
+    trajectories: tuple[tuple[str, int, bool], ...]
+
+
+@dataclass(frozen=True)
 class Event:
     """An event for events.jsonl (`kind`, `level`, `message`, extra fields)."""
 

@@ -18,6 +18,9 @@ replicas (applied at their next decode step), the trainer's are handed back to t
 answer (applied at its next local step). The core has its own lock, so the trainer's report never waits behind
 the dispatch thread, which holds `self.lock` while it scores and queues groups.
 
+Its checkpoint cut and resume (`rollouter_checkpoint.py`) and its knobs, replica failures, worker states and
+reports (`rollouter_report.py`) are parts of the shell kept in their own modules.
+
 Reliability: a replica whose process dies (its `generate` raises `RayActorError`) is reported to the loop
 (its work goes back to pending) and replaced through the `ReplicaPool` (`rollout.max_replica_restarts`; when
 spent, `fit()` returns a `failure` and the driver stops the run with a checkpoint).
@@ -32,21 +35,20 @@ from typing import Any
 import ray
 
 from engine.loop.commands import (
-    Abort, AckKnob, CallTools, CloseQueue, Dispatch, Event, NeedPrompts, Put, Resume, SetQueueBound, SetThreads,
-    ValidationDone,
+    Abort, AckKnob, CallTools, CloseQueue, Dispatch, Event, NeedPrompts, Put, ReleaseTools, Resume, SetQueueBound,
+    SetThreads, ValidationDone,
 )
 from engine.loop.elastic import TRAINER, ElasticCores
 from engine.loop.rollout import RolloutLoop
 from engine.loop.stream import PromptStream
 from engine.rollout.base import SamplingParams
+from engine.runtime.rollouter_checkpoint import RolloutCheckpoints
+from engine.runtime.rollouter_report import RolloutReports
 from engine.runtime.replica_calls import ReplicaCalls, replica_capacities
 from engine.runtime.replica_pool import ReplicaPool, describe_failure, replica_spawner
 from engine.plan.roles import RolloutSpec
-from engine.runtime.scoring import filtered_message, reward_errors_message
 from engine.types import GenResult, Prompt, TrajectoryGroup
 
-DRAIN_TIMEOUT_S = 60.0
-"""Longest wait for generations aborted for a checkpoint cut to come back."""
 LOOP_WAIT_S = 0.05
 """Longest wait of one dispatch-loop turn: a finishing call wakes it at once (`ReplicaCalls.ready`); otherwise
 it looks at the queue, the knobs and the clock 20 times a second. At 50–100 turns a second (each one an
@@ -54,7 +56,7 @@ actor call to the queue) the loop and the queue took a fifth of a core on the 2-
 SYNC_WAIT_TIMEOUT_S = 1800.0  # a sync waiting longer on a replica that neither answers nor dies fails the run
 
 
-class RolloutShell:
+class RolloutShell(RolloutCheckpoints, RolloutReports):
     """Runs inside the `Rollouter` actor, from its `RolloutSpec` (`engine.plan.roles`): the loop's parameters, the
     prompt stream's length, the replica spec it starts replacement replicas from, and on resume the checkpoint's
     rollout part (`{"rollout", "queued", "in_flight"}`)."""
@@ -197,6 +199,8 @@ class RolloutShell:
                 self.controller.ack_knob.remote(c.name, c.version, self.loop.step)
             elif isinstance(c, CallTools):
                 self.tools.start(c)
+            elif isinstance(c, ReleaseTools):
+                self.tools.release(c)
             elif isinstance(c, Event):
                 self._event(c.level, c.kind, c.message, **c.extra)
 
@@ -426,147 +430,6 @@ class RolloutShell:
                 self.tools.close()
             self.lock.notify_all()
             return {"in_flight": list(self.loop.in_flight), "dropped": [list(d) for d in self.loop.dropped]}
-
-    # ------------------------------------------------------------------ checkpoints
-    def snapshot(self, drain: bool = True) -> dict[str, Any]:
-        """`{"rollout": positions and counters, "queued": [group json], "in_flight": [prompt state json]}`.
-        With `drain` and partial rollout the running generations are aborted and collected first, so the cut
-        keeps their partial responses; new dispatches are held meanwhile."""
-        with self.lock:
-            self._execute(self.loop.begin_hold(drain and self._running))
-            deadline = time.monotonic() + DRAIN_TIMEOUT_S
-            while self._running and self.loop.aborted and self.loop.train_running() \
-                    and time.monotonic() < deadline:
-                self.lock.wait(0.05)
-            try:
-                return self._snapshot_locked()
-            finally:
-                self._execute(self.loop.end_hold())
-                self.lock.notify_all()
-
-    def _snapshot_locked(self) -> dict[str, Any]:
-        snap = self.loop.snapshot_state()
-        snap["rollout"].update(reward_errors=self.scorer.errors, replica_restarts=self.pool.restarts)
-        snap["queued"] = [g.to_json() for g in ray.get(self.queue.peek_all.remote())]
-        return snap
-
-    def _restore(self, resume: dict[str, Any]) -> None:
-        """Continue from a snapshot: the loop's state, the reward-error count, and the queued groups."""
-        st = resume["rollout"]
-        self.loop.restore_state(st, resume["in_flight"], time.monotonic())
-        self.scorer.errors = self._reward_errors_seen = int(st.get("reward_errors", 0))
-        ray.get(self.queue.set_max_size.remote(max(self.loop.queue_bound, len(resume["queued"]))))
-        for g in resume["queued"]:
-            ray.get(self.queue.put.remote(TrajectoryGroup.from_json(g)))
-        self.loop.queue_seen(ray.get(self.queue.size.remote()))
-
-    # ------------------------------------------------------------------ knobs, workers, reports
-    def _poll_knobs(self) -> None:
-        now = time.monotonic()
-        if now - self._last_knob_poll < 0.5:
-            return
-        self._last_knob_poll = now
-        changes = self.inbox.take(ray.get(self.controller.get_knobs.remote()))
-        if changes:
-            with self.lock:
-                for k in changes:  # routed by engine.loop.knobs: applied at once and acknowledged, or refused
-                    self._execute(self.loop.knob(k))
-                self.lock.notify_all()
-
-    def _poll_pool(self) -> None:
-        for rid, cause in self.pool.poll():
-            if cause is None:
-                self._execute(self.loop.replica_up(rid))
-                self._event("info", "replica", f"replacement rollout replica {rid} is up with weights "
-                            f"v{self.pool.latest[0] if self.pool.latest else 0}", replica=rid, phase="replaced")
-            else:
-                self._replica_failed(rid, f"replacement failed to start: {cause}")
-
-    def _replica_failed(self, rid: int, cause: str, requeued: int = 0) -> None:
-        """Log the failure and start a replacement, or record the run's failure when the budget is spent."""
-        if self.pool.fail(rid, cause):
-            self._event("warning", "replica", f"rollout replica {rid} died ({cause}); {requeued} request(s) "
-                        f"re-queued; starting a replacement (restart {self.pool.restarts}/"
-                        f"{self.pool.max_restarts})", replica=rid, phase="restart", cause=cause)
-            return
-        self.failure = self.pool.exhausted
-        self._event("error", "replica", f"{self.failure}; stopping the run", replica=rid, phase="exhausted",
-                    cause=cause)
-
-    def _maybe_kill_replica(self, step: int) -> None:
-        """Fault injection (`debug.kill_replica_at_step`): replica 0's process exits once the step is reached."""
-        if self._kill_at and not self._killed and step >= self._kill_at and 0 not in self.pool.down:
-            self._killed = True
-            self._event("warning", "fault", f"fault injection: killing rollout replica 0 at step {step} "
-                        "(debug.kill_replica_at_step)")
-            ref = self.pool.replicas[0].debug_exit.remote()
-            try:  # wait until the process is gone, so the injected death precedes the next sync
-                ray.get(ref, timeout=30)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                pass
-
-    def _push_workers(self) -> None:
-        now = time.monotonic()
-        if now - self._last_worker_push < 1.0:
-            return
-        self._last_worker_push = now
-        loop = self.loop
-        for rid in range(len(self.pool)):
-            state = "restarting" if rid in self.pool.down else "syncing" if loop.sync is not None else \
-                "paused" if loop.paused else "busy" if rid in loop.running else "idle"
-            self.controller.update_worker.remote(f"rollout-{rid}", {"kind": "rollout", "state": state,
-                                                                    "version": loop.version})
-
-    def report(self, step: int | None = None) -> dict[str, float]:
-        """Counters for the trainer's per-step record (`step`: the trainer's local step just finished)."""
-        threads: dict[str, float] = {}
-        if self.elastic.p.enabled:  # what the replicas' decode steps ran with since the last report
-            seen = self.replica_threads()
-            if seen:
-                threads["asyncrl/threads/rollout"] = sum(t["mean"] for t in seen) / len(seen)
-            threads["asyncrl/elastic/lends/trainer"] = self.elastic.lends["trainer"]
-            threads["asyncrl/elastic/lends/rollout"] = self.elastic.lends["rollout"]
-        with self.lock:
-            if step is not None:
-                self.loop.step = step
-                self._maybe_kill_replica(step)
-            now = time.monotonic()
-            tps = self.tokens_since_report / max(1e-9, now - self.last_report)
-            self.tokens_since_report, self.last_report = 0, now
-            loop = self.loop
-            return {
-                "fully_async/count/total_generated_samples": loop.total_generated,
-                "fully_async/count/staleness_samples": loop.budget.staleness_samples,
-                "fully_async/count/dropped_stale_samples": len(loop.dropped),
-                "fully_async/monitor/active_tasks_size": len(loop.in_flight),
-                "fully_async/static/max_required_samples": loop.budget.limit,
-                "asyncrl/rollout/tokens_per_s": tps,
-                "asyncrl/rollout/version": loop.version,
-                "asyncrl/rollout/replica_restarts": self.pool.restarts,
-                **self._counters,
-                **threads,
-                **self.scorer.counters(),
-                **(self.tools.counters() if self.tools is not None else {}),
-            }
-
-    def _report_filtered(self, epoch: int, counters: dict[str, int]) -> None:
-        """An event when rendering dropped prompts (empty, or over data.max_prompt_length): once per run."""
-        message = filtered_message(epoch, counters)
-        if message and not self._filtered_reported:
-            self._filtered_reported = True
-            self._event("warning", "data", message, **{k: v for k, v in counters.items() if k.startswith("filtered")})
-
-    def _report_reward_errors(self) -> None:
-        """An event when the reward function's failure count reaches 1, 10, 100, ... (scored 0.0 each)."""
-        message = reward_errors_message(self._reward_errors_seen, self.scorer.errors, self.scorer.last_error)
-        self._reward_errors_seen = self.scorer.errors
-        if message:
-            self._event("warning", "reward", message, errors=self.scorer.errors)
-
-    def _event(self, level: str, kind: str, message: str, **extra: Any) -> None:
-        self.controller.record_event.remote({"time": time.time(), "kind": kind, "level": level,
-                                             "step": self.loop.step, "version": self.loop.version,
-                                             "message": message, **extra})
 
 
 @ray.remote(num_cpus=0, max_concurrency=8)

@@ -3,7 +3,9 @@
 `RolloutLoop` decides (which turn ends, which calls run, when the next turn is generated); this shell only
 does the I/O it cannot: decoding a turn's text to parse its calls, running the calls in the sandbox
 (`engine.agent.sandbox.ToolRunner`: each call in a bubblewrap box, concurrently, so other trajectories keep
-generating), and rendering the answers as token ids through the chat template. Every call ends in an answer
+generating; a stateful verl-style tool's calls go to its trajectory's own long-lived box, `engine.agent.session`,
+ended when the core's `ReleaseTools` says the trajectory ended), and rendering the answers as token ids through
+the chat template. Every call ends in an answer
 for the model — a tool's error, timeout, crash or hit limit becomes its text and a counted status. Where no box
 can be built, the shell does not start (`SandboxUnavailable`: the run stops with the reason and the fix)
 unless `allow_unsandboxed`.
@@ -11,7 +13,8 @@ unless `allow_unsandboxed`.
 Metrics (per step, since the last report): `asyncrl/tools/calls`, `asyncrl/tools/errors` and one count per
 failure status (`asyncrl/tools/status/{error,timeout,limit,refused}`; a call the
 model got wrong (unknown tool, bad arguments, malformed JSON) counts as `error`), the latency
-`asyncrl/tools/latency_s/{p50,p99,max}`, `asyncrl/tools/waiting` (trajectories waiting for tools now). These
+`asyncrl/tools/latency_s/{p50,p99,max}`, `asyncrl/tools/waiting` (trajectories waiting for tools now),
+`asyncrl/tools/instances` (stateful tools' boxes alive now: one per trajectory and tool until released). These
 count training conversations only; a validation conversation's calls (`CallTools.validation`) run the same
 way and are counted in the validation record (`engine.runtime.scoring.validation_record`).
 """
@@ -26,7 +29,7 @@ from engine.agent.sandbox import STATUSES, ToolOutcome, ToolRunner
 from engine.agent.template import tool_answer_ids
 from engine.agent.tool_calls import parser
 from engine.agent.tools import ToolRegistry, run_tools
-from engine.loop.commands import CallTools
+from engine.loop.commands import CallTools, ReleaseTools
 from engine.types import GenResult
 
 
@@ -65,8 +68,14 @@ class ToolShell:
                 work.append(ToolOutcome("error", problem, 0.0))
                 continue
             tool = self.registry.tools[call.name]
-            hidden = (c.tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
-            work.append(self.runner.submit(tool.function, {**call.arguments, **hidden}, tool.limits, tool.service))
+            row = c.tools_kwargs.get(call.name) or {}
+            hidden = row.get("create_kwargs") or {}
+            if tool.stateful:  # verl's interface: create_kwargs go to `create`, the arguments to `execute`
+                work.append(self.runner.submit_stateful((c.uid, c.index, c.validation), tool, call.arguments,
+                                                        row))
+            else:
+                work.append(self.runner.submit(tool.function, {**call.arguments, **hidden}, tool.limits,
+                                               tool.service))
         self._waiting[(c.uid, c.index, c.validation)] = (work, time.monotonic())
 
     def ready(self) -> list[tuple[str, int, list[int], bool]]:
@@ -92,7 +101,8 @@ class ToolShell:
         lat = sorted(self._latencies)
         out: dict[str, float] = {"asyncrl/tools/calls": self._counts.get("calls", 0),
                                  "asyncrl/tools/errors": self._counts.get("errors", 0),
-                                 "asyncrl/tools/waiting": sum(1 for key in self._waiting if not key[2])}
+                                 "asyncrl/tools/waiting": sum(1 for key in self._waiting if not key[2]),
+                                 "asyncrl/tools/instances": self.runner.instances()}
         for status in STATUSES[1:]:
             out[f"asyncrl/tools/status/{status}"] = self._counts.get(status, 0)
         if lat:
@@ -102,7 +112,12 @@ class ToolShell:
         self._latencies, self._counts = [], {}
         return out
 
+    def release(self, c: ReleaseTools) -> None:
+        """These trajectories ended: their stateful tools' instances are released and their boxes killed."""
+        self.runner.release(list(c.trajectories))
+
     def close(self) -> None:
+        """The rollouter stops: every tool box is killed."""
         self.runner.close()
 
     def _count(self, key: str) -> None:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from asyncrl_cli.config import load_run_config
-from engine.loop.commands import CallTools, Dispatch, ValidationDone
+from engine.loop.commands import CallTools, Dispatch, ReleaseTools, ValidationDone
 from engine.loop.rollout import RolloutLoop
 from engine.loop.stream import PromptStream
 from engine.models.loader import load_tokenizer, resolve_model_path
@@ -62,8 +62,10 @@ def test_a_validation_conversation_calls_its_tool_and_is_scored_on_its_last_turn
         (req,) = d2.requests
         assert req.prefix_ids[-len(answer_ids):] == answer_ids
         last = _model_turn(tok, req, "381", 3)
-        (done,) = loop.generation_finished(0, [last], 0.3, d2.dispatch_id,
-                                           shell.parse([last], loop.turn_start, validation=True))
+        release, done = loop.generation_finished(0, [last], 0.3, d2.dispatch_id,
+                                                 shell.parse([last], loop.turn_start, validation=True))
+        assert release == ReleaseTools((("0:0", 0, True),))  # the conversation that called its tool ended
+        shell.release(release)
     finally:
         shell.close()
     assert isinstance(done, ValidationDone) and (done.turns, done.tool_calls) == ((2, 1), (1, 0))

@@ -170,7 +170,7 @@ def test_multi_turn_keys_asyncrl_cannot_honour_are_refused_with_the_reason() -> 
     assert "agent loop" in why["agent_loop_config_path"]
 
 
-def test_a_tool_config_with_a_custom_tool_class_is_refused(tmp_path: Path, monkeypatch) -> None:
+def test_a_tool_config_with_a_custom_tool_class_is_refused_without_its_file(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tools.yaml").write_text(
         "tools:\n  - class_name: my_pkg.search_tool.SearchTool\n    config: {}\n"
@@ -179,6 +179,13 @@ def test_a_tool_config_with_a_custom_tool_class_is_refused(tmp_path: Path, monke
         "actor_rollout_ref.rollout.multi_turn.tool_config_path=recipe/retool/sandbox_fusion_tool_config.yaml", ""))
     assert [(ov, "SearchTool" in why) for ov, why in conv.errors] == [
         ("actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml", True)]
+    # the same config with the class's file at hand (as verl's scripts run beside it): a stateful tool of the
+    # user's, found without being imported
+    (tmp_path / "my_pkg").mkdir()
+    (tmp_path / "my_pkg" / "search_tool.py").write_text("raise SystemExit('imported!')\nclass SearchTool:\n    pass\n")
+    conv = convert_script(_with("actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml").replace(
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path=recipe/retool/sandbox_fusion_tool_config.yaml", ""))
+    assert conv.errors == []
 
 
 def test_the_converted_retool_run_validates(cli, tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from engine.agent.tool_calls import ToolCall
 from engine.loop.agent import AgentLimits
-from engine.loop.commands import Abort, CallTools, Dispatch, Put, ValidationDone
+from engine.loop.commands import Abort, CallTools, Dispatch, Put, ReleaseTools, ValidationDone
 from engine.loop.rollout import RolloutLoop, RolloutParams
 from engine.loop.stream import PromptStream
 from engine.trainer.batch import collate
@@ -44,7 +44,8 @@ def test_a_tool_turn_waits_off_replica_through_a_sync_and_trains_only_model_toke
     (req,) = d2.requests
     assert req.prefix_ids == [5, 6, 7, 70, 71] and req.max_new_tokens == 32 - 5
     assert loop.turn_start(req.request_id) == 5
-    (put,) = loop.generation_finished(0, [_turn(req, [9, 1], 1)], 0.3, tool_calls={req.request_id: []})
+    release, put = loop.generation_finished(0, [_turn(req, [9, 1], 1)], 0.3, tool_calls={req.request_id: []})
+    assert release == ReleaseTools((("p0", 0, False),))  # only the trajectory that called tools, before its Put
     assert isinstance(put, Put)
     t0 = put.trajectories[0]
     assert t0.response_ids == [5, 6, 7, 70, 71, 9, 1] and t0.loss_mask == [1, 1, 1, 0, 0, 1, 1]
@@ -120,8 +121,9 @@ def test_validation_runs_the_agent_loop_and_a_sync_waits_for_its_tools():
     assert d2.kind == "val"
     (req2,) = d2.requests
     assert req2.prefix_ids == [5, 6, 70, 71] and req2.max_new_tokens == 32 - 4
-    (done,) = loop.generation_finished(0, [_turn(req2, [9, 1], 0)], 0.3, d2.dispatch_id,
-                                       tool_calls={req2.request_id: []})
+    release, done = loop.generation_finished(0, [_turn(req2, [9, 1], 0)], 0.3, d2.dispatch_id,
+                                             tool_calls={req2.request_id: []})
+    assert release == ReleaseTools((("0:0", 0, True),))
     assert isinstance(done, ValidationDone) and done.version == 0
     (r,) = done.results
     assert r.response_ids == [5, 6, 70, 71, 9, 1] and r.finish_reason == "stop"  # the whole conversation
@@ -139,3 +141,28 @@ def test_single_turn_validation_is_unchanged():
     (done,) = loop.generation_finished(0, [_turn(d.requests[0], [9], 0)], 0.1, d.dispatch_id,
                                        tool_calls={"v#0": [CALC]})
     assert done.results[0].response_ids == [9] and (done.turns, done.tool_calls) == ((), ())
+
+
+def test_trajectories_that_called_tools_release_them_when_dropped_or_stopped():
+    """`ReleaseTools` ends a trajectory's stateful tools wherever it ends: dropped at a sync (partial rollout
+    off), or still waiting for its tools when the rollouter stops — once each, never for one without calls."""
+    params = RolloutParams(n=2, max_new_tokens=32, required_samples=1, staleness_threshold=1.0, trigger=1,
+                           partial_rollout=False, seqs_per_call=2, agent=AgentLimits(32, max_assistant_turns=4))
+    stream = PromptStream(1, 2)
+    stream.deliver(0, [Prompt(f"p{i}", i, 0, [1, 2]) for i in range(2)])
+    loop = RolloutLoop(params, stream, [], 1, None)
+    (d,) = loop.tick(0.0)
+    r0, r1 = d.requests
+    loop.generation_finished(0, [_turn(r0, [5], 0), _turn(r1, [8], 0, "abort")], 0.1, d.dispatch_id,
+                             tool_calls={r0.request_id: [CALC]})
+    loop.tools_done("p0", 0, [70])
+    (d2,) = [c for c in loop.tick(0.2) if isinstance(c, Dispatch)]
+    loop.begin_sync(1, 1)
+    cmds = loop.generation_finished(0, [_turn(d2.requests[0], [6], 0, "abort")], 0.3, d2.dispatch_id)
+    assert [c for c in cmds if isinstance(c, ReleaseTools)] == [ReleaseTools((("p0", 0, False),))]
+    assert loop.stop() == [Abort((0,), validation=True)]  # nothing else holds tools
+    loop2 = _loop(prompts=1)
+    (d,) = loop2.tick(0.0)
+    loop2.generation_finished(0, [_turn(q, [5], 0) for q in d.requests], 0.1,
+                              tool_calls={q.request_id: [CALC] for q in d.requests})
+    assert loop2.stop()[-1] == ReleaseTools((("p0", 0, False), ("p0", 1, False)))

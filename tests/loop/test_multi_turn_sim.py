@@ -80,3 +80,16 @@ def test_validation_conversations_call_tools_and_a_sync_waits_for_them(monkeypat
     monkeypatch.setattr(RolloutLoop, "validating", old_validating)
     broken = [v for seed in range(4) for v in run_scenario(_validating_with_tools(seed)).violations]
     assert any(v.startswith("validation") or "validation" in v for v in broken), broken[:3]
+
+
+def test_a_trajectory_that_never_releases_its_tools_is_caught(monkeypatch) -> None:
+    """`ReleaseTools` ends each trajectory's stateful tools; forgetting it for a finished trajectory (its box
+    would outlive it) is a violation at its `Put`."""
+    assert run_scenario(_tool_heavy(3)).violations == []
+
+    def leaky(self, st, i, end):  # the bug: a conversation that ends on a tool answer keeps its tools
+        return [c for c in orig(self, st, i, end) if type(c).__name__ != "ReleaseTools"]
+
+    orig = RolloutLoop._agent_done
+    monkeypatch.setattr(RolloutLoop, "_agent_done", leaky)
+    assert any("tools-release" in v for v in run_scenario(_tool_heavy(3)).violations)

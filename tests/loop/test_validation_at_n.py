@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from engine.agent.tool_calls import ToolCall
 from engine.loop.agent import AgentLimits
-from engine.loop.commands import CallTools, Dispatch, ValidationDone
+from engine.loop.commands import CallTools, Dispatch, ReleaseTools, ValidationDone
 from engine.loop.rollout import RolloutLoop, RolloutParams
 from engine.loop.stream import PromptStream
 from engine.types import GenResult, Prompt
@@ -58,7 +58,8 @@ def test_multi_turn_validation_at_n_runs_one_conversation_per_answer() -> None:
     (d2,) = [c for c in loop.tick(0.2) if isinstance(c, Dispatch)]
     (req,) = d2.requests
     assert req.request_id == "v#1" and req.prefix_ids == [5, 6, 70, 71]
-    (done,) = loop.generation_finished(0, [_turn(req, [9])], 0.3, d2.dispatch_id, tool_calls={"v#1": []})
+    release, done = loop.generation_finished(0, [_turn(req, [9])], 0.3, d2.dispatch_id, tool_calls={"v#1": []})
+    assert release == ReleaseTools((("v", 1, True),))  # only answer 1 called a tool
     assert isinstance(done, ValidationDone)
     assert [r.response_ids for r in done.results] == [[7], [5, 6, 70, 71, 9], [8]]
     assert (done.turns, done.tool_calls) == ((1, 2, 1), (0, 1, 0))

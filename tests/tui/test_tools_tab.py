@@ -16,7 +16,7 @@ from tests.tui.helpers import FIXTURE, SIZE, wait_until
 TOOLS = {"asyncrl/tools/calls": 40, "asyncrl/tools/calls_per_trajectory": 1.25, "num_turns/mean": 2.5,
          "asyncrl/tools/status/error": 4, "asyncrl/tools/status/timeout": 6, "asyncrl/tools/status/limit": 0,
          "asyncrl/tools/status/refused": 0, "asyncrl/tools/latency_s/p50": 0.031, "asyncrl/tools/latency_s/p99": 1.5,
-         "asyncrl/tools/waiting": 3}
+         "asyncrl/tools/waiting": 3, "asyncrl/tools/instances": 5}
 
 
 def _multi_turn_run(tmp_path, refused: int = 0):
@@ -44,6 +44,7 @@ async def test_the_tools_tab_shows_calls_failures_latency_and_slots(tmp_path):
         assert "calls / trajectory  1.25" in tile and "turns / trajectory  2.5" in tile
         assert "error 10.0%" in tile and "timeout 15.0%" in tile and "refused 0.0%" in tile
         assert "p50 0.031 s" in tile and "p99 1.5 s" in tile and "waiting 3 / 8 slots" in tile
+        assert "instances 5" in tile  # stateful class tools' boxes alive
         assert app.screen.query_one("#tools-summary").has_class("-warn")  # 15 % timeouts
         charts = list(app.screen.query_one(ToolsPanel).query(TimeChart))
         assert all(sum(c.plotted.values()) > 0 for c in charts)

@@ -2,8 +2,8 @@
 
 The tile, from the latest step's record: calls per trajectory, turns per trajectory (verl's `num_turns/mean`),
 the share of the step's calls that ended `error` / `timeout` / `limit` / `refused` (`asyncrl/tools/status/*` ÷
-`asyncrl/tools/calls`), latency p50 / p99, and the calls waiting now against `max_concurrent_tools` (from the run's
-config). Any refused call turns the tile red (the sandbox could not run it), a timeout or limit share above 10 %
+`asyncrl/tools/calls`), latency p50 / p99, the calls waiting now against `max_concurrent_tools` (from the run's
+config) and, with stateful verl-style class tools, their live instances (one box per trajectory). Any refused call turns the tile red (the sandbox could not run it), a timeout or limit share above 10 %
 yellow.
 """
 
@@ -23,6 +23,7 @@ CALLS = "asyncrl/tools/calls"
 PER_TRAJ = "asyncrl/tools/calls_per_trajectory"
 TURNS = "num_turns/mean"
 WAITING = "asyncrl/tools/waiting"
+INSTANCES = "asyncrl/tools/instances"
 P50, P99 = "asyncrl/tools/latency_s/p50", "asyncrl/tools/latency_s/p99"
 FAILURES = ("error", "timeout", "limit", "refused")
 WARN_SHARE = 0.10
@@ -47,7 +48,8 @@ def tools_summary(model: m.DashboardModel) -> tuple[str, str]:
         f"{fmt_num(model.latest(TURNS), 3)}     calls this step  {fmt_num(calls)}",
         "   ".join(f"{s} {fmt_pct(v)}" for s, v in shares.items()),
         f"latency p50 {fmt_num(model.latest(P50), 3)} s   p99 {fmt_num(model.latest(P99), 3)} s     waiting "
-        f"{fmt_num(model.latest(WAITING))} / {fmt_num(mt.get('max_concurrent_tools', MISSING))} slots",
+        f"{fmt_num(model.latest(WAITING))} / {fmt_num(mt.get('max_concurrent_tools', MISSING))} slots"
+        + (f"     instances {fmt_num(model.latest(INSTANCES))}" if model.latest(INSTANCES) else ""),
     ]
     level = ""
     if any(is_number(shares[s]) and shares[s] > WARN_SHARE for s in ("timeout", "limit")):

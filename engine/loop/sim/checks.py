@@ -196,6 +196,17 @@ class Checker:
         if st is None or index not in st.tools:
             self.violation("tool-wait", f"{uid}#{index} waiting on its tools is no longer waiting {when}")
 
+    def on_put_tools(self, uid: str) -> None:
+        """A group is put: each of its trajectories has ended, so none may hold its tools' instances."""
+        left = sorted(k for k in self.w.tool_sessions if k[0] == uid and not k[2])
+        if left:
+            self.violation("tools-release", f"{uid} put with its tools' instances still open: {left}")
+
+    def on_end_tools(self) -> None:
+        """The rollouter stopped: no trajectory may hold its tools' instances."""
+        if self.w.tool_sessions:
+            self.violation("tools-release", f"stopped with tools' instances open: {sorted(self.w.tool_sessions)[:5]}")
+
     def on_tools_answered(self, uid: str, index: int) -> None:
         self._tool_wait_kept(uid, index, "when its answer came")
 

@@ -8,7 +8,9 @@ malformed) is a pure function of the seed, the request id and the turn's start, 
 turn ends as it would have. `CallTools` runs every call concurrently: each takes `tool_latency × U(0.5, 1.5)`,
 20× that with probability `tool_tail`, and one still running at `tool_timeout` answers with a 2-token error
 text at that moment; the answers come back as one `tools_done` after the slowest. `answers` records every
-answer id the world appended (the checks compare the trained tokens with it). Validation conversations call
+answer id the world appended (the checks compare the trained tokens with it). `tool_sessions` are the
+trajectories whose tools' instances are open (a `CallTools` opens, a `ReleaseTools` ends them; the checks want
+none open for a group put into the queue, nor at the end). Validation conversations call
 tools the same way (`CallTools.validation`), so the validation checks cover their turns too.
 """
 
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.agent.tool_calls import ToolCall, ToolCallError
-from engine.loop.commands import CallTools
+from engine.loop.commands import CallTools, ReleaseTools
 from engine.types import GenRequest
 
 MODEL_TOKEN = 7
@@ -39,6 +41,7 @@ class SimTools:
     """The tool side of `World` (a mixin: uses `s`, `now`, `_at`, `_execute`, `rollout`, `run_epoch`, `check`)."""
 
     tool_waits: dict[tuple[str, int], float]
+    tool_sessions: set[tuple[str, int, bool]]
     answers: dict[int, tuple[str, int, int]]
 
     def _hash(self, *key: Any) -> int:
@@ -55,7 +58,15 @@ class SimTools:
             calls.append(ToolCallError("{calculator", "malformed tool call: expected JSON"))
         return calls
 
+    def _release_tools(self, c: ReleaseTools) -> None:
+        """The stateful tools' instances of these trajectories end (`tool_sessions`: the ones open)."""
+        for key in c.trajectories:
+            if key not in self.tool_sessions:
+                self.check.violation("tools-release", f"{key} released without an open tool instance")
+            self.tool_sessions.discard(key)
+
     def _call_tools(self, c: CallTools) -> None:
+        self.tool_sessions.add((c.uid, c.index, c.validation))
         s, latest = self.s, 0.0
         size = 0
         for k in range(len(c.calls) + len(c.errors)):

@@ -28,8 +28,8 @@ from typing import Any
 from engine.control.core import ControllerCore
 from engine.loop.commands import (
     Abort, AckKnob, Allow, AskOutstanding, CallTools, Checkpoint, CloseQueue, Command, Dispatch, Drop, Event, Finish,
-    NeedPrompts, PollControl, Pull, Put, Record, Resume, SetQueueBound, SetThreads, SetTrigger, Sync, Train,
-    ValidationDone,
+    NeedPrompts, PollControl, Pull, Put, Record, ReleaseTools, Resume, SetQueueBound, SetThreads, SetTrigger, Sync,
+    Train, ValidationDone,
 )
 from engine.loop.elastic import ROLLOUT as E_ROLLOUT, TRAINER as E_TRAINER, ElasticCores, ElasticParams
 from engine.loop.knobs import ROLLOUTER, TRAINER
@@ -106,6 +106,7 @@ class World(SimReplicas, SimTools):
         self.tool_rng = random.Random(s.seed * 104729 + 3)
         self.reward_rng = random.Random(s.seed * 15485863 + 5)  # rewards matter only with dynamic sampling
         self.tool_waits: dict[tuple[str, int], float] = {}
+        self.tool_sessions: set[tuple[str, int, bool]] = set()
         self.answers: dict[int, tuple[str, int, int]] = {}
         cycle = s.required_samples * s.trigger
         total_local = max(1, s.total_prompts // cycle) * s.trigger
@@ -153,6 +154,7 @@ class World(SimReplicas, SimTools):
         self.inbox = {TRAINER: self.trainer.inbox(), ROLLOUTER: self.rollout.inbox()}
         self.waiting, self._loading, self._cut = None, False, None
         self.tool_waits = {}  # a resumed conversation generates its last turn again (`engine.loop.inflight`)
+        self.tool_sessions = set()  # the rollouter's process (and its tools' boxes) is gone
         self.queue: list[TrajectoryGroup] = []
         self.queue_closed = False
         self.run_epoch = getattr(self, "run_epoch", 0) + 1
@@ -266,6 +268,7 @@ class World(SimReplicas, SimTools):
                 for rid in c.replicas:
                     self._resume(rid)
             elif isinstance(c, Put):
+                self.check.on_put_tools(c.prompt.uid)
                 group = TrajectoryGroup(c.prompt, list(c.trajectories), admitted_version=c.admitted_version)
                 if self.s.filter_groups:  # the scorer: all alike with probability uniform_p, else 0/1 at random
                     flat = self.reward_rng.random() < self.s.uniform_p
@@ -293,6 +296,8 @@ class World(SimReplicas, SimTools):
                 self._ack(c)
             elif isinstance(c, CallTools):
                 self._call_tools(c)
+            elif isinstance(c, ReleaseTools):
+                self._release_tools(c)
             elif isinstance(c, SetThreads):
                 self._set_threads(c)
             elif isinstance(c, Event):
@@ -546,6 +551,7 @@ class World(SimReplicas, SimTools):
 
     def _end_run(self) -> None:
         self._execute(self.rollout.stop())
+        self.check.on_end_tools()
         left = list(self.rollout.in_flight) + [g.prompt.uid for g in self.queue + self.trainer.buffer]
         self.ledger += [(u, "in_flight_at_end") for u in left]
         self.ledger += [(u, f"dropped:{why}") for u, why in self.rollout.dropped]
