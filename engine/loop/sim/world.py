@@ -245,9 +245,9 @@ class World(SimReplicas, SimTools):
                 return
             before = self.rollout.stream.emitted
             cmds = self.rollout.tick(self.now)
+            self._execute(cmds)
             if self.rollout.stream.emitted > before:
                 self.check.on_admit(self.rollout.budget)
-            self._execute(cmds)
             self._execute(self.elastic.rollout(bool(self.rollout.dispatches)))
             if not self._trainer_progress() and not cmds:
                 return
@@ -528,7 +528,7 @@ class World(SimReplicas, SimTools):
         self.trainer_busy += self.s.sync_cost
         if sync.trigger is not None:
             self._execute(self.rollout.set_trigger(sync.trigger))
-        self._execute(self.rollout.finish_sync(sync.version, self.trainer.local_step))
+        self._execute(self.rollout.finish_sync(sync.version, self.trainer.local_step, sync.held))
         if sync.cut:
             self._cut = self._rollout_cut()
         cmds = self.trainer.synced()
