@@ -147,7 +147,7 @@ def test_a_dead_streaming_replica_puts_back_all_its_calls(monkeypatch) -> None:
 
     monkeypatch.setattr(RolloutLoop, "replica_died", requeue_one)
     broken = run_scenario(_streaming_deaths())
-    assert any("deadlock" in v or "liveness" in v or "ledger" in v for v in broken.violations), broken.violations
+    assert any("deadlock" in v or "livelock" in v or "ledger" in v for v in broken.violations), broken.violations
 
 
 def test_the_loop_never_sends_a_replica_more_than_its_capacity(monkeypatch) -> None:
@@ -206,7 +206,7 @@ def test_an_on_demand_checkpoint_cut_drains_and_resumes_the_replicas(monkeypatch
     assert out.finished and not out.violations, out.violations
     monkeypatch.setattr(RolloutLoop, "end_hold", lambda self: [])  # the bug: the cut's hold never released
     broken = run_scenario(_checkpoint_cut())
-    assert any("deadlock" in v or "liveness" in v for v in broken.violations), broken.violations
+    assert any("deadlock" in v or "livelock" in v for v in broken.violations), broken.violations
 
 
 def _deterministic(seed: int) -> Scenario:

@@ -1,7 +1,8 @@
 """The properties a simulated run must keep, checked as it goes and at its end.
 
-- liveness: the run ends (or fails with a named reason) within a bound of simulated time derived from its
-  work; a state where no event can happen and the run is not over is a deadlock (checked by `World.run`);
+- liveness: the run ends (or fails with a named reason) within its budgets of simulated time, events and
+  events without progress, each derived from its work (`engine.loop.sim.bounds`; a spent budget is a
+  livelock); a state where no event can happen and the run is not over is a deadlock (checked by `World.run`);
 - ledger: every prompt the stream emitted is trained exactly once, or dropped once with a reason, or in
   flight at the end — across resumes and replica deaths;
 - staleness: every trained group within `max_staleness_versions` when set (0 in sync mode); prompts are only
@@ -64,7 +65,8 @@ class Checker:
                               staleness_in_force(scenario.staleness_threshold, scenario.mode == "sync"))
 
     def violation(self, kind: str, message: str) -> None:
-        if len(self.violations) < 20:
+        """Record one (the first 20; a run's end — a deadlock or livelock — always)."""
+        if len(self.violations) < 20 or kind in ("deadlock", "livelock"):
             self.violations.append(f"seed {self.s.seed}: {kind}: {message}")
 
     # ------------------------------------------------------------------ as it goes

@@ -1,5 +1,6 @@
 """Random scenarios for the loop simulator: a config within the schema's ranges, costs, faults and operator
-actions, all drawn from one seed, so `asyncrl simulate --replay SEED` reproduces a run exactly."""
+actions, all drawn from one seed, so `asyncrl simulate --replay SEED` reproduces a run exactly (the budgets a
+scenario runs under: `engine.loop.sim.bounds`)."""
 
 from __future__ import annotations
 
@@ -195,17 +196,3 @@ def _work_estimate(s: Scenario) -> float:
     train = s.total_prompts * s.n * s.max_new_tokens * s.train_token_cost
     return max(1.0, gen + train)
 
-
-def time_bound(s: Scenario) -> float:
-    """Simulated time within which the scenario must end: its work done strictly serially (every request
-    alone, every step, sync and validation in turn), plus the operator's pauses and the faults, times 4."""
-    tokens = (s.total_prompts * s.n + (s.val_prompts * (s.total_prompts + 1))) * s.max_new_tokens
-    gen = tokens * s.token_cost * (5 if s.straggler is not None else 1)
-    train = s.total_prompts * s.n * s.max_new_tokens * s.train_token_cost
-    syncs = (s.total_prompts + 1) * (s.sync_cost + s.token_cost)
-    tools = 0.0
-    if s.multi_turn:  # at worst every token a turn of its own, each followed by the slowest tool call, serially
-        slowest = s.tool_timeout if s.tool_timeout is not None else 20 * 1.5 * s.tool_latency
-        tools = s.total_prompts * s.n * s.max_new_tokens * (slowest + s.token_cost * (5 if s.straggler is not None else 1))
-    last_action = max([a.at for a in s.actions] + s.replica_deaths + s.trainer_deaths + [0.0])
-    return 4 * (gen + train + syncs + tools) * (1 + len(s.trainer_deaths)) + last_action + 10.0
