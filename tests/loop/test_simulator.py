@@ -176,12 +176,6 @@ def test_streaming_replicas_of_any_capacity_finish(n, mini, trigger, staleness, 
     assert not out.violations, out.violations
 
 
-@pytest.mark.slow
-def test_ten_thousand_scenarios() -> None:
-    result = CliRunner().invoke(app, ["simulate", "--check", "--scenarios", "10000", "--seed", "1"])
-    assert result.exit_code == 0 and "10000 scenarios, 0 violations" in result.output, result.output
-
-
 def _threshold_change() -> Scenario:
     return Scenario(seed=6, n=2, ppo_mini_batch_size=2, trigger=1, staleness_threshold=0.5, total_prompts=40,
                     actions=[Action(0.3, "staleness_threshold", 2.0)])

@@ -171,7 +171,57 @@ def draw(seed: int, multi_turn: bool | None = None) -> Scenario:
     if r.random() < 0.3 and not s.deterministic:  # dynamic sampling (drawn last; `validate` refuses it with
         s.filter_groups = True                     # deterministic mode)
         s.uniform_p = r.choice([0.0, 0.3, 0.7, 1.0])
+    _draw_wide(r, s)  # drawn last: the fields above are as before
     return s
+
+
+KNOBS = ("trigger_parameter_sync_step", "staleness_threshold", "paused")
+
+
+def _knob_value(r: random.Random, name: str) -> Any:
+    if name == "trigger_parameter_sync_step":
+        return r.choice([1, 1, 2, 3, 4, 6, 8])
+    if name == "staleness_threshold":
+        return r.choice([0.0, 0.0, 0.25, 0.5, 1.0, 3.0])
+    return r.random() < 0.5
+
+
+def _draw_wide(r: random.Random, s: Scenario) -> None:
+    """The wider space `--check` draws from, on top of the draw above: bursts of live knob changes (several
+    knobs, some at one instant, a pause always resumed), deterministic mode together with multi-turn tools and
+    with trainer and replica deaths, and faults and operator actions landing at the same instant."""
+    horizon = _work_estimate(s)
+    if r.random() < 0.35:  # a burst: 2-8 knob changes around one moment, some at the same instant
+        center = r.uniform(0, horizon)
+        burst = sorted((center if r.random() < 0.3 else max(0.0, center + r.uniform(-0.1, 0.3) * horizon),
+                        r.choice(KNOBS)) for _ in range(r.randint(2, 8)))
+        paused = False
+        for at, name in burst:
+            value = _knob_value(r, name)
+            if name == "paused":
+                if value == paused:
+                    continue
+                paused = value
+            s.actions.append(Action(at, name, value))
+        if paused:  # a pause is always followed by a resume
+            s.actions.append(Action(burst[-1][0] + r.uniform(0, horizon / 3), "paused", False))
+    if s.multi_turn and r.random() < 0.3:  # deterministic mode with tools (the cores support the pair)
+        s.deterministic, s.partial_rollout, s.stale_policy = True, False, "drop"
+        s.filter_groups = False
+    if s.deterministic and r.random() < 0.5:  # ... and with deaths
+        s.replica_deaths = sorted(s.replica_deaths + [r.uniform(0, horizon) for _ in range(r.randint(1, 2))])
+        s.max_replica_restarts = max(s.max_replica_restarts, len(s.replica_deaths))
+        if r.random() < 0.6:
+            s.trainer_deaths = sorted(s.trainer_deaths + [r.uniform(0, horizon)])
+    if r.random() < 0.15:  # a fault and an operator action at the same instant
+        at = r.uniform(0, horizon)
+        name = r.choice(["checkpoint", "trigger_parameter_sync_step", "staleness_threshold"])
+        s.actions.append(Action(at, name, None if name == "checkpoint" else _knob_value(r, name)))
+        if r.random() < 0.5:
+            s.trainer_deaths = sorted(s.trainer_deaths + [at])
+        else:
+            s.replica_deaths = sorted(s.replica_deaths + [at])
+    s.actions.sort(key=lambda a: a.at)
 
 
 def _draw_multi_turn(r: random.Random, s: Scenario) -> None:
