@@ -3,13 +3,15 @@
 `--check` draws N random scenarios (config within the schema's ranges, costs, faults, operator actions) from
 `--seed`, runs each and checks liveness, the ledger, staleness, cadence, knobs and validation after every
 event; each violation is one line with the scenario's seed, and `--replay SEED` reruns that one scenario.
+`--workers K` splits the N scenarios over K processes (the same scenarios and violations as one process).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -28,12 +30,12 @@ def command(
     multi_turn: Annotated[bool | None, typer.Option(
         "--multi-turn/--single-turn", help="With --check: every scenario multi-turn (tools) or none (default: "
         "about a third).")] = None,
+    workers: Annotated[int, typer.Option("--workers", min=0, help="With --check: processes to spread the "
+                                         "scenarios over (0: one per CPU).")] = 1,
 ) -> None:
     """Prove the loop live: run its decision cores over random scenarios in simulated time."""
-    from engine.loop.sim.runner import check as run_check
     from engine.loop.sim.runner import run_scenario
     from engine.loop.sim.scenario import draw
-    from engine.loop.sim.world import Outcome
 
     if replay is not None:
         s = draw(replay)
@@ -56,13 +58,17 @@ def command(
     if not check:
         raise AsyncrlError("nothing to do", "pass --check (random scenarios) or --replay SEED", exit_code=2)
     t0 = time.monotonic()
-    seen = {"multi_turn": 0, "tool_answers": 0}
+    k = min(scenarios, workers or os.cpu_count() or 1)
+    if k == 1:
+        bad, seen = _check_part(scenarios, seed, multi_turn, (0, 1))
+    else:
+        from concurrent.futures import ProcessPoolExecutor
 
-    def count(out: Outcome) -> None:
-        seen["multi_turn"] += out.multi_turn
-        seen["tool_answers"] += out.tool_answers
-
-    bad = run_check(scenarios, seed, count, multi_turn)
+        with ProcessPoolExecutor(k) as pool:
+            parts = list(pool.map(_check_part, [scenarios] * k, [seed] * k, [multi_turn] * k,
+                                  [(i, k) for i in range(k)]))
+        bad = sorted((o for b, _ in parts for o in b), key=lambda o: o.seed)
+        seen = {key: sum(c[key] for _, c in parts) for key in ("multi_turn", "tool_answers")}
     violations = [v for o in bad for v in o.violations]
     for v in violations:
         typer.echo(v)
@@ -70,3 +76,16 @@ def command(
                f"{seen['multi_turn']} multi-turn, {seen['tool_answers']} tool answers)")
     if violations:
         raise typer.Exit(1)
+
+
+def _check_part(scenarios: int, seed: int, multi_turn: bool | None, part: tuple[int, int]) -> tuple[list, dict[str, Any]]:
+    """One worker's share of `--check`: its outcomes with violations and what it saw."""
+    from engine.loop.sim.runner import check as run_check
+
+    seen = {"multi_turn": 0, "tool_answers": 0}
+
+    def count(out: Any) -> None:
+        seen["multi_turn"] += out.multi_turn
+        seen["tool_answers"] += out.tool_answers
+
+    return run_check(scenarios, seed, count, multi_turn, part), seen

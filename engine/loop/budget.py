@@ -6,9 +6,16 @@ With `R = required_samples` prompts per local step, `N = trigger_parameter_sync_
     max_required_samples = int(R · (1 + s) · N)
 
 prompts per parameter version. `staleness_samples` counts prompts admitted since the last sync; at every sync
-it is reset to the prompts still in flight or queued (they carry over as stale), so between two syncs at most
-`max_required_samples − carried_over` new prompts start. `s = 0` makes the rollouter produce exactly one sync
-cycle's worth of prompts.
+it is reset to the prompts still in flight, queued or held in the trainer's buffer (pulled, not yet trained:
+`Sync.held`) — they all carry over as stale — so between two syncs at most `max_required_samples −
+carried_over` new prompts start. `s = 0` makes the rollouter produce exactly one sync cycle's worth of prompts.
+
+Accounting invariant: `staleness_samples` ≥ the prompts counted in it that are neither trained nor dropped yet
+(in flight + queued + in the trainer's buffer). Admission adds one to both sides, a drop (`release`) takes one
+from both, training takes one from the right only. Hence `release` never frees budget that was not counted
+(a group held across a sync and dropped after it was counted at that sync), the queue never holds more than
+the counter, and the queue bound (≥ the counter) never blocks an admission the budget allows — which the
+deterministic schedule relies on: its sync waits for the budget to be used up.
 
 Liveness. The trainer needs at most `N · R` prompts per version and the budget lets `≥ N · R` reach it, as
 long as every admitted prompt reaches the trainer. Two things keep that true:
@@ -73,6 +80,7 @@ class StalenessBudget:
             self.staleness_threshold = staleness_threshold
 
     def on_sync(self, in_flight: int, queued: int) -> None:
-        """Reset at a weight sync: in-flight and queued prompts carry over."""
+        """Reset at a weight sync: in-flight and queued prompts (`queued` includes the trainer's buffer) carry
+        over."""
         self.extra = 0
         self.staleness_samples = in_flight + queued

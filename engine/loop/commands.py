@@ -182,11 +182,15 @@ class SetTrigger:
 class Sync:
     """Push the weights of `version` to the replicas (`begin_sync` … `finish_sync` on the rollouter). `trigger`:
     a new sync interval the rollouter takes at this sync (sync mode); `cut`: snapshot the rollout side while it
-    is paused, for the `Checkpoint("periodic")` that follows. Report `TrainerLoop.synced()`."""
+    is paused, for the `Checkpoint("periodic")` that follows; `held`: the groups the trainer holds pulled and
+    not yet trained, which carry over into the new version's budget as the queued and in-flight ones do
+    (`RolloutLoop.finish_sync`; non-zero when a lowered interval makes a sync due while a batch is half pulled).
+    Report `TrainerLoop.synced()`."""
 
     version: int
     trigger: int | None
     cut: bool
+    held: int = 0
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ The protocol of a sync (the trainer pushes version v):
    as verl's trainer waits for validation.
 2. `sync_ready()` turns true once no training dispatch is out and the validation is done; the shell
    loads the weights on every replica, then calls
-3. `finish_sync(v)`: the budget restarts at the prompts in flight or queued; aborted generations resume
-   from their prefix (`partial_rollout = true`) or their prompt is dropped (`false`, as current verl does);
+3. `finish_sync(v)`: the budget restarts at the prompts in flight, queued or held by the trainer; aborted
+   generations resume from their prefix (`partial_rollout = true`) or are dropped (`false`, as current verl);
    a validation of v is queued every `test_freq` versions.
 
 Validation (`engine.loop.rollout_validation`), multi-turn trajectories and their tools
@@ -257,12 +257,12 @@ class RolloutLoop(AgentTrajectories, ValidationRounds, RolloutCheckpoint):
         self.aborted |= self.sync.aborted
         return [Abort(tuple(sorted(self.sync.aborted)))]
 
-    def finish_sync(self, version: int, step: int) -> list[Command]:
-        """The weights of `version` are on every replica: restart the budget, resume, queue validation."""
+    def finish_sync(self, version: int, step: int, held: int = 0) -> list[Command]:
+        """The weights of `version` are live: restart the budget (`held`: `Sync.held`), resume, queue validation."""
         assert self.sync is not None, "finish_sync without begin_sync"
         cmds: list[Command] = []
         self.version, self.step = version, step
-        self.budget.on_sync(len(self.in_flight), self.queue_size)
+        self.budget.on_sync(len(self.in_flight), self.queue_size + held)
         cmds += self._bound_changed()
         resume = sorted(self.aborted & self.live)
         self.aborted.clear()

@@ -324,8 +324,8 @@ class TrainerLoop:
             every = self.p.checkpoint_every_versions
             cut = bool(every) and version % every == 0
             self._sync = (version, cut, after_step)
-            held = self._held_trigger[0] if self._held_trigger else None
-            return [Sync(version, held, cut)]
+            trigger = self._held_trigger[0] if self._held_trigger else None
+            return [Sync(version, trigger, cut, len(self.buffer))]
         cmds: list[Command] = []
         if d.action == "postpone":
             if not self.postponed:

@@ -266,9 +266,9 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
 
     # ------------------------------------------------------------------ called by the trainer
     def update_weights(self, version: int, bucket_refs: list, step: int, snapshot: bool = False,
-                       trigger: int | None = None) -> dict[str, Any]:
+                       trigger: int | None = None, held: int = 0) -> dict[str, Any]:
         """Pause (abort training work; a running validation finishes) → load weights on every live replica →
-        resume. `trigger`: a sync interval the trainer takes at this sync (sync mode). With `snapshot`, the
+        resume. `trigger`, `held`: as `engine.loop.commands.Sync` has them. With `snapshot`, the
         rollout side's checkpoint state is taken while paused (under key `snapshot`).
 
         With back buffers (`rollout.weight_sync_back_buffer`, every target replica has one) the load is split:
@@ -312,7 +312,7 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
             self.loop.queue_seen(size)
             if trigger is not None:
                 self._execute(self.loop.set_trigger(trigger))
-            self._execute(self.loop.finish_sync(version, step))
+            self._execute(self.loop.finish_sync(version, step, held))
             if snapshot:
                 metrics["snapshot"] = self._snapshot_locked()
             self.lock.notify_all()

@@ -334,7 +334,7 @@ class TrainerCore(TrainerCheckpoints):
             gen, members = ray.get(self.rollouter.sync_generation.remote())
         sent = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
                        lambda refs: self.rollouter.update_weights.remote(version, refs, self.local_step, c.cut,
-                                                                         c.trigger),
+                                                                         c.trigger, c.held),
                        gen=gen, corrupt_bucket=self.spec.weight_sync.corrupt_bucket, members=members)
         nbytes = sent.nbytes
         export_s = time.monotonic() - t0

@@ -162,3 +162,14 @@ def test_a_live_pause_stops_admission_until_it_is_lifted(shell) -> None:
     s.controller._t.set_knob("paused", False)
     _wait(lambda: len(queue.groups) == PER_VERSION)
     assert s.controller._t.get_knobs()["paused"]["applied_value"] is False
+
+
+def test_groups_the_trainer_holds_at_a_sync_carry_over(shell) -> None:
+    """`Sync.held` reaches the core through the shell: groups pulled but not trained at the sync use the new
+    version's budget as queued ones do, so no more prompts start than the budget allows."""
+    s, queue, _ = shell
+    _wait(lambda: len(queue.groups) == PER_VERSION)
+    queue.take()  # pulled; the trainer still holds them (a lowered interval's sync before their step)
+    s.update_weights(1, [], step=0, held=PER_VERSION)
+    time.sleep(0.5)
+    assert queue.groups == [] and s.loop.budget.staleness_samples == PER_VERSION

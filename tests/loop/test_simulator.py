@@ -10,12 +10,15 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from asyncrl_cli.app import app
+from engine.loop.commands import PollControl, Sync
 from engine.loop.dispatch import DispatchTable
-from engine.loop.knobs import ROLLOUTER, ROUTES, Route
-from engine.loop.rollout import RolloutLoop
+from engine.loop.knobs import ROLLOUTER, ROUTES, KnobChange, Route
+from engine.loop.rollout import RolloutLoop, RolloutParams
+from engine.loop.sim.checks import Checker
 from engine.loop.sim.runner import run_scenario
 from engine.loop.sim.scenario import Action, Scenario, draw
-from engine.loop.trainer import TrainerLoop
+from engine.loop.stream import PromptStream
+from engine.loop.trainer import TrainerLoop, TrainerParams
 
 
 def test_simulate_check_cli_runs_thousands_of_scenarios_clean() -> None:
@@ -144,7 +147,7 @@ def test_a_dead_streaming_replica_puts_back_all_its_calls(monkeypatch) -> None:
 
     monkeypatch.setattr(RolloutLoop, "replica_died", requeue_one)
     broken = run_scenario(_streaming_deaths())
-    assert any("deadlock" in v or "liveness" in v or "ledger" in v for v in broken.violations), broken.violations
+    assert any("deadlock" in v or "livelock" in v or "ledger" in v for v in broken.violations), broken.violations
 
 
 def test_the_loop_never_sends_a_replica_more_than_its_capacity(monkeypatch) -> None:
@@ -173,12 +176,6 @@ def test_streaming_replicas_of_any_capacity_finish(n, mini, trigger, staleness, 
     assert not out.violations, out.violations
 
 
-@pytest.mark.slow
-def test_ten_thousand_scenarios() -> None:
-    result = CliRunner().invoke(app, ["simulate", "--check", "--scenarios", "10000", "--seed", "1"])
-    assert result.exit_code == 0 and "10000 scenarios, 0 violations" in result.output, result.output
-
-
 def _threshold_change() -> Scenario:
     return Scenario(seed=6, n=2, ppo_mini_batch_size=2, trigger=1, staleness_threshold=0.5, total_prompts=40,
                     actions=[Action(0.3, "staleness_threshold", 2.0)])
@@ -203,7 +200,7 @@ def test_an_on_demand_checkpoint_cut_drains_and_resumes_the_replicas(monkeypatch
     assert out.finished and not out.violations, out.violations
     monkeypatch.setattr(RolloutLoop, "end_hold", lambda self: [])  # the bug: the cut's hold never released
     broken = run_scenario(_checkpoint_cut())
-    assert any("deadlock" in v or "liveness" in v for v in broken.violations), broken.violations
+    assert any("deadlock" in v or "livelock" in v for v in broken.violations), broken.violations
 
 
 def _deterministic(seed: int) -> Scenario:
@@ -229,3 +226,51 @@ def test_deterministic_mode_trains_the_stream_in_order(monkeypatch) -> None:
                         lambda in_flight, n: [st for st in in_flight.values() if len(st.done) >= n])
     broken = [v for seed in range(20) for v in run_scenario(_deterministic(seed)).violations]
     assert any("deterministic" in v and "trained at local step" in v for v in broken), broken[:5]
+
+
+def _lowered_with_a_half_pulled_batch(mode: str = "async", deterministic: bool = True) -> Scenario:
+    """The issue's deadlock (`simulate --replay 1473307564` as drawn then): deterministic mode, trigger 6 lowered to
+    1 live while the trainer has half a batch pulled; the owed sync must carry those groups over into the budget."""
+    return Scenario(seed=1473307564, n=3, ppo_mini_batch_size=2, require_batches=2, trigger=6, staleness_threshold=0.25,
+                    partial_rollout=False, mode=mode, max_staleness_versions=0, seqs_per_call=3, replica_rows=[3],
+                    replica_calls=[2], total_prompts=49, max_new_tokens=64, long_tail=0.5, token_cost=0.05,
+                    train_token_cost=0.01, sync_cost=0.5, deterministic=deterministic,
+                    actions=[Action(103.24294160060653, "trigger_parameter_sync_step", 1)])
+
+
+def test_a_lowered_interval_with_a_half_pulled_batch_carries_it_over(monkeypatch) -> None:
+    out = run_scenario(_lowered_with_a_half_pulled_batch())
+    assert out.finished and not out.violations, out.violations
+    # the bug it was: the sync counted only queued and in-flight prompts, so dropping the groups the trainer held
+    # across it freed budget never counted; the rollouter filled the queue past what its budget saw, and the
+    # deterministic sync (waiting for that budget to be used up) could never come
+    finish = RolloutLoop.finish_sync
+    monkeypatch.setattr(RolloutLoop, "finish_sync", lambda self, version, step, held=0: finish(self, version, step))
+    broken = run_scenario(_lowered_with_a_half_pulled_batch()).violations
+    assert any("freed budget it never counted" in v for v in broken), broken
+    monkeypatch.setattr(Checker, "on_admit", lambda self, budget: None)  # and without that check: the hang itself
+    broken = run_scenario(_lowered_with_a_half_pulled_batch()).violations
+    assert any("deadlock" in v and "sync=SyncState(version=3" in v for v in broken), broken
+
+
+@pytest.mark.parametrize("mode,deterministic", [("async", False), ("sync", False), ("async", True)])
+def test_a_lowered_interval_mid_pull_finishes_in_every_mode(mode: str, deterministic: bool) -> None:
+    out = run_scenario(_lowered_with_a_half_pulled_batch(mode, deterministic))
+    assert out.finished and not out.violations, out.violations
+
+
+def test_the_owed_sync_reports_the_groups_the_trainer_holds() -> None:
+    """Both sides agree on what carries over: the trainer's core names its buffered groups in the `Sync`, and the
+    rollout core counts them with the queued and in-flight ones when it restarts the budget."""
+    tr = TrainerLoop(TrainerParams(required_samples=4, trigger=6, total_local_steps=12))
+    tr.local_step, tr.since_sync = 1, 1
+    tr.start()
+    assert tr.pulled(["g1", "g2"], closed=False) == [PollControl()]  # half a batch: the trainer polls, then pulls
+    cmds = tr.control([KnobChange("trigger_parameter_sync_step", 1, 1, True)], [])
+    assert cmds[-1] == Sync(1, None, False, held=2)
+    ro = RolloutLoop(RolloutParams(n=1, max_new_tokens=4, required_samples=4, staleness_threshold=0.0, trigger=1,
+                                   partial_rollout=False, seqs_per_call=1), PromptStream(1, 8), [], 1)
+    ro.queue_seen(1)
+    ro.begin_sync(1, 1)
+    ro.finish_sync(1, 1, held=2)
+    assert ro.budget.staleness_samples == 3

@@ -56,7 +56,8 @@ class FakeRollouter:
         self.triggers: list[int] = []
         self.released: list[tuple[list, str]] = []
 
-    def update_weights(self, version: int, refs: list, step: int, cut: bool, trigger: int | None) -> dict:
+    def update_weights(self, version: int, refs: list, step: int, cut: bool, trigger: int | None,
+                       held: int = 0) -> dict:
         self.syncs.append((version, cut, trigger))
         out = {"asyncrl/sync/pause_s": 0.0, "asyncrl/sync/transfer_s": 0.0, "receipts": {}}
         if cut:

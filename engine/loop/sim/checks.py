@@ -1,12 +1,15 @@
 """The properties a simulated run must keep, checked as it goes and at its end.
 
-- liveness: the run ends (or fails with a named reason) within a bound of simulated time derived from its
-  work; a state where no event can happen and the run is not over is a deadlock (checked by `World.run`);
+- liveness: the run ends (or fails with a named reason) within its budgets of simulated time, events and
+  events without progress, each derived from its work (`engine.loop.sim.bounds`; a spent budget is a
+  livelock); a state where no event can happen and the run is not over is a deadlock (checked by `World.run`);
 - ledger: every prompt the stream emitted is trained exactly once, or dropped once with a reason, or in
   flight at the end — across resumes and replica deaths;
 - staleness: every trained group within `max_staleness_versions` when set (0 in sync mode); prompts are only
-  admitted while the budget allows (`staleness_samples ≤ limit + allowance` after an admission); the queue
-  never overflows;
+  admitted while the budget allows (`staleness_samples ≤ limit + allowance` after an admission), and the
+  budget's counter never falls below the prompts it counts that are neither trained nor dropped (in flight,
+  queued, in the trainer's buffer or step: `engine.loop.budget`'s accounting invariant); the queue never
+  overflows;
 - cadence: a sync comes at the first local-step boundary where the steps since the last sync reach the
   trigger in force (later only while `stale_policy = "wait"` postpones it);
 - sync: after every sync the trainer, the rollout core and every live replica hold the new version, no sync
@@ -62,14 +65,21 @@ class Checker:
                               staleness_in_force(scenario.staleness_threshold, scenario.mode == "sync"))
 
     def violation(self, kind: str, message: str) -> None:
-        if len(self.violations) < 20:
+        """Record one (the first 20; a run's end — a deadlock or livelock — always)."""
+        if len(self.violations) < 20 or kind in ("deadlock", "livelock"):
             self.violations.append(f"seed {self.s.seed}: {kind}: {message}")
 
     # ------------------------------------------------------------------ as it goes
     def on_admit(self, budget: Any) -> None:
+        """After a tick that admitted prompts (its commands carried out)."""
         if budget.staleness_samples > budget.limit + budget.extra:
             self.violation("budget", f"admitted past the budget: {budget.staleness_samples} > "
                            f"{budget.limit} + {budget.extra}")
+        w = self.w
+        held = len(w.rollout.in_flight) + len(w.queue) + len(w.trainer.buffer) + len(w.trainer.current)
+        if budget.staleness_samples < held:
+            self.violation("budget", f"the budget counts {budget.staleness_samples} prompts but {held} are "
+                           f"unfinished or untrained: a drop freed budget it never counted: {w.describe()}")
 
     def on_trained(self, group: Any, staleness: int) -> None:
         for i, t in enumerate(group.trajectories):

@@ -59,6 +59,8 @@ class SimReplicas:
     `rollout`, `rollout_busy`)."""
 
     _token = 0
+    tokens_out = 0
+    """Model tokens of training work returned so far (a measure of progress: `World`'s stall budget)."""
 
     def _length(self, request_id: str, start: int = 0) -> int:
         """The full length of a request's (model) turn starting at `start` (a pure function of seed, id and
@@ -137,6 +139,7 @@ class SimReplicas:
         for req, turn in zip(d.requests, d.turns):
             length, done, remaining = turn
             k = min(steps, remaining)
+            self.tokens_out += k if d.kind == "train" else 0
             ids = list(req.prefix_ids) + [MODEL_TOKEN] * k
             log_probs = list(req.prefix_log_probs or [0.0] * len(req.prefix_ids)) + [MODEL_LOG_PROB] * k
             first = req.min_version if req.prefix_ids and req.min_version is not None else rep.version

@@ -23,15 +23,19 @@ def scenario_seeds(count: int, seed: int) -> Iterator[int]:
 
 
 def check(count: int, seed: int, on_outcome: Callable[[Outcome], None] | None = None,
-          multi_turn: bool | None = None) -> list[Outcome]:
+          multi_turn: bool | None = None, part: tuple[int, int] = (0, 1)) -> list[Outcome]:
     """Run `count` random scenarios (`multi_turn`: forced on or off, None: drawn); returns the outcomes that
-    have violations. The young-generation GC threshold is raised meanwhile (a scenario allocates hundreds of
-    thousands of short-lived commands and requests; the default threshold spends ~10 % of the time collecting)."""
+    have violations. `part = (i, k)`: only the i-th of every k scenarios (one of k worker processes). The
+    young-generation GC threshold is raised meanwhile (a scenario allocates hundreds of thousands of
+    short-lived commands and requests; the default threshold spends ~10 % of the time collecting)."""
     bad: list[Outcome] = []
     threshold = gc.get_threshold()
     gc.set_threshold(20_000, 20, 20)
+    i, k = part
     try:
-        for s in scenario_seeds(count, seed):
+        for j, s in enumerate(scenario_seeds(count, seed)):
+            if j % k != i:
+                continue
             out = run_scenario(draw(s, multi_turn))
             if on_outcome is not None:
                 on_outcome(out)

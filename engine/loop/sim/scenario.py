@@ -1,5 +1,6 @@
 """Random scenarios for the loop simulator: a config within the schema's ranges, costs, faults and operator
-actions, all drawn from one seed, so `asyncrl simulate --replay SEED` reproduces a run exactly."""
+actions, all drawn from one seed, so `asyncrl simulate --replay SEED` reproduces a run exactly (the budgets a
+scenario runs under: `engine.loop.sim.bounds`)."""
 
 from __future__ import annotations
 
@@ -170,7 +171,57 @@ def draw(seed: int, multi_turn: bool | None = None) -> Scenario:
     if r.random() < 0.3 and not s.deterministic:  # dynamic sampling (drawn last; `validate` refuses it with
         s.filter_groups = True                     # deterministic mode)
         s.uniform_p = r.choice([0.0, 0.3, 0.7, 1.0])
+    _draw_wide(r, s)  # drawn last: the fields above are as before
     return s
+
+
+KNOBS = ("trigger_parameter_sync_step", "staleness_threshold", "paused")
+
+
+def _knob_value(r: random.Random, name: str) -> Any:
+    if name == "trigger_parameter_sync_step":
+        return r.choice([1, 1, 2, 3, 4, 6, 8])
+    if name == "staleness_threshold":
+        return r.choice([0.0, 0.0, 0.25, 0.5, 1.0, 3.0])
+    return r.random() < 0.5
+
+
+def _draw_wide(r: random.Random, s: Scenario) -> None:
+    """The wider space `--check` draws from, on top of the draw above: bursts of live knob changes (several
+    knobs, some at one instant, a pause always resumed), deterministic mode together with multi-turn tools and
+    with trainer and replica deaths, and faults and operator actions landing at the same instant."""
+    horizon = _work_estimate(s)
+    if r.random() < 0.35:  # a burst: 2-8 knob changes around one moment, some at the same instant
+        center = r.uniform(0, horizon)
+        burst = sorted((center if r.random() < 0.3 else max(0.0, center + r.uniform(-0.1, 0.3) * horizon),
+                        r.choice(KNOBS)) for _ in range(r.randint(2, 8)))
+        paused = False
+        for at, name in burst:
+            value = _knob_value(r, name)
+            if name == "paused":
+                if value == paused:
+                    continue
+                paused = value
+            s.actions.append(Action(at, name, value))
+        if paused:  # a pause is always followed by a resume
+            s.actions.append(Action(burst[-1][0] + r.uniform(0, horizon / 3), "paused", False))
+    if s.multi_turn and r.random() < 0.3:  # deterministic mode with tools (the cores support the pair)
+        s.deterministic, s.partial_rollout, s.stale_policy = True, False, "drop"
+        s.filter_groups = False
+    if s.deterministic and r.random() < 0.5:  # ... and with deaths
+        s.replica_deaths = sorted(s.replica_deaths + [r.uniform(0, horizon) for _ in range(r.randint(1, 2))])
+        s.max_replica_restarts = max(s.max_replica_restarts, len(s.replica_deaths))
+        if r.random() < 0.6:
+            s.trainer_deaths = sorted(s.trainer_deaths + [r.uniform(0, horizon)])
+    if r.random() < 0.15:  # a fault and an operator action at the same instant
+        at = r.uniform(0, horizon)
+        name = r.choice(["checkpoint", "trigger_parameter_sync_step", "staleness_threshold"])
+        s.actions.append(Action(at, name, None if name == "checkpoint" else _knob_value(r, name)))
+        if r.random() < 0.5:
+            s.trainer_deaths = sorted(s.trainer_deaths + [at])
+        else:
+            s.replica_deaths = sorted(s.replica_deaths + [at])
+    s.actions.sort(key=lambda a: a.at)
 
 
 def _draw_multi_turn(r: random.Random, s: Scenario) -> None:
@@ -195,17 +246,3 @@ def _work_estimate(s: Scenario) -> float:
     train = s.total_prompts * s.n * s.max_new_tokens * s.train_token_cost
     return max(1.0, gen + train)
 
-
-def time_bound(s: Scenario) -> float:
-    """Simulated time within which the scenario must end: its work done strictly serially (every request
-    alone, every step, sync and validation in turn), plus the operator's pauses and the faults, times 4."""
-    tokens = (s.total_prompts * s.n + (s.val_prompts * (s.total_prompts + 1))) * s.max_new_tokens
-    gen = tokens * s.token_cost * (5 if s.straggler is not None else 1)
-    train = s.total_prompts * s.n * s.max_new_tokens * s.train_token_cost
-    syncs = (s.total_prompts + 1) * (s.sync_cost + s.token_cost)
-    tools = 0.0
-    if s.multi_turn:  # at worst every token a turn of its own, each followed by the slowest tool call, serially
-        slowest = s.tool_timeout if s.tool_timeout is not None else 20 * 1.5 * s.tool_latency
-        tools = s.total_prompts * s.n * s.max_new_tokens * (slowest + s.token_cost * (5 if s.straggler is not None else 1))
-    last_action = max([a.at for a in s.actions] + s.replica_deaths + s.trainer_deaths + [0.0])
-    return 4 * (gen + train + syncs + tools) * (1 + len(s.trainer_deaths)) + last_action + 10.0

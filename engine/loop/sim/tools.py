@@ -43,6 +43,8 @@ class SimTools:
     tool_waits: dict[tuple[str, int], float]
     tool_sessions: set[tuple[str, int, bool]]
     answers: dict[int, tuple[str, int, int]]
+    train_answers = 0
+    """Tool answers appended to training trajectories (a measure of progress: `World`'s stall budget)."""
 
     def _hash(self, *key: Any) -> int:
         return zlib.crc32(":".join(str(k) for k in (self.s.seed, *key)).encode())
@@ -89,6 +91,7 @@ class SimTools:
         if run_epoch != self.run_epoch:
             return  # the trainer died meanwhile: the resumed conversation generates its turn again
         if not validation:
+            self.train_answers += 1
             self.tool_waits.pop((uid, index), None)
             self.check.on_tools_answered(uid, index)
         token = TOOL_BASE + len(self.answers)

@@ -13,7 +13,8 @@ its next decode step (`replica cost` later while it generates, at once when idle
 the trainer's buffer and the ledger's length, cut as the rollouter cuts it: at a sync while the rollout side
 is paused (periodic), else under `begin_hold` with the running generations drained (on demand, stop, final);
 a trainer death resumes from the last one (or from scratch).
-Everything is drawn from the scenario's seed, so a run replays exactly.
+Everything is drawn from the scenario's seed, so a run replays exactly. A run ends, or is reported as a
+deadlock (no event left) or a livelock (a budget of `engine.loop.sim.bounds` spent), never hangs.
 """
 
 from __future__ import annotations
@@ -21,15 +22,13 @@ from __future__ import annotations
 import heapq
 import pickle
 import random
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from engine.control.core import ControllerCore
 from engine.loop.commands import (
-    Abort, AckKnob, Allow, AskOutstanding, CallTools, Checkpoint, CloseQueue, Command, Dispatch, Drop, Event, Finish,
-    NeedPrompts, PollControl, Pull, Put, Record, ReleaseTools, Resume, SetQueueBound, SetThreads, SetTrigger, Sync,
-    Train, ValidationDone,
+    Abort, AckKnob, CallTools, CloseQueue, Command, Dispatch, Event, NeedPrompts, Put, ReleaseTools, Resume,
+    SetQueueBound, SetThreads, ValidationDone,
 )
 from engine.loop.elastic import ROLLOUT as E_ROLLOUT, TRAINER as E_TRAINER, ElasticCores, ElasticParams
 from engine.loop.knobs import ROLLOUTER, TRAINER
@@ -38,9 +37,11 @@ from engine.loop.budget import staleness_in_force
 from engine.loop.rollout import RolloutLoop, RolloutParams, partial_rollout_in_force
 from engine.loop.sim.checks import Checker
 from engine.loop.sim.replicas import SimReplica, SimReplicas
-from engine.loop.sim.scenario import Scenario, time_bound
+from engine.loop.sim.bounds import event_bound, stall_bound, time_bound
+from engine.loop.sim.scenario import Scenario
 from engine.loop.sim.tools import SimTools
-from engine.loop.trainer import TrainerLoop, TrainerParams, staleness_of
+from engine.loop.sim.trainer_shell import SimTrainer
+from engine.loop.trainer import TrainerLoop, TrainerParams
 from engine.loop.stream import PromptStream
 from engine.types import Prompt, TrajectoryGroup
 
@@ -84,7 +85,7 @@ def _prompt(epoch: int, i: int) -> Prompt:
     return Prompt(uid=f"p{epoch}-{i}", index=i, epoch=epoch, prompt_ids=[1, 2, 3])
 
 
-class World(SimReplicas, SimTools):
+class World(SimTrainer, SimReplicas, SimTools):
     """Runs one scenario (see the module docstring); `run()` returns an `Outcome`."""
 
     def __init__(self, s: Scenario) -> None:
@@ -93,7 +94,8 @@ class World(SimReplicas, SimTools):
         self.now = 0.0
         self.heap: list[tuple[float, int, str, tuple]] = []
         self._seq = 0
-        self.bound = time_bound(s)
+        self.bound, self.event_bound, self.stall_bound = time_bound(s), event_bound(s), stall_bound(s)
+        self.halted = False  # a budget was spent (`livelock`)
         sync = s.mode == "sync"
         self.rp = RolloutParams(n=s.n, max_new_tokens=s.max_new_tokens, required_samples=s.required_samples,
                                 staleness_threshold=staleness_in_force(s.staleness_threshold, sync), trigger=s.trigger,
@@ -205,14 +207,18 @@ class World(SimReplicas, SimTools):
         heapq.heappush(self.heap, (t, self._seq, kind, args))
 
     def run(self) -> Outcome:
+        """Pop events until the run is over, no event is left (a deadlock) or a budget is spent (a livelock:
+        `engine.loop.sim.bounds`)."""
         self._trainer_run(self.trainer.start())
         self._kick()
         handlers: dict[str, Any] = {}  # event kind -> this world's bound `_on_<kind>`
-        while not self.done and self.heap:
+        mark, stall = self._progress(), 0
+        while not self.done and not self.halted and self.heap:
             t, _, kind, args = heapq.heappop(self.heap)
-            if t > self.bound:
-                self.check.violation("liveness", f"not finished by t={self.bound:.1f} (simulated s): "
-                                     f"{self.describe()}")
+            if t > self.bound or self.events >= self.event_bound:
+                budget = f"its simulated-time budget t={self.bound:.1f}s" if t > self.bound else \
+                    f"its event budget ({self.event_bound} events) at t={self.now:.2f}s"
+                self.livelock(f"not finished within {budget}")
                 break
             self.now = t
             self.events += 1
@@ -222,39 +228,65 @@ class World(SimReplicas, SimTools):
             on(*args)
             self._kick()
             self.check.on_threads()
-        if not self.done and not self.check.violations:
+            now = self._progress()
+            stall = 0 if now != mark else stall + 1
+            mark = now
+            if stall > self.stall_bound:
+                self.livelock(f"{stall} events in a row without progress (stall budget {self.stall_bound}) at "
+                              f"t={self.now:.2f}s")
+        if not self.done and not self.halted and not self.check.violations:
             self.check.violation("deadlock", f"no event can happen and the run is not over: {self.describe()}")
-        if self.done:
+        if self.done and not self.halted:
             self.check.at_end()
-        return Outcome(self.s.seed, self.done and self.failure is None, self.failure, self.now,
-                       self.trainer.local_step, self.trainer.version, self.staleness, self.check.violations,
+        return Outcome(self.s.seed, self.done and self.failure is None and not self.halted, self.failure,
+                       self.now, self.trainer.local_step, self.trainer.version, self.staleness, self.check.violations,
                        self.trainer_busy, self.rollout_busy, self.events, self.records, self.s.multi_turn,
                        len(self.answers), self.check.syncs_during_tools)
 
-    def describe(self) -> str:
+    def livelock(self, why: str) -> None:
+        """A budget is spent: report it with the last state of every core, and stop the run here."""
+        self.check.violation("livelock", f"{why}: {self.describe()}")
+        self.halted = True
+
+    def _progress(self) -> tuple:
+        """Changes whenever the training work progresses: a model token or tool answer of it returned, a prompt
+        admitted, queued, trained or dropped, a resume (validation is bounded per progress mark:
+        `engine.loop.sim.bounds.stall_bound`)."""
         ro, tr = self.rollout, self.trainer
-        return (f"trainer={self.trainer_state} waiting={type(self.waiting).__name__} step={tr.local_step}/{tr.p.total_local_steps} v={tr.version} "
-                f"since_sync={tr.since_sync} trigger={tr.trigger} buffer={len(tr.buffer)} want={tr.want()} | "
-                f"rollout in_flight={len(ro.in_flight)} running={sorted(ro.running)} aborted={sorted(ro.aborted)} "
-                f"live={sorted(ro.live)} budget={ro.budget.staleness_samples}/{ro.budget.limit}+{ro.budget.extra} "
-                f"queue={len(self.queue)}/{self.queue_bound} sync={ro.sync} paused={ro.paused} "
-                f"closed={ro.closed} emitted={ro.stream.emitted}/{ro.stream.total} val_pending={len(ro.val_pending)}")
+        return (self.tokens_out, self.train_answers, ro.total_generated, ro.stream.emitted, tr.local_step,
+                len(self.ledger), len(ro.dropped), self.run_epoch)
+
+    def describe(self) -> str:
+        """The last state of every core: the trainer's, the rollout's, the knobs pending in the controller's
+        table and (with elastic cores) the threads granted."""
+        ro, tr = self.rollout, self.trainer
+        pending = {k: v["value"] for k, v in self.controller.get_knobs().items()
+                   if v.get("applied_version", 0) < v["version"]}
+        return (f"trainer={self.trainer_state} waiting={type(self.waiting).__name__} step={tr.local_step}/"
+                f"{tr.p.total_local_steps} v={tr.version} since_sync={tr.since_sync} trigger={tr.trigger} "
+                f"buffer={len(tr.buffer)} want={tr.want()} stopping={tr.stopping} | "
+                f"rollout v={ro.version} in_flight={len(ro.in_flight)} running={sorted(ro.running)} "
+                f"aborted={sorted(ro.aborted)} live={sorted(ro.live)} "
+                f"budget={ro.budget.staleness_samples}/{ro.budget.limit}+{ro.budget.extra} trigger={ro.budget.trigger} "
+                f"queue={len(self.queue)}/{self.queue_bound} sync={ro.sync} paused={ro.paused} hold={ro.hold} "
+                f"closed={ro.closed} emitted={ro.stream.emitted}/{ro.stream.total} val_pending={len(ro.val_pending)} | "
+                f"knobs pending={pending}" + (f" | elastic granted={self.elastic.granted}" if self.elastic.p.enabled
+                                              else ""))
 
     def _kick(self) -> None:
         """Let both shells act until neither has anything left to do at this instant."""
         for _ in range(1000):
-            if self.done:
+            if self.done or self.halted:
                 return
             before = self.rollout.stream.emitted
             cmds = self.rollout.tick(self.now)
+            self._execute(cmds)
             if self.rollout.stream.emitted > before:
                 self.check.on_admit(self.rollout.budget)
-            self._execute(cmds)
             self._execute(self.elastic.rollout(bool(self.rollout.dispatches)))
             if not self._trainer_progress() and not cmds:
                 return
-        self.check.violation("livelock", f"1000 actions at one instant: {self.describe()}")
-        self.done = True
+        self.livelock(f"1000 actions at one instant t={self.now:.2f}s")
 
     # ------------------------------------------------------------------ the rollout shell
     def _execute(self, cmds: list) -> None:
@@ -391,169 +423,4 @@ class World(SimReplicas, SimTools):
     def _fail(self, reason: str) -> None:
         self.failure = reason
         self._execute(self.rollout.stop())
-        self.done = True
-
-    # ------------------------------------------------------------------ the trainer shell
-    def _trainer_run(self, cmds: list) -> None:
-        """Carry out the trainer core's commands in order; one that waits for an outcome is kept in `waiting`
-        (`_trainer_progress` reports its outcome when it comes)."""
-        todo = deque(cmds)
-        while todo and not self.done:
-            c = todo.popleft()
-            more = self._trainer_do(c)
-            if more is None:
-                self.waiting = c
-                return
-            todo.extend(more)
-
-    def _trainer_do(self, c: Any) -> list | None:
-        """One trainer command: its follow-up commands, or None while it waits."""
-        tr = self.trainer
-        if isinstance(c, PollControl):
-            self._control_dirty = False
-            self._threshold_polled = self.rollout.budget.staleness_threshold
-            return tr.control(self.inbox[TRAINER].take(self.controller.get_knobs()),
-                              self.controller.take_actions("trainer", tr.local_step))
-        if isinstance(c, Pull):
-            self._execute(self.elastic.trainer(False))  # the trainer waits for a batch
-            return self._pull(c.n)
-        if isinstance(c, Drop):
-            uids = [g.prompt.uid for g in c.groups]
-            self.ledger += [(u, "dropped") for u in uids]
-            self.rollout.release(uids, c.reason)
-            return []
-        if isinstance(c, Train):
-            for g in c.groups:
-                st = staleness_of(g, tr.version)
-                self.staleness.append(st)
-                self.check.on_trained(g, st)
-            cost = sum(len(t.response_ids) for g in c.groups for t in g.trajectories) * self.s.train_token_cost
-            self._execute(self.elastic.trainer(True))  # the step starts: it takes the threads granted now
-            self.trainer_threads, self.training_until = self.trainer_grant, self.now + cost
-            self.trainer_busy += cost
-            self._at(self.now + cost, "trained", (self.run_epoch, [g.prompt.uid for g in c.groups]))
-            return None
-        if isinstance(c, AskOutstanding):
-            queue_min = min((g.min_version for g in self.queue), default=None)
-            outstanding = [v for v in (self.rollout.outstanding_min_version(), queue_min) if v is not None]
-            return tr.outstanding(min(outstanding, default=None))
-        if isinstance(c, Allow):
-            self._execute(self.rollout.allow(c.need))
-            return []
-        if isinstance(c, SetTrigger):
-            self._execute(self.rollout.set_trigger(c.value))
-            return []
-        if isinstance(c, AckKnob):
-            self._ack(c)
-            return []
-        if isinstance(c, Sync):
-            self.check.on_sync_start(tr, c)
-            self._loading = False
-            self._execute(self.rollout.begin_sync(c.version, tr.local_step))
-            self._sync_started()
-            return None
-        if isinstance(c, Checkpoint):
-            if c.reason == "periodic":
-                assert self._cut is not None, "a periodic checkpoint without the cut of its sync"
-                cut, self._cut = self._cut, None
-                self._take_checkpoint(cut)
-                return tr.checkpointed()
-            self._execute(self.rollout.begin_hold(True))  # the rollouter's `snapshot(drain=True)`
-            return self._end_hold(c.reason) if self._drained() else None
-        if isinstance(c, Record):
-            self.check.on_record(c, self._threshold_polled)
-            self.records.append((c.step, c.version))
-            return []
-        if isinstance(c, Finish):
-            self._finish(c.validate)
-            return []
-        if isinstance(c, Event):
-            return []
-        raise TypeError(f"not a trainer command: {c!r}")
-
-    def _pull(self, n: int) -> list | None:
-        """`Pull(n)`: what the queue has (up to n); nothing yet while knobs or actions wait (the real pull's
-        timeout); else it waits for groups."""
-        if self.queue or self.queue_closed or self._control_dirty:
-            got, self.queue = self.queue[:n], self.queue[n:]
-            self.rollout.queue_seen(len(self.queue))
-            return self.trainer.pulled(got, self.queue_closed and not self.queue)
-        return None
-
-    def _drained(self) -> bool:
-        ro = self.rollout
-        return not (ro.aborted and ro.train_running())
-
-    def _end_hold(self, reason: str) -> list:
-        self._take_checkpoint(self._rollout_cut(), last=reason in ("final", "stop"))
-        self._execute(self.rollout.end_hold())
-        return self.trainer.checkpointed()
-
-    def _sync_started(self) -> None:
-        """Hook: a sync began (the costed world marks its timeline)."""
-
-    def _trainer_progress(self) -> bool:
-        """Report the outcome of the command the trainer waits on, if it came; True if anything changed."""
-        w = self.waiting
-        if w is None or self.done:
-            return False
-        if isinstance(w, Sync):
-            if self.rollout.sync_ready() and not self._loading:
-                self._loading = True
-                self._at(self.now + self.s.sync_cost, "synced", (self.run_epoch,))
-            return False
-        if isinstance(w, Pull):
-            more = self._pull(w.n)
-        elif isinstance(w, Checkpoint):
-            more = self._end_hold(w.reason) if self._drained() else None
-        else:
-            return False
-        if more is None:
-            return False
-        self.waiting = None
-        self._trainer_run(more)
-        return True
-
-    def _on_trained(self, run_epoch: int, uids: list[str]) -> None:
-        if run_epoch != self.run_epoch:
-            return
-        self.ledger += [(u, "trained") for u in uids]
-        self.waiting, self.training_until = None, None
-        self._trainer_run(self.trainer.trained())
-
-    def _on_synced(self, run_epoch: int) -> None:
-        if run_epoch != self.run_epoch:
-            return
-        sync = self.waiting
-        assert isinstance(sync, Sync)
-        self.waiting, self._loading = None, False
-        for r in self.replicas:
-            if r.alive:
-                r.version = sync.version
-        self.trainer_busy += self.s.sync_cost
-        if sync.trigger is not None:
-            self._execute(self.rollout.set_trigger(sync.trigger))
-        self._execute(self.rollout.finish_sync(sync.version, self.trainer.local_step))
-        if sync.cut:
-            self._cut = self._rollout_cut()
-        cmds = self.trainer.synced()
-        self.check.on_sync(self.trainer, self.rollout, self.replicas)
-        self._trainer_run(cmds)
-
-    def _finish(self, validate: bool) -> None:
-        if validate and self.rollout.request_final_validation(self.trainer.version):
-            if self.rollout.validated_version == self.trainer.version:
-                self._end_run()
-            else:
-                self.trainer_state = "final_val"
-            return
-        self._end_run()
-
-    def _end_run(self) -> None:
-        self._execute(self.rollout.stop())
-        self.check.on_end_tools()
-        left = list(self.rollout.in_flight) + [g.prompt.uid for g in self.queue + self.trainer.buffer]
-        self.ledger += [(u, "in_flight_at_end") for u in left]
-        self.ledger += [(u, f"dropped:{why}") for u, why in self.rollout.dropped]
-        self.trainer_state = "done"
         self.done = True
