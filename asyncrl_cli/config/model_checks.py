@@ -1,5 +1,8 @@
 """Rules on what the config names: settings that must agree with the model's architecture (`model_rules`)
-and model, tokenizer and data paths missing on this machine (`path_rules`, warnings: a cluster may have them).
+and model, tokenizer and data paths missing on this machine (`path_rules`). A missing model is a warning (a
+cluster may have it, the hub may serve it); a missing dataset file is an error (`launch` reads the data here and
+would stop), unless its path is an environment variable's default and that variable is unset here: a
+placeholder for the cluster, a warning that names the variable.
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ def _exists(p: str, base_dir: Path | None) -> bool:
 
 
 def path_rules(cfg: RunConfig, prov: Provenance, base_dir: Path | None) -> list[Problem]:
-    """Model, tokenizer and data paths that do not exist here (warnings: the cluster may have them)."""
+    """Model, tokenizer and data paths that do not exist here (see the module docstring for which are errors)."""
     out: list[Problem] = []
     for key, value in (("model.path", cfg.model.path), ("model.tokenizer_path", cfg.model.tokenizer_path)):
         if value is None or value.startswith("builtin:") or "${" in value or _exists(value, base_dir):
@@ -116,6 +119,12 @@ def path_rules(cfg: RunConfig, prov: Provenance, base_dir: Path | None) -> list[
         missing = [
             f for f in files if not f.startswith("builtin:") and "${" not in f and not _exists(f, base_dir)
         ]
-        if missing:
-            out.append(warn("path-not-found", key, f"not found: {', '.join(missing)}", _env_hint(prov, key)))
+        if not missing:
+            continue
+        env = [v for v in prov.get(key).env_vars if v not in ("HOME", "USER", "PWD")]
+        if env and not any(v in os.environ for v in env):
+            out.append(warn("path-not-found", key, f"not found here: {', '.join(missing)} (launch here would stop)",
+                            _env_hint(prov, key)))
+        else:
+            out.append(error("data-not-found", key, f"no such file: {', '.join(missing)}", _env_hint(prov, key)))
     return out

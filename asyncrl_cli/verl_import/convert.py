@@ -20,6 +20,7 @@ resolve (a bare `$1`, an unknown array) is an error, never dropped.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,13 +53,19 @@ def to_bool(v: str) -> bool:
 
 
 def to_int(v: str) -> int:
-    """Hydra ints (symbolic env defaults use their default)."""
-    return int(float(concrete(_unquote(v))))
+    """Hydra ints (symbolic env defaults use their default): a whole, finite number (`1e3` is 1000)."""
+    x = to_float(v)
+    if x != int(x):
+        raise ValueError(f"not a whole number: {v!r}")
+    return int(x)
 
 
 def to_float(v: str) -> float:
-    """Hydra floats."""
-    return float(concrete(_unquote(v)))
+    """Hydra floats: finite ones (`1e999`, `inf` and `nan` are refused)."""
+    x = float(concrete(_unquote(v)))
+    if not math.isfinite(x):
+        raise ValueError(f"not a finite number: {v!r}")
+    return x
 
 
 def to_str(v: str) -> str:
@@ -78,9 +85,12 @@ def to_threshold(v: str) -> float | str:
     """A float, or a `"lower_upper"` spec kept as a string."""
     s = _unquote(concrete(v)) if "$" in v else _unquote(v)
     try:
-        return float(s)
+        x = float(s)
     except ValueError:
         return s
+    if not math.isfinite(x):
+        raise ValueError(f"not a finite number: {v!r}")
+    return x
 
 
 def to_top_k(v: str) -> int:
@@ -192,7 +202,7 @@ MAP: dict[str, tuple[str, Callable[[str], Any]]] = {
     f"{ACTOR}.optim.lr": ("trainer.optim.lr", to_float),
     f"{ACTOR}.optim.lr_warmup_steps": ("trainer.optim.warmup_steps", lambda v: max(0, to_int(v))),
     f"{ACTOR}.optim.weight_decay": ("trainer.optim.weight_decay", to_float),
-    f"{ACTOR}.optim.betas": ("trainer.optim.betas", lambda v: [float(x) for x in to_list(v)]),
+    f"{ACTOR}.optim.betas": ("trainer.optim.betas", lambda v: [to_float(x) for x in to_list(v)]),
     f"{ACTOR}.grad_clip": ("trainer.grad_clip", to_float),
     f"{ACTOR}.ppo_mini_batch_size": ("trainer.ppo_mini_batch_size", to_int),
     f"{ACTOR}.ppo_micro_batch_size_per_gpu": ("trainer.ppo_micro_batch_size_per_gpu", to_int),
@@ -448,15 +458,20 @@ class Conversion:
     errors: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     script: Script | None = None
+    found_launch: bool = True
+    """False when the script has no verl launch command and no `*_CONFIG` override block: nothing to convert."""
+
+
+def _is_launch(cmd: list[str]) -> bool:
+    """A `python -m verl…main` command line."""
+    return any(w.endswith("fully_async_main") or "main_ppo" in w or (w.startswith("verl.") and "main" in w)
+               for w in cmd)
 
 
 def overrides_of(script: Script) -> tuple[list[str], list[str]]:
     """(Hydra overrides, --config-name values) of the verl launch command (or of the *_CONFIG blocks)."""
     for cmd in script.commands:
-        if any(
-            w.endswith("fully_async_main") or "main_ppo" in w or (w.startswith("verl.") and "main" in w)
-            for w in cmd
-        ):
+        if _is_launch(cmd):
             names = [w.split("=", 1)[1] for w in cmd if w.startswith("--config-name=")]
             return [w for w in cmd if "=" in w and not w.startswith("-")], names
     blocks = [v for k, v in script.variables.items() if k.endswith("_CONFIG")]
@@ -466,7 +481,10 @@ def overrides_of(script: Script) -> tuple[list[str], list[str]]:
 def _legacy_band(lower: str, upper: str) -> str | None:
     """The k1 spec of a legacy `_threshold_lower` / `_threshold` pair: the legacy modes bounded π_train/π_rollout,
     the k1 options bound π_rollout/π_train, so [lo, hi] becomes [1/hi, 1/lo] (`invert_band`)."""
-    lo, hi = to_threshold(lower), to_threshold(upper)
+    try:
+        lo, hi = to_threshold(lower), to_threshold(upper)
+    except ValueError:
+        return None
     if not isinstance(lo, float) or not isinstance(hi, float) or not 0 < lo < hi:
         return None
     new_lo, new_hi = invert_band(lo, hi)
@@ -584,8 +602,11 @@ def _special(conv: Conversion, raw: dict[str, str]) -> None:
         conv.sources["data.reward"] = f"{prefix}.path={path} {prefix}.name={name}"
     standalone = raw.pop(f"{ROLL}.standalone_gpu_memory_utilization", None)
     if standalone is not None and _unquote(standalone) not in ("null", "None"):
-        conv.values["rollout.gpu_memory_utilization"] = to_float(standalone)
-        conv.sources["rollout.gpu_memory_utilization"] = f"{ROLL}.standalone_gpu_memory_utilization={standalone}"
+        try:
+            conv.values["rollout.gpu_memory_utilization"] = to_float(standalone)
+            conv.sources["rollout.gpu_memory_utilization"] = f"{ROLL}.standalone_gpu_memory_utilization={standalone}"
+        except ValueError as e:
+            conv.errors.append((f"{ROLL}.standalone_gpu_memory_utilization={standalone}", str(e)))
         shared = raw.pop(f"{ROLL}.gpu_memory_utilization", None)
         if shared is not None:
             conv.ignored.append((f"{ROLL}.gpu_memory_utilization={shared}", "for replicas sharing devices with the "
@@ -613,6 +634,7 @@ def convert_script(text: str) -> Conversion:
     conv.notes += script.notes
     conv.errors += [(u, "the shell reader cannot resolve it") for u in script.unparsed]
     overrides, config_names = overrides_of(script)
+    conv.found_launch = bool(overrides or config_names) or any(_is_launch(cmd) for cmd in script.commands)
     for cfg_name in config_names:
         stem = _unquote(cfg_name).removesuffix(".yaml")
         if stem in BASE_CONFIGS:
@@ -628,9 +650,11 @@ def convert_script(text: str) -> Conversion:
         if key in raw and not _same(raw[key], value):
             conv.errors.append((ov, f"set twice with different values ({raw[key]})"))
         raw[key] = value
-    for key, value in raw.items():
-        if "$(" in value:
-            conv.errors.append((f"{key}={value}", "a command substitution the shell reader does not run"))
+    unresolved = {key for key, value in raw.items() if "$(" in value}
+    for key in unresolved:  # one error each; the value is not converted as well
+        why = ("arithmetic the shell reader cannot evaluate" if "$((" in raw[key]
+               else "a command substitution the shell reader does not run")
+        conv.errors.append((f"{key}={raw[key]}", why))
     _legacy_rs(conv, raw)
     raw.pop(f"{RC}.rollout_rs", None)
     if to_bool_safe(raw.pop("async_training.compute_prox_log_prob", "false")):
@@ -639,7 +663,8 @@ def convert_script(text: str) -> Conversion:
         conv.notes.append("compute_prox_log_prob=True (removed in verl) → bypass_mode = false (decoupled)")
     _special(conv, raw)
     for key, value in raw.items():
-        _classify(conv, key, value, raw)
+        if key not in unresolved:
+            _classify(conv, key, value, raw)
     if "algorithm.adv_estimator" not in raw:
         conv.errors.append(("algorithm.adv_estimator (unset)", "verl's default is gae (PPO with a critic); "
                             "asyncrl runs grpo: set it in the script"))
