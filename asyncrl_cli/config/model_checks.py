@@ -2,7 +2,8 @@
 and model, tokenizer and data paths missing on this machine (`path_rules`). A missing model is a warning (a
 cluster may have it, the hub may serve it); a missing dataset file is an error (`launch` reads the data here and
 would stop), unless its path is an environment variable's default and that variable is unset here: a
-placeholder for the cluster, a warning that names the variable.
+placeholder for the cluster, a warning that names the variable. `checkpoint_disk_rules` warns when the checkpoint
+directory's filesystem has less room than the run's checkpoints need.
 """
 
 from __future__ import annotations
@@ -128,3 +129,31 @@ def path_rules(cfg: RunConfig, prov: Provenance, base_dir: Path | None) -> list[
         else:
             out.append(error("data-not-found", key, f"no such file: {', '.join(missing)}", _env_hint(prov, key)))
     return out
+
+
+def checkpoint_disk_rules(cfg: RunConfig, f: ModelFacts, run_dir_base: Path | None = None) -> list[Problem]:
+    """A warning when the filesystem of the checkpoint directory has less free space than the run's checkpoints
+    need: (keep_last + 1) × one checkpoint (`engine.plan.memory.checkpoint_bytes`)."""
+    import shutil
+
+    from engine.plan.memory import checkpoint_bytes
+
+    root = Path(os.path.expanduser(cfg.checkpoint.dir or str(Path(cfg.logging.run_dir) / "checkpoints")))
+    if "${" in str(root):
+        return []
+    root = (run_dir_base or Path.cwd()) / root if not root.is_absolute() else root
+    where = next((p for p in (root, *root.parents) if p.exists()), None)
+    if where is None:
+        return []
+    one = checkpoint_bytes(cfg, f)
+    need, free = (cfg.checkpoint.keep_last + 1) * one, shutil.disk_usage(where).free
+    if free >= need:
+        return []
+    key = "checkpoint.dir" if cfg.checkpoint.dir else "checkpoint.keep_last"
+    return [warn("checkpoint-disk", key, f"checkpoints need about {_gb(need)} ((keep_last + 1) × {_gb(one)}) but "
+                 f"{where} has {_gb(free)} free: a save would fail for lack of space",
+                 "free space, lower checkpoint.keep_last, or set checkpoint.dir on a larger disk")]
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.0f} GB" if n >= 100e9 else f"{n / 1e9:.3g} GB"

@@ -203,7 +203,7 @@ class TrainerCore(TrainerCheckpoints):
         if isinstance(c, Checkpoint):
             if c.reason == "periodic":
                 snap, self._sync_snapshot = self._sync_snapshot, None
-                self.save_checkpoint("periodic", snap)
+                self.periodic_checkpoint(snap)
             else:
                 self._checkpoint_best_effort(c.reason)
             return self.loop.checkpointed()
