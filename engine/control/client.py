@@ -24,6 +24,7 @@ run choice, a refused change; the CLI maps each type to its exit code.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import sys
 from dataclasses import dataclass
@@ -336,9 +337,23 @@ def _is_this_machine(address: str) -> bool:
 
 
 def use_local_token_for(address: str | None) -> None:
-    """Before `ray.init(address=...)`: an explicit address of this machine authenticates with the local token."""
+    """Before `ray.init(address=...)`: an explicit address of this machine authenticates with the local token;
+    a loopback one (a local run's: its services listen on 127.0.0.1 only) is joined as the loopback node."""
     if address not in (None, "auto") and _is_this_machine(address):
+        host = address.removeprefix("ray://").rpartition(":")[0].strip("[]")
+        if host in ("127.0.0.1", "localhost", "::1"):
+            bind_loopback()  # else Ray rewrites 127.0.0.1 to this node's network address, where nothing listens
         _use_local_token()
+
+
+def bind_loopback() -> None:
+    """Make this process's (and its children's) Ray take 127.0.0.1 as the node address: a cluster it starts
+    listens on the loopback interface only, and a loopback address it joins is not rewritten to the node's
+    network address (Ray's switch for a one-machine cluster, `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`)."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray reads it at import: the children
+    mod = sys.modules.get("ray._private.ray_constants")
+    if mod is not None:  # this process imported Ray already: the same switch, read at call time
+        mod.ENABLE_RAY_CLUSTER = False
 
 
 def _use_local_token() -> None:

@@ -127,15 +127,6 @@ def _new_token() -> str:
         return secrets.token_hex(32)
 
 
-def bind_loopback() -> None:
-    """Make this process's (and its children's) Ray take 127.0.0.1 as the node address: Ray's services then
-    listen on the loopback interface only."""
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray reads it at import: the children
-    mod = sys.modules.get("ray._private.ray_constants")
-    if mod is not None:  # this process imported Ray already: the same switch, read at call time
-        mod.ENABLE_RAY_CLUSTER = False
-
-
 _PROBE = """
 import os, sys
 for k in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
@@ -203,6 +194,8 @@ def init_ray(address: str | None, placement: dict[str, Any], insecure: bool = Fa
     if mode == "token":
         secure_token_file()
     placement["auth"] = "token" if mode == "token" else "disabled (--insecure)"
+    from engine.control.client import bind_loopback
+
     bind_loopback()
     cpus = max(os.cpu_count() or 2, placement["trainer_ranks"] + placement["replicas"])
     # address="local": always a private cluster, never a `ray start` cluster found on this machine

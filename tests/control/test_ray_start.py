@@ -123,3 +123,35 @@ def test_an_address_cluster_must_refuse_a_client_without_a_token(auth: str, tmp_
     else:
         assert why is not None and "accepts clients without a token" in why and "--insecure" in why
     assert "cannot check" in (cluster_auth_refusal("ray://127.0.0.1:10001") or "")
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # ~50 s: a real launch, ctl from another process, a graceful stop
+def test_ctl_reaches_a_local_run_whose_services_listen_on_loopback_only(tmp_path: Path) -> None:
+    """A second process (`asyncrl ctl`) joins a local run at its registry address 127.0.0.1:PORT — which Ray
+    would rewrite to the node's network address, where nothing listens."""
+    repo = Path(__file__).resolve().parents[2]
+    asyncrl = Path(sys.executable).with_name("asyncrl")
+    env = {**os.environ, "PYTHONPATH": str(repo), "RAY_USAGE_STATS_ENABLED": "0"}
+    run_dir, name = tmp_path / "run", f"ctl-loopback-{os.getpid()}"
+    proc = subprocess.Popen([str(asyncrl), "launch", str(repo / "presets" / "runs" / "tiny-cpu.toml"),
+                             "--set", f'logging.run_dir="{run_dir}"', "--set", f'name="{name}"', "--set",
+                             "logging.progress=false", "--set", "trainer.total_steps=100000"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, "the launch ended early"
+            time.sleep(0.5)
+        t0 = time.monotonic()
+        ctl = subprocess.run([str(asyncrl), "ctl", name, "pause"], env=env, capture_output=True, text=True,
+                             timeout=60)
+        assert ctl.returncode == 0 and "pause" in ctl.stdout, ctl.stdout + ctl.stderr
+        assert time.monotonic() - t0 < 30
+        stop = subprocess.run([str(asyncrl), "ctl", name, "stop", "--yes"], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
