@@ -178,7 +178,8 @@ def init_ray(address: str | None, placement: dict[str, Any], insecure: bool = Fa
     namespace = placement["namespace"]
     quiet = not os.environ.get("ASYNCRL_DEBUG")
     if address:
-        from engine.control.client import cluster_unreachable, use_local_token_for
+        from engine.control.client import cluster_unreachable
+        from engine.control.local_ray import use_local_token_for
 
         why = cluster_unreachable(address)
         if why:
@@ -194,7 +195,7 @@ def init_ray(address: str | None, placement: dict[str, Any], insecure: bool = Fa
     if mode == "token":
         secure_token_file()
     placement["auth"] = "token" if mode == "token" else "disabled (--insecure)"
-    from engine.control.client import bind_loopback
+    from engine.control.local_ray import bind_loopback
 
     bind_loopback()
     cpus = max(os.cpu_count() or 2, placement["trainer_ranks"] + placement["replicas"])
