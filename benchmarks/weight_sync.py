@@ -263,7 +263,7 @@ def one_sync(trainer: Any, replica: Any, sync: Any, version: int, bucket_bytes: 
         push_s, update_s = t1 - t0, t3 - t2
         drain_s, pause_s = t2 - paused, t3 - paused
         timeline = {}
-    DeliveryCheck().check(version, sent.fingerprints, {0: receipt}, sent.names)  # raises on a bad delivery
+    report = DeliveryCheck().check(version, sent.fingerprints, {0: receipt}, sent.names)  # raises on a bad one
     if ray.get(replica.version.remote()) != version:
         raise RuntimeError("the replica did not take the new version")
     return {
@@ -285,7 +285,7 @@ def one_sync(trainer: Any, replica: Any, sync: Any, version: int, bucket_bytes: 
         "pause_s": pause_s,
         "wall_s": t3 - t0,
         "generation_running": running,
-        "verified": True,
+        "verified": report.verified == 1.0,  # the replica loaded every bucket exactly, with effect
         "timeline": timeline,
         "breakdown": breakdown(timeline),
     }

@@ -8,10 +8,27 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from asyncrl_cli.errors import UsageProblem, handle_errors
+from asyncrl_cli.errors import InvalidConfig, UsageProblem, handle_errors
 from asyncrl_cli.output import stderr_console, stdout_console
 
 app = typer.Typer(no_args_is_help=True, help="Convert other frameworks' run scripts into asyncrl run files.")
+
+
+def read_script(path: Path) -> str:
+    """The script's text, or an InvalidConfig naming what it is instead (empty, binary, not UTF-8, unreadable)."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise InvalidConfig(f"{path}: cannot read it ({e.strerror or e})") from None
+    if not data.strip():
+        raise InvalidConfig(f"{path}: the script is empty: nothing to convert")
+    if b"\x00" in data:
+        raise InvalidConfig(f"{path}: a binary file (it has NUL bytes), not a shell script")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidConfig(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                            "save the script as UTF-8") from None
 
 
 @app.command("verl")
@@ -37,7 +54,10 @@ def verl(
         raise UsageProblem(f"script not found: {script}")
     if output.exists() and not force:
         raise UsageProblem(f"{output} exists", "pass --force to overwrite it")
-    conv = convert_script(script.read_text(encoding="utf-8"))
+    conv = convert_script(read_script(script))
+    if not conv.found_launch:
+        raise InvalidConfig(f"{script}: no verl launch command (`python3 -m verl…main` with key=value overrides) "
+                            "in the script: nothing to convert")
     con = stdout_console()
     for n in conv.notes:
         con.print(f"[cyan]note[/]  {escape(n)}")

@@ -38,7 +38,7 @@ def artifact_paths(an: Analysis) -> dict[str, str]:
 
 
 def relaunch_command(
-    run_file: Path, sets: list[str] | None, address: str | None, allow_same_name: bool
+    run_file: Path, sets: list[str] | None, address: str | None, allow_same_name: bool, insecure: bool = False
 ) -> list[str]:
     """This launch as typed, without `--resume` (the resume hint adds `--resume <run dir>`)."""
     args = ["asyncrl", "launch", str(run_file)]
@@ -48,6 +48,8 @@ def relaunch_command(
         args += ["--address", address]
     if allow_same_name:
         args.append("--allow-same-name")
+    if insecure:
+        args.append("--insecure")
     return args
 
 
@@ -91,6 +93,10 @@ def command(
     allow_same_name: Annotated[
         bool,
         typer.Option("--allow-same-name", help="Start even if a run of this name is live on this machine."),
+    ] = False,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="Run on a Ray without token authentication (RAY_AUTH_MODE=disabled, "
+                           "or an --address cluster that accepts anyone); refused otherwise. The run's events warn.")
     ] = False,
     with_plan: Annotated[
         bool, typer.Option("--plan", help="Predict the step time first (asyncrl plan); the dashboard shows it "
@@ -170,11 +176,11 @@ def command(
         ) from None
     from asyncrl_cli.tui import run_dashboard_with  # light: Textual loads when the dashboard starts
 
-    relaunch = relaunch_command(run_file, set_, address, allow_same_name)
+    relaunch = relaunch_command(run_file, set_, address, allow_same_name, insecure)
     if prediction is not None:
         relaunch += ["--plan"] + (["--calibration", str(calibration)] if calibration else [])
     rc = run(plan, address=address, resume=resume, tui=run_dashboard_with if tui else None,
-             allow_same_name=allow_same_name, command=relaunch, prediction=prediction)
+             allow_same_name=allow_same_name, command=relaunch, prediction=prediction, insecure=insecure)
     show_validation_curve(int(rc or 0), an.config.logging.run_dir)
     raise typer.Exit(int(rc or 0))
 

@@ -1,5 +1,9 @@
 """Rules on what the config names: settings that must agree with the model's architecture (`model_rules`)
-and model, tokenizer and data paths missing on this machine (`path_rules`, warnings: a cluster may have them).
+and model, tokenizer and data paths missing on this machine (`path_rules`). A missing model is a warning (a
+cluster may have it, the hub may serve it); a missing dataset file is an error (`launch` reads the data here and
+would stop), unless its path is an environment variable's default and that variable is unset here: a
+placeholder for the cluster, a warning that names the variable. `checkpoint_disk_rules` warns when the checkpoint
+directory's filesystem has less room than the run's checkpoints need.
 """
 
 from __future__ import annotations
@@ -94,7 +98,7 @@ def _exists(p: str, base_dir: Path | None) -> bool:
 
 
 def path_rules(cfg: RunConfig, prov: Provenance, base_dir: Path | None) -> list[Problem]:
-    """Model, tokenizer and data paths that do not exist here (warnings: the cluster may have them)."""
+    """Model, tokenizer and data paths that do not exist here (see the module docstring for which are errors)."""
     out: list[Problem] = []
     for key, value in (("model.path", cfg.model.path), ("model.tokenizer_path", cfg.model.tokenizer_path)):
         if value is None or value.startswith("builtin:") or "${" in value or _exists(value, base_dir):
@@ -116,6 +120,40 @@ def path_rules(cfg: RunConfig, prov: Provenance, base_dir: Path | None) -> list[
         missing = [
             f for f in files if not f.startswith("builtin:") and "${" not in f and not _exists(f, base_dir)
         ]
-        if missing:
-            out.append(warn("path-not-found", key, f"not found: {', '.join(missing)}", _env_hint(prov, key)))
+        if not missing:
+            continue
+        env = [v for v in prov.get(key).env_vars if v not in ("HOME", "USER", "PWD")]
+        if env and not any(v in os.environ for v in env):
+            out.append(warn("path-not-found", key, f"not found here: {', '.join(missing)} (launch here would stop)",
+                            _env_hint(prov, key)))
+        else:
+            out.append(error("data-not-found", key, f"no such file: {', '.join(missing)}", _env_hint(prov, key)))
     return out
+
+
+def checkpoint_disk_rules(cfg: RunConfig, f: ModelFacts, run_dir_base: Path | None = None) -> list[Problem]:
+    """A warning when the filesystem of the checkpoint directory has less free space than the run's checkpoints
+    need: (keep_last + 1) × one checkpoint (`engine.plan.memory.checkpoint_bytes`)."""
+    import shutil
+
+    from engine.plan.memory import checkpoint_bytes
+
+    root = Path(os.path.expanduser(cfg.checkpoint.dir or str(Path(cfg.logging.run_dir) / "checkpoints")))
+    if "${" in str(root):
+        return []
+    root = (run_dir_base or Path.cwd()) / root if not root.is_absolute() else root
+    where = next((p for p in (root, *root.parents) if p.exists()), None)
+    if where is None:
+        return []
+    one = checkpoint_bytes(cfg, f)
+    need, free = (cfg.checkpoint.keep_last + 1) * one, shutil.disk_usage(where).free
+    if free >= need:
+        return []
+    key = "checkpoint.dir" if cfg.checkpoint.dir else "checkpoint.keep_last"
+    return [warn("checkpoint-disk", key, f"checkpoints need about {_gb(need)} ((keep_last + 1) × {_gb(one)}) but "
+                 f"{where} has {_gb(free)} free: a save would fail for lack of space",
+                 "free space, lower checkpoint.keep_last, or set checkpoint.dir on a larger disk")]
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.0f} GB" if n >= 100e9 else f"{n / 1e9:.3g} GB"

@@ -165,7 +165,10 @@ class _Reader:
         expr = _NAME.sub(value, expr)
         try:
             return str(_eval_int(ast.parse(expr.strip(), mode="eval")))
-        except (ValueError, SyntaxError):
+        except ZeroDivisionError:
+            self.sc.unparsed.append(f"$(({self.s[start : self.i - 2]})): division by zero")
+            return "$((" + self.s[start : self.i - 2] + "))"
+        except (ValueError, SyntaxError, RecursionError, MemoryError):
             return "$((" + self.s[start : self.i - 2] + "))"
 
     def read_dollar(self) -> str:

@@ -17,6 +17,7 @@ when it names a `sandbox_fusion_url` (`engine.agent.fusion`; `num_workers` calls
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,42 +172,145 @@ def user_tool(t: Any, base_dir: Path | None = None) -> Tool:
                               max_output_chars=int(t.max_output_chars)))
 
 
-def from_verl_yaml(path: str | Path, base_dir: Path | None = None) -> ToolRegistry:
-    """The tools of a verl `tool_config_path` YAML, or a ValueError naming every tool asyncrl cannot run.
-    A `class_name` of the user's (`pkg.module.Class`) is looked up as a file (`pkg/module.py`) beside the YAML,
-    in `base_dir`, the working directory and `sys.path` — never imported here (`engine.agent.verl_tools`)."""
+def _kind(value: object) -> str:
+    """A YAML value's kind in the words of the file: mapping, list, string, number, ..."""
+    if value is None:
+        return "nothing"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return f"the string {value[:40]!r}"
+    if isinstance(value, bool):
+        return f"the boolean {value}"
+    if isinstance(value, int | float):
+        return f"the number {value}"
+    return f"a {type(value).__name__}"
+
+
+def _read_yaml(path: Path) -> Any:
+    """The parsed document, or a ValueError naming the file and what is wrong with it (one line)."""
     import yaml
 
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: is a directory, not a tool config file") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it ({e.strerror or e})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ValueError(f"{path}: not valid YAML{where}: {e.problem or e.context or 'unreadable'}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not valid YAML: nested too deeply") from None
+
+
+def _positive(cfg: dict[Any, Any], key: str, default: float, integer: bool) -> tuple[float, str | None]:
+    """`cfg[key]` (or `default`) and None when it is a finite number > 0 (a whole number when `integer`), else
+    (default, what is wrong)."""
+    value = cfg.get(key, default)
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if ok and integer and value != int(value):
+        ok = False
+    if ok:
+        return value, None
+    want = "a whole number > 0" if integer else "a number of seconds > 0"
+    shown = repr(value) if isinstance(value, int | float | str) else _kind(value)
+    return default, f"config.{key} must be {want}, not {shown}"
+
+
+def _code_tool(entry: dict[Any, Any], cls: str, name: str, schema: dict[Any, Any]) -> Tool:
+    """verl's sandbox-fusion code interpreter as asyncrl's built-in `python` tool with the config's limits."""
+    cfg = entry.get("config")
+    if cfg is None:
+        cfg = {}
+    if not isinstance(cfg, dict):
+        raise ValueError(f"config must be a mapping, not {_kind(cfg)}")
+    params = schema.get("parameters")
+    params = PYTHON.parameters if params is None else params
+    if not isinstance(params, dict):
+        raise ValueError(f"tool_schema.function.parameters must be a mapping, not {_kind(params)}")
+    required = params.get("required") or ["code"]
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise ValueError("tool_schema.function.parameters.required must be a list of argument names")
+    if required[0] != "code":
+        raise ValueError(f"its code argument is {required[0]!r}, asyncrl's interpreter takes 'code'")
+    description = schema.get("description", PYTHON.description)
+    if not isinstance(description, str):
+        raise ValueError(f"tool_schema.function.description must be a string, not {_kind(description)}")
+    timeout, bad_timeout = _positive(cfg, "default_timeout", 30, integer=False)
+    memory, bad_memory = _positive(cfg, "memory_limit_mb", 1024, integer=True)
+    wrong = [w for w in (bad_timeout, bad_memory) if w]
+    if wrong:
+        raise ValueError(", ".join(wrong))
+    limits = SandboxLimits(timeout_s=float(timeout), memory_mb=int(memory))
+    url = cfg.get("sandbox_fusion_url")
+    service = FusionService(str(url), max_concurrent=int(cfg.get("num_workers", 10)),
+                            language=str(cfg.get("default_language", "python"))) if url else None
+    return Tool(name, description, params, PYTHON.function, limits, service)
+
+
+def from_verl_yaml(path: str | Path, base_dir: Path | None = None) -> ToolRegistry:
+    """The tools of a verl `tool_config_path` YAML (`tools: [{class_name, config, tool_schema}]`), or a
+    ValueError of one line that names the file and every tool asyncrl cannot run or whose entry is malformed.
+    A `class_name` of the user's (`pkg.module.Class`) is looked up as a file (`pkg/module.py`) beside the YAML,
+    in `base_dir`, the working directory and `sys.path` — never imported here (`engine.agent.verl_tools`).
+
+    Checked: the file exists and is UTF-8 YAML whose top level is a mapping with a `tools:` list of mappings;
+    each tool has a `class_name`; a code interpreter's `default_timeout` (seconds) and `memory_limit_mb` are
+    finite numbers > 0 (a zero or negative limit would make every call fail)."""
     from engine.agent.verl_tools import verl_class_tool
 
-    doc = yaml.safe_load(Path(path).read_text()) or {}
+    path = Path(path)
+    doc = _read_yaml(path)
+    if doc is None:
+        raise ValueError(f"{path}: empty: no tools under `tools:`")
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: the top level must be a mapping with a `tools:` list, not {_kind(doc)}")
+    entries = doc.get("tools")
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: `tools:` must be a list of tools, not {_kind(entries)}")
     tools: list[Tool] = []
     refused: list[str] = []
-    for entry in doc.get("tools", []):
-        cls = str(entry.get("class_name", ""))
-        schema = (entry.get("tool_schema") or {}).get("function") or {}
-        cfg = entry.get("config") or {}
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            refused.append(f"tools[{i}]: must be a mapping with class_name, config and tool_schema, not "
+                           f"{_kind(entry)}")
+            continue
+        cls = entry.get("class_name")
+        schema = entry.get("tool_schema") or {}
+        schema = schema.get("function") or {} if isinstance(schema, dict) else schema
+        if not isinstance(cls, str) or not cls:
+            refused.append(f"tools[{i}]: class_name must be a class name, not {_kind(cls)}")
+            continue
+        if not isinstance(schema, dict):
+            refused.append(f"tools[{i}] ({cls}): tool_schema.function must be a mapping, not {_kind(schema)}")
+            continue
         name = schema.get("name", cls)
-        if cls.rsplit(".", 1)[-1] in _VERL_CODE_TOOLS:
-            params = schema.get("parameters") or PYTHON.parameters
-            code_arg = next(iter(params.get("required") or ["code"]))
-            if code_arg != "code":
-                refused.append(f"{name} ({cls}): its code argument is {code_arg!r}, asyncrl's interpreter takes 'code'")
-                continue
-            limits = SandboxLimits(timeout_s=float(cfg.get("default_timeout", 30)),
-                                   memory_mb=int(cfg.get("memory_limit_mb", 1024)))
-            url = cfg.get("sandbox_fusion_url")
-            service = FusionService(str(url), max_concurrent=int(cfg.get("num_workers", 10)),
-                                    language=str(cfg.get("default_language", "python"))) if url else None
-            tools.append(Tool(name, schema.get("description", PYTHON.description), params, PYTHON.function, limits,
-                              service))
-        else:
-            try:
-                tools.append(verl_class_tool(entry, [Path(path).parent, base_dir, Path.cwd()]))
-            except ValueError as e:
-                refused.append(f"{name} ({cls}): {e}")
+        if not isinstance(name, str) or not name:
+            refused.append(f"tools[{i}] ({cls}): tool_schema.function.name must be a string, not {_kind(name)}")
+            continue
+        try:
+            if cls.rsplit(".", 1)[-1] in _VERL_CODE_TOOLS:
+                tools.append(_code_tool(entry, cls, name, schema))
+            else:
+                tools.append(verl_class_tool(entry, [path.parent, base_dir, Path.cwd()]))
+        except ValueError as e:
+            refused.append(f"{name} ({cls}): {e}")
     if refused:
-        raise ValueError("cannot run these verl tools: " + "; ".join(refused))
+        raise ValueError(f"{path}: cannot use these verl tools: " + "; ".join(refused))
     if not tools:
         raise ValueError(f"{path}: no tools under `tools:`")
     return ToolRegistry(tools)

@@ -36,6 +36,7 @@ from engine.control.errors import (
     RunNotFoundError,
     SourceUnavailable,
 )
+from engine.control.local_ray import use_local_token_for
 from engine.control.controller import NAMESPACE, live_run_names, run_namespace
 from engine.control.core import ControllerCore, default_who
 from engine.control.replay import ReplaySource
@@ -321,47 +322,6 @@ def cluster_unreachable(address: str | None, timeout_s: float = 3.0) -> str | No
             return None
     except OSError as err:
         return f"cannot connect to {host}:{port} ({err.strerror or err})"
-
-
-def _is_this_machine(address: str) -> bool:
-    """True when `address` (host:port, optionally ray://) names an interface of this machine."""
-    host = address.removeprefix("ray://").rpartition(":")[0].strip("[]")
-    try:
-        import ray
-
-        own = {"localhost", "127.0.0.1", "::1", socket.gethostname(), ray.util.get_node_ip_address()}
-        return host in own or socket.gethostbyname(host) in own
-    except (OSError, ValueError):
-        return False
-
-
-def use_local_token_for(address: str | None) -> None:
-    """Before `ray.init(address=...)`: an explicit address of this machine authenticates with the local token."""
-    if address not in (None, "auto") and _is_this_machine(address):
-        _use_local_token()
-
-
-def _use_local_token() -> None:
-    """Turn on Ray token auth when a local token exists and RAY_AUTH_MODE is unset.
-
-    Ray does this itself for `address="auto"` but never for an explicit address; for an address of this
-    very machine the local token is the cluster's, so `--address` behaves like `auto`. Remote clusters
-    need `RAY_AUTH_MODE=token` plus the cluster's token (`RAY_AUTH_TOKEN` / `RAY_AUTH_TOKEN_PATH`).
-    """
-    try:
-        from ray._private.authentication.authentication_token_setup import (  # private: guarded
-            maybe_enable_token_auth_if_token_available,
-        )
-
-        quiet = logging.getLogger("ray._private.authentication.authentication_token_setup")
-        level = quiet.level
-        quiet.setLevel(logging.ERROR)  # Ray's "token auth is enabled" notice is noise for a client
-        try:
-            maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
-        finally:
-            quiet.setLevel(level)
-    except Exception:  # noqa: BLE001 — best effort; ray.init reports auth problems itself
-        return
 
 
 def list_live_runs(address: str | None = None, namespace: str = NAMESPACE) -> list[dict[str, Any]]:

@@ -20,10 +20,17 @@ and fsynced, the directory is renamed to its final name and the parent fsynced. 
 ignore and the next save removes. A directory whose manifest is missing or unreadable, or disagrees with
 the files (one truncated, edited or missing), is corrupt: `latest_valid` skips it with a message and takes
 the previous one. Only the newest `keep_last` complete checkpoints are kept.
+
+A save that fails because its filesystem is full (ENOSPC / EDQUOT anywhere in the error's chain — torch's
+writer reports it as a bare RuntimeError —, or less than `LOW_SPACE_BYTES` free when it failed) removes its
+partial directory and raises `NoSpaceForCheckpoint`; nothing else changes, so the previous checkpoint stays the
+latest. The trainer treats a periodic one as an error event and goes on (`TrainerCheckpoints`). The disk a run
+needs is about (keep_last + 1) checkpoints: the new one is complete before the oldest is pruned.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -36,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from engine.config.schema import RunConfig
 
-from engine.persist.atomic import fsync_tree, publish_dir
+from engine.persist.atomic import fsync_path, fsync_tree, publish_dir
 
 PREFIX = "global_step_"
 MANIFEST = "manifest.json"
@@ -45,10 +52,31 @@ QUEUED = "queued.json"
 IN_FLIGHT = "in_flight.json"
 TRAINER_DIR = "trainer"
 FORMAT = 1
+LOW_SPACE_BYTES = 16 * 2**20
+"""Free bytes under which a failed save counts as out of space whatever its error says."""
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used (the message says why, in one line)."""
+
+
+class NoSpaceForCheckpoint(CheckpointError):
+    """A save failed for lack of space; its partial directory was removed and nothing else changed."""
+
+
+def out_of_space(err: BaseException, root: Path) -> bool:
+    """Did `err` (a failed save under `root`) come from a full filesystem? (module docstring)"""
+    seen: BaseException | None = err
+    for _ in range(16):  # the cause / context chain (bounded: chains can loop)
+        if seen is None:
+            break
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    try:
+        return shutil.disk_usage(root).free < LOW_SPACE_BYTES
+    except OSError:
+        return False
 
 
 def checkpoint_root(cfg: RunConfig, run_dir: str | Path) -> Path:
@@ -99,8 +127,13 @@ def write_checkpoint(root: Path, step: int, *, save_trainer: Callable[[Path], No
         _write_json(tmp / MANIFEST, manifest)
         fsync_tree(tmp)
         publish_dir(tmp, final)
-    except BaseException:
+    except BaseException as e:
+        full = isinstance(e, Exception) and out_of_space(e, root)
         shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            raise NoSpaceForCheckpoint(f"no space left for {final.name} under {root} ({type(e).__name__}: "
+                                       f"{first}); its partial directory was removed") from e
         raise
     prune(root, keep_last)
     return final
@@ -159,8 +192,11 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def ledger_position(path: Path) -> dict[str, Any]:
-    """`{"ledger_bytes", "ledger_sha256"}`: where the ledger ends now and a checksum of everything before, so
+    """`{"ledger_bytes", "ledger_sha256"}`: where the ledger ends now (fsynced first, so the lines the checkpoint
+    counts survive a power cut before it is published) and a checksum of everything before, so
     a resume can cut it there and check that the run directory belongs to the checkpoint."""
+    if path.exists():
+        fsync_path(path)  # the ledger writes whole lines (line-buffered): they are all in the file to sync
     data = path.read_bytes() if path.exists() else b""
     return {"ledger_bytes": len(data), "ledger_sha256": hashlib.sha256(data).hexdigest()}
 

@@ -130,6 +130,19 @@ class TrainerCheckpoints:
             light=light))
         return str(path)
 
+    def periodic_checkpoint(self, snapshot: dict | None) -> None:
+        """A periodic save. One that fails for lack of space (`NoSpaceForCheckpoint`: its partial directory is
+        already removed) is an `error` event naming the checkpoint kept, and the run goes on."""
+        from engine.persist.checkpoint import NoSpaceForCheckpoint
+
+        try:
+            self.save_checkpoint("periodic", snapshot)
+        except NoSpaceForCheckpoint as e:
+            kept = (self._weights_ckpt or {}).get("path") or "none yet"
+            self.controller.record_event.remote(self._ev(
+                "error", "checkpoint", f"periodic checkpoint failed: {e}; the previous checkpoint ({kept}) is kept "
+                "and the run goes on", reason="periodic", no_space=True, kept=kept))
+
     def _stop_is_light(self) -> bool:
         """Under a stop deadline: does the full checkpoint not fit in the time left (`stop_grace`)?"""
         from engine.persist.stop_grace import choose_stop_state, full_checkpoint_s
@@ -138,9 +151,12 @@ class TrainerCheckpoints:
         return choose_stop_state(time.time(), self._stop_deadline, expected) == "light"
 
     def _checkpoint_best_effort(self, reason: str) -> None:
-        """A stop/final/on-demand/failure checkpoint; a failure is an event, not a crash (the last one stays)."""
+        """A stop/final/on-demand/failure checkpoint; a failure is an event (the last one stays) — and for the
+        final one also the run's failure (raised): a run must not end "finished" without its last state."""
         try:
             self.save_checkpoint(reason, light=reason == "stop" and self._stop_is_light())
         except Exception as e:  # noqa: BLE001 - reported, and the previous checkpoint remains usable
             self.controller.record_event.remote(self._ev(
                 "error", "checkpoint", f"{reason} checkpoint failed: {type(e).__name__}: {e}"))
+            if reason == "final":
+                raise RuntimeError(f"the final checkpoint failed: {type(e).__name__}: {e}") from e

@@ -313,6 +313,18 @@ def rollout_memory(cfg: RunConfig, m: ModelShape, memory: float, device: str) ->
         "memory_gb": memory / GB, "device": device})
 
 
+def checkpoint_bytes(cfg: RunConfig, m: ModelShape) -> float:
+    """One checkpoint's size on disk: the trainer's save (its JSON files are small beside it). torch: the
+    weights and AdamW's m and v in the parameters' dtype, 3·P·b_p (the tiny model: 5.95 MB predicted, 6.0 MB
+    written); megatron: the weights in b_c and the distributed optimizer's fp32 master + m + v, P·(b_c + 12).
+    A run's checkpoint directory needs (keep_last + 1) of them: a new one is complete before the oldest goes."""
+    policy = policy_of(cfg)
+    p = m.params_total
+    if cfg.trainer.backend == "megatron":
+        return p * (DTYPE_BYTES[policy.compute] + 12)
+    return 3 * p * DTYPE_BYTES[policy.params]
+
+
 def predict_memory(cfg: RunConfig, m: ModelShape, *, trainer_world: int, memory_gb: float, device: str,
                    cal: dict[str, Any] | None = None) -> MemoryPrediction:
     """Each trainer rank's and each rollout replica GPU's predicted peak (bytes, named terms) for `cfg` on

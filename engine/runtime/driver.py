@@ -29,18 +29,18 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.control.controller import NAMESPACE
-from engine.plan.placement import RAY_ACCELERATOR  # light modules: no ray at import
 from engine.plan.roles import RunIdentity
 from engine.plan.run_plan import RunPlan
 from engine.runtime.placement_groups import PlacementTimeout, reserve_run
 from engine.runtime import terminal
+from engine.runtime.ray_start import (RunFailed, StartRefused, check_capacity, init_ray, object_store_bytes,
+                                      weight_bytes)
 from engine.launch.probe import resolve_auto
 from engine.persist.run_dirs import prepare_run_dir, resume_command, resume_hint
 from engine.persist.stop_grace import stop_deadline, stop_grace_s
@@ -53,10 +53,6 @@ if TYPE_CHECKING:
 
 STOP_TIMEOUT_S = 120.0
 """How long an interrupted driver waits for the trainer's stop checkpoint."""
-
-
-class RunFailed(RuntimeError):
-    """A run-time failure with a message meant for the user."""
 
 
 def trainer_ranks(plan: RunPlan) -> int:
@@ -83,56 +79,18 @@ def _placement(plan: RunPlan) -> dict[str, Any]:
     return placement
 
 
-def object_store_bytes(model_dir: Path) -> int:
-    """Object-store size for a local Ray: room for three copies of the weights as fp32 sync buckets (the version
-    being pushed, the one kept for replacement replicas, and slack) — so syncs never spill to disk — at least
-    1 GiB. `ASYNCRL_OBJECT_STORE_BYTES` overrides it."""
-    if os.environ.get("ASYNCRL_OBJECT_STORE_BYTES"):
-        return int(os.environ["ASYNCRL_OBJECT_STORE_BYTES"])
-    return max(1 << 30, 3 * weight_bytes(model_dir) + (256 << 20))
-
-
-def weight_bytes(model_dir: Path) -> int:
-    """The bytes of the model's `*.safetensors` files."""
-    return sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
-
-
-def _init_ray(address: str | None, placement: dict[str, Any]) -> bool:
-    """Join `address` or start a local Ray. Returns True when this process started it."""
-    import ray
-
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if ray.is_initialized():
-        return False
-    namespace = placement["namespace"]
-    quiet = not os.environ.get("ASYNCRL_DEBUG")
-    if address:
-        from engine.control.client import cluster_unreachable, use_local_token_for
-
-        why = cluster_unreachable(address)
-        if why:
-            raise RunFailed(f"no Ray cluster reachable at {address}: {why} (start one with `ray start --head`)")
-        use_local_token_for(address)
-        ray.init(address=address, namespace=namespace, log_to_driver=not quiet, logging_level="ERROR")
-        return True
-    cpus = max(os.cpu_count() or 2, placement["trainer_ranks"] + placement["replicas"])
-    # address="local": always a private cluster, never a `ray start` cluster found on this machine
-    ray.init(address="local", num_cpus=cpus, include_dashboard=False, namespace=namespace, log_to_driver=not quiet,
-             logging_level="ERROR", object_store_memory=placement["object_store_bytes"])
-    return True
-
-
 def run(plan: RunPlan, *, provenance: dict | None = None, address: str | None = None,
         resume: str | None = None, tui: Callable[[Any, Callable[[], bool]], bool] | None = None,
         progress: bool = True, allow_same_name: bool = False, command: list[str] | None = None,
-        prediction: dict | None = None) -> int:
+        prediction: dict | None = None, insecure: bool = False) -> int:
     """Run the job `plan` describes to the end (`engine.plan.run_plan.resolve_plan`: the CLI, tests and benchmarks
     resolve the plan first). Returns the exit code.
 
     `tui`: the dashboard runner for `launch --tui`, `tui(metrics_source, work) -> work()`; the CLI passes it in
     (its dashboard lives in the CLI package, which the engine does not import). `command` is the launch as the
     user typed it (without `--resume`); the resume hint appends `--resume <run dir>` to it. `prediction`: the plan's
-    expectation (`launch --plan`), written to `<run dir>/plan.json` and shown by the dashboard."""
+    expectation (`launch --plan`), written to `<run dir>/plan.json` and shown by the dashboard. `insecure`
+    (`launch --insecure`): run on a Ray without token auth (`engine.runtime.ray_start`), with a warning event."""
     from engine.launch.preflight import PreflightError
     from engine.persist.resume import ResumeError
     from engine.control.registry import NameInUse, claim, release
@@ -149,10 +107,14 @@ def run(plan: RunPlan, *, provenance: dict | None = None, address: str | None = 
         say(f"asyncrl: cannot start: cannot write the registry of live runs ({e}); set ASYNCRL_STATE_DIR to a "
             "writable directory")
         return 1
-    ident = {"entry": entry, "command": command, "allow_same_name": allow_same_name, "prediction": prediction}
+    ident = {"entry": entry, "command": command, "allow_same_name": allow_same_name, "prediction": prediction,
+             "insecure": insecure}
     try:
         return _run(plan, provenance or plan.provenance, address, resume, tui, progress, ident)
     except (PreflightError, ResumeError) as e:
+        say(f"asyncrl: cannot start: {e}")
+        return 1
+    except StartRefused as e:
         say(f"asyncrl: cannot start: {e}")
         return 1
     except RunFailed as e:
@@ -208,7 +170,7 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
     placement["object_store_bytes"] = object_store_bytes(Path(model_dir))
     placement["namespace"] = run_namespace(entry.id)
     with children_ignore_hangup():  # Ray's own processes must outlive a closed terminal's SIGHUP
-        started_ray = _init_ray(address, placement)
+        started_ray = init_ray(address, placement, ident["insecure"])
     ident["signals"] = signals = StopSignals()
     ident["weight_bytes"] = weight_bytes(Path(model_dir))
     restore_signals = signals.install()
@@ -218,7 +180,7 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
 
         registry.update(entry, address=str(ray.get_runtime_context().gcs_address))
         registry.write_run_file(run_dir, entry, resumed_from=point.ckpt["path"] if point else None)
-        _check_capacity(placement)
+        check_capacity(placement)
         try:  # accelerator hardware: the pools' placement groups, each actor's options into `placement`
             pools = reserve_run(placement, cfg.name)
         except PlacementTimeout as e:
@@ -297,6 +259,10 @@ def _run_actors(run_plan: RunPlan, cfg_dict, provenance, run_dir: Path, model_di
                                                   path=point.ckpt["path"]))
         controller.record_event.remote(_event("info", "start", f"run {entry.id} started in {run_dir}", step, version,
                                               total_steps=total_steps, run_id=entry.id))
+        if placement.get("auth", "token") != "token":
+            controller.record_event.remote(_event("warning", "security", "Ray token authentication is off "
+                                                  "(--insecure): anyone who reaches the cluster can run code", step,
+                                                  version, auth=placement["auth"]))
         say(f"asyncrl: run {cfg.name!r} (id {entry.id}) → {run_dir}  (attach: asyncrl attach {entry.id})")
         hint = {"root": _checkpoint_root(cfg, run_dir), "run_dir": run_dir, "command": ident["command"]}
         stop = {"signals": ident["signals"], "grace_s": stop_grace_s(cfg), "weight_bytes": ident["weight_bytes"],
@@ -366,28 +332,6 @@ def _checkpoint_root(cfg: RunConfig, run_dir: Path) -> Path:
     from engine.persist.checkpoint import checkpoint_root
 
     return checkpoint_root(cfg, run_dir)
-
-
-def _asked(res: dict[str, Any], name: str) -> float:
-    """How many of Ray resource `name` ("GPU", "NPU") one actor's options ask for."""
-    return res.get("num_gpus", 0) if name == "GPU" else res.get("resources", {}).get(name, 0)
-
-
-def _check_capacity(placement: dict[str, Any]) -> None:
-    """Refuse, in one line, a run whose actors the cluster cannot place: Ray would otherwise wait for the missing
-    accelerators forever (as verl's resource-pool check does, before any actor starts)."""
-    import ray
-
-    name = RAY_ACCELERATOR.get(placement["device"])
-    if name is None:
-        return
-    per_replica = _asked(placement["replica_res"], name)
-    need = placement["replicas"] * per_replica + placement["trainer_ranks"] * _asked(placement["trainer_res"], name)
-    have = ray.cluster_resources().get(name, 0)
-    if need > have:
-        raise RunFailed(f"the Ray cluster has {have:g} {name}(s), this run needs {need:g} ({placement['replicas']} "
-                        f"rollout replica(s) × {per_replica:g} + {placement['trainer_ranks']} trainer rank(s)); add "
-                        "nodes (`ray status` shows what the cluster has), or lower resources.* / rollout.replicas")
 
 
 def _wait_ready(refs: list, what: str) -> None:

@@ -45,7 +45,9 @@ from engine.runtime.trainer_group import TrainerGroup
 from engine.sync.collective import CollectiveSync
 from engine.sync.object_store import ObjectStoreSync
 from engine.sync.runtime import publish
-from engine.sync.verify import DeliveryCheck
+from engine.runtime.sync_report import sync_event, sync_metrics
+from engine.sync.verify import DeliveryCheck, DeliveryReport
+from engine.telemetry.sinks import scalars_as_numbers
 from engine.types import TrajectoryGroup
 
 
@@ -201,7 +203,7 @@ class TrainerCore(TrainerCheckpoints):
         if isinstance(c, Checkpoint):
             if c.reason == "periodic":
                 snap, self._sync_snapshot = self._sync_snapshot, None
-                self.save_checkpoint("periodic", snap)
+                self.periodic_checkpoint(snap)
             else:
                 self._checkpoint_best_effort(c.reason)
             return self.loop.checkpointed()
@@ -304,7 +306,7 @@ class TrainerCore(TrainerCheckpoints):
             + self.dropped_stale
         rec.update(rep)
         rec["fully_async/monitor/queue/mq_queue_size"] = ray.get(self.queue.size.remote())
-        self.controller.record_metrics.remote(_jsonable(rec))
+        self.controller.record_metrics.remote(scalars_as_numbers(rec))
         self.controller.update_worker.remote("trainer-0", {"kind": "trainer", "state": "running",
                                                            "version": self.version,
                                                            "tokens_per_s": rec.get("asyncrl/trainer/tokens_per_s", 0.0),
@@ -327,34 +329,24 @@ class TrainerCore(TrainerCheckpoints):
     # ------------------------------------------------------------------ sync
     def _sync(self, c: Sync) -> dict[str, float]:
         """Push the weights of `c.version` (bucketed, by `rollout.weight_sync`'s transport) to every replica."""
-        t0 = time.monotonic()
-        version = c.version
-        gen, members = 0, None
+        t0, version, gen, members = time.monotonic(), c.version, 0, None
         if isinstance(self.weight_sync, CollectiveSync):  # the group: generation and slots (engine.sync.collective)
             gen, members = ray.get(self.rollouter.sync_generation.remote())
         sent = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
                        lambda refs: self.rollouter.update_weights.remote(version, refs, self.local_step, c.cut,
                                                                          c.trigger, c.held),
                        gen=gen, corrupt_bucket=self.spec.weight_sync.corrupt_bucket, members=members)
-        nbytes = sent.nbytes
         export_s = time.monotonic() - t0
         out = ray.get(sent.out)
-        self._verify_delivery(version, sent, out.pop("receipts"))
+        report = self._verify_delivery(version, sent, out.pop("receipts"))
         self._sync_snapshot = out.pop("snapshot", None)
         if not self.rc.bypass_mode:
             t_snap = time.monotonic()
             self.backend.snapshot_params()
             out["asyncrl/prox_snapshot_s"] = time.monotonic() - t_snap
-        total = time.monotonic() - t0
-        out.update({"timing_s/param_sync": total, "asyncrl/sync/bytes": nbytes, "asyncrl/sync/export_s": export_s,
-                    "asyncrl/sync/verified": 1.0, "asyncrl/sync/buckets": len(sent.fingerprints)})
-        self.controller.record_event.remote(self._ev(
-            "info", "sync", f"weights v{version} pushed: {nbytes / 2**20:.1f} MiB in {total:.2f}s "
-            f"({_staged(out)}pause {out['asyncrl/sync/pause_s']:.2f}s, transfer {out['asyncrl/sync/transfer_s']:.2f}s), "
-            f"verified on every replica", bytes=nbytes, seconds=total, pause_s=out["asyncrl/sync/pause_s"],
-            transfer_s=out["asyncrl/sync/transfer_s"], stage_s=out.get("asyncrl/sync/stage_s", 0.0),
-            interval=c.trigger or self.trigger, verified=True,
-            buckets=len(sent.fingerprints), transport=type(self.weight_sync).__name__))
+        out.update(sync_metrics(time.monotonic() - t0, sent.nbytes, export_s, report, len(sent.fingerprints)))
+        msg, fields = sync_event(version, out, report, c.trigger or self.trigger, type(self.weight_sync).__name__)
+        self.controller.record_event.remote(self._ev("info", "sync", msg, **fields))
         return out
 
     def _catch_up(self) -> None:
@@ -376,11 +368,13 @@ class TrainerCore(TrainerCheckpoints):
             "info", "sync", f"weights v{version} sent to replaced rollout replica(s) {slots}: "
             f"{sent.nbytes / 2**20:.1f} MiB, verified", bytes=sent.nbytes, verified=True, catch_up=slots))
 
-    def _verify_delivery(self, version: int, sent: Any, receipts: dict[int, Any]) -> None:
+    def _verify_delivery(self, version: int, sent: Any, receipts: dict[int, Any]) -> DeliveryReport:
         """Every live replica loaded exactly the sent buckets, else `SyncDeliveryError` (the run fails, naming
         the replica and the bucket); a replica whose weights did not change is an `error` event (alarm)."""
-        for alarm in self.delivery.check(version, sent.fingerprints, receipts, sent.names):
+        report = self.delivery.check(version, sent.fingerprints, receipts, sent.names)
+        for alarm in report.alarms:
             self.controller.record_event.remote(self._ev("error", "sync", alarm))
+        return report
 
     def _alarms(self, rec: dict[str, Any], batch: Any, weights_moved: bool) -> dict[str, Any]:
         """`weights_moved`: an earlier step since the last sync changed the weights."""
@@ -428,11 +422,6 @@ class TrainerCore(TrainerCheckpoints):
                 "version": self.version, "message": message, **extra}
 
 
-def _jsonable(rec: dict[str, Any]) -> dict[str, Any]:
-    """Tensor/numpy scalars as plain Python numbers."""
-    return {k: v.item() if hasattr(v, "item") else v for k, v in rec.items()}
-
-
 @ray.remote(max_concurrency=2)
 class Trainer:
     """Thin actor around `TrainerCore` (rank 0 of the trainer; the spec's `rank_options` place the other ranks)."""
@@ -457,9 +446,3 @@ class Trainer:
                        lambda refs: core.rollouter.load_weights.remote(core.version, refs))
         core._verify_delivery(core.version, sent, ray.get(sent.out))
 
-
-def _staged(out: dict[str, Any]) -> str:
-    """"staged 0.41s while generating, " for a sync received into back buffers (`engine.sync.staging`)."""
-    if not out.get("asyncrl/sync/staged"):
-        return ""
-    return f"staged {out.get('asyncrl/sync/stage_s', 0.0):.2f}s while generating, "

@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from engine.sync.flat import BufferRing, FlatBucket, flatten
+from engine.sync.store import host_store
 
 _END = (-1, 0, 0)
 
@@ -198,8 +199,7 @@ class CollectiveSync:
     def send(self, handle: CollectiveHandle, buckets: Iterable[object]) -> CollectiveHandle:
         """Join generation `handle.gen` (a new one drops the old group) and broadcast `buckets`."""
         if self.store is None:
-            self.store = dist.TCPStore(self.host, self.port, self.world, is_master=True,
-                                       timeout=_dt.timedelta(seconds=self.timeout_s), wait_for_workers=False)
+            self.store = host_store(self.host, self.port, self.world, self.timeout_s)  # on `host` only
         if self.group is None or self.group.gen != handle.gen:
             if self.group is not None:
                 _RETIRED.append(self.group)

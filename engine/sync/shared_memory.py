@@ -54,15 +54,12 @@ the replica's error is reported.
 from __future__ import annotations
 
 import datetime as _dt
-import glob
-import mmap
 import os
 import pickle
 import re
 import secrets
 import threading
 import time
-import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -75,18 +72,24 @@ import torch.distributed as dist
 
 from engine.sync.collective import CollectiveHandle, CollectiveSync
 from engine.sync.flat import ALIGN, FlatBucket
+from engine.sync.store import host_store
+from engine.sync.shm_files import (  # noqa: F401 - sweep_stale and SHM_DIR are this module's API too
+    CONTROL_WORDS,
+    PID_WORDS,
+    SHM_DIR,
+    _aligned,
+    _alive,
+    _create,
+    _map,
+    _unlink,
+    sweep_stale,
+)
 
 SLOTS = 3
 """Shared-memory buffers in the ring: one being loaded, one packed ahead, one spare for uneven stages."""
 CHECK_S = 0.2
 """While waiting for an acknowledgement, how often the sender asks whether the receiver's process still runs and
 whether the receivers' side of the sync has returned (`ShmRing._gone`)."""
-SHM_DIR = "/dev/shm"
-CONTROL_WORDS = 512
-"""Words of the control page (one 4 KiB page): word r is receiver rank r's acknowledgement (rank 0 is the sender),
-word `PID_WORDS` + r its process id (written when it maps the ring: the sender's liveness check)."""
-PID_WORDS = CONTROL_WORDS // 2
-_FILE = re.compile(r"^asyncrl-.+-p(?P<pid>\d+)-e\d+-s(\d+|c)$")
 
 
 @dataclass
@@ -97,32 +100,6 @@ class SharedMemoryHandle(CollectiveHandle):
 
 def _tag(handle: CollectiveHandle) -> str:
     return f"shm/{handle.version}/{handle.gen}"
-
-
-def _unlink(paths: list[str]) -> None:
-    for p in paths:
-        try:
-            os.unlink(p)
-        except FileNotFoundError:
-            pass
-
-
-def sweep_stale(directory: str = SHM_DIR) -> list[str]:
-    """Remove ring files of this scheme whose sender process no longer exists on this host (a sender killed
-    before its first sync completed); returns the paths removed."""
-    removed = []
-    for path in glob.glob(os.path.join(directory, "asyncrl-*-p*-e*-s*")):
-        m = _FILE.match(os.path.basename(path))
-        if m is None:
-            continue
-        try:
-            os.kill(int(m["pid"]), 0)
-        except ProcessLookupError:
-            _unlink([path])
-            removed.append(path)
-        except PermissionError:  # another user's live process
-            pass
-    return removed
 
 
 class ShmRing:
@@ -305,37 +282,6 @@ class ShmRing:
             self.wait_acked(p)
 
 
-def _alive(pid: int) -> bool:
-    """Whether process `pid` runs on this host (a zombie counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def _create(path: str, size: int) -> torch.Tensor:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        try:
-            os.posix_fallocate(fd, 0, size)
-        except OSError as e:
-            _unlink([path])
-            raise RuntimeError(f"shared-memory weight sync: cannot reserve {size / 2**20:.0f} MiB in "
-                               f"{os.path.dirname(path)} ({e.strerror}); free space there or set "
-                               'rollout.weight_sync = "collective"') from None
-        mm = mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
-    return torch.from_numpy(np.frombuffer(mm, dtype=np.uint8))
-
-
 class SharedMemorySync(CollectiveSync):
     """`WeightSync` through a shared-memory ring (module docstring), on trainer rank 0. `announce` / `send` as
     for the collective; `publish` (`engine.sync.runtime`) packs into `ring_for(handle)` before `send`."""
@@ -351,8 +297,7 @@ class SharedMemorySync(CollectiveSync):
 
     def _store(self) -> Any:
         if self.store is None:
-            self.store = dist.TCPStore(self.host, self.port, self.world, is_master=True,
-                                       timeout=_dt.timedelta(seconds=self.timeout_s), wait_for_workers=False)
+            self.store = host_store(self.host, self.port, self.world, self.timeout_s)  # on `host` only
             self.ring.acks = dist.TCPStore(self.host, self.port, is_master=False,
                                            timeout=_dt.timedelta(seconds=self.timeout_s))
         return self.store
@@ -408,43 +353,6 @@ class SharedMemorySync(CollectiveSync):
     def close(self) -> None:
         """Remove the ring's files (the trainer's stop); safe to call twice."""
         self.ring.drop()
-
-
-def _aligned(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-_MAPPED: dict[str, tuple[list[torch.Tensor], np.ndarray]] = {}
-"""This process's mapping of the newest ring epoch it saw, by epoch name (older epochs are dropped): its slots
-(read-only) and its control page's words (read-write: this receiver's acknowledgements)."""
-
-
-def _open(path: str, size: int, writable: bool) -> mmap.mmap:
-    try:
-        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
-    except FileNotFoundError:
-        raise RuntimeError(f"shared-memory weight sync: {path} is not on this host: every rollout replica "
-                           'must run on the trainer\'s host (set rollout.weight_sync = "collective")') from None
-    try:
-        return mmap.mmap(fd, size, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
-    finally:
-        os.close(fd)
-
-
-def _map(ring: tuple[str, list[str], int, str]) -> tuple[list[torch.Tensor], np.ndarray]:
-    name, paths, size, ctrl_path = ring
-    mapped = _MAPPED.get(name)
-    if mapped is None:
-        _MAPPED.clear()
-        slots = []
-        for p in paths:
-            mm = _open(p, size, False)
-            with warnings.catch_warnings():  # read-only: the receivers only read the slots
-                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-                slots.append(torch.from_numpy(np.frombuffer(mm, dtype=np.uint8)))
-        ctrl = np.frombuffer(_open(ctrl_path, CONTROL_WORDS * 8, True), dtype=np.int64)
-        mapped = _MAPPED[name] = (slots, ctrl)
-    return mapped
 
 
 _CLIENTS: dict[tuple[str, int], Any] = {}

@@ -17,12 +17,17 @@ Trainer side (`DeliveryCheck.check`, once per sync):
   replica's weight sample did not, its load did not take effect (verl #7495, SkyRL #1680) — returned as
   messages for an `error` event.
 
+The check's `DeliveryReport` says what it verified: `verified` = (replicas that loaded every bucket exactly and
+whose load took effect) / (replicas that reported), 0 when no replica reported — the `asyncrl/sync/verified`
+metric and the sync event's `verified` are this number, never a constant.
+
 Pure Python apart from the lazy torch import of the two fingerprint helpers; no Ray.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 SAMPLE_STRIDE = 4099
@@ -124,6 +129,22 @@ def _names(names: list[list[str]] | None, k: int) -> str:
     return f" ({shown})"
 
 
+@dataclass
+class DeliveryReport:
+    """What one sync's check verified (module docstring)."""
+
+    replicas: int
+    """Replicas whose receipts were compared bucket by bucket with what was sent (all matched: else it raised)."""
+    ineffective: int = 0
+    """Of those, replicas whose weights did not change although the sent ones did (each is an alarm)."""
+    alarms: list[str] = field(default_factory=list)
+
+    @property
+    def verified(self) -> float:
+        """The fraction of replicas that loaded exactly what was sent, with effect; 0.0 when none reported."""
+        return (self.replicas - self.ineffective) / self.replicas if self.replicas else 0.0
+
+
 class DeliveryCheck:
     """The trainer's per-sync comparison (module docstring); keeps the previous sync's fingerprints."""
 
@@ -132,9 +153,9 @@ class DeliveryCheck:
         self.weights_before: dict[int, int] = {}
 
     def check(self, version: int, sent: list[int], receipts: dict[int, dict[str, Any] | None],
-              names: list[list[str]] | None = None) -> list[str]:
+              names: list[list[str]] | None = None) -> DeliveryReport:
         """Raise `SyncDeliveryError` on the first replica whose fingerprints differ from `sent`; return the
-        alarm messages of replicas whose weights did not change although `sent` did."""
+        report, with the alarm messages of replicas whose weights did not change although `sent` did."""
         for rid in sorted(receipts):
             got = (receipts[rid] or {}).get("fingerprints")
             if got is None:
@@ -162,4 +183,4 @@ class DeliveryCheck:
                               "trainer sent changed weights: its load had no effect")
             self.weights_before[rid] = w
         self.sent_before = list(sent)
-        return alarms
+        return DeliveryReport(len(receipts), len(alarms), alarms)

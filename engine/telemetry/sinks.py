@@ -42,6 +42,11 @@ class Sink(Protocol):
         """Flush and release resources; further writes are ignored."""
 
 
+def scalars_as_numbers(rec: dict[str, Any]) -> dict[str, Any]:
+    """A record's tensor / numpy scalars as plain Python numbers (non-finite ones kept, unlike `to_jsonable`)."""
+    return {k: v.item() if hasattr(v, "item") else v for k, v in rec.items()}
+
+
 def to_jsonable(value: Any) -> Any:
     """Convert a record to plain JSON types.
 

@@ -54,11 +54,30 @@ def set_device(role: RoleDevice, rank: int) -> torch.device:
 
 def init_process_group(rank: int, world_size: int, init_method: str | None, device: RoleDevice | str | None = None,
                        backend: str | None = None, timeout_s: float = PROCESS_GROUP_TIMEOUT_S) -> None:
-    """Join the default process group: `backend` when given (tests), else `process_group_backend(device)`."""
+    """Join the default process group: `backend` when given (tests), else `process_group_backend(device)`.
+    Rank 0 of a TCP rendezvous (`tcp://addr:port`, or env:// from MASTER_ADDR / MASTER_PORT) hosts the store
+    itself, listening on `addr` only (`engine.sync.store.host_store`; torch's own would listen on every
+    interface), under the prefix torch's rendezvous gives it, so the other ranks join it unchanged."""
     role = as_role(device, backend)
     set_device(role, rank)
+    store, where = None, _tcp_rendezvous(init_method) if rank == 0 else None
+    if where is not None:
+        from engine.sync.store import host_store
+
+        store, init_method = dist.PrefixStore("default_pg", host_store(*where, world_size, timeout_s)), None
     dist.init_process_group(backend or process_group_backend(role.type), init_method=init_method, rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=timeout_s))
+                            world_size=world_size, timeout=timedelta(seconds=timeout_s), store=store)
+
+
+def _tcp_rendezvous(init_method: str | None) -> tuple[str, int] | None:
+    """(addr, port) of a `tcp://` or env:// rendezvous; None for any other (e.g. `file://`)."""
+    if init_method is None or init_method == "env://":
+        addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        return (addr, int(port)) if addr and port else None
+    if init_method.startswith("tcp://"):
+        addr, _, port = init_method.removeprefix("tcp://").split("?")[0].rpartition(":")
+        return addr.strip("[]"), int(port)
+    return None
 
 
 def group_backend(group: dist.ProcessGroup | None = None) -> str:

@@ -1,4 +1,4 @@
-"""Regenerate the binary files of the bad-input corpus (`data/`): parquet datasets, a tiny model whose
+"""Regenerate the binary files of the bad-input corpus (`data/`): parquet datasets, verl scripts that are not text, a tiny model whose
 config.json does not match its weights, and checkpoint directories for the resume cases.
 
     .venv/bin/python tests/bad_inputs/make_data.py
@@ -113,7 +113,17 @@ def write_runs() -> None:
                                                     "time": 0.0}) + "\n")
 
 
+def write_verl_scripts() -> None:
+    """The verl scripts of the importer cases that are not text: Latin-1 bytes in a launch line, and a binary."""
+    out = DATA / "verl_scripts"
+    out.mkdir(parents=True, exist_ok=True)
+    launch = "python3 -m verl.experimental.fully_async_policy.fully_async_main algorithm.adv_estimator=grpo"
+    (out / "not_utf8.sh").write_bytes(f"{launch} trainer.experiment_name=caf".encode() + b"\xe9\n")
+    (out / "binary.sh").write_bytes(bytes(range(256)) * 4)
+
+
 if __name__ == "__main__":
+    write_verl_scripts()
     write_parquets()
     write_mismatched_model()
     write_runs()

@@ -75,6 +75,32 @@ def test_explain_shows_where_each_key_came_from(cli) -> None:
     assert doc["provenance"]["keys"]["trainer.optim.lr"]["where"].endswith(f"tiny-cpu.toml:{lr_line}")
 
 
+
+@pytest.mark.parametrize("width", [40, 60, 80, 200])
+def test_explain_never_cuts_a_key_or_its_source_whatever_the_width(width: int, tmp_path: Path) -> None:
+    """A narrow terminal, or a checkout whose paths are long, gets one line per key instead of a cut table."""
+    import io
+
+    from rich.console import Console
+
+    from asyncrl_cli.config.loader import analyze_run_config
+    from asyncrl_cli.report import render_provenance
+
+    deep = tmp_path / ("a-directory-with-a-long-name-" * 3) / "run.toml"  # sources of 100+ characters
+    deep.parent.mkdir(parents=True)
+    deep.write_text('extends = ["runs/tiny-cpu-sync"]\n[rollout]\ntemperature = 0.7\n')
+    for run in (RUNS / "tiny-cpu-sync.toml", deep):
+        an = analyze_run_config(run, ["trainer.optim.lr=1e-4"])
+        buf = io.StringIO()
+        render_provenance(Console(file=buf, width=width, force_terminal=False, color_system=None), an)
+        out = buf.getvalue()
+        assert "…" not in out and "..." not in out
+        for key, origin in an.provenance.origins.items():
+            line = next((ln for ln in out.splitlines() if key in ln.split()), None)
+            assert line is not None, (key, out)  # the whole key, as one word
+            assert origin.where in line, (key, origin.where, out)  # and its whole source, on its line
+
+
 BROKEN = {
     "syntax.toml": ('name = "x"\n[trainer\ntp = 2\n', "syntax.toml:2"),
     "types.toml": ('extends = ["runs/tiny-cpu"]\n[trainer]\nppo_epochs = "many"\n', "types.toml:3"),

@@ -241,3 +241,27 @@ def test_dynamic_bsz_is_refused_on_megatron_pipelines_and_a_budget_below_the_lon
     p = by_code(an, "token-budget-row")
     assert p.key == "trainer.log_prob_max_token_len_per_gpu" and "at least" in p.message
     assert an.exit_code == EXIT_INVALID
+
+
+def test_validate_warns_when_the_checkpoint_disk_is_smaller_than_keep_last_plus_one_checkpoints(tmp_path) -> None:
+    """(keep_last + 1) × one checkpoint (torch: weights + AdamW m, v in fp32 = 12 bytes per parameter) against the
+    free space of the checkpoint directory's filesystem; a real small tmpfs where mounting is allowed."""
+    import shutil
+    import subprocess
+
+    smol = RUNS / "smollm2-arith-cpu.toml"
+    an = analyze_run_config(smol, [f'checkpoint.dir="{tmp_path / "ckpt"}"', "checkpoint.keep_last=2"])
+    need = 3 * 12 * an.model.params_total
+    found = [p for p in an.problems if p.code == "checkpoint-disk"]
+    assert bool(found) == (shutil.disk_usage(tmp_path).free < need)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True).returncode:
+        return  # not root: the comparison above is the test
+    try:
+        an = analyze_run_config(smol, [f'checkpoint.dir="{disk / "ckpt"}"', "checkpoint.keep_last=2"])
+        p = by_code(an, "checkpoint-disk")
+        assert p.severity == "warning" and p.key == "checkpoint.dir" and an.exit_code == EXIT_OK
+        assert f"(keep_last + 1) × {12 * an.model.params_total / 1e9:.3g} GB" in p.message and str(disk) in p.message
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)

@@ -38,7 +38,8 @@ def test_collective_sync_gives_both_replicas_the_trained_weights(run_dir, choice
     assert firsts and all(abs(r["rollout_corr/kl"]) < 1e-4 and math.isfinite(r["actor/pg_loss"]) for r in firsts)
     syncs = [e for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] == "sync"]
     assert [e["step"] for e in syncs] == [2, 4, 6]
-    assert all(e["verified"] is True and e["transport"] == transport for e in syncs)
+    # the delivery check's own numbers: both replicas reported every bucket, equal to what was sent, with effect
+    assert all(e["verified"] == 1.0 and e["replicas_verified"] == 2 and e["transport"] == transport for e in syncs)
     assert all(r["asyncrl/sync/verified"] == 1.0 for r in synced)
     assert all(r["asyncrl/sync/staged"] == (back_buffer == "on") for r in synced)
     assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"asyncrl-{run_dir.name}-")]

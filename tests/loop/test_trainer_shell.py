@@ -179,3 +179,60 @@ def test_dynamic_sampling_on_a_metric_the_reward_does_not_return_fails_naming_it
     t, _, _ = shell(1, "algorithm.filter_groups.enable=true", 'algorithm.filter_groups.metric="acc"')
     with pytest.raises(ValueError, match=r"metric = 'acc', but the reward function returned no 'acc'.*score"):
         t.fit()
+
+
+@pytest.fixture()
+def small_disk(tmp_path: Path):
+    """A real 24 MiB tmpfs for the checkpoints (root only); elsewhere the test is skipped, never faked."""
+    import subprocess
+
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _fill(disk: Path, leave: int) -> None:
+    """A ballast file that leaves `leave` bytes free on `disk`."""
+    import shutil
+
+    free = shutil.disk_usage(disk).free
+    with (disk / "ballast").open("wb") as f:
+        f.write(b"\0" * max(0, free - leave))
+
+
+def test_a_periodic_checkpoint_on_a_full_disk_is_an_error_and_the_run_goes_on(shell, small_disk) -> None:
+    """The disk fills after the first periodic checkpoint: the second one fails (an error event, its partial
+    directory gone, the first kept), space comes back, the run goes on and its last checkpoint is written."""
+    from engine.persist.checkpoint import verify_checkpoint
+
+    root = small_disk / "ckpt"
+    t, core, _ = shell(3, "checkpoint.every_versions=1", f'checkpoint.dir="{root}"', "checkpoint.keep_last=3")
+    record = core.record_event
+
+    def on_event(ev: dict, *a, **k):
+        if ev["kind"] == "checkpoint" and ev.get("level") == "info" and ev.get("path", "").endswith("_1"):
+            _fill(small_disk, 1 << 20)  # the disk is full after the first checkpoint...
+        if ev["kind"] == "checkpoint" and ev.get("level") == "error":
+            (small_disk / "ballast").unlink()  # ...until the failed save has been reported
+        return record(ev, *a, **k)
+
+    core.record_event = on_event
+    out = t.fit()
+    assert (out["local_step"], out["version"]) == (3, 3)  # the run went on to its end
+    events = [e for e in core.snapshot()["events"] if e["kind"] == "checkpoint"]
+    (err,) = [e for e in events if e["level"] == "error"]
+    assert err["no_space"] and "global_step_2" in err["message"] and err["kept"].endswith("global_step_1")
+    assert sorted(p.name for p in root.iterdir()) == ["global_step_1", "global_step_3"]  # no partial directory
+    assert verify_checkpoint(root / "global_step_1") is None and verify_checkpoint(root / "global_step_3") is None
+
+
+def test_the_final_checkpoint_on_a_full_disk_fails_the_run(shell, small_disk) -> None:
+    root = small_disk / "ckpt"
+    t, core, _ = shell(2, "checkpoint.every_versions=0", f'checkpoint.dir="{root}"')
+    _fill(small_disk, 1 << 20)
+    with pytest.raises(RuntimeError, match="the final checkpoint failed: NoSpaceForCheckpoint: no space left"):
+        t.fit()
+    assert not [p for p in root.iterdir() if p.name.startswith(".tmp-")]

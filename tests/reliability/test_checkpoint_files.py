@@ -104,3 +104,50 @@ def test_ledger_position_and_setting_aside_newer_checkpoints(tmp_path: Path) -> 
         _save(root, step)
     assert set_aside_newer(root, 2) == ["global_step_4", "global_step_6"]
     assert list_checkpoints(root) == [root / "global_step_2"]
+
+
+def test_a_save_that_runs_out_of_space_removes_its_partial_directory_and_keeps_the_previous(tmp_path: Path) -> None:
+    """The save layer's own classification (no root needed; `tests/loop/test_trainer_shell.py` fills a real tmpfs):
+    ENOSPC anywhere in the error's chain — torch's writer wraps it in a RuntimeError — is `NoSpaceForCheckpoint`."""
+    import errno
+
+    from engine.persist.checkpoint import NoSpaceForCheckpoint
+
+    kept = _save(tmp_path, 2)
+
+    def save_trainer(path: Path) -> None:
+        path.mkdir()
+        (path / "model.safetensors").write_bytes(b"w" * 4096)
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as e:
+            raise RuntimeError("PytorchStreamWriter failed writing file data/0") from e
+
+    with pytest.raises(NoSpaceForCheckpoint, match="no space left for global_step_4 .*partial directory was removed"):
+        write_checkpoint(tmp_path, 4, save_trainer=save_trainer, state={"step": 4}, queued=[], in_flight=[],
+                         keep_last=1)
+    assert list_checkpoints(tmp_path) == [kept] and verify_checkpoint(kept) is None
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    with pytest.raises(OSError, match="disk full") as other:  # any other failure is not called a full disk
+        _save(tmp_path, 5, fail=True)
+    assert not isinstance(other.value, NoSpaceForCheckpoint)
+
+
+def test_the_ledger_is_fsynced_where_a_checkpoint_records_its_position(tmp_path: Path, monkeypatch) -> None:
+    import os
+
+    from engine.persist.ledger import Ledger
+
+    ledger = Ledger(tmp_path)
+    ledger.record(["0:1", "0:2"], "trained", step=1, version=1)
+    synced: list[int] = []
+    real = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    pos = ledger_position(ledger.path)
+    assert pos["ledger_bytes"] == ledger.path.stat().st_size > 0
+    assert ledger.path.stat().st_ino in synced  # the bytes the checkpoint counts are on disk before it is published

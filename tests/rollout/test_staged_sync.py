@@ -84,7 +84,7 @@ def test_staged_while_generating_old_tokens_old_version_then_swapped_and_verifie
     aborted = [r for r in old if r.finish_reason == "abort"]
     assert aborted and all(r.response_ids for r in aborted)  # some rows were still decoding at the pause
     receipt = ray.get(actor.swap_weights.remote(1))
-    assert check.check(1, sent.fingerprints, {0: receipt}, sent.names) == []  # every bucket as sent
+    assert check.check(1, sent.fingerprints, {0: receipt}, sent.names).verified == 1.0  # every bucket as sent
     assert receipt["weights"] == weights_fingerprint(sender.state_dict().values())  # live = the sender's weights
     assert ray.get(actor.version.remote()) == 1
     new = ray.get(actor.generate.remote([GenRequest("n", [3, 4, 5], max_new_tokens=3)],

@@ -92,7 +92,9 @@ def test_delivery_records_the_receivers_checksums() -> None:
 def test_the_delivery_check_names_the_replica_and_the_bucket() -> None:
     sent, names = [11, 22, 33], [["a"], ["b.weight", "c.weight"], ["d"]]
     check = DeliveryCheck()
-    assert check.check(1, sent, {0: {"fingerprints": sent}, 1: {"fingerprints": sent}}, names) == []
+    report = check.check(1, sent, {0: {"fingerprints": sent}, 1: {"fingerprints": sent}}, names)
+    assert report.alarms == [] and report.replicas == 2 and report.verified == 1.0
+    assert check.check(1, sent, {}, names).verified == 0.0  # nothing reported: nothing verified
     with pytest.raises(SyncDeliveryError, match=r"replica 1 loaded bucket 1 \(b.weight, c.weight\)"):
         check.check(2, sent, {0: {"fingerprints": sent}, 1: {"fingerprints": [11, 99, 33]}}, names)
     with pytest.raises(SyncDeliveryError, match="replica 0 did not load bucket 2"):
@@ -104,12 +106,13 @@ def test_the_delivery_check_names_the_replica_and_the_bucket() -> None:
 def test_the_alarm_fires_when_a_replica_s_weights_did_not_change_but_the_sent_ones_did() -> None:
     check = DeliveryCheck()
     assert check.check(1, [1, 2], {0: {"fingerprints": [1, 2], "weights": 5}, 1: {"fingerprints": [1, 2],
-                                                                                  "weights": 6}}) == []
-    alarms = check.check(2, [3, 4], {0: {"fingerprints": [3, 4], "weights": 5}, 1: {"fingerprints": [3, 4],
+                                                                                  "weights": 6}}).alarms == []
+    report = check.check(2, [3, 4], {0: {"fingerprints": [3, 4], "weights": 5}, 1: {"fingerprints": [3, 4],
                                                                                     "weights": 7}})
-    assert len(alarms) == 1 and "replica 0's weights did not change" in alarms[0]
+    assert len(report.alarms) == 1 and "replica 0's weights did not change" in report.alarms[0]
+    assert report.verified == 0.5  # one of two replicas' loads took effect
     # the same weights sent again (no update): unchanged replicas are expected, no alarm
-    assert check.check(3, [3, 4], {0: {"fingerprints": [3, 4], "weights": 5}}) == []
+    assert check.check(3, [3, 4], {0: {"fingerprints": [3, 4], "weights": 5}}).verified == 1.0
 
 
 def test_weights_fingerprint_changes_when_a_trained_tensor_changes(tiny_lm) -> None:

@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+# A script with no verl launch command in it.
+set -x
+echo "training..."
