@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from asyncrl_cli.commands import (
-    attach, bench, ctl, data, import_, init, launch, plan, presets, schema, simulate, status, validate,
+    attach, bench, ctl, data, import_, init, launch, plan, presets, rehearse, schema, simulate, status, validate,
 )
 from asyncrl_cli.errors import AsyncrlError, debug_enabled, report_error
 
@@ -62,6 +62,7 @@ app.add_typer(data.app, name="data", rich_help_panel=TOOLS)
 app.command("bench", rich_help_panel=TOOLS)(bench.command)
 app.command("simulate", rich_help_panel=TOOLS)(simulate.command)
 app.command("plan", rich_help_panel=TOOLS)(plan.command)
+app.command("rehearse", rich_help_panel=TOOLS)(rehearse.command)
 
 
 def main() -> None:

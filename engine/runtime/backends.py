@@ -102,14 +102,15 @@ def build_rollout_backend(cfg: RunConfig, model_dir: str, device: RoleDevice):
 
 
 def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = False, *, frozen: bool = False,
-                          device: RoleDevice):
+                          device: RoleDevice, load_model: Any = None):
     """The configured training backend for `model_dir` (backends imported lazily). `distributed`: this process
     is one rank of a trainer group (`engine.runtime.trainer_group`, process group already joined), so the torch
     backend is the FSDP2 one and Megatron builds its TP/PP/CP/EP/DP groups over that world. Both compute on
     `device` (the plan's trainer `RoleDevice`). Precision:
     `engine.config.precision` (parameters in `policy.params`, compute in `policy.compute`). `frozen`: the KL
     loss's reference model (`build_reference_backend`): no gradients, optimizer or DDP wrapper, weights offloaded
-    between uses when `trainer.ref_param_offload`."""
+    between uses when `trainer.ref_param_offload`. `load_model`: the torch backend's model loader, called as
+    `load_causal_lm` is (`engine.rehearse` builds the model from its config.json on fake tensors instead)."""
     from engine.config.precision import SHORT, policy_of
 
     deterministic_threads(cfg)
@@ -149,7 +150,7 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
     from engine.trainer.torch_trainer import TorchTrainerBackend
 
     # a frozen reference holds no optimizer state: its weights need no fp32 masters
-    model = load_causal_lm(model_dir, dtype=policy.compute if frozen else policy.params,
+    model = (load_model or load_causal_lm)(model_dir, dtype=policy.compute if frozen else policy.params,
                            attn_implementation=t.attn_implementation)
     kwargs = {"device": check_device(device.type), "precision": SHORT[policy.compute],
               "gradient_checkpointing": t.enable_gradient_checkpointing,
@@ -161,9 +162,10 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
     return TorchTrainerBackend(model, **kwargs)
 
 
-def build_reference_backend(cfg: RunConfig, model_dir: str, distributed: bool = False, *, device: RoleDevice):
+def build_reference_backend(cfg: RunConfig, model_dir: str, distributed: bool = False, *, device: RoleDevice,
+                            load_model: Any = None):
     """The frozen reference policy of the KL loss (`trainer.use_kl_loss`): `build_trainer_backend(frozen=True)`."""
-    return build_trainer_backend(cfg, model_dir, distributed, frozen=True, device=device)
+    return build_trainer_backend(cfg, model_dir, distributed, frozen=True, device=device, load_model=load_model)
 
 
 def build_weight_sync(spec: WeightSyncSpec, run_id: str = "run"):
