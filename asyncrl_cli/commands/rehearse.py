@@ -40,11 +40,19 @@ def model_memory(an: Analysis) -> dict[str, Any]:
             "runtime": terms.get("runtime", 0.0), "host": {k: v * GB for k, v in t.host_gb.items()}}
 
 
-def comparison(rehearsed: int, model: dict[str, Any]) -> float | None:
-    """(model − rehearsed) / rehearsed of the device tensors; None without a model."""
-    if not model or rehearsed <= 0:
+def modelled(model: dict[str, Any], excludes: list[str] = ()) -> float | None:
+    """The memory model's device tensors less the terms the rehearsal did not measure (`excludes`)."""
+    if not model:
         return None
-    return (model["tensors"] - rehearsed) / rehearsed
+    return model["tensors"] - sum(model["terms"].get(k, 0.0) for k in excludes)
+
+
+def comparison(rehearsed: int, model: dict[str, Any], excludes: list[str] = ()) -> float | None:
+    """(model − rehearsed) / rehearsed of the device tensors; None without a model."""
+    m = modelled(model, excludes)
+    if m is None or rehearsed <= 0:
+        return None
+    return (m - rehearsed) / rehearsed
 
 
 def _gb(n: float | int | None) -> str:
@@ -66,14 +74,14 @@ def render(report: Any, gpn: int) -> None:
                 "host at start GB", "per node GB", "host at export GB", "host at save GB", "sync"):
         table.add_column(col, justify="left" if col in ("rank class", "ranks", "sync") else "right")
     for cls in report.ranks:
-        diff = comparison(cls.device_peak, report.model_memory)
+        diff = comparison(cls.device_peak, report.model_memory, cls.model_excludes)
         style = "" if diff is None or abs(diff) <= TOLERANCE else "[yellow]"
         sync = cls.sync
         dtypes = "+".join(sync.get("dtypes", {})) or "—"
         sync_text = (f"{_gb(sync.get('bytes'))} GB {dtypes}, {sync.get('buckets', 0)} buckets, "
                      f"{sync.get('staged_on', '')}") if sync.get("bytes") else "no buckets (not the sender)"
         table.add_row(escape(cls.name), cls.ranks, _gb(cls.device_peak),
-                      _gb(report.model_memory.get("tensors")) if report.model_memory else "—",
+                      _gb(modelled(report.model_memory, cls.model_excludes)),
                       f"{style}{diff:+.0%}" if diff is not None else "—", _gb(cls.host_start),
                       _gb(cls.host_start * gpn), _gb(cls.host_export), _gb(cls.host_save), escape(sync_text))
     con.print(table)
@@ -82,6 +90,8 @@ def render(report: Any, gpn: int) -> None:
         cats = ", ".join(f"{k} {_gb(v)}" for k, v in sorted(cls.peak_by_category.items(), key=lambda kv: -kv[1]))
         con.print(f"  [bold]{escape(cls.name)}[/]: running peak after {peaks or '—'} GB; at the peak: {cats or '—'}"
                   f" GB; checkpoint writes {', '.join(cls.checkpoint.get('writes', []))}; {cls.seconds:.0f} s")
+        if cls.model_excludes:
+            cls.notes.append(f"compared without the memory model's {', '.join(cls.model_excludes)} (not rehearsed)")
         for note in cls.notes:
             con.print(f"    [dim]{escape(note)}[/]")
     t = report.transport
@@ -135,7 +145,8 @@ def command(
     if json_:
         doc = report.to_json()
         doc["config_json"] = str(config_path)
-        doc["comparison"] = {c.name: comparison(c.device_peak, report.model_memory) for c in report.ranks}
+        doc["comparison"] = {c.name: comparison(c.device_peak, report.model_memory, c.model_excludes)
+                             for c in report.ranks}
         emit_json(doc)
     else:
         render(report, an.config.resources.trainer.gpus_per_node)

@@ -62,6 +62,8 @@ class RankClass:
     checkpoint: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     """What of this rank was not rehearsed, and why."""
+    model_excludes: list[str] = field(default_factory=list)
+    """Memory-model terms the rehearsed peak does not contain (what was not rehearsed), left out of the comparison."""
     seconds: float = 0.0
 
     @property

@@ -90,6 +90,10 @@ def vllm_arguments(plan: RunPlan) -> dict[str, Any]:
 
 def rank_classes(plan: RunPlan) -> list[RankClass]:
     """The trainer's classes of symmetric ranks (one representative each)."""
+    if plan.config.trainer.backend == "megatron":
+        from engine.rehearse.megatron_rank import megatron_rank_classes
+
+        return megatron_rank_classes(plan)
     from engine.rehearse.torch_rank import torch_rank_classes
 
     return torch_rank_classes(plan.trainer_ranks)
@@ -97,8 +101,9 @@ def rank_classes(plan: RunPlan) -> list[RankClass]:
 
 def rehearse_rank(plan: RunPlan, config: dict[str, Any], cls: RankClass, step: bool) -> RankClass:
     if plan.config.trainer.backend == "megatron":
-        raise RehearsalFailure("trainer", cls.rank, "build", "the Megatron backend is not rehearsed yet (its "
-                               "builders are not run on the fake world); only the transport and vLLM are checked")
+        from engine.rehearse.megatron_rank import rehearse_megatron_rank
+
+        return rehearse_megatron_rank(plan, config, cls.rank, cls, step=False)  # see its STEP_NOT_REHEARSED
     if plan.trainer_ranks < 2:
         raise RehearsalFailure("trainer", 0, "build", "a single-rank trainer is not rehearsed (no process group: "
                                "run it on the CPU)")
@@ -141,14 +146,14 @@ def rehearse(plan: RunPlan, config: dict[str, Any], progress: Callable[[str], No
     stepped: RankClass | None = None
     for cls in rank_classes(plan):
         say(f"trainer {cls.name}")
-        step = stepped is None or plan.config.trainer.backend == "megatron"
+        step = stepped is None
         done = _attempt(report, "trainer", cls.rank, "rehearsal", lambda c=cls, s=step: rehearse_rank(plan, config, c, s))
         if done is None:
             continue
-        if not step and stepped is not None:  # FSDP2 shards every rank alike: the step is the representative's
+        if not step and stepped is not None:  # every rank's shards have the same shapes: the step is the first's
             cls.device_peak, cls.peak_by_category = stepped.device_peak, dict(stepped.peak_by_category)
             cls.phase_peaks = dict(stepped.phase_peaks)
-            cls.notes.append(f"step not repeated: FSDP2 gives every rank the same shapes ({stepped.name} measured)")
+            cls.notes.append(f"step not repeated: every rank's shards have the same shapes ({stepped.name} measured)")
         elif step:
             stepped = cls
         report.ranks.append(cls)

@@ -8,8 +8,8 @@ the fake one, so no collective moves data and none can deadlock. Then, under `FS
 
     proximal log-prob   decoupled mode (`bypass_mode = false`): `snapshot_params` and `proximal_log_probs` of the
                         log-prob micro-batch (the backend's own methods: swap, no-grad forward, restore)
-    reference           `use_kl_loss`: the frozen reference's `compute_log_probs` (its shards registered with the
-                        tracker: they share the device)
+    reference           `use_kl_loss`: the frozen reference's `compute_log_probs` (its all-gathers and activations
+                        are tracked; its resident shards, built before tracking, are added to every peak)
     update              the tensor path of `_update` on the update's micro-batch: `_prepare` (trim), `_log_probs`
                         (chunked head, entropy as the loss asks), backward of the loss scaled by `_grad_scale`,
                         `clip_grad_norm_`, AdamW `step` (its state created by a warm-up step before tracking, as
@@ -82,7 +82,7 @@ def forward_in(backend: Any, mode: Any) -> Any:
     return backend
 
 
-def _surrogate_loss(log_probs: torch.Tensor, entropy: torch.Tensor | None, micro: Any,
+def surrogate_loss(log_probs: torch.Tensor, entropy: torch.Tensor | None, micro: Any,
                     entropy_grad: bool) -> torch.Tensor:
     """Token-mean of −A·log π over the response mask (the PPO loss's graph without its `.item()` metrics)."""
     mask = micro.response_mask.to(log_probs.dtype)
@@ -179,9 +179,10 @@ def _step(cfg: Any, policy: Any, ref: Any, mode: Any, vocab: int, rank: int, cls
             policy._live = policy._cpu_buffers()  # the swap's host copy of the live weights, made on first use
         cls.notes.append("π_prox snapshot and swap buffers are host memory: "
                          f"{(tensor_bytes(policy._snapshot) + tensor_bytes(policy._live)) / 1e9:.2f} GB")
+    # the reference's shards, made before tracking (after its forward FSDP2 leaves its root unsharded: those
+    # tensors are allocated inside the tracker and counted there)
+    resident = tensor_bytes(list(ref.model.parameters())) if ref is not None and not ref.param_offload else 0
     tracker = tracker_cls(policy.model, policy.optimizer)
-    if ref is not None:
-        tracker.track_external(ref.model)
     with tracker:
         if decoupled:
             with Phase("trainer", rank, "proximal log-prob"):
@@ -203,7 +204,7 @@ def _step(cfg: Any, policy: Any, ref: Any, mode: Any, vocab: int, rank: int, cls
                 micro, _ = policy._prepare(micro)
                 policy._set_grad_sync(k == len(micros) - 1)
                 log_probs, entropy = policy._log_probs(micro, with_entropy, entropy_grad)
-                loss = _surrogate_loss(log_probs, entropy, micro, entropy_grad)
+                loss = surrogate_loss(log_probs, entropy, micro, entropy_grad)
                 (loss * policy._grad_scale()).backward()
             params = [p for p in policy.model.parameters() if p.grad is not None]
             torch.nn.utils.clip_grad_norm_(params, policy.grad_clip if policy.grad_clip > 0 else float("inf"))
@@ -211,6 +212,10 @@ def _step(cfg: Any, policy: Any, ref: Any, mode: Any, vocab: int, rank: int, cls
             policy.optimizer.zero_grad(set_to_none=True)
         cls.phase_peaks["update"] = _peak(tracker)[0]
     cls.device_peak, cls.peak_by_category = _peak(tracker)
+    if resident:  # the reference's shards stay on the device throughout
+        cls.device_peak += resident
+        cls.peak_by_category["reference_shards"] = resident
+        cls.phase_peaks = {k: v + resident for k, v in cls.phase_peaks.items()}
 
 
 def _export(policy: Any, bucket_bytes: int, cls: RankClass) -> None:
