@@ -81,15 +81,18 @@ def pin_in_place(model: Any) -> Any:
 def tensor_bytes(obj: Any) -> int:
     """Bytes of the distinct tensors in `obj` (tensors, DTensors as their local shard, nested dicts/lists)."""
     seen: set[int] = set()
+    held: list[torch.Tensor] = []  # `to_local()` makes a new object: held, so no later one reuses its id
     total = 0
 
     def walk(x: Any) -> None:
         nonlocal total
         if isinstance(x, torch.Tensor):
+            if id(x) in seen:
+                return
+            seen.add(id(x))
+            held.append(x)
             local = x.to_local() if hasattr(x, "to_local") else x
-            if id(local) not in seen:
-                seen.add(id(local))
-                total += local.numel() * local.element_size()
+            total += local.numel() * local.element_size()
         elif isinstance(x, Mapping):
             for v in x.values():
                 walk(v)
