@@ -22,6 +22,7 @@ import io
 import json
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -123,7 +124,15 @@ def _attempt(report: Rehearsal, role: str, rank: int | str, phase: str, fn: Call
 
 
 def rehearse(plan: RunPlan, config: dict[str, Any], progress: Callable[[str], None] | None = None) -> Rehearsal:
-    """Rehearse `plan` (a resolved `RunPlan`) with the model of `config` (its config.json as a dict)."""
+    """Rehearse `plan` (a resolved `RunPlan`) with the model of `config` (its config.json as a dict). The
+    libraries' warnings (missing Transformer Engine / Apex, deprecated collectives) are silenced: the report
+    says what was and was not rehearsed."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _rehearse(plan, config, progress)
+
+
+def _rehearse(plan: RunPlan, config: dict[str, Any], progress: Callable[[str], None] | None) -> Rehearsal:
     from engine.rehearse.batch import micro_shape
 
     say = progress or (lambda _: None)

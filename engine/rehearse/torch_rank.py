@@ -62,7 +62,7 @@ def _loader(config: dict[str, Any], mode: Any, host: list[int]):
 
     def load(model_dir: str, dtype: Any = "float32", *, attn_implementation: str | None = None, **_: Any) -> Any:
         model = model_from_config(config, dtype, mode, attn_implementation)
-        host.append(tensor_bytes(list(model.state_dict().values())))
+        host.append(tensor_bytes([*model.parameters(), *model.buffers()]))  # a tied weight counted once
         return pin_in_place(model)
 
     return load

@@ -81,7 +81,7 @@ def test_small_fsdp2_run_rehearses_with_export_and_checkpoint_plan() -> None:
     assert sender["checkpoint"]["writes"] == ["rng", "model.safetensors", "optimizer.pt"]
     assert other["checkpoint"]["writes"] == ["rng"]
     assert abs(sender["host_save"] - (3 * params + tied) * 4) < 1e6  # weights + AdamW m, v, whole on rank 0
-    assert sender["host_start"] == params * 4  # every rank loads the whole fp32 model before sharding
+    assert abs(sender["host_start"] - params * 4) < 1e6  # every rank loads the whole fp32 model before sharding
     assert 0 < sender["device_peak"] < 16e9
 
 
