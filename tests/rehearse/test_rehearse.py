@@ -2,7 +2,8 @@
 tensors (exit 0, or the known failure it exposes); a run whose rehearsed peak exceeds its device fails naming the
 role and the rank; the FSDP2 export's bytes and the checkpoint plan are measured from the real code paths.
 
-All slow: a full-scale rehearsal takes 1–5 min per preset on 2 cores shared with other work."""
+All slow: a full-scale rehearsal takes 45–65 s per production preset on 2 cores (the five took 276 s together at
+a load of 2–5; several times longer on a busier machine)."""
 
 from __future__ import annotations
 
