@@ -155,7 +155,7 @@ def _rehearse(plan: RunPlan, config: dict[str, Any], progress: Callable[[str], N
     stepped: RankClass | None = None
     for cls in rank_classes(plan):
         say(f"trainer {cls.name}")
-        step = stepped is None
+        step = stepped is None or plan.config.trainer.backend == "megatron"  # Megatron: each rank's own resident
         done = _attempt(report, "trainer", cls.rank, "rehearsal", lambda c=cls, s=step: rehearse_rank(plan, config, c, s))
         if done is None:
             continue
