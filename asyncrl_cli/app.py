@@ -12,7 +12,8 @@ from typing import Annotated
 import typer
 
 from asyncrl_cli.commands import (
-    attach, bench, ctl, data, import_, init, launch, plan, presets, schema, simulate, status, tools, validate,
+    attach, bench, ctl, data, import_, init, launch, plan, presets, rehearse, schema, simulate, status, tools,
+    validate,
 )
 from asyncrl_cli.errors import AsyncrlError, debug_enabled, report_error
 from asyncrl_cli.version import VERSION_FLAGS, version_line
@@ -59,6 +60,7 @@ app.add_typer(data.app, name="data", rich_help_panel=TOOLS)
 app.command("bench", rich_help_panel=TOOLS)(bench.command)
 app.command("simulate", rich_help_panel=TOOLS)(simulate.command)
 app.command("plan", rich_help_panel=TOOLS)(plan.command)
+app.command("rehearse", rich_help_panel=TOOLS)(rehearse.command)
 app.add_typer(tools.app, name="tools", rich_help_panel=TOOLS)
 
 

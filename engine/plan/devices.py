@@ -81,8 +81,9 @@ RAY_NOSET_ENV: dict[str, str] = {"cuda": "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DE
 """Ray's override: with it set in an actor's environment, Ray leaves `VISIBLE_DEVICES_ENV` as it found it."""
 
 REDUCE_DTYPES: dict[str, tuple[str, ...]] = {"gloo": ("float64", "float32"), "nccl": ("float64", "float32"),
-                                             "hccl": ("float32",)}
-"""The float dtypes each backend's `all_reduce` supports, best first (HCCL reduces no float64)."""
+                                             "hccl": ("float32",), "fake": ("float64", "float32")}
+"""The float dtypes each backend's `all_reduce` supports, best first (HCCL reduces no float64; `"fake"` is
+torch's data-less process group, on which `asyncrl rehearse` builds the trainer ranks)."""
 
 PROCESS_GROUP_TIMEOUT_S = 300.0
 """How long a rank waits inside a collective for a dead peer before it gives up (the trainer group, Megatron's

@@ -102,14 +102,16 @@ def build_rollout_backend(cfg: RunConfig, model_dir: str, device: RoleDevice):
 
 
 def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = False, *, frozen: bool = False,
-                          device: RoleDevice):
+                          device: RoleDevice, load_model: Any = None, hf_weights: Any = None):
     """The configured training backend for `model_dir` (backends imported lazily). `distributed`: this process
     is one rank of a trainer group (`engine.runtime.trainer_group`, process group already joined), so the torch
     backend is the FSDP2 one and Megatron builds its TP/PP/CP/EP/DP groups over that world. Both compute on
     `device` (the plan's trainer `RoleDevice`). Precision:
     `engine.config.precision` (parameters in `policy.params`, compute in `policy.compute`). `frozen`: the KL
     loss's reference model (`build_reference_backend`): no gradients, optimizer or DDP wrapper, weights offloaded
-    between uses when `trainer.ref_param_offload`."""
+    between uses when `trainer.ref_param_offload`. `load_model`: the torch backend's model loader, called as
+    `load_causal_lm` is, and `hf_weights`: Megatron's source of HF tensors in place of the directory's safetensors
+    (`engine.rehearse` builds both from the model's config.json on fake tensors)."""
     from engine.config.precision import policy_of
 
     deterministic_threads(cfg)
@@ -143,21 +145,22 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
             model_dir, tp=t.tp, pp=t.pp, cp=t.cp, ep=t.ep, etp=t.etp, dtype=policy.compute,
             fp32_master_weights=policy.params == "float32", recompute_granularity=t.recompute_granularity,
             recompute_method=t.recompute_method, recompute_num_layers=t.recompute_num_layers,
-            logprob_chunk_tokens=t.logprob_chunk_tokens, device=device.type, **common, **world,
+            logprob_chunk_tokens=t.logprob_chunk_tokens, device=device.type, hf_weights=hf_weights, **common, **world,
         )
     from engine.models.loader import load_causal_lm, meta_causal_lm
     from engine.trainer.torch_trainer import TorchTrainerBackend
 
     # a frozen reference holds no optimizer state: its weights need no fp32 masters
-    load = {"dtype": policy.compute if frozen else policy.params, "attn_implementation": t.attn_implementation}
+    load = load_model or load_causal_lm
+    spec = {"dtype": policy.compute if frozen else policy.params, "attn_implementation": t.attn_implementation}
     if distributed and not (frozen and t.ref_param_offload):  # FSDP2: rank 0 loads, the others get their shards
         import torch.distributed as dist
         from engine.trainer.fsdp import FSDPTrainerBackend
 
-        loaded = load_causal_lm(model_dir, **load) if dist.get_rank() == 0 else None
-        skeleton = meta_causal_lm(model_dir, **load)
+        loaded = load(model_dir, **spec) if dist.get_rank() == 0 else None
+        skeleton = meta_causal_lm(model_dir, **spec)
         return FSDPTrainerBackend(skeleton, loaded=loaded, **trainer_kwargs(cfg, policy, device, frozen, common))
-    model = load_causal_lm(model_dir, **load)
+    model = load(model_dir, **spec)
     kwargs = trainer_kwargs(cfg, policy, device, frozen, common)
     if distributed:
         from engine.trainer.fsdp import FSDPTrainerBackend
@@ -177,9 +180,11 @@ def trainer_kwargs(cfg: RunConfig, policy: Any, device: RoleDevice, frozen: bool
             "export_dtype": None if frozen else rollout_dtype(cfg), **common}  # syncs in the replicas' dtype
 
 
-def build_reference_backend(cfg: RunConfig, model_dir: str, distributed: bool = False, *, device: RoleDevice):
+def build_reference_backend(cfg: RunConfig, model_dir: str, distributed: bool = False, *, device: RoleDevice,
+                            load_model: Any = None, hf_weights: Any = None):
     """The frozen reference policy of the KL loss (`trainer.use_kl_loss`): `build_trainer_backend(frozen=True)`."""
-    return build_trainer_backend(cfg, model_dir, distributed, frozen=True, device=device)
+    return build_trainer_backend(cfg, model_dir, distributed, frozen=True, device=device, load_model=load_model,
+                                 hf_weights=hf_weights)
 
 
 def build_weight_sync(spec: WeightSyncSpec, run_id: str = "run"):

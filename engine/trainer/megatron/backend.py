@@ -27,6 +27,8 @@ stages, and so are the loss metrics. Per call:
 * `frozen = True`: the KL loss's reference — the GPTModel without DDP wrapper, gradient buffers, optimizer
   or snapshot, `requires_grad = False`, `compute_log_probs` only (weights in host memory between calls with
   `param_offload`, on GPU).
+* `hf_weights`: a `TensorGetter` of the HF weights in place of the directory's safetensors (`asyncrl rehearse`
+  hands it fake tensors of the real shapes).
 """
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ class MegatronTrainerBackend(WarmupSchedule):
         ppo_max_token_len_per_gpu: int = 16384,
         log_prob_max_token_len_per_gpu: int | None = None,
         device: str | None = None,
+        hf_weights: TensorGetter | None = None,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError("micro_batch_size must be >= 1")
@@ -187,7 +190,7 @@ class MegatronTrainerBackend(WarmupSchedule):
             self.model = build_gpt_model(self.arch, self.layout, self.dtype, self.on_gpu,
                                          None if frozen else recompute_settings(
                                              recompute_granularity, recompute_method, recompute_num_layers))
-        self.load_hf_weights(SafetensorsSource(hf_model_dir))
+        self.load_hf_weights(hf_weights or SafetensorsSource(hf_model_dir))
         self.logprob_chunk_tokens = logprob_chunk_tokens
         self.frozen, self.param_offload = bool(frozen), bool(param_offload) and self.on_gpu
         self.optimizer: MainGradAdamW | MegatronDistOptimizer | None = None

@@ -77,8 +77,10 @@ def init_process_group(rank: int, world_size: int, master_addr: str, master_port
                               backend=COLLECTIVE_BACKEND[device])
 
 
-def init_model_parallel(layout: ParallelLayout) -> None:
-    """Create Megatron's TP/PP/CP/EP/DP groups for `layout`, reusing them if they already match."""
+def init_model_parallel(layout: ParallelLayout, gloo_groups: bool = True) -> None:
+    """Create Megatron's TP/PP/CP/EP/DP groups for `layout`, reusing them if they already match. `gloo_groups`:
+    Megatron's gloo copies of the DP groups too (its CPU-side optimizer-state gather needs them; torch's fake
+    process group, on which `asyncrl rehearse` builds the groups, cannot make gloo ones)."""
     from megatron.core import parallel_state as ps
 
     if ps.model_parallel_is_initialized():
@@ -95,4 +97,5 @@ def init_model_parallel(layout: ParallelLayout) -> None:
         context_parallel_size=layout.cp,
         expert_model_parallel_size=layout.ep,
         expert_tensor_parallel_size=layout.etp,
+        create_gloo_process_groups=gloo_groups,
     )

@@ -1,0 +1,263 @@
+"""One FSDP2 trainer rank (`trainer.backend = "torch"`, M > 1) rehearsed at full scale on fake tensors.
+
+The rank is built by `engine.runtime.backends.build_trainer_backend(distributed=True)` — the function
+`TrainerRank` calls at launch — over a fake world of M ranks (`engine.rehearse.fake`), with one seam: the model
+comes from its config.json on fake tensors (`load_model`) instead of from weights. The CPU stands in for the
+device (FSDP2's mesh, mixed-precision policy and kernels are the CPU's; no `set_device`), the process group is
+the fake one, so no collective moves data and none can deadlock. Then, under `FSDPMemTracker`:
+
+    proximal log-prob   decoupled mode (`bypass_mode = false`): `snapshot_params` and `proximal_log_probs` of the
+                        log-prob micro-batch (the backend's own methods: swap, no-grad forward, restore)
+    reference           `use_kl_loss`: the frozen reference's `compute_log_probs` (its all-gathers and activations
+                        are tracked; its resident shards, built before tracking, are added to every peak)
+    update              the tensor path of `_update` on the update's micro-batch: `_prepare` (trim), `_log_probs`
+                        (chunked head, entropy as the loss asks), backward of the loss scaled by `_grad_scale`,
+                        `clip_grad_norm_`, AdamW `step` (its state created by a warm-up step before tracking, as
+                        after the run's first update), `zero_grad`
+
+The PPO loss itself is not called: it reads its metrics with `.item()`, which fake tensors cannot answer; the
+backward runs from the masked token-mean of −A·log π (plus the entropy where it carries gradient), the same
+graph through the model and the head. Outside the tracker, the host side: the weight export up to its buckets
+(`export_weights`, the real generator: bytes, dtypes, bucket count, whether it was gathered to the host) and the
+checkpoint's state dicts (`full_state_dict` and `get_optimizer_state_dict` with the options `save` uses).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from engine.plan.devices import RoleDevice
+from engine.rehearse.batch import micro_shape, rehearsal_batch
+from engine.rehearse.fake import fake_mode, fake_world, model_from_config, pin_in_place, tensor_bytes
+from engine.rehearse.report import RankClass, RehearsalFailure, first_line
+
+if TYPE_CHECKING:
+    from engine.plan.run_plan import RunPlan
+
+STAND_IN = RoleDevice("cpu", "none")
+"""The device the rehearsal computes on in place of the preset's (fake tensors: nothing is computed)."""
+
+
+class Phase:
+    """Runs one phase of a rank; any error becomes a `RehearsalFailure` naming role, rank and phase."""
+
+    def __init__(self, role: str, rank: int, phase: str) -> None:
+        self.role, self.rank, self.phase = role, rank, phase
+
+    def __enter__(self) -> Phase:
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is not None and not isinstance(exc, RehearsalFailure):
+            raise RehearsalFailure(self.role, self.rank, self.phase, first_line(exc)) from exc
+        return False
+
+
+def _loader(config: dict[str, Any], mode: Any, host: list[int]):
+    """`load_causal_lm`'s stand-in: the model from `config` on fake tensors; records the bytes it holds (the
+    host memory the real loader fills before the model moves to the device)."""
+
+    def load(model_dir: str, dtype: Any = "float32", *, attn_implementation: str | None = None, **_: Any) -> Any:
+        model = model_from_config(config, dtype, mode, attn_implementation)
+        host.append(tensor_bytes([*model.parameters(), *model.buffers()]))  # a tied weight counted once
+        return pin_in_place(model)
+
+    return load
+
+
+def forward_in(backend: Any, mode: Any) -> Any:
+    """Run `backend`'s forwards (`_log_probs`) inside `mode`. Only there: the batch's bookkeeping (row lengths,
+    trimming, micro-batch plans) reads its tensors' values, so it must stay on real tensors, while a model
+    forward creates tensors of its own (masks, positions) that must be fake like its parameters."""
+    inner = backend._log_probs
+
+    def log_probs(*args: Any, **kwargs: Any) -> Any:
+        with mode:
+            return inner(*args, **kwargs)
+
+    backend._log_probs = log_probs
+    return backend
+
+
+def surrogate_loss(log_probs: torch.Tensor, entropy: torch.Tensor | None, micro: Any,
+                    entropy_grad: bool) -> torch.Tensor:
+    """Token-mean of −A·log π over the response mask (the PPO loss's graph without its `.item()` metrics)."""
+    mask = micro.response_mask.to(log_probs.dtype)
+    loss = -(log_probs * micro.advantages.to(log_probs.dtype) * mask).sum() / mask.sum().clamp(min=1)
+    if entropy_grad and entropy is not None:
+        loss = loss - (entropy * mask).sum() / mask.sum().clamp(min=1)
+    return loss
+
+
+def _peak(tracker: Any) -> tuple[int, dict[str, int]]:
+    """(total, by category) of the tracker's peak snapshot, summed over devices."""
+    total, cats = 0, {}
+    for stats in tracker.get_tracker_snapshot("peak").values():
+        for k, v in stats.items():
+            name = str(k).split(".")[-1].lower()
+            if name == "total":
+                total += int(v)
+            elif v:
+                cats[name] = cats.get(name, 0) + int(v)
+    return total, cats
+
+
+def rehearse_torch_rank(plan: RunPlan, config: dict[str, Any], rank: int, cls: RankClass,
+                        step: bool = True) -> RankClass:
+    """Rehearse rank `rank` of `plan`'s FSDP2 trainer (module docstring) into `cls`; `step`: take the step
+    (False: build, export and checkpoint only — the rank's step is the representative's)."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    from engine.algo.loss import build_loss_fn
+    from engine.runtime.backends import build_reference_backend, build_trainer_backend
+
+    cfg = plan.config
+    spec = plan.role_specs().trainer
+    start = time.perf_counter()
+    mode = fake_mode()
+    host: list[int] = []
+    with fake_world(rank, spec.world):
+        with Phase("trainer", rank, "build"):
+            policy = build_trainer_backend(cfg, "", distributed=True, device=STAND_IN,
+                                           load_model=_loader(config, mode, host))
+        ref = None
+        if cfg.trainer.use_kl_loss:
+            with Phase("reference", rank, "build"):
+                ref = build_reference_backend(cfg, "", distributed=True, device=STAND_IN,
+                                              load_model=_loader(config, mode, host))
+        cls.host_start = sum(host)
+        vocab = int(policy.model.config.get_text_config().vocab_size)
+        forward_in(policy, mode)
+        if ref is not None:
+            forward_in(ref, mode)
+        if step:
+            _step(cfg, policy, ref, mode, vocab, rank, cls, tracker_class(FSDPMemTracker), build_loss_fn)
+        with Phase("weight sync", rank, "export"), mode:
+            _export(policy, spec.weight_sync.bucket_bytes, cls)
+        with Phase("trainer", rank, "checkpoint"), mode:
+            _checkpoint(policy, cls)
+    cls.seconds = time.perf_counter() - start
+    return cls
+
+
+def tracker_class(base: Any) -> Any:
+    """`FSDPMemTracker`, except at the post-backward of an FSDP unit the step never ran (a vision-language
+    model's vision blocks on text rows), where torch's tracker reads an unsharded parameter that was never made."""
+
+    class Tracker(base):
+        def _fsdp_param_group_post_backward(self, fsdp_mod: Any, orig: Any) -> Any:
+            wrapped = super()._fsdp_param_group_post_backward(fsdp_mod, orig)
+
+            def inner(*args: Any, **kwargs: Any) -> Any:
+                group = fsdp_mod._get_fsdp_state()._fsdp_param_group
+                idle = group is not None and any(not hasattr(p, "_unsharded_param") for p in group.fsdp_params)
+                return (orig if idle else wrapped)(*args, **kwargs)
+
+            return inner
+
+    return Tracker
+
+
+def _step(cfg: Any, policy: Any, ref: Any, mode: Any, vocab: int, rank: int, cls: RankClass,
+          tracker_cls: Any, build_loss_fn: Any) -> None:
+    rc = cfg.algorithm.rollout_correction
+    loss_fn = build_loss_fn(cfg.trainer, rc)
+    update = rehearsal_batch(micro_shape(cfg), vocab)
+    log_prob = rehearsal_batch(micro_shape(cfg, log_prob=True), vocab)
+    with Phase("trainer", rank, "optimizer state"), mode:
+        for p in policy.model.parameters():
+            p.grad = torch.zeros_like(p)
+        policy.optimizer.step()
+        policy.optimizer.zero_grad(set_to_none=True)
+    decoupled = not rc.bypass_mode
+    if decoupled:
+        with Phase("trainer", rank, "proximal snapshot"), mode:
+            policy.snapshot_params()  # TrainerCore takes it at start; host memory (pinned on the device's host)
+            policy._live = policy._cpu_buffers()  # the swap's host copy of the live weights, made on first use
+        cls.notes.append("π_prox snapshot and swap buffers are host memory: "
+                         f"{(tensor_bytes(policy._snapshot) + tensor_bytes(policy._live)) / 1e9:.2f} GB")
+    # the reference's shards, made before tracking (after its forward FSDP2 leaves its root unsharded: those
+    # tensors are allocated inside the tracker and counted there)
+    resident = tensor_bytes(list(ref.model.parameters())) if ref is not None and not ref.param_offload else 0
+    tracker = tracker_cls(policy.model, policy.optimizer)
+    with tracker:
+        if decoupled:
+            with Phase("trainer", rank, "proximal log-prob"):
+                policy.proximal_log_probs(log_prob)
+            cls.phase_peaks["proximal log-prob"] = _peak(tracker)[0]
+            tracker.reset_mod_stats()  # the tracker's module stats cover one forward per module; its peak stays
+        if ref is not None:
+            with Phase("reference", rank, "log-prob"):
+                ref.compute_log_probs(log_prob)
+            cls.phase_peaks["reference log-prob"] = _peak(tracker)[0]
+            tracker.reset_mod_stats()
+        with Phase("trainer", rank, "update"):
+            policy.model.train()
+            micros, _, _ = policy._micro_batches(update, policy.ppo_max_token_len)
+            entropy_grad = policy.entropy_mode == "grad" or bool(getattr(loss_fn, "needs_entropy", False))
+            with_entropy = policy.entropy_mode != "none" or entropy_grad
+            policy.optimizer.zero_grad(set_to_none=True)
+            for k, micro in enumerate(micros):
+                micro, _ = policy._prepare(micro)
+                policy._set_grad_sync(k == len(micros) - 1)
+                log_probs, entropy = policy._log_probs(micro, with_entropy, entropy_grad)
+                loss = surrogate_loss(log_probs, entropy, micro, entropy_grad)
+                (loss * policy._grad_scale()).backward()
+            params = [p for p in policy.model.parameters() if p.grad is not None]
+            torch.nn.utils.clip_grad_norm_(params, policy.grad_clip if policy.grad_clip > 0 else float("inf"))
+            policy.optimizer.step()
+            policy.optimizer.zero_grad(set_to_none=True)
+        cls.phase_peaks["update"] = _peak(tracker)[0]
+    cls.device_peak, cls.peak_by_category = _peak(tracker)
+    if resident:  # the reference's shards stay on the device throughout
+        cls.device_peak += resident
+        cls.peak_by_category["reference_shards"] = resident
+        cls.phase_peaks = {k: v + resident for k, v in cls.phase_peaks.items()}
+
+
+def _export(policy: Any, bucket_bytes: int, cls: RankClass) -> None:
+    """The export up to its buckets: what `export_weights` yields on this rank."""
+    kept: list[torch.Tensor] = []  # held, so no tensor's id is reused by a later one
+    seen: set[int] = set()
+    total, buckets, by_dtype, names = 0, 0, {}, 0
+    for bucket in policy.export_weights(bucket_bytes):
+        buckets += 1
+        for t in bucket.values():
+            names += 1
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            kept.append(t)
+            n = t.numel() * t.element_size()
+            total += n
+            dt = str(t.dtype).removeprefix("torch.")
+            by_dtype[dt] = by_dtype.get(dt, 0) + n
+    offload = bool(getattr(policy._state_dict_options(), "cpu_offload", False))
+    cls.host_export = total if offload else 0
+    cls.sync = {"bytes": total, "dtypes": by_dtype, "buckets": buckets, "tensors": names,
+                "bucket_bytes": bucket_bytes, "staged_on": "host (full state gathered, cpu_offload)" if offload
+                else "device", "stages": bool(total)}
+
+
+def _checkpoint(policy: Any, cls: RankClass) -> None:
+    """Host bytes of the state dicts `save` builds on this rank, and the files it writes."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    weights = policy.full_state_dict()
+    optim = get_optimizer_state_dict(policy.model, policy.optimizer, options=policy._state_dict_options())
+    w, o = tensor_bytes(weights), tensor_bytes(optim)
+    cls.host_save = w + o
+    writes = ["rng"] + (["model.safetensors", "optimizer.pt"] if policy.is_main else [])
+    cls.checkpoint = {"writes": writes, "weights_bytes": w, "optimizer_bytes": o,
+                      "full_gather": bool(getattr(policy._state_dict_options(), "full_state_dict", False))}
+
+
+def torch_rank_classes(world: int) -> list[RankClass]:
+    """FSDP2's rank classes: rank 0 sends the weights and writes the checkpoint; ranks 1 … M−1 only shard."""
+    classes = [RankClass("rank 0 (sender, checkpoint writer)", "0", 0)]
+    if world > 1:
+        classes.append(RankClass("rank 1 (others)", f"1-{world - 1}" if world > 2 else "1", 1))
+    return classes
