@@ -24,7 +24,10 @@ checkpoint's state dicts (`full_state_dict` and `get_optimizer_state_dict` with 
 
 from __future__ import annotations
 
+import json
+import tempfile
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -119,14 +122,15 @@ def rehearse_torch_rank(plan: RunPlan, config: dict[str, Any], rank: int, cls: R
     start = time.perf_counter()
     mode = fake_mode()
     host: list[int] = []
-    with fake_world(rank, spec.world):
+    with fake_world(rank, spec.world), tempfile.TemporaryDirectory() as model_dir:
+        (Path(model_dir) / "config.json").write_text(json.dumps(config))  # the meta skeleton's config
         with Phase("trainer", rank, "build"):
-            policy = build_trainer_backend(cfg, "", distributed=True, device=STAND_IN,
+            policy = build_trainer_backend(cfg, model_dir, distributed=True, device=STAND_IN,
                                            load_model=_loader(config, mode, host))
         ref = None
         if cfg.trainer.use_kl_loss:
             with Phase("reference", rank, "build"):
-                ref = build_reference_backend(cfg, "", distributed=True, device=STAND_IN,
+                ref = build_reference_backend(cfg, model_dir, distributed=True, device=STAND_IN,
                                               load_model=_loader(config, mode, host))
         cls.host_start = sum(host)
         vocab = int(policy.model.config.get_text_config().vocab_size)

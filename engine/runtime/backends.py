@@ -153,8 +153,11 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
     # a frozen reference holds no optimizer state: its weights need no fp32 masters
     load = load_model or load_causal_lm
     spec = {"dtype": policy.compute if frozen else policy.params, "attn_implementation": t.attn_implementation}
-    if distributed and not (frozen and t.ref_param_offload):  # FSDP2: rank 0 loads, the others get their shards
-        import torch.distributed as dist
+    import torch.distributed as dist
+
+    # FSDP2: rank 0 loads, the others get their shards from it. A rehearsal (`load_model` given) builds the ranks
+    # other than 0 from their own fake load: torch's fake process group cannot carry rank 0's broadcast.
+    if distributed and not (frozen and t.ref_param_offload) and (load_model is None or dist.get_rank() == 0):
         from engine.trainer.fsdp import FSDPTrainerBackend
 
         loaded = load(model_dir, **spec) if dist.get_rank() == 0 else None

@@ -24,11 +24,6 @@ SMALL = [RUNS / "smollm2-arith-cpu.toml", "--set", "resources.trainer.gpus_per_n
          "--set", "resources.trainer.cpu_threads=1"]
 """SmolLM2-135M as a 2-rank FSDP2 trainer on the CPU hardware preset (16 GB per "GPU"), no "auto" to time."""
 
-N1 = "npu has no weight-sync transport (issue 43 N1: 'collective' resolves on npu, the transport exists on cpu/cuda)"
-KNOWN_FAILURES = {
-    "qwen3-vl-8b-geo3k-fsdp2-npu-16-16.toml": N1,
-    "qwen3-vl-8b-geo3k-fsdp2-npu-2x8.toml": N1,
-}
 PRODUCTION = sorted(p.name for p in RUNS.glob("qwen*.toml"))
 
 
@@ -36,9 +31,7 @@ def _rehearse(*args: object):
     return CliRunner().invoke(app, ["rehearse", *map(str, args)])
 
 
-@pytest.mark.parametrize("preset", [
-    pytest.param(name, marks=pytest.mark.xfail(reason=KNOWN_FAILURES[name], strict=True))
-    if name in KNOWN_FAILURES else name for name in PRODUCTION])
+@pytest.mark.parametrize("preset", PRODUCTION)
 def test_production_preset_rehearses(preset: str) -> None:
     r = _rehearse(RUNS / preset, "--json")
     doc = json.loads(r.stdout)
@@ -59,14 +52,13 @@ def test_seed_000_exports_bf16_from_rank_0_and_every_rank_builds_the_full_hf_sta
     assert 8.7e9 < sender["peak_by_category"]["weights"] < 8.9e9  # the rank's tp/ep shard in bf16
 
 
-def test_npu_preset_fails_on_its_transport_naming_role_and_rank() -> None:
-    r = _rehearse(RUNS / "qwen3-vl-8b-geo3k-fsdp2-npu-2x8.toml", "--json")
+def test_seed_002_syncs_bf16_over_hccl_from_rank_0() -> None:
+    """Issue 43: the npu preset has a transport (HCCL) and syncs the model's bf16 size (17.5 GB), not fp32."""
+    r = _rehearse(RUNS / "qwen3-vl-8b-geo3k-fsdp2-npu-16-16.toml", "--json")
     doc = json.loads(r.stdout)
-    if doc["ok"]:
-        pytest.skip("the npu transport exists now (issue 43 N1 fixed)")
-    assert r.exit_code == 1
-    assert {"role": "weight sync", "rank": 0, "phase": "transport"}.items() <= doc["failures"][0].items()
-    assert doc["ranks"], "the trainer ranks are still rehearsed after a transport failure"
+    assert r.exit_code == 0, doc["failures"]
+    sender = doc["ranks"][0]
+    assert list(sender["sync"]["dtypes"]) == ["bfloat16"] and 17.0e9 < sender["sync"]["bytes"] < 18.0e9
 
 
 def test_small_fsdp2_run_rehearses_with_export_and_checkpoint_plan() -> None:
