@@ -111,3 +111,16 @@ def dtype_bytes(tensors: Mapping[str, torch.Tensor]) -> dict[str, int]:
         name = str(t.dtype).removeprefix("torch.")
         out[name] = out.get(name, 0) + t.numel() * t.element_size()
     return out
+
+
+def tracker_peak(tracker: Any) -> tuple[int, dict[str, int]]:
+    """(total, by category) of a torch memory tracker's peak snapshot, summed over devices."""
+    total, cats = 0, {}
+    for stats in tracker.get_tracker_snapshot("peak").values():
+        for k, v in stats.items():
+            name = str(k).split(".")[-1].lower()
+            if name == "total":
+                total += int(v)
+            elif v:
+                cats[name] = cats.get(name, 0) + int(v)
+    return total, cats

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine.rehearse.batch import micro_shape, rehearsal_batch
-from engine.rehearse.fake import fake_mode, fake_world, model_from_config, tensor_bytes
+from engine.rehearse.fake import fake_mode, fake_world, model_from_config, tensor_bytes, tracker_peak
 from engine.rehearse.report import RankClass
 from engine.rehearse.torch_rank import STAND_IN, Phase, surrogate_loss
 
@@ -69,18 +69,6 @@ def _tracker_class() -> Any:
             return super()._track_module_params_and_buffers(module, install_grad_hooks and trains)
 
     return Tracker
-
-
-def _peak(tracker: Any) -> tuple[int, dict[str, int]]:
-    total, cats = 0, {}
-    for stats in tracker.get_tracker_snapshot("peak").values():
-        for k, v in stats.items():
-            name = str(k).split(".")[-1].lower()
-            if name == "total":
-                total += int(v)
-            elif v:
-                cats[name] = cats.get(name, 0) + int(v)
-    return total, cats
 
 
 def megatron_rank_classes(plan: RunPlan) -> list[RankClass]:
@@ -158,13 +146,21 @@ def rehearse_megatron_rank(plan: RunPlan, config: dict[str, Any], rank: int, cls
         with Phase("weight sync", rank, "export"), mode:
             _export(policy, plan.role_specs().weight_sync.bucket_bytes, cls)
         with Phase("trainer", rank, "checkpoint"), mode:
-            weights = tensor_bytes(policy.hf_state_dict())
-            cls.host_save = weights
+            from engine.trainer.megatron.export import iter_hf_tensors
+
+            # `checkpointing.save_backend`: the HF tensors stream through the same gathers as the export; only
+            # the writer (global rank 0) keeps them on the host (with pipeline parallelism every rank sees them)
+            to_sender = policy.layout.pp == 1
+            weights = largest = 0
+            for _, tensor in iter_hf_tensors(policy.model, policy.arch, to_sender=to_sender):
+                n = tensor.numel() * tensor.element_size()
+                weights, largest = weights + n, max(largest, n)
+            cls.host_save = weights if rank == 0 else 0
             cls.checkpoint.update({"writes": ["optimizer shard", "rng", "snapshot"] + (
-                ["model.safetensors"] if rank == 0 else []), "weights_bytes": weights, "optimizer_bytes": None,
-                "full_gather": True})
-            cls.notes.append("host at save: the full HF state every rank builds; the distributed optimizer's "
-                             "DP-0 gather is not rehearsed (CUDA-only optimizer)")
+                ["model.safetensors"] if rank == 0 else []), "weights_bytes": weights if rank == 0 else 0,
+                "optimizer_bytes": None, "full_gather": not to_sender, "largest_tensor_bytes": largest})
+            cls.notes.append("host at save: the HF weights on the writer only (the others stream them through "
+                             "the gathers); the distributed optimizer's DP-0 gather is not rehearsed (CUDA-only)")
         ps.destroy_model_parallel()
     cls.seconds = time.perf_counter() - start
     return cls
@@ -190,7 +186,7 @@ def _step(cfg: Any, policy: Any, ref: Any, mode: Any, vocab: int, rank: int, cls
                 micro, _ = trim_padding(micros[0])
                 with torch.no_grad():
                     ref._forward(micro, False)
-            cls.phase_peaks["reference log-prob"] = _peak(tracker)[0]
+            cls.phase_peaks["reference log-prob"] = tracker_peak(tracker)[0]
         with Phase("trainer", rank, "update"):
             policy.ddp.train()
             micros, _ = plan_micro_batches(update, policy.micro_batch_size, policy.update_budget, lambda k: k)
@@ -201,8 +197,8 @@ def _step(cfg: Any, policy: Any, ref: Any, mode: Any, vocab: int, rank: int, cls
                 loss = surrogate_loss(log_probs, entropy, micro, policy.entropy_mode == "grad")
                 (loss * policy.dp_size).backward()
             finalize_model_grads([policy.ddp])
-        cls.phase_peaks["update"] = _peak(tracker)[0]
-    cls.device_peak, cls.peak_by_category = _peak(tracker)
+        cls.phase_peaks["update"] = tracker_peak(tracker)[0]
+    cls.device_peak, cls.peak_by_category = tracker_peak(tracker)
 
 
 def _resident(policy: Any, cls: RankClass) -> None:

@@ -7,7 +7,7 @@ Every byte figure is measured on fake tensors of the real shapes (`engine.rehear
     phase_peaks       the running peak after each phase (log-prob passes, reference, update): which phase sets it
     host_start        host bytes the rank holds while it builds its backends (the model as loaded before it is
                       moved to the device and sharded; the reference's too)
-    host_export       host bytes the weight export holds on the rank (a full state gathered to the host)
+    host_export       host bytes the weight export holds on the rank (0 where it gathers on the device)
     host_save         host bytes the checkpoint's state dicts hold on the rank before they are written
     sync              the weight export up to the bucket stage: bytes, dtypes, buckets, where the tensors live
 

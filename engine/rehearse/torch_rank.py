@@ -34,7 +34,9 @@ import torch
 
 from engine.plan.devices import RoleDevice
 from engine.rehearse.batch import micro_shape, rehearsal_batch
-from engine.rehearse.fake import fake_mode, fake_world, model_from_config, pin_in_place, tensor_bytes
+from engine.rehearse.fake import (
+    fake_mode, fake_world, model_from_config, pin_in_place, tensor_bytes, tracker_peak,
+)
 from engine.rehearse.report import RankClass, RehearsalFailure, first_line
 
 if TYPE_CHECKING:
@@ -93,19 +95,6 @@ def surrogate_loss(log_probs: torch.Tensor, entropy: torch.Tensor | None, micro:
     if entropy_grad and entropy is not None:
         loss = loss - (entropy * mask).sum() / mask.sum().clamp(min=1)
     return loss
-
-
-def _peak(tracker: Any) -> tuple[int, dict[str, int]]:
-    """(total, by category) of the tracker's peak snapshot, summed over devices."""
-    total, cats = 0, {}
-    for stats in tracker.get_tracker_snapshot("peak").values():
-        for k, v in stats.items():
-            name = str(k).split(".")[-1].lower()
-            if name == "total":
-                total += int(v)
-            elif v:
-                cats[name] = cats.get(name, 0) + int(v)
-    return total, cats
 
 
 def rehearse_torch_rank(plan: RunPlan, config: dict[str, Any], rank: int, cls: RankClass,
@@ -191,12 +180,12 @@ def _step(cfg: Any, policy: Any, ref: Any, mode: Any, vocab: int, rank: int, cls
         if decoupled:
             with Phase("trainer", rank, "proximal log-prob"):
                 policy.proximal_log_probs(log_prob)
-            cls.phase_peaks["proximal log-prob"] = _peak(tracker)[0]
+            cls.phase_peaks["proximal log-prob"] = tracker_peak(tracker)[0]
             tracker.reset_mod_stats()  # the tracker's module stats cover one forward per module; its peak stays
         if ref is not None:
             with Phase("reference", rank, "log-prob"):
                 ref.compute_log_probs(log_prob)
-            cls.phase_peaks["reference log-prob"] = _peak(tracker)[0]
+            cls.phase_peaks["reference log-prob"] = tracker_peak(tracker)[0]
             tracker.reset_mod_stats()
         with Phase("trainer", rank, "update"):
             policy.model.train()
@@ -214,8 +203,8 @@ def _step(cfg: Any, policy: Any, ref: Any, mode: Any, vocab: int, rank: int, cls
             torch.nn.utils.clip_grad_norm_(params, policy.grad_clip if policy.grad_clip > 0 else float("inf"))
             policy.optimizer.step()
             policy.optimizer.zero_grad(set_to_none=True)
-        cls.phase_peaks["update"] = _peak(tracker)[0]
-    cls.device_peak, cls.peak_by_category = _peak(tracker)
+        cls.phase_peaks["update"] = tracker_peak(tracker)[0]
+    cls.device_peak, cls.peak_by_category = tracker_peak(tracker)
     if resident:  # the reference's shards stay on the device throughout
         cls.device_peak += resident
         cls.peak_by_category["reference_shards"] = resident
@@ -239,24 +228,32 @@ def _export(policy: Any, bucket_bytes: int, cls: RankClass) -> None:
             total += n
             dt = str(t.dtype).removeprefix("torch.")
             by_dtype[dt] = by_dtype.get(dt, 0) + n
-    offload = bool(getattr(policy._state_dict_options(), "cpu_offload", False))
-    cls.host_export = total if offload else 0
+    cls.host_export = 0  # `torch_weights.export`: per tensor, cast and all-gathered on the device
     cls.sync = {"bytes": total, "dtypes": by_dtype, "buckets": buckets, "tensors": names,
-                "bucket_bytes": bucket_bytes, "staged_on": "host (full state gathered, cpu_offload)" if offload
-                else "device", "stages": bool(total)}
+                "bucket_bytes": bucket_bytes, "staged_on": "device", "stages": bool(total)}
 
 
 def _checkpoint(policy: Any, cls: RankClass) -> None:
-    """Host bytes of the state dicts `save` builds on this rank, and the files it writes."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    """The state `save` writes on this rank and the host bytes it holds: FSDP2 (`torch_weights.save_sharded`):
+    the rank's own shards of the model and optimizer, written by torch distributed checkpoint, nothing gathered;
+    one process (`torch_weights.save`): the full state on the host, written by rank 0."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    weights = policy.full_state_dict()
-    optim = get_optimizer_state_dict(policy.model, policy.optimizer, options=policy._state_dict_options())
-    w, o = tensor_bytes(weights), tensor_bytes(optim)
-    cls.host_save = w + o
-    writes = ["rng"] + (["model.safetensors", "optimizer.pt"] if policy.is_main else [])
-    cls.checkpoint = {"writes": writes, "weights_bytes": w, "optimizer_bytes": o,
-                      "full_gather": bool(getattr(policy._state_dict_options(), "full_state_dict", False))}
+    sharded = type(policy).__name__ == "FSDPTrainerBackend"
+    if sharded:
+        model_state, optim_state = get_state_dict(policy.model, policy.optimizer)
+        w, o = tensor_bytes(model_state), tensor_bytes(optim_state)
+        cls.host_save = 0  # written shard by shard from where they live
+        writes = ["dcp shard (model + optimizer)", "rng"] + (["state.json"] if policy.is_main else [])
+    else:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        weights = policy.full_state_dict()
+        optim = get_optimizer_state_dict(policy.model, policy.optimizer, options=policy._state_dict_options())
+        w, o = tensor_bytes(weights), tensor_bytes(optim)
+        cls.host_save = w + o
+        writes = ["rng"] + (["model.safetensors", "optimizer.pt"] if policy.is_main else [])
+    cls.checkpoint = {"writes": writes, "weights_bytes": w, "optimizer_bytes": o, "full_gather": not sharded}
 
 
 def torch_rank_classes(world: int) -> list[RankClass]:
