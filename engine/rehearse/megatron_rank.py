@@ -48,6 +48,7 @@ from engine.rehearse.report import RankClass
 from engine.rehearse.torch_rank import STAND_IN, Phase, surrogate_loss
 
 if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
     from engine.plan.run_plan import RunPlan
 
 
@@ -166,7 +167,7 @@ def rehearse_megatron_rank(plan: RunPlan, config: dict[str, Any], rank: int, cls
     return cls
 
 
-def _step(cfg: Any, policy: Any, ref: Any, mode: Any, vocab: int, rank: int, cls: RankClass) -> None:
+def _step(cfg: RunConfig, policy: Any, ref: Any, mode: Any, vocab: int, rank: int, cls: RankClass) -> None:
     from megatron.core.distributed import finalize_model_grads
 
     from engine.trainer.batch import plan_micro_batches, trim_padding

@@ -40,6 +40,7 @@ from engine.rehearse.fake import (
 from engine.rehearse.report import RankClass, RehearsalFailure, first_line
 
 if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
     from engine.plan.run_plan import RunPlan
 
 STAND_IN = RoleDevice("cpu", "none")
@@ -154,7 +155,7 @@ def tracker_class(base: Any) -> Any:
     return Tracker
 
 
-def _step(cfg: Any, policy: Any, ref: Any, mode: Any, vocab: int, rank: int, cls: RankClass,
+def _step(cfg: RunConfig, policy: Any, ref: Any, mode: Any, vocab: int, rank: int, cls: RankClass,
           tracker_cls: Any, build_loss_fn: Any) -> None:
     rc = cfg.algorithm.rollout_correction
     loss_fn = build_loss_fn(cfg.trainer, rc)

@@ -95,6 +95,12 @@ def ledger_counts(ledger: list[dict[str, Any]]) -> Counter[str]:
     return Counter(last.values())
 
 
+def _verified(value: Any) -> bool:
+    """A sync event's delivery check passed: every replica that reported loaded what was sent (the fraction 1.0;
+    older runs wrote `true`)."""
+    return value is True or (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 1.0)
+
+
 def _versions() -> list[str]:
     found = []
     for name in _PACKAGES:
@@ -196,7 +202,7 @@ def render_report(run_dir: Path, exit_code: int, plot_note: str | None) -> str:
             lines.append(f"| {label} | {_fmt(value, unit)} |")
     syncs = [e for e in events if e.get("kind") == "sync"]
     if syncs:
-        verified = sum(1 for e in syncs if e.get("verified") is True)
+        verified = sum(1 for e in syncs if _verified(e.get("verified")))
         lines.append(f"| weight syncs | {len(syncs)} ({verified} verified), pause "
                      f"{_fmt(_median(_numbers(syncs, 'pause_s')), ' s')}, transfer "
                      f"{_fmt(_median(_numbers(syncs, 'transfer_s')), ' s')} (medians) |")

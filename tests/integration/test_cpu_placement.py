@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from engine.runtime import driver
 
 @pytest.fixture
 def two_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(driver.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # the plan reads this machine's cores
 
 
 def test_fully_async_splits_the_cores_and_waits_passively(tmp_path: Path, two_cores: None) -> None:
@@ -38,7 +39,7 @@ def test_cpu_threads_overrides_the_split(tmp_path: Path, two_cores: None) -> Non
 
 
 def test_trainer_ranks_share_the_trainer_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(driver.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
     p = driver._placement(resolve_plan(tiny_config(tmp_path, "resources.trainer.gpus_per_node=2")))
     assert p["trainer_ranks"] == 2
     assert (p["trainer_threads"], p["replica_threads"]) == (2, 4)  # replicas 8 // 2; ranks (8 - 4) // 2

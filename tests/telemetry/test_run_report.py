@@ -26,7 +26,8 @@ def _run_dir(tmp_path, *, with_validation=True):
     _write_jsonl(tmp_path / "metrics.jsonl", steps + vals)
     _write_jsonl(tmp_path / "events.jsonl", [
         {"kind": "sync", "verified": True, "pause_s": 0.1, "transfer_s": 0.2},
-        {"kind": "sync", "verified": True, "pause_s": 0.3, "transfer_s": 0.4},
+        {"kind": "sync", "verified": 1.0, "pause_s": 0.3, "transfer_s": 0.4},
+        {"kind": "sync", "verified": 0.5, "pause_s": 0.2, "transfer_s": 0.3},
         {"kind": "weights", "weights_sha256": "ab" * 32}])
     _write_jsonl(tmp_path / "ledger.jsonl", [
         {"uid": "0:1", "status": "in_flight_at_end"}, {"uid": "0:1", "status": "trained"},
@@ -44,7 +45,7 @@ def test_report_shows_the_curve_timings_settings_and_ledger(tmp_path):
     assert "0.300 → 0.800 (+0.500) over 3 validations" in text
     assert "| reward (first → last tenth of the steps) | 0.075 → 0.975 |" in text
     assert "| step time (median) | 11 s |" in text
-    assert "| weight syncs | 2 (2 verified), pause 200 ms, transfer 300 ms (medians) |" in text
+    assert "| weight syncs | 3 (2 verified), pause 200 ms, transfer 300 ms (medians) |" in text
     assert "| prompts (ledger) | 1 dropped, 2 trained |" in text
     assert "`trainer.precision` → `bf16`: bf16 2.2× fp32 here" in text and "Chosen on Some CPU" in text
     assert "| `async_training.trigger_parameter_sync_step` | `2` |" in text
