@@ -30,23 +30,43 @@ def _free_port() -> int:
 def _launch(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "asyncrl"), "launch", str(TINY), *SMALL, "--set",
                            f'logging.run_dir="{run_dir}"', *extra], capture_output=True, text=True, cwd=REPO,
-                          timeout=600, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+                          timeout=600, env={**{k: v for k, v in os.environ.items()
+                                               if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"},
+                                            "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"})
+
+
+def _head_address(head: subprocess.Popen, timeout_s: float = 120.0) -> str | None:
+    """The address `ray start` prints, read with a deadline (a head that never prints it must not hang the test)."""
+    import selectors
+    import time
+
+    sel = selectors.DefaultSelector()
+    sel.register(head.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not sel.select(timeout=1.0):
+            continue
+        line = head.stdout.readline()
+        if not line:
+            return None
+        m = re.search(r"ray start --address='([^']+)'", line)
+        if m:
+            return m.group(1)
+    return None
 
 
 def test_launch_joins_a_running_cluster(tmp_path):
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    # a cluster as an operator starts it: token auth on (asyncrl refuses to send work to one that lets anyone in),
+    # nothing of this test process's own Ray settings (an in-process run sets them for itself)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    env.update({"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"})
     # `--block` keeps `ray start` in the foreground: ending its session stops exactly this cluster
     # (`ray stop` would stop every Ray on the machine)
     head = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--block", f"--port={_free_port()}", "--num-cpus=2",
                              "--include-dashboard=false", "--disable-usage-stats"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     try:
-        address = None
-        for line in head.stdout:
-            m = re.search(r"ray start --address='([^']+)'", line)
-            if m:
-                address = m.group(1)
-                break
+        address = _head_address(head)
         assert address, "ray start printed no address"
         done = _launch(tmp_path / "run", "--address", address)
         assert done.returncode == 0, done.stderr
