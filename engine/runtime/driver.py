@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,16 +41,16 @@ from engine.runtime import terminal
 from engine.runtime.ray_start import (RunFailed, StartRefused, check_capacity, init_ray, object_store_bytes,
                                       weight_bytes)
 from engine.launch.probe import resolve_auto
-from engine.persist.run_dirs import prepare_run_dir, resume_command, resume_hint
-from engine.persist.stop_grace import stop_deadline, stop_grace_s
+from engine.persist.run_dirs import prepare_run_dir, resume_hint
+from engine.persist.stop_grace import stop_grace_s
 from engine.runtime.stop_signals import StopSignals, children_ignore_hangup
 from engine.runtime.terminal import say
+from engine.runtime.stopping import report_stop, run_event, stop_with_checkpoint
 from engine.telemetry.sinks import CONFIG_FILE, MACHINE_FILE, PLAN_FILE, PROVENANCE_FILE
 
 if TYPE_CHECKING:
     from engine.config.schema import RunConfig
 
-STOP_TIMEOUT_S = 120.0
 """How long an interrupted driver waits for the trainer's stop checkpoint."""
 
 
@@ -253,14 +252,14 @@ def _run_actors(run_plan: RunPlan, cfg_dict, provenance, run_dir: Path, model_di
         if point is not None:
             _wait_ready([trainer.push_weights.remote()], "trainer (restoring the checkpoint)")
             for path, why in point.skipped:
-                controller.record_event.remote(_event("warning", "checkpoint", f"checkpoint {path} is corrupt "
+                controller.record_event.remote(run_event("warning", "checkpoint", f"checkpoint {path} is corrupt "
                                                       f"({why}); skipped", step, version, path=path))
-            controller.record_event.remote(_event("info", "resume", resumed["message"], step, version,
+            controller.record_event.remote(run_event("info", "resume", resumed["message"], step, version,
                                                   path=point.ckpt["path"]))
-        controller.record_event.remote(_event("info", "start", f"run {entry.id} started in {run_dir}", step, version,
+        controller.record_event.remote(run_event("info", "start", f"run {entry.id} started in {run_dir}", step, version,
                                               total_steps=total_steps, run_id=entry.id))
         if placement.get("auth", "token") != "token":
-            controller.record_event.remote(_event("warning", "security", "Ray token authentication is off "
+            controller.record_event.remote(run_event("warning", "security", "Ray token authentication is off "
                                                   "(--insecure): anyone who reaches the cluster can run code", step,
                                                   version, auth=placement["auth"]))
         say(f"asyncrl: run {cfg.name!r} (id {entry.id}) → {run_dir}  (attach: asyncrl attach {entry.id})")
@@ -323,11 +322,6 @@ def _write_report(run_dir: Path, rc: int) -> None:
         say(f"asyncrl: the run report could not be written: {type(e).__name__}: {e}")
 
 
-def _event(level: str, kind: str, message: str, step: int | None, version: int | None, **extra: Any) -> dict:
-    return {"time": time.time(), "kind": kind, "level": level, "step": step, "version": version,
-            "message": message, **extra}
-
-
 def _checkpoint_root(cfg: RunConfig, run_dir: Path) -> Path:
     from engine.persist.checkpoint import checkpoint_root
 
@@ -378,7 +372,7 @@ def _supervise(trainer, rollouter, controller, console, hint: dict[str, Any], st
                     result = ray.get(ref)
                 except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
                     msg = f"{name} failed: {_root_cause(e)}"
-                    controller.record_event.remote(_event("error", "error", msg, None, None))
+                    controller.record_event.remote(run_event("error", "error", msg, None, None))
                     if name == "trainer":
                         died = isinstance(e, ray.exceptions.RayActorError)
                         raise RunFailed(f"{msg}; {resume_hint(**hint, trainer_died=died)}") from None
@@ -393,7 +387,7 @@ def _supervise(trainer, rollouter, controller, console, hint: dict[str, Any], st
                 raise RunFailed(f"{failure}; {resume_hint(**hint)}")
             if trainer_result is not None and not pending:
                 poll()
-                _report_stop(trainer_result, hint, controller)
+                report_stop(trainer_result, hint, controller)
                 return True
             if trainer_result is not None and r_ref in pending:
                 # the trainer stopped the rollouter; give its loop a moment to return
@@ -404,62 +398,5 @@ def _supervise(trainer, rollouter, controller, console, hint: dict[str, Any], st
                 pending.pop(r_ref, None)
     except KeyboardInterrupt:
         if "trainer" in pending.values():
-            _stop_with_checkpoint(trainer, t_ref, hint, stop)
+            stop_with_checkpoint(trainer, t_ref, hint, stop)
         raise
-
-
-def _report_stop(result: dict[str, Any], hint: dict[str, Any], controller: Any) -> None:
-    if result.get("weights_sha256"):
-        say(f"asyncrl: final weights sha256 {result['weights_sha256']}")
-    if result.get("stopped"):
-        line = f"run stopped at step {result.get('local_step')} ({result['stopped']})"
-        _record_stop(controller, line, result, hint)
-
-
-def _stop_with_checkpoint(trainer: Any, t_ref: Any, hint: dict[str, Any], stop: dict[str, Any]) -> None:
-    """A stop signal: ask the trainer for a graceful stop (it checkpoints: the full checkpoint, or within the
-    grace period the light one when the full one does not fit) and wait for it a bounded time; then the `stop`
-    event and the resume command."""
-    import ray
-
-    signals, grace = stop["signals"], stop["grace_s"]
-    name, at = signals.first or ("SIGINT", time.time())
-    deadline = stop_deadline(at, grace)
-    within = f" within the {grace:g} s grace period" if grace else ""
-    say(f"\nasyncrl: {name}: stopping with a checkpoint{within} (a second signal abandons it)...")
-    result: dict[str, Any] = {}
-    try:
-        trainer.request_stop.remote(f"interrupted by {name}", deadline, stop["weight_bytes"])
-        # the deadline only shapes what the trainer writes: waiting past it costs nothing (a scheduler's
-        # SIGKILL ends the wait anyway) and keeps a state that arrives late when the grace was a guess
-        result = ray.get(t_ref, timeout=STOP_TIMEOUT_S)
-    except (KeyboardInterrupt, ray.exceptions.RayError) as e:  # best effort: the last checkpoint stays usable
-        why = "abandoned by a second signal" if isinstance(e, KeyboardInterrupt) else type(e).__name__
-        say(f"asyncrl: no stop checkpoint ({why})")
-    _record_stop(stop["controller"], f"stopped by {name}", result, hint, signal_name=name, grace_s=grace)
-
-
-def _record_stop(controller: Any, line: str, result: dict[str, Any], hint: dict[str, Any], **extra: Any) -> None:
-    """The `stop` event (what the stop saved, the resume command) and the same on stderr / in run.log."""
-    import ray
-
-    state = result.get("stop_state") or {}
-    if state.get("kind") == "light":
-        weights = (f"the weights of step {state['weights_step']}" if state.get("weights_step") is not None
-                   else "the model's initial weights")
-        saved = (f"the full checkpoint did not fit, so a light stop state was saved: {state['path']} (prompt stream "
-                 f"position, queued and in-flight prompts of step {result.get('local_step')}; {weights})")
-    elif state:
-        saved = f"checkpoint {state['path']} saved"
-    else:
-        saved = "no stop checkpoint was saved"
-    resume = resume_hint(**hint)
-    message = f"{line}: {saved}; {resume}"
-    try:
-        ray.get(controller.record_event.remote(_event(
-            "info", "stop", message, result.get("local_step"), result.get("version"), saved=state.get("kind"),
-            path=state.get("path"), weights_step=state.get("weights_step"),
-            resume=resume_command(hint["command"], hint["run_dir"]), **extra)), timeout=10)
-    except Exception:  # noqa: BLE001 - the controller is gone; the line below still says it
-        pass
-    say(f"asyncrl: {message}")
