@@ -265,23 +265,12 @@ def test_the_rollouters_tool_shell_runs_a_class_per_trajectory_and_releases_it(t
     assert _wait_no_boxes() == []
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to switch to uid 65534")
-def test_a_class_tool_as_a_non_root_user():
+def test_a_class_tool_as_a_non_root_user(nobody):
     """As uid 65534 (unprivileged bwrap in a user namespace): state across calls, a hang cut at its deadline,
     release — or, where user namespaces are off, the refusal with its reason."""
     import subprocess
-    import sys
 
-    system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
-    if not system.exists():
-        pytest.skip(f"no {system} to run as another user")
-    site = next(p for p in sys.path if p.endswith("site-packages") and Path(p, "numpy").exists())
-    repo = Path(__file__).resolve().parents[2]
-    readable = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "test", "-r",
-                               str(repo / "engine" / "agent" / "box.py"), "-a", "-r", str(Path(site, "numpy",
-                               "__init__.py")), "-a", "-x", str(system)], capture_output=True, timeout=30)
-    if readable.returncode != 0:  # a checkout or venv under a 0700 home: uid 65534 cannot import the code at all
-        pytest.skip(f"uid 65534 cannot read {repo} or {site}")
+    system, site, repo = nobody
     script = f'''import json, time
 from pathlib import Path
 from engine.agent.box import unavailable_reason
