@@ -39,7 +39,7 @@ from engine.plan.run_plan import RunPlan
 from engine.runtime.placement_groups import PlacementTimeout, reserve_run
 from engine.runtime import terminal
 from engine.runtime.ray_start import (RunFailed, StartRefused, check_capacity, init_ray, object_store_bytes,
-                                      weight_bytes)
+                                      snapshot_ray_env, weight_bytes)
 from engine.launch.probe import resolve_auto
 from engine.persist.run_dirs import prepare_run_dir, resume_hint
 from engine.persist.stop_grace import stop_grace_s
@@ -168,8 +168,13 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
         resumed = {"point": point, "message": message}
     placement["object_store_bytes"] = object_store_bytes(Path(model_dir))
     placement["namespace"] = run_namespace(entry.id)
-    with children_ignore_hangup():  # Ray's own processes must outlive a closed terminal's SIGHUP
-        started_ray = init_ray(address, placement, ident["insecure"])
+    restore_env = snapshot_ray_env()  # the auth mode and loopback switch init_ray sets: this run's only
+    try:
+        with children_ignore_hangup():  # Ray's own processes must outlive a closed terminal's SIGHUP
+            started_ray = init_ray(address, placement, ident["insecure"])
+    except BaseException:
+        restore_env()
+        raise
     ident["signals"] = signals = StopSignals()
     ident["weight_bytes"] = weight_bytes(Path(model_dir))
     restore_signals = signals.install()
@@ -202,6 +207,7 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
             import ray
 
             ray.shutdown()
+        restore_env()
 
 
 def _run_actors(run_plan: RunPlan, cfg_dict, provenance, run_dir: Path, model_dir: str, placement, resumed, tui,

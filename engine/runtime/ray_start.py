@@ -166,6 +166,33 @@ def cluster_auth_refusal(address: str) -> str | None:
     return f"cannot check that the Ray cluster at {address} requires a token: {verdict.removeprefix('error ')}"
 
 
+RUN_SCOPED_ENV = (AUTH_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+"""The process environment a run's Ray start sets (auth mode, loopback switch); restored when the run ends."""
+
+
+def snapshot_ray_env():
+    """Record what `init_ray` may change in this process (`RUN_SCOPED_ENV` and Ray's in-process loopback switch)
+    and return a function that puts it back: a run started in-process (tests, notebooks) leaves the process's
+    environment — and the Ray processes it starts later — as it found them."""
+    before = {k: os.environ.get(k) for k in RUN_SCOPED_ENV}
+    mod = sys.modules.get("ray._private.ray_constants")
+    cluster_switch = getattr(mod, "ENABLE_RAY_CLUSTER", None)
+
+    def restore() -> None:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        now = sys.modules.get("ray._private.ray_constants")
+        if now is not None:  # imported during the run: Ray's own default for the restored environment
+            now.ENABLE_RAY_CLUSTER = cluster_switch if cluster_switch is not None else now.env_bool(
+                now.ENABLE_RAY_CLUSTERS_ENV_VAR, not now.IS_WINDOWS_OR_OSX)
+        _reload_ray_config()
+
+    return restore
+
+
 def init_ray(address: str | None, placement: dict[str, Any], insecure: bool = False) -> bool:
     """Join `address` or start a local Ray, as the module docstring says. Returns True when this process
     started it. `placement["auth"]` records the mode the run has: "token" or "disabled (--insecure)"."""

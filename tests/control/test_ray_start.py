@@ -23,6 +23,7 @@ from engine.runtime.ray_start import (
     cluster_auth_refusal,
     local_auth_mode,
     secure_token_file,
+    snapshot_ray_env,
 )
 
 
@@ -155,3 +156,19 @@ def test_ctl_reaches_a_local_run_whose_services_listen_on_loopback_only(tmp_path
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_run_in_process_leaves_the_environment_as_it_found_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a local start sets (token auth, the loopback switch) is the run's only: a later `ray start` from
+    the same process (a test, a notebook) must not inherit it."""
+    from engine.control.local_ray import bind_loopback
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "1")
+    restore = snapshot_ray_env()
+    assert local_auth_mode(insecure=False) == "token"
+    bind_loopback()
+    assert os.environ["RAY_AUTH_MODE"] == "token" and os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    restore()
+    assert "RAY_AUTH_MODE" not in os.environ
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "1"
