@@ -22,12 +22,14 @@ The tables are in `keys.py`, the value converters in `values.py`; this module ap
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config.rc_config import LEGACY_RS, invert_band
 from asyncrl_cli.verl_import.keys import (  # noqa: F401 - MAP and the tables are this module's API too
+    BASE_CONFIG_FACTS,
     BASE_CONFIGS,
     IGNORED,
     IGNORED_PREFIXES,
@@ -224,6 +226,32 @@ def _special(conv: Conversion, raw: dict[str, str]) -> None:
         conv.ignored.append((f"{ROLL}.val_kwargs.do_sample={sample}", IGNORED[f"{ROLL}.val_kwargs.do_sample"]))
 
 
+PWD_FORMS = ("$(pwd)", "${PWD}", "$PWD")
+NAME_KEYS = ("trainer.experiment_name", "trainer.project_name", "trainer.default_local_dir")
+"""Keys that name the run or place its files: a value the shell reader cannot compute keeps asyncrl's default."""
+
+
+def _resolve_pwd(conv: Conversion, raw: dict[str, str]) -> None:
+    """`$(pwd)` / `$PWD` mean the directory the script runs from: the one `asyncrl import` runs from (noted)."""
+    here = os.getcwd()
+    hits = [key for key, value in raw.items() if any(form in value for form in PWD_FORMS)]
+    for key in hits:
+        for form in PWD_FORMS:
+            raw[key] = raw[key].replace(form, here)
+    if hits:
+        conv.notes.append(f"$(pwd) resolved as {here}, the directory `asyncrl import` ran from "
+                          f"({', '.join(sorted(hits))})")
+
+
+def _drop_unrunnable_names(conv: Conversion, raw: dict[str, str]) -> None:
+    """A run name or checkpoint directory built by a command (`$(date …)`, `$(basename …)`) keeps asyncrl's
+    default (the run's name, its run directory) with a note: it names the run, it does not change it."""
+    for key in NAME_KEYS:
+        if "$(" in raw.get(key, ""):
+            conv.ignored.append((f"{key}={raw.pop(key)}", "built by a shell command the reader does not run: "
+                                 "asyncrl's default name / directory is used"))
+
+
 def convert_script(text: str) -> Conversion:
     """Read a verl fully-async script and account for every override."""
     script = parse_script(text)
@@ -237,6 +265,8 @@ def convert_script(text: str) -> Conversion:
         if stem in BASE_CONFIGS:
             conv.values["trainer.backend"] = BASE_CONFIGS[stem]
             conv.sources["trainer.backend"] = f"--config-name={cfg_name}"
+            if stem in BASE_CONFIG_FACTS:
+                conv.notes.append(BASE_CONFIG_FACTS[stem])
         else:
             conv.errors.append((f"--config-name={cfg_name}", "a base config whose defaults the importer does not "
                                 f"know (it knows {', '.join(BASE_CONFIGS)})"))
@@ -247,6 +277,8 @@ def convert_script(text: str) -> Conversion:
         if key in raw and not _same(raw[key], value):
             conv.errors.append((ov, f"set twice with different values ({raw[key]})"))
         raw[key] = value
+    _resolve_pwd(conv, raw)
+    _drop_unrunnable_names(conv, raw)
     unresolved = {key for key, value in raw.items() if "$(" in value}
     for key in unresolved:  # one error each; the value is not converted as well
         why = ("arithmetic the shell reader cannot evaluate" if "$((" in raw[key]

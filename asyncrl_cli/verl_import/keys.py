@@ -49,6 +49,7 @@ MAP: dict[str, tuple[str, Callable[[str], Any]]] = {
     f"{ACTOR}.megatron.tensor_model_parallel_size": ("trainer.tp", to_int),
     f"{ACTOR}.megatron.pipeline_model_parallel_size": ("trainer.pp", to_int),
     f"{ACTOR}.megatron.context_parallel_size": ("trainer.cp", to_int),
+    f"{ACTOR}.megatron.override_transformer_config.context_parallel_size": ("trainer.cp", to_int),
     f"{ACTOR}.megatron.expert_model_parallel_size": ("trainer.ep", to_int),
     f"{ACTOR}.megatron.expert_tensor_parallel_size": ("trainer.etp", to_int),
     f"{ACTOR}.megatron.override_transformer_config.recompute_granularity": ("trainer.recompute_granularity", to_str),
@@ -61,6 +62,7 @@ MAP: dict[str, tuple[str, Callable[[str], Any]]] = {
     f"{ACTOR}.optim.weight_decay": ("trainer.optim.weight_decay", to_float),
     f"{ACTOR}.optim.betas": ("trainer.optim.betas", lambda v: [to_float(x) for x in to_list(v)]),
     f"{ACTOR}.grad_clip": ("trainer.grad_clip", to_float),
+    f"{ACTOR}.optim.clip_grad": ("trainer.grad_clip", to_float),
     f"{ACTOR}.ppo_mini_batch_size": ("trainer.ppo_mini_batch_size", to_int),
     f"{ACTOR}.ppo_micro_batch_size_per_gpu": ("trainer.ppo_micro_batch_size_per_gpu", to_int),
     f"{ACTOR}.use_dynamic_bsz": ("trainer.use_dynamic_bsz", to_bool),
@@ -157,10 +159,18 @@ REQUIRED: dict[str, tuple[tuple[str, ...], str]] = {
                                                                "asyncrl has no virtual pipeline stages"),
     f"{AR}.ref.megatron.virtual_pipeline_model_parallel_size": (("null", "none", "1"),
                                                                 "asyncrl has no virtual pipeline stages"),
+    **{f"{AR}.model.override_config.{k}": (("0", "0.", "0.0"), "dropout 0 is a no-op where the model's config "
+                                                                "already says 0 (as Qwen's and Llama's do; asyncrl "
+                                                                "trains with the config's dropout); another value "
+                                                                "is not honoured")
+       for k in ("attention_dropout", "embd_pdrop", "resid_pdrop", "hidden_dropout", "dropout")},
     f"{ACTOR}.optim.lr_decay_style": (("constant",), "asyncrl's learning rate is constant after warm-up"),
     f"{ACTOR}.megatron.override_transformer_config.moe_router_dtype": (
         ("fp32",), "asyncrl's Megatron router computes in fp32"),
     "trainer.critic_warmup": (("0",), "GRPO has no critic"),
+    **{f"{_role}.megatron.override_transformer_config.fp8": (
+        ("false", "null", "none"), "FP8 training is not in asyncrl (bf16 compute, fp32 master weights)")
+       for _role in (ACTOR, f"{AR}.ref")},
 }
 """verl keys asyncrl honours without a key of its own, when the value is the one listed (else: an error)."""
 
@@ -220,6 +230,21 @@ IGNORED: dict[str, str] = {
                                                       "are the sampled ones (token in, token out)",
     f"{ROLL}.agent.num_workers": "agent-loop worker processes: speed only",
     f"{ROLL}.multi_turn.tokenization_sanity_check_mode": "a check of re-tokenisation, which asyncrl never does",
+    f"{ROLL}.disable_log_stats": "vLLM's statistics log: logging only",
+    f"{ACTOR}.use_torch_compile": "torch.compile of verl's log-prob path: speed only",
+    f"{AR}.ref.use_torch_compile": "torch.compile of verl's log-prob path: speed only",
+    "data.val_batch_size": "deprecated in verl: the validation set goes to the rollout as one batch (speed only)",
+    "data.trust_remote_code": "asyncrl runs no dataset code; the tokenizer loads with model.trust_remote_code",
+    "trainer.balance_batch": "verl's reordering of sequences over data-parallel ranks to even their tokens: "
+                             "speed only (asyncrl's token-budget micro-batches balance tokens per rank)",
+    "trainer.worker_env.PYTORCH_CUDA_ALLOC_CONF": "the CUDA allocator's settings: memory placement only",
+    f"{ACTOR}.checkpoint.async_save": "checkpoint writing in the background: speed only",
+    f"{ACTOR}.checkpoint.save_contents": "what verl's checkpoint holds; asyncrl's holds what a bit-identical "
+                                         "resume needs, and exports HF weights",
+    f"{ACTOR}.megatron.vanilla_mbridge": "Megatron weight bridge: loading only",
+    f"{ACTOR}.megatron.override_transformer_config.use_flash_attn": (
+        "the attention kernel: on CUDA the Transformer Engine spec runs flash attention itself, on CPU/NPU the "
+        "local spec's attention; same attention, speed only"),
 }
 """verl keys with no effect on the experiment (speed, memory placement, logging, paths), with the reason."""
 
@@ -234,10 +259,15 @@ IGNORED_PREFIXES: dict[str, str] = {
     f"{ACTOR}.megatron.optimizer_offload": "offload: memory placement only (validate checks memory)",
     f"{ACTOR}.optim.override_optimizer_config.": "Megatron optimizer CPU offload / precision-aware kernel with its "
                                                  "default fp32 states: memory and speed only",
-    **{f"{ACTOR}.megatron.override_transformer_config.{k}": "kernel fusion / MoE dispatch implementation: speed only"
+    **{f"{_role}.megatron.override_transformer_config.{k}": "kernel fusion / MoE dispatch implementation / "
+                                                            "attention kernel choice: speed only"
+       for _role in (ACTOR, f"{AR}.ref")
        for k in ("apply_rope_fusion", "masked_softmax_fusion", "bias_activation_fusion", "bias_dropout_fusion",
                  "gradient_accumulation_fusion", "deallocate_pipeline_outputs", "persist_layer_norm",
-                 "moe_grouped_gemm", "moe_permute_fusion", "moe_token_dispatcher_type", "moe_enable_deepep")},
+                 "moe_grouped_gemm", "moe_permute_fusion", "moe_token_dispatcher_type", "moe_enable_deepep",
+                 "moe_shared_expert_overlap", "attention_backend")},
+    f"{ROLL}.prometheus.": "vLLM's metrics exporter: monitoring only",
+    "ray_kwargs.": "how verl starts its Ray workers (runtime environment, interpreter): not the experiment",
 }
 """Key prefixes with no effect on the experiment."""
 
@@ -260,6 +290,9 @@ REFUSED_PREFIXES: dict[str, str] = {
     f"{ROLL}.expert_parallel_size": "rollout expert parallelism: asyncrl's replicas are tensor parallel only",
     f"{ACTOR}.megatron.override_transformer_config.num_layers_in_": "uneven pipeline stages: asyncrl splits the "
                                                                      "layers evenly",
+    "async_training.use_dynamic_resource_scheduling": "dynamic resource scaling (moving devices between the "
+                                                      "pools during a run) is not in asyncrl",
+    "async_training.dynamic_schedule_": "dynamic resource scaling is not in asyncrl",
     "async_training.hybrid_res_pool": "a hybrid resource pool (trainer and rollout sharing devices) is not in asyncrl",
     f"{AR}.partition": "a hybrid resource pool's partition of the devices is not in asyncrl",
     f"{AR}.model.mtp.": "multi-token prediction is not in asyncrl",
@@ -279,8 +312,18 @@ REMOVED: dict[str, str] = {
 BASE_CONFIGS: dict[str, str] = {
     "fully_async_ppo_trainer": "torch",
     "fully_async_ppo_megatron_trainer": "megatron",
+    "fully_async_dapo_trainer": "torch",
 }
 """`--config-name` base configs whose defaults the importer knows (→ the trainer backend they imply)."""
+
+BASE_CONFIG_FACTS: dict[str, str] = {
+    "fully_async_dapo_trainer": (
+        "--config-name=fully_async_dapo_trainer: verl ships no such file (verl/experimental/fully_async_policy/"
+        "config/ holds fully_async_ppo_trainer.yaml and fully_async_ppo_megatron_trainer.yaml, verl-project/verl "
+        "1dda039); every DAPO setting of the script is an override, so its base is fully_async_ppo_trainer's "
+        "defaults (verl itself stops at the missing file)"),
+}
+"""What the importer knows of a base config beyond its backend: written into the file as a note."""
 
 VERL_DEFAULTS: dict[str, tuple[Any, str]] = {
     "rollout.backend": ("vllm", "verl's default rollout engine"),

@@ -201,12 +201,13 @@ class _Reader:
         return "$"
 
     # --- words ------------------------------------------------------------------------------------
-    def read_word(self) -> list[tuple[str, bool]]:
-        """Parts of one word: (text, splittable) — unquoted expansions are splittable."""
+    def read_word(self, stop: str = "") -> list[tuple[str, bool]]:
+        """Parts of one word: (text, splittable) — unquoted expansions are splittable. An unquoted character of
+        `stop` ends the word too (`)` inside an array's list)."""
         parts: list[tuple[str, bool]] = []
         while not self.eof():
             c = self.peek()
-            if c in " \t\n;|&":
+            if c in " \t\n;|&" or c in stop:
                 break
             if c == "\\":
                 if self.peek(2) == "\\\n":
@@ -253,7 +254,11 @@ class _Reader:
                 while not self.eof() and self.peek() != "\n":
                     self.i += 1
             else:
-                elements += _split([self.read_word()])
+                start = self.i
+                elements += _split([self.read_word(stop=")")])
+                if self.i == start:  # an operator inside the list (`;`, `|`, `&`): not an element
+                    self.sc.unparsed.append(f"{c!r} inside the array {m.group(1)}=( … )")
+                    self.i += 1
         self.i += 1
         name = m.group(1)
         self.sc.arrays[name] = (self.sc.arrays.get(name, []) if m.group(2) else []) + elements

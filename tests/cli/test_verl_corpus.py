@@ -5,6 +5,7 @@ validates, or the exact refusal. None may convert into a different experiment wi
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -69,7 +70,9 @@ EXPECTED: dict[str, tuple[str | None, int, dict | None, tuple[str, ...]]] = {
     # verl shares 16 devices between the pools by partition; a plain import would ask for 24
     "geo3k_qwen3vl_8b_fsdp2_hybrid_res_pool_npu": (None, 1, None, ("async_training.hybrid_res_pool",
                                                                    "actor_rollout_ref.partition")),
-    "dapo_30b_a3b_base_math_fsdp": (None, 1, None, ("--config-name", *SP)),
+    # its base config, fully_async_dapo_trainer, is not in verl: the importer knows its defaults are
+    # fully_async_ppo_trainer's (every DAPO setting is an override) and says so; Ulysses SP stops it
+    "dapo_30b_a3b_base_math_fsdp": (None, 1, None, SP),
     # the multi-turn keys map onto [rollout.multi_turn] and val_kwargs onto rollout.val_* (test_retool_multi_turn_
     # keys_map); the custom dataset class (test_custom_cls_names_the_row_adapter) and Ulysses SP are refused
     "dapo_7b_async_retool": (None, 1, None, ("data.custom_cls.path", "data.custom_cls.name", SP[0])),
@@ -77,17 +80,48 @@ EXPECTED: dict[str, tuple[str | None, int, dict | None, tuple[str, ...]]] = {
         "actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size",
         "actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage",
         "actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_last_pipeline_stage")),
+    # verl-project/verl 1dda039 (2026-08-22): the scripts added since
+    "dapo_7b_math_fsdp2_8_8": ("h20", 0, {
+        "trainer.backend": "torch", "rollout.n": 16, "trainer.ppo_mini_batch_size": 32, "trainer.use_kl_loss": False,
+        "trainer.ppo_max_token_len_per_gpu": 20480, "rollout.tensor_parallel_size": 1, **DAPO_REWARD,
+        "resources.trainer.gpus_per_node": 8, "resources.rollout.gpus_per_node": 8}, ()),
+    # converts faithfully; validate refuses it as verl's engine workers assert (mini-batch % data-parallel size)
+    "dapo_7b_math_fsdp2_4_12": ("h20", 1, {"trainer.ppo_mini_batch_size": 32, "rollout.n": 16,
+                                           "resources.trainer.nnodes": 2, "resources.trainer.gpus_per_node": 6,
+                                           "resources.rollout.nnodes": 2, "resources.rollout.gpus_per_node": 2},
+                                ("do not split evenly over 12 data-parallel ranks",)),
+    "dapo_7b_math_fsdp2_16_16": (None, 1, None, SP),
+    "dapo_7b_math_fsdp2_32_32": (None, 1, None, SP),
+    "dapo_7b_math_fsdp2_64_64": (None, 1, None, SP),
+    "dapo_30b_a3b_math_fsdp_npu": (None, 1, None, (*SP, "actor_rollout_ref.rollout.expert_parallel_size")),
+    "geo3k_qwen3vl_30b_a3b_fsdp2_32_32": (None, 1, None, (*SP, "actor_rollout_ref.rollout.expert_parallel_size")),
+    "geo3k_qwen25vl_7b_megatron_4_4": (None, 1, {
+        "trainer.backend": "megatron", "trainer.tp": 2, "trainer.kl_loss_coef": 0.01, "trainer.kl_loss_type":
+        "low_var_kl", "trainer.ppo_mini_batch_size": 128, "trainer.ppo_max_token_len_per_gpu": 5120, "rollout.n": 4,
+        "rollout.tensor_parallel_size": 1, "data.image_key": "images", "resources.trainer.gpus_per_node": 4,
+        "resources.rollout.gpus_per_node": 4}, ("data.train_files",)),
+    "geo3k_qwen3vl_30b_megatron_6_2_npu_async": (None, 1, None, (
+        "actor_rollout_ref.actor.policy_loss.loss_mode",
+        "actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff",
+        "actor_rollout_ref.actor.megatron.override_transformer_config.moe_z_loss_coeff")),
+    # TensorRT-LLM and SGLang rollout engines, multi-token prediction, dynamic resource scaling: refused
+    "grpo_30b_a3b_base_math_megatron_8_8_mis_trtllm": (None, 1, None, ("actor_rollout_ref.rollout.name",)),
+    "grpo_8b_base_math_megatron_4_4_trtllm": (None, 1, None, ("actor_rollout_ref.rollout.name",)),
 }
+REFUSED_MANY = ("grpo_qwen35_35b_megatron_async", "run_qwen35_35b_a3b_math_dynamic_megatron",
+                "run_mimo_7b_mtp_fully_async_megatron_multinode")
+"""Scripts refused for many keys (SGLang, multi-token prediction, dynamic scaling): their refusals are checked by
+`test_sglang_mtp_and_dynamic_scaling_scripts_are_refused_with_their_reasons`."""
 
 
 def test_the_corpus_is_the_one_the_table_describes() -> None:
-    assert {p.stem for p in CORPUS.glob("*.sh")} == set(EXPECTED)
+    assert {p.stem for p in CORPUS.glob("*.sh")} == set(EXPECTED) | set(REFUSED_MANY)
     for p in CORPUS.glob("*.sh"):
         head = p.read_text().splitlines()[:3]
         assert "verl" in head[1] and "@" in head[1], p  # source path @ repository revision
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("name", sorted(EXPECTED) + sorted(REFUSED_MANY))
 def test_every_override_is_accounted_for(name: str) -> None:
     """Mapped, ignored with a reason, or an error: none is dropped."""
     text = (CORPUS / f"{name}.sh").read_text()
@@ -211,3 +245,41 @@ def test_the_converted_retool_run_validates(cli, tmp_path: Path) -> None:
     assert written["rollout"]["multi_turn"] == {k.rsplit(".", 1)[-1]: v for k, v in RETOOL_MULTI_TURN.items()}
     # verl's config names its SandboxFusion service: the run uses it (never the local box), and the import says so
     assert "SandboxFusion at http://localhost:8080/run_code" in " ".join(r.output.split())
+
+
+@pytest.mark.parametrize("name", REFUSED_MANY)
+def test_sglang_mtp_and_dynamic_scaling_scripts_are_refused_with_their_reasons(cli, name: str) -> None:
+    r = cli("import", "verl", CORPUS / f"{name}.sh", "-o", "run.toml")
+    assert r.exit_code == 1 and "nothing was written" in r.stderr
+    reasons = " ".join(why for _, why in convert_script((CORPUS / f"{name}.sh").read_text()).errors)
+    assert "sglang" in reasons and "multi-token prediction is not in asyncrl" in reasons
+    if "dynamic" in name:
+        assert "dynamic resource scaling" in reasons
+
+
+def test_pwd_is_the_directory_import_runs_from_and_the_file_says_so(cli, tmp_path: Path) -> None:
+    """`$(pwd)` in a script means where it runs: the directory `asyncrl import` runs from, noted in the file."""
+    text = (CORPUS / "dapo_7b_math_fsdp2_8_8.sh").read_text()
+    text = re.sub(r"'?trainer\.default_local_dir=[^\s']+'?", "trainer.default_local_dir=$(pwd)/ckpts", text)
+    (tmp_path / "s.sh").write_text(text)
+    r = cli("import", "verl", tmp_path / "s.sh", "-o", "run.toml", "--hardware", "h20")
+    assert r.exit_code == 0, r.output
+    written = (tmp_path / "run.toml").read_text()
+    assert tomllib.loads(written)["checkpoint"]["dir"] == f"{tmp_path}/ckpts"
+    assert f"$(pwd) resolved as {tmp_path}" in written
+
+
+def test_a_run_name_built_by_a_command_keeps_asyncrl_s_default(cli, tmp_path: Path) -> None:
+    text = (CORPUS / "dapo_7b_math_fsdp2_8_8.sh").read_text()
+    text = re.sub(r"trainer\.experiment_name=\S+", "'trainer.experiment_name=run-$(date +%Y%m%d)'", text)
+    conv = convert_script(text)
+    assert not conv.errors and "name" not in conv.values
+    assert any(ov.startswith("trainer.experiment_name=") and "default" in why for ov, why in conv.ignored)
+
+
+def test_an_array_element_list_never_hangs_the_reader() -> None:
+    """`CMD=(python)` then `"${CMD[@]}" -m verl…`: the launch is found; an operator inside a list is skipped."""
+    text = ("LAUNCH=(python)\nBAD=(a ; b)\n\"${LAUNCH[@]}\" -m verl.experimental.fully_async_policy.fully_async_main "
+            "algorithm.adv_estimator=grpo data.train_batch_size=0\n")
+    conv = convert_script(text)
+    assert conv.found_launch and conv.values["algorithm.adv_estimator"] == "grpo"
