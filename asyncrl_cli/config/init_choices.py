@@ -8,7 +8,8 @@ Rules (each choice is recorded with its reason, and written as a comment):
   vLLM budget: TP 1, 2, 4, … inside a node (splitting the attention heads), then k = 2, 3, … nodes with TP = a
   node and data × expert parallel (EP = TP·DP dividing the experts) for MoE, pipeline stages for dense models.
   On CUDA the smallest fp8 replica is tried next when it takes fewer GPUs (with token-level rollout IS for the
-  quantisation gap); the first that leaves a trainer layout wins (bf16 first).
+  quantisation gap); the first that leaves a trainer layout wins (bf16 first). On CUDA, when no layout fits,
+  the search runs again with the Megatron optimizer state in host memory (`trainer.optimizer_offload`).
 - The split search: trainer pools from the fewest GPUs (whole nodes beyond one node; at least a quarter (MoE)
   or half (dense) of all GPUs first, then any), and for each pool the Megatron layouts in order of model
   parallel size tp·pp (pp dividing the layers, tp splitting the heads inside a node), cp 2 for sequences ≥ 8k
@@ -287,12 +288,16 @@ def _choose_accelerators(
         choices.set("trainer.enable_gradient_checkpointing", True, "activation recompute, as verl's FSDP recipes")
     choices.set("rollout.backend", "vllm")
     choices.set("rollout.gpu_memory_utilization", util)
-    tight: tuple[float, dict[str, Any], dict[str, Any], str] | None = None
+    tight: tuple[float, dict[str, Any], dict[str, Any], str, dict[str, str]] | None = None
     last_reason = "no trainer pool leaves room for a rollout replica"
-    base = dict(choices.values)
-    for shape, quant in candidates:
-        choices.values = dict(base)
+    base, base_reasons = dict(choices.values), dict(choices.reasons)
+    offloads = (False, True) if megatron and hw.device == "cuda" else (False,)
+    for shape, quant, offload in [(s_, q, o) for o in offloads for s_, q in candidates]:
+        choices.values, choices.reasons = dict(base), dict(base_reasons)
         _set_replica(choices, f, hw, shape, quant)
+        if offload:
+            choices.set("trainer.optimizer_offload", True, "fp32 masters and Adam state in host memory (Megatron's "
+                        "optimizer_cpu_offload; verl's large-MoE recipes): no layout fits the GPUs without it")
         found, reason, lean = _search_pools(choices, f, hw, data, gpus, total_len, n, model_path, megatron,
                                             _gpus(shape))
         if found:
@@ -301,7 +306,7 @@ def _choose_accelerators(
         if lean is not None and (tight is None or lean[0] < tight[0]):
             tight = lean
     if tight is not None:
-        choices.values = tight[1]
+        choices.values, choices.reasons = tight[1], tight[4]
         _choose(choices, tight[2], f"{tight[3]}; ~{tight[0]:.0f} of {hw.memory_gb:g} GB per GPU (no layout leaves "
                                 f"{HEADROOM:.0%} headroom)")
         return
@@ -333,11 +338,13 @@ def _set_replica(choices: InitChoices, f: ModelFacts, hw: HardwarePreset, shape:
                     "for the trainer")
         choices.set("algorithm.rollout_correction.rollout_is", "token",
                     "token-level IS absorbs the fp8 quantisation gap (verl's FP8 recipe)")
+        choices.set("algorithm.rollout_correction.bypass_mode", False,
+                    "decoupled: the IS weights reach the loss (π_prox snapshot in host memory)")
 
 
 def _search_pools(choices: InitChoices, f: ModelFacts, hw: HardwarePreset, data: dict[str, Any], gpus: int,
                   total_len: int, n: int, model_path: str, megatron: bool, g: int
-                  ) -> tuple[bool, str, tuple[float, dict[str, Any], dict[str, Any], str] | None]:
+                  ) -> tuple[bool, str, tuple[float, dict[str, Any], dict[str, Any], str, dict[str, str]] | None]:
     """The trainer-pool search for replicas of `g` GPUs: (found a layout with headroom, the last reason, the
     leanest layout that fits without the headroom)."""
     gpn = hw.gpus_per_node
@@ -346,7 +353,7 @@ def _search_pools(choices: InitChoices, f: ModelFacts, hw: HardwarePreset, data:
     pools = [t for t in pools if t >= share] + [t for t in pools if t < share]
     last_reason = "no trainer pool leaves room for a rollout replica"
     best_gb = float("inf")
-    tight: tuple[float, dict[str, Any], dict[str, Any], str] | None = None  # fits, but within the headroom
+    tight: tuple[float, dict[str, Any], dict[str, Any], str, dict[str, str]] | None = None  # fits, but within the headroom
     for t in pools:
         rollout = ((gpus - t) // g) * g
         if rollout >= gpn:
@@ -383,7 +390,7 @@ def _search_pools(choices: InitChoices, f: ModelFacts, hw: HardwarePreset, data:
                 last_reason, best_gb = errors[0], -1.0  # a layout that fits memory but validate refuses
                 continue
             if not roomy:  # remember the leanest that fits, in case none leaves the headroom
-                tight = (fit.total_gb, dict(choices.values), pools_values, split)
+                tight = (fit.total_gb, dict(choices.values), pools_values, split, dict(choices.reasons))
                 continue
             _choose(choices, pools_values, split)
             return True, "", None

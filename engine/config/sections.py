@@ -16,6 +16,7 @@ from pydantic import Field, field_validator
 
 from engine.config.data_section import DataConfig as DataConfig
 from engine.config.data_section import OverlongBufferConfig as OverlongBufferConfig
+from engine.config.megatron_perf import MegatronPerfConfig
 from engine.config.multi_turn import MultiTurnConfig
 from engine.config.names import BUILTIN_MODELS
 from engine.config.section import Section as Section
@@ -127,8 +128,9 @@ class OptimConfig(Section):
         return v
 
 
-class TrainerConfig(Section):
-    """The policy update (`[trainer]`; verl's `actor_rollout_ref.actor.*` and `trainer.*`)."""
+class TrainerConfig(MegatronPerfConfig):
+    """The policy update (`[trainer]`; verl's `actor_rollout_ref.actor.*` and `trainer.*`; the Megatron
+    performance settings are `engine.config.megatron_perf`'s)."""
 
     backend: Literal["torch", "megatron"] = "torch"
     """`torch` = FSDP2 data parallel (CPU gloo or GPU); `megatron` = Megatron-core with tp/pp/cp/ep."""

@@ -16,7 +16,8 @@ Trainer rank, `torch` backend (FSDP2 over W = trainer_dp ranks, one rank = plain
 
 `megatron` (tp, pp, cp, ep, etp; DP = W/(tp·pp·cp), expert DP = W/(ep·etp·pp)): the rank holds
 S = P_d/(tp·pp) + P_e/(ep·etp·pp) parameters — weights S·b_c, fp32 main gradients S·4, the distributed
-optimizer's fp32 master + m + v 12·(P_d/(tp·pp)/DP + P_e/(ep·etp·pp)/EDP), a frozen reference S·b_c.
+optimizer's fp32 master + m + v 12·(P_d/(tp·pp)/DP + P_e/(ep·etp·pp)/EDP) (in host memory with
+`trainer.optimizer_offload` on cuda), a frozen reference S·b_c.
 
 Activations of the update micro-batch, T tokens (`ppo_max_token_len_per_gpu` with `use_dynamic_bsz` — a bound on
 padded tokens, rows × longest row, `engine.trainer.minibatch.micro_batch_count` —, else
@@ -238,7 +239,8 @@ def trainer_memory(cfg: RunConfig, m: ModelShape, world: int, capacity: float, d
         dp, edp = max(1, world // (t.tp * t.pp * t.cp)), max(1, world // (t.ep * etp * t.pp))
         terms["weights"] = (dense + expert) * b_c
         terms["gradients"] = (dense + expert) * 4
-        terms["optimizer"] = 12 * (dense / dp + expert / edp)
+        # with trainer.optimizer_offload (cuda) the fp32 masters and Adam state live in host memory
+        (host if t.optimizer_offload and device == "cuda" else terms)["optimizer"] = 12 * (dense / dp + expert / edp)
         if t.use_kl_loss:
             (host if t.ref_param_offload else terms)["reference"] = (dense + expert) * b_c
         shard_tokens, tp, dp_share = tokens / (t.cp * t.tp), t.tp, dp
