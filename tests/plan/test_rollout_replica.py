@@ -79,3 +79,18 @@ def test_validate_counts_a_replica_spanning_nodes_and_refuses_bad_shapes() -> No
     assert {p.code for p in an.problems if p.severity == "error"} == {"rollout-ep-experts"}
     tiny = analyze_run_config(RUNS / "tiny-cpu.toml", ['rollout.quantization="fp8"'])
     assert "rollout-fp8-backend" in {p.code for p in tiny.problems if p.severity == "error"}
+
+
+def test_the_driver_is_told_what_the_runtime_does_not_build_yet() -> None:
+    from engine.plan.run_plan import resolve_plan
+
+    def error(path: Path, sets: list[str] | None = None) -> str | None:
+        an = analyze_run_config(path, sets or [])
+        return resolve_plan(an.config, hardware=an.hardware, derived=an.derived, base_dir=RUNS).layout_error
+
+    assert "not yet placed by the runtime" in error(RUNS / "kimi-k2-gsm8k-megatron-256.toml")
+    seed = RUNS / "qwen3-30b-a3b-base-dapo-megatron-96-32.toml"
+    assert error(seed) is None
+    assert "quantization = 'fp8'" in error(seed, ['rollout.quantization="fp8"'])
+    # tp 2 × dp 2 fits a node, but the runtime's engines are tensor parallel only
+    assert "data_parallel_size = 2" in error(seed, ["rollout.tensor_parallel_size=2", "rollout.data_parallel_size=2"])
