@@ -35,16 +35,19 @@ def row(name: str, preset: str, fp8: bool, fast: bool) -> str:
         layout = dataclasses.replace(layout, megatron_perf=dict(FAST))
     costs = resolve(layout, an.model, an.hardware)
     p = simulate(layout, costs)
-    update = p.step_time_s * (1 - p.trainer_idle_ratio)
+    per_token, per_step = costs.train_at(layout.trainer_world)
+    tokens = layout.required_samples * layout.n * costs.mean_response(layout.max_new_tokens)
+    update = per_step + per_token * tokens  # one local step's training compute at the mean response length
     ro = estimate_fit(an.config, an.model, an.hardware).rollout
-    return (f"| {name} | {'fp8' if fp8 else 'bf16'} | {'fast (verl)' if fast else 'as built'} | {update:,.0f} s | "
-            f"{costs.sync_s:.2f} s | {ro.components_gb['weights']:.1f} GB / {ro.total_gb:.1f} GB |")
+    return (f"| {name} | {'fp8' if fp8 else 'bf16'} | {'fast (verl)' if fast else 'as built'} | {update:,.1f} s | "
+            f"{costs.sync_s:.2f} s | {ro.components_gb['weights']:.1f} GB / {ro.total_gb:.1f} GB | "
+            f"{p.step_time_s:,.1f} s |")
 
 
 def main() -> None:
     print("| run | rollout weights | Megatron settings | update time per local step | sync | rollout GPU: "
-          "weights / total |")
-    print("|---|---|---|---|---|---|")
+          "weights / total | plan's step time |")
+    print("|---|---|---|---|---|---|---|")
     for name, preset in PRESETS.items():
         for fp8 in (False, True):
             for fast in (False, True):
