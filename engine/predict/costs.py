@@ -7,7 +7,9 @@ Sources, in order (a later one only fills what an earlier one left empty):
 3. an estimate from the model's config.json and the hardware preset, with the efficiency factors below:
 
     decode step (one replica of tp accelerators)  a = 2·P_total / (tp · BW · η_bw)       (every expert is read
-                                                                                         at RL batch sizes)
+                                                                                         at RL batch sizes; a
+                                                  replica of TP·PP·DP GPUs, experts over EP, or fp8 weights:
+                                                  PP × one GPU's weight bytes / (BW · η_bw), `decode_bytes`)
     per running row and step                      b = 2·P_active / (tp · F · η_dec) + kv_bytes(tp) · ctx / (BW · η_bw)
     prefill, per prompt token                     p = 2·P_active / (tp · F · η_pre)
     training, per response token on W ranks       c = (6 + 2·passes) · (P_active + L·h·ctx) / (W · F · MFU)
@@ -116,6 +118,9 @@ class Layout:
     `from_config` takes asyncrl's (`plan_slots`)."""
     rollout_gpus: int = 0
     """GPUs of one replica, TP·PP·DP (`engine.plan.rollout_replica.replica_gpus`; 0 = `rollout_tp`)."""
+    rollout_shape: dict[str, Any] | None = None
+    """The replica's `[rollout]` sizes and dtypes (tensor / pipeline / data / expert parallel, quantization,
+    dtype, the model's dtype): what `engine.plan.rollout_replica.weights_per_gpu` reads. None = TP only, bf16."""
     rollout_quantization: str | None = None
     """`rollout.quantization`: "fp8" sends (P − E)·(1 + 4/128²) + E·2 bytes per sync instead of 2·P."""
     megatron_perf: dict[str, Any] | None = None
@@ -124,6 +129,11 @@ class Layout:
     colocated: bool = False
     """Trainer and rollout on the same accelerators (verl's colocate baseline, `engine.predict.prediction.
     colocated_layout`): a training step waits until generation is done."""
+
+    @property
+    def replica_gpus(self) -> int:
+        """GPUs of one replica (TP·PP·DP)."""
+        return self.rollout_gpus or self.rollout_tp
 
     @property
     def rollout_world(self) -> int:
@@ -154,6 +164,10 @@ class Layout:
             trainer_ep=t.ep if t.backend == "megatron" else 1,
             shared_prompt=may_share(cfg),
             rollout_gpus=replica_gpus(cfg), rollout_quantization=r.quantization,
+            rollout_shape={"backend": r.backend, "tensor_parallel_size": tp,
+                           "pipeline_model_parallel_size": r.pipeline_model_parallel_size,
+                           "data_parallel_size": r.data_parallel_size, "expert_parallel_size": r.expert_parallel_size,
+                           "quantization": r.quantization, "dtype": r.dtype, "model_dtype": cfg.model.dtype},
             megatron_perf=perf_values(cfg, device) if t.backend == "megatron" else None,
         )
 
@@ -236,7 +250,7 @@ def estimate(layout: Layout, facts: Any, hw: Any) -> tuple[dict[str, float], lis
     embed = facts.vocab * facts.hidden * (1 if getattr(facts, "tied", False) else 2)
     sync_s, terms = sync_pipeline(p_tot, layout, getattr(hw, "interconnect", ""), BW, embed)
     out = {
-        "decode_step_s": 2 * p_tot / (tp * BW * ETA_BW),
+        "decode_step_s": decode_bytes(layout, facts) / (BW * ETA_BW),
         "row_step_s": 2 * p_act / (tp * F * ETA_DECODE) + kv * ctx / (BW * ETA_BW),
         "prefill_token_s": 2 * p_act / (tp * F * ETA_PREFILL),
         "train_token_s": c,
@@ -251,6 +265,26 @@ def estimate(layout: Layout, facts: Any, hw: Any) -> tuple[dict[str, float], lis
              "weight sync " + ", ".join(f"{k} {v:.3g}" for k, v in terms.items()),
              f"response lengths assumed: uniform 1..{short}, {TAIL_DEFAULT:.0%} run to {layout.max_new_tokens}"]
     return out, notes
+
+
+def decode_bytes(layout: Layout, facts: Any) -> float:
+    """Weight bytes one decode step reads, on the replica's critical path: 2·P/tp for a tensor-parallel bf16
+    replica; with pipeline stages, data × expert parallelism or fp8 weights, each stage's GPU reads its own
+    weights (`engine.plan.rollout_replica.weights_per_gpu`) and the PP stages run one after another."""
+    shape = layout.rollout_shape
+    plain = shape is None or (not shape["quantization"] and shape["expert_parallel_size"] == 1
+                              and shape["pipeline_model_parallel_size"] * shape["data_parallel_size"] == 1)
+    if plain:
+        return 2 * facts.params_total / layout.rollout_tp
+    from types import SimpleNamespace
+
+    from engine.plan.rollout_replica import weights_per_gpu
+
+    # the estimate is for accelerators, where the replicas compute in bf16
+    rollout = SimpleNamespace(**{k: v for k, v in shape.items() if k != "model_dtype"})
+    rollout.dtype = "bf16"
+    cfg = SimpleNamespace(rollout=rollout, model=SimpleNamespace(dtype="bfloat16"))
+    return weights_per_gpu(cfg, facts) * shape["pipeline_model_parallel_size"]
 
 
 def sync_pipeline(p_total: float, layout: Layout, interconnect: str, mem_bw: float,

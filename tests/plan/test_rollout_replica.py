@@ -94,3 +94,18 @@ def test_the_driver_is_told_what_the_runtime_does_not_build_yet() -> None:
     assert "quantization = 'fp8'" in error(seed, ['rollout.quantization="fp8"'])
     # tp 2 × dp 2 fits a node, but the runtime's engines are tensor parallel only
     assert "data_parallel_size = 2" in error(seed, ["rollout.tensor_parallel_size=2", "rollout.data_parallel_size=2"])
+
+
+def test_the_plan_counts_a_replica_spanning_nodes_as_its_gpus_and_their_weight_bytes() -> None:
+    from engine.predict.costs import decode_bytes
+    from engine.predict.prediction import colocated_layout
+
+    an = analyze_run_config(RUNS / "kimi-k2-gsm8k-megatron-256.toml")
+    layout = Layout.from_config(an.config, None)
+    assert (layout.replica_gpus, layout.rollout_world, layout.accelerators) == (48, 48, 240)
+    assert colocated_layout(layout).replicas == 240 // 48
+    # one decode step reads one GPU's fp8 shard (dense / tp 8 + experts / ep 48), not 2·P / tp
+    assert decode_bytes(layout, an.model) == pytest.approx(rr.weights_per_gpu(an.config, an.model))
+    assert decode_bytes(layout, an.model) < 2 * an.model.params_total / 8 / 5
+    seed = analyze_run_config(RUNS / "qwen3-30b-a3b-base-dapo-megatron-96-32.toml")
+    assert decode_bytes(Layout.from_config(seed.config, None), seed.model) == 2 * seed.model.params_total / 4
