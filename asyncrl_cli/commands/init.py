@@ -21,7 +21,8 @@ if TYPE_CHECKING:  # the schema-backed modules load when the command runs, not f
     from engine.plan.hardware import HardwarePreset
     from asyncrl_cli.config.init_choices import InitChoices
 
-SECTIONS = ("model", "resources.trainer", "resources.rollout", "trainer", "rollout", "async_training")
+SECTIONS = ("model", "resources.trainer", "resources.rollout", "trainer", "rollout", "algorithm.rollout_correction",
+            "async_training")
 
 
 def _ask(missing: str, choices: list[str] | None) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.syntax import Syntax
@@ -62,6 +62,17 @@ def _predict(run_file: Path, sets: list[str] | None, calibration: Path | None) -
                            f"trainer idle {pred['trainer_idle_ratio']:.2f}, rollout idle "
                            f"{pred['rollout_idle_ratio']:.2f} (costs: {', '.join(sorted(set(pred['sources'].values())))})")
     return pred
+
+
+def _megatron_settings(an: Analysis) -> dict[str, list[dict[str, Any]]]:
+    """The Megatron performance settings resolved for the run's device and, where that is an accelerator, for CPU
+    (the fallback the same preset runs with there); {} for other backends (`engine.plan.megatron_perf`)."""
+    if an.config.trainer.backend != "megatron":
+        return {}
+    from engine.plan.megatron_perf import resolve_perf
+
+    devices = dict.fromkeys([an.hardware.device, "cpu"])
+    return {d: [dataclasses.asdict(s) for s in resolve_perf(an.config, d)] for d in devices}
 
 
 @handle_errors
@@ -133,6 +144,7 @@ def command(
                     "weight_sync": _weight_sync(plan),
                     "derived": an.derived.to_json(),
                     "precision": dataclasses.asdict(policy_of(an.config)),
+                    "megatron_settings": _megatron_settings(an),
                     "files": files,
                     "provenance": an.provenance.to_json(),
                     "written": False,
@@ -151,6 +163,9 @@ def command(
         )
         render_derived(con, an)
         con.print(f"[bold]trainer precision[/bold]  {policy_of(an.config).describe()}")
+        for device, settings in _megatron_settings(an).items():
+            con.print(f"[bold]megatron settings on {device}[/bold]  " + "; ".join(
+                f"{s['key']} = {s['value']} ({s['why']})" for s in settings), soft_wrap=True)
         render_placement(con, plan.placement)
         con.print(f"[bold]weight sync[/bold]  {_weight_sync(plan)} (rollout.weight_sync = "
                   f"{an.config.rollout.weight_sync!r})")

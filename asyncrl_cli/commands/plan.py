@@ -121,7 +121,8 @@ def _render(layout: Layout, costs: CostModel, out: dict[str, Any], seconds: floa
     from rich.table import Table
 
     con = stdout_console()
-    con.print(f"[bold]{layout.name}[/]: {layout.mode}, {layout.replicas} rollout replica(s) × tp {layout.rollout_tp}"
+    con.print(f"[bold]{layout.name}[/]: {layout.mode}, {layout.replicas} rollout replica(s) × "
+              f"{layout.rollout_gpus or layout.rollout_tp} GPUs (tp {layout.rollout_tp})"
               f" ({layout.slots} dispatch slot(s) each) + {layout.trainer_world} trainer rank(s); {layout.required_samples} prompts × n={layout.n} per step, "
               f"trigger {layout.trigger}, staleness {layout.staleness:g}, responses ≤ {layout.max_new_tokens} tokens")
     t = Table(title="predicted (simulated steady state)", title_justify="left")

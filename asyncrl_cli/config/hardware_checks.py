@@ -1,4 +1,5 @@
-"""Rules that weigh a config against the hardware: per-node counts and parallel layouts (`resource_rules`),
+"""Rules that weigh a config against the hardware: per-node counts and parallel layouts (`resource_rules`; the
+rollout replica's shape is `replica_checks`'),
 memory per accelerator (`fit_rules`), and known pitfalls of a model or device (`pitfall_rules`).
 
 Category `fit` (exit 3) is for what the hardware cannot hold; everything else is `invalid` (exit 1) when
@@ -81,36 +82,6 @@ def resource_rules(cfg: RunConfig, hw: HardwarePreset, d: Derived) -> list[Probl
                     category="fit",
                 )
             )
-    tp = r.tensor_parallel_size
-    if tp > cfg.resources.rollout.gpus_per_node:
-        out.append(
-            error(
-                "rollout-tp-node",
-                "rollout.tensor_parallel_size",
-                f"tensor_parallel_size = {tp} is more than the {cfg.resources.rollout.gpus_per_node} rollout "
-                "GPUs per node: a replica must fit in one node",
-                category="fit",
-            )
-        )
-    elif d.rollout_world % tp:
-        out.append(
-            error(
-                "rollout-tp",
-                "rollout.tensor_parallel_size",
-                f"tensor_parallel_size = {tp} does not divide the {d.rollout_world} rollout GPUs",
-                category="fit",
-            )
-        )
-    if r.replicas is not None and r.replicas * tp > d.rollout_world:
-        out.append(
-            error(
-                "rollout-replicas",
-                "rollout.replicas",
-                f"{r.replicas} replicas × tp {tp} need {r.replicas * tp} GPUs; the rollout pool has "
-                f"{d.rollout_world}",
-                category="fit",
-            )
-        )
     try:
         weight_sync_transport(cfg, hw.device)
     except ValueError as e:  # a transport that does not exist for this device (or this pool layout)
@@ -168,9 +139,11 @@ def fit_rules(fit: FitReport, hw: HardwarePreset) -> list[Problem]:
             error(
                 "rollout-weights",
                 "rollout.tensor_parallel_size",
-                f"rollout weights need {ro.components_gb['weights']:.1f} GB per GPU at tp "
-                f"{det['tensor_parallel_size']}; the budget is {ro.capacity_gb:.1f} GB",
-                "raise rollout.tensor_parallel_size or gpu_memory_utilization",
+                f"rollout weights need {ro.components_gb['weights']:.1f} GB per GPU at {det['replica']}; the "
+                f"budget is {ro.capacity_gb:.1f} GB",
+                "raise rollout.tensor_parallel_size (within a node), pipeline_model_parallel_size or "
+                "data_parallel_size × expert_parallel_size (across nodes), quantization = \"fp8\" or "
+                "gpu_memory_utilization",
                 "fit",
             )
         )

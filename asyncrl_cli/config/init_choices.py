@@ -4,12 +4,17 @@ Rules (each choice is recorded with its reason, and written as a comment):
 - CPU: torch trainer and the hf sampler, one trainer worker, the other workers roll out, float32.
 - Accelerators: bfloat16. Megatron for MoE models above 20B parameters and for anything above 40B;
   FSDP2 (torch) otherwise.
-- Rollout TP: the smallest power of two whose weight shard is ≤ 40 % of the vLLM budget and that splits
-  the attention heads (at most one node; a model whose weights do not fit one node is refused).
+- Rollout replica: the smallest shape whose weights per GPU (`engine.plan.rollout_replica`) are ≤ 40 % of the
+  vLLM budget: TP 1, 2, 4, … inside a node (splitting the attention heads), then k = 2, 3, … nodes with TP = a
+  node and data × expert parallel (EP = TP·DP dividing the experts) for MoE, pipeline stages for dense models.
+  On CUDA the smallest fp8 replica is tried next when it takes fewer GPUs (with token-level rollout IS for the
+  quantisation gap); the first that leaves a trainer layout wins (bf16 first). On CUDA, when no layout fits,
+  the search runs again with the Megatron optimizer state in host memory (`trainer.optimizer_offload`).
 - The split search: trainer pools from the fewest GPUs (whole nodes beyond one node; at least a quarter (MoE)
   or half (dense) of all GPUs first, then any), and for each pool the Megatron layouts in order of model
   parallel size tp·pp (pp dividing the layers, tp splitting the heads inside a node), cp 2 for sequences ≥ 8k
-  tokens (else 1), ep from 8/4/2/1 first and then the larger divisors of the experts that divide dp·cp. The
+  tokens (else 1), ep from 8/4/2/1 first and then the larger divisors of the experts that divide tp·cp·dp
+  (Megatron's rule with etp = 1). The
   optimizer state is sharded over every trainer rank (Megatron's distributed optimizer, FSDP2's full shard).
   Activation recompute is on (gradient checkpointing for FSDP2, `recompute_granularity = "full"` for
   Megatron), as verl's recipes run. The memory is `engine.plan.memory`'s model (through `fit.trainer_fit`).
@@ -93,13 +98,48 @@ def _splits_heads(f: ModelFacts, tp: int) -> bool:
     return f.heads % tp == 0 and (f.kv_heads % tp == 0 or tp % f.kv_heads == 0)
 
 
-def rollout_tp(f: ModelFacts, hw: HardwarePreset, util: float) -> int:
-    """Smallest power-of-two TP whose weight shard is ≤ 40 % of the per-GPU vLLM budget."""
-    weights_gb = f.params_total * 2 / 1e9
+def _replica_cfg(shape: dict[str, Any], quantization: str | None) -> Any:
+    """The few config attributes `engine.plan.rollout_replica` reads, for a candidate replica."""
+    from types import SimpleNamespace
+
+    rollout = SimpleNamespace(backend="vllm", dtype=None, quantization=quantization, **shape)
+    return SimpleNamespace(rollout=rollout, model=SimpleNamespace(dtype="bfloat16"))
+
+
+def _replica_shapes(f: ModelFacts, per_node: int) -> list[dict[str, int]]:
+    """Replica shapes in order of size: TP 1, 2, 4, … inside a node (splitting the heads), then across k = 2, 3, …
+    nodes with TP = a node: data × expert parallel for MoE (EP = TP·DP dividing the experts), pipeline stages for
+    dense models."""
+    out = []
     tp = 1
-    while tp < hw.gpus_per_node and (weights_gb / tp > 0.4 * util * hw.memory_gb or not _splits_heads(f, tp)):
+    while tp <= per_node:
+        if _splits_heads(f, tp) and per_node % tp == 0:
+            out.append({"tensor_parallel_size": tp, "pipeline_model_parallel_size": 1, "data_parallel_size": 1,
+                        "expert_parallel_size": 1})
         tp *= 2
-    return tp
+    if not _splits_heads(f, per_node):
+        return out
+    for k in range(2, 33):
+        if f.is_moe:
+            if f.experts % (per_node * k) == 0:
+                out.append({"tensor_parallel_size": per_node, "pipeline_model_parallel_size": 1,
+                            "data_parallel_size": k, "expert_parallel_size": per_node * k})
+        elif k <= f.layers:
+            out.append({"tensor_parallel_size": per_node, "pipeline_model_parallel_size": k,
+                        "data_parallel_size": 1, "expert_parallel_size": 1})
+    return out
+
+
+def rollout_replica(f: ModelFacts, hw: HardwarePreset, util: float, quantization: str | None = None
+                    ) -> dict[str, int] | None:
+    """The smallest replica shape whose weights per GPU (`engine.plan.rollout_replica.weights_per_gpu`, in bf16
+    or fp8) are ≤ 40 % of the per-GPU vLLM budget; None when no shape up to 32 nodes is."""
+    from engine.plan.rollout_replica import weights_per_gpu
+
+    for shape in _replica_shapes(f, hw.gpus_per_node):
+        if weights_per_gpu(_replica_cfg(shape, quantization), f) <= 0.4 * util * hw.memory_gb * 1e9:
+            return shape
+    return None
 
 
 def _n_for(data: dict[str, Any]) -> int:
@@ -182,10 +222,9 @@ def _layouts(f: ModelFacts, t: int, per_node: int, total_len: int) -> list[tuple
         for cp in cps:
             if t % (tp * pp * cp):
                 continue
-            dp_cp = t // (tp * pp)
             eps = [1]
             if f.is_moe:
-                fits = [e for e in _divisors(f.experts) if dp_cp % e == 0]
+                fits = [e for e in _divisors(f.experts) if (t // pp) % e == 0]  # Megatron: ep | tp·cp·dp
                 eps = [e for e in (8, 4, 2, 1) if e in fits] + [e for e in fits if e > 8]
             out += [(tp, pp, cp, ep) for ep in eps]
     return out
@@ -206,22 +245,37 @@ def _choose(choices: InitChoices, pools_values: dict[str, Any], split: str) -> N
     choices.reasons["resources.trainer.nnodes"] = split
 
 
+def _replica_candidates(f: ModelFacts, hw: HardwarePreset, util: float) -> list[tuple[dict[str, int], str | None]]:
+    """Replica shapes to try, with their weight format: the smallest bf16 one, then (CUDA) the smallest fp8 one
+    when it takes fewer GPUs (more left for the trainer)."""
+    out: list[tuple[dict[str, int], str | None]] = []
+    bf16 = rollout_replica(f, hw, util)
+    if bf16 is not None:
+        out.append((bf16, None))
+    fp8 = rollout_replica(f, hw, util, "fp8") if hw.device == "cuda" else None
+    if fp8 is not None and (bf16 is None or _gpus(fp8) < _gpus(bf16)):
+        out.append((fp8, "fp8"))
+    return out
+
+
+def _gpus(shape: dict[str, int]) -> int:
+    return shape["tensor_parallel_size"] * shape["pipeline_model_parallel_size"] * shape["data_parallel_size"]
+
+
 def _choose_accelerators(
     choices: InitChoices, f: ModelFacts, hw: HardwarePreset, data: dict[str, Any], gpus: int, total_len: int, n: int,
     model_path: str = "x",
 ) -> None:
     if gpus < 2:
         raise InitRefused("a run needs at least 2 accelerators: trainer and rollout pools are separate")
-    gpn = hw.gpus_per_node
     choices.set("model.dtype", "bfloat16")
     util = 0.8
-    tp_r = rollout_tp(f, hw, util)
-    weights_gb = f.params_total * 2 / 1e9
-    if weights_gb / tp_r + max(1.0, 0.05 * util * hw.memory_gb) >= util * hw.memory_gb:
+    candidates = _replica_candidates(f, hw, util)
+    if not candidates:
         raise InitRefused(
-            f"the rollout cannot hold the model: {weights_gb:.0f} GB of bf16 weights need more than one "
-            f"{hw.name} node ({gpn} × {hw.memory_gb:g} GB at gpu_memory_utilization {util}); asyncrl's replicas "
-            "are tensor parallel inside one node")
+            f"the rollout cannot hold the model: {f.params_total * 2 / 1e9:.0f} GB of bf16 weights do not fit "
+            f"replicas of up to 32 {hw.name} nodes ({hw.gpus_per_node} × {hw.memory_gb:g} GB at "
+            f"gpu_memory_utilization {util})")
     megatron = (f.is_moe and f.params_total > 20e9) or f.params_total > 40e9
     choices.set(
         "trainer.backend",
@@ -233,21 +287,78 @@ def _choose_accelerators(
     else:
         choices.set("trainer.enable_gradient_checkpointing", True, "activation recompute, as verl's FSDP recipes")
     choices.set("rollout.backend", "vllm")
-    choices.set(
-        "rollout.tensor_parallel_size", tp_r, f"weights {weights_gb / tp_r:.1f} GB per GPU"
-    )
     choices.set("rollout.gpu_memory_utilization", util)
+    tight: tuple[float, dict[str, Any], dict[str, Any], str, dict[str, str]] | None = None
+    last_reason = "no trainer pool leaves room for a rollout replica"
+    base, base_reasons = dict(choices.values), dict(choices.reasons)
+    offloads = (False, True) if megatron and hw.device == "cuda" else (False,)
+    for shape, quant, offload in [(s_, q, o) for o in offloads for s_, q in candidates]:
+        choices.values, choices.reasons = dict(base), dict(base_reasons)
+        _set_replica(choices, f, hw, shape, quant)
+        if offload:
+            choices.set("trainer.optimizer_offload", True, "fp32 masters and Adam state in host memory (Megatron's "
+                        "optimizer_cpu_offload; verl's large-MoE recipes): no layout fits the GPUs without it")
+        found, reason, lean = _search_pools(choices, f, hw, data, gpus, total_len, n, model_path, megatron,
+                                            _gpus(shape))
+        if found:
+            return
+        last_reason = reason
+        if lean is not None and (tight is None or lean[0] < tight[0]):
+            tight = lean
+    if tight is not None:
+        choices.values, choices.reasons = tight[1], tight[4]
+        _choose(choices, tight[2], f"{tight[3]}; ~{tight[0]:.0f} of {hw.memory_gb:g} GB per GPU (no layout leaves "
+                                f"{HEADROOM:.0%} headroom)")
+        return
+    need = f.params_total * (DTYPE_BYTES["bfloat16"] * 2 + 12) / 1e9
+    raise InitRefused(
+        f"no split of {gpus} {hw.name} accelerators fits the trainer (model states ~{need:.0f} GB in all; "
+        f"{last_reason}); use more GPUs (--gpus) or bigger hardware"
+    )
+
+
+def _set_replica(choices: InitChoices, f: ModelFacts, hw: HardwarePreset, shape: dict[str, int],
+                 quant: str | None) -> None:
+    """Record a replica shape (and its weight format) with the reasons."""
+    from engine.plan.rollout_replica import weights_per_gpu
+
+    g = _gpus(shape)
+    per_gpu = weights_per_gpu(_replica_cfg(shape, quant), f) / 1e9
+    where = f"{g // hw.gpus_per_node} nodes" if g > hw.gpus_per_node else "one node"
+    choices.set("rollout.tensor_parallel_size", shape["tensor_parallel_size"],
+                f"replica of {g} GPUs on {where}: weights {per_gpu:.1f} GB per GPU")
+    for key in ("pipeline_model_parallel_size", "data_parallel_size", "expert_parallel_size"):
+        if shape[key] > 1:
+            why = {"pipeline_model_parallel_size": "pipeline stages across nodes",
+                   "data_parallel_size": "data-parallel attention ranks across nodes",
+                   "expert_parallel_size": "experts spread over tp × dp ranks"}[key]
+            choices.set(f"rollout.{key}", shape[key], why)
+    if quant:
+        choices.set("rollout.quantization", quant, "blockwise fp8 weights: half the bf16 replica, more GPUs left "
+                    "for the trainer")
+        choices.set("algorithm.rollout_correction.rollout_is", "token",
+                    "token-level IS absorbs the fp8 quantisation gap (verl's FP8 recipe)")
+        choices.set("algorithm.rollout_correction.bypass_mode", False,
+                    "decoupled: the IS weights reach the loss (π_prox snapshot in host memory)")
+
+
+def _search_pools(choices: InitChoices, f: ModelFacts, hw: HardwarePreset, data: dict[str, Any], gpus: int,
+                  total_len: int, n: int, model_path: str, megatron: bool, g: int
+                  ) -> tuple[bool, str, tuple[float, dict[str, Any], dict[str, Any], str, dict[str, str]] | None]:
+    """The trainer-pool search for replicas of `g` GPUs: (found a layout with headroom, the last reason, the
+    leanest layout that fits without the headroom)."""
+    gpn = hw.gpus_per_node
     share = gpus // 4 if f.is_moe else gpus // 2
     pools = sorted({_round_pool(t, gpn) for t in range(1, gpus)})
     pools = [t for t in pools if t >= share] + [t for t in pools if t < share]
     last_reason = "no trainer pool leaves room for a rollout replica"
     best_gb = float("inf")
-    tight: tuple[float, dict[str, Any], dict[str, Any], str] | None = None  # fits, but within the headroom
+    tight: tuple[float, dict[str, Any], dict[str, Any], str, dict[str, str]] | None = None  # fits, but within the headroom
     for t in pools:
-        rollout = ((gpus - t) // tp_r) * tp_r
+        rollout = ((gpus - t) // g) * g
         if rollout >= gpn:
-            rollout = (rollout // gpn) * gpn
-        if rollout < tp_r:
+            rollout = (rollout // max(g, gpn)) * max(g, gpn)
+        if rollout < g:
             continue
         pools_values = {}
         for role, count in (("trainer", t), ("rollout", rollout)):
@@ -279,17 +390,8 @@ def _choose_accelerators(
                 last_reason, best_gb = errors[0], -1.0  # a layout that fits memory but validate refuses
                 continue
             if not roomy:  # remember the leanest that fits, in case none leaves the headroom
-                tight = (fit.total_gb, dict(choices.values), pools_values, split)
+                tight = (fit.total_gb, dict(choices.values), pools_values, split, dict(choices.reasons))
                 continue
             _choose(choices, pools_values, split)
-            return
-    if tight is not None:
-        choices.values = tight[1]
-        _choose(choices, tight[2], f"{tight[3]}; ~{tight[0]:.0f} of {hw.memory_gb:g} GB per GPU (no layout leaves "
-                                f"{HEADROOM:.0%} headroom)")
-        return
-    need = f.params_total * (DTYPE_BYTES["bfloat16"] * 2 + 12) / 1e9
-    raise InitRefused(
-        f"no split of {gpus} {hw.name} accelerators fits the trainer (model states ~{need:.0f} GB in all; "
-        f"{last_reason}); use more GPUs (--gpus) or bigger hardware"
-    )
+            return True, "", None
+    return False, last_reason, tight

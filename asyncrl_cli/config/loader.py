@@ -20,6 +20,8 @@ from asyncrl_cli.config.determinism_checks import determinism_rules
 from asyncrl_cli.config.fit import FitReport, estimate_fit
 from engine.plan.hardware import HardwareInvalid, HardwareNotFound, HardwarePreset, load_hardware
 from asyncrl_cli.config.hf_model import ModelConfigError, ModelFacts, read_model_facts
+from asyncrl_cli.config.perf_checks import perf_rules
+from asyncrl_cli.config.replica_checks import replica_rules
 from asyncrl_cli.config.model_checks import checkpoint_disk_rules
 from asyncrl_cli.config.layering import resolve_layers
 from asyncrl_cli.config.problems import Problem, exit_code_for, sorted_problems
@@ -152,6 +154,8 @@ def analyze_config(cfg: RunConfig, prov: Provenance, base_dir: Path | None = Non
         problems += checkpoint_disk_rules(cfg, an.model)
     if an.hardware is not None:
         problems += checks.resource_rules(cfg, an.hardware, an.derived)
+        problems += replica_rules(cfg, an.hardware, an.derived, an.model)
+        problems += perf_rules(cfg, an.hardware)
         problems += checks.pitfall_rules(cfg, an.hardware)
         problems += determinism_rules(cfg, an.hardware)
         if an.model is not None:

@@ -86,6 +86,10 @@ MAP: dict[str, tuple[str, Callable[[str], Any]]] = {
     f"{ROLL}.top_p": ("rollout.top_p", to_float),
     f"{ROLL}.top_k": ("rollout.top_k", to_top_k),
     f"{ROLL}.tensor_model_parallel_size": ("rollout.tensor_parallel_size", to_int),
+    f"{ROLL}.pipeline_model_parallel_size": ("rollout.pipeline_model_parallel_size", to_int),
+    f"{ROLL}.data_parallel_size": ("rollout.data_parallel_size", to_int),
+    f"{ROLL}.expert_parallel_size": ("rollout.expert_parallel_size", to_int),
+    f"{ROLL}.quantization": ("rollout.quantization", to_str),
     f"{ROLL}.gpu_memory_utilization": ("rollout.gpu_memory_utilization", to_float),
     f"{ROLL}.max_num_seqs": ("rollout.max_num_seqs", to_int),
     f"{ROLL}.update_weights_bucket_megabytes": ("rollout.weight_sync_bucket_mb", to_int),
@@ -285,9 +289,6 @@ REFUSED_PREFIXES: dict[str, str] = {
                         "plain Python function, data.row_adapter = \"file.py:fn\" with def fn(row: dict) -> dict "
                         "(a raw row in, verl's row layout out: prompt, data_source, reward_model.ground_truth, "
                         "extra_info)",
-    f"{ROLL}.data_parallel_size": "rollout data parallelism inside a replica: asyncrl's replicas are tensor "
-                                  "parallel only",
-    f"{ROLL}.expert_parallel_size": "rollout expert parallelism: asyncrl's replicas are tensor parallel only",
     f"{ACTOR}.megatron.override_transformer_config.num_layers_in_": "uneven pipeline stages: asyncrl splits the "
                                                                      "layers evenly",
     "async_training.use_dynamic_resource_scheduling": "dynamic resource scaling (moving devices between the "

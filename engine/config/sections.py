@@ -16,6 +16,7 @@ from pydantic import Field, field_validator
 
 from engine.config.data_section import DataConfig as DataConfig
 from engine.config.data_section import OverlongBufferConfig as OverlongBufferConfig
+from engine.config.megatron_perf import MegatronPerfConfig
 from engine.config.multi_turn import MultiTurnConfig
 from engine.config.names import BUILTIN_MODELS
 from engine.config.section import Section as Section
@@ -127,8 +128,9 @@ class OptimConfig(Section):
         return v
 
 
-class TrainerConfig(Section):
-    """The policy update (`[trainer]`; verl's `actor_rollout_ref.actor.*` and `trainer.*`)."""
+class TrainerConfig(MegatronPerfConfig):
+    """The policy update (`[trainer]`; verl's `actor_rollout_ref.actor.*` and `trainer.*`; the Megatron
+    performance settings are `engine.config.megatron_perf`'s)."""
 
     backend: Literal["torch", "megatron"] = "torch"
     """`torch` = FSDP2 data parallel (CPU gloo or GPU); `megatron` = Megatron-core with tp/pp/cp/ep."""
@@ -275,7 +277,24 @@ class RolloutConfig(Section):
     top_k: int = Field(0, ge=0)
     """Top-k sampling (0 = off; verl's −1 for vLLM)."""
     tensor_parallel_size: int = Field(1, gt=0)
-    """GPUs per rollout replica (vLLM tensor parallel)."""
+    """Tensor parallel size of a rollout replica (vLLM's; verl's `tensor_model_parallel_size`). A replica has
+    tensor_parallel_size × pipeline_model_parallel_size × data_parallel_size GPUs
+    (`engine.plan.rollout_replica`)."""
+    pipeline_model_parallel_size: int = Field(1, gt=0)
+    """vLLM pipeline stages of a replica (verl's name): the layers split into stages, e.g. one per node for a
+    dense model too large for one node."""
+    data_parallel_size: int = Field(1, gt=0)
+    """vLLM data-parallel attention ranks inside a replica (verl's name), each with its own requests, KV cache and
+    `max_num_seqs`; with `expert_parallel_size` the MoE experts are spread over all of them."""
+    expert_parallel_size: int = Field(1, gt=0)
+    """vLLM expert parallelism (verl's name; vLLM's `enable_expert_parallel`): the routed experts are spread over
+    the replica's tensor_parallel_size × data_parallel_size ranks (verl requires that product), so a MoE replica
+    can span nodes with a slice of the experts per GPU. 1 = the experts are split tensor-parallel."""
+    quantization: Literal["fp8"] | None = None
+    """Rollout weights' format (verl's `rollout.quantization`): `fp8` = every linear weight as float8 e4m3 with
+    one fp32 scale per 128 × 128 block (DeepSeek-V3's released layout), the embedding and LM head in
+    `rollout.dtype`; the trainer keeps its precision, so pair it with rollout correction. None = `rollout.dtype`.
+    Counted by `validate`, `plan`, `fit` and `init` (memory per GPU and bytes per sync)."""
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
     """Fraction of each rollout GPU vLLM may take for weights plus KV cache."""
     max_num_seqs: int = Field(256, gt=0)
@@ -300,7 +319,7 @@ class RolloutConfig(Section):
     logs verl's `mean@n`, `std@n`, `best@k`, `worst@k` and `maj@k` (k = 2, 4, 8, … < n and n;
     `engine.telemetry.val_metrics`)."""
     replicas: int | None = Field(None, gt=0)
-    """Rollout replicas (None = rollout GPUs / `tensor_parallel_size`)."""
+    """Rollout replicas (None = rollout GPUs / GPUs per replica, tensor × pipeline × data parallel)."""
     weight_sync_bucket_mb: int = Field(512, gt=0)
     """Size of one weight-sync bucket in MiB."""
     weight_sync: Literal["auto", "shared_memory", "collective", "object_store"] = "auto"

@@ -10,8 +10,9 @@ accelerators each are laid out in order, node by node, never across a node bound
 Trainer ranks are actors of one accelerator (unit 1): rank r → node r // gpus_per_node, bundle
 r mod gpus_per_node. Megatron orders its ranks TP-innermost (rank = … + dp·(tp·cp) + cp·tp + tp_rank), so a TP
 group of `tp` consecutive ranks stays on one node exactly when `tp` divides `gpus_per_node`; `pool_layout`
-refuses a `group` that does not. A rollout replica of tensor parallelism t is an actor of unit t: its t
-bundles lie on one node. Only the nodes that hold an actor are reserved, each with as many bundles as its
+refuses a `group` that does not. A rollout replica of G = TP·PP·DP GPUs is an actor of unit G: its G
+bundles lie on one node (a replica larger than a node is counted by `validate` and `plan` but refused here, so
+the driver does not launch it yet). Only the nodes that hold an actor are reserved, each with as many bundles as its
 actors use.
 """
 
@@ -70,8 +71,9 @@ def pool_layout(pool: str, nnodes: int, gpus_per_node: int, count: int, unit: in
     `group`: consecutive actors that must share a node (a Megatron TP group). Raises `LayoutError`."""
     key = f"resources.{pool}.gpus_per_node"
     if unit > gpus_per_node:
-        raise LayoutError(f"{key}: an actor of {unit} accelerators does not fit a node of {gpus_per_node} "
-                          "(a replica never spans nodes)")
+        raise LayoutError(f"{key}: an actor of {unit} accelerators does not fit a node of {gpus_per_node}: a "
+                          "rollout replica spanning nodes is planned and counted (validate, plan, init) but not yet "
+                          "placed by the runtime")
     if nnodes > 1 and (gpus_per_node // unit) % group:
         raise LayoutError(f"{key}: groups of {group} ranks would span nodes of {gpus_per_node} accelerators")
     per_node = gpus_per_node // unit
@@ -99,10 +101,13 @@ def run_layout(trainer_nnodes: int, trainer_gpus_per_node: int, trainer_tp: int,
 
 def config_layout(cfg: RunConfig, replicas: int) -> dict[str, PoolLayout]:
     """`run_layout` for a `RunConfig` with `replicas` rollout replicas."""
-    res, t, r = cfg.resources, cfg.trainer, cfg.rollout
+    from engine.plan.rollout_replica import replica_gpus
+
+    res, t = cfg.resources, cfg.trainer
     tp = t.tp if t.backend == "megatron" else 1
+
     return run_layout(res.trainer.nnodes, res.trainer.gpus_per_node, tp, res.rollout.nnodes,
-                      res.rollout.gpus_per_node, replicas, r.tensor_parallel_size)
+                      res.rollout.gpus_per_node, replicas, replica_gpus(cfg))
 
 
 def describe_slots(layout: PoolLayout, node: int) -> str:

@@ -16,7 +16,8 @@ Trainer rank, `torch` backend (FSDP2 over W = trainer_dp ranks, one rank = plain
 
 `megatron` (tp, pp, cp, ep, etp; DP = W/(tp·pp·cp), expert DP = W/(ep·etp·pp)): the rank holds
 S = P_d/(tp·pp) + P_e/(ep·etp·pp) parameters — weights S·b_c, fp32 main gradients S·4, the distributed
-optimizer's fp32 master + m + v 12·(P_d/(tp·pp)/DP + P_e/(ep·etp·pp)/EDP), a frozen reference S·b_c.
+optimizer's fp32 master + m + v 12·(P_d/(tp·pp)/DP + P_e/(ep·etp·pp)/EDP) (in host memory with
+`trainer.optimizer_offload` on cuda), a frozen reference S·b_c.
 
 Activations of the update micro-batch, T tokens (`ppo_max_token_len_per_gpu` with `use_dynamic_bsz` — a bound on
 padded tokens, rows × longest row, `engine.trainer.minibatch.micro_batch_count` —, else
@@ -47,10 +48,12 @@ bound). Host-side terms (the π_prox snapshot in decoupled mode, P·b_p/W, pinne
 bucket, gathered to host on rank 0) count toward the rank when the "GPU" is the CPU, else they are listed
 under `host`. Accelerators add 2 GB of runtime (CUDA/CANN context, allocator fragmentation), CPU 0.3 GB.
 
-Rollout replica, per GPU (tensor parallel TP): weights P·b_r/TP, an activation reserve max(1 GB, 5 % of the
-budget), one incoming weight-sync bucket, and the KV cache 2·L·⌈n_kv/TP⌉·d·b_r per token for `max_num_seqs`
-full-length sequences, capped by what the budget leaves (`gpu_memory_utilization` × memory for vLLM, 90 % for
-the `hf` sampler).
+Rollout replica, per GPU (TP · PP · DP GPUs, experts split EP ways; `engine.plan.rollout_replica`): weights
+[(P_d − E)·q + E·b_r]/(TP·PP) + P_e·q/(S_e·PP) (q = b_r, or 1 + 4/128² bytes with `rollout.quantization =
+"fp8"`), an activation reserve max(1 GB, 5 % of the budget), one incoming weight-sync bucket, and the KV cache
+2·⌈L/PP⌉·⌈n_kv/TP⌉·d·b_r per token (MLA: ⌈L/PP⌉·(r_kv + d_r)·b_r) for `max_num_seqs` full-length sequences
+(per data-parallel rank), capped by what the budget leaves (`gpu_memory_utilization` × memory for vLLM, 90 %
+for the `hf` sampler).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.config.precision import policy_of
+from engine.plan import rollout_replica as replica
 
 if TYPE_CHECKING:
     from engine.config.schema import RunConfig
@@ -94,7 +98,8 @@ TERMS = {
     "activation_reserve": "vLLM's activation reserve: max(1 GB, 5 % of the budget)",
     "kv_cache": "KV cache: 2·L·⌈n_kv/TP⌉·d·b_r per token, max_num_seqs full-length sequences, capped by the budget",
 }
-ROLLOUT_TERMS = {**TERMS, "weights": "the replica's weights on this GPU, P·b_r/TP (rollout.dtype)"}
+ROLLOUT_TERMS = {**TERMS, "weights": "the replica's weights on this GPU: dense/(TP·PP) + experts/(EP·PP), in "
+                                     "rollout.dtype or fp8 (rollout.quantization)"}
 """What each named term is (`validate --explain` prints it beside the number); the rollout's variant."""
 
 
@@ -234,7 +239,8 @@ def trainer_memory(cfg: RunConfig, m: ModelShape, world: int, capacity: float, d
         dp, edp = max(1, world // (t.tp * t.pp * t.cp)), max(1, world // (t.ep * etp * t.pp))
         terms["weights"] = (dense + expert) * b_c
         terms["gradients"] = (dense + expert) * 4
-        terms["optimizer"] = 12 * (dense / dp + expert / edp)
+        # with trainer.optimizer_offload (cuda) the fp32 masters and Adam state live in host memory
+        (host if t.optimizer_offload and device == "cuda" else terms)["optimizer"] = 12 * (dense / dp + expert / edp)
         if t.use_kl_loss:
             (host if t.ref_param_offload else terms)["reference"] = (dense + expert) * b_c
         shard_tokens, tp, dp_share = tokens / (t.cp * t.tp), t.tp, dp
@@ -291,11 +297,10 @@ def rollout_memory(cfg: RunConfig, m: ModelShape, memory: float, device: str) ->
     b_r = _bytes(r.dtype, _bytes(cfg.model.dtype, 4))
     tp = r.tensor_parallel_size
     budget = memory * (r.gpu_memory_utilization if r.backend == "vllm" else 0.9)
-    p = m.params_total
-    weights = p * b_r / tp
+    weights = replica.weights_per_gpu(cfg, m)  # TP·PP·EP split, the dtype's bytes (fp8 + block scales)
     reserve = max(1 * GB, 0.05 * budget)
     bucket = r.weight_sync_bucket_mb * 2**20
-    kv_tok = 2 * m.layers * max(1, -(-m.kv_heads // tp)) * m.head_dim * b_r
+    kv_tok = replica.kv_bytes_per_token(cfg, m)
     seq = d.max_prompt_length + d.max_response_length
     # a staged sync's back buffer (engine.sync.staging): counted when forced on; "auto" allocates it only where
     # the memory is free at run time
@@ -310,6 +315,8 @@ def rollout_memory(cfg: RunConfig, m: ModelShape, memory: float, device: str) ->
         "kv_bytes_per_token": kv_tok, "max_sequence_tokens": seq, "kv_gb_for_max_num_seqs": round(kv_needed / GB, 2),
         "kv_gb_available": round(max(kv_free, 0.0) / GB, 2), "seqs_at_full_length": seqs_full,
         "max_num_seqs": r.max_num_seqs, "tensor_parallel_size": tp, "rollout_bytes": b_r,
+        "replica_gpus": replica.replica_gpus(cfg), "replica": replica.describe(cfg),
+        "quantization": r.quantization,
         "memory_gb": memory / GB, "device": device})
 
 

@@ -83,7 +83,9 @@ class Placement:
 def plan_placement(cfg: RunConfig, d: Derived, device: str | None) -> Placement:
     """Lay the trainer and rollout pools out over their nodes (`device` None: the hardware is unknown)."""
     res, t, r = cfg.resources, cfg.trainer, cfg.rollout
-    tp = r.tensor_parallel_size
+    from engine.plan.rollout_replica import describe, replica_gpus
+
+    tp = replica_gpus(cfg)
     try:
         pools = config_layout(cfg, d.rollout_replicas)
     except LayoutError:  # `validate` reports the layout problem with its key; show the pools as asked
@@ -110,7 +112,7 @@ def plan_placement(cfg: RunConfig, d: Derived, device: str | None) -> Placement:
         ActorGroup("Rollouter", 1, 0, ["head"], f"admits ≤ {d.max_required_samples} prompts per version"),
         ActorGroup(
             "RolloutReplica", d.rollout_replicas, tp, sorted(set(replica_nodes), key=_node_order),
-            f"{r.backend} tp{tp}"
+            f"{r.backend} {describe(cfg, res.rollout.gpus_per_node)}" if r.backend == "vllm" else f"{r.backend} tp{tp}"
         ),
         ActorGroup("TrainerWorker", d.trainer_world, 1, trainer_nodes, layout),
     ]
@@ -171,7 +173,9 @@ def _actor_resources(cfg: RunConfig, device: str, cores: int) -> dict[str, Any]:
             res["runtime_env"] = {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}
         return {"device": "cpu", "replicas": replicas, "trainer_ranks": ranks, "replica_res": res,
                 "trainer_res": copy.deepcopy(res), "replica_threads": replica_threads, "trainer_threads": trainer_threads}
-    tp = cfg.rollout.tensor_parallel_size
+    from engine.plan.rollout_replica import replica_gpus
+
+    tp = replica_gpus(cfg)
     return {"device": device, "replicas": replicas, "replica_res": {**accelerators(device, tp), "num_cpus": 1},
             "trainer_ranks": ranks, "trainer_res": {**accelerators(device, 1), "num_cpus": 1}, "replica_threads": 4,
             "trainer_threads": 4}

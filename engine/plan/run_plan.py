@@ -10,8 +10,9 @@ A plan is a validated `RunConfig` with what follows from it, computed once here:
     weight_sync  the transport `rollout.weight_sync` resolves to here ("auto": shared memory on one CPU host)
     placement  the layout `launch --dry-run` prints (`plan_placement`: actors, nodes, pools' bundles)
     actors     what each actor asks Ray for (`actor_resources`, on this machine's cores), from the same M and R
-    layout_error  why the pools cannot be laid out on their nodes (None when they can); the driver refuses
-               such a plan on accelerators, `validate` reports it with its key
+    layout_error  why the pools cannot be laid out on their nodes, or what of the rollout replica the runtime
+               does not build yet (`not_built`: PP / DP / EP > 1, fp8 weights — counted by validate and plan);
+               None when it can; the driver refuses such a plan on accelerators, `validate` reports it with its key
     roles      each actor's spec (`engine.plan.roles`: rollouter, replica, trainer rank, weight sync) with the
                sizes above, its device and its threads; the driver binds the run's identity and hands each actor
                its own (None when the run's length is unknown: no local data and no step bound)
@@ -105,5 +106,20 @@ def resolve_plan(cfg: RunConfig, *, hardware: HardwarePreset | None = None, deri
             config_layout(cfg, derived.rollout_replicas)
         except LayoutError as e:
             layout_error = str(e)
+    layout_error = layout_error or not_built(cfg)
     return RunPlan(cfg, derived, hw, placement, actors, dict(provenance or {}), layout_error, devices,
                    role_specs(cfg, derived, devices, actors))
+
+
+def not_built(cfg: RunConfig) -> str | None:
+    """What of `cfg`'s rollout replica validate and plan count but the runtime does not build yet (issue 45): its
+    vLLM engines are tensor parallel in `rollout.dtype`. None when nothing is missing."""
+    r = cfg.rollout
+    parts = [f"{k} = {getattr(r, k)}" for k in ("pipeline_model_parallel_size", "data_parallel_size",
+                                                  "expert_parallel_size") if getattr(r, k) > 1]
+    if r.quantization:
+        parts.append(f"quantization = {r.quantization!r}")
+    if not parts:
+        return None
+    return (f"rollout.{', '.join(parts)}: counted by validate and plan, but the runtime builds tensor-parallel "
+            f"replicas in rollout.dtype only yet (issue 45)")

@@ -14,7 +14,7 @@ and the sizes of the two pools:
 
     M = trainer_world    = resources.trainer.nnodes × gpus_per_node               (trainer ranks)
     rollout_world        = resources.rollout.nnodes × gpus_per_node
-    R = rollout_replicas = rollout.replicas or max(1, rollout_world // rollout.tensor_parallel_size)
+    R = rollout_replicas = rollout.replicas or max(1, rollout_world // G)   G = TP·PP·DP, one replica's GPUs
     trainer_dp           = max(1, M // (tp·pp·cp)) for megatron, M for torch (FSDP2)
 
 `total_train_steps` counts policy versions, like verl. In `mode = "sync"` the staleness threshold is
@@ -100,8 +100,11 @@ def rollout_world(cfg: RunConfig) -> int:
 
 
 def rollout_replicas(cfg: RunConfig) -> int:
-    """R, the rollout engines: `rollout.replicas`, else one per `tensor_parallel_size` rollout GPUs (at least 1)."""
-    return cfg.rollout.replicas or max(1, rollout_world(cfg) // cfg.rollout.tensor_parallel_size)
+    """R, the rollout engines: `rollout.replicas`, else one per G rollout GPUs (at least 1; G = TP·PP·DP,
+    `engine.plan.rollout_replica.replica_gpus`)."""
+    from engine.plan.rollout_replica import replica_gpus
+
+    return cfg.rollout.replicas or max(1, rollout_world(cfg) // replica_gpus(cfg))
 
 
 def optimizer_steps_per_local_step(cfg: RunConfig) -> int:

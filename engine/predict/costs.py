@@ -7,14 +7,19 @@ Sources, in order (a later one only fills what an earlier one left empty):
 3. an estimate from the model's config.json and the hardware preset, with the efficiency factors below:
 
     decode step (one replica of tp accelerators)  a = 2·P_total / (tp · BW · η_bw)       (every expert is read
-                                                                                         at RL batch sizes)
+                                                                                         at RL batch sizes; a
+                                                  replica of TP·PP·DP GPUs, experts over EP, or fp8 weights:
+                                                  PP × one GPU's weight bytes / (BW · η_bw), `decode_bytes`)
     per running row and step                      b = 2·P_active / (tp · F · η_dec) + kv_bytes(tp) · ctx / (BW · η_bw)
     prefill, per prompt token                     p = 2·P_active / (tp · F · η_pre)
     training, per response token on W ranks       c = (6 + 2·passes) · (P_active + L·h·ctx) / (W · F · MFU)
+                                                  (Megatron: MFU × the settings' efficiency,
+                                                  `engine.plan.megatron_perf.update_efficiency`)
     training, fixed per local step                prompt tokens of the step × c + 16·P_total / (W · BW · η_bw)
                                                   (a group's prompt counted n times, or once where the trainer
                                                   shares it: `engine.plan.prompt_sharing.group_pays`)
-    weight sync (the engine's pipeline, `engine.sync`)  with B = 2·P_total bytes (bf16), n = ⌈B / bucket⌉:
+    weight sync (the engine's pipeline, `engine.sync`)  with B = 2·P_total bytes (bf16; fp8 rollout weights:
+                                                  (P − E)·(1 + 4/128²) + 2·E, E = embedding + LM head), n = ⌈B / bucket⌉:
         gather   = B·(1 − 1/g) / gather bandwidth     (TP·EP shards to the sender, g = trainer TP·EP; NVLink)
         transfer = B / link bandwidth                 (the sender's link to the replicas; a broadcast is
                                                       pipelined, so the number of receivers does not count)
@@ -40,7 +45,9 @@ from engine.plan.sizes import (
     rollout_replicas,
     trainer_world,
 )
+from engine.plan.megatron_perf import perf_values, update_efficiency
 from engine.plan.prompt_sharing import group_pays, may_share
+from engine.plan.rollout_replica import FP8_BYTES, replica_gpus
 
 if TYPE_CHECKING:
     from engine.config.schema import RunConfig
@@ -109,13 +116,28 @@ class Layout:
     back whole (asyncrl's loop before it streamed); a server with continuous batching that takes each prompt
     on its own (asyncrl's streaming rollouter, verl's `concurrent_samples_per_replica`) is that many.
     `from_config` takes asyncrl's (`plan_slots`)."""
+    rollout_gpus: int = 0
+    """GPUs of one replica, TP·PP·DP (`engine.plan.rollout_replica.replica_gpus`; 0 = `rollout_tp`)."""
+    rollout_shape: dict[str, Any] | None = None
+    """The replica's `[rollout]` sizes and dtypes (tensor / pipeline / data / expert parallel, quantization,
+    dtype, the model's dtype): what `engine.plan.rollout_replica.weights_per_gpu` reads. None = TP only, bf16."""
+    rollout_quantization: str | None = None
+    """`rollout.quantization`: "fp8" sends (P − E)·(1 + 4/128²) + E·2 bytes per sync instead of 2·P."""
+    megatron_perf: dict[str, Any] | None = None
+    """The Megatron settings resolved for the device (`engine.plan.megatron_perf.perf_values`); None = not
+    megatron. Their `update_efficiency` divides the estimated training MFU."""
     colocated: bool = False
     """Trainer and rollout on the same accelerators (verl's colocate baseline, `engine.predict.prediction.
     colocated_layout`): a training step waits until generation is done."""
 
     @property
+    def replica_gpus(self) -> int:
+        """GPUs of one replica (TP·PP·DP)."""
+        return self.rollout_gpus or self.rollout_tp
+
+    @property
     def rollout_world(self) -> int:
-        return self.replicas * self.rollout_tp
+        return self.replicas * (self.rollout_gpus or self.rollout_tp)
 
     @property
     def accelerators(self) -> int:
@@ -141,6 +163,12 @@ class Layout:
             slots=plan_slots(max(r.n, r.max_num_seqs), r.n, rollout_replicas(cfg), max_required_samples(cfg)),
             trainer_ep=t.ep if t.backend == "megatron" else 1,
             shared_prompt=may_share(cfg),
+            rollout_gpus=replica_gpus(cfg), rollout_quantization=r.quantization,
+            rollout_shape={"backend": r.backend, "tensor_parallel_size": tp,
+                           "pipeline_model_parallel_size": r.pipeline_model_parallel_size,
+                           "data_parallel_size": r.data_parallel_size, "expert_parallel_size": r.expert_parallel_size,
+                           "quantization": r.quantization, "dtype": r.dtype, "model_dtype": cfg.model.dtype},
+            megatron_perf=perf_values(cfg, device) if t.backend == "megatron" else None,
         )
 
 
@@ -210,15 +238,19 @@ def estimate(layout: Layout, facts: Any, hw: Any) -> tuple[dict[str, float], lis
     p_act, p_tot = facts.params_active, facts.params_total
     kv = facts.kv_bytes_per_token(2, tp)
     mfu = TRAIN_MFU_MOE if facts.is_moe else TRAIN_MFU_DENSE
+    if layout.megatron_perf is not None:  # the slower Megatron settings (engine.plan.megatron_perf)
+        dp = max(1, world // max(1, layout.trainer_model_parallel))
+        mfu *= update_efficiency(layout.megatron_perf, facts.is_moe, layout.trainer_ep, dp)
     per_token_fwd = 2 * (p_act + facts.layers * facts.hidden * ctx)
     c = (3 + layout.log_prob_passes) * per_token_fwd / (world * F * mfu)
     copies = layout.n  # a group's prompt, forwarded once per row or once (the trainer's shared-prompt forward)
     if layout.shared_prompt and group_pays(layout.n, layout.prompt_tokens, layout.max_new_tokens, mean_resp):
         copies = 1
     prompt_tokens_step = layout.required_samples * copies * layout.prompt_tokens
-    sync_s, terms = sync_pipeline(p_tot, layout, getattr(hw, "interconnect", ""), BW)
+    embed = facts.vocab * facts.hidden * (1 if getattr(facts, "tied", False) else 2)
+    sync_s, terms = sync_pipeline(p_tot, layout, getattr(hw, "interconnect", ""), BW, embed)
     out = {
-        "decode_step_s": 2 * p_tot / (tp * BW * ETA_BW),
+        "decode_step_s": decode_bytes(layout, facts) / (BW * ETA_BW),
         "row_step_s": 2 * p_act / (tp * F * ETA_DECODE) + kv * ctx / (BW * ETA_BW),
         "prefill_token_s": 2 * p_act / (tp * F * ETA_PREFILL),
         "train_token_s": c,
@@ -235,9 +267,33 @@ def estimate(layout: Layout, facts: Any, hw: Any) -> tuple[dict[str, float], lis
     return out, notes
 
 
-def sync_pipeline(p_total: float, layout: Layout, interconnect: str, mem_bw: float) -> tuple[float, dict[str, float]]:
-    """The weight sync's time from its terms (module docstring): (seconds, the terms by name)."""
+def decode_bytes(layout: Layout, facts: Any) -> float:
+    """Weight bytes one decode step reads, on the replica's critical path: 2·P/tp for a tensor-parallel bf16
+    replica; with pipeline stages, data × expert parallelism or fp8 weights, each stage's GPU reads its own
+    weights (`engine.plan.rollout_replica.weights_per_gpu`) and the PP stages run one after another."""
+    shape = layout.rollout_shape
+    plain = shape is None or (not shape["quantization"] and shape["expert_parallel_size"] == 1
+                              and shape["pipeline_model_parallel_size"] * shape["data_parallel_size"] == 1)
+    if plain:
+        return 2 * facts.params_total / layout.rollout_tp
+    from types import SimpleNamespace
+
+    from engine.plan.rollout_replica import weights_per_gpu
+
+    # the estimate is for accelerators, where the replicas compute in bf16
+    rollout = SimpleNamespace(**{k: v for k, v in shape.items() if k != "model_dtype"})
+    rollout.dtype = "bf16"
+    cfg = SimpleNamespace(rollout=rollout, model=SimpleNamespace(dtype="bfloat16"))
+    return weights_per_gpu(cfg, facts) * shape["pipeline_model_parallel_size"]
+
+
+def sync_pipeline(p_total: float, layout: Layout, interconnect: str, mem_bw: float,
+                  embed: float = 0.0) -> tuple[float, dict[str, float]]:
+    """The weight sync's time from its terms (module docstring): (seconds, the terms by name). With fp8 rollout
+    weights B = (P − E)·(1 + 4/128²) + 2·E (`embed` = E, the embedding and LM head, stay bf16)."""
     nbytes = 2.0 * p_total
+    if layout.rollout_quantization == "fp8":  # quantised on the sender, per bucket (engine.sync.fp8)
+        nbytes = (p_total - embed) * FP8_BYTES + 2.0 * embed
     g = max(1, layout.trainer_model_parallel * layout.trainer_ep)
     gather = nbytes * (1 - 1 / g) / (SYNC_GATHER_GBPS.get(interconnect, 150.0) * 1e9)
     link = SYNC_LINK_GBPS.get(interconnect, 45.0)

@@ -37,7 +37,7 @@ def lending_gain(layout: Layout, plan: Any) -> dict[str, Any]:
     C, w = (1.0 - i) * T, i * T
     u = max(0.0, min(1.0, 1.0 - plan.rollout_idle_ratio))
     own = layout.replicas * slots
-    lent = layout.trainer_world // max(1, layout.rollout_tp)
+    lent = layout.trainer_world // max(1, layout.replica_gpus)
     L = lent * slots
     t_new = min(T, C + plan.sync_pause_s + w * ((1.0 - u) + u * own / (own + L))) if L else T
     return {

@@ -164,7 +164,7 @@ def sync_layout(layout: Layout) -> Layout:
 
 def colocated_layout(layout: Layout) -> Layout:
     """verl's colocate baseline: every accelerator generates, then every accelerator trains."""
-    replicas = max(1, layout.accelerators // layout.rollout_tp)
+    replicas = max(1, layout.accelerators // layout.replica_gpus)
     per_version = layout.required_samples * layout.trigger
     per_call = min(layout.seqs_per_call, layout.n * math.ceil(per_version / replicas))
     return dataclasses.replace(sync_layout(layout), replicas=replicas, seqs_per_call=max(layout.n, per_call),

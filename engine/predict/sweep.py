@@ -61,7 +61,7 @@ class Point:
 
 def split(layout: Layout, fraction: float) -> Layout | None:
     """`layout` with `fraction` of its accelerators on rollout (None when no valid split is that close)."""
-    total, tp, mp = layout.accelerators, layout.rollout_tp, max(1, layout.trainer_model_parallel)
+    total, tp, mp = layout.accelerators, layout.replica_gpus, max(1, layout.trainer_model_parallel)
     replicas = max(1, round(total * fraction / tp))
     trainer = total - replicas * tp
     trainer -= trainer % mp

@@ -134,6 +134,7 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
               "ppo_max_token_len_per_gpu": t.ppo_max_token_len_per_gpu,
               "log_prob_max_token_len_per_gpu": t.log_prob_max_token_len_per_gpu, **update}
     if t.backend == "megatron":
+        from engine.plan.megatron_perf import perf_values
         from engine.trainer.megatron.backend import MegatronTrainerBackend
 
         world: dict[str, Any] = {}
@@ -146,6 +147,7 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
             fp32_master_weights=policy.params == "float32", recompute_granularity=t.recompute_granularity,
             recompute_method=t.recompute_method, recompute_num_layers=t.recompute_num_layers,
             logprob_chunk_tokens=t.logprob_chunk_tokens, device=device.type, hf_weights=hf_weights, **common, **world,
+            perf=perf_values(cfg, device.type),
         )
     from engine.models.loader import load_causal_lm, meta_causal_lm
     from engine.trainer.torch_trainer import TorchTrainerBackend

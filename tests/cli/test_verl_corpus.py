@@ -77,7 +77,6 @@ EXPECTED: dict[str, tuple[str | None, int, dict | None, tuple[str, ...]]] = {
     # keys_map); the custom dataset class (test_custom_cls_names_the_row_adapter) and Ulysses SP are refused
     "dapo_7b_async_retool": (None, 1, None, ("data.custom_cls.path", "data.custom_cls.name", SP[0])),
     "grpo_qwen3_235b_megatron_npu": (None, 1, None, (
-        "actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size",
         "actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage",
         "actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_last_pipeline_stage")),
     # verl-project/verl 1dda039 (2026-08-22): the scripts added since

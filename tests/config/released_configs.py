@@ -64,6 +64,13 @@ RELEASED: dict[str, tuple[dict, float, str]] = {
          "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": False,
          "max_position_embeddings": 40960},
         235e9, "model card: 235B total parameters, 22B activated"),
+    "Qwen/Qwen3-Coder-480B-A35B-Instruct": (
+        {"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 6144, "intermediate_size": 8192,
+         "moe_intermediate_size": 2560, "num_hidden_layers": 62, "num_attention_heads": 96,
+         "num_key_value_heads": 8, "head_dim": 128, "num_experts": 160, "num_experts_per_tok": 8,
+         "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": False,
+         "max_position_embeddings": 262144},
+        480e9, "model card: 480B total parameters, 35B activated"),
     "Qwen/Qwen2.5-VL-7B-Instruct": (  # text fields at the top level, as the released config.json has them
         {"model_type": "qwen2_5_vl", "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
          "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,

@@ -93,7 +93,7 @@ def test_bad_megatron_layouts_are_refused_with_the_key_and_the_reason() -> None:
         "trainer.tp=8": ("tp-heads", "trainer.tp", "4 KV heads"),  # 32 heads split, 4 KV heads do not
         "trainer.ep=7": ("ep-experts", "trainer.ep", "128 experts"),
         "trainer.etp=8": ("megatron-ep", "trainer.ep", "etp × ep = 8×8 = 64 does not divide tp × cp × dp = 32"),
-        "rollout.tensor_parallel_size=16": ("rollout-tp-node", "rollout.tensor_parallel_size", "fit in one node"),
+        "rollout.tensor_parallel_size=16": ("rollout-tp-node", "rollout.tensor_parallel_size", "stays inside a node"),
         "trainer.pp=3": ("megatron-layout", "trainer.tp", "does not divide the 32 trainer GPUs"),
     }
     for setting, (code, key, reason) in cases.items():

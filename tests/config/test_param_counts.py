@@ -20,6 +20,7 @@ def test_total_within_3_percent_of_the_published_total(name: str) -> None:
 @pytest.mark.parametrize(("name", "active"), [
     ("deepseek-ai/DeepSeek-V3", 37e9), ("mistralai/Mixtral-8x7B-v0.1", 12.9e9), ("Qwen/Qwen3-235B-A22B", 22e9),
     ("allenai/OLMoE-1B-7B-0924", 1.3e9), ("mistralai/Mixtral-8x22B-v0.1", 39e9),
+    ("moonshotai/Kimi-K2-Instruct", 32e9), ("Qwen/Qwen3-Coder-480B-A35B-Instruct", 35e9),
 ])
 def test_active_parameters_within_3_percent(name: str, active: float) -> None:
     assert facts_from_config(RELEASED[name][0]).params_active == pytest.approx(active, rel=0.03)

@@ -33,7 +33,7 @@ def test_seed_layout_predicts_async_faster_than_sync_in_seconds() -> None:
     assert set(plan["staleness_hist"]) == {"0", "1"}  # staleness 0.5 at trigger 4: at most one version old
     assert sync["staleness_hist"].keys() == {"0"}
     assert plan["time_to_end_s"] > 400 * plan["version_time_s"] * 0.9  # 400 versions
-    assert plan["sync_pause_s"] >= doc["costs"]["sync_s"] and plan["violations"] == []
+    assert plan["sync_pause_s"] >= doc["costs"]["sync_s"] * (1 - 1e-9) and plan["violations"] == []  # float sums
     assert "colocated" in doc and doc["colocated"]["trainer_world"] == 128
 
 

@@ -24,7 +24,10 @@ SMALL = [RUNS / "smollm2-arith-cpu.toml", "--set", "resources.trainer.gpus_per_n
          "--set", "resources.trainer.cpu_threads=1"]
 """SmolLM2-135M as a 2-rank FSDP2 trainer on the CPU hardware preset (16 GB per "GPU"), no "auto" to time."""
 
-PRODUCTION = sorted(p.name for p in RUNS.glob("qwen*.toml"))
+FRONTIER = {"qwen3-235b-a22b-gsm8k-megatron-128.toml", "qwen3-coder-480b-gsm8k-megatron-128.toml"}
+"""Issue 45's presets (235B / 480B, replicas across nodes): trainer rank 0 of the 235B one did not finish within
+15 min on 2 shared cores, so they are not in this list (their runtime does not exist yet either)."""
+PRODUCTION = sorted(p.name for p in RUNS.glob("qwen*.toml") if p.name not in FRONTIER)
 
 
 def _rehearse(*args: object):

@@ -59,7 +59,7 @@ from engine.trainer.megatron.export import current_shard_info, export_hf, iter_h
 from engine.trainer.megatron.hf_config import load_arch
 from engine.trainer.megatron.inputs import pack_batch
 from engine.trainer.megatron.model import build_gpt_model, recompute_settings
-from engine.trainer.megatron.optim import MainGradAdamW, MegatronDistOptimizer, optim_settings, wrap_ddp
+from engine.trainer.megatron.optim import MainGradAdamW, MegatronDistOptimizer, build_update, optim_settings
 from engine.trainer.process_groups import all_reduce_values
 from engine.trainer.megatron.parallel import ParallelLayout, init_model_parallel, init_process_group
 from engine.trainer.megatron.shims import apply_cpu_shims, seed_model_parallel_rng
@@ -134,6 +134,7 @@ class MegatronTrainerBackend(WarmupSchedule):
         log_prob_max_token_len_per_gpu: int | None = None,
         device: str | None = None,
         hf_weights: TensorGetter | None = None,
+        perf: Mapping[str, Any] | None = None,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError("micro_batch_size must be >= 1")
@@ -189,7 +190,8 @@ class MegatronTrainerBackend(WarmupSchedule):
             seed_model_parallel_rng(seed)
             self.model = build_gpt_model(self.arch, self.layout, self.dtype, self.on_gpu,
                                          None if frozen else recompute_settings(
-                                             recompute_granularity, recompute_method, recompute_num_layers))
+                                             recompute_granularity, recompute_method, recompute_num_layers),
+                                         (perf or {}).get("moe_token_dispatcher_type"))
         self.load_hf_weights(hf_weights or SafetensorsSource(hf_model_dir))
         self.logprob_chunk_tokens = logprob_chunk_tokens
         self.frozen, self.param_offload = bool(frozen), bool(param_offload) and self.on_gpu
@@ -200,13 +202,8 @@ class MegatronTrainerBackend(WarmupSchedule):
             if self.param_offload:
                 self.model.cpu()
             return
-        self.ddp = wrap_ddp(self.model, self.layout, self.on_gpu, fp32_master_weights)
-        if self.on_gpu:
-            self.optimizer = MegatronDistOptimizer(self.ddp, self.optim_settings, self.grad_clip, self.dtype,
-                                                   fp32_master_weights)
-        else:
-            self.optimizer = MainGradAdamW(list(self.ddp.parameters()), self.optim_settings, self.grad_clip,
-                                           fp32_master_weights)
+        self.ddp, self.optimizer = build_update(self.model, self.layout, self.on_gpu, self.optim_settings,
+                                                self.grad_clip, self.dtype, fp32_master_weights, perf)
         self.snapshot = ParamSnapshot(snapshot_targets(self.ddp))
 
     # --- construction ----------------------------------------------------------------------------------
@@ -379,11 +376,15 @@ class MegatronTrainerBackend(WarmupSchedule):
             log_probs, entropy = self._forward(micro, with_entropy)
             if entropy is not None and not entropy_grad:
                 entropy = entropy.detach()
+            # with overlap_grad_reduce the buckets are reduced in the last micro-batch's backward only
+            sync = self.ddp.no_sync() if k < steps - 1 else contextlib.nullcontext()
             if not real:  # the same graph (and collectives) backpropagated with weight 0; nothing observed
-                (log_probs.sum() * 0.0 + (entropy.sum() * 0.0 if entropy is not None else 0.0)).backward()
+                with sync:
+                    (log_probs.sum() * 0.0 + (entropy.sum() * 0.0 if entropy is not None else 0.0)).backward()
                 continue
             loss, metrics = loss_fn(log_probs, entropy, micro)
-            (loss * (weight * self.dp_size * self.layout.cp)).backward()  # DDP averages over dp × cp
+            with sync:
+                (loss * (weight * self.dp_size * self.layout.cp)).backward()  # DDP averages over dp × cp
             sums["actor/loss"] += weight * float(loss.detach())
             for name, value in metrics.items():
                 sums[name] += weight * float(value)

@@ -54,9 +54,10 @@ def recompute_settings(granularity: str | None, method: str = "uniform", num_lay
 
 
 def transformer_config(arch: ArchSpec, layout: ParallelLayout, dtype: torch.dtype, on_gpu: bool,
-                       recompute: dict[str, object] | None = None):
+                       recompute: dict[str, object] | None = None, dispatcher: str | None = None):
     """The Megatron `TransformerConfig` for `arch` under `layout` (fp32 or bf16 params; `recompute` from
-    `recompute_settings`)."""
+    `recompute_settings`; `dispatcher`: the MoE token dispatcher, `engine.plan.megatron_perf`'s resolution, None =
+    all-to-all on GPU with ep > 1, else all-gather)."""
     from megatron.core.transformer import TransformerConfig
 
     moe: dict[str, object] = {}
@@ -72,7 +73,7 @@ def transformer_config(arch: ArchSpec, layout: ParallelLayout, dtype: torch.dtyp
             "moe_aux_loss_coeff": 0.0,
             "moe_router_dtype": "fp32",
             # all-to-all needs CUDA streams; the all-gather dispatcher runs on gloo
-            "moe_token_dispatcher_type": "alltoall" if (on_gpu and layout.ep > 1) else "allgather",
+            "moe_token_dispatcher_type": dispatcher or ("alltoall" if (on_gpu and layout.ep > 1) else "allgather"),
             "moe_grouped_gemm": False,
         }
     return TransformerConfig(
@@ -148,7 +149,7 @@ def layer_block_spec(config: object):
 
 
 def build_gpt_model(arch: ArchSpec, layout: ParallelLayout, dtype: torch.dtype, on_gpu: bool,
-                    recompute: dict[str, object] | None = None):
+                    recompute: dict[str, object] | None = None, dispatcher: str | None = None):
     """An uninitialised `GPTModel` for `arch` on this rank (weights are filled by `convert`).
 
     Call after `init_model_parallel(layout)` and `seed_model_parallel_rng`. Logits stay vocab-parallel.
@@ -158,7 +159,7 @@ def build_gpt_model(arch: ArchSpec, layout: ParallelLayout, dtype: torch.dtype, 
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
-    config = transformer_config(arch, layout, dtype, on_gpu, recompute)
+    config = transformer_config(arch, layout, dtype, on_gpu, recompute, dispatcher)
     with tensor_cuda_is_identity():
         model = GPTModel(
             config=config,

@@ -35,9 +35,12 @@ import torch.distributed as dist
 from engine.trainer.optim import OptimConfig
 
 
-def wrap_ddp(model: torch.nn.Module, layout: Any, on_gpu: bool, fp32_master_weights: bool = True) -> torch.nn.Module:
+def wrap_ddp(model: torch.nn.Module, layout: Any, on_gpu: bool, fp32_master_weights: bool = True,
+             overlap_grad_reduce: bool = False, distributed_optimizer: bool | None = None) -> torch.nn.Module:
     """Megatron's DDP around `model`: gradients reduced in fp32 with `fp32_master_weights`, the distributed
-    optimizer's buffers on GPU."""
+    optimizer's buffers (`distributed_optimizer`, default: on GPU). With `overlap_grad_reduce` each bucket is
+    reduced as soon as the last micro-batch's backward fills it; every earlier micro-batch must run under
+    `ddp.no_sync()` (the backend's loop does; `config.no_sync_func` makes Megatron's pipeline schedule do it)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     if layout.etp != layout.tp:
@@ -48,9 +51,28 @@ def wrap_ddp(model: torch.nn.Module, layout: Any, on_gpu: bool, fp32_master_weig
         for name, p in model.named_parameters():
             if ".experts." in name:
                 p.allreduce = False
-    cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=fp32_master_weights, overlap_grad_reduce=False,
-                                        use_distributed_optimizer=on_gpu)
-    return DistributedDataParallel(model.config, cfg, module=model)
+    dist = on_gpu if distributed_optimizer is None else distributed_optimizer
+    cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=fp32_master_weights, overlap_grad_reduce=overlap_grad_reduce,
+                                        use_distributed_optimizer=dist)
+    ddp = DistributedDataParallel(model.config, cfg, module=model)
+    if overlap_grad_reduce:
+        model.config.no_sync_func = ddp.no_sync
+    return ddp
+
+
+def build_update(model: torch.nn.Module, layout: Any, on_gpu: bool, settings: OptimConfig, grad_clip: float,
+                 dtype: torch.dtype, fp32_master_weights: bool, perf: Mapping[str, Any] | None
+                 ) -> tuple[torch.nn.Module, Any]:
+    """(DDP, optimizer) for a trainable rank with the resolved Megatron settings `perf`
+    (`engine.plan.megatron_perf.perf_values`; None = this device's defaults): Megatron's distributed optimizer
+    (CUDA; its state in host memory with `optimizer_offload`) or `MainGradAdamW`, and DDP's overlapped reduce."""
+    perf = perf or {}
+    dist = on_gpu and bool(perf.get("use_distributed_optimizer", True))
+    ddp = wrap_ddp(model, layout, on_gpu, fp32_master_weights, bool(perf.get("overlap_grad_reduce", False)), dist)
+    if dist:
+        return ddp, MegatronDistOptimizer(ddp, settings, grad_clip, dtype, fp32_master_weights,
+                                          cpu_offload=bool(perf.get("optimizer_offload", False)))
+    return ddp, MainGradAdamW(list(ddp.parameters()), settings, grad_clip, fp32_master_weights)
 
 
 def optim_settings(cfg: Mapping[str, Any] | OptimConfig | None) -> OptimConfig:
@@ -173,7 +195,7 @@ class MegatronDistOptimizer:
     """Megatron's distributed Adam (GPU only): fp32 main params, sharded state, clipping inside `step`."""
 
     def __init__(self, ddp_model: torch.nn.Module, settings: OptimConfig, grad_clip: float,
-                 params_dtype: torch.dtype, fp32_master_weights: bool = True) -> None:
+                 params_dtype: torch.dtype, fp32_master_weights: bool = True, cpu_offload: bool = False) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("Megatron's distributed optimizer needs CUDA; on CPU use MainGradAdamW")
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -184,7 +206,9 @@ class MegatronDistOptimizer:
             # bf16 = Megatron's mixed-precision optimizer: fp32 main params and Adam state over bf16 weights
             clip_grad=grad_clip, bf16=fp32_master_weights and params_dtype == torch.bfloat16,
             params_dtype=params_dtype,
-            use_distributed_optimizer=True)
+            use_distributed_optimizer=True,
+            # fp32 masters + Adam moments in host memory, stepped there (Megatron's HybridDeviceOptimizer)
+            optimizer_cpu_offload=cpu_offload, optimizer_offload_fraction=1.0 if cpu_offload else 0.0)
         self.opt = get_megatron_optimizer(cfg, [ddp_model])
         self.settings = settings
 

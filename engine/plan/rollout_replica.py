@@ -1,0 +1,127 @@
+"""One rollout replica's shape and what one of its GPUs holds: the parallel sizes of a vLLM engine, its weight
+bytes per GPU in the rollout's dtype (bf16 / fp32, or blockwise FP8), its KV cache per token, and the bytes a
+weight sync sends. Pure Python: `validate`, `plan`, `fit` and `init` count replicas with it.
+
+A replica (one vLLM engine; verl's `actor_rollout_ref.rollout.*` names) is
+
+    G = TP · PP · DP  GPUs           (tensor_parallel_size · pipeline_model_parallel_size · data_parallel_size)
+
+TP splits every matrix inside a layer, PP splits the layers into stages, DP runs DP copies of the attention
+(each with its own requests and KV cache). With expert parallelism (MoE, EP > 1) the routed experts are
+spread over the TP·DP ranks of a stage (vLLM's `enable_expert_parallel`; verl requires EP = TP · DP), otherwise
+they are split TP ways like every other matrix. A replica larger than a node spans G / gpus_per_node whole
+nodes (PP or DP·EP across nodes; TP across nodes goes over the network every layer).
+
+Per GPU, with P_e parameters in routed experts, P_d = P − P_e the rest, E = V·h·(1 if tied else 2) of them
+in the embedding and LM head:
+
+    weights   = [(P_d − E)·q + E·b_r] / (TP · PP)  +  P_e·q / (S_e · PP)        S_e = EP if EP > 1 else TP
+    KV/token  = 2 · ⌈L / PP⌉ · ⌈n_kv / TP⌉ · d · b_kv      (MLA: ⌈L / PP⌉ · (r_kv + d_r) · b_kv, on every TP rank)
+
+q = b_r (the rollout dtype's bytes) or, with `rollout.quantization = "fp8"`, 1 + 4/128² bytes: every linear
+weight (all but the embedding, the LM head and the norms) as float8 e4m3 with one fp32 scale per 128 × 128
+block (DeepSeek-V3's released layout: w ≈ fp8 · scale; `engine.sync.fp8`). The KV cache stays in the
+compute dtype b_kv = b_r (2 for fp8 weights: vLLM computes in bf16). The embedding is counted split like the
+rest (the first and last PP stages hold it: a bound of 1 / PP of it low on those stages).
+
+A weight sync sends the whole model once in the dtype the replicas load:
+
+    sync bytes = (P − E)·q + E·b_r          (bf16: 2·P; fp8: ~P + E)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
+
+FP8_BLOCK = 128
+"""Side of one FP8 scaling block (128 × 128 weights share one fp32 scale)."""
+FP8_BYTES = 1 + 4 / FP8_BLOCK**2
+"""Bytes per quantised weight: one float8 e4m3 byte plus its share of the block's fp32 scale."""
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "auto": 4}
+
+
+def replica_gpus(cfg: RunConfig) -> int:
+    """G = TP · PP · DP: the GPUs of one rollout replica (1 for the `hf` sampler, which is one process)."""
+    r = cfg.rollout
+    if r.backend != "vllm":
+        return r.tensor_parallel_size
+    return r.tensor_parallel_size * r.pipeline_model_parallel_size * r.data_parallel_size
+
+
+def expert_split(cfg: RunConfig) -> int:
+    """S_e: how many ways a stage's routed experts are split (EP when expert parallel, else TP)."""
+    r = cfg.rollout
+    return r.expert_parallel_size if r.expert_parallel_size > 1 else r.tensor_parallel_size
+
+
+def replica_nodes(cfg: RunConfig, gpus_per_node: int) -> int:
+    """Nodes one replica takes: 1 within a node, else G / gpus_per_node (whole nodes)."""
+    g = replica_gpus(cfg)
+    return 1 if g <= gpus_per_node else -(-g // gpus_per_node)
+
+
+def rollout_dtype_bytes(cfg: RunConfig) -> int:
+    """b_r: bytes of the rollout's compute dtype (`rollout.dtype`, else `model.dtype`)."""
+    r = cfg.rollout
+    if r.dtype:
+        return DTYPE_BYTES[r.dtype]
+    return DTYPE_BYTES.get(cfg.model.dtype, 4)
+
+
+def weight_bytes(cfg: RunConfig) -> float:
+    """q: bytes per quantisable (linear) weight on the replicas: FP8_BYTES with fp8, else b_r."""
+    return FP8_BYTES if cfg.rollout.quantization == "fp8" else float(rollout_dtype_bytes(cfg))
+
+
+def embedding_params(m: Any) -> int:
+    """E: the embedding and (untied) LM head, V·h each; never quantised."""
+    return int(m.vocab) * int(m.hidden) * (1 if getattr(m, "tied", False) else 2)
+
+
+def weights_per_gpu(cfg: RunConfig, m: Any) -> float:
+    """Bytes of the replica's weights on one GPU (module docstring)."""
+    r = cfg.rollout
+    b_r, q = rollout_dtype_bytes(cfg), weight_bytes(cfg)
+    p, p_e = float(m.params_total), float(m.params_expert)
+    e = min(float(embedding_params(m)), p - p_e)
+    pp = r.pipeline_model_parallel_size if r.backend == "vllm" else 1
+    dense = ((p - p_e - e) * q + e * b_r) / (r.tensor_parallel_size * pp)
+    return dense + p_e * q / (expert_split(cfg) * pp)
+
+
+def kv_bytes_per_token(cfg: RunConfig, m: Any) -> float:
+    """KV-cache bytes per token on one GPU of the replica (module docstring)."""
+    r = cfg.rollout
+    b_kv = 2 if r.quantization == "fp8" else rollout_dtype_bytes(cfg)
+    pp = r.pipeline_model_parallel_size if r.backend == "vllm" else 1
+    layers = -(-int(m.layers) // pp)
+    mla = int(getattr(m, "mla_kv_dim", 0) or 0)
+    if mla:
+        return float(layers * mla * b_kv)
+    return float(2 * layers * max(1, -(-int(m.kv_heads) // r.tensor_parallel_size)) * int(m.head_dim) * b_kv)
+
+
+def sync_bytes(cfg: RunConfig, m: Any) -> float:
+    """Bytes one weight sync sends (module docstring): the whole model in the replicas' load dtype."""
+    p = float(m.params_total)
+    e = min(float(embedding_params(m)), p)
+    return (p - e) * weight_bytes(cfg) + e * rollout_dtype_bytes(cfg)
+
+
+def describe(cfg: RunConfig, gpus_per_node: int | None = None) -> str:
+    """'tp 8 × pp 1 × dp 8, ep 64: 64 GPUs on 8 nodes, fp8 weights' — one replica's shape."""
+    r = cfg.rollout
+    g = replica_gpus(cfg)
+    text = f"tp {r.tensor_parallel_size} × pp {r.pipeline_model_parallel_size} × dp {r.data_parallel_size}"
+    if r.expert_parallel_size > 1:
+        text += f", ep {r.expert_parallel_size}"
+    text += f": {g} GPU{'s' if g > 1 else ''}"
+    if gpus_per_node:
+        n = replica_nodes(cfg, gpus_per_node)
+        text += f" on {n} node{'s' if n > 1 else ''}"
+    if r.quantization:
+        text += f", {r.quantization} weights"
+    return text

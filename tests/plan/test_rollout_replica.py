@@ -1,0 +1,111 @@
+"""A rollout replica's shape and bytes (`engine.plan.rollout_replica`): GPUs per replica, weights per GPU for
+dense and expert-parallel MoE in bf16 and blockwise fp8, MLA's KV cache, and the bytes one sync sends — and
+`validate`'s rules on the shape (`asyncrl_cli.config.replica_checks`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from asyncrl_cli.config.hf_model import facts_from_config
+from asyncrl_cli.config.loader import analyze_run_config
+from engine.config.schema import RunConfig
+from engine.plan import rollout_replica as rr
+from engine.predict.costs import Layout, sync_pipeline
+from tests.config.released_configs import RELEASED
+
+RUNS = Path(__file__).resolve().parents[2] / "presets" / "runs"
+DSV3 = facts_from_config(RELEASED["deepseek-ai/DeepSeek-V3"][0])
+
+
+def _cfg(**rollout) -> RunConfig:
+    return RunConfig.model_validate({"model": {"path": "x", "dtype": "bfloat16"},
+                                     "data": {"train_files": ["builtin:copy"]},
+                                     "rollout": {"backend": "vllm", **rollout}})
+
+
+def test_a_replica_is_tp_pp_dp_gpus_and_its_experts_spread_over_ep() -> None:
+    cfg = _cfg(tensor_parallel_size=8, data_parallel_size=8, expert_parallel_size=64)
+    assert rr.replica_gpus(cfg) == 64 and rr.replica_nodes(cfg, 8) == 8 and rr.expert_split(cfg) == 64
+    p, p_e, e = DSV3.params_total, DSV3.params_expert, rr.embedding_params(DSV3)
+    assert rr.weights_per_gpu(cfg, DSV3) == pytest.approx(2 * (p - p_e) / 8 + 2 * p_e / 64)
+    fp8 = _cfg(tensor_parallel_size=8, data_parallel_size=8, expert_parallel_size=64, quantization="fp8")
+    assert rr.weights_per_gpu(fp8, DSV3) == pytest.approx(((p - p_e - e) * rr.FP8_BYTES + 2 * e) / 8
+                                                          + p_e * rr.FP8_BYTES / 64)
+    assert 0.5 < rr.weights_per_gpu(fp8, DSV3) / rr.weights_per_gpu(cfg, DSV3) < 0.52
+    # without EP the experts are split TP ways like every other matrix; PP divides both
+    assert rr.weights_per_gpu(_cfg(tensor_parallel_size=8, pipeline_model_parallel_size=2), DSV3) == \
+        pytest.approx(2 * p / 16)
+
+
+def test_mla_caches_the_compressed_kv_per_stage() -> None:
+    assert rr.kv_bytes_per_token(_cfg(tensor_parallel_size=8), DSV3) == 61 * 576 * 2
+    assert rr.kv_bytes_per_token(_cfg(tensor_parallel_size=8, pipeline_model_parallel_size=2), DSV3) == 31 * 576 * 2
+    qwen = facts_from_config(RELEASED["Qwen/Qwen3-235B-A22B"][0])  # 4 KV heads: at TP 8 each GPU keeps one
+    assert rr.kv_bytes_per_token(_cfg(tensor_parallel_size=8), qwen) == 2 * 94 * 1 * 128 * 2
+
+
+def test_fp8_halves_the_bytes_of_a_sync() -> None:
+    bf16, fp8 = rr.sync_bytes(_cfg(), DSV3), rr.sync_bytes(_cfg(quantization="fp8"), DSV3)
+    assert bf16 == 2 * DSV3.params_total and 0.5 < fp8 / bf16 < 0.505
+    seed = analyze_run_config(RUNS / "qwen3-30b-a3b-base-dapo-megatron-96-32.toml").config
+    layout = Layout.from_config(seed, None)
+    e = rr.embedding_params(DSV3)
+    t_bf16, terms_bf16 = sync_pipeline(DSV3.params_total, layout, "nvlink+ib", 3.35e12, e)
+    t_fp8, terms_fp8 = sync_pipeline(DSV3.params_total, replace(layout, rollout_quantization="fp8"), "nvlink+ib",
+                                     3.35e12, e)
+    assert terms_fp8["bytes_gb"] == pytest.approx(fp8 / 1e9) and t_fp8 < 0.51 * t_bf16
+
+
+def test_validate_counts_a_replica_spanning_nodes_and_refuses_bad_shapes() -> None:
+    preset = RUNS / "qwen3-235b-a22b-gsm8k-megatron-128.toml"
+    an = analyze_run_config(preset)
+    assert an.exit_code == 0 and any(p.code == "rollout-replica-spans" for p in an.problems)
+    cases = {  # code ← --set
+        "rollout-ep": ["rollout.expert_parallel_size=16"],  # not tp × dp = 32
+        # 12 GPUs: more than a node of 8, not whole nodes
+        "rollout-replica-nodes": ["rollout.tensor_parallel_size=4", "rollout.data_parallel_size=3",
+                                  "rollout.expert_parallel_size=12"],
+        "rollout-tp-node": ["rollout.tensor_parallel_size=16"],
+        "rollout-pp-layers": ["rollout.pipeline_model_parallel_size=200"],
+    }
+    for code, settings in cases.items():
+        an = analyze_run_config(preset, settings)
+        assert an.exit_code != 0 and code in {p.code for p in an.problems if p.severity == "error"}, code
+    # 24 GPUs are 3 whole nodes: a valid replica (tp 8 × dp 3, its 128 experts … do not split 24 ways)
+    an = analyze_run_config(preset, ["rollout.data_parallel_size=3", "rollout.expert_parallel_size=24"])
+    assert {p.code for p in an.problems if p.severity == "error"} == {"rollout-ep-experts"}
+    tiny = analyze_run_config(RUNS / "tiny-cpu.toml", ['rollout.quantization="fp8"'])
+    assert "rollout-fp8-backend" in {p.code for p in tiny.problems if p.severity == "error"}
+
+
+def test_the_driver_is_told_what_the_runtime_does_not_build_yet() -> None:
+    from engine.plan.run_plan import resolve_plan
+
+    def error(path: Path, sets: list[str] | None = None) -> str | None:
+        an = analyze_run_config(path, sets or [])
+        return resolve_plan(an.config, hardware=an.hardware, derived=an.derived, base_dir=RUNS).layout_error
+
+    assert "not yet placed by the runtime" in error(RUNS / "kimi-k2-gsm8k-megatron-256.toml")
+    seed = RUNS / "qwen3-30b-a3b-base-dapo-megatron-96-32.toml"
+    assert error(seed) is None
+    assert "quantization = 'fp8'" in error(seed, ['rollout.quantization="fp8"'])
+    # tp 2 × dp 2 fits a node, but the runtime's engines are tensor parallel only
+    assert "data_parallel_size = 2" in error(seed, ["rollout.tensor_parallel_size=2", "rollout.data_parallel_size=2"])
+
+
+def test_the_plan_counts_a_replica_spanning_nodes_as_its_gpus_and_their_weight_bytes() -> None:
+    from engine.predict.costs import decode_bytes
+    from engine.predict.prediction import colocated_layout
+
+    an = analyze_run_config(RUNS / "kimi-k2-gsm8k-megatron-256.toml")
+    layout = Layout.from_config(an.config, None)
+    assert (layout.replica_gpus, layout.rollout_world, layout.accelerators) == (48, 48, 240)
+    assert colocated_layout(layout).replicas == 240 // 48
+    # one decode step reads one GPU's fp8 shard (dense / tp 8 + experts / ep 48), not 2·P / tp
+    assert decode_bytes(layout, an.model) == pytest.approx(rr.weights_per_gpu(an.config, an.model))
+    assert decode_bytes(layout, an.model) < 2 * an.model.params_total / 8 / 5
+    seed = analyze_run_config(RUNS / "qwen3-30b-a3b-base-dapo-megatron-96-32.toml")
+    assert decode_bytes(Layout.from_config(seed.config, None), seed.model) == 2 * seed.model.params_total / 4
