@@ -79,6 +79,7 @@ def build_rollout_backend(engine: EngineSpec, model_dir: str, device: RoleDevice
     on `device` (the plan's rollout `RoleDevice`)."""
     from engine.models.loader import load_causal_lm, load_tokenizer
 
+    dtype = _resolved(engine.dtype, "rollout.dtype")
     deterministic_threads(engine.deterministic)
     if engine.backend == "vllm":
         from engine.rollout.vllm.backend import VLLMRolloutBackend
@@ -87,7 +88,7 @@ def build_rollout_backend(engine: EngineSpec, model_dir: str, device: RoleDevice
     from engine.rollout.hf.backend import HFRolloutBackend
 
     tok = load_tokenizer(model_dir)
-    model = load_causal_lm(model_dir, dtype=_resolved(engine.dtype, "rollout.dtype"))
+    model = load_causal_lm(model_dir, dtype=dtype)
     return HFRolloutBackend(
         model,
         eos_token_id=tok.eos_token_id,
