@@ -54,6 +54,7 @@ def measure(
     from benchmarks.engine_runs import load_config
     from engine.algo.loss import build_loss_fn
     from engine.models.loader import load_tokenizer, resolve_model_path
+    from engine.plan.role_parts import backend_spec, batch_prep_spec
     from engine.plan.run_plan import resolve_plan
     from engine.runtime.backends import build_trainer_backend
     from engine.algo.batching import prepare_batch
@@ -62,10 +63,10 @@ def measure(
     model_dir = str(resolve_model_path(cfg.model.path, seed=cfg.trainer.seed))
     tok = load_tokenizer(model_dir)
     t0 = time.perf_counter()
-    backend = build_trainer_backend(cfg, model_dir, device=resolve_plan(cfg).devices["trainer"])
+    backend = build_trainer_backend(backend_spec(cfg), model_dir, device=resolve_plan(cfg).devices["trainer"])
     build_s = time.perf_counter() - t0
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
-    prep = prepare_batch(make_groups(cfg, tok, vocab), cfg, tok.pad_token_id, 0)
+    prep = prepare_batch(make_groups(cfg, tok, vocab), batch_prep_spec(cfg), tok.pad_token_id, 0)
     batch = prep.batch
     t0 = time.perf_counter()
     log_probs, _ = backend.compute_log_probs(batch)

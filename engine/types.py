@@ -13,6 +13,18 @@ from typing import Any, Literal
 FinishReason = Literal["stop", "length", "abort"]
 
 
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling distribution. Log-probs are reported under exactly this distribution:
+    log softmax(logits / temperature) restricted by top-k / top-p (0 / 1.0 = off). temperature 0 = greedy
+    (log-probs then reported under temperature 1)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+
 @dataclass
 class Prompt:
     """One prompt of the stream, already tokenised.

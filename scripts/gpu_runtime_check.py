@@ -41,9 +41,10 @@ def main(hardware: str) -> int:
         return 1
     cfg = res.config
     model_dir = str(resolve_model_path(cfg.model.path))
-    devices = resolve_plan(cfg).devices  # each role's device, as the driver hands it to the actors
-    trainer = build_trainer_backend(cfg, model_dir, device=devices["trainer"])
-    replica = build_rollout_backend(cfg, model_dir, devices["rollout"])
+    plan = resolve_plan(cfg)
+    devices, roles = plan.devices, plan.role_specs()  # each role's device and spec, as the driver hands them over
+    trainer = build_trainer_backend(roles.trainer.backend, model_dir, device=devices["trainer"])
+    replica = build_rollout_backend(roles.replica.engine, model_dir, devices["rollout"])
     report: dict = {"compute_device": devices["trainer"].type, "trainer_device": str(trainer.device),
                     "replica_devices": sorted({p.device.type for p in replica.model.parameters()})}
     vocab = int(trainer.model.config.vocab_size)

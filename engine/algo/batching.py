@@ -11,7 +11,7 @@ import torch
 from engine.types import TrajectoryGroup
 
 if TYPE_CHECKING:
-    from engine.config.schema import RunConfig
+    from engine.plan.role_parts import BatchPrepSpec
 
 ROW_INDEX = "row_index"
 """`meta` key: each row's position in the local step's batch (a list, so every row selection carries it)."""
@@ -32,10 +32,12 @@ def staleness_of(group: TrajectoryGroup, trainer_version: int) -> int:
     return trainer_version - group.min_version
 
 
-def prepare_batch(groups: list[TrajectoryGroup], cfg: RunConfig, pad_token_id: int, trainer_version: int) -> PreparedBatch:
+def prepare_batch(groups: list[TrajectoryGroup], spec: BatchPrepSpec, pad_token_id: int,
+                  trainer_version: int) -> PreparedBatch:
     """Collate the groups (one row per trajectory), attach group-normalised advantages, drop zero-advantage rows
-    when `trainer.skip_zero_advantage` (opt-in) and compute reward / length / staleness / partial-rollout
-    metrics. `meta["row_index"]` numbers the rows, so a loss wrapper can tell which rows a micro-batch holds."""
+    when `trainer.skip_zero_advantage` (opt-in) and compute reward / length / staleness / partial-rollout metrics;
+    `spec`: the trainer's `BatchPrepSpec` (`engine.plan.role_parts`). `meta["row_index"]` numbers the rows, so a
+    loss wrapper can tell which rows a micro-batch holds."""
     from engine.algo.advantages import grpo_advantages
     from engine.algo.rc_diagnostics import staleness_histogram
     from engine.trainer.batch import collate
@@ -43,13 +45,13 @@ def prepare_batch(groups: list[TrajectoryGroup], cfg: RunConfig, pad_token_id: i
     from engine.algo.policy_loss import agg_denominator
 
     batch = collate(groups, pad_token_id)
-    mode = cfg.trainer.loss_agg_mode
+    mode = spec.loss_agg_mode
     # micro-batch mass for gradient accumulation: the loss's own denominator (tokens or non-empty rows)
     batch.meta["micro_weight_fn"] = lambda mb: agg_denominator(mb.response_mask, mode)
     n_per = [len(g.trajectories) for g in groups]
     rewards = torch.tensor([t.reward for g in groups for t in g.trajectories], dtype=torch.float32)
     group_ids = torch.repeat_interleave(torch.arange(len(groups)), torch.tensor(n_per))
-    adv = grpo_advantages(rewards, group_ids, norm_by_std=cfg.algorithm.norm_adv_by_std_in_grpo)
+    adv = grpo_advantages(rewards, group_ids, norm_by_std=spec.norm_adv_by_std)
     batch.advantages = adv[:, None] * batch.response_mask
 
     trajs = [t for g in groups for t in g.trajectories]
@@ -88,7 +90,7 @@ def prepare_batch(groups: list[TrajectoryGroup], cfg: RunConfig, pad_token_id: i
     num_tokens = int(batch.attention_mask.sum().item())
     keep = (adv.abs() > 1e-8).nonzero().flatten()
     metrics["asyncrl/zero_adv_fraction"] = 1.0 - len(keep) / len(trajs)
-    if cfg.trainer.skip_zero_advantage and len(keep) < len(trajs):
+    if spec.skip_zero_advantage and len(keep) < len(trajs):
         batch = batch.select(keep)
         num_tokens = int(batch.attention_mask.sum().item())
     batch.meta[ROW_INDEX] = list(range(len(batch)))  # survives sharding and mini/micro-batching

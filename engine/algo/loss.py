@@ -155,7 +155,8 @@ class GRPOLoss:
 
 
 def build_loss_fn(trainer_cfg: TrainerConfig, rc_cfg: RolloutCorrectionConfig) -> GRPOLoss:
-    """A `LossFn` from the `trainer` and `algorithm.rollout_correction` config sections (validated here)."""
+    """A `LossFn` from the trainer's `LossSpec` (`engine.plan.role_parts`; or the `trainer` config section, which has
+    the same fields) and the `algorithm.rollout_correction` section (validated here)."""
     mode = getattr(trainer_cfg, "loss_agg_mode", "token-mean")
     if mode not in AGG_MODES:
         raise ValueError(f"unknown loss_agg_mode {mode!r}; expected one of {AGG_MODES}")

@@ -81,7 +81,12 @@ def out_of_space(err: BaseException, root: Path) -> bool:
 
 def checkpoint_root(cfg: RunConfig, run_dir: str | Path) -> Path:
     """`checkpoint.dir`, or `<run_dir>/checkpoints`."""
-    return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(run_dir) / "checkpoints"
+    return checkpoint_dir(cfg.checkpoint.dir, run_dir)
+
+
+def checkpoint_dir(configured: str | None, run_dir: str | Path) -> Path:
+    """`configured` (`checkpoint.dir`), or `<run_dir>/checkpoints`."""
+    return Path(configured) if configured else Path(run_dir) / "checkpoints"
 
 
 def step_of(path: Path) -> int | None:

@@ -46,7 +46,7 @@ def hash_buckets(buckets: Any) -> str:
 
 
 class TrainerCheckpoints:
-    """Checkpoint and hash methods of `TrainerCore` (uses its loop, backend, rollouter and controller)."""
+    """Checkpoint and hash methods of `TrainerCore` (uses its spec, loop, backend, rollouter and controller)."""
 
     _stop_deadline: float | None = None  # time.time() by which a stop's state must be on disk
     _stop_weight_bytes: int = 0  # the model's weight bytes, for the prior of a full checkpoint's time
@@ -86,17 +86,17 @@ class TrainerCheckpoints:
         """Write a checkpoint now (between steps). `snapshot` is a rollout-side cut taken at this step's sync;
         without one the rollouter is paused briefly to take it. `light`: this step's stream, queue and in-flight
         state with the trainer state of the last full checkpoint (or the initial weights)."""
-        from engine.persist.checkpoint import checkpoint_root, ledger_position, write_checkpoint
-        from engine.persist.resume import config_fingerprint
+        from engine.persist.checkpoint import ledger_position, write_checkpoint
 
         t_start = time.monotonic()
         if snapshot is None:
             snapshot = ray.get(self.rollouter.snapshot.remote(True))
         weights = self._weights_ckpt if light else None
+        ckpt = self.spec.checkpoint  # `engine.plan.role_parts.CheckpointSpec`
         state = {
             **self.loop.state(), "reason": reason,
             "time": time.time(), "run_dir": os.path.abspath(self.run_dir),
-            "fingerprint": config_fingerprint(self.cfg),
+            "fingerprint": ckpt.fingerprint,
             **ledger_position(self.ledger.path),
             "trainer": {"stale_processed": self.stale_processed, "dropped_stale": self.dropped_stale,
                         "skipped_updates": self.skipped_updates, "elapsed_s": time.time() - self.t0},
@@ -108,9 +108,9 @@ class TrainerCheckpoints:
         else:
             state["weights_sha256"] = self.weights_sha256()
         queued = [g.to_json() for g in self.loop.current + self.loop.buffer] + snapshot["queued"]
-        path = write_checkpoint(checkpoint_root(self.cfg, self.run_dir), self.local_step,
+        path = write_checkpoint(ckpt.root(self.run_dir), self.local_step,
                                 save_trainer=None if light else (lambda p: self.backend.save(str(p))), state=state,
-                                queued=queued, in_flight=snapshot["in_flight"], keep_last=self.cfg.checkpoint.keep_last,
+                                queued=queued, in_flight=snapshot["in_flight"], keep_last=ckpt.keep_last,
                                 weights_from=weights["path"] if weights else None)
         self._last_ckpt_step = self.local_step
         if light:

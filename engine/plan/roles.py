@@ -2,24 +2,30 @@
 
 One frozen dataclass per role, carrying the sizes derived once (`engine.plan.sizes.derive`), the role's device
 (`engine.plan.devices.RoleDevice`), its share of the placement (threads; Ray options once the driver placed the
-pools) and, bound by the driver at launch, the run's identity:
+pools), the typed parts of the config it uses (`engine.plan.role_parts`: no spec holds the whole config) and,
+bound by the driver at launch, the run's identity:
 
     RolloutSpec     the Rollouter: the `RolloutLoop`'s parameters (required_samples, the staleness in force —
                     0 in sync mode —, the sync interval, partial rollout off in sync and deterministic mode),
                     total_rollout_steps (the prompt stream's length), R replicas and the `ReplicaSpec` it starts
-                    replacements from, the checkpoint's rollout part on resume
-    ReplicaSpec     one rollout replica: config, the rollout `RoleDevice`, its threads
+                    replacements from, the training and validation sampling, the prompts (`PromptSpec`), the
+                    reward (`ScoringSpec`), the multi-turn tools, the replica restart budget, fault injection, the
+                    checkpoint's rollout part on resume
+    ReplicaSpec     one rollout replica: its engine (`EngineSpec`), the rollout `RoleDevice`, its threads
     TrainerSpec     trainer rank 0 (and, through `world`, ranks 1 … M−1): the `TrainerLoop`'s parameters
                     (required_samples, total_local_steps = total_train_steps × trigger, sync mode, the hard cap,
                     the checkpoint cadence), M ranks, the trainer `RoleDevice`, its threads, the weight sync, the
-                    checkpoint's trainer part on resume
+                    backend (`BackendSpec`: the precision policy, derived here once), the loss (`LossSpec`), the
+                    batch preparation, the checkpoints (`CheckpointSpec`), fault injection, the checkpoint's
+                    trainer part on resume
     WeightSyncSpec  the weight-sync transport: object store or collective, on which device, with how many
                     receiving ranks (R × the vLLM TP workers of a replica), bucket size
     RunIdentity     bound at launch (`RoleSpecs.bind`): run id, name, run directory, the model directory the
                     preflight resolved, the checkpoint a resume continues from
 
-An actor reads its sizes and device from its spec and nothing else: no actor re-derives them from the config,
-reloads the hardware preset or re-reads the training data's parquet footers. Pure Python (no torch, no Ray).
+An actor reads its sizes, device and settings from its spec and nothing else: no actor sees the config,
+re-derives a size or a policy from it, reloads the hardware preset or re-reads the training data's parquet
+footers. Pure Python (no torch, no Ray).
 """
 
 from __future__ import annotations
@@ -32,8 +38,15 @@ from engine.loop.elastic import ElasticParams
 from engine.loop.rollout import RolloutParams, partial_rollout_in_force
 from engine.loop.trainer import TrainerParams
 from engine.plan.devices import RoleDevice, weight_sync_transport
+from engine.plan.role_parts import (
+    BackendSpec, BatchPrepSpec, CheckpointSpec, EngineSpec, FaultSpec, LossSpec, PromptSpec, ScoringSpec,
+    backend_spec, batch_prep_spec, checkpoint_spec, engine_spec, fault_spec, loss_spec, prompt_spec, sampling_of,
+    scoring_spec,
+)
+from engine.types import SamplingParams
 
 if TYPE_CHECKING:
+    from engine.config.multi_turn import MultiTurnConfig
     from engine.config.schema import RunConfig
     from engine.plan.sizes import Derived
 
@@ -76,7 +89,7 @@ class WeightSyncSpec:
 class ReplicaSpec:
     """One rollout replica (`engine.runtime.replica.RolloutReplica`)."""
 
-    config: RunConfig
+    engine: EngineSpec
     device: RoleDevice
     threads: int
     """torch intra-op threads of the replica's process (the plan's core split on CPU)."""
@@ -88,7 +101,6 @@ class ReplicaSpec:
 class RolloutSpec:
     """The Rollouter (`engine.runtime.rollouter`)."""
 
-    config: RunConfig
     params: RolloutParams
     total_rollout_steps: int
     """Prompts the run generates: min(rollout.total_rollout_steps, train_size × total_epochs)."""
@@ -96,6 +108,14 @@ class RolloutSpec:
     """R."""
     replica: ReplicaSpec
     """What a replacement replica is started from."""
+    sampling: SamplingParams
+    val_sampling: SamplingParams
+    prompts: PromptSpec
+    scoring: ScoringSpec
+    tools: MultiTurnConfig | None
+    """`rollout.multi_turn` when enabled (the tools, their sandbox and parser: `engine.runtime.tool_shell`)."""
+    max_replica_restarts: int
+    faults: FaultSpec = FaultSpec()
     replica_options: Any = None
     """Ray options of a replica slot (one dict for all, or a list by slot: its placement-group bundles); bound at
     launch. None: no replacement replicas."""
@@ -116,7 +136,6 @@ class TrainerSpec:
     """Trainer rank 0 (`engine.runtime.trainer_actor`) and, with `world` > 1, the ranks it starts
     (`engine.runtime.trainer_group`)."""
 
-    config: RunConfig
     params: TrainerParams
     world: int
     """M, the trainer ranks."""
@@ -124,6 +143,11 @@ class TrainerSpec:
     threads: int
     """torch intra-op threads of each rank's process."""
     weight_sync: WeightSyncSpec
+    backend: BackendSpec
+    loss: LossSpec
+    batch: BatchPrepSpec
+    checkpoint: CheckpointSpec
+    faults: FaultSpec = FaultSpec()
     rank_options: Any = None
     """Ray options of the ranks (one dict for all, or a list by rank); bound at launch."""
     elastic: bool = False
@@ -221,10 +245,16 @@ def role_specs(cfg: RunConfig, d: Derived, devices: dict[str, RoleDevice], actor
     not available locally and neither `trainer.total_steps` nor `rollout.total_rollout_steps` bounds it)."""
     if d.total_local_steps is None or d.total_rollout_steps is None:
         return None
-    replica = ReplicaSpec(cfg, devices["rollout"], int(actors["replica_threads"]))
-    rollout = RolloutSpec(cfg, rollout_params(cfg, d), d.total_rollout_steps, d.rollout_replicas, replica,
-                          elastic=elastic_params(cfg, d, actors))
-    trainer = TrainerSpec(cfg, trainer_params(cfg, d, d.total_local_steps), d.trainer_world, devices["trainer"],
+    faults = fault_spec(cfg)
+    replica = ReplicaSpec(engine_spec(cfg), devices["rollout"], int(actors["replica_threads"]))
+    mt = cfg.rollout.multi_turn
+    rollout = RolloutSpec(rollout_params(cfg, d), d.total_rollout_steps, d.rollout_replicas, replica,
+                          sampling_of(cfg), sampling_of(cfg, validation=True), prompt_spec(cfg),
+                          scoring_spec(cfg.data), mt if mt.enable else None, cfg.rollout.max_replica_restarts,
+                          faults, elastic=elastic_params(cfg, d, actors))
+    trainer = TrainerSpec(trainer_params(cfg, d, d.total_local_steps), d.trainer_world, devices["trainer"],
                           int(actors["trainer_threads"]), weight_sync_spec(cfg, d, devices["trainer"]),
+                          backend_spec(cfg, devices["trainer"].type), loss_spec(cfg), batch_prep_spec(cfg),
+                          checkpoint_spec(cfg), faults,
                           elastic=rollout.elastic.enabled)
     return RoleSpecs(rollout, trainer)

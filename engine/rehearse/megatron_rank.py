@@ -127,16 +127,17 @@ def rehearse_megatron_rank(plan: RunPlan, config: dict[str, Any], rank: int, cls
             cls.checkpoint["coordinates"] = _coordinates()
             ps.destroy_model_parallel()
             init_model_parallel(stand, gloo_groups=False)
-        stand_cfg = cfg.model_copy(update={"trainer": t.model_copy(update={"cp": stand.cp})})
+        spec = plan.role_specs().trainer.backend
+        stand_spec = replace(spec, megatron=replace(spec.megatron, cp=stand.cp))
         with Phase("trainer", rank, "build"):
             hf = model_from_config(config, cfg.model.dtype, mode)
             getter = state_dict_getter(hf.state_dict())
             with mode:
-                policy = build_trainer_backend(stand_cfg, tmp, distributed=True, device=STAND_IN, hf_weights=getter)
+                policy = build_trainer_backend(stand_spec, tmp, distributed=True, device=STAND_IN, hf_weights=getter)
         ref = None
         if t.use_kl_loss:
             with Phase("reference", rank, "build"), mode:
-                ref = build_reference_backend(stand_cfg, tmp, distributed=True, device=STAND_IN, hf_weights=getter)
+                ref = build_reference_backend(stand_spec, tmp, distributed=True, device=STAND_IN, hf_weights=getter)
             if t.ref_param_offload:
                 cls.host_start += tensor_bytes(list(ref.model.parameters()))
                 cls.notes.append("reference weights in host memory between passes (ref_param_offload)")

@@ -6,8 +6,8 @@ What runs, in order, each through the function the launch path itself calls:
     roles           `RunPlan.role_specs()` (`engine.plan.roles.role_specs`): M trainer ranks, R replicas
     transport       `engine.runtime.backends.build_weight_sync(spec.weight_sync)` — the transport object trainer
                     rank 0 constructs, for the preset's real device (constructed, never connected)
-    vLLM            `vllm_options(cfg, plan.devices["rollout"])` → `engine_args(...)`: the engine arguments of a
-                    replica on the preset's device, and the installed vLLM's version
+    vLLM            `vllm_options(replica.engine, plan.devices["rollout"])` → `engine_args(...)`: the engine
+                    arguments of a replica on the preset's device, and the installed vLLM's version
     trainer ranks   one representative rank per class of symmetric ranks (`engine.rehearse.torch_rank`,
                     `engine.rehearse.megatron_rank`), built and stepped on fake tensors over a fake world of M
 
@@ -86,7 +86,7 @@ def vllm_arguments(plan: RunPlan) -> dict[str, Any]:
     except PackageNotFoundError:
         installed = "not installed here"
     return {"device": device.type, "index_policy": device.index_policy, "version": installed,
-            "engine_args": engine_args("<model_dir>", **vllm_options(cfg, device))}
+            "engine_args": engine_args("<model_dir>", **vllm_options(plan.role_specs().replica.engine, device))}
 
 
 def rank_classes(plan: RunPlan) -> list[RankClass]:

@@ -115,12 +115,12 @@ def rehearse_torch_rank(plan: RunPlan, config: dict[str, Any], rank: int, cls: R
     with fake_world(rank, spec.world), tempfile.TemporaryDirectory() as model_dir:
         (Path(model_dir) / "config.json").write_text(json.dumps(config))  # the meta skeleton's config
         with Phase("trainer", rank, "build"):
-            policy = build_trainer_backend(cfg, model_dir, distributed=True, device=STAND_IN,
+            policy = build_trainer_backend(spec.backend, model_dir, distributed=True, device=STAND_IN,
                                            load_model=_loader(config, mode, host))
         ref = None
-        if cfg.trainer.use_kl_loss:
+        if spec.loss.use_kl_loss:
             with Phase("reference", rank, "build"):
-                ref = build_reference_backend(cfg, model_dir, distributed=True, device=STAND_IN,
+                ref = build_reference_backend(spec.backend, model_dir, distributed=True, device=STAND_IN,
                                               load_model=_loader(config, mode, host))
         cls.host_start = sum(host)
         vocab = int(policy.model.config.get_text_config().vocab_size)

@@ -15,24 +15,13 @@ token boundary and continue from a prefix (HF, vLLM) therefore supports partial 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from engine.types import FinishReason, GenRequest, GenResult
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Sampling distribution. Log-probs are reported under exactly this distribution:
-    log softmax(logits / temperature) restricted by top-k / top-p (0 / 1.0 = off). temperature 0 = greedy
-    (log-probs then reported under temperature 1)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
+# `SamplingParams` lives with the loop's data (`engine.types`: a role spec carries it, without numpy); the
+# backends import it from here
+from engine.types import FinishReason, GenRequest, GenResult, SamplingParams
 
 
 ROLLOUT_STATS = ("calls", "requests", "tokens_generated", "gen_seconds", "finished_stop", "finished_length",

@@ -34,14 +34,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.control.controller import NAMESPACE
-from engine.plan.roles import RunIdentity
 from engine.plan.run_plan import RunPlan
+from engine.runtime.launch_context import ActorPlacement, LaunchContext, LaunchOptions, Resumed, StopContext
 from engine.runtime.placement_groups import PlacementTimeout, reserve_run
 from engine.runtime import terminal
 from engine.runtime.ray_start import (RunFailed, StartRefused, check_capacity, init_ray, object_store_bytes,
                                       snapshot_ray_env, weight_bytes)
 from engine.launch.probe import resolve_auto
-from engine.persist.run_dirs import prepare_run_dir, resume_hint
+from engine.persist.run_dirs import prepare_run_dir
 from engine.persist.stop_grace import stop_grace_s
 from engine.runtime.stop_signals import StopSignals, children_ignore_hangup
 from engine.runtime.terminal import say
@@ -50,8 +50,7 @@ from engine.telemetry.sinks import CONFIG_FILE, MACHINE_FILE, PLAN_FILE, PROVENA
 
 if TYPE_CHECKING:
     from engine.config.schema import RunConfig
-
-"""How long an interrupted driver waits for the trainer's stop checkpoint."""
+    from engine.control.registry import RunEntry
 
 
 def trainer_ranks(plan: RunPlan) -> int:
@@ -106,10 +105,9 @@ def run(plan: RunPlan, *, provenance: dict | None = None, address: str | None = 
         say(f"asyncrl: cannot start: cannot write the registry of live runs ({e}); set ASYNCRL_STATE_DIR to a "
             "writable directory")
         return 1
-    ident = {"entry": entry, "command": command, "allow_same_name": allow_same_name, "prediction": prediction,
-             "insecure": insecure}
+    options = LaunchOptions(command, allow_same_name, prediction, insecure, progress)
     try:
-        return _run(plan, provenance or plan.provenance, address, resume, tui, progress, ident)
+        return _run(plan, provenance or plan.provenance, address, resume, tui, entry, options)
     except (PreflightError, ResumeError) as e:
         say(f"asyncrl: cannot start: {e}")
         return 1
@@ -126,8 +124,14 @@ def run(plan: RunPlan, *, provenance: dict | None = None, address: str | None = 
         release(entry)
 
 
-def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | None, tui: Any, progress: bool,
-         ident: dict[str, Any]) -> int:
+TuiRunner = Callable[[Any, Callable[[], bool]], bool]
+"""`launch --tui`'s dashboard runner: `tui(metrics_source, work) -> work()` (see `run`)."""
+
+
+def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | None, tui: TuiRunner | None,
+         entry: RunEntry, options: LaunchOptions) -> int:
+    """Prepare the launch (model, "auto" settings, run directory, resume point, Ray, placement) into one
+    `LaunchContext`, then start and supervise the actors (`_run_actors`)."""
     from engine.control import registry
     from engine.control.controller import run_namespace
     from engine.launch.preflight import preflight
@@ -138,12 +142,11 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
     plan, machine = resolve_auto(plan, model_dir)  # "auto" precision / threads: measured here, one line each
     cfg = plan.config
     placement = _placement(plan)
-    run_plan, point = plan, find_resume_point(cfg, resume) if resume else None
+    point = find_resume_point(cfg, resume) if resume else None
     for path, why in point.skipped if point else []:
         say(f"asyncrl: checkpoint {path} is corrupt ({why}); skipped, using an older one")
     if point is None and resume:
         say("asyncrl: no checkpoint to resume from; starting a new run")
-    entry = ident["entry"]
     live_dirs = {str(Path(e.run_dir).resolve()): e for e in registry.live_runs() if e.run_dir and e.id != entry.id}
     if point is not None and str(point.run_dir.resolve()) in live_dirs:
         other = live_dirs[str(point.run_dir.resolve())]
@@ -157,26 +160,26 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
     cfg_dict["logging"]["run_dir"] = str(run_dir)
     (run_dir / CONFIG_FILE).write_text(json.dumps(cfg_dict, indent=2))
     (run_dir / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2))
-    if ident.get("prediction") is not None:
-        (run_dir / PLAN_FILE).write_text(json.dumps(ident["prediction"], indent=2))
+    if options.prediction is not None:
+        (run_dir / PLAN_FILE).write_text(json.dumps(options.prediction, indent=2))
     if machine is not None:
         (run_dir / MACHINE_FILE).write_text(json.dumps(machine, indent=2))
-    resumed: dict[str, Any] | None = None
+    resumed: Resumed | None = None
     if point is not None:
-        message = resume_message(point, rewind_run_dir(point), cfg.async_training.partial_rollout)
-        say(f"asyncrl: {message}")
-        resumed = {"point": point, "message": message}
+        resumed = Resumed(point, resume_message(point, rewind_run_dir(point), cfg.async_training.partial_rollout))
+        say(f"asyncrl: {resumed.message}")
     placement["object_store_bytes"] = object_store_bytes(Path(model_dir))
     placement["namespace"] = run_namespace(entry.id)
     restore_env = snapshot_ray_env()  # the auth mode and loopback switch init_ray sets: this run's only
     try:
         with children_ignore_hangup():  # Ray's own processes must outlive a closed terminal's SIGHUP
-            started_ray = init_ray(address, placement, ident["insecure"])
+            started_ray = init_ray(address, placement, options.insecure)
     except BaseException:
         restore_env()
         raise
-    ident["signals"] = signals = StopSignals()
-    ident["weight_bytes"] = weight_bytes(Path(model_dir))
+    signals = StopSignals()
+    stop = StopContext(signals, stop_grace_s(cfg), weight_bytes(Path(model_dir)), _checkpoint_root(cfg, run_dir),
+                       run_dir, options.command)
     restore_signals = signals.install()
     pools = None
     try:
@@ -189,10 +192,11 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
             pools = reserve_run(placement, cfg.name)
         except PlacementTimeout as e:
             raise RunFailed(str(e)) from None
+        launch = LaunchContext(plan, entry, options, run_dir, str(model_dir), cfg_dict, provenance,
+                               ActorPlacement.of(placement), stop, resumed)
         rc = 130
         try:
-            rc = _run_actors(run_plan, cfg_dict, provenance, run_dir, model_dir, placement, resumed, tui, progress,
-                             ident)
+            rc = _run_actors(launch, tui)
         except RunFailed:
             rc = 1
             raise
@@ -210,8 +214,9 @@ def _run(plan: RunPlan, provenance: dict, address: str | None, resume: str | Non
         restore_env()
 
 
-def _run_actors(run_plan: RunPlan, cfg_dict, provenance, run_dir: Path, model_dir: str, placement, resumed, tui,
-                progress, ident) -> int:
+def _run_actors(launch: LaunchContext, tui: TuiRunner | None) -> int:
+    """Start the controller, queue, replicas, rollouter and trainer of `launch`, each with its own bound role spec
+    (`LaunchContext.roles`), and supervise them to the end; 0 when the trainer finished or stopped gracefully."""
     import ray
 
     from engine.control.controller import create_run_controller, live_run_names
@@ -221,60 +226,50 @@ def _run_actors(run_plan: RunPlan, cfg_dict, provenance, run_dir: Path, model_di
     from engine.runtime.trainer_actor import Trainer
     from engine.telemetry.console import ConsoleProgress
 
-    entry, cfg = ident["entry"], run_plan.config
-    if cfg.name in live_run_names(NAMESPACE) and not ident["allow_same_name"]:
+    cfg, entry, point, run_dir = launch.plan.config, launch.entry, launch.point, launch.run_dir
+    if cfg.name in live_run_names(NAMESPACE) and not launch.options.allow_same_name:
         raise RunFailed(f"a run named {cfg.name!r} is already live on this cluster; choose another name with "
                         "--name NAME (or --set name=NAME), or pass --allow-same-name")
-    total_steps = run_plan.total_local_steps()
+    total_steps = launch.plan.total_local_steps()
     actors: list[Any] = []
-    point = resumed["point"] if resumed else None
-    replica_opts = placement.get("replica_options") or [placement["replica_res"]] * placement["replicas"]
-    trainer_opts = placement.get("trainer_options") or placement["trainer_res"]
-    # each actor gets its own spec (engine.plan.roles): sizes, device and threads from the plan, and this launch
-    roles = run_plan.role_specs().bind(
-        RunIdentity(entry.id, cfg.name, str(run_dir), str(model_dir), point.ckpt["path"] if point else None),
-        rollout_resume=point.rollout_resume() if point else None,
-        trainer_resume=point.trainer_resume() if point else None,
-        # per replica slot when the pools are placement groups: a replacement takes the dead one's bundles
-        replica_options=placement.get("replica_options") or placement["replica_res"], rank_options=trainer_opts)
+    # each actor gets its own spec (engine.plan.roles): sizes, device, threads and settings from the plan, and
+    # this launch (identity, checkpoint parts, Ray options)
+    roles = launch.roles()
     controller = create_run_controller(cfg.name, run_id=entry.id, namespace=NAMESPACE, run_dir=str(run_dir),
-                                       config=_with_live_knobs(cfg_dict, point.state if point else None),
-                                       provenance=provenance, total_steps=total_steps,
-                                       prediction=ident.get("prediction"))
+                                       config=_with_live_knobs(launch.config, point.state if point else None),
+                                       provenance=launch.provenance, total_steps=total_steps,
+                                       prediction=launch.options.prediction)
     actors.append(controller)
-    console = ConsoleProgress(total_steps, enabled=progress and cfg.logging.progress and not tui)
+    console = ConsoleProgress(total_steps, enabled=launch.options.progress and cfg.logging.progress and not tui)
     ok = False
     try:
-        queue = MessageQueue.remote(run_plan.derived.max_queue_size)
-        replicas = [RolloutReplica.options(**replica_opts[i]).remote(roles.replica, i) for i in range(roles.rollout.replicas)]
+        queue = MessageQueue.remote(launch.plan.derived.max_queue_size)
+        replicas = [RolloutReplica.options(**launch.placement.replica(i)).remote(roles.replica, i)
+                    for i in range(roles.rollout.replicas)]
         actors += [queue, *replicas]
         _wait_ready([r.ready.remote() for r in replicas], "rollout replica")
         rollouter = Rollouter.remote(roles.rollout, queue, controller, replicas)
-        # rank 0 is this actor; `trainer_opts` (one dict, or one per rank) places the ranks it starts
-        trainer = Trainer.options(**(trainer_opts[0] if isinstance(trainer_opts, list) else trainer_opts)).remote(
-            roles.trainer, queue, rollouter, controller)
+        # rank 0 is this actor; the spec's `rank_options` (one dict, or one per rank) place the ranks it starts
+        trainer = Trainer.options(**launch.placement.rank0()).remote(roles.trainer, queue, rollouter, controller)
         actors += [rollouter, trainer]
         step, version = (point.step, point.version) if point else (0, 0)
-        if point is not None:
+        if launch.resumed is not None:
             _wait_ready([trainer.push_weights.remote()], "trainer (restoring the checkpoint)")
-            for path, why in point.skipped:
+            for path, why in launch.resumed.point.skipped:
                 controller.record_event.remote(run_event("warning", "checkpoint", f"checkpoint {path} is corrupt "
                                                       f"({why}); skipped", step, version, path=path))
-            controller.record_event.remote(run_event("info", "resume", resumed["message"], step, version,
-                                                  path=point.ckpt["path"]))
+            controller.record_event.remote(run_event("info", "resume", launch.resumed.message, step, version,
+                                                  path=launch.resumed.point.ckpt["path"]))
         controller.record_event.remote(run_event("info", "start", f"run {entry.id} started in {run_dir}", step, version,
                                               total_steps=total_steps, run_id=entry.id))
-        if placement.get("auth", "token") != "token":
+        if launch.placement.auth != "token":
             controller.record_event.remote(run_event("warning", "security", "Ray token authentication is off "
                                                   "(--insecure): anyone who reaches the cluster can run code", step,
-                                                  version, auth=placement["auth"]))
+                                                  version, auth=launch.placement.auth))
         say(f"asyncrl: run {cfg.name!r} (id {entry.id}) → {run_dir}  (attach: asyncrl attach {entry.id})")
-        hint = {"root": _checkpoint_root(cfg, run_dir), "run_dir": run_dir, "command": ident["command"]}
-        stop = {"signals": ident["signals"], "grace_s": stop_grace_s(cfg), "weight_bytes": ident["weight_bytes"],
-                "controller": controller}
 
         def supervise() -> bool:
-            done = _supervise(trainer, rollouter, controller, console, hint, stop)
+            done = _supervise(trainer, rollouter, controller, console, launch.stop)
             try:  # at once, not when the dashboard closes: `launch --tui` shows FINISHED / FAILED while it stays open
                 ray.get(controller.set_state.remote("finished" if done else "failed"), timeout=10)
             except Exception:
@@ -351,7 +346,7 @@ def _root_cause(e: BaseException) -> str:
     return describe_failure(e)
 
 
-def _supervise(trainer, rollouter, controller, console, hint: dict[str, Any], stop: dict[str, Any]) -> bool:
+def _supervise(trainer, rollouter, controller, console, stop: StopContext) -> bool:
     """Wait for both loops; poll the controller for the progress line. True iff the trainer finished or
     stopped gracefully; raises RunFailed (after the trainer's stop checkpoint where possible) otherwise."""
     import ray
@@ -381,8 +376,8 @@ def _supervise(trainer, rollouter, controller, console, hint: dict[str, Any], st
                     controller.record_event.remote(run_event("error", "error", msg, None, None))
                     if name == "trainer":
                         died = isinstance(e, ray.exceptions.RayActorError)
-                        raise RunFailed(f"{msg}; {resume_hint(**hint, trainer_died=died)}") from None
-                    raise RunFailed(f"{msg}; {resume_hint(**hint)}") from None
+                        raise RunFailed(f"{msg}; {stop.resume_hint(trainer_died=died)}") from None
+                    raise RunFailed(f"{msg}; {stop.resume_hint()}") from None
                 if name == "rollouter" and result.get("failure") and failure is None:
                     failure = result["failure"]
                     trainer.request_stop.remote(f"stopping: {failure}")
@@ -390,10 +385,10 @@ def _supervise(trainer, rollouter, controller, console, hint: dict[str, Any], st
                     trainer_result = result
             if trainer_result is not None and failure is not None and trainer_result.get("stopped"):
                 poll()  # the trainer stopped early because of the failure, after its stop checkpoint
-                raise RunFailed(f"{failure}; {resume_hint(**hint)}")
+                raise RunFailed(f"{failure}; {stop.resume_hint()}")
             if trainer_result is not None and not pending:
                 poll()
-                report_stop(trainer_result, hint, controller)
+                report_stop(trainer_result, stop, controller)
                 return True
             if trainer_result is not None and r_ref in pending:
                 # the trainer stopped the rollouter; give its loop a moment to return
@@ -404,5 +399,5 @@ def _supervise(trainer, rollouter, controller, console, hint: dict[str, Any], st
                 pending.pop(r_ref, None)
     except KeyboardInterrupt:
         if "trainer" in pending.values():
-            stop_with_checkpoint(trainer, t_ref, hint, stop)
+            stop_with_checkpoint(trainer, t_ref, stop, controller)
         raise

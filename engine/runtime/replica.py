@@ -78,8 +78,8 @@ def back_buffer_fits(nbytes: int, device: Any) -> bool:
 
 @ray.remote(max_concurrency=MAX_CONCURRENCY)
 class RolloutReplica:
-    """One generation engine of `spec` (`engine.plan.roles.ReplicaSpec`: config, model directory, the plan's rollout
-    device and threads); `replica_id` names it in the dashboard's workers table."""
+    """One generation engine of `spec` (`engine.plan.roles.ReplicaSpec`: its `EngineSpec`, model directory, the plan's
+    rollout device and threads); `replica_id` names it in the dashboard's workers table."""
 
     def __init__(self, spec: ReplicaSpec, replica_id: int) -> None:
         import torch
@@ -91,11 +91,11 @@ class RolloutReplica:
         self._stages: bool | None = None  # `stages_weights`, decided at its first call
         self._staged: tuple[int, list[int], float] | None = None  # (version, bucket fingerprints, seconds)
         self._copy: dict[str, float] = {}  # the last stage's host copy + fingerprint time and bytes (receipts)
-        self.backend = build_rollout_backend(spec.config, spec.model_dir, spec.device)
+        self.backend = build_rollout_backend(spec.engine, spec.model_dir, spec.device)
         self._abort = threading.Event()  # training calls
         self._abort_val = threading.Event()  # validation calls (a stop)
         concurrent = callable(getattr(self.backend, "capacity", None))
-        rows = int(self.backend.capacity()) if concurrent else int(spec.config.rollout.max_num_seqs)
+        rows = int(self.backend.capacity()) if concurrent else int(spec.engine.max_num_seqs)
         self._limits = {"rows": max(1, rows), "calls": GENERATE_CALLS if concurrent else 1}
         self._lock = threading.Lock()
         self._busy_s = 0.0  # time with at least one generate call running
@@ -169,7 +169,7 @@ class RolloutReplica:
         backend can and the device's free memory holds the back buffer with as much again to spare (decided
         once, at the first call, and the buffer allocated then)."""
         if self._stages is None:
-            mode = self.spec.config.rollout.weight_sync_back_buffer
+            mode = self.spec.engine.back_buffer
             can = callable(getattr(self.backend, "stage_weights", None))
             if mode == "on" and not can:
                 raise ValueError('rollout.weight_sync_back_buffer = "on" needs rollout.backend = "hf"')

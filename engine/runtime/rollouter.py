@@ -41,7 +41,6 @@ from engine.loop.commands import (
 from engine.loop.elastic import TRAINER, ElasticCores
 from engine.loop.rollout import RolloutLoop
 from engine.loop.stream import PromptStream
-from engine.rollout.base import SamplingParams
 from engine.runtime.rollouter_checkpoint import RolloutCheckpoints
 from engine.runtime.rollouter_report import RolloutReports
 from engine.runtime.replica_calls import ReplicaCalls, replica_capacities
@@ -58,49 +57,48 @@ SYNC_WAIT_TIMEOUT_S = 1800.0  # a sync waiting longer on a replica that neither 
 
 class RolloutShell(RolloutCheckpoints, RolloutReports):
     """Runs inside the `Rollouter` actor, from its `RolloutSpec` (`engine.plan.roles`): the loop's parameters, the
-    prompt stream's length, the replica spec it starts replacement replicas from, and on resume the checkpoint's
-    rollout part (`{"rollout", "queued", "in_flight"}`)."""
+    prompt stream's length, the replica spec it starts replacement replicas from, the sampling, prompts, reward,
+    tools and fault injection (`engine.plan.role_parts`), and on resume the checkpoint's rollout part
+    (`{"rollout", "queued", "in_flight"}`)."""
 
     def __init__(self, spec: RolloutSpec, queue: Any, controller: Any, replicas: list[Any]) -> None:
         from engine.data.prompts import load_prompts
         from engine.models.loader import load_tokenizer
         from engine.runtime.scoring import Scorer
 
-        cfg = self.cfg = spec.config
+        self.prompts = spec.prompts
         self.queue, self.controller = queue, controller
-        self.pool = ReplicaPool(replicas, replica_spawner(spec), cfg.rollout.max_replica_restarts)
+        self.pool = ReplicaPool(replicas, replica_spawner(spec), spec.max_replica_restarts)
         self.tokenizer = load_tokenizer(spec.model_dir)
-        self.scorer = Scorer(cfg, self.tokenizer)
-        self.sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k, cfg.trainer.seed)
-        self.val_sampling = SamplingParams(cfg.rollout.val_temperature, cfg.rollout.val_top_p, cfg.rollout.val_top_k,
-                                           cfg.trainer.seed)
+        self.scorer = Scorer(spec.scoring, self.tokenizer)
+        self.sampling, self.val_sampling = spec.sampling, spec.val_sampling
         self._counters: dict[str, int] = {}
         self.tools = None
-        if cfg.rollout.multi_turn.enable:
+        if spec.tools is not None:
             from engine.runtime.tool_shell import ToolShell
 
-            self.tools = ToolShell(cfg.rollout.multi_turn, self.tokenizer)
+            self.tools = ToolShell(spec.tools, self.tokenizer)
         schemas = self.tools.registry.openai_schemas() if self.tools is not None else None
         self._filtered_reported = False
         self._need_epoch: int | None = None  # NeedPrompts: loaded by the dispatch thread outside the lock
         val_prompts: list[Prompt] = []
-        if cfg.data.val_files and (cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train):
-            val_prompts, _ = load_prompts(cfg.data, self.tokenizer, split="val", epoch=0, tools=schemas)
-            if cfg.data.val_max_samples:
-                val_prompts = val_prompts[: cfg.data.val_max_samples]
-        stream = PromptStream(cfg.trainer.total_epochs, spec.total_rollout_steps)
+        if self.prompts.validate:
+            val_prompts, _ = load_prompts(self.prompts.data, self.tokenizer, split="val", epoch=0, tools=schemas)
+            if self.prompts.val_max_samples:
+                val_prompts = val_prompts[: self.prompts.val_max_samples]
+        stream = PromptStream(self.prompts.total_epochs, spec.total_rollout_steps)
         self.loop = RolloutLoop(spec.params, stream, val_prompts, len(replicas), replica_capacities(replicas))
         if self.tools is not None and self.tools.runner.warning:
             self._event("warning", "tools", self.tools.runner.warning)
         self.inbox = self.loop.inbox()
         self.lock = threading.Condition()
-        self.calls = ReplicaCalls(keyed=cfg.trainer.deterministic)  # the generate calls out
+        self.calls = ReplicaCalls(keyed=spec.params.deterministic)  # the generate calls out
         self.elastic = ElasticCores(spec.elastic)
         self._elastic_lock = threading.Lock()  # the elastic core's own: the trainer never waits on `self.lock`
         self._trainer_threads = self.elastic.granted[TRAINER]  # the last SetThreads("trainer"), for trainer_phase
         self._running = False
         self.failure: str | None = None
-        self._kill_at = cfg.debug.kill_replica_at_step or 0
+        self._kill_at = spec.faults.kill_replica_at_step
         self._killed = False
         self._reward_errors_seen = 0
         self.tokens_since_report = 0
@@ -110,7 +108,7 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
             self._restore(spec.resume)
             self._killed = bool(self._kill_at) and self.loop.step >= self._kill_at
         ray.get(self.queue.set_max_size.remote(self.loop.queue_bound))
-        if cfg.trainer.val_before_train and val_prompts:
+        if self.prompts.val_before_train and val_prompts:
             self.loop.queue_validation(self.loop.version)
 
     # ------------------------------------------------------------------ the dispatch thread
@@ -228,7 +226,7 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
         from engine.data.prompts import load_prompts
 
         tools = self.tools.registry.openai_schemas() if self.tools is not None else None
-        prompts, counters = load_prompts(self.cfg.data, self.tokenizer, split="train", epoch=epoch, tools=tools)
+        prompts, counters = load_prompts(self.prompts.data, self.tokenizer, split="train", epoch=epoch, tools=tools)
         for k, v in counters.items():
             self._counters[f"data/{k}"] = v
         self._report_filtered(epoch, counters)

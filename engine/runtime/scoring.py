@@ -11,18 +11,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.config.schema import RunConfig
+from engine.plan.role_parts import ScoringSpec
 from engine.types import Prompt, Trajectory
 
 
 class Scorer:
-    """Decodes responses and applies the reward chosen by `data.reward` (or by data_source when "auto")."""
+    """Decodes responses and applies the reward chosen by `data.reward` (or by data_source when "auto"), from the
+    rollouter's `ScoringSpec` (`engine.plan.role_parts.scoring_spec` of the `[data]` table)."""
 
-    def __init__(self, cfg: RunConfig, tokenizer: Any) -> None:
-        self.reward_name = cfg.data.reward
-        self.max_response_length = cfg.data.max_response_length
-        ob = cfg.data.overlong_buffer
-        self.overlong = ob if cfg.data.reward_manager == "dapo" and ob.enable else None
+    def __init__(self, spec: ScoringSpec, tokenizer: Any) -> None:
+        self.reward_name = spec.reward
+        self.max_response_length = spec.max_response_length
+        self.overlong = spec.overlong
         self.tokenizer = tokenizer
         self._fns: dict[str, Any] = {}
         self.errors = 0

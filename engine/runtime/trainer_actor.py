@@ -58,7 +58,8 @@ ELASTIC_ANSWER_S = 30.0
 
 class TrainerCore(TrainerCheckpoints):
     """The training loop of rank 0, from its `TrainerSpec` (`engine.plan.roles`: the loop's parameters, M ranks,
-    the trainer device and threads, the weight sync, the run's identity, a checkpoint's trainer part on resume).
+    the trainer device and threads, the weight sync, the backend, loss, batch preparation and checkpoint parts, the
+    run's identity, a checkpoint's trainer part on resume).
     With M > 1 ranks it starts the other ranks (`TrainerGroup`, placed with the spec's Ray `rank_options`) and
     drives them through `BackendGroup`s in place of its backends; it alone talks to the queue, the rollouter and
     the controller."""
@@ -69,8 +70,7 @@ class TrainerCore(TrainerCheckpoints):
         from engine.algo.loss import build_loss_fn
         from engine.models.loader import load_tokenizer
 
-        cfg = self.cfg = spec.config
-        torch.manual_seed(cfg.trainer.seed)
+        torch.manual_seed(spec.backend.seed)
         self.spec = spec
         self.queue, self.rollouter, self.controller = queue, rollouter, controller
         self.world = spec.world
@@ -79,13 +79,13 @@ class TrainerCore(TrainerCheckpoints):
             self.group = TrainerGroup(spec)
             self.backend, self.ref_backend = self.group.policy, self.group.ref
         else:
-            self.backend = build_trainer_backend(cfg, spec.model_dir, device=spec.device)
-            self.ref_backend = build_reference_backend(cfg, spec.model_dir, device=spec.device) \
-                if cfg.trainer.use_kl_loss else None
+            self.backend = build_trainer_backend(spec.backend, spec.model_dir, device=spec.device)
+            self.ref_backend = build_reference_backend(spec.backend, spec.model_dir, device=spec.device) \
+                if spec.loss.use_kl_loss else None
         tok = load_tokenizer(spec.model_dir)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        self.rc = cfg.algorithm.rollout_correction
-        self.loss_fn = LogRatioObserver(build_loss_fn(cfg.trainer, self.rc))
+        self.rc = spec.loss.rollout_correction
+        self.loss_fn = LogRatioObserver(build_loss_fn(spec.loss, self.rc))
         self.loop = TrainerLoop(spec.params)
         self.inbox = self.loop.inbox()
         self.bucket_bytes = spec.weight_sync.bucket_bytes
@@ -238,7 +238,7 @@ class TrainerCore(TrainerCheckpoints):
 
     def _train(self, groups: list[TrajectoryGroup]) -> None:
         """One local step: proximal / reference log-probs, rollout correction, the optimizer step, the ledger."""
-        prep = prepare_batch(groups, self.cfg, self.pad_id, self.version)
+        prep = prepare_batch(groups, self.spec.batch, self.pad_id, self.version)
         rec = self._rec
         rec.update(prep.metrics)
         self.stale_processed += rec["asyncrl/stale_trajectories"]
@@ -271,7 +271,7 @@ class TrainerCore(TrainerCheckpoints):
             self.controller.record_event.remote(self._ev("warning", "warning",
                                                          "no trainable tokens in this batch; update skipped"))
         up_s = time.monotonic() - t_up
-        if self.cfg.debug.kill_trainer_at_step == self.local_step + 1:
+        if self.spec.faults.kill_trainer_at_step == self.local_step + 1:
             os._exit(17)  # fault injection ([debug] kill_trainer_at_step): the process dies mid-run
         self.ledger.record(prep.uids, "trained", step=self.local_step + 1, version=self.version)
         self._weights_dirty = False

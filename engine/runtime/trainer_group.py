@@ -45,21 +45,20 @@ from typing import Any
 
 import ray
 
-from engine.plan.devices import RoleDevice
 from engine.plan.roles import TrainerSpec
-from engine.runtime.backends import RunConfig, build_reference_backend, build_trainer_backend
+from engine.runtime.backends import build_reference_backend, build_trainer_backend
 
 POLICY, REF = "policy", "ref"
 """Names of the two backends a rank may hold: the trained policy and the frozen reference (KL loss)."""
 
 
-def rank_backends(cfg: RunConfig, model_dir: str, device: RoleDevice) -> dict[str, Any]:
-    """This rank's FSDP2 backends (process group already joined) on `device`: the policy and, with
-    `trainer.use_kl_loss`, the frozen reference (no gradients, optimizer or DDP wrapper) — built in the same order on every rank, since building them is
-    collective."""
-    out = {POLICY: build_trainer_backend(cfg, model_dir, distributed=True, device=device)}
-    if cfg.trainer.use_kl_loss:
-        out[REF] = build_reference_backend(cfg, model_dir, distributed=True, device=device)
+def rank_backends(spec: TrainerSpec) -> dict[str, Any]:
+    """This rank's FSDP2 / Megatron backends (process group already joined) on the spec's device: the policy and,
+    with the KL loss (`LossSpec.use_kl_loss`), the frozen reference (no gradients, optimizer or DDP wrapper) —
+    built in the same order on every rank, since building them is collective."""
+    out = {POLICY: build_trainer_backend(spec.backend, spec.model_dir, distributed=True, device=spec.device)}
+    if spec.loss.use_kl_loss:
+        out[REF] = build_reference_backend(spec.backend, spec.model_dir, distributed=True, device=spec.device)
     return out
 
 
@@ -75,14 +74,13 @@ class TrainerRank:
         from engine.algo.batching import LogRatioObserver
         from engine.trainer.fsdp import init_distributed
 
-        cfg = spec.config
         torch.set_num_threads(max(1, spec.threads))
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        torch.manual_seed(cfg.trainer.seed)
+        torch.manual_seed(spec.backend.seed)
         init_distributed(rank, spec.world, master_port, master_addr, device=spec.device)
         self.rank = rank
-        self.backends = rank_backends(cfg, spec.model_dir, spec.device)
-        self.loss_fn = LogRatioObserver(build_loss_fn(cfg.trainer, cfg.algorithm.rollout_correction))
+        self.backends = rank_backends(spec)
+        self.loss_fn = LogRatioObserver(build_loss_fn(spec.loss, spec.loss.rollout_correction))
 
     def ready(self) -> tuple[int, int]:
         """This rank's pid and data-parallel index, once its backends are built."""
@@ -130,7 +128,7 @@ class TrainerGroup:
         if world < 2:
             raise ValueError(f"a trainer group needs at least 2 ranks, got {world}")
         self.world = world
-        self.balance = bool(spec.config.trainer.use_dynamic_bsz)  # token-balanced DP shards with token budgets
+        self.balance = spec.backend.update.use_dynamic_bsz  # token-balanced DP shards with token budgets
         self.broken: str | None = None
         port, addr = free_port(), ray.util.get_node_ip_address()
         # the workers first: every rank must be inside init_process_group at the same time
@@ -138,7 +136,7 @@ class TrainerGroup:
         per_rank = opts if isinstance(opts, list) else [opts or {}] * world
         self.workers = [TrainerRank.options(**per_rank[r]).remote(spec, r, port, addr) for r in range(1, world)]
         init_distributed(0, world, port, addr, device=spec.device)
-        local = rank_backends(spec.config, spec.model_dir, spec.device)
+        local = rank_backends(spec)
         ready = ray.get([w.ready.remote() for w in self.workers])
         self.pids: list[int] = [pid for pid, _ in ready]
         self.dp_of = [dp_rank(local[POLICY], 0), *(d for _, d in ready)]

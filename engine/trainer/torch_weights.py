@@ -1,7 +1,7 @@
 """Weights out of the `torch` / FSDP2 trainer (the weight-sync export) and its checkpoints.
 
 Export (`export_live`, `export_sharded`): HF-named tensors in the *export dtype* — the dtype the replicas keep
-their weights in (`engine.runtime.backends.rollout_dtype`: bf16 for the production presets), default the
+their weights in (`engine.plan.role_parts.rollout_dtype`: bf16 for the production presets), default the
 parameters' own — in ~`bucket_bytes` buckets, tied aliases included (the same tensor under both names).
 
 * One process (`export_live`): the live parameters, cast one tensor at a time (no copy when the dtypes agree:

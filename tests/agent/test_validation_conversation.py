@@ -16,6 +16,7 @@ from engine.models.loader import load_tokenizer, resolve_model_path
 from engine.plan.roles import rollout_params
 from engine.plan.sizes import derive
 from engine.runtime.scoring import Scorer, validation_record
+from engine.plan.role_parts import scoring_spec
 from engine.runtime.tool_shell import ToolShell
 from engine.types import GenResult, Prompt
 
@@ -41,7 +42,7 @@ def _answers(shell: ToolShell, timeout_s: float = 30.0) -> list:
 def test_a_validation_conversation_calls_its_tool_and_is_scored_on_its_last_turn(tmp_path):
     cfg = load_run_config(PRESET, [f'logging.run_dir="{tmp_path}"']).config
     tok = load_tokenizer(resolve_model_path(cfg.model.path))
-    shell, scorer = ToolShell(cfg.rollout.multi_turn, tok), Scorer(cfg, tok)
+    shell, scorer = ToolShell(cfg.rollout.multi_turn, tok), Scorer(scoring_spec(cfg.data), tok)
     prompts = [Prompt(f"0:{k}", k, 0, list(tok.encode("secret=", add_special_tokens=False)), ground_truth=secret,
                       data_source="asyncrl/lookup", extra_info={"tools_kwargs": {"lookup": {"create_kwargs": {
                           "secret": secret}}}}) for k, secret in enumerate(("381", "907"))]

@@ -4,7 +4,6 @@ recipe is the demo preset's (n, prompts per step, max tokens, lr, ...), so the c
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -15,6 +14,7 @@ from benchmarks.trl_spec import SpecError, first_time_at, make_reward_adapter, r
 from engine.config.sections import DataConfig
 from engine.models.tiny import build_tiny_tokenizer
 from engine.runtime.scoring import Scorer
+from engine.plan.role_parts import scoring_spec
 from engine.types import Prompt
 
 ARITH_CASES = [
@@ -34,7 +34,7 @@ def tokenizer():
 
 def _both(tokenizer, reward: str, cases, split: str) -> tuple[list[float], list[float]]:
     """(asyncrl Scorer scores, TRL adapter scores) of the same responses, token ids and rows."""
-    scorer = Scorer(SimpleNamespace(data=DataConfig(train_files=["x.parquet"], reward=reward)), tokenizer)
+    scorer = Scorer(scoring_spec(DataConfig(train_files=["x.parquet"], reward=reward)), tokenizer)
     adapter = make_reward_adapter(reward, [tokenizer.eos_token_id])
     source = f"asyncrl/{reward}"
     mine, theirs, ids_all = [], [], []

@@ -4,7 +4,6 @@ config that selects it. Expected values are computed by hand from that formula."
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
@@ -12,6 +11,7 @@ from pydantic import ValidationError
 from engine.config.sections import DataConfig
 from engine.data.rewards import overlong_penalty
 from engine.runtime.scoring import Scorer, validation_record
+from engine.plan.role_parts import scoring_spec
 from engine.types import GenResult, Prompt
 
 
@@ -37,7 +37,7 @@ class _Tok:
 
 def _scorer(**data) -> Scorer:
     cfg = DataConfig(train_files=["x.parquet"], reward="copy", max_response_length=4, **data)
-    return Scorer(SimpleNamespace(data=cfg), _Tok())
+    return Scorer(scoring_spec(cfg), _Tok())
 
 
 DAPO = {"reward_manager": "dapo", "overlong_buffer": {"enable": True, "len": 2, "penalty_factor": 1.0, "log": True}}
@@ -134,5 +134,5 @@ def test_the_dapo_manager_adds_the_penalty_to_a_wrong_answers_minus_one() -> Non
     cfg = DataConfig(train_files=["x.parquet"], reward="math_dapo", max_response_length=4, reward_manager="dapo",
                      overlong_buffer={"enable": True, "len": 2, "penalty_factor": 1.0})
     prompt = Prompt(uid="0:0", index=0, epoch=0, prompt_ids=[1], ground_truth="42", data_source="math_dapo")
-    score, info = Scorer(SimpleNamespace(data=cfg), _Tok())._score(prompt, [0, 1, 2, 3], finished=False)
+    score, info = Scorer(scoring_spec(cfg), _Tok())._score(prompt, [0, 1, 2, 3], finished=False)
     assert score == pytest.approx(-2.0) and info["acc"] == 0.0

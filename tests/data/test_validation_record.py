@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from types import SimpleNamespace
 
 from engine.config.sections import DataConfig
 from engine.runtime.scoring import Scorer, validation_record
+from engine.plan.role_parts import scoring_spec
 from engine.types import GenResult, Prompt
 
 
@@ -16,7 +16,7 @@ class _Tok:
 
 
 def _cfg(reward: str):
-    return SimpleNamespace(data=DataConfig(train_files=["x.parquet"], reward=reward))
+    return scoring_spec(DataConfig(train_files=["x.parquet"], reward=reward))
 
 
 def _prompt(i: int, source: str, truth: str) -> Prompt:

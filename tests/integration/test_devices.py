@@ -20,12 +20,13 @@ from engine.plan.run_plan import resolve_plan
 
 def test_cpu_preset_builds_cpu_replicas_and_trainer_over_gloo(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path)
-    devices = resolve_plan(cfg).devices
+    plan = resolve_plan(cfg)
+    devices, roles = plan.devices, plan.role_specs()
     device = devices["trainer"].type
     assert (device, process_group_backend(device)) == ("cpu", "gloo")
     model_dir = str(resolve_model_path(cfg.model.path))
-    trainer = build_trainer_backend(cfg, model_dir, device=devices["trainer"])
-    replica = build_rollout_backend(cfg, model_dir, devices["rollout"])
+    trainer = build_trainer_backend(roles.trainer.backend, model_dir, device=devices["trainer"])
+    replica = build_rollout_backend(roles.replica.engine, model_dir, devices["rollout"])
     assert trainer.device == torch.device("cpu")
     assert {p.device.type for p in replica.model.parameters()} == {"cpu"}
 
@@ -59,7 +60,8 @@ def test_the_trainer_runs_the_configured_token_budget_and_attention(tmp_path: Pa
     cfg = tiny_config(tmp_path, "trainer.ppo_micro_batch_size_per_gpu=4", 'trainer.attn_implementation="eager"',
                       f"trainer.use_dynamic_bsz={str(budgets).lower()}", "trainer.ppo_max_token_len_per_gpu=4096")
     model_dir = str(resolve_model_path(cfg.model.path))
-    trainer = build_trainer_backend(cfg, model_dir, device=resolve_plan(cfg).devices["trainer"])
+    spec = resolve_plan(cfg).role_specs().trainer
+    trainer = build_trainer_backend(spec.backend, model_dir, device=spec.device)
     assert trainer.model.config._attn_implementation == "eager"
     gen = torch.Generator().manual_seed(0)
     rows = [(torch.randint(3, 27, (5,), generator=gen).tolist(),
@@ -68,5 +70,5 @@ def test_the_trainer_runs_the_configured_token_budget_and_attention(tmp_path: Pa
     batch = collate(rows, pad_token_id=0)
     batch.advantages = torch.randn(batch.responses.shape, generator=gen) * batch.response_mask
     batch.rollout_log_probs, _ = trainer.compute_log_probs(batch)
-    metrics = trainer.train_step(batch, build_loss_fn(cfg.trainer, cfg.algorithm.rollout_correction))
+    metrics = trainer.train_step(batch, build_loss_fn(spec.loss, spec.loss.rollout_correction))
     assert metrics["actor/micro_batches"] == micro_batches

@@ -42,7 +42,7 @@ def test_vllm_engine_args_on_an_accelerator_preset_carry_its_device_and_memory_s
     plan = plan_for(hardware)
     role = plan.devices["rollout"]
     assert role.type == device and role.index_policy == "ray"
-    options = vllm_options(plan.config, role)
+    options = vllm_options(plan.role_specs().replica.engine, role)
     args = engine_args("/m", **options)
     assert options["device"] == device
     assert args["gpu_memory_utilization"] == 0.7  # the KV cache is a share of the accelerator's memory
@@ -53,7 +53,7 @@ def test_vllm_engine_args_on_an_accelerator_preset_carry_its_device_and_memory_s
 
 def test_vllm_engine_args_on_the_cpu_preset_size_a_cpu_kv_cache_and_run_eager() -> None:
     plan = plan_for("cpu")
-    args = engine_args("/m", **vllm_options(plan.config, plan.devices["rollout"]), kv_cache_gib=0.5)
+    args = engine_args("/m", **vllm_options(plan.role_specs().replica.engine, plan.devices["rollout"]), kv_cache_gib=0.5)
     assert args["kv_cache_memory_bytes"] == 1 << 29 and args["enforce_eager"] is True
     assert "gpu_memory_utilization" not in args and "enable_sleep_mode" not in args
 
@@ -62,7 +62,7 @@ def test_a_tp2_replica_spreads_over_its_bundles_and_keeps_its_visible_devices_wh
     plan = plan_for("h100", "rollout.tensor_parallel_size=2", "resources.rollout.gpus_per_node=2")
     role = plan.devices["rollout"]
     assert role.index_policy == "bundles" and plan.devices["trainer"].index_policy == "ray"
-    assert engine_args("/m", **vllm_options(plan.config, role))["distributed_executor_backend"] == "ray"
+    assert engine_args("/m", **vllm_options(plan.role_specs().replica.engine, role))["distributed_executor_backend"] == "ray"
     # the replica actor holds no GPU (`num_gpus=0`): Ray must not blank CUDA_VISIBLE_DEVICES for it
     env = plan.actors["replica_res"]["runtime_env"]["env_vars"]
     assert env[RAY_NOSET_ENV["cuda"]] == "1"

@@ -15,7 +15,7 @@ import torch
 
 from engine.rollout.base import SamplingParams
 from engine.rollout.hf.backend import HFRolloutBackend
-from engine.runtime.backends import rollout_dtype
+from engine.plan.role_parts import rollout_dtype
 from engine.trainer.batch import collate
 from engine.trainer.torch_trainer import TorchTrainerBackend
 from engine.types import GenRequest, Trajectory

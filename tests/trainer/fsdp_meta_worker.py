@@ -11,6 +11,7 @@ import engine.models.loader as loader
 from asyncrl_cli.config.loader import load_run_config
 from engine.models.loader import resolve_model_path
 from engine.plan.devices import RoleDevice
+from engine.plan.role_parts import backend_spec
 from engine.runtime.backends import build_trainer_backend
 from engine.trainer.fsdp import FSDPTrainerBackend, init_distributed
 
@@ -31,7 +32,7 @@ def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
             return real(*args, **kwargs)
 
         loader.load_causal_lm = spy
-        meta = build_trainer_backend(cfg, model_dir, True, device=RoleDevice("cpu", "none"))
+        meta = build_trainer_backend(backend_spec(cfg), model_dir, True, device=RoleDevice("cpu", "none"))
         loader.load_causal_lm = real
         plain = FSDPTrainerBackend(real(model_dir, dtype="float32", attn_implementation="sdpa"), optim_cfg={"lr": 1e-3},
                                    device="cpu")
