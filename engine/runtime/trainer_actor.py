@@ -363,10 +363,11 @@ class TrainerCore(TrainerCheckpoints):
         sent = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
                        lambda refs: self.rollouter.catch_up.remote(version, refs, slots), gen=-self._catch_ups,
                        members=slots)
-        self._verify_delivery(version, sent, ray.get(sent.out))
+        report = self._verify_delivery(version, sent, ray.get(sent.out))
         self.controller.record_event.remote(self._ev(
             "info", "sync", f"weights v{version} sent to replaced rollout replica(s) {slots}: "
-            f"{sent.nbytes / 2**20:.1f} MiB, verified", bytes=sent.nbytes, verified=True, catch_up=slots))
+            f"{sent.nbytes / 2**20:.1f} MiB, verified on {report.replicas} of {len(slots)}", bytes=sent.nbytes,
+            verified=report.verified, replicas_verified=report.replicas, catch_up=slots))
 
     def _verify_delivery(self, version: int, sent: Any, receipts: dict[int, Any]) -> DeliveryReport:
         """Every live replica loaded exactly the sent buckets, else `SyncDeliveryError` (the run fails, naming

@@ -66,3 +66,26 @@ def test_a_bucket_corrupted_on_the_wire_fails_the_run_naming_replica_and_bucket(
     assert len(error) == 1 and "\n" not in error[0]["message"], error
     assert "SyncDeliveryError: weight sync v1: rollout replica 0 loaded bucket 0" in error[0]["message"]
     assert "Traceback" in error[0]["traceback"]
+
+
+@pytest.mark.slow
+def test_a_replica_killed_mid_transfer_is_replaced_and_its_new_weights_are_checked(tmp_path) -> None:
+    """A receiver killed in the middle of a weight sync (`debug.kill_replica_mid_sync_file`: the replica that
+    receives the sync's second bucket while the file exists deletes it and SIGKILLs itself): that sync's check
+    has no receipt from it, a replacement starts, the weights it is given pass the delivery check, and the run
+    finishes with an exact ledger."""
+    run_dir, trigger = tmp_path / "run", tmp_path / "kill-receiver"
+    trigger.touch()
+    cfg = tiny_config(run_dir, "rollout.total_rollout_steps=160", "data.max_response_length=8",
+                      f'debug.kill_replica_mid_sync_file="{trigger}"')
+    assert run(resolve_plan(cfg), progress=False) == 0
+
+    assert not trigger.exists()  # claimed by the replica that died
+    restart = events(run_dir, "replica")[0]
+    assert restart["phase"] == "restart" and "died" in restart["message"], restart
+    assert [e["phase"] for e in events(run_dir, "replica")] == ["restart", "replaced"]
+    died_in, *later = events(run_dir, "sync")
+    assert died_in["buckets"] >= 2 and (died_in["replicas_verified"], died_in["verified"]) == (0, 0.0), died_in
+    assert later and all(s["verified"] == 1.0 and s["replicas_verified"] == 1 for s in later), later
+    assert [s for s, _ in train_steps(run_dir)] == list(range(1, 21))
+    assert_ledger_exact(cfg, run_dir, trained=160)
