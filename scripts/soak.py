@@ -23,9 +23,10 @@ shuffled bag, every kind once before any repeats; `--seed` replays a schedule, `
     receiver-mid-sync the rollout replica killed (SIGKILL) in the middle of a weight sync: the soak creates the
                       file named by `debug.kill_replica_mid_sync_file`; the replica receiving the next sync's
                       second bucket (the first loaded, the rest in flight) deletes it and kills itself
-                      (`engine.runtime.replica.killed_mid_transfer`). Injected = the file was claimed; survived
-                      also needs the replacement's weights to pass the delivery check (a later `sync` event with
-                      `verified` 1.0)
+                      (`engine.runtime.replica.killed_mid_transfer`). Injected = the file was claimed. How it
+                      was got over (`recovery`, printed): "checked" = the replacement came up in that launch and
+                      its weights passed the delivery check (a later `sync` event with `verified` 1.0);
+                      "resumed" = another fault ended the launch first and `--resume auto` went on
     disk-full         the checkpoint directory's own tmpfs filled for 60 s (root only; a periodic checkpoint then
                       fails with an error event and the run goes on)
 
@@ -53,7 +54,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from soak_lib import (REPO, ctl, fill, final_hash, kill_session, launch, ledger_exact,  # noqa: E402
-                      mount_tmpfs, processes_mentioning, read_jsonl, recovered_after, role_pids, tool_counts,
+                      mount_tmpfs, processes_mentioning, read_jsonl, recovery_after, role_pids, tool_counts,
                       trained_steps)
 
 COMMON = ("trainer.ppo_mini_batch_size=8", "trainer.ppo_micro_batch_size_per_gpu=16", "rollout.n=4",
@@ -207,7 +208,7 @@ def run_arm(arm: Arm, steps: int, out: Path, rng: random.Random, kinds: list[str
     soak_s = time.monotonic() - t1
     for f in arm.faults:
         if f["kind"] == "receiver-mid-sync":
-            f["recovered"] = bool(f["injected"]) and recovered_after(run_dir, f["time"])
+            f["recovery"] = recovery_after(run_dir, f["time"]) if f["injected"] else "none"
     checks = {
         "steps contiguous": trained_steps(run_dir) == list(range(1, steps + 1)),
         "ledger exact": ledger_exact(run_dir, steps * PROMPTS_PER_STEP) is None,
@@ -233,7 +234,7 @@ def table(results: list[dict]) -> list[str]:
         for kind in sorted({f["kind"] for f in faults}):
             got = [f for f in faults if f["kind"] == kind]
             hit = sum(bool(f["injected"]) for f in got)
-            survived = sum(bool(f["injected"]) and f.get("recovered", True) for f in got) if ok else 0
+            survived = sum(bool(f["injected"]) and f.get("recovery") != "none" for f in got) if ok else 0
             lines.append(f"| {res['arm']} | {kind} | {len(got)} | {hit} | {survived} |")
         if res.get("tools"):
             t = res["tools"]
@@ -280,6 +281,11 @@ def main() -> int:
         ref = f", reference {res['reference_s'] / 60:.1f} min" if res["reference_s"] else ""
         print(f"soak: arm {res['arm']}: {res['steps']} steps, {res['soak_s'] / 60:.1f} min under faults "
               f"({res['launches']} launches){ref}{tools}")
+        mid = [f.get("recovery") for f in res["faults"] if f["kind"] == "receiver-mid-sync" and f["injected"]]
+        if mid:
+            print(f"soak: arm {res['arm']}: replica killed mid-sync {len(mid)}×: replacement's weights checked "
+                  f"in the same launch {mid.count('checked')}×, launch ended first and resumed "
+                  f"{mid.count('resumed')}×, neither {mid.count('none')}×")
     print("\n".join(table(results)))
     for res in results:
         for name, ok in res["checks"].items():

@@ -143,10 +143,21 @@ def ledger_exact(run_dir: Path, prompts: int) -> str | None:
     return None if trained == prompts else f"{trained} prompts trained, expected {prompts}"
 
 
-def recovered_after(run_dir: Path, t: float) -> bool:
-    """A replica died at or after `t` (a `replica` restart event) and a later weight sync — the replacement's
-    catch-up broadcast or the next full sync — passed the delivery check on at least one replica."""
+def recovery_after(run_dir: Path, t: float) -> str:
+    """How the run got over a replica death at or after `t`: "checked" — the replacement came up in the same
+    launch and a later weight sync (its catch-up broadcast or the next full sync) passed the delivery check on
+    at least one replica; "resumed" — the launch ended before that (another fault) and a later launch went on;
+    "none" — no death was recorded, or nothing came after it."""
     events = read_jsonl(run_dir / "events.jsonl")
-    died = [e["time"] for e in events if e["kind"] == "replica" and e.get("phase") == "restart" and e["time"] >= t]
-    return bool(died) and any(e["kind"] == "sync" and e["time"] > died[0] and e.get("verified") == 1.0
-                              and e.get("replicas_verified", 0) >= 1 for e in events)
+    died = next((e["time"] for e in events if e["kind"] == "replica" and e.get("phase") == "restart"
+                 and e["time"] >= t), None)
+    if died is None:
+        return "none"
+    later = [e for e in events if e["time"] > died]
+    end = next((e["time"] for e in later if e["kind"] == "start"), float("inf"))  # the next launch's start
+    replaced = next((e["time"] for e in later if e["kind"] == "replica" and e.get("phase") == "replaced"
+                     and e["time"] < end), None)
+    if replaced is not None and any(e["kind"] == "sync" and replaced <= e["time"] < end and e.get("verified") == 1.0
+                                    and e.get("replicas_verified", 0) >= 1 for e in later):
+        return "checked"
+    return "resumed" if end < float("inf") else "none"
