@@ -26,7 +26,8 @@ shuffled bag, every kind once before any repeats; `--seed` replays a schedule, `
                       (`engine.runtime.replica.killed_mid_transfer`). Injected = the file was claimed. How it
                       was got over (`recovery`, printed): "checked" = the replacement came up in that launch and
                       its weights passed the delivery check (a later `sync` event with `verified` 1.0);
-                      "resumed" = another fault ended the launch first and `--resume auto` went on
+                      "resumed" = the launch ended first and `--resume auto` went on. The next fault waits
+                      (up to 180 s) for the replacement's checked weights
     disk-full         the checkpoint directory's own tmpfs filled for 60 s (root only; a periodic checkpoint then
                       fails with an error event and the run goes on)
 
@@ -127,12 +128,14 @@ def soak(arm: Arm, run_dir: Path, steps: int, rng: random.Random, kinds: list[st
     while proc.poll() is None and not any(p.name.startswith("global_step_") for p in ckpts.glob("*")):
         time.sleep(0.2)  # faults start once a checkpoint exists: before it a trainer kill has nothing to resume
     next_fault = time.monotonic() + rng.uniform(5, 30)
-    next_knob, full_until, pending = time.monotonic() + 60, None, None
+    next_knob, full_until, pending, claimed = time.monotonic() + 60, None, None, None
     bag = Bag([k for k in kinds if k != "disk-full" or disk is not None], rng)
     while True:
         now = time.monotonic()
         if pending is not None and not trigger.exists():  # a replica claimed the file: it died mid-transfer
-            pending["injected"], pending = True, None
+            pending["injected"], pending, claimed = True, None, (pending["time"], now)
+        if claimed is not None and (recovery_after(run_dir, claimed[0]) != "none" or now - claimed[1] > 180):
+            claimed = None  # the next fault waits (up to 180 s) for the replacement's checked weights
         if proc.poll() is not None:
             kill_session(proc.pid)
             if proc.returncode == 0 and final_hash(run_dir) is not None:
@@ -150,7 +153,7 @@ def soak(arm: Arm, run_dir: Path, steps: int, rng: random.Random, kinds: list[st
             ok = ctl(name, "resume") and ok
             faults.append({"kind": "knob pause/resume", "step": len(trained_steps(run_dir)), "injected": ok})
             next_knob = time.monotonic() + 60
-        if now >= next_fault and bag.kinds:
+        if now >= next_fault and bag.kinds and claimed is None:
             kind = bag.draw()
             fault = {"kind": kind, "step": len(trained_steps(run_dir)), "time": time.time(), "injected": True}
             if kind in ("replica", "trainer"):
