@@ -35,7 +35,8 @@ and every minute a live operator action: `asyncrl ctl RUN pause`, then `resume` 
 a deterministic run's result unchanged). At the end of each arm: the trained steps are exactly 1..N; every
 prompt is in the ledger once, trained or dropped with a reason, and N × 8 trained; single: the final weights
 hash equals the fault-free run's; multi: every hung call answered within its deadline + 2 s and no tool box
-outlived the run. The summary table (arm, fault, drawn / injected / survived) is printed and
+outlived the run; and no stall — a live launch that records no step for `STALL_S` (300 s) is recorded as a
+STALL row (the check fails), stopped with SIGTERM and resumed, so the soak never hangs. The summary table (arm, fault, drawn / injected / survived) is printed and
 written with every detail to `<out>/soak.json`. Exit 0 when every check of every arm holds.
 """
 
@@ -66,6 +67,9 @@ HANG_TOOL = REPO / "scripts" / "soak_hang_tool.py"
 HANG_TIMEOUT_S = 2
 """The hanging tool's deadline (wall clock; the box kills the call then)."""
 PROMPTS_PER_STEP = 8
+STALL_S = 300
+"""A live launch that records no step for this long has stalled (a launch's start on a loaded machine takes up to
+~3 minutes): the soak records it (a failed check), stops the launch with SIGTERM and resumes it."""
 KINDS = ("replica", "trainer", "driver-term", "receiver-mid-sync", "disk-full")
 
 
@@ -129,6 +133,8 @@ def soak(arm: Arm, run_dir: Path, steps: int, rng: random.Random, kinds: list[st
         time.sleep(0.2)  # faults start once a checkpoint exists: before it a trainer kill has nothing to resume
     next_fault = time.monotonic() + rng.uniform(5, 30)
     next_knob, full_until, pending, claimed = time.monotonic() + 60, None, None, None
+    metrics = run_dir / "metrics.jsonl"
+    seen = (-1, time.monotonic())  # (metrics.jsonl's size, when it last changed): a stall shows as no change
     bag = Bag([k for k in kinds if k != "disk-full" or disk is not None], rng)
     while True:
         now = time.monotonic()
@@ -143,6 +149,19 @@ def soak(arm: Arm, run_dir: Path, steps: int, rng: random.Random, kinds: list[st
             if launches > 40:
                 raise RuntimeError(f"gave up after {launches} launches (last exit {proc.returncode}); see {log}")
             proc, launches = launch(arm.preset, overrides, log, resume=True), launches + 1
+            seen = (-1, time.monotonic())
+            continue
+        size = metrics.stat().st_size if metrics.exists() else 0
+        if size != seen[0]:
+            seen = (size, now)
+        elif now - seen[1] > STALL_S:  # alive, and no step recorded for STALL_S: stop it gracefully, resume
+            faults.append({"kind": f"STALL: no step for {STALL_S} s (ended by SIGTERM)",
+                           "step": len(trained_steps(run_dir)), "time": time.time(), "injected": False})
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=180)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
             continue
         if full_until is not None and now >= full_until:
             (disk / "ballast").unlink(missing_ok=True)
@@ -213,6 +232,7 @@ def run_arm(arm: Arm, steps: int, out: Path, rng: random.Random, kinds: list[str
         if f["kind"] == "receiver-mid-sync":
             f["recovery"] = recovery_after(run_dir, f["time"]) if f["injected"] else "none"
     checks = {
+        "no stall": not any(f["kind"].startswith("STALL") for f in arm.faults),
         "steps contiguous": trained_steps(run_dir) == list(range(1, steps + 1)),
         "ledger exact": ledger_exact(run_dir, steps * PROMPTS_PER_STEP) is None,
     }
