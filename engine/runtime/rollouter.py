@@ -346,6 +346,12 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
                 self.pool.generation += 1
             return slots
 
+    def replacements_starting(self) -> int:
+        """Replacement replicas not yet serving (starting, or up and waiting for the latest weights); 0 once the
+        restart budget is spent. The trainer waits for them after a sync (`TrainerSync._await_replacements`)."""
+        with self.lock:
+            return 0 if self.pool.exhausted else len(self.pool.down)
+
     def catch_up(self, version: int, bucket_refs: list, slots: list[int]) -> dict[int, Any]:
         """Load the trainer's catch-up broadcast of `version` on the waiting replacements; returns the receipts."""
         outcome = self.pool.catch_up(bucket_refs, version, slots)
