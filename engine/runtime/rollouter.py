@@ -330,6 +330,8 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
         """Replicas that died during a weight load, and replacements that joined with it (lock held)."""
         for rid, cause in outcome.dead:
             outcome.receipts.pop(rid, None)
+            if rid in self.pool.down and rid not in self.pool.waiting:
+                continue  # its death was noticed already (a failed generate call): a replacement is starting
             self._execute(self.loop.replica_died(rid))
             self._replica_failed(rid, cause)
         for rid in outcome.joined:
