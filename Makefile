@@ -54,10 +54,12 @@ test-slow: $(STAMP)
 	$(PY) -m pytest $(PYTEST_FLAGS) -m "slow and not gpu and not vllm"
 	$(MAKE) test-vllm VLLM=0.13.0
 
-# Chaos soak (scripts/soak.py; about twice SOAK_MINUTES: a fault-free reference run first): the tiny preset in
-# deterministic mode under random faults — kill -9 of the replica or the trainer, SIGTERM of the driver then
-# --resume auto, its checkpoint tmpfs full for a minute (root), pause/resume every minute — ending with the ledger
-# exact and the reference's final weights; prints the table of faults injected and survived.
+# Chaos soak (scripts/soak.py; docs/operations.md "Chaos soak"; about 1.5 × SOAK_MINUTES with the reference run):
+# two arms, the tiny preset in deterministic mode and the tiny tool preset with a tool that sometimes hangs (killed
+# at its deadline by the box), under random faults — kill -9 of the replica or the trainer, SIGTERM of the driver
+# then --resume auto, the replica killed mid-sync (debug.kill_replica_mid_sync_file), its checkpoint tmpfs full for
+# a minute (root), pause/resume every minute — ending with the ledger exact and (deterministic arm) the reference's
+# final weights; prints the table of faults injected and survived.
 SOAK_MINUTES ?= 30
 soak: $(STAMP)
 	PYTHONPATH=$(CURDIR) $(PY) scripts/soak.py --minutes $(SOAK_MINUTES)

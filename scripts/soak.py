@@ -1,26 +1,43 @@
-"""Chaos soak (`make soak`): the tiny preset in deterministic mode, fully async (staleness 0.5, a sync every 2
-local steps), run for about `--minutes` while faults arrive at random times, then checked against a fault-free
-run of the same config.
+"""Chaos soak (`make soak`): tiny runs, fully async (staleness 0.5, a sync every 2 local steps), under faults
+arriving at random times; the deterministic arm is then checked against a fault-free run of the same config.
 
-    python scripts/soak.py --minutes 30 [--seed S] [--out DIR]
+    python scripts/soak.py --minutes 30 [--seed S] [--out DIR] [--arms single,multi] [--faults KIND,...]
 
-Faults (from the first checkpoint on, each at a random moment 20-60 s after the previous, kind chosen at random;
-`--seed` replays a schedule):
+Two arms, `--minutes` of faulted running split between them (each arm's length in steps is sized from a guess
+of its step time):
 
-    replica      kill -9 of the rollout replica's process (the run replaces it)
-    trainer      kill -9 of the trainer actor's process (the launch fails; `--resume auto` continues it)
-    driver-term  SIGTERM to the driver (graceful stop with a checkpoint; `--resume auto` continues it)
-    disk-full    the checkpoint directory's own tmpfs filled for 60 s (root only; a periodic checkpoint
-                 then fails with an error event and the run goes on)
+    single  the tiny preset (presets/runs/tiny-cpu.toml), single-turn, in deterministic mode; a fault-free
+            reference run of the same config comes first
+    multi   the tiny tool preset (presets/runs/tiny-tools-cpu.toml), multi-turn, with its `lookup` tool replaced
+            by `scripts/soak_hang_tool.py`: for a quarter of the prompts the tool never returns, the bubblewrap
+            box (engine/agent/box.py) kills it at its 2 s deadline and the model reads a `timeout` error answer;
+            the table counts those timeouts. Deterministic mode refuses multi-turn (tool latencies decide when a
+            turn is generated), so this arm has no reference run and no weights comparison
 
-and every minute a live operator action: `asyncrl ctl RUN pause`, then `resume` 5 s later (the knob that
-leaves a deterministic run's result unchanged). At the end: every prompt of the stream's prefix is in the
-ledger exactly once, trained or dropped with a reason; the steps are contiguous; the final weights hash equals
-the fault-free run's. The summary table (faults injected / survived) is printed and written to
-`<out>/soak.json`. Exit 0 when every check holds.
+Faults (from the first checkpoint on, each at a random moment 20-60 s after the previous; the kinds come as a
+shuffled bag, every kind once before any repeats; `--seed` replays a schedule, `--faults` restricts the kinds):
 
-Not covered (yet): multi-turn with a hanging tool, and a receiver killed exactly mid-transfer (a replica kill
-lands in a sync only by chance).
+    replica           kill -9 of the rollout replica's process (the run replaces it)
+    trainer           kill -9 of the trainer actor's process (the launch fails; `--resume auto` continues it)
+    driver-term       SIGTERM to the driver (graceful stop with a checkpoint; `--resume auto` continues it)
+    receiver-mid-sync the rollout replica killed (SIGKILL) in the middle of a weight sync: the soak creates the
+                      file named by `debug.kill_replica_mid_sync_file`; the replica receiving the next sync's
+                      second bucket (the first loaded, the rest in flight) deletes it and kills itself
+                      (`engine.runtime.replica.killed_mid_transfer`). Injected = the file was claimed. How it
+                      was got over (`recovery`, printed): "checked" = the replacement came up in that launch and
+                      its weights passed the delivery check (a later `sync` event with `verified` 1.0);
+                      "resumed" = the launch ended first and `--resume auto` went on. The next fault waits
+                      (up to 180 s) for the replacement's checked weights
+    disk-full         the checkpoint directory's own tmpfs filled for 60 s (root only; a periodic checkpoint then
+                      fails with an error event and the run goes on)
+
+and every minute a live operator action: `asyncrl ctl RUN pause`, then `resume` 5 s later (the knob that leaves
+a deterministic run's result unchanged). At the end of each arm: the trained steps are exactly 1..N; every
+prompt is in the ledger once, trained or dropped with a reason, and N × 8 trained; single: the final weights
+hash equals the fault-free run's; multi: every hung call answered within its deadline + 2 s and no tool box
+outlived the run; and no stall — a live launch that records no step for `STALL_S` (300 s) is recorded as a
+STALL row (the check fails), stopped with SIGTERM and resumed, so the soak never hangs. The summary table (arm, fault, drawn / injected / survived) is printed and
+written with every detail to `<out>/soak.json`. Exit 0 when every check of every arm holds.
 """
 
 from __future__ import annotations
@@ -29,139 +46,122 @@ import argparse
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-ASYNCRL = Path(sys.executable).with_name("asyncrl")
-TINY = REPO / "presets" / "runs" / "tiny-cpu.toml"
-DETERMINISTIC = ("trainer.ppo_mini_batch_size=8", "trainer.ppo_micro_batch_size_per_gpu=16", "rollout.n=4",
-                 "trainer.deterministic=true", "async_training.staleness_threshold=0.5",
-                 "async_training.trigger_parameter_sync_step=2", "data.max_response_length=4",
-                 "trainer.test_freq=0", "trainer.val_before_train=false", "logging.progress=false",
-                 "checkpoint.every_versions=2", "checkpoint.keep_last=2")
-STEP_S_GUESS = 0.45
-"""Seconds per local step of the tiny deterministic run on two cores (to size `--minutes` into steps)."""
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from soak_lib import (REPO, ctl, fill, final_hash, kill_session, launch, ledger_exact,  # noqa: E402
+                      mount_tmpfs, processes_mentioning, read_jsonl, recovery_after, role_pids, tool_counts,
+                      trained_steps)
+
+COMMON = ("trainer.ppo_mini_batch_size=8", "trainer.ppo_micro_batch_size_per_gpu=16", "rollout.n=4",
+          "async_training.staleness_threshold=0.5",
+          "async_training.trigger_parameter_sync_step=2", "trainer.test_freq=0", "trainer.val_before_train=false",
+          "logging.progress=false", "checkpoint.every_versions=2", "checkpoint.keep_last=2")
+HANG_TOOL = REPO / "scripts" / "soak_hang_tool.py"
+HANG_TIMEOUT_S = 2
+"""The hanging tool's deadline (wall clock; the box kills the call then)."""
+PROMPTS_PER_STEP = 8
+STALL_S = 300
+"""A live launch that records no step for this long has stalled (a launch's start on a loaded machine takes up to
+~3 minutes): the soak records it (a failed check), stops the launch with SIGTERM and resumes it."""
+KINDS = ("replica", "trainer", "driver-term", "receiver-mid-sync", "disk-full")
 
 
-def sets(run_dir: Path, steps: int, name: str, ckpt_dir: Path | None) -> list[str]:
-    out = [*DETERMINISTIC, f'logging.run_dir="{run_dir}"', f"rollout.total_rollout_steps={steps * 8}",
-           f'name="{name}"']
+@dataclass
+class Arm:
+    name: str
+    preset: Path
+    overrides: tuple[str, ...]
+    step_s: float
+    """Seconds per local step on two loaded cores (to size minutes into steps)."""
+    deterministic: bool = False
+    """Deterministic mode: a fault-free reference run first, and its final weights must be matched."""
+    tool_file: Path | None = None
+    faults: list[dict] = field(default_factory=list)
+
+
+ARMS = {
+    "single": Arm("single", REPO / "presets" / "runs" / "tiny-cpu.toml",
+                  ("data.max_response_length=4", "trainer.deterministic=true"), 0.45, deterministic=True),
+    "multi": Arm("multi", REPO / "presets" / "runs" / "tiny-tools-cpu.toml",
+                 ("rollout.multi_turn.tools=[]",
+                  f'rollout.multi_turn.tool=[{{name="lookup", function="{HANG_TOOL}:lookup", '
+                  f'timeout_s={HANG_TIMEOUT_S}, description="the secret of this prompt"}}]'), 0.4, tool_file=HANG_TOOL),
+}
+
+
+def sets(arm: Arm, run_dir: Path, steps: int, name: str, ckpt_dir: Path | None, trigger: Path | None) -> list[str]:
+    out = [*COMMON, *arm.overrides, f'logging.run_dir="{run_dir}"',
+           f"rollout.total_rollout_steps={steps * PROMPTS_PER_STEP}", f'name="{name}"']
     if ckpt_dir is not None:
         out.append(f'checkpoint.dir="{ckpt_dir}"')
+    if trigger is not None:
+        out.append(f'debug.kill_replica_mid_sync_file="{trigger}"')
     return out
 
 
-def launch(overrides: list[str], log: Path, resume: bool = False) -> subprocess.Popen:
-    args = [str(ASYNCRL), "launch", str(TINY)]
-    for s in overrides:
-        args += ["--set", s]
-    if resume:
-        args += ["--resume", "auto"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
-    return subprocess.Popen(args, stdout=log.open("a"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+class Bag:
+    """Fault kinds drawn without replacement, refilled (reshuffled) when empty: every kind comes once per round."""
+
+    def __init__(self, kinds: list[str], rng: random.Random) -> None:
+        self.kinds, self.rng, self.left = kinds, rng, []
+
+    def draw(self) -> str:
+        if not self.left:
+            self.left = self.rng.sample(self.kinds, len(self.kinds))
+        return self.left.pop()
 
 
-def session_pids(sid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            out.append(int(stat.parent.name))
-    return out
-
-
-def kill_session(sid: int) -> None:
-    """SIGKILL what is left of a launch's process session (its own processes only)."""
-    for _ in range(100):
-        pids = session_pids(sid)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.2)
-
-
-def role_pids(sid: int, role: str) -> list[int]:
-    prefix = {"trainer": "ray::Trainer", "replica": "ray::RolloutReplica"}[role]
-    out = []
-    for pid in session_pids(sid):
-        try:
-            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-        except OSError:
-            continue
-        if title.startswith(prefix) and not title.startswith("ray::TrainerRank"):
-            out.append(pid)
-    return out
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
-
-def ctl(name: str, *args: str) -> bool:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    try:
-        return subprocess.run([str(ASYNCRL), "ctl", name, *args], capture_output=True, env=env,
-                              timeout=30).returncode == 0
-    except subprocess.TimeoutExpired:
-        return False
-
-
-def mount_tmpfs(where: Path, size_mb: int) -> bool:
-    where.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(where)],
-                          capture_output=True).returncode == 0
-
-
-def fill(disk: Path, leave: int = 1 << 20) -> None:
-    with (disk / "ballast").open("wb") as f:
-        f.write(b"\0" * max(0, shutil.disk_usage(disk).free - leave))
-
-
-def trained_steps(run_dir: Path) -> list[int]:
-    return [r["training/global_step"] for r in read_jsonl(run_dir / "metrics.jsonl") if "critic/rewards/mean" in r]
-
-
-def final_hash(run_dir: Path) -> str | None:
-    found = [e for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] == "weights"]
-    return found[-1]["weights_sha256"] if found else None
-
-
-def soak(run_dir: Path, steps: int, rng: random.Random, disk: Path | None, log: Path) -> tuple[list[dict], int]:
-    """Run with faults until the run ends (exit 0) or gives up; returns (faults, launches)."""
-    name = "soak-run"
-    overrides = sets(run_dir, steps, name, disk / "ckpt" if disk else None)
-    proc, launches = launch(overrides, log), 1
-    faults: list[dict] = []
+def soak(arm: Arm, run_dir: Path, steps: int, rng: random.Random, kinds: list[str], disk: Path | None,
+         log: Path) -> int:
+    """Run `arm` with faults until it ends (exit 0) or gives up; the faults land in `arm.faults`; returns the
+    number of launches."""
+    name = f"soak-{arm.name}"
+    trigger = run_dir.parent / f"{arm.name}-kill-receiver"
+    trigger.unlink(missing_ok=True)
+    overrides = sets(arm, run_dir, steps, name, disk / "ckpt" if disk else None, trigger)
+    proc, launches = launch(arm.preset, overrides, log), 1
+    faults = arm.faults
     ckpts = (disk / "ckpt") if disk else run_dir / "checkpoints"
     while proc.poll() is None and not any(p.name.startswith("global_step_") for p in ckpts.glob("*")):
         time.sleep(0.2)  # faults start once a checkpoint exists: before it a trainer kill has nothing to resume
     next_fault = time.monotonic() + rng.uniform(5, 30)
-    next_knob, full_until = time.monotonic() + 60, None
-    kinds = ["replica", "trainer", "driver-term"] + (["disk-full"] if disk else [])
+    next_knob, full_until, pending, claimed = time.monotonic() + 60, None, None, None
+    metrics = run_dir / "metrics.jsonl"
+    seen = (-1, time.monotonic())  # (metrics.jsonl's size, when it last changed): a stall shows as no change
+    bag = Bag([k for k in kinds if k != "disk-full" or disk is not None], rng)
     while True:
         now = time.monotonic()
+        if pending is not None and not trigger.exists():  # a replica claimed the file: it died mid-transfer
+            pending["injected"], pending, claimed = True, None, (pending["time"], now)
+        if claimed is not None and (recovery_after(run_dir, claimed[0]) != "none" or now - claimed[1] > 180):
+            claimed = None  # the next fault waits (up to 180 s) for the replacement's checked weights
         if proc.poll() is not None:
             kill_session(proc.pid)
             if proc.returncode == 0 and final_hash(run_dir) is not None:
                 break
             if launches > 40:
                 raise RuntimeError(f"gave up after {launches} launches (last exit {proc.returncode}); see {log}")
-            proc, launches = launch(overrides, log, resume=True), launches + 1
+            proc, launches = launch(arm.preset, overrides, log, resume=True), launches + 1
+            seen = (-1, time.monotonic())
+            continue
+        size = metrics.stat().st_size if metrics.exists() else 0
+        if size != seen[0]:
+            seen = (size, now)
+        elif now - seen[1] > STALL_S:  # alive, and no step recorded for STALL_S: stop it gracefully, resume
+            faults.append({"kind": f"STALL: no step for {STALL_S} s (ended by SIGTERM)",
+                           "step": len(trained_steps(run_dir)), "time": time.time(), "injected": False})
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=180)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
             continue
         if full_until is not None and now >= full_until:
             (disk / "ballast").unlink(missing_ok=True)
@@ -172,21 +172,27 @@ def soak(run_dir: Path, steps: int, rng: random.Random, disk: Path | None, log: 
             ok = ctl(name, "resume") and ok
             faults.append({"kind": "knob pause/resume", "step": len(trained_steps(run_dir)), "injected": ok})
             next_knob = time.monotonic() + 60
-        if now >= next_fault:
-            kind = rng.choice(kinds)
-            step = len(trained_steps(run_dir))
-            injected = True
+        if now >= next_fault and bag.kinds and claimed is None:
+            kind = bag.draw()
+            fault = {"kind": kind, "step": len(trained_steps(run_dir)), "time": time.time(), "injected": True}
             if kind in ("replica", "trainer"):
                 pids = role_pids(proc.pid, kind)
-                injected = bool(pids)
+                fault["injected"] = bool(pids)
                 for pid in pids:
                     os.kill(pid, signal.SIGKILL)
             elif kind == "driver-term":
                 os.kill(proc.pid, signal.SIGTERM)
-            elif kind == "disk-full" and full_until is None:
-                fill(disk)
-                full_until = time.monotonic() + 60
-            faults.append({"kind": kind, "step": step, "injected": injected})
+            elif kind == "disk-full":
+                fault["injected"] = full_until is None
+                if full_until is None:
+                    fill(disk)
+                    full_until = time.monotonic() + 60
+            elif kind == "receiver-mid-sync":
+                fault["injected"] = None if pending is None else False  # decided when a replica claims it
+                if pending is None:
+                    trigger.touch()
+                    pending = fault
+            faults.append(fault)
             next_fault = time.monotonic() + rng.uniform(20, 60)
             if kind in ("trainer", "driver-term"):  # the launch ends: wait for it (then `--resume auto`)
                 try:
@@ -194,73 +200,120 @@ def soak(run_dir: Path, steps: int, rng: random.Random, disk: Path | None, log: 
                 except subprocess.TimeoutExpired:
                     os.kill(proc.pid, signal.SIGKILL)
         time.sleep(0.5)
+    if pending is not None:  # no sync after it: never injected
+        pending["injected"] = False
+        trigger.unlink(missing_ok=True)
     if disk is not None:
         (disk / "ballast").unlink(missing_ok=True)
-    return faults, launches
+    return launches
 
 
-def ledger_exact(run_dir: Path, steps: int) -> str | None:
-    """None when every ledger uid is unique, trained or dropped (with a reason) or in flight at the end, and
-    steps × 8 prompts were trained; else what is wrong."""
-    ledger = read_jsonl(run_dir / "ledger.jsonl")
-    uids = [e["uid"] for e in ledger]
-    if len(uids) != len(set(uids)):
-        return "a prompt appears twice in the ledger"
-    if any(e["status"] == "dropped" and not e.get("reason") for e in ledger):
-        return "a dropped prompt without a reason"
-    trained = sum(e["status"] == "trained" for e in ledger)
-    return None if trained == steps * 8 else f"{trained} prompts trained, expected {steps * 8}"
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--minutes", type=float, default=30.0)
-    ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--out", type=Path, default=None)
-    a = ap.parse_args()
-    seed = a.seed if a.seed is not None else time.time_ns() % 100_000
-    out = a.out or Path(tempfile.mkdtemp(prefix="asyncrl-soak-"))
-    out.mkdir(parents=True, exist_ok=True)
-    steps = max(20, int(a.minutes * 60 / STEP_S_GUESS) // 2 * 2)
-    log = out / "launches.log"
+def run_arm(arm: Arm, steps: int, out: Path, rng: random.Random, kinds: list[str], log: Path) -> dict:
+    """The fault-free reference (deterministic arms), then the faulted run, then the checks; the arm's summary."""
     t0 = time.monotonic()
-    ref = out / "reference"
-    rc = launch(sets(ref, steps, "soak-reference", None), log).wait()
+    ref = out / f"{arm.name}-reference" if arm.deterministic else None
+    if ref is not None:
+        rc = launch(arm.preset, sets(arm, ref, steps, f"soak-{arm.name}-reference", None, None), log).wait()
+        if rc != 0:
+            return {"arm": arm.name, "steps": steps, "error": f"the fault-free reference run failed (exit {rc})",
+                    "checks": {"reference run": False}, "faults": []}
     ref_s = time.monotonic() - t0
-    if rc != 0:
-        print(f"soak: the fault-free reference run failed (exit {rc}); see {log}")
-        return 1
-    disk = out / "disk"
-    mounted = os.geteuid() == 0 and mount_tmpfs(disk, 64)
+    disk = out / f"{arm.name}-disk"
+    mounted = "disk-full" in kinds and os.geteuid() == 0 and mount_tmpfs(disk, 64)
     t1 = time.monotonic()
+    run_dir = out / arm.name
     try:
-        faults, launches = soak(out / "soak", steps, random.Random(seed), disk if mounted else None, log)
+        launches = soak(arm, run_dir, steps, rng, kinds, disk if mounted else None, log)
     finally:
         if mounted:
             subprocess.run(["umount", "-l", str(disk)], check=False)
     soak_s = time.monotonic() - t1
-    run_dir = out / "soak"
+    for f in arm.faults:
+        if f["kind"] == "receiver-mid-sync":
+            f["recovery"] = recovery_after(run_dir, f["time"]) if f["injected"] else "none"
     checks = {
+        "no stall": not any(f["kind"].startswith("STALL") for f in arm.faults),
         "steps contiguous": trained_steps(run_dir) == list(range(1, steps + 1)),
-        "ledger exact": ledger_exact(run_dir, steps) is None,
-        "final weights = fault-free run": final_hash(run_dir) == final_hash(ref) is not None,
+        "ledger exact": ledger_exact(run_dir, steps * PROMPTS_PER_STEP) is None,
     }
+    if ref is not None:
+        checks["final weights = fault-free run"] = final_hash(run_dir) == final_hash(ref) is not None
+    tools = tool_counts(run_dir) if arm.tool_file else None
+    if tools is not None:
+        checks["no tool box outlived the run"] = processes_mentioning(str(arm.tool_file)) == []
+        checks["hung tools answered within their deadline + 2 s"] = tools["latency_max_s"] < HANG_TIMEOUT_S + 2
     errors = [e for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] == "checkpoint" and e["level"] == "error"]
-    summary = {"seed": seed, "steps": steps, "reference_s": round(ref_s), "soak_s": round(soak_s),
-               "launches": launches, "disk_fault": mounted, "faults": faults, "checks": checks,
-               "checkpoint_errors": len(errors), "ledger_problem": ledger_exact(run_dir, steps)}
-    (out / "soak.json").write_text(json.dumps(summary, indent=2))
-    print(f"soak: seed {seed}, {steps} steps, {soak_s / 60:.1f} min under faults ({launches} launches), "
-          f"reference {ref_s / 60:.1f} min; {out}")
-    print("| fault | drawn | injected | survived (run ended with every check holding) |")
-    print("|---|---|---|---|")
-    for kind in sorted({f["kind"] for f in faults}):
-        got = [f for f in faults if f["kind"] == kind]
-        hit = sum(f["injected"] for f in got)
-        print(f"| {kind} | {len(got)} | {hit} | {hit if all(checks.values()) else 0} |")
-    for name, ok in checks.items():
-        print(f"check: {name}: {'ok' if ok else 'FAILED'}")
-    return 0 if all(checks.values()) else 1
+    return {"arm": arm.name, "steps": steps, "reference_s": round(ref_s) if ref else None, "soak_s": round(soak_s),
+            "launches": launches, "disk_fault": mounted, "faults": arm.faults, "checks": checks,
+            "checkpoint_errors": len(errors), "ledger_problem": ledger_exact(run_dir, steps * PROMPTS_PER_STEP),
+            "tools": tools, "final_hash": final_hash(run_dir)}
+
+
+def table(results: list[dict]) -> list[str]:
+    lines = ["| arm | fault | drawn | injected | survived (run ended with every check holding) |", "|---|---|---|---|---|"]
+    for res in results:
+        ok = all(res["checks"].values())
+        faults = res["faults"]
+        for kind in sorted({f["kind"] for f in faults}):
+            got = [f for f in faults if f["kind"] == kind]
+            hit = sum(bool(f["injected"]) for f in got)
+            survived = sum(bool(f["injected"]) and f.get("recovery") != "none" for f in got) if ok else 0
+            lines.append(f"| {res['arm']} | {kind} | {len(got)} | {hit} | {survived} |")
+        if res.get("tools"):
+            t = res["tools"]
+            hung = int(t["timeouts"])
+            lines.append(f"| {res['arm']} | tool hung, killed at its {HANG_TIMEOUT_S} s deadline (answer `timeout`) "
+                         f"| {hung} | {hung} | {hung if ok else 0} |")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=30.0, help="faulted running, split between the arms")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--arms", default="single,multi", help=f"comma-separated, of {', '.join(ARMS)}")
+    ap.add_argument("--faults", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
+    a = ap.parse_args()
+    arms = [ARMS[x] for x in a.arms.split(",") if x]
+    kinds = [k for k in a.faults.split(",") if k]
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not arms:
+        print(f"soak: unknown fault kind(s) {unknown}" if unknown else "soak: no arm")
+        return 2
+    seed = a.seed if a.seed is not None else time.time_ns() % 100_000
+    out = a.out or Path(tempfile.mkdtemp(prefix="asyncrl-soak-"))
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "launches.log"
+    rng = random.Random(seed)
+    results = []
+    for arm in arms:
+        steps = max(20, int(a.minutes / len(arms) * 60 / arm.step_s) // 2 * 2)
+        results.append(run_arm(arm, steps, out, rng, kinds, log))
+    (out / "soak.json").write_text(json.dumps({"seed": seed, "minutes": a.minutes, "arms": results}, indent=2))
+    print(f"soak: seed {seed}; {out}")
+    for res in results:
+        if "error" in res:
+            print(f"soak: arm {res['arm']}: {res['error']}; see {log}")
+            continue
+        tools = ""
+        if res.get("tools"):
+            t = res["tools"]
+            tools = (f"; tool calls {int(t['calls'])} ({int(t['errors'])} errors, {int(t['timeouts'])} of them "
+                     f"timeouts), slowest answer {t['latency_max_s']:.1f} s")
+        ref = f", reference {res['reference_s'] / 60:.1f} min" if res["reference_s"] else ""
+        print(f"soak: arm {res['arm']}: {res['steps']} steps, {res['soak_s'] / 60:.1f} min under faults "
+              f"({res['launches']} launches){ref}{tools}")
+        mid = [f.get("recovery") for f in res["faults"] if f["kind"] == "receiver-mid-sync" and f["injected"]]
+        if mid:
+            print(f"soak: arm {res['arm']}: replica killed mid-sync {len(mid)}×: replacement's weights checked "
+                  f"in the same launch {mid.count('checked')}×, launch ended first and resumed "
+                  f"{mid.count('resumed')}×, neither {mid.count('none')}×")
+    print("\n".join(table(results)))
+    for res in results:
+        for name, ok in res["checks"].items():
+            print(f"check: {res['arm']}: {name}: {'ok' if ok else 'FAILED'}")
+    return 0 if all(all(r["checks"].values()) for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -218,6 +218,11 @@ class DebugConfig(Section):
     """Flip one byte of this weight-sync bucket (0-based) on the trainer after its checksum was taken, as a
     fault on the wire would, at every sync (tests the delivery check: the run fails naming the replica and
     the bucket; None = off)."""
+    kill_replica_mid_sync_file: str | None = None
+    """An absolute path: whenever that file exists as a rollout replica receives the second bucket of a weight
+    sync (the first received and loaded, the rest in flight), the replica deletes it and kills its own process
+    (SIGKILL) — a receiver killed mid-transfer, at a moment the caller picks by creating the file (the soak does;
+    `engine.runtime.replica.killed_mid_transfer`; `hf` replicas; None = off)."""
 
 
 class RunConfig(Section):

@@ -18,8 +18,10 @@ Threads: the process starts with the plan's share (`spec.threads`); `set_threads
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import ray
@@ -69,6 +71,29 @@ def _is_shm(bucket_refs: list) -> bool:
     from engine.sync.shared_memory import SharedMemoryHandle
 
     return len(bucket_refs) == 1 and isinstance(bucket_refs[0], SharedMemoryHandle)
+
+
+def killed_mid_transfer(buckets: Iterable[Any], trigger: str) -> Iterator[Any]:
+    """Fault injection (`debug.kill_replica_mid_sync_file`): `buckets` as they come, except that when the second
+    bucket has arrived — the first received and loaded, the rest of the version still in flight — and the file
+    `trigger` exists, this replica claims it (deletes it: one death per file, whichever replica gets there first)
+    and kills its own process with SIGKILL, as `kill -9` of a receiver mid-transfer would. A sync of a single
+    bucket never fires it (the file waits for the next sync)."""
+    it = iter(buckets)
+    try:
+        for k, bucket in enumerate(it):
+            if k == 1:
+                try:
+                    os.unlink(trigger)
+                except OSError:
+                    pass
+                else:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            yield bucket
+    finally:  # a consumer that stopped: the source acknowledges the rest to its sender (`Delivery.__iter__`)
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
 
 
 def back_buffer_fits(nbytes: int, device: Any) -> bool:
@@ -153,15 +178,24 @@ class RolloutReplica:
         sync, from the trainer's broadcast as it arrives (`engine.sync.runtime`). Returns the receipt the
         trainer checks (`engine.sync.verify`): the fingerprint of every bucket received, a sample fingerprint of
         the weights now loaded, and the seconds it took."""
-        from engine.sync.runtime import resolve_buckets
-
         t0 = time.monotonic()
-        delivery = resolve_buckets(bucket_refs, self.replica_id)
+        delivery = self._delivery(bucket_refs)
         self.backend.update_weights(delivery, version)
         self._abort.clear()
         self._abort_val.clear()
         return {"fingerprints": delivery.fingerprints, "weights": self.backend.weights_fingerprint(),
                 "seconds": time.monotonic() - t0}
+
+    def _delivery(self, bucket_refs: list) -> Any:
+        """The sync's buckets for this replica (`engine.sync.runtime.resolve_buckets`), through the mid-transfer
+        fault when `debug.kill_replica_mid_sync_file` is set."""
+        from engine.sync.runtime import resolve_buckets
+
+        delivery = resolve_buckets(bucket_refs, self.replica_id)
+        trigger = self.spec.config.debug.kill_replica_mid_sync_file
+        if trigger:
+            delivery.buckets = killed_mid_transfer(delivery.buckets, trigger)
+        return delivery
 
     def stages_weights(self) -> bool:
         """Whether this replica receives a sync into a back buffer while it generates (`stage_weights`, then
@@ -184,14 +218,12 @@ class RolloutReplica:
         """Receive `version` (as `update_weights` does) into the back buffer while generation goes on with the
         loaded weights; returns {"seconds"}. The receipt comes with `swap_weights`."""
         from engine.sync.flat import copy_stats
-        from engine.sync.runtime import resolve_buckets
-
         from engine.sync.shared_memory import pulled_marks
 
         t0 = time.monotonic()
         self._staged = None
         c0 = copy_stats()
-        delivery = resolve_buckets(bucket_refs, self.replica_id)
+        delivery = self._delivery(bucket_refs)
         self.backend.stage_weights(delivery, version)
         c1 = copy_stats()
         t1 = time.monotonic()

@@ -328,6 +328,8 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
         """Replicas that died during a weight load, and replacements that joined with it (lock held)."""
         for rid, cause in outcome.dead:
             outcome.receipts.pop(rid, None)
+            if rid in self.pool.down and rid not in self.pool.waiting:
+                continue  # its death was noticed already (a failed generate call): a replacement is starting
             self._execute(self.loop.replica_died(rid))
             self._replica_failed(rid, cause)
         for rid in outcome.joined:
@@ -343,6 +345,12 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
             if slots:
                 self.pool.generation += 1
             return slots
+
+    def replacements_starting(self) -> int:
+        """Replacement replicas not yet serving (starting, or up and waiting for the latest weights); 0 once the
+        restart budget is spent. The trainer waits for them after a sync (`TrainerSync._await_replacements`)."""
+        with self.lock:
+            return 0 if self.pool.exhausted else len(self.pool.down)
 
     def catch_up(self, version: int, bucket_refs: list, slots: list[int]) -> dict[int, Any]:
         """Load the trainer's catch-up broadcast of `version` on the waiting replacements; returns the receipts."""

@@ -42,11 +42,10 @@ from engine.algo.batching import LogRatioObserver, is_ratio_metrics, prepare_bat
 from engine.persist.ledger import Ledger
 from engine.persist.trainer_checkpoints import TrainerCheckpoints
 from engine.runtime.trainer_group import TrainerGroup
-from engine.sync.collective import CollectiveSync
 from engine.sync.object_store import ObjectStoreSync
 from engine.sync.runtime import publish
-from engine.runtime.sync_report import sync_event, sync_metrics
-from engine.sync.verify import DeliveryCheck, DeliveryReport
+from engine.runtime.trainer_sync import TrainerSync
+from engine.sync.verify import DeliveryCheck
 from engine.telemetry.sinks import scalars_as_numbers
 from engine.types import TrajectoryGroup
 
@@ -56,7 +55,7 @@ ELASTIC_ANSWER_S = 30.0
 (the rollouter answers at once unless its process is stalled; a dead one raises)."""
 
 
-class TrainerCore(TrainerCheckpoints):
+class TrainerCore(TrainerCheckpoints, TrainerSync):
     """The training loop of rank 0, from its `TrainerSpec` (`engine.plan.roles`: the loop's parameters, M ranks,
     the trainer device and threads, the weight sync, the backend, loss, batch preparation and checkpoint parts, the
     run's identity, a checkpoint's trainer part on resume).
@@ -169,6 +168,7 @@ class TrainerCore(TrainerCheckpoints):
                 self.request_stop("requested through the controller")
             return self.loop.control(self.inbox.take(knobs), actions)
         if isinstance(c, Pull):
+            self._await_replacements()
             if self.spec.elastic:  # the trainer waits for a batch: the rollout may take its threads
                 self._phase_seq += 1
                 self.rollouter.trainer_phase.remote(False, self._phase_seq)
@@ -325,56 +325,6 @@ class TrainerCore(TrainerCheckpoints):
             ev = self._ev("warning", "drop", f"dropped {len(drop)} prompt(s) older than max_staleness_versions="
                           f"{self.loop.p.max_staleness_versions}", uids=uids, reason=reason)
         self.controller.record_event.remote(ev)
-
-    # ------------------------------------------------------------------ sync
-    def _sync(self, c: Sync) -> dict[str, float]:
-        """Push the weights of `c.version` (bucketed, by `rollout.weight_sync`'s transport) to every replica."""
-        t0, version, gen, members = time.monotonic(), c.version, 0, None
-        if isinstance(self.weight_sync, CollectiveSync):  # the group: generation and slots (engine.sync.collective)
-            gen, members = ray.get(self.rollouter.sync_generation.remote())
-        sent = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
-                       lambda refs: self.rollouter.update_weights.remote(version, refs, self.local_step, c.cut,
-                                                                         c.trigger, c.held),
-                       gen=gen, corrupt_bucket=self.spec.weight_sync.corrupt_bucket, members=members)
-        export_s = time.monotonic() - t0
-        out = ray.get(sent.out)
-        report = self._verify_delivery(version, sent, out.pop("receipts"))
-        self._sync_snapshot = out.pop("snapshot", None)
-        if not self.rc.bypass_mode:
-            t_snap = time.monotonic()
-            self.backend.snapshot_params()
-            out["asyncrl/prox_snapshot_s"] = time.monotonic() - t_snap
-        out.update(sync_metrics(time.monotonic() - t0, sent.nbytes, export_s, report, len(sent.fingerprints)))
-        msg, fields = sync_event(version, out, report, c.trigger or self.trigger, type(self.weight_sync).__name__)
-        self.controller.record_event.remote(self._ev("info", "sync", msg, **fields))
-        return out
-
-    def _catch_up(self) -> None:
-        """Collective sync: a replaced replica waits for the weights of the last sync. While this trainer still
-        holds exactly them (no step since), broadcast them to the waiting replicas alone (a catch-up group);
-        otherwise the replica receives the next sync."""
-        if not isinstance(self.weight_sync, CollectiveSync) or self.version == 0 or self.loop.since_sync:
-            return
-        slots = ray.get(self.rollouter.catch_up_slots.remote())
-        if not slots:
-            return
-        self._catch_ups = getattr(self, "_catch_ups", 0) + 1  # catch-up groups: generations −1, −2, …
-        version = self.version
-        sent = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
-                       lambda refs: self.rollouter.catch_up.remote(version, refs, slots), gen=-self._catch_ups,
-                       members=slots)
-        self._verify_delivery(version, sent, ray.get(sent.out))
-        self.controller.record_event.remote(self._ev(
-            "info", "sync", f"weights v{version} sent to replaced rollout replica(s) {slots}: "
-            f"{sent.nbytes / 2**20:.1f} MiB, verified", bytes=sent.nbytes, verified=True, catch_up=slots))
-
-    def _verify_delivery(self, version: int, sent: Any, receipts: dict[int, Any]) -> DeliveryReport:
-        """Every live replica loaded exactly the sent buckets, else `SyncDeliveryError` (the run fails, naming
-        the replica and the bucket); a replica whose weights did not change is an `error` event (alarm)."""
-        report = self.delivery.check(version, sent.fingerprints, receipts, sent.names)
-        for alarm in report.alarms:
-            self.controller.record_event.remote(self._ev("error", "sync", alarm))
-        return report
 
     def _alarms(self, rec: dict[str, Any], batch: Any, weights_moved: bool) -> dict[str, Any]:
         """`weights_moved`: an earlier step since the last sync changed the weights."""

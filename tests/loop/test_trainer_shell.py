@@ -70,6 +70,9 @@ class FakeRollouter:
     def catch_up_slots(self) -> list[int]:
         return []
 
+    def replacements_starting(self) -> int:
+        return 0
+
     def snapshot(self, drain: bool) -> dict:
         return {"rollout": {"staleness_threshold": 0.5}, "queued": [], "in_flight": []}
 
@@ -103,7 +106,7 @@ def _groups(k: int) -> list[TrajectoryGroup]:
 def shell(tmp_path: Path, monkeypatch):
     from asyncrl_cli.config import load_run_config
     from engine.models.loader import resolve_model_path
-    from engine.runtime import trainer_actor
+    from engine.runtime import trainer_actor, trainer_sync
 
     def build(steps: int, *extra: str, groups: list[TrajectoryGroup] | None = None):
         sets = [f'logging.run_dir="{tmp_path / "run"}"', f"rollout.total_rollout_steps={R * steps}", "rollout.n=2",
@@ -113,7 +116,7 @@ def shell(tmp_path: Path, monkeypatch):
         monkeypatch.setattr(ray, "get", lambda x, **_: x)
         from engine.sync.runtime import Published
 
-        monkeypatch.setattr(trainer_actor, "publish",
+        monkeypatch.setattr(trainer_sync, "publish",
                             lambda ws, v, buckets, send, **_: Published(send(list(buckets)), 1, [], []))
         core = ControllerCore(cfg.name, run_dir=str(tmp_path / "run"), sinks=[], config=cfg.model_dump())
         queue, rollouter = FakeQueue(_groups(R * steps) if groups is None else groups), FakeRollouter()

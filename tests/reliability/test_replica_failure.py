@@ -66,3 +66,37 @@ def test_a_bucket_corrupted_on_the_wire_fails_the_run_naming_replica_and_bucket(
     assert len(error) == 1 and "\n" not in error[0]["message"], error
     assert "SyncDeliveryError: weight sync v1: rollout replica 0 loaded bucket 0" in error[0]["message"]
     assert "Traceback" in error[0]["traceback"]
+
+
+DETERMINISTIC = ("trainer.deterministic=true", "async_training.staleness_threshold=0.5",
+                 "async_training.trigger_parameter_sync_step=2", "data.max_response_length=4",
+                 "rollout.total_rollout_steps=160")
+
+
+@pytest.mark.slow
+def test_a_replica_killed_mid_transfer_is_caught_up_before_the_next_step(tmp_path) -> None:
+    """A receiver killed in the middle of the first weight sync (`debug.kill_replica_mid_sync_file`: the replica
+    that receives the sync's second bucket while the file exists deletes it and SIGKILLs itself), in
+    deterministic mode with a sync every 2 steps — the queue already holds step 3's batch, and step 4's needs
+    the missing replica. That sync's check has no receipt from it; the trainer waits for the replacement and
+    catches it up with the sync's weights before step 3 (without that wait the replacement waited for a sync
+    that needed its own rollouts: a deadlock); the run finishes with an exact ledger and the fault-free run's
+    final weights."""
+    run_dir, trigger = tmp_path / "run", tmp_path / "kill-receiver"
+    trigger.touch()
+    cfg = tiny_config(run_dir, *DETERMINISTIC, f'debug.kill_replica_mid_sync_file="{trigger}"')
+    assert run(resolve_plan(cfg), progress=False) == 0
+
+    assert not trigger.exists()  # claimed by the replica that died
+    assert [e["phase"] for e in events(run_dir, "replica")] == ["restart", "replaced"]
+    died_in, catch_up, *later = events(run_dir, "sync")
+    assert died_in["buckets"] >= 2 and (died_in["replicas_verified"], died_in["verified"]) == (0, 0.0), died_in
+    assert catch_up["catch_up"] == [0] and catch_up["step"] == died_in["step"] == 2, catch_up
+    assert (catch_up["verified"], catch_up["replicas_verified"]) == (1.0, 1)
+    assert later and all(s["verified"] == 1.0 and s["replicas_verified"] == 1 for s in later), later
+    assert [s for s, _ in train_steps(run_dir)] == list(range(1, 21))
+    assert_ledger_exact(cfg, run_dir, trained=160)
+
+    ref_dir = tmp_path / "reference"
+    assert run(resolve_plan(tiny_config(ref_dir, *DETERMINISTIC)), progress=False) == 0
+    assert events(run_dir, "weights")[-1]["weights_sha256"] == events(ref_dir, "weights")[-1]["weights_sha256"]

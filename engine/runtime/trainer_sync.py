@@ -1,0 +1,97 @@
+"""The trainer's weight-sync methods (a part of `engine.runtime.trainer_actor.TrainerCore`): the per-sync push
+(`_sync`: export → transport → the delivery check → metrics and the `sync` event), the catch-up broadcast to
+replaced replicas of a collective transport (`_catch_up`), and the wait for them before training on
+(`_await_replacements`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ray
+
+from engine.loop.commands import Sync
+from engine.runtime.sync_report import sync_event, sync_metrics
+from engine.sync.collective import CollectiveSync
+from engine.sync.runtime import publish
+from engine.sync.verify import DeliveryReport
+
+REPLACEMENT_WAIT_S = 600.0
+"""The longest the trainer waits, before its first step after a sync, for replacement replicas to start and be
+caught up (a replica's start on a loaded host takes minutes at worst)."""
+
+
+class TrainerSync:
+    """Sync methods of `TrainerCore` (uses its loop, backend, weight_sync, rollouter, controller and delivery)."""
+
+    _stop_reason: str | None = None
+
+    def _sync(self, c: Sync) -> dict[str, float]:
+        """Push the weights of `c.version` (bucketed, by `rollout.weight_sync`'s transport) to every replica."""
+        t0, version, gen, members = time.monotonic(), c.version, 0, None
+        if isinstance(self.weight_sync, CollectiveSync):  # the group: generation and slots (engine.sync.collective)
+            gen, members = ray.get(self.rollouter.sync_generation.remote())
+        sent = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
+                       lambda refs: self.rollouter.update_weights.remote(version, refs, self.local_step, c.cut,
+                                                                         c.trigger, c.held),
+                       gen=gen, corrupt_bucket=self.spec.weight_sync.corrupt_bucket, members=members)
+        export_s = time.monotonic() - t0
+        out = ray.get(sent.out)
+        report = self._verify_delivery(version, sent, out.pop("receipts"))
+        self._sync_snapshot = out.pop("snapshot", None)
+        if not self.rc.bypass_mode:
+            t_snap = time.monotonic()
+            self.backend.snapshot_params()
+            out["asyncrl/prox_snapshot_s"] = time.monotonic() - t_snap
+        out.update(sync_metrics(time.monotonic() - t0, sent.nbytes, export_s, report, len(sent.fingerprints)))
+        msg, fields = sync_event(version, out, report, c.trigger or self.trigger, type(self.weight_sync).__name__)
+        self.controller.record_event.remote(self._ev("info", "sync", msg, **fields))
+        return out
+
+    def _catch_up(self) -> bool:
+        """Collective sync: a replaced replica waits for the weights of the last sync. While this trainer still
+        holds exactly them (no step since), broadcast them to the waiting replicas alone (a catch-up group);
+        otherwise the replica receives the next sync. True when it broadcast."""
+        if not isinstance(self.weight_sync, CollectiveSync) or self.version == 0 or self.loop.since_sync:
+            return False
+        slots = ray.get(self.rollouter.catch_up_slots.remote())
+        if not slots:
+            return False
+        self._catch_ups = getattr(self, "_catch_ups", 0) + 1  # catch-up groups: generations −1, −2, …
+        version = self.version
+        sent = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
+                       lambda refs: self.rollouter.catch_up.remote(version, refs, slots), gen=-self._catch_ups,
+                       members=slots)
+        report = self._verify_delivery(version, sent, ray.get(sent.out))
+        self.controller.record_event.remote(self._ev(
+            "info", "sync", f"weights v{version} sent to replaced rollout replica(s) {slots}: "
+            f"{sent.nbytes / 2**20:.1f} MiB, verified on {report.replicas} of {len(slots)}", bytes=sent.nbytes,
+            verified=report.verified, replicas_verified=report.replicas, catch_up=slots))
+        return True
+
+    def _await_replacements(self) -> None:
+        """Before the first pull after a sync (or a resume), while replacement replicas are starting: wait for
+        them and catch them up (`_catch_up`) before training on, for at most `REPLACEMENT_WAIT_S`, or until
+        none is starting any more (up and caught up, or the restart budget spent) or a stop is asked for.
+
+        Why: with a collective transport a replacement can only get the weights of the last sync while the
+        trainer still holds them, i.e. before its next step. A replica that dies during a sync (or just after)
+        while the queue already holds the next step's batch would otherwise be left waiting for the next sync
+        — which, at `trigger_parameter_sync_step` ≥ 2, needs batches only the missing replica can generate: a
+        deadlock (found by the soak's `receiver-mid-sync` fault). Waiting here changes no decision of the loop
+        (the same steps train the same batches), so deterministic runs keep their result."""
+        if not isinstance(self.weight_sync, CollectiveSync) or self.version == 0 or self.loop.since_sync:
+            return
+        deadline = time.monotonic() + REPLACEMENT_WAIT_S
+        while ray.get(self.rollouter.replacements_starting.remote()):
+            if self._catch_up() or self._stop_reason is not None or time.monotonic() > deadline:
+                return
+            time.sleep(0.2)
+
+    def _verify_delivery(self, version: int, sent: Any, receipts: dict[int, Any]) -> DeliveryReport:
+        """Every live replica loaded exactly the sent buckets, else `SyncDeliveryError` (the run fails, naming
+        the replica and the bucket); a replica whose weights did not change is an `error` event (alarm)."""
+        report = self.delivery.check(version, sent.fingerprints, receipts, sent.names)
+        for alarm in report.alarms:
+            self.controller.record_event.remote(self._ev("error", "sync", alarm))
+        return report
