@@ -213,6 +213,8 @@ class FaultSpec:
 
     kill_replica_at_step: int = 0
     kill_trainer_at_step: int = 0
+    kill_replica_mid_sync_file: str | None = None
+    """When this file exists, the replica receiving a sync deletes it and dies after the first bucket."""
 
 
 def rollout_dtype(cfg: RunConfig) -> str | None:
@@ -297,4 +299,5 @@ def sampling_of(cfg: RunConfig, validation: bool = False) -> SamplingParams:
 
 def fault_spec(cfg: RunConfig) -> FaultSpec:
     dbg = cfg.debug
-    return FaultSpec(dbg.kill_replica_at_step or 0, dbg.kill_trainer_at_step or 0)
+    return FaultSpec(dbg.kill_replica_at_step or 0, dbg.kill_trainer_at_step or 0,
+                     dbg.kill_replica_mid_sync_file or None)

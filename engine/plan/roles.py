@@ -93,6 +93,8 @@ class ReplicaSpec:
     device: RoleDevice
     threads: int
     """torch intra-op threads of the replica's process (the plan's core split on CPU)."""
+    faults: FaultSpec = FaultSpec()
+    """Fault injection that acts inside the replica (the mid-transfer kill)."""
     model_dir: str = ""
     """Bound at launch (`RoleSpecs.bind`)."""
 
@@ -246,7 +248,7 @@ def role_specs(cfg: RunConfig, d: Derived, devices: dict[str, RoleDevice], actor
     if d.total_local_steps is None or d.total_rollout_steps is None:
         return None
     faults = fault_spec(cfg)
-    replica = ReplicaSpec(engine_spec(cfg), devices["rollout"], int(actors["replica_threads"]))
+    replica = ReplicaSpec(engine_spec(cfg), devices["rollout"], int(actors["replica_threads"]), faults)
     mt = cfg.rollout.multi_turn
     rollout = RolloutSpec(rollout_params(cfg, d), d.total_rollout_steps, d.rollout_replicas, replica,
                           sampling_of(cfg), sampling_of(cfg, validation=True), prompt_spec(cfg),

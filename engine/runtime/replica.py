@@ -192,7 +192,7 @@ class RolloutReplica:
         from engine.sync.runtime import resolve_buckets
 
         delivery = resolve_buckets(bucket_refs, self.replica_id)
-        trigger = self.spec.config.debug.kill_replica_mid_sync_file
+        trigger = self.spec.faults.kill_replica_mid_sync_file
         if trigger:
             delivery.buckets = killed_mid_transfer(delivery.buckets, trigger)
         return delivery
