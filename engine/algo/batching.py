@@ -41,10 +41,12 @@ def prepare_batch(groups: list[TrajectoryGroup], cfg: RunConfig, pad_token_id: i
     from engine.trainer.batch import collate
 
     from engine.algo.policy_loss import agg_denominator
+    from engine.config.loss_mode import effective_agg_mode
 
     batch = collate(groups, pad_token_id)
-    mode = cfg.trainer.loss_agg_mode
-    # micro-batch mass for gradient accumulation: the loss's own denominator (tokens or non-empty rows)
+    mode = effective_agg_mode(cfg.trainer)
+    # micro-batch mass for gradient accumulation: the loss's own denominator (tokens or non-empty rows; rows
+    # for the sequence-level loss modes gspo/geo_mean, whatever loss_agg_mode says)
     batch.meta["micro_weight_fn"] = lambda mb: agg_denominator(mb.response_mask, mode)
     n_per = [len(g.trajectories) for g in groups]
     rewards = torch.tensor([t.reward for g in groups for t in g.trajectories], dtype=torch.float32)
