@@ -18,6 +18,7 @@ from asyncrl_cli.config.hardware_checks import fit_rules, pitfall_rules, resourc
 from asyncrl_cli.config.model_checks import model_rules, path_rules
 from asyncrl_cli.config.problems import Problem, error, note, warn
 from asyncrl_cli.config.provenance import Provenance
+from engine.config.loss_mode import loss_mode_error
 from engine.config.rc_config import parse_rs_options, parse_rs_thresholds
 from engine.config.schema import RunConfig
 from engine.plan.auto import compute_dtypes, mismatch_uncorrected
@@ -230,6 +231,9 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                 out.append(
                     warn("kl-noop", f"trainer.{k}", f"trainer.{k} has no effect while use_kl_loss = false")
                 )
+    problem = loss_mode_error(t, cfg.algorithm.rollout_correction)
+    if problem is not None:
+        out.append(error("loss-mode", "trainer.loss_mode", problem))
     out += precision_rules(cfg)
     if t.backend == "megatron" and prov.is_set("trainer.attn_implementation"):
         out.append(warn("attn-implementation-ignored", "trainer.attn_implementation",

@@ -118,6 +118,9 @@ to_reward_manager = one_of(("naive", "dapo"), "reward manager {s!r} is not in as
 """verl's reward managers asyncrl has: `naive` (the score) and `dapo` (the score + the overlong buffer)."""
 to_tool_format = one_of(("hermes",), "tool-call format {s!r} is not in asyncrl (hermes)")
 """verl's `multi_turn.format`: asyncrl parses `hermes` tool calls (`<tool_call>{json}</tool_call>`)."""
+to_loss_mode = one_of(("vanilla", "gspo", "geo_mean"),
+                      "policy loss {s!r} is not in asyncrl (supported: vanilla, gspo, geo_mean)")
+"""verl's `actor.policy_loss.loss_mode` → `trainer.loss_mode`: PPO-clip, GSPO and GMPO; verl's others are refused."""
 
 
 def to_attn_implementation(v: str) -> str:

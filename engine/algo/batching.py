@@ -45,8 +45,9 @@ def prepare_batch(groups: list[TrajectoryGroup], spec: BatchPrepSpec, pad_token_
     from engine.algo.policy_loss import agg_denominator
 
     batch = collate(groups, pad_token_id)
-    mode = spec.loss_agg_mode
-    # micro-batch mass for gradient accumulation: the loss's own denominator (tokens or non-empty rows)
+    mode = spec.loss_agg_mode  # the plan's effective aggregation (`effective_agg_mode`)
+    # micro-batch mass for gradient accumulation: the loss's own denominator (tokens or non-empty rows; rows
+    # for the sequence-level loss modes gspo/geo_mean, whatever loss_agg_mode says)
     batch.meta["micro_weight_fn"] = lambda mb: agg_denominator(mb.response_mask, mode)
     n_per = [len(g.trajectories) for g in groups]
     rewards = torch.tensor([t.reward for g in groups for t in g.trajectories], dtype=torch.float32)

@@ -13,6 +13,12 @@ micro_batch) -> (loss, metrics)`:
   metrics, as verl's `compute_policy_loss_bypass_mode` does. `loss_type="ppo_clip"`: PPO-clip with ratio
   π_θ/π_rollout on the RS mask, IS weights are metrics only. `loss_type="reinforce"`: L_pg = agg(−A·log π_θ·w)
   on the RS mask, w the detached IS weight, no clipping.
+* `loss_mode` (`trainer.loss_mode`, verl's `policy_loss.loss_mode`): `vanilla` = the PPO-clip above; `gspo` /
+  `geo_mean` replace it by GSPO / GMPO (`engine.algo.seq_policy_loss`) with the same π_old (π_prox with the IS
+  weights applied in decoupled mode; π_rollout on the RS mask, IS weights as metrics only, in bypass mode —
+  where verl would silently swap in its bypass loss instead). These aggregate per sequence: the loss's
+  `loss_agg_mode` is then seq-mean-token-mean (`engine.config.loss_mode.effective_agg_mode`, which the
+  micro-batch weights of `engine.algo.batching` use too).
 
 Normalisation and gradient accumulation: every term is aggregated with the denominator D of the micro-batch's
 `batch.response_mask` (tokens for token-mean, non-empty rows for seq-mean-*) — in bypass mode the mask *before*
@@ -37,6 +43,8 @@ from engine.algo.kl import kl_penalty
 from engine.algo.policy_loss import AGG_MODES, agg_denominator, agg_loss, ppo_clip_loss, reinforce_loss
 from engine.config.rc_config import validate_rc_config
 from engine.algo.rollout_correction import compute_rollout_correction
+from engine.algo.seq_policy_loss import geo_mean_loss, gspo_loss
+from engine.config.loss_mode import LOSS_MODES, SEQ_AGG_MODE, SEQ_LOSS_MODES, effective_agg_mode, loss_mode_error
 from engine.trainer.base import TrainBatch
 
 if TYPE_CHECKING:
@@ -91,6 +99,16 @@ class GRPOLoss:
     bypass_mode: bool = True
     loss_type: str = "ppo_clip"
     rc: dict[str, Any] = dataclasses.field(default_factory=dict)
+    loss_mode: str = "vanilla"
+
+    def __post_init__(self) -> None:
+        if self.loss_mode not in LOSS_MODES:
+            raise ValueError(f"unknown loss_mode {self.loss_mode!r}; supported: {', '.join(LOSS_MODES)}")
+        if self.loss_mode in SEQ_LOSS_MODES and self.loss_agg_mode != SEQ_AGG_MODE:
+            raise ValueError(f"loss_mode {self.loss_mode!r} aggregates per sequence: loss_agg_mode must be "
+                             f"{SEQ_AGG_MODE!r}, got {self.loss_agg_mode!r}")
+        if self.loss_mode in SEQ_LOSS_MODES and self.bypass_mode and self.loss_type != "ppo_clip":
+            raise ValueError(f"loss_mode {self.loss_mode!r} needs loss_type 'ppo_clip' in bypass mode")
 
     @property
     def needs_entropy(self) -> bool:
@@ -115,12 +133,7 @@ class GRPOLoss:
         else:
             if batch.old_log_probs is None:
                 raise ValueError("decoupled mode needs batch.old_log_probs (π_prox)")
-            pg = ppo_clip_loss(
-                log_probs, batch.old_log_probs, batch.advantages, mask,
-                clip_ratio_low=self.clip_ratio_low, clip_ratio_high=self.clip_ratio_high,
-                clip_ratio_c=self.clip_ratio_c, loss_agg_mode=self.loss_agg_mode,
-                is_weights=batch.is_weights, denominator=denom,
-            )
+            pg = self._clipped(log_probs, batch.old_log_probs, batch.advantages, mask, batch.is_weights, denom)
         metrics.update(pg.metrics())
         loss = pg.pg_loss
         if entropy is not None:
@@ -145,13 +158,22 @@ class GRPOLoss:
                 log_probs.detach(), rollout, batch.response_mask, **self.rc
             )
         metrics.update(rc_metrics)
-        common = {"loss_agg_mode": self.loss_agg_mode, "denominator": denom}
         if self.loss_type == "reinforce":
-            return reinforce_loss(log_probs, rollout, batch.advantages, rs_mask, is_weights=weights, **common)
-        return ppo_clip_loss(
-            log_probs, rollout, batch.advantages, rs_mask, clip_ratio_low=self.clip_ratio_low,
-            clip_ratio_high=self.clip_ratio_high, clip_ratio_c=self.clip_ratio_c, **common,
-        )
+            return reinforce_loss(log_probs, rollout, batch.advantages, rs_mask, is_weights=weights,
+                                  loss_agg_mode=self.loss_agg_mode, denominator=denom)
+        return self._clipped(log_probs, rollout, batch.advantages, rs_mask, None, denom)
+
+    def _clipped(self, log_probs: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                 is_weights: torch.Tensor | None, denom: float):
+        """The clipped-ratio policy loss of `loss_mode` against π_old = `old`."""
+        clip = {"clip_ratio_low": self.clip_ratio_low, "clip_ratio_high": self.clip_ratio_high,
+                "is_weights": is_weights, "denominator": denom}
+        if self.loss_mode == "gspo":
+            return gspo_loss(log_probs, old, adv, mask, **clip)
+        if self.loss_mode == "geo_mean":
+            return geo_mean_loss(log_probs, old, adv, mask, **clip)
+        return ppo_clip_loss(log_probs, old, adv, mask, clip_ratio_c=self.clip_ratio_c,
+                             loss_agg_mode=self.loss_agg_mode, **clip)
 
 
 def build_loss_fn(trainer_cfg: TrainerConfig, rc_cfg: RolloutCorrectionConfig) -> GRPOLoss:
@@ -162,6 +184,9 @@ def build_loss_fn(trainer_cfg: TrainerConfig, rc_cfg: RolloutCorrectionConfig) -
         raise ValueError(f"unknown loss_agg_mode {mode!r}; expected one of {AGG_MODES}")
     if rc_cfg is not None:
         validate_rc_config(rc_cfg)
+    problem = loss_mode_error(trainer_cfg, rc_cfg)
+    if problem is not None:
+        raise ValueError(problem)
     kl_type = getattr(trainer_cfg, "kl_loss_type", "low_var_kl")
     kl_penalty(torch.zeros(1), torch.zeros(1), kl_type)  # raises on an unknown estimator
     clip_c = float(getattr(trainer_cfg, "clip_ratio_c", 3.0))
@@ -171,7 +196,7 @@ def build_loss_fn(trainer_cfg: TrainerConfig, rc_cfg: RolloutCorrectionConfig) -
         clip_ratio_low=float(getattr(trainer_cfg, "clip_ratio_low", 0.2)),
         clip_ratio_high=float(getattr(trainer_cfg, "clip_ratio_high", 0.2)),
         clip_ratio_c=clip_c,
-        loss_agg_mode=mode,
+        loss_agg_mode=effective_agg_mode(trainer_cfg),
         use_kl_loss=bool(getattr(trainer_cfg, "use_kl_loss", False)),
         kl_loss_coef=float(getattr(trainer_cfg, "kl_loss_coef", 0.001)),
         kl_loss_type=kl_type,
@@ -179,4 +204,5 @@ def build_loss_fn(trainer_cfg: TrainerConfig, rc_cfg: RolloutCorrectionConfig) -
         bypass_mode=bool(getattr(rc_cfg, "bypass_mode", True)) if rc_cfg is not None else True,
         loss_type=getattr(rc_cfg, "loss_type", "ppo_clip") if rc_cfg is not None else "ppo_clip",
         rc=rc_kwargs(rc_cfg) if rc_cfg is not None else {},
+        loss_mode=getattr(trainer_cfg, "loss_mode", "vanilla"),
     )

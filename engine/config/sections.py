@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from engine.config.data_section import DataConfig as DataConfig
 from engine.config.data_section import OverlongBufferConfig as OverlongBufferConfig
@@ -234,6 +234,12 @@ class TrainerConfig(MegatronPerfConfig):
     """Dual-clip constant c for A < 0: the loss is bounded by c·|A|."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     """How per-token losses are aggregated into the batch loss (verl's names)."""
+    loss_mode: Literal["vanilla", "gspo", "geo_mean"] = "vanilla"
+    """Policy loss (verl's `actor.policy_loss.loss_mode`): `vanilla` = PPO-clip with dual-clip; `gspo` = GSPO's
+    sequence-level ratio (arXiv 2507.18071); `geo_mean` = GMPO, the geometric mean of the token ratios clipped in
+    log space (arXiv 2507.20673). Both sequence modes use the clip range, ignore `clip_ratio_c`, and aggregate
+    per sequence (seq-mean-token-mean) whatever `loss_agg_mode` says; with `use_kl_loss` or an entropy bonus they
+    require `loss_agg_mode = "seq-mean-token-mean"` (`engine.config.loss_mode`)."""
     use_kl_loss: bool = False
     """Add a KL(π_θ‖π_ref) penalty to the loss (needs a reference model)."""
     kl_loss_coef: float = Field(0.001, ge=0)
@@ -261,6 +267,15 @@ class TrainerConfig(MegatronPerfConfig):
     """Bit-reproducible run (CPU, fp32, one `hf` replica): sampling keyed by (seed, prompt uid, sample,
     position), each prompt generated alone, a schedule independent of timing, one thread per process; a run
     killed and resumed, or async at staleness 0 / trigger 1 vs `mode = "sync"`, ends with the same weights."""
+
+    @model_validator(mode="after")
+    def _loss_mode(self) -> TrainerConfig:
+        from engine.config.loss_mode import loss_mode_error
+
+        problem = loss_mode_error(self)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
 
 class RolloutConfig(Section):

@@ -139,6 +139,8 @@ class LossSpec:
     """The loss of `engine.algo.loss.build_loss_fn` (its `trainer_cfg` fields) and the rollout correction."""
 
     loss_agg_mode: str
+    loss_mode: str
+    """"vanilla" (PPO-clip), "gspo" or "geo_mean" (`engine.algo.seq_policy_loss`)."""
     clip_ratio_low: float
     clip_ratio_high: float
     clip_ratio_c: float
@@ -261,12 +263,14 @@ def backend_spec(cfg: RunConfig, device: str = "cpu") -> BackendSpec:
 
 def loss_spec(cfg: RunConfig) -> LossSpec:
     t = cfg.trainer
-    return LossSpec(t.loss_agg_mode, t.clip_ratio_low, t.clip_ratio_high, t.clip_ratio_c, t.use_kl_loss,
+    return LossSpec(t.loss_agg_mode, t.loss_mode, t.clip_ratio_low, t.clip_ratio_high, t.clip_ratio_c, t.use_kl_loss,
                     t.kl_loss_coef, t.kl_loss_type, t.entropy_coeff, cfg.algorithm.rollout_correction)
 
 
 def batch_prep_spec(cfg: RunConfig) -> BatchPrepSpec:
-    return BatchPrepSpec(cfg.trainer.loss_agg_mode, cfg.algorithm.norm_adv_by_std_in_grpo,
+    from engine.config.loss_mode import effective_agg_mode
+
+    return BatchPrepSpec(effective_agg_mode(cfg.trainer), cfg.algorithm.norm_adv_by_std_in_grpo,
                          cfg.trainer.skip_zero_advantage)
 
 

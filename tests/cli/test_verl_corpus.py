@@ -100,7 +100,6 @@ EXPECTED: dict[str, tuple[str | None, int, dict | None, tuple[str, ...]]] = {
         "rollout.tensor_parallel_size": 1, "data.image_key": "images", "resources.trainer.gpus_per_node": 4,
         "resources.rollout.gpus_per_node": 4}, ("data.train_files",)),
     "geo3k_qwen3vl_30b_megatron_6_2_npu_async": (None, 1, None, (
-        "actor_rollout_ref.actor.policy_loss.loss_mode",
         "actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff",
         "actor_rollout_ref.actor.megatron.override_transformer_config.moe_z_loss_coeff")),
     # TensorRT-LLM and SGLang rollout engines, multi-token prediction, dynamic resource scaling: refused
@@ -282,3 +281,16 @@ def test_an_array_element_list_never_hangs_the_reader() -> None:
             "algorithm.adv_estimator=grpo data.train_batch_size=0\n")
     conv = convert_script(text)
     assert conv.found_launch and conv.values["algorithm.adv_estimator"] == "grpo"
+
+
+def test_policy_loss_modes_convert_and_others_are_refused_naming_the_supported_ones() -> None:
+    """verl's GSPO / GMPO scripts carry their loss over; a loss asyncrl lacks is refused, never dropped."""
+    geo = convert_script((CORPUS / "geo3k_qwen3vl_30b_megatron_6_2_npu_async.sh").read_text())
+    gspo = convert_script((CORPUS / "grpo_qwen35_35b_megatron_async.sh").read_text())
+    assert geo.values["trainer.loss_mode"] == "geo_mean" and gspo.values["trainer.loss_mode"] == "gspo"
+    assert gspo.values["trainer.loss_agg_mode"] == "seq-mean-token-mean"
+    assert not any("loss_mode" in ov for ov, _ in geo.errors + gspo.errors)
+    sapo = convert_script("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo "
+                          "actor_rollout_ref.actor.policy_loss.loss_mode=sapo")
+    assert [why for ov, why in sapo.errors if "loss_mode" in ov] == [
+        "policy loss 'sapo' is not in asyncrl (supported: vanilla, gspo, geo_mean)"]

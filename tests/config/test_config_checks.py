@@ -265,3 +265,21 @@ def test_validate_warns_when_the_checkpoint_disk_is_smaller_than_keep_last_plus_
         assert f"(keep_last + 1) × {12 * an.model.params_total / 1e9:.3g} GB" in p.message and str(disk) in p.message
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_sequence_loss_modes_are_checked_with_one_line_each() -> None:
+    """gspo/geo_mean: any loss_agg_mode without KL or entropy, seq-mean-token-mean with them, never REINFORCE."""
+    tiny = RUNS / "tiny-cpu-sync.toml"
+    assert analyze_run_config(tiny, ['trainer.loss_mode="gspo"']).exit_code == EXIT_OK
+    ok = analyze_run_config(tiny, ['trainer.loss_mode="geo_mean"', "trainer.use_kl_loss=true",
+                                   'trainer.loss_agg_mode="seq-mean-token-mean"'])
+    assert ok.exit_code == EXIT_OK
+    for sets, words in (
+        (['trainer.loss_mode="sapo"'], "'vanilla', 'gspo' or 'geo_mean'"),
+        (['trainer.loss_mode="gspo"', "trainer.entropy_coeff=0.01"], "needs loss_agg_mode = 'seq-mean-token-mean'"),
+        (['trainer.loss_mode="geo_mean"', 'algorithm.rollout_correction.loss_type="reinforce"'], "loss_type"),
+    ):
+        an = analyze_run_config(tiny, sets)
+        errs = [p for p in an.problems if p.severity == "error"]
+        assert an.exit_code == EXIT_INVALID and len(errs) == 1, [p.render() for p in an.problems]
+        assert words in errs[0].message and "\n" not in errs[0].message

@@ -115,3 +115,14 @@ def test_the_launch_context_binds_the_plans_specs_to_the_launch(tmp_path: Path) 
     assert "no checkpoint exists" in stop.resume_hint()
     with pytest.raises(dataclasses.FrozenInstanceError):
         launch.run_dir = tmp_path  # type: ignore[misc]
+
+
+def test_a_sequence_level_loss_mode_reaches_the_loss_and_the_micro_batch_weights() -> None:
+    """GSPO aggregates per sequence: the trainer's loss gets the mode and prepare_batch weights micro-batches by
+    rows, whatever loss_agg_mode names (else gradient accumulation would weigh micro-batches by tokens)."""
+    from engine.algo.loss import build_loss_fn
+
+    trainer = resolve_plan(tiny('trainer.loss_mode="gspo"')).role_specs().trainer
+    assert trainer.loss.loss_mode == "gspo" and trainer.batch.loss_agg_mode == "seq-mean-token-mean"
+    loss = build_loss_fn(trainer.loss, trainer.loss.rollout_correction)
+    assert (loss.loss_mode, loss.loss_agg_mode) == ("gspo", "seq-mean-token-mean")
