@@ -247,6 +247,15 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                         "data parallel (FSDP2) only",
                     )
                 )
+    sp = t.ulysses_sequence_parallel_size
+    if sp > 1 and t.backend == "megatron":
+        out.append(error("ulysses-megatron", "trainer.ulysses_sequence_parallel_size",
+                         f"ulysses_sequence_parallel_size = {sp} is the torch (FSDP2) backend's; megatron splits "
+                         "sequences with trainer.cp", "set it to 1 and use trainer.cp, or backend = \"torch\""))
+    elif sp > 1 and d.trainer_world % sp:
+        out.append(error("ulysses-world", "trainer.ulysses_sequence_parallel_size",
+                         f"ulysses_sequence_parallel_size = {sp} must divide the trainer's {d.trainer_world} ranks",
+                         category="fit"))
     if t.backend == "torch" and t.recompute_granularity is not None:
         out.append(warn("recompute-backend", "trainer.recompute_granularity", "recompute_granularity is "
                         "Megatron's; the torch backend ignores it", "use trainer.enable_gradient_checkpointing"))

@@ -155,6 +155,7 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
     spec = {"dtype": policy.compute if frozen else policy.params, "attn_implementation": t.attn_implementation}
     import torch.distributed as dist
 
+    sp = t.ulysses_sequence_parallel_size  # Ulysses (`engine.trainer.ulysses`), the policy and the reference alike
     # FSDP2: rank 0 loads, the others get their shards from it. A rehearsal (`load_model` given) builds the ranks
     # other than 0 from their own fake load: torch's fake process group cannot carry rank 0's broadcast.
     if distributed and not (frozen and t.ref_param_offload) and (load_model is None or dist.get_rank() == 0):
@@ -162,13 +163,16 @@ def build_trainer_backend(cfg: RunConfig, model_dir: str, distributed: bool = Fa
 
         loaded = load(model_dir, **spec) if dist.get_rank() == 0 else None
         skeleton = meta_causal_lm(model_dir, **spec)
-        return FSDPTrainerBackend(skeleton, loaded=loaded, **trainer_kwargs(cfg, policy, device, frozen, common))
+        return FSDPTrainerBackend(skeleton, loaded=loaded, ulysses_sequence_parallel_size=sp,
+                                  **trainer_kwargs(cfg, policy, device, frozen, common))
     model = load(model_dir, **spec)
     kwargs = trainer_kwargs(cfg, policy, device, frozen, common)
     if distributed:
         from engine.trainer.fsdp import FSDPTrainerBackend
 
-        return FSDPTrainerBackend(model, **kwargs)
+        return FSDPTrainerBackend(model, ulysses_sequence_parallel_size=sp, **kwargs)
+    if sp > 1:
+        raise ValueError(f"trainer.ulysses_sequence_parallel_size = {sp} needs a trainer of several ranks")
     return TorchTrainerBackend(model, **kwargs)
 
 

@@ -35,6 +35,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.distributed.tensor import DTensor
 
 from engine.plan.devices import PROCESS_GROUP_TIMEOUT_S, RoleDevice
+from engine.plan.sequence_parallel import group_budget
 from engine.trainer.process_groups import all_reduce_values, init_process_group
 from engine.trainer import torch_weights
 from engine.trainer.torch_trainer import TorchTrainerBackend
@@ -140,8 +141,8 @@ class FSDPTrainerBackend(TorchTrainerBackend):
         self.sp: SequenceParallel | None = None
         if self.sp_size > 1:
             self.sp = SequenceParallel(self.model, sp_group(self.sp_size))
-            self.ppo_max_token_len *= self.sp_size  # verl: the budget per GPU × s per SP group
-            self.log_prob_max_token_len *= self.sp_size
+            self.ppo_max_token_len = group_budget(self.ppo_max_token_len, self.sp_size)  # verl's per-group count
+            self.log_prob_max_token_len = group_budget(self.log_prob_max_token_len, self.sp_size)
 
     @property
     def dp_rank(self) -> int:

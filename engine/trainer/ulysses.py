@@ -42,6 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from engine.plan.sequence_parallel import ulysses_problem as check_sp
 from engine.trainer.logprobs import chunked_token_log_probs, token_log_probs
 
 ATTENTION_NAME = "asyncrl_ulysses"
@@ -50,18 +51,6 @@ INNER_ATTENTION = ("eager", "sdpa")
 """Attention implementations the all-to-all wraps (a dense additive mask over the full sequence)."""
 
 _GROUPS: dict[tuple[int, int], Any] = {}
-
-
-def check_sp(sp: int, world: int, heads: int, kv_heads: int) -> str | None:
-    """Why `sp` cannot split attention over `world` ranks (one line), or None."""
-    if sp < 1:
-        return f"ulysses_sequence_parallel_size must be >= 1, got {sp}"
-    if world % sp:
-        return f"ulysses_sequence_parallel_size = {sp} must divide the trainer's {world} ranks"
-    if heads % sp or (kv_heads % sp and sp % kv_heads):
-        return (f"ulysses_sequence_parallel_size = {sp} must divide the model's {heads} attention heads, and "
-                f"divide or be a multiple of its {kv_heads} KV heads")
-    return None
 
 
 def sp_group(sp: int) -> Any:

@@ -65,14 +65,18 @@ EXPECTED: dict[str, tuple[str | None, int, dict | None, tuple[str, ...]]] = {
     "dapo_7b_math_fsdp2_4_4": ("h20", 0, DAPO_7B_4_4, ()),
     # converts faithfully; validate refuses it: 64 prompts × n 4 do not split over 12 trainer ranks
     "geo3k_qwen3vl_8b_fsdp2_16_16_npu": (None, 1, GEO3K, ("do not split evenly over 12 data-parallel ranks",)),
-    "dapo_7b_math_fsdp2_64_64_mis": (None, 1, None, SP),
+    # Ulysses SP 4 (actor and reference) over 64 trainer ranks: 16 data-parallel groups
+    "dapo_7b_math_fsdp2_64_64_mis": (None, 0, {
+        "trainer.backend": "torch", "trainer.ulysses_sequence_parallel_size": 4, "trainer.use_dynamic_bsz": True,
+        "trainer.ppo_max_token_len_per_gpu": 61440, "trainer.log_prob_max_token_len_per_gpu": 92160,
+        "resources.trainer.nnodes": 8, "resources.trainer.gpus_per_node": 8}, ()),
     # verl shares 16 devices between the pools by partition; a plain import would ask for 24
     "geo3k_qwen3vl_8b_fsdp2_hybrid_res_pool_npu": (None, 1, None, ("async_training.hybrid_res_pool",
                                                                    "actor_rollout_ref.partition")),
-    "dapo_30b_a3b_base_math_fsdp": (None, 1, None, ("--config-name", *SP)),
+    "dapo_30b_a3b_base_math_fsdp": (None, 1, None, ("--config-name",)),
     # the multi-turn keys map onto [rollout.multi_turn] and val_kwargs onto rollout.val_* (test_retool_multi_turn_
     # keys_map); the custom dataset class (test_custom_cls_names_the_row_adapter) and Ulysses SP are refused
-    "dapo_7b_async_retool": (None, 1, None, ("data.custom_cls.path", "data.custom_cls.name", SP[0])),
+    "dapo_7b_async_retool": (None, 1, None, ("data.custom_cls.path", "data.custom_cls.name")),
     "grpo_qwen3_235b_megatron_npu": (None, 1, None, (
         "actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size",
         "actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage",
@@ -211,3 +215,14 @@ def test_the_converted_retool_run_validates(cli, tmp_path: Path) -> None:
     assert written["rollout"]["multi_turn"] == {k.rsplit(".", 1)[-1]: v for k, v in RETOOL_MULTI_TURN.items()}
     # verl's config names its SandboxFusion service: the run uses it (never the local box), and the import says so
     assert "SandboxFusion at http://localhost:8080/run_code" in " ".join(r.output.split())
+
+
+def test_ulysses_maps_and_the_reference_shares_it() -> None:
+    """verl's Ulysses size converts (the retool script's too); a reference with another size is refused."""
+    retool = convert_script((CORPUS / "dapo_7b_async_retool.sh").read_text())
+    assert retool.values["trainer.ulysses_sequence_parallel_size"] == 4
+    assert not [ov for ov, _ in retool.errors if ov.startswith(SP[0])]
+    text = (CORPUS / "dapo_7b_math_fsdp2_64_64_mis.sh").read_text()
+    differs = convert_script(text.replace(f"{SP[1]}=4", f"{SP[1]}=2"))
+    assert [why for ov, why in differs.errors if ov.startswith(SP[1])] == [
+        f"differs from {SP[0]}=4: the reference shares the actor's Ulysses size"]

@@ -265,3 +265,15 @@ def test_validate_warns_when_the_checkpoint_disk_is_smaller_than_keep_last_plus_
         assert f"(keep_last + 1) × {12 * an.model.params_total / 1e9:.3g} GB" in p.message and str(disk) in p.message
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_ulysses_size_is_checked_against_ranks_heads_and_backend() -> None:
+    sp = "trainer.ulysses_sequence_parallel_size"
+    for ok in (4, 16):  # 16 ranks; Qwen3-VL-8B: 32 heads, 8 KV heads (16 > 8: each KV head repeated twice)
+        assert analyze_run_config(VL16, [f"{sp}={ok}"]).exit_code == EXIT_OK, ok
+    an = analyze_run_config(VL16, [f"{sp}=3"])
+    assert by_code(an, "ulysses-world").message == f"{sp.split('.')[1]} = 3 must divide the trainer's 16 ranks"
+    assert "32 attention heads" in by_code(an, "ulysses-heads").message
+    assert "batch-dp" not in [p.code for p in an.problems]  # one reason per cause, not its consequences
+    an = analyze_run_config(MOE, [f"{sp}=2"])
+    assert an.exit_code == EXIT_INVALID and "trainer.cp" in by_code(an, "ulysses-megatron").message

@@ -9,7 +9,7 @@ import json
 import pytest
 from trainer_helpers import spawn_ranks
 
-from engine.trainer.ulysses import check_sp
+from engine.plan.sequence_parallel import ulysses_problem as check_sp
 
 
 def test_divisibility_rule_names_the_numbers() -> None:
