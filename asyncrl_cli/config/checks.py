@@ -358,11 +358,13 @@ def token_budget_rules(cfg: RunConfig) -> list[Problem]:
                       "needs equal micro-batches); set use_dynamic_bsz = false and size "
                       "ppo_micro_batch_size_per_gpu, or pp = 1")]
     longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    sp = t.ulysses_sequence_parallel_size if t.backend == "torch" else 1  # an SP group's budget is × s (verl)
     out = []
     for key, budget in (("ppo_max_token_len_per_gpu", t.ppo_max_token_len_per_gpu),
                         ("log_prob_max_token_len_per_gpu", t.log_prob_max_token_len_per_gpu)):
-        if budget is not None and budget < longest:
+        if budget is not None and budget * sp < longest:
             out.append(error("token-budget-row", f"trainer.{key}",
-                             f"{key} = {budget} is below the longest row, max_prompt_length + "
-                             f"max_response_length = {longest}: raise it to at least {longest}"))
+                             f"{key} = {budget}{f' × ulysses {sp}' if sp > 1 else ''} is below the longest row, "
+                             f"max_prompt_length + max_response_length = {longest}: raise it to at least "
+                             f"{-(-longest // sp)}"))
     return out

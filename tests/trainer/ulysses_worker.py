@@ -18,13 +18,15 @@ OPTIM = {"lr": 1e-2, "weight_decay": 0.0, "eps": 1e-4}
 
 
 def text_gqa_lm():
-    """A tiny Qwen2 with 4 heads of dim 32 and 2 KV heads (s = 2 divides both: no KV repetition)."""
+    """A tiny Qwen2 with 4 heads of dim 32 and 2 KV heads (s = 2 divides both: no KV repetition), eager
+    attention (the other models run sdpa)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=40, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, pad_token_id=0,
-                         eos_token_id=1, initializer_range=0.1, tie_word_embeddings=True)
+                         eos_token_id=1, initializer_range=0.1, tie_word_embeddings=True,
+                         attn_implementation="eager")
     return Qwen2ForCausalLM(config).eval()
 
 
