@@ -23,9 +23,8 @@ padded tokens, rows × longest row, `engine.trainer.minibatch.micro_batch_count`
 `ppo_micro_batch_size_per_gpu × (max_prompt_length + max_response_length)`), per rank T' = T/(cp·tp) (sequence
 parallel) on Megatron, T on torch — with Ulysses SP s (`engine.plan.sequence_parallel`) an SP group's micro-batch
 holds T·s tokens with `use_dynamic_bsz` (verl's per-group budget), T rows' tokens otherwise, and each rank
-forwards T' = (group tokens)/s of them (DP = W/s); each rank also holds the group's dense attention mask,
-`sp_attention_mask` = (group tokens)·S·b_c (S = max_prompt + max_response), and its attention scores cover H/s
-heads of the full rows, H·T'·S as below:
+forwards T' = (group tokens)/s of them (DP = W/s; no padding mask: the rows are left-aligned and attention
+is causal); its eager attention scores cover H/s heads of the full rows, H·T'·S as below:
 
     per-token, per-layer a = (c_h·h + c_i·I + c_m·k·I_m [MoE layers]) · b_c/2          (calibrated, bytes)
     log-prob pass   T_lp'·a (no-grad forward of the log-prob micro-batch, `log_prob_max_token_len_per_gpu`:
@@ -91,7 +90,6 @@ TERMS = {
     "logprob_head": "fp32 log-softmax and its gradient over min(logprob_chunk_tokens, response tokens) × V/tp",
     "moe_dispatch": "Megatron MoE token dispatcher: permuted input and output, 2·T'·k·h·b_c",
     "attention_scores": "eager attention: the softmax probabilities (fp32 and compute dtype) of every layer, H·T·S per layer",
-    "sp_attention_mask": "Ulysses SP: the dense additive attention mask of the SP group's micro-batch, (group tokens)·S·b_c",
     "prox_snapshot": "π_prox snapshot of this rank's parameters (decoupled mode; pinned host memory)",
     "weight_sync_bucket": "one weight-sync bucket (rollout.weight_sync_bucket_mb)",
     "weight_sync_back_buffer": "a second copy of the replica's weights (rollout.weight_sync_back_buffer = \"on\")",
@@ -262,8 +260,6 @@ def trainer_memory(cfg: RunConfig, m: ModelShape, world: int, capacity: float, d
         tokens = tokens * sp if t.use_dynamic_bsz else tokens  # an SP group's micro-batch (verl's budget × s)
         shard_tokens, tp, dp_share = tokens / sp, 1, world // sp
         recompute, group = t.enable_gradient_checkpointing, 1
-        if sp > 1:  # the dense additive mask over the full rows, [B, 1, S, S] in b_c, on every rank of the group
-            terms["sp_attention_mask"] = tokens * (d.max_prompt_length + d.max_response_length) * b_c
     update_act = activation_bytes(m, shard_tokens, m.layers, recompute, b_c, cal, group)
     # the no-grad log-prob passes keep one layer's working set of their (larger) micro-batch at a time
     lp_tokens = log_prob_tokens(cfg) * shard_tokens / max(tokens, 1)  # split as the update's (cp·tp)

@@ -1,26 +1,30 @@
 """Ulysses sequence parallelism (DeepSpeed-Ulysses, as verl's FSDP workers use it) for the torch/FSDP2 trainer.
 
 The W trainer ranks form W / s sequence-parallel (SP) groups of s consecutive ranks (`sp_group`); the ranks of
-one group hold the same rows (the data-parallel index of rank r is ⌊r / s⌋) and split each row's sequence:
-a padded micro-batch [B, L] is right-padded to L' = s·⌈L / s⌉ (attention mask 0) and rank k of the group
-forwards positions [k·L'/s, (k+1)·L'/s) through the decoder (`SequenceParallel.log_probs`). Everything but
-attention acts on one position at a time, so it runs on the rank's shard unchanged (rotary embeddings get the
-shard's global position ids). Around attention an all-to-all (`all_to_all`) turns sequence shards into head
-shards and back:
+one group hold the same rows (the data-parallel index of rank r is ⌊r / s⌋) and split each row's sequence.
+A padded micro-batch [B, L] (left-padded prompts of width P, right-padded responses of width R) is first
+left-aligned (`left_align`: row i's p_i padding positions move from its front to its end, its n_i tokens keep
+their order and position ids), then right-padded to L' = s·⌈L / s⌉, and rank k of the group forwards positions
+[k·L'/s, (k+1)·L'/s) through the decoder (`SequenceParallel.log_probs`). In a left-aligned row every real token
+is preceded by real tokens only, so plain causal attention is exact for them — no [B, L, L] padding mask is
+built (sdpa runs `is_causal`; eager gets one [L', L'] causal mask), and padding positions, which attend to real
+tokens and padding, stay finite and are never read. Everything but attention acts on one position at a time,
+so it runs on the rank's shard unchanged (rotary embeddings get the shard's position ids). Around attention an
+all-to-all (`all_to_all`) turns sequence shards into head shards and back:
 
     q, k, v  [B, H, L'/s, D]  ──a2a──▶  [B, H/s, L', D]   (every position, the group's share of the heads)
-    attention over the full sequence with the full mask (causal ∧ key is a real token)
+    causal attention over the full left-aligned sequence
     out      [B, L', H/s, D]  ──a2a──▶  [B, L'/s, H, D]   (back to the rank's positions, every head)
 
 so each head sees exactly the keys it sees without SP (s must divide H, and divide the KV heads or be a
 multiple of them: with KV < s heads each KV head is repeated s / KV times before the all-to-all, as verl
-does; the model's own eager / sdpa attention computes it). A vision-language model's vision tower and embedding merge run on the full
-row on every rank; the shard starts at the language model's input (its embeddings, 3-D positions and
-deepstack features are sliced to the shard there).
+does; the model's own eager / sdpa attention computes it). A vision-language model's vision tower and embedding
+merge run on the full row on every rank; the shard starts at the language model's input (its embeddings, 3-D
+positions and deepstack features are sliced to the shard there).
 
-Log-probs: rank k computes log π(y_j) = log_softmax(z_{P−1+j} / T)[y_j] for the predicting positions P−1+j
-that fall in its shard, zero elsewhere; the group sums them (`all_reduce` whose backward is the identity), so
-every rank holds the whole [B, R] log-probs and computes the same loss L. In backward rank k receives ∂L/∂ of
+Log-probs: rank k computes log π(y_ij) = log_softmax(z_{i, P−p_i−1+j} / T)[y_ij] for the predicting positions
+P − p_i − 1 + j (left-aligned) that fall in its shard, zero elsewhere; the group sums them (`all_reduce` whose
+backward is the identity), so every rank holds the whole [B, R] log-probs and computes the same loss L. In backward rank k receives ∂L/∂ of
 its own positions only, so its parameter gradient is its shard's part of ∇L (the all-to-alls route attention's
 cross-shard terms), and Σ_k over the group is ∇L exactly. With FSDP2's average over the W ranks scaled by W
 (`FSDPTrainerBackend._grad_scale`) and micro-batch masses summed over the W ranks divided by s (each group
@@ -48,7 +52,7 @@ from engine.trainer.logprobs import chunked_token_log_probs, token_log_probs
 ATTENTION_NAME = "asyncrl_ulysses"
 """The attention implementation registered with transformers while an SP forward runs."""
 INNER_ATTENTION = ("eager", "sdpa")
-"""Attention implementations the all-to-all wraps (a dense additive mask over the full sequence)."""
+"""Attention implementations the all-to-all wraps (causal: sdpa's `is_causal`, eager's additive [L', L'] mask)."""
 
 _GROUPS: dict[tuple[int, int], Any] = {}
 
@@ -114,30 +118,39 @@ def sum_shards(x: torch.Tensor, group: Any) -> torch.Tensor:
     return _SumShards.apply(x, group)
 
 
-def full_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask [B, 1, L, L] of a padded batch's 2-D mask: 0 where query i may attend key j (j ≤ i and j a
-    real token — the causal padded forward's rule), the dtype's minimum elsewhere; each position may always
-    attend itself, so a padding position's row stays finite (its output is never read)."""
+def left_align(attention_mask: torch.Tensor, prompt_width: int) -> torch.Tensor:
+    """Gather index [B, L] that moves each row's left padding to its end: row i (left padding p_i) reads
+    position (t + p_i) mod L at t, so its tokens sit at 0 … n_i − 1 in their order, padding after them."""
     length = attention_mask.shape[1]
-    causal = torch.ones((length, length), dtype=torch.bool, device=attention_mask.device).tril()
-    allowed = causal & attention_mask.bool()[:, None, :]
-    allowed |= torch.eye(length, dtype=torch.bool, device=attention_mask.device)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=attention_mask.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min).unsqueeze(1)
+    shift = (attention_mask[:, :prompt_width] == 0).sum(1)
+    return (torch.arange(length, device=attention_mask.device)[None] + shift[:, None]) % length
+
+
+def roll_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`x` [..., B, L] with each row gathered by `index` [B, L] along the last dim."""
+    return x.gather(-1, index.expand_as(x))
+
+
+def causal_mask(length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Additive causal mask [1, 1, L, L] (0 where key ≤ query, the dtype's minimum elsewhere): eager attention's,
+    the same for every row of a left-aligned batch."""
+    allowed = torch.ones((length, length), dtype=torch.bool, device=device).tril()
+    return torch.zeros((length, length), dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)[
+        None, None]
 
 
 @dataclass
 class _Shard:
-    """The SP forward in progress: this rank's positions [lo, hi) of the padded length, and the 2-D mask."""
+    """The SP forward in progress: this rank's positions [lo, hi) of the padded length L'."""
 
     lo: int
     hi: int
-    attention_mask: torch.Tensor
+    length: int
     masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
 
-    def mask(self, dtype: torch.dtype) -> torch.Tensor:
+    def mask(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         if dtype not in self.masks:
-            self.masks[dtype] = full_mask(self.attention_mask, dtype)
+            self.masks[dtype] = causal_mask(self.length, dtype, device)
         return self.masks[dtype]
 
 
@@ -189,8 +202,8 @@ class SequenceParallel:
     # --- inside the forward ---------------------------------------------------------------------------------
     def _slice_inputs(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         """Language-model inputs → this rank's positions: token ids or embeddings, position ids (any leading
-        dims), the deepstack visual features of the shard's image tokens; no 2-D mask (the attention wrapper
-        holds the full one)."""
+        dims), the deepstack visual features of the shard's image tokens; no 2-D mask (the rows are left-aligned:
+        attention is causal)."""
         shard = self._shard
         if shard is None:
             return None
@@ -225,7 +238,8 @@ class SequenceParallel:
         q, k, v = (all_to_all(t, 1, 2, self.group) for t in (query, key, value))
         kwargs.pop("is_causal", None)
         groups = _Groups(module, q.shape[1] // k.shape[1])
-        out, _ = self._inner_fn(groups, q, k, v, shard.mask(q.dtype), **kwargs)
+        mask = shard.mask(q.dtype, q.device) if self.inner == "eager" else None  # sdpa: is_causal, no mask
+        out, _ = self._inner_fn(groups, q, k, v, mask, **kwargs)
         return all_to_all(out, 1, 2, self.group), None
 
     # --- the log-prob forward --------------------------------------------------------------------------------
@@ -248,23 +262,31 @@ class SequenceParallel:
         docstring). Every rank of the group must call it with the same rows."""
         b, length = input_ids.shape
         r = responses.shape[1]
+        index = left_align(attention_mask, length - r)
         padded = -(-length // self.size) * self.size
         extra = padded - length
-        pad = (lambda t: torch.nn.functional.pad(t, (0, extra))) if extra else (lambda t: t)
-        kwargs = {k: pad(v) if k == "position_ids" else v for k, v in (model_kwargs or {}).items()}
-        kwargs.setdefault("position_ids", pad(position_ids))
+
+        def align(t: torch.Tensor) -> torch.Tensor:  # left padding to the end, then right-padded to L'
+            t = roll_rows(t, index)
+            return torch.nn.functional.pad(t, (0, extra)) if extra else t
+
+        kwargs = {k: align(v) if k == "position_ids" else v for k, v in (model_kwargs or {}).items()}
+        kwargs.setdefault("position_ids", align(position_ids))
         local = padded // self.size
         lo, hi = self.rank * local, (self.rank + 1) * local
-        first = length - r - 1  # the position predicting response token 0
-        a = min(max(lo, first), first + r)
-        z = max(min(hi, first + r), a)  # this shard's predicting positions [a, z) (a = z: none)
+        # response token j of row i is predicted at position n_i^prompt − 1 + j of the left-aligned row
+        shift = index[:, 0]  # each row's left padding
+        predictor = (length - r - 1 - shift)[:, None] + torch.arange(r, device=index.device)
+        mine = (predictor >= lo) & (predictor < hi)
+        rows, cols = mine.nonzero(as_tuple=True)
+        flat = rows * local + predictor[rows, cols] - lo
         head = model.get_output_embeddings()
         plain_forward = head.forward
 
         def shard_head(hidden: torch.Tensor) -> torch.Tensor:
-            # hidden: [B, L'/s, H] of positions lo … hi − 1; returns [B, R, 2] = (log π, H), zero off the shard
-            h = hidden[:, a - lo:z - lo] if z > a else hidden[:, :0]
-            tokens = responses[:, a - first:z - first]
+            # hidden [B, L'/s, H] of positions lo … hi − 1 → [B, R, 2] = (log π, H), zero off this shard
+            h = hidden.reshape(-1, hidden.shape[-1])[flat][None]
+            tokens = responses[rows, cols][None]
             if chunk_tokens and h.shape[1]:
                 picked, ent = chunked_token_log_probs(h, plain_forward, tokens, temperature, with_entropy,
                                                       entropy_grad, suppress_ids, chunk_tokens)
@@ -272,16 +294,16 @@ class SequenceParallel:
                 picked, ent = token_log_probs(plain_forward(h), tokens, temperature, with_entropy, entropy_grad,
                                               suppress_ids)
             both = torch.stack([picked, ent if ent is not None else torch.zeros_like(picked.detach())], dim=-1)
-            both = torch.nn.functional.pad(both, (0, 0, a - first, first + r - z))
-            return sum_shards(both, self.group)
+            full = both.new_zeros((b, r, 2)).index_put((rows, cols), both[0])
+            return sum_shards(full, self.group)
 
         head.forward = shard_head
         previous = self.config._attn_implementation
-        self._shard = _Shard(lo, hi, pad(attention_mask))
+        self._shard = _Shard(lo, hi, padded)
         self.config._attn_implementation = ATTENTION_NAME
         _CURRENT.append(self)
         try:
-            out = model(input_ids=pad(input_ids), attention_mask=pad(attention_mask), use_cache=False,
+            out = model(input_ids=align(input_ids), attention_mask=align(attention_mask), use_cache=False,
                         logits_to_keep=0, **kwargs)
         finally:
             _CURRENT.remove(self)
