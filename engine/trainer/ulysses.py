@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -145,13 +145,6 @@ class _Shard:
 
     lo: int
     hi: int
-    length: int
-    masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
-
-    def mask(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        if dtype not in self.masks:
-            self.masks[dtype] = causal_mask(self.length, dtype, device)
-        return self.masks[dtype]
 
 
 class _Groups:
@@ -171,7 +164,8 @@ def _slice_seq(x: Any, lo: int, hi: int) -> Any:
 
 class SequenceParallel:
     """Ulysses SP of one model over one SP `group` (module docstring). Construction registers the attention
-    wrapper and a forward pre-hook on the language model; both act only inside `log_probs`."""
+    wrapper as the language model's attention implementation (for good: every forward of the model must go
+    through `log_probs`) and a forward pre-hook that slices the language model's inputs inside `log_probs`."""
 
     def __init__(self, model: torch.nn.Module, group: Any) -> None:
         self.group, self.size, self.rank = group, dist.get_world_size(group), dist.get_rank(group)
@@ -188,8 +182,12 @@ class SequenceParallel:
             raise ValueError(why)
         self._inner_fn = self._inner_attention(decoder)
         self._shard: _Shard | None = None
+        self._masks: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
         _register()
         decoder.register_forward_pre_hook(self._slice_inputs, with_kwargs=True)
+        # for good, not per forward: a layer recomputed in backward (gradient checkpointing) must find it too
+        self.config._attn_implementation = ATTENTION_NAME
+        _ATTACHED.append(self)
 
     def _inner_attention(self, decoder: torch.nn.Module) -> Callable[..., Any]:
         if self.inner == "sdpa":
@@ -229,18 +227,21 @@ class SequenceParallel:
                   attention_mask: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
         """q, k, v [B, H·, L'/s, D] of this rank's positions → the inner attention over all L' positions for H·/s
         heads → output [B, L'/s, H, D] (module docstring)."""
-        shard = self._shard
-        if shard is None:
-            raise RuntimeError("Ulysses attention outside an SP forward")
         if key.shape[1] % self.size:  # fewer KV heads than s: each one repeated s / KV times (verl's rule)
             rep = self.size // key.shape[1]
             key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
         q, k, v = (all_to_all(t, 1, 2, self.group) for t in (query, key, value))
         kwargs.pop("is_causal", None)
         groups = _Groups(module, q.shape[1] // k.shape[1])
-        mask = shard.mask(q.dtype, q.device) if self.inner == "eager" else None  # sdpa: is_causal, no mask
+        mask = self._causal(q) if self.inner == "eager" else None  # sdpa: is_causal, no mask
         out, _ = self._inner_fn(groups, q, k, v, mask, **kwargs)
         return all_to_all(out, 1, 2, self.group), None
+
+    def _causal(self, q: torch.Tensor) -> torch.Tensor:
+        key = (q.shape[2], q.dtype, q.device)
+        if key not in self._masks:
+            self._masks = {key: causal_mask(*key)}
+        return self._masks[key]
 
     # --- the log-prob forward --------------------------------------------------------------------------------
     def log_probs(
@@ -298,16 +299,11 @@ class SequenceParallel:
             return sum_shards(full, self.group)
 
         head.forward = shard_head
-        previous = self.config._attn_implementation
-        self._shard = _Shard(lo, hi, padded)
-        self.config._attn_implementation = ATTENTION_NAME
-        _CURRENT.append(self)
+        self._shard = _Shard(lo, hi)
         try:
             out = model(input_ids=align(input_ids), attention_mask=align(attention_mask), use_cache=False,
                         logits_to_keep=0, **kwargs)
         finally:
-            _CURRENT.remove(self)
-            self.config._attn_implementation = previous
             self._shard = None
             del head.forward
         result = out.logits
@@ -317,16 +313,16 @@ class SequenceParallel:
         return result[..., 0], entropy
 
 
-_CURRENT: list[SequenceParallel] = []
-"""The SP forwards in progress in this process (one at a time in practice)."""
+_ATTACHED: list[SequenceParallel] = []
+"""The language models under SP in this process (the policy's and the reference's)."""
 
 
 def _dispatch(module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """The registered attention function: the SP forward whose language model holds `module`."""
-    for sp in _CURRENT:
+    """The registered attention function: the SP of the language model that holds `module`."""
+    for sp in _ATTACHED:
         if sp.config is module.config:
             return sp.attention(module, *args, **kwargs)
-    raise RuntimeError("Ulysses attention called outside an SP forward")
+    raise RuntimeError("Ulysses attention of a model without sequence parallelism")
 
 
 def _register() -> None:

@@ -1,6 +1,6 @@
 """Ulysses sequence parallelism (`engine.trainer.ulysses`) on CPU with gloo: SP = 2 over 2 real ranks gives the
 one-process trainer's log-probs, entropy and gradients (fp32), on text models (sdpa with its 1 KV head repeated,
-eager with 2 KV heads split and a chunked head) and on multimodal rows of the tiny Qwen3-VL (image, M-RoPE,
+eager with 2 KV heads split, a chunked head and gradient checkpointing) and on multimodal rows of the tiny Qwen3-VL (image, M-RoPE,
 deepstack), and the same loss, gradient norm and weights after a train step."""
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
             args = json.load(f)
         batch = random_batch(rows=6, seed=3, max_prompt=9, max_response=8)  # odd and even widths across rows
         results = [compare("text-1kv", build_tiny_lm(seed=0), batch),
-                   compare("text-gqa", text_gqa_lm(), batch, logprob_chunk_tokens=5)]
+                   compare("text-gqa", text_gqa_lm(), batch, logprob_chunk_tokens=5, gradient_checkpointing=True)]
         if args.get("vl_dir"):
             from engine.models.loader import load_causal_lm
 
