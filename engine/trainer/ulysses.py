@@ -275,28 +275,32 @@ class SequenceParallel:
         kwargs.setdefault("position_ids", align(position_ids))
         local = padded // self.size
         lo, hi = self.rank * local, (self.rank + 1) * local
-        # response token j of row i is predicted at position n_i^prompt − 1 + j of the left-aligned row
-        shift = index[:, 0]  # each row's left padding
-        predictor = (length - r - 1 - shift)[:, None] + torch.arange(r, device=index.device)
-        mine = (predictor >= lo) & (predictor < hi)
-        rows, cols = mine.nonzero(as_tuple=True)
-        flat = rows * local + predictor[rows, cols] - lo
+        # response token j of row i is predicted at position first_i + j of its left-aligned row; this shard holds
+        # j ∈ [j0_i, j0_i + W) ∩ [0, R) with first_i + j ∈ [lo, hi): static shapes [B, W], W = min(R, L'/s)
+        first = length - r - 1 - index[:, 0]  # index[:, 0] = the row's left padding
+        width = min(r, local)
+        j = (lo - first).clamp(0, r)[:, None] + torch.arange(width, device=index.device)
+        where = first[:, None] + j
+        valid = (j < r) & (where >= lo) & (where < hi)
+        at = (where - lo).clamp(0, local - 1)
+        slot = torch.where(valid, j, r)  # column r collects nothing (zeros), then is dropped
         head = model.get_output_embeddings()
         plain_forward = head.forward
 
         def shard_head(hidden: torch.Tensor) -> torch.Tensor:
             # hidden [B, L'/s, H] of positions lo … hi − 1 → [B, R, 2] = (log π, H), zero off this shard
-            h = hidden.reshape(-1, hidden.shape[-1])[flat][None]
-            tokens = responses[rows, cols][None]
-            if chunk_tokens and h.shape[1]:
+            h = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))
+            tokens = responses.gather(1, j.clamp(max=r - 1))
+            if chunk_tokens:
                 picked, ent = chunked_token_log_probs(h, plain_forward, tokens, temperature, with_entropy,
                                                       entropy_grad, suppress_ids, chunk_tokens)
             else:
                 picked, ent = token_log_probs(plain_forward(h), tokens, temperature, with_entropy, entropy_grad,
                                               suppress_ids)
             both = torch.stack([picked, ent if ent is not None else torch.zeros_like(picked.detach())], dim=-1)
-            full = both.new_zeros((b, r, 2)).index_put((rows, cols), both[0])
-            return sum_shards(full, self.group)
+            both = both * valid[..., None]
+            full = both.new_zeros((b, r + 1, 2)).scatter_add(1, slot[..., None].expand(-1, -1, 2), both)
+            return sum_shards(full[:, :r], self.group)
 
         head.forward = shard_head
         self._shard = _Shard(lo, hi)
