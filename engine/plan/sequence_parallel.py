@@ -30,8 +30,3 @@ def group_budget(per_gpu: int, sp: int) -> int:
     """Tokens per micro-batch of one SP group: verl's `ppo_max_token_len_per_gpu × ulysses_sequence_parallel_size`."""
     return per_gpu * sp
 
-
-def positions_per_rank(length: int, sp: int) -> int:
-    """Positions of a row of `length` tokens each rank of the SP group forwards: ⌈length / s⌉ (the row is
-    right-padded to a multiple of s)."""
-    return -(-length // sp)
