@@ -251,6 +251,15 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
                         "data parallel (FSDP2) only",
                     )
                 )
+    sp = t.ulysses_sequence_parallel_size
+    if sp > 1 and t.backend == "megatron":
+        out.append(error("ulysses-megatron", "trainer.ulysses_sequence_parallel_size",
+                         f"ulysses_sequence_parallel_size = {sp} is the torch (FSDP2) backend's; megatron splits "
+                         "sequences with trainer.cp", "set it to 1 and use trainer.cp, or backend = \"torch\""))
+    elif sp > 1 and d.trainer_world % sp:
+        out.append(error("ulysses-world", "trainer.ulysses_sequence_parallel_size",
+                         f"ulysses_sequence_parallel_size = {sp} must divide the trainer's {d.trainer_world} ranks",
+                         category="fit"))
     if t.backend == "torch" and t.recompute_granularity is not None:
         out.append(warn("recompute-backend", "trainer.recompute_granularity", "recompute_granularity is "
                         "Megatron's; the torch backend ignores it", "use trainer.enable_gradient_checkpointing"))
@@ -353,11 +362,13 @@ def token_budget_rules(cfg: RunConfig) -> list[Problem]:
                       "needs equal micro-batches); set use_dynamic_bsz = false and size "
                       "ppo_micro_batch_size_per_gpu, or pp = 1")]
     longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    sp = t.ulysses_sequence_parallel_size if t.backend == "torch" else 1  # an SP group's budget is × s (verl)
     out = []
     for key, budget in (("ppo_max_token_len_per_gpu", t.ppo_max_token_len_per_gpu),
                         ("log_prob_max_token_len_per_gpu", t.log_prob_max_token_len_per_gpu)):
-        if budget is not None and budget < longest:
+        if budget is not None and budget * sp < longest:
             out.append(error("token-budget-row", f"trainer.{key}",
-                             f"{key} = {budget} is below the longest row, max_prompt_length + "
-                             f"max_response_length = {longest}: raise it to at least {longest}"))
+                             f"{key} = {budget}{f' × ulysses {sp}' if sp > 1 else ''} is below the longest row, "
+                             f"max_prompt_length + max_response_length = {longest}: raise it to at least "
+                             f"{-(-longest // sp)}"))
     return out

@@ -15,6 +15,7 @@ from asyncrl_cli.config.hf_model import VL_FAMILIES, ModelFacts, in_hub_cache
 from asyncrl_cli.config.problems import Problem, error, note, warn
 from asyncrl_cli.config.provenance import Provenance
 from engine.config.schema import RunConfig
+from engine.plan.sequence_parallel import ulysses_problem
 
 
 def model_rules(cfg: RunConfig, f: ModelFacts) -> list[Problem]:
@@ -37,6 +38,10 @@ def model_rules(cfg: RunConfig, f: ModelFacts) -> list[Problem]:
                 "divisible by tp (it does not replicate KV heads)",
             )
         )
+    sp = t.ulysses_sequence_parallel_size
+    if t.backend == "torch" and sp > 1 and f.heads and ulysses_problem(sp, sp, f.heads, f.kv_heads or f.heads):
+        out.append(error("ulysses-heads", "trainer.ulysses_sequence_parallel_size",
+                         str(ulysses_problem(sp, sp, f.heads, f.kv_heads or f.heads))))
     if t.backend == "megatron" and t.pp > 1 and f.layers % t.pp:
         out.append(error("pp-layers", "trainer.pp", f"pp = {t.pp} does not split the {f.layers} layers into "
                          "equal pipeline stages", "choose a pp that divides the layer count"))

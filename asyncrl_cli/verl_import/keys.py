@@ -51,6 +51,7 @@ MAP: dict[str, tuple[str, Callable[[str], Any]]] = {
     f"{ACTOR}.megatron.pipeline_model_parallel_size": ("trainer.pp", to_int),
     f"{ACTOR}.megatron.context_parallel_size": ("trainer.cp", to_int),
     f"{ACTOR}.megatron.override_transformer_config.context_parallel_size": ("trainer.cp", to_int),
+    f"{ACTOR}.ulysses_sequence_parallel_size": ("trainer.ulysses_sequence_parallel_size", to_int),
     f"{ACTOR}.megatron.expert_model_parallel_size": ("trainer.ep", to_int),
     f"{ACTOR}.megatron.expert_tensor_parallel_size": ("trainer.etp", to_int),
     f"{ACTOR}.megatron.override_transformer_config.recompute_granularity": ("trainer.recompute_granularity", to_str),
@@ -157,10 +158,6 @@ REQUIRED: dict[str, tuple[tuple[str, ...], str]] = {
     f"{AR}.hybrid_engine": (("false",), "trainer and rollout pools are separate"),
     "algorithm.use_kl_in_reward": (("false",), "asyncrl has the KL loss (trainer.use_kl_loss), not a KL penalty "
                                                "in the reward"),
-    f"{ACTOR}.ulysses_sequence_parallel_size": (("1",), "asyncrl's torch trainer has no Ulysses sequence "
-                                                        "parallelism (the megatron backend's trainer.cp splits "
-                                                        "sequences)"),
-    f"{AR}.ref.ulysses_sequence_parallel_size": (("1",), "asyncrl has no Ulysses sequence parallelism"),
     f"{ACTOR}.megatron.virtual_pipeline_model_parallel_size": (("null", "none", "1"),
                                                                "asyncrl has no virtual pipeline stages"),
     f"{AR}.ref.megatron.virtual_pipeline_model_parallel_size": (("null", "none", "1"),
@@ -186,6 +183,8 @@ SAME_AS: dict[str, tuple[str, str]] = {
     **{f"{AR}.ref.megatron.{k}": (f"{ACTOR}.megatron.{k}", "the reference shares the actor's layout")
        for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
                  "expert_model_parallel_size", "expert_tensor_parallel_size")},
+    f"{AR}.ref.ulysses_sequence_parallel_size": (f"{ACTOR}.ulysses_sequence_parallel_size",
+                                                 "the reference shares the actor's Ulysses size"),
     "reward_model.reward_kwargs.max_resp_len": ("data.max_response_length", "the overlong buffer's budget is "
                                                                            "data.max_response_length"),
     "reward.reward_kwargs.max_resp_len": ("data.max_response_length", "the overlong buffer's budget is "

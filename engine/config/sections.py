@@ -162,6 +162,14 @@ class TrainerConfig(MegatronPerfConfig):
     """Keep the frozen reference model's weights in host memory between its log-prob calls and move them to
     the device only for them (verl's `ref.param_offload`). The reference never has gradients, an optimizer or
     a DDP wrapper in any case."""
+    ulysses_sequence_parallel_size: int = Field(1, gt=0)
+    """torch / FSDP2 backend: Ulysses sequence parallelism (verl's key, for the actor and the reference alike).
+    Groups of s consecutive trainer ranks share their rows and split each row's positions; an all-to-all
+    around attention gives each rank the full sequence for H/s of the heads (`engine.trainer.ulysses`). The
+    data-parallel size is ranks / s, and the token budgets (`ppo_max_token_len_per_gpu`, …) count per GPU as in
+    verl: an SP group takes micro-batches of budget × s tokens. s must divide the ranks and the attention
+    heads, and divide or be a multiple of the KV heads; eager / sdpa attention. The megatron backend splits
+    sequences with `cp` instead."""
     attn_implementation: Literal["sdpa", "eager", "auto"] = "sdpa"
     """torch / FSDP2 backends: the attention kernel of the trainer's model (transformers' `attn_implementation`;
     verl's `model.override_config.attn_implementation`). `sdpa` = `scaled_dot_product_attention` (transformers'

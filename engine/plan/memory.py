@@ -22,7 +22,10 @@ optimizer's fp32 master + m + v 12·(P_d/(tp·pp)/DP + P_e/(ep·etp·pp)/EDP) (i
 Activations of the update micro-batch, T tokens (`ppo_max_token_len_per_gpu` with `use_dynamic_bsz` — a bound on
 padded tokens, rows × longest row, `engine.trainer.minibatch.micro_batch_count` —, else
 `ppo_micro_batch_size_per_gpu × (max_prompt_length + max_response_length)`), per rank T' = T/(cp·tp) (sequence
-parallel) on Megatron, T on torch:
+parallel) on Megatron, T on torch — with Ulysses SP s (`engine.plan.sequence_parallel`) an SP group's micro-batch
+holds T·s tokens with `use_dynamic_bsz` (verl's per-group budget), T rows' tokens otherwise, and each rank
+forwards T' = (group tokens)/s of them (DP = W/s; no padding mask: the rows are left-aligned and attention
+is causal); its eager attention scores cover H/s heads of the full rows, H·T'·S as below:
 
     per-token, per-layer a = (c_h·h + c_i·I + c_m·k·I_m [MoE layers]) · b_c/2          (calibrated, bytes)
     log-prob pass   T_lp'·a (no-grad forward of the log-prob micro-batch, `log_prob_max_token_len_per_gpu`:
@@ -259,7 +262,9 @@ def trainer_memory(cfg: RunConfig, m: ModelShape, world: int, capacity: float, d
             terms["compute_copy"] = 2 * layer_params(m) * b_p
         if t.use_kl_loss:
             (host if t.ref_param_offload else terms)["reference"] = p * b_c / world
-        shard_tokens, tp, dp_share = float(tokens), 1, world
+        sp = t.ulysses_sequence_parallel_size if world % t.ulysses_sequence_parallel_size == 0 else 1
+        tokens = tokens * sp if t.use_dynamic_bsz else tokens  # an SP group's micro-batch (verl's budget × s)
+        shard_tokens, tp, dp_share = tokens / sp, 1, world // sp
         recompute, group = t.enable_gradient_checkpointing, 1
     update_act = activation_bytes(m, shard_tokens, m.layers, recompute, b_c, cal, group)
     # the no-grad log-prob passes keep one layer's working set of their (larger) micro-batch at a time

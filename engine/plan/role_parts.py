@@ -132,6 +132,8 @@ class BackendSpec:
     shared_prompt: bool
     ref_param_offload: bool
     megatron: MegatronSpec
+    ulysses_sequence_parallel_size: int = 1
+    """Ulysses SP group size of the torch/FSDP2 trainer (`engine.trainer.ulysses`; policy and reference alike)."""
 
 
 @dataclass(frozen=True)
@@ -258,7 +260,8 @@ def backend_spec(cfg: RunConfig, device: str = "cpu") -> BackendSpec:
         grad_clip=t.grad_clip, update=update,
         temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0, seed=t.seed,
         deterministic=t.deterministic, gradient_checkpointing=t.enable_gradient_checkpointing,
-        shared_prompt=t.shared_prompt, ref_param_offload=t.ref_param_offload, megatron=megatron)
+        shared_prompt=t.shared_prompt, ref_param_offload=t.ref_param_offload, megatron=megatron,
+        ulysses_sequence_parallel_size=t.ulysses_sequence_parallel_size)
 
 
 def loss_spec(cfg: RunConfig) -> LossSpec:

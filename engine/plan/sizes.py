@@ -15,7 +15,7 @@ and the sizes of the two pools:
     M = trainer_world    = resources.trainer.nnodes × gpus_per_node               (trainer ranks)
     rollout_world        = resources.rollout.nnodes × gpus_per_node
     R = rollout_replicas = rollout.replicas or max(1, rollout_world // G)   G = TP·PP·DP, one replica's GPUs
-    trainer_dp           = max(1, M // (tp·pp·cp)) for megatron, M for torch (FSDP2)
+    trainer_dp           = max(1, M // (tp·pp·cp)) for megatron, M // s for torch (FSDP2; s = Ulysses SP size)
 
 `total_train_steps` counts policy versions, like verl. In `mode = "sync"` the staleness threshold is
 forced to 0, so `max_required_samples = required_samples × trigger`.
@@ -113,9 +113,12 @@ def optimizer_steps_per_local_step(cfg: RunConfig) -> int:
 
 
 def trainer_dp(cfg: RunConfig) -> int:
-    """Data-parallel size of the trainer: M / (tp·pp·cp) for megatron, M for torch (FSDP2); at least 1."""
+    """Data-parallel size of the trainer: M / (tp·pp·cp) for megatron, M / s for torch (FSDP2, s =
+    `ulysses_sequence_parallel_size`: the ranks of one SP group hold the same rows; M when s does not divide M,
+which `validate` refuses on its own); at least 1."""
     t = cfg.trainer
-    model_par = t.tp * t.pp * t.cp if t.backend == "megatron" else 1
+    sp = t.ulysses_sequence_parallel_size
+    model_par = t.tp * t.pp * t.cp if t.backend == "megatron" else (sp if trainer_world(cfg) % sp == 0 else 1)
     return max(1, trainer_world(cfg) // model_par)
 
 

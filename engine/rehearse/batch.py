@@ -2,7 +2,8 @@
 
 A row is a prompt of `data.max_prompt_length` tokens and a response of `data.max_response_length` (the longest
 the rollout can return), so every row is as long as a row can be: L = P + R positions. The update's micro-batch
-holds max(1, ⌊T / L⌋) such rows for a token budget T (`ppo_max_token_len_per_gpu` with `use_dynamic_bsz`), or
+holds max(1, ⌊T / L⌋) such rows for a token budget T (`ppo_max_token_len_per_gpu` with `use_dynamic_bsz`; × s, an
+SP group's budget, with Ulysses SP s on the torch backend — each rank then forwards L / s positions of them), or
 `ppo_micro_batch_size_per_gpu` rows without one; the log-prob passes' the same for
 `log_prob_max_token_len_per_gpu`. The rows go through the trainer's own `collate` (left-padded prompts,
 right-padded responses, the response mask from the lengths) and, in the backend, its own micro-batch split and
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.plan.sequence_parallel import group_budget
 from engine.trainer.batch import collate
 from engine.types import Trajectory
 
@@ -57,6 +59,8 @@ def micro_shape(cfg: RunConfig, log_prob: bool = False) -> MicroShape:
     if t.use_dynamic_bsz:
         budget = int((t.log_prob_max_token_len_per_gpu or t.ppo_max_token_len_per_gpu) if log_prob
                      else t.ppo_max_token_len_per_gpu)
+        if t.backend == "torch":  # Ulysses: an SP group's micro-batch holds budget × s (verl's count)
+            budget = group_budget(budget, t.ulysses_sequence_parallel_size)
         return MicroShape(max(1, budget // length), d.max_prompt_length, d.max_response_length, budget)
     return MicroShape(int(t.ppo_micro_batch_size_per_gpu), d.max_prompt_length, d.max_response_length, None)
 

@@ -142,6 +142,7 @@ def build_trainer_backend(spec: BackendSpec, model_dir: str, distributed: bool =
     kwargs = trainer_kwargs(spec, policy, device, frozen, {**common, "logprob_chunk_tokens": chunk})
     import torch.distributed as dist
 
+    sp = spec.ulysses_sequence_parallel_size  # Ulysses (`engine.trainer.ulysses`), the policy and the reference alike
     # FSDP2: rank 0 loads, the others get their shards from it. A rehearsal (`load_model` given) builds the ranks
     # other than 0 from their own fake load: torch's fake process group cannot carry rank 0's broadcast.
     if distributed and not (frozen and spec.ref_param_offload) and (load_model is None or dist.get_rank() == 0):
@@ -149,12 +150,14 @@ def build_trainer_backend(spec: BackendSpec, model_dir: str, distributed: bool =
 
         loaded = load(model_dir, **model_spec) if dist.get_rank() == 0 else None
         skeleton = meta_causal_lm(model_dir, **model_spec)
-        return FSDPTrainerBackend(skeleton, loaded=loaded, **kwargs)
+        return FSDPTrainerBackend(skeleton, loaded=loaded, ulysses_sequence_parallel_size=sp, **kwargs)
     model = load(model_dir, **model_spec)
     if distributed:
         from engine.trainer.fsdp import FSDPTrainerBackend
 
-        return FSDPTrainerBackend(model, **kwargs)
+        return FSDPTrainerBackend(model, ulysses_sequence_parallel_size=sp, **kwargs)
+    if sp > 1:
+        raise ValueError(f"trainer.ulysses_sequence_parallel_size = {sp} needs a trainer of several ranks")
     return TorchTrainerBackend(model, **kwargs)
 
 

@@ -14,6 +14,11 @@ meta device, shards it, allocates its shards on the device and receives them fro
 Weights leave rank 0 gathered tensor by tensor on the device in the export dtype (`torch_weights.export_sharded`:
 no full state dict, no host round trip); checkpoints are sharded, each rank writing its own shards
 (`torch_weights.save_sharded`, torch distributed checkpoint; `load` re-shards to any world size).
+
+`ulysses_sequence_parallel_size = s > 1` (`engine.trainer.ulysses`): groups of s consecutive ranks share their
+rows (data-parallel index ⌊r/s⌋, `dp_rank`) and split each row's sequence; every rank of a group computes the
+same loss, so sums over ranks are divided by s (`_sum_across_ranks`: each group's masses and metrics once),
+and the token budgets are per SP group (× s, verl's count). FSDP2 still shards over all M ranks.
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.distributed.tensor import DTensor
 
 from engine.plan.devices import PROCESS_GROUP_TIMEOUT_S, RoleDevice
+from engine.plan.sequence_parallel import group_budget
 from engine.trainer.process_groups import all_reduce_values, init_process_group
 from engine.trainer import torch_weights
 from engine.trainer.torch_trainer import TorchTrainerBackend
+from engine.trainer.ulysses import SequenceParallel, check_sp, sp_group
 
 
 def free_port() -> int:
@@ -116,13 +123,43 @@ class FSDPTrainerBackend(TorchTrainerBackend):
     model, or a meta skeleton (`engine.models.loader.meta_causal_lm`) with rank 0's loaded model as `loaded`
     (`shard_from_rank0`: the other ranks never load the weights)."""
 
-    def __init__(self, model: torch.nn.Module, loaded: torch.nn.Module | None = None, **kwargs) -> None:
+    def __init__(self, model: torch.nn.Module, loaded: torch.nn.Module | None = None,
+                 ulysses_sequence_parallel_size: int = 1, **kwargs) -> None:
         if not dist.is_initialized():
             raise RuntimeError("FSDPTrainerBackend needs torch.distributed initialised (see init_distributed)")
         self._rank = dist.get_rank()
         self._world = dist.get_world_size()
         self._loaded = loaded
+        self.sp_size = int(ulysses_sequence_parallel_size)
+        config = getattr(model, "config", None)
+        text = getattr(config, "text_config", None) or config
+        heads = int(getattr(text, "num_attention_heads", 1) or 1)
+        why = check_sp(self.sp_size, self._world, heads, int(getattr(text, "num_key_value_heads", None) or heads))
+        if self.sp_size > 1 and why:
+            raise ValueError(why)
         super().__init__(model, **kwargs)
+        self.sp: SequenceParallel | None = None
+        if self.sp_size > 1:
+            self.sp = SequenceParallel(self.model, sp_group(self.sp_size))
+            self.ppo_max_token_len = group_budget(self.ppo_max_token_len, self.sp_size)  # verl's per-group count
+            self.log_prob_max_token_len = group_budget(self.log_prob_max_token_len, self.sp_size)
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's data-parallel index: its SP group's (`engine.runtime.trainer_group` shards rows by it)."""
+        return self._rank // self.sp_size
+
+    def _log_probs(self, micro, with_entropy: bool, entropy_grad: bool = False):  # noqa: ANN001, ANN201
+        """With SP the sequence is split over the group (`SequenceParallel.log_probs`; padded rows, no shared
+        prompt); else the one-rank forward."""
+        if self.sp is None:
+            return super()._log_probs(micro, with_entropy, entropy_grad)
+        self._forward_tokens[0] += micro.input_ids.numel()
+        self._forward_tokens[1] += micro.input_ids.numel()
+        return self.sp.log_probs(self.model, micro.input_ids, micro.attention_mask, micro.position_ids,
+                                 micro.responses, self.temperature, with_entropy, entropy_grad=entropy_grad,
+                                 model_kwargs=self._model_kwargs(micro), suppress_ids=self.suppress_ids,
+                                 chunk_tokens=self.logprob_chunk_tokens)
 
     @property
     def rank(self) -> int:
@@ -150,7 +187,10 @@ class FSDPTrainerBackend(TorchTrainerBackend):
         return all_reduce_values(values, self.device, op)
 
     def _sum_across_ranks(self, values: list[float]) -> list[float]:
-        return self._reduce(values, dist.ReduceOp.SUM) if values else values
+        """Σ over the data: over all ranks, each SP group's (identical) values counted once."""
+        if not values:
+            return values
+        return [v / self.sp_size for v in self._reduce(values, dist.ReduceOp.SUM)]
 
     def _max_across_ranks(self, value: int) -> int:
         return int(self._reduce([float(value)], dist.ReduceOp.MAX)[0])

@@ -66,16 +66,21 @@ EXPECTED: dict[str, tuple[str | None, int, dict | None, tuple[str, ...]]] = {
     "dapo_7b_math_fsdp2_4_4": ("h20", 0, DAPO_7B_4_4, ()),
     # converts faithfully; validate refuses it: 64 prompts × n 4 do not split over 12 trainer ranks
     "geo3k_qwen3vl_8b_fsdp2_16_16_npu": (None, 1, GEO3K, ("do not split evenly over 12 data-parallel ranks",)),
-    "dapo_7b_math_fsdp2_64_64_mis": (None, 1, None, SP),
+    # Ulysses SP 4 (actor and reference) over 64 trainer ranks: 16 data-parallel groups
+    "dapo_7b_math_fsdp2_64_64_mis": (None, 0, {
+        "trainer.backend": "torch", "trainer.ulysses_sequence_parallel_size": 4, "trainer.use_dynamic_bsz": True,
+        "trainer.ppo_max_token_len_per_gpu": 61440, "trainer.log_prob_max_token_len_per_gpu": 92160,
+        "resources.trainer.nnodes": 8, "resources.trainer.gpus_per_node": 8}, ()),
     # verl shares 16 devices between the pools by partition; a plain import would ask for 24
     "geo3k_qwen3vl_8b_fsdp2_hybrid_res_pool_npu": (None, 1, None, ("async_training.hybrid_res_pool",
                                                                    "actor_rollout_ref.partition")),
     # its base config, fully_async_dapo_trainer, is not in verl: the importer knows its defaults are
-    # fully_async_ppo_trainer's (every DAPO setting is an override) and says so; Ulysses SP stops it
-    "dapo_30b_a3b_base_math_fsdp": (None, 1, None, SP),
+    # fully_async_ppo_trainer's (every DAPO setting is an override) and says so
+    "dapo_30b_a3b_base_math_fsdp": ("h100", 0, {"trainer.backend": "torch", "rollout.n": 16,
+                                                "trainer.ulysses_sequence_parallel_size": 4}, ()),
     # the multi-turn keys map onto [rollout.multi_turn] and val_kwargs onto rollout.val_* (test_retool_multi_turn_
     # keys_map); the custom dataset class (test_custom_cls_names_the_row_adapter) and Ulysses SP are refused
-    "dapo_7b_async_retool": (None, 1, None, ("data.custom_cls.path", "data.custom_cls.name", SP[0])),
+    "dapo_7b_async_retool": (None, 1, None, ("data.custom_cls.path", "data.custom_cls.name")),
     "grpo_qwen3_235b_megatron_npu": (None, 1, None, (
         "actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage",
         "actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_last_pipeline_stage")),
@@ -89,11 +94,13 @@ EXPECTED: dict[str, tuple[str | None, int, dict | None, tuple[str, ...]]] = {
                                            "resources.trainer.nnodes": 2, "resources.trainer.gpus_per_node": 6,
                                            "resources.rollout.nnodes": 2, "resources.rollout.gpus_per_node": 2},
                                 ("do not split evenly over 12 data-parallel ranks",)),
-    "dapo_7b_math_fsdp2_16_16": (None, 1, None, SP),
-    "dapo_7b_math_fsdp2_32_32": (None, 1, None, SP),
-    "dapo_7b_math_fsdp2_64_64": (None, 1, None, SP),
-    "dapo_30b_a3b_math_fsdp_npu": (None, 1, None, SP),
-    "geo3k_qwen3vl_30b_a3b_fsdp2_32_32": (None, 1, None, SP),
+    **{f"dapo_7b_math_fsdp2_{n}_{n}": ("h100", 0, {"rollout.n": 16, "trainer.ulysses_sequence_parallel_size": 4}, ())
+       for n in (16, 32, 64)},
+    # rollout expert parallelism and Ulysses SP convert; no geo3k / DAPO data here, so validate stops there
+    "dapo_30b_a3b_math_fsdp_npu": (None, 1, {"trainer.ulysses_sequence_parallel_size": 8,
+                                             "rollout.expert_parallel_size": 2}, ("data.train_files",)),
+    "geo3k_qwen3vl_30b_a3b_fsdp2_32_32": (None, 1, {"trainer.ulysses_sequence_parallel_size": 8,
+                                                    "rollout.expert_parallel_size": 2}, ("data.train_files",)),
     "geo3k_qwen25vl_7b_megatron_4_4": (None, 1, {
         "trainer.backend": "megatron", "trainer.tp": 2, "trainer.kl_loss_coef": 0.01, "trainer.kl_loss_type":
         "low_var_kl", "trainer.ppo_mini_batch_size": 128, "trainer.ppo_max_token_len_per_gpu": 5120, "rollout.n": 4,
@@ -294,3 +301,14 @@ def test_policy_loss_modes_convert_and_others_are_refused_naming_the_supported_o
                           "actor_rollout_ref.actor.policy_loss.loss_mode=sapo")
     assert [why for ov, why in sapo.errors if "loss_mode" in ov] == [
         "policy loss 'sapo' is not in asyncrl (supported: vanilla, gspo, geo_mean)"]
+
+
+def test_ulysses_maps_and_the_reference_shares_it() -> None:
+    """verl's Ulysses size converts (the retool script's too); a reference with another size is refused."""
+    retool = convert_script((CORPUS / "dapo_7b_async_retool.sh").read_text())
+    assert retool.values["trainer.ulysses_sequence_parallel_size"] == 4
+    assert not [ov for ov, _ in retool.errors if ov.startswith(SP[0])]
+    text = (CORPUS / "dapo_7b_math_fsdp2_64_64_mis.sh").read_text()
+    differs = convert_script(text.replace(f"{SP[1]}=4", f"{SP[1]}=2"))
+    assert [why for ov, why in differs.errors if ov.startswith(SP[1])] == [
+        f"differs from {SP[0]}=4: the reference shares the actor's Ulysses size"]

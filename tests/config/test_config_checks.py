@@ -283,3 +283,23 @@ def test_sequence_loss_modes_are_checked_with_one_line_each() -> None:
         errs = [p for p in an.problems if p.severity == "error"]
         assert an.exit_code == EXIT_INVALID and len(errs) == 1, [p.render() for p in an.problems]
         assert words in errs[0].message and "\n" not in errs[0].message
+
+
+def test_ulysses_size_is_checked_against_ranks_heads_and_backend() -> None:
+    sp = "trainer.ulysses_sequence_parallel_size"
+    for ok in (4, 16):  # 16 ranks; Qwen3-VL-8B: 32 heads, 8 KV heads (16 > 8: each KV head repeated twice)
+        assert analyze_run_config(VL16, [f"{sp}={ok}"]).exit_code == EXIT_OK, ok
+    an = analyze_run_config(VL16, [f"{sp}=3"])
+    assert by_code(an, "ulysses-world").message == f"{sp.split('.')[1]} = 3 must divide the trainer's 16 ranks"
+    assert "32 attention heads" in by_code(an, "ulysses-heads").message
+    assert "batch-dp" not in [p.code for p in an.problems]  # one reason per cause, not its consequences
+    an = analyze_run_config(VL16, [f"{sp}=4", "trainer.use_dynamic_bsz=true"])
+    longest = an.config.data.max_prompt_length + an.config.data.max_response_length
+    fits = -(-longest // 4)  # an SP group's budget is 4 × the per-GPU budget (verl's count)
+    assert analyze_run_config(VL16, [f"{sp}=4", "trainer.use_dynamic_bsz=true",
+                                     f"trainer.ppo_max_token_len_per_gpu={fits}"]).exit_code == EXIT_OK
+    low = analyze_run_config(VL16, [f"{sp}=4", "trainer.use_dynamic_bsz=true",
+                                    f"trainer.ppo_max_token_len_per_gpu={fits - 1}"])
+    assert "× ulysses 4 is below the longest row" in by_code(low, "token-budget-row").message
+    an = analyze_run_config(MOE, [f"{sp}=2"])
+    assert an.exit_code == EXIT_INVALID and "trainer.cp" in by_code(an, "ulysses-megatron").message

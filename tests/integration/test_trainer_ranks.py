@@ -115,3 +115,21 @@ def test_a_run_needing_more_accelerators_than_the_cluster_has_fails_at_once(run_
     assert f"run failed: the Ray cluster has 0 {resource}(s), this run needs 2 (1 rollout replica(s) × 1 + 1 trainer" \
         in err[-1] and "Traceback" not in err[-1]
     assert not (run_dir / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_ulysses_sp_group_of_two_ranks_trains_and_syncs(run_dir):
+    """Ulysses SP 2 on the two ranks (one SP group, DP 1; the tiny model's 2 heads split, its KV head repeated):
+    the policy and the KL reference forward half of each row's positions per rank, the run trains, and after each
+    sync π_θ of the SP forward equals the replica's π_rollout."""
+    cfg = tiny_config(run_dir, *SMALL, 'async_training.mode="sync"', "async_training.trigger_parameter_sync_step=2",
+                      "rollout.total_rollout_steps=32", "trainer.use_kl_loss=true",
+                      "trainer.ulysses_sequence_parallel_size=2")
+    assert run(resolve_plan(cfg), progress=False) == 0
+    recs = train_records(run_dir)
+    assert [r["training/global_step"] for r in recs] == list(range(1, 5))
+    updates = _updates(recs)
+    assert updates and all(r["actor/grad_norm"] > 0 and math.isfinite(r["actor/kl_loss"]) for r in updates)
+    firsts = [r for r in updates if r["training/global_step"] % 2 == 1]
+    assert firsts and all(abs(r["rollout_corr/kl"]) < 1e-4 for r in firsts)
+    _assert_accounted(run_dir, 4, 8)

@@ -88,3 +88,21 @@ def test_the_seed_000_is_preset_computes_the_megatron_proximal_log_prob() -> Non
     base, _ = _predict(MOE)
     assert "prox_snapshot" in p.trainer.host and "prox_snapshot" not in base.trainer.host
     assert p.trainer.host["prox_snapshot"] == pytest.approx(2 * p.trainer.terms["weights"])  # fp32 snapshot of bf16
+
+
+def test_ulysses_splits_the_group_micro_batch_over_its_ranks() -> None:
+    """SP s: token budgets are per GPU (the group's micro-batch holds s × the budget, verl's count), so a rank's
+    activations stay those of one budget; fixed micro-batches of rows are split s ways; DP = ranks / s."""
+    sp = "trainer.ulysses_sequence_parallel_size"
+    one, an = _predict(SEVEN_B, "trainer.enable_gradient_checkpointing=false")
+    four, _ = _predict(SEVEN_B, f"{sp}=4", "trainer.enable_gradient_checkpointing=false")
+    t = an.config.trainer
+    assert four.trainer.details["tokens_per_rank"] == one.trainer.details["tokens_per_rank"] == t.ppo_max_token_len_per_gpu
+    assert four.trainer.details["tokens_per_micro_batch"] == 4 * t.ppo_max_token_len_per_gpu
+    assert four.trainer.details["data_parallel"] == one.trainer.details["data_parallel"] // 4
+    assert four.trainer.terms["activations"] == pytest.approx(one.trainer.terms["activations"])
+    assert set(four.trainer.terms) == set(one.trainer.terms)  # no term of its own: no padding mask is built
+    rows_one, _ = _predict(SEVEN_B, "trainer.use_dynamic_bsz=false", "trainer.enable_gradient_checkpointing=false")
+    rows_four, _ = _predict(SEVEN_B, "trainer.use_dynamic_bsz=false", "trainer.enable_gradient_checkpointing=false",
+                            f"{sp}=4")
+    assert rows_four.trainer.terms["activations"] == pytest.approx(rows_one.trainer.terms["activations"] / 4)

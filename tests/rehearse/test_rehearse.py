@@ -87,3 +87,15 @@ def test_run_over_its_device_memory_fails_naming_trainer_rank() -> None:
     assert r.exit_code == 1
     assert "rehearsal failed: trainer rank 0 (device memory): rehearsed peak" in r.output
     assert "Traceback" not in r.output
+
+
+def test_ulysses_run_rehearses_its_sp_group_micro_batch() -> None:
+    """SmolLM2 (9 heads, 3 KV heads) on 3 ranks with Ulysses SP 3: the group's micro-batch holds 3 × the per-GPU
+    budget (verl's count) and every rank steps it through the real SP forward (all-to-alls on the fake group)."""
+    args = [a if a != "resources.trainer.gpus_per_node=2" else "resources.trainer.gpus_per_node=3" for a in SMALL]
+    r = _rehearse(*args, "--set", "trainer.ulysses_sequence_parallel_size=3", "--json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0, doc["failures"]
+    update = doc["micro_batches"]["update"]
+    assert update["budget"] == 3 * 4800 and update["rows"] == 3 * 4800 // (256 + 40)
+    assert all(rank["device_peak"] > 0 for rank in doc["ranks"])
