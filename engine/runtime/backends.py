@@ -180,6 +180,7 @@ def trainer_kwargs(cfg: RunConfig, policy: Any, device: RoleDevice, frozen: bool
     return {"device": check_device(device.type), "precision": SHORT[policy.compute],
             "gradient_checkpointing": t.enable_gradient_checkpointing,
             "logprob_chunk_tokens": t.logprob_chunk_tokens, "shared_prompt": t.shared_prompt,
+            "use_remove_padding": t.use_remove_padding,
             "export_dtype": None if frozen else rollout_dtype(cfg), **common}  # syncs in the replicas' dtype
 
 
