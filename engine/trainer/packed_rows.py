@@ -29,7 +29,8 @@ Two layouts, by the model's attention implementation (`layout`):
 
 Which forward a micro-batch takes (`packed_forward_batch`): with `shared_prompt` the shared-prompt packing
 where it applies and pays (`shared_prefix.worth_sharing`), with packing the packed rows where the layout
-applies; of those, the one that forwards fewer tokens; neither → the padded rows.
+applies (masked: where first fit removes padding, S·L < B·L); of those, the one that forwards fewer tokens;
+neither → the padded rows.
 
 Token budgets (`use_dynamic_bsz`) with packing count the tokens the packed forward computes on instead of the
 padded rows' B · max ℓ (`engine.trainer.minibatch`): Σℓ_i — the real tokens, verl's count — on the varlen layout,
@@ -140,7 +141,9 @@ def packed_forward_batch(model: torch.nn.Module, input_ids: torch.Tensor, attent
     if shared_prompt and worth_sharing(model, ids, mask, response_len, mask_dtype):
         options.append(pack(ids, mask, response_len, mask_dtype=mask_dtype))
     if packing is not None and response_len >= 1:
-        options.append(pack_rows(ids, mask, response_len, packing, mask_dtype=mask_dtype))
+        rows = pack_rows(ids, mask, response_len, packing, mask_dtype=mask_dtype)
+        if packing == "varlen" or rows.tokens < ids.numel():  # masked: only where padding is removed
+            options.append(rows)
     return min(options, key=lambda b: b.tokens) if options else None
 
 
