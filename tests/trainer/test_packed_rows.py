@@ -132,6 +132,9 @@ def test_token_budgets_count_the_packed_tokens() -> None:
         assert all(packed_cost([lengths[i] for i in g], kind) <= 90 for g in packed_micro_batches(lengths, k, kind))
     batch = random_batch(rows=12, seed=2, max_prompt=9, max_response=8)
     budget = 3 * max(row_lengths(batch))
+    masked, _ = plan_micro_batches(batch, 4, budget, lambda k: k, packing="masked")
+    for m in masked:  # what the budget counts is what the packed forward holds activations for
+        assert pack_rows(m.input_ids, m.attention_mask, m.responses.shape[1], "masked").tokens <= budget
     padded, _ = plan_micro_batches(batch, 4, budget, lambda k: k)
     packed, order = plan_micro_batches(batch, 4, budget, lambda k: k, packing="varlen")
     assert (len(packed), len(padded)) == (3, 4)  # 132 real tokens fit 3 budgets of 51; padded they need 4
