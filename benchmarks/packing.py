@@ -5,11 +5,15 @@ Each seed is one demo batch as the rollout makes it (`benchmarks.packing_worker`
 sampled from SmolLM2-135M-Instruct at its initial weights, so the response lengths — and the padding — are the
 model's own), trained in one fresh worker process by four arms, one after the other on the same batch:
 
-    padded          shared_prompt = false, use_remove_padding = false   (every row padded to the longest)
-    packed          shared_prompt = false, use_remove_padding = true    (rows without padding, first-fit sequences)
-    shared          shared_prompt = true,  use_remove_padding = false   (the demo before packing)
     shared+packed   shared_prompt = true,  use_remove_padding = true    (the demo now: the packing with fewer
                                                                          tokens runs)
+    shared          shared_prompt = true,  use_remove_padding = false   (the demo before packing)
+    packed          shared_prompt = false, use_remove_padding = true    (rows without padding, first-fit sequences)
+    padded          shared_prompt = false, use_remove_padding = false   (every row padded to the longest)
+
+Every arm's tokens are counted (the trainer's own packing decision on its own micro-batches); the update is timed
+for the arms not listed `untimed` — the full size leaves out `shared`, whose forward is, on these batches,
+shared+packed's (the same tokens: the shared prompt wins the choice), to fit a machine shared with other jobs.
 
 Per arm: the tokens of one update — real Σℓ, padded Σ B_k·W_k (the arm's micro-batches, each padded to its own
 longest row), and forwarded (what the forward ran on) — the micro-batches, and the median update seconds after a
@@ -31,15 +35,15 @@ from benchmarks.plots import pyplot, save
 
 STUDY = "packing"
 ARMS = {
-    "padded": ["trainer.shared_prompt=false", "trainer.use_remove_padding=false"],
-    "packed": ["trainer.shared_prompt=false", "trainer.use_remove_padding=true"],
-    "shared": ["trainer.shared_prompt=true", "trainer.use_remove_padding=false"],
     "shared+packed": ["trainer.shared_prompt=true", "trainer.use_remove_padding=true"],
+    "shared": ["trainer.shared_prompt=true", "trainer.use_remove_padding=false"],
+    "packed": ["trainer.shared_prompt=false", "trainer.use_remove_padding=true"],
+    "padded": ["trainer.shared_prompt=false", "trainer.use_remove_padding=false"],
 }
 SIZES: dict[str, dict[str, Any]] = {
-    "full": {"preset": "smollm2-arith-cpu.toml", "seeds": [0, 1, 2], "steps": 1, "threads": 2,
+    "full": {"preset": "smollm2-arith-cpu.toml", "seeds": [0, 1, 2], "steps": 1, "threads": 2, "untimed": ["shared"],
              "overrides": ['trainer.precision="bf16"', 'trainer.attn_implementation="eager"']},
-    "toy": {"preset": "tiny-cpu.toml", "seeds": [0], "steps": 1, "threads": 1,
+    "toy": {"preset": "tiny-cpu.toml", "seeds": [0], "steps": 1, "threads": 1, "untimed": ["shared"],
             "overrides": ["trainer.ppo_mini_batch_size=2", "rollout.n=4", "trainer.ppo_micro_batch_size_per_gpu=8",
                          'trainer.attn_implementation="eager"']},
 }
@@ -52,7 +56,11 @@ def measure_seed(spec: dict[str, Any], seed: int) -> dict[str, Any]:
         argv += ["--set", o]
     for arm, extra in ARMS.items():
         argv += ["--arm", f"{arm}={';'.join(extra)}"]
-    return run_json_subprocess(argv, spec["threads"], timeout_s=3600)
+    for arm in spec.get("untimed", []):
+        argv += ["--untimed", arm]
+    out = run_json_subprocess(argv, spec["threads"], timeout_s=3600)
+    print(f"seed {seed}: {out}", flush=True)  # progress, in case the study is cut short
+    return out
 
 
 def run(size: str, out_dir: Path) -> dict[str, Any]:
@@ -63,7 +71,7 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
     result["seeds"] = seeds
     rows = [{"seed": s["seed"], "arm": arm, **m} for s in seeds for arm, m in s.get("arms", {}).items()]
     result["rows"] = rows
-    base = {r["seed"]: r for r in rows if r["arm"] == "padded"}
+    base = {r["seed"]: r for r in rows if r["arm"] == "padded" and "step_s" in r}
     summary: dict[str, Any] = {}
     for arm in ARMS:
         mine = [r for r in rows if r["arm"] == arm]
@@ -73,8 +81,8 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
             "forwarded_tokens": [r["forwarded_tokens"] for r in mine],
             "padding_removed": [1 - r["forwarded_tokens"] / base[r["seed"]]["padded_tokens"] for r in mine
                                 if r["seed"] in base],
-            "step_s": [r["step_s"] for r in mine],
-            "speedup": [base[r["seed"]]["step_s"] / r["step_s"] for r in mine if r["seed"] in base],
+            "step_s": [r["step_s"] for r in mine if "step_s" in r],
+            "speedup": [base[r["seed"]]["step_s"] / r["step_s"] for r in mine if r["seed"] in base and "step_s" in r],
         }
     result["summary"] = summary
     result["tables"] = [
@@ -84,9 +92,9 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
               [[r["seed"], r["arm"], r.get("rows", ""), r.get("real_tokens", ""), r.get("padded_tokens", ""),
                 r.get("forwarded_tokens", ""),
                 f"{1 - r['forwarded_tokens'] / base[r['seed']]['padded_tokens']:.0%}" if r["seed"] in base else "",
-                r.get("micro_batches", ""), round(r["step_s"], 2),
-                round(base[r["seed"]]["step_s"] / r["step_s"], 2) if r["seed"] in base else "",
-                round(r["grad_norm"], 3), ""] for r in rows]
+                r.get("micro_batches", ""), round(r["step_s"], 2) if "step_s" in r else "not timed",
+                round(base[r["seed"]]["step_s"] / r["step_s"], 2) if r["seed"] in base and "step_s" in r else "",
+                round(r["grad_norm"], 3) if "grad_norm" in r else "", ""] for r in rows]
               + [[s["seed"], "", "", "", "", "", "", "", "", "", "", f"skipped: {s['error']}"]
                  for s in seeds if "error" in s]),
         table("Per arm over the seeds (median update seconds; tokens as mean)",
@@ -94,7 +102,7 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
                "speedup (median)"],
               [[arm, round(statistics.mean(v["forwarded_tokens"])),
                 f"{statistics.mean(v['padding_removed']):.0%}" if v["padding_removed"] else "",
-                round(statistics.median(v["step_s"]), 2),
+                round(statistics.median(v["step_s"]), 2) if v["step_s"] else "not timed",
                 round(statistics.median(v["speedup"]), 2) if v["speedup"] else ""] for arm, v in summary.items()]),
     ]
     result["targets"] = []
@@ -112,7 +120,7 @@ def plot(rows: list[dict[str, Any]], out_dir: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 3.6))
     arms = list(ARMS)
     for i, arm in enumerate(arms):
-        mine = [r for r in rows if r["arm"] == arm]
+        mine = [r for r in rows if r["arm"] == arm and "step_s" in r]
         ax.scatter([r["forwarded_tokens"] for r in mine], [r["step_s"] for r in mine], label=arm, marker="os^D"[i])
     ax.set(xlabel="tokens forwarded per update", ylabel="update seconds", title="packed rows on the demo's batches")
     ax.set_xlim(left=0)

@@ -1,13 +1,16 @@
 """One seed of the packed-rows study (`benchmarks.packing`) in a fresh process. Prints one JSON line.
 
     python -m benchmarks.packing_worker PRESET.toml --seed S --steps K --threads T [--set k=v] [--arm NAME=k=v;k=v]
+        [--untimed NAME]
 
 The seed's batch is a demo batch as the rollout makes it: `required_samples` prompts of the preset's dataset
 (the seed-th slice of them) × `rollout.n` responses sampled from the preset's model at its initial weights
 (temperature `rollout.temperature`, up to `max_response_length` tokens, stopping at EOS — the lengths, and so
 the padding, are the model's own), rewards alternating 1/0 in each group. Each arm builds the trainer as the
-engine does (`build_trainer_backend`, the arm's overrides), takes on-policy rollout log-probs from itself, makes a
-warm-up update, then times `steps` updates (`train_step`); the arms run one after the other on the same batch.
+engine does (`build_trainer_backend`, the arm's overrides), counts the tokens of its micro-batches, and — unless it
+is `--untimed` — makes a warm-up update, then times `steps` updates (`train_step`); the arms run one after the
+other on the same batch, with the on-policy rollout log-probs the first arm computes (bypass mode: π_old is the
+rollout's, so a real step makes no log-prob pass either).
 
 Recorded per arm: real tokens Σℓ (Σ attention_mask), padded tokens Σ_k B_k·W_k of the arm's micro-batches (each
 padded to its longest row, as the padded forward runs them), the tokens the forward ran on = padded tokens ÷
@@ -58,7 +61,7 @@ def sample_groups(cfg: Any, tok: Any, model_dir: str, seed: int) -> list[Any]:
 
 
 def measure_arm(preset: Path, overrides: list[str], groups: list[Any], tok: Any, model_dir: str,
-                steps: int) -> dict[str, Any]:
+                steps: int, shared: dict[str, Any]) -> dict[str, Any]:
     from benchmarks.engine_runs import load_config
     from engine.algo.batching import prepare_batch
     from engine.algo.loss import build_loss_fn
@@ -68,25 +71,33 @@ def measure_arm(preset: Path, overrides: list[str], groups: list[Any], tok: Any,
     cfg = load_config(preset, ["trainer.test_freq=0", *overrides])
     backend = build_trainer_backend(cfg, model_dir, device=resolve_plan(cfg).devices["trainer"])
     batch = prepare_batch(groups, cfg, tok.pad_token_id, 0).batch
-    log_probs, _ = backend.compute_log_probs(batch)
+    if "log_probs" not in shared:
+        shared["log_probs"] = backend.compute_log_probs(batch)[0]
+    log_probs = shared["log_probs"]
     batch.rollout_log_probs = log_probs
     batch.old_log_probs = log_probs
     loss_fn = build_loss_fn(cfg.trainer, cfg.algorithm.rollout_correction)
     micros, _, _ = backend._micro_batches(batch, backend.ppo_max_token_len)
-    padded = sum(backend._prepare(m)[0].input_ids.numel() for m in micros)
-    backend.train_step(batch, loss_fn)  # warm-up: optimizer state, first-call overheads
+    prepared = [backend._prepare(m)[0] for m in micros]
+    padded = sum(m.input_ids.numel() for m in prepared)
+    forwarded = sum(m.input_ids.numel() if p is None else p.tokens for m, p in
+                    zip(prepared, (backend._shared(m) for m in prepared)))  # what `_log_probs` would forward
     times, metrics = [], {}
+    if steps:
+        backend.train_step(batch, loss_fn)  # warm-up: optimizer state, first-call overheads
     for _ in range(steps):
         t0 = time.perf_counter()
         metrics = backend.train_step(batch, loss_fn)
         times.append(time.perf_counter() - t0)
-    saving = float(metrics.get("asyncrl/trainer/shared_prompt_saving", 1.0))
     out = {
         "rows": len(batch), "real_tokens": int(batch.attention_mask.sum()),
         "response_tokens": int(batch.response_mask.sum()), "padded_tokens": padded,
-        "forwarded_tokens": round(padded / saving), "micro_batches": len(micros),
-        "packing": backend.packing, "step_s": statistics.median(times), "step_times_s": times,
-        "grad_norm": float(metrics.get("actor/grad_norm", 0.0)),
+        "forwarded_tokens": forwarded, "micro_batches": len(micros),
+        "packing": backend.packing, "step_times_s": times,
+        **({"step_s": statistics.median(times), "grad_norm": float(metrics["actor/grad_norm"]),  # and the
+            # trainer's own count of what it forwarded (padded ÷ `shared_prompt_saving`), to check the one above
+            "trainer_forwarded_tokens": round(padded / float(metrics["asyncrl/trainer/shared_prompt_saving"]))}
+           if times else {}),
         "precision": cfg.trainer.precision, "attn_implementation": cfg.trainer.attn_implementation,
     }
     del backend
@@ -95,7 +106,7 @@ def measure_arm(preset: Path, overrides: list[str], groups: list[Any], tok: Any,
 
 
 def measure(preset: Path, seed: int, arms: dict[str, list[str]], steps: int, threads: int,
-            overrides: list[str]) -> dict[str, Any]:
+            overrides: list[str], untimed: list[str]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(threads)
@@ -110,8 +121,10 @@ def measure(preset: Path, seed: int, arms: dict[str, list[str]], steps: int, thr
     lengths = [len(t.response_ids) for g in groups for t in g.trajectories]
     result: dict[str, Any] = {"seed": seed, "model": cfg.model.path, "sample_s": time.perf_counter() - t0,
                               "response_lengths": lengths, "threads": threads, "arms": {}}
+    shared: dict[str, Any] = {}
     for arm, extra in arms.items():
-        result["arms"][arm] = measure_arm(preset, [*overrides, *extra], groups, tok, model_dir, steps)
+        result["arms"][arm] = measure_arm(preset, [*overrides, *extra], groups, tok, model_dir,
+                                          0 if arm in untimed else steps, shared)
     return result
 
 
@@ -124,9 +137,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--arm", dest="arms", action="append", default=[],
                         help="NAME=override;override (repeatable; in order)")
+    parser.add_argument("--untimed", action="append", default=[], help="an arm counted but not timed")
     args = parser.parse_args(argv)
     arms = {a.partition("=")[0]: [o for o in a.partition("=")[2].split(";") if o] for a in args.arms}
-    print(json.dumps(measure(args.preset, args.seed, arms, args.steps, args.threads, args.overrides)), flush=True)
+    print(json.dumps(measure(args.preset, args.seed, arms, args.steps, args.threads, args.overrides, args.untimed)),
+          flush=True)
     return 0
 
 
