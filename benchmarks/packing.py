@@ -13,7 +13,9 @@ model's own), trained in one fresh worker process by four arms, one after the ot
 
 Every arm's tokens are counted (the trainer's own packing decision on its own micro-batches); the update is timed
 for the arms not listed `untimed` — the full size leaves out `shared`, whose forward is, on these batches,
-shared+packed's (the same tokens: the shared prompt wins the choice), to fit a machine shared with other jobs.
+shared+packed's (the same tokens: the shared prompt wins the choice), and runs its seeds' workers side by side
+(`parallel`), to fit a machine shared with other jobs: the arms of one seed are timed under the same contention,
+so speedups are read within a seed.
 
 Per arm: the tokens of one update — real Σℓ, padded Σ B_k·W_k (the arm's micro-batches, each padded to its own
 longest row), and forwarded (what the forward ran on) — the micro-batches, and the median update seconds after a
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,7 @@ ARMS = {
 }
 SIZES: dict[str, dict[str, Any]] = {
     "full": {"preset": "smollm2-arith-cpu.toml", "seeds": [0, 1, 2], "steps": 1, "threads": 2, "untimed": ["shared"],
+             "parallel": True,
              "overrides": ['trainer.precision="bf16"', 'trainer.attn_implementation="eager"']},
     "toy": {"preset": "tiny-cpu.toml", "seeds": [0], "steps": 1, "threads": 1, "untimed": ["shared"],
             "overrides": ["trainer.ppo_mini_batch_size=2", "rollout.n=4", "trainer.ppo_micro_batch_size_per_gpu=8",
@@ -67,7 +71,9 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
     started = time.monotonic()
     spec = SIZES[size]
     result = new_result(STUDY, size, {**spec, "arms": ARMS})
-    seeds = [{"seed": s, **measure_seed(spec, s)} for s in spec["seeds"]]
+    with ThreadPoolExecutor(max_workers=len(spec["seeds"]) if spec.get("parallel") else 1) as pool:
+        seeds = [{"seed": s, **out} for s, out in zip(spec["seeds"], pool.map(lambda s: measure_seed(spec, s),
+                                                                                spec["seeds"]))]
     result["seeds"] = seeds
     rows = [{"seed": s["seed"], "arm": arm, **m} for s in seeds for arm, m in s.get("arms", {}).items()]
     result["rows"] = rows
