@@ -142,7 +142,9 @@ def render_memory_terms(con: Console, an: Analysis) -> None:
         con.print(t)
     d = an.fit.trainer.details
     if "tokens_per_micro_batch" in d:
-        con.print(f"[dim]trainer: {d['tokens_per_micro_batch']} tokens per update micro-batch, "
+        counted = {"packed": " (packed rows: real tokens)", "padded": " (rows × longest row)"}
+        con.print(f"[dim]trainer: {d['tokens_per_micro_batch']} tokens per update micro-batch"
+                  f"{counted.get(d.get('token_count', ''), '')}, "
                   f"{d['log_prob_tokens_per_micro_batch']} per log-prob micro-batch, recompute "
                   f"{'on' if d['recompute'] else 'off'}, activations from the {d['activations_from']}; "
                   f"{d['precision']}[/]")

@@ -24,6 +24,7 @@ STUDIES: dict[str, str] = {
     "demo-seeds": "benchmarks.demo_seeds",
     "shared-prompt": "benchmarks.shared_prompt",
     "sandbox-overhead": "benchmarks.sandbox_overhead",
+    "packing": "benchmarks.packing",
 }
 """Study name → module; each module exposes `run(size: str, out_dir: Path) -> dict`."""
 

@@ -33,6 +33,7 @@ TITLES = {
     "demo-seeds": "15. The demo as `make demo` runs it, three seeds",
     "shared-prompt": "16. Shared-prompt forward: a group's prompt once",
     "sandbox-overhead": "17. Tool sandbox overhead: a call through bubblewrap",
+    "packing": "18. Packed rows: the demo's padding removed",
 }
 
 

@@ -45,6 +45,7 @@ MAP: dict[str, tuple[str, Callable[[str], Any]]] = {
     f"{AR}.model.path": ("model.path", to_str),
     f"{AR}.model.trust_remote_code": ("model.trust_remote_code", to_bool),
     f"{AR}.model.enable_gradient_checkpointing": ("trainer.enable_gradient_checkpointing", to_bool),
+    f"{AR}.model.use_remove_padding": ("trainer.use_remove_padding", to_bool),
     f"{ACTOR}.strategy": ("trainer.backend", to_backend),
     f"{ACTOR}.fsdp_config.strategy": ("trainer.backend", to_backend),
     f"{ACTOR}.megatron.tensor_model_parallel_size": ("trainer.tp", to_int),
@@ -203,7 +204,6 @@ IGNORED: dict[str, str] = {
     "algorithm.filter_groups.max_num_gen_batches": "a cap past which verl stops with an error; asyncrl samples "
                                                    "until the prompts run out, then ends the run",
     f"{AR}.nccl_timeout": "a timeout",
-    f"{AR}.model.use_remove_padding": "padding removal is a speed-up with the same result",
     f"{AR}.model.use_fused_kernels": "fused kernels: speed only",
     f"{AR}.model.enable_activation_offload": "memory placement only",
     f"{AR}.model.use_shm": "loading only",

@@ -209,6 +209,17 @@ class TrainerConfig(MegatronPerfConfig):
     reports the saving. The megatron backend forwards padded rows. On an accelerator sdpa with a dense mask
     cannot take the flash kernel; no GPU run has measured whether sharing still pays there (the shipped GPU
     presets do not share: their rows are too long for the mask, or carry images)."""
+    use_remove_padding: bool = True
+    """torch / FSDP2 backends: forward a micro-batch's rows without their padding (verl's
+    `actor_rollout_ref.model.use_remove_padding`): the rows' real tokens concatenated, position ids restarting
+    per row, attention kept within a row — one varlen sequence under a flash-attention implementation on CUDA,
+    else first-fit sequences of the longest row's width under a block-diagonal mask (`eager` / `sdpa`, e.g. on
+    CPU; never more tokens or attention scores than the padded rows). The log-probs and gradient are the padded
+    forward's (up to summation order); with `shared_prompt` the one of the two packings that forwards fewer
+    tokens runs (`engine.trainer.packed_rows`). With `use_dynamic_bsz` the token budgets then count the packed
+    tokens (the real tokens on the varlen layout, plus the first-fit slack on the masked one) instead of rows ×
+    longest row. Text rows only (rows with images are forwarded padded); the megatron backend forwards padded
+    rows."""
     grad_clip: float = Field(1.0, gt=0)
     """Clip the global gradient norm to this value."""
     ppo_mini_batch_size: int = Field(32, gt=0)

@@ -20,7 +20,8 @@ optimizer's fp32 master + m + v 12·(P_d/(tp·pp)/DP + P_e/(ep·etp·pp)/EDP) (i
 `trainer.optimizer_offload` on cuda), a frozen reference S·b_c.
 
 Activations of the update micro-batch, T tokens (`ppo_max_token_len_per_gpu` with `use_dynamic_bsz` — a bound on
-padded tokens, rows × longest row, `engine.trainer.minibatch.micro_batch_count` —, else
+the tokens the forward computes on: padded rows × longest row, `engine.trainer.minibatch.micro_batch_count`, or
+with packed rows (`token_count`) the packed tokens, `engine.trainer.packed_rows.packed_cost` —, else
 `ppo_micro_batch_size_per_gpu × (max_prompt_length + max_response_length)`), per rank T' = T/(cp·tp) (sequence
 parallel) on Megatron, T on torch — with Ulysses SP s (`engine.plan.sequence_parallel`) an SP group's micro-batch
 holds T·s tokens with `use_dynamic_bsz` (verl's per-group budget), T rows' tokens otherwise, and each rank
@@ -224,6 +225,17 @@ def log_prob_tokens(cfg: RunConfig) -> int:
     return int(t.ppo_micro_batch_size_per_gpu * (d.max_prompt_length + d.max_response_length))
 
 
+# --- packed rows (`trainer.use_remove_padding`, `engine.trainer.packed_rows`) ---------------------------------
+def token_count(cfg: RunConfig) -> str:
+    """What T counts: "packed" — the torch / FSDP2 trainer forwards text rows without padding, so activation tokens
+    are real tokens (plus, on the masked layout, the first-fit slack that the budget counts too) — else "padded"
+    (rows × longest row). Either way T bounds the tokens the forward holds activations for, so no term changes
+    by a factor: packing lets the same T hold more rows (fewer micro-batches per update), not more tokens."""
+    t = cfg.trainer
+    packs = t.backend != "megatron" and t.use_remove_padding and cfg.data.image_key is None
+    return "packed" if packs else "padded"
+
+
 def trainer_memory(cfg: RunConfig, m: ModelShape, world: int, capacity: float, device: str,
                    cal: dict[str, Any] | None = None) -> RoleMemory:
     """One trainer rank's predicted peak (module docstring); `world` = trainer ranks."""
@@ -288,7 +300,7 @@ def trainer_memory(cfg: RunConfig, m: ModelShape, world: int, capacity: float, d
     terms["runtime"] = CPU_RUNTIME if on_cpu else ACCEL_RUNTIME
     total = sum(terms.values())
     return RoleMemory("trainer", terms, capacity, total <= capacity, host, {
-        "tokens_per_micro_batch": tokens, "tokens_per_rank": round(shard_tokens), "world": world,
+        "tokens_per_micro_batch": tokens, "token_count": token_count(cfg), "tokens_per_rank": round(shard_tokens), "world": world,
         "log_prob_tokens_per_micro_batch": log_prob_tokens(cfg),
         "activations_from": "update" if update_act >= lp_act else "log-prob pass",
         "data_parallel": dp_share, "recompute": recompute, "compute_bytes": b_c, "param_bytes": b_p,

@@ -132,6 +132,8 @@ class BackendSpec:
     shared_prompt: bool
     ref_param_offload: bool
     megatron: MegatronSpec
+    use_remove_padding: bool = False
+    """Packed rows (`engine.trainer.packed_rows`): the rows of a micro-batch forwarded without padding."""
     ulysses_sequence_parallel_size: int = 1
     """Ulysses SP group size of the torch/FSDP2 trainer (`engine.trainer.ulysses`; policy and reference alike)."""
 
@@ -261,7 +263,7 @@ def backend_spec(cfg: RunConfig, device: str = "cpu") -> BackendSpec:
         temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0, seed=t.seed,
         deterministic=t.deterministic, gradient_checkpointing=t.enable_gradient_checkpointing,
         shared_prompt=t.shared_prompt, ref_param_offload=t.ref_param_offload, megatron=megatron,
-        ulysses_sequence_parallel_size=t.ulysses_sequence_parallel_size)
+        use_remove_padding=t.use_remove_padding, ulysses_sequence_parallel_size=t.ulysses_sequence_parallel_size)
 
 
 def loss_spec(cfg: RunConfig) -> LossSpec:

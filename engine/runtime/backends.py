@@ -169,6 +169,7 @@ def trainer_kwargs(spec: BackendSpec, policy: Any, device: RoleDevice, frozen: b
     export = None if frozen else _resolved(spec.export_dtype, "rollout.dtype")  # syncs in the replicas' dtype
     return {"device": check_device(device.type), "precision": SHORT[policy.compute],
             "gradient_checkpointing": spec.gradient_checkpointing, "shared_prompt": spec.shared_prompt,
+            "use_remove_padding": spec.use_remove_padding,
             "export_dtype": export, **common}
 
 

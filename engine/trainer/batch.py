@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from engine.trainer.base import TrainBatch
+from engine.trainer.packed_rows import Layout, packed_micro_batch_count, packed_micro_batches
 from engine.trainer.minibatch import (
     balanced_partitions,
     contiguous_bounds,
@@ -133,22 +134,28 @@ def row_lengths(batch: TrainBatch) -> list[int]:
     return [int(n) for n in batch.attention_mask.sum(-1).tolist()]
 
 
-def split_by_token_budget(batch: TrainBatch, count: int) -> tuple[list[TrainBatch], list[int]]:
+def split_by_token_budget(batch: TrainBatch, count: int, packing: Layout | None = None
+                          ) -> tuple[list[TrainBatch], list[int]]:
     """`batch` as min(`count`, rows) token-balanced micro-batches (`engine.trainer.minibatch`'s
-    `token_budget_micro_batches`), and the row order they hold when concatenated (to map outputs back)."""
-    groups = token_budget_micro_batches(row_lengths(batch), count)
+    `token_budget_micro_batches`; `packed_rows.packed_micro_batches` with `packing`), and the row order they hold
+    when concatenated (to map outputs back)."""
+    lengths = row_lengths(batch)
+    groups = packed_micro_batches(lengths, count, packing) if packing else token_budget_micro_batches(lengths, count)
     return [batch.select(torch.tensor(g, dtype=torch.long)) for g in groups], [i for g in groups for i in g]
 
 
 def plan_micro_batches(batch: TrainBatch, micro_size: int, max_tokens: int | None,
-                       agree: Callable[[int], int]) -> tuple[list[TrainBatch], list[int] | None]:
+                       agree: Callable[[int], int], packing: Layout | None = None
+                       ) -> tuple[list[TrainBatch], list[int] | None]:
     """A rank's micro-batches of `batch` and the row order they hold (None: in order): `micro_size` rows each,
     or with a token budget `max_tokens` token-balanced ones whose count the ranks agree on first —
-    `agree(k)` is the max of k over the ranks, a collective every rank must join once per call."""
+    `agree(k)` is the max of k over the ranks, a collective every rank must join once per call. `packing`: the
+    trainer forwards packed rows in that layout, so the budget counts `packed_rows.packed_cost`."""
     if max_tokens is None:
         return split_micro_batches(batch, micro_size), None
-    count = agree(micro_batch_count(row_lengths(batch), max_tokens))
-    return split_by_token_budget(batch, count)
+    lengths = row_lengths(batch)
+    own = packed_micro_batch_count(lengths, max_tokens, packing) if packing else micro_batch_count(lengths, max_tokens)
+    return split_by_token_budget(batch, agree(own), packing)
 
 
 FILLER = "filler"

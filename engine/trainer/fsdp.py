@@ -141,6 +141,7 @@ class FSDPTrainerBackend(TorchTrainerBackend):
         self.sp: SequenceParallel | None = None
         if self.sp_size > 1:
             self.sp = SequenceParallel(self.model, sp_group(self.sp_size))
+            self.packing = None  # the SP forward pads rows to a multiple of s: budgets count what it computes on
             self.ppo_max_token_len = group_budget(self.ppo_max_token_len, self.sp_size)  # verl's per-group count
             self.log_prob_max_token_len = group_budget(self.log_prob_max_token_len, self.sp_size)
 

@@ -40,13 +40,14 @@ from engine.plan.prompt_sharing import pays
 @dataclass
 class SharedBatch:
     """A micro-batch packed one sequence per prompt (module docstring): `input_ids`, `position_ids` [G, L],
-    `mask` [G, 1, L, L] (additive: 0 where attending is allowed, the dtype's minimum elsewhere), and for each
+    `mask` [G, 1, L, L] (additive: 0 where attending is allowed, the dtype's minimum elsewhere; None for
+    `engine.trainer.packed_rows`' varlen layout, whose restarting positions delimit its rows), and for each
     row of the original batch, `predictors` [B, R]: the flat index (g·L + position) of the hidden state that
     predicts its response token j (0 past the response's end)."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
-    mask: torch.Tensor
+    mask: torch.Tensor | None
     predictors: torch.Tensor
 
     @property
@@ -171,7 +172,8 @@ def shared_prompt_log_probs(
 
     head.forward = shared_head
     try:
-        out = model(input_ids=packed.input_ids.to(device), attention_mask=packed.mask.to(device),
+        mask = None if packed.mask is None else packed.mask.to(device)
+        out = model(input_ids=packed.input_ids.to(device), attention_mask=mask,
                     position_ids=packed.position_ids.to(device), use_cache=False, logits_to_keep=0)
     finally:
         del head.forward

@@ -22,6 +22,8 @@ dtype every forward runs under `torch.autocast(compute)` (the FSDP2 subclass cas
 backward (HF's mechanism); `logprob_chunk_tokens` bounds the log-prob head's logits (`logprobs.py`).
 `shared_prompt` forwards each micro-batch's rows that share a prompt (a GRPO group) as one sequence, the prompt
 once (`shared_prefix.py`: the same log-probs and gradient, fewer tokens) where `shared_prefix.worth_sharing` says it applies and pays.
+`use_remove_padding` forwards the rows without padding (`packed_rows.py`; the packing with fewer tokens runs), and
+token budgets then count the packed tokens (`packed_rows.packed_cost`) instead of rows × longest row.
 `frozen = True` builds a reference model (`engine.runtime.backends.build_reference_backend`): no gradients, no optimizer, only
 `compute_log_probs`, with its weights in host memory between calls when `param_offload` (on an accelerator).
 An update whose gradient is non-finite, or whose total mass is 0, is skipped (counted in `actor/skipped_step`).
@@ -58,7 +60,8 @@ from engine.trainer.torch_weights import tied_aliases
 from engine.trainer.base import LossFn, TrainBatch
 from engine.trainer.batch import FILLER, is_filler, lockstep_log_probs, plan_micro_batches, trim_padding
 from engine.trainer.logprobs import response_log_probs
-from engine.trainer.shared_prefix import SharedBatch, pack, shared_prompt_log_probs, worth_sharing
+from engine.trainer.packed_rows import packed_forward_batch, packing_layout
+from engine.trainer.shared_prefix import SharedBatch, shared_prompt_log_probs
 from engine.trainer.minibatch import local_step_metrics, mini_batch_plan
 from engine.trainer.optim import OptimConfig, WarmupSchedule, build_optimizer, set_lr
 from engine.trainer.step_metrics import update_metrics
@@ -125,6 +128,7 @@ class TorchTrainerBackend(WarmupSchedule):
         ppo_max_token_len_per_gpu: int = 16384,
         log_prob_max_token_len_per_gpu: int | None = None,
         shared_prompt: bool = True,
+        use_remove_padding: bool = False,
         export_dtype: str | torch.dtype | None = None,
     ) -> None:
         if micro_batch_size < 1:
@@ -167,6 +171,8 @@ class TorchTrainerBackend(WarmupSchedule):
         self._encoder = image_encoder
         self._model_dir = model_dir_of(model)
         self.model = self._prepare_model(model)
+        self.packing = packing_layout(self.model, use_remove_padding and self.vision is None, self.device,
+                                      self.compute_dtype)
         self.optimizer = None if frozen else build_optimizer(self.model.parameters(), self.optim_cfg)
         if self.param_offload:
             self._offload(True)
@@ -268,16 +274,14 @@ class TorchTrainerBackend(WarmupSchedule):
             )
 
     def _shared(self, micro: TrainBatch) -> SharedBatch | None:
-        """The shared-prompt packing of `micro` when `shared_prompt` is on and it pays (`worth_sharing`), else
-        None (the padded rows are forwarded as they are)."""
-        if not self.shared_prompt or not worth_sharing(self.model, micro.input_ids, micro.attention_mask,
-                                                       micro.responses.shape[1], self.param_dtype):
-            return None
-        return pack(micro.input_ids.cpu(), micro.attention_mask.cpu(), micro.responses.shape[1],
-                    mask_dtype=self.param_dtype)
+        """`micro` packed by shared prompts or as packed rows (`packed_rows.packed_forward_batch`), else None (the
+        padded rows are forwarded as they are)."""
+        return packed_forward_batch(self.model, micro.input_ids, micro.attention_mask, micro.responses.shape[1],
+                                    self.shared_prompt, self.packing, self.param_dtype)
 
     def take_forward_saving(self) -> float:
-        """Padded row tokens ÷ tokens forwarded since the last call (1.0 without shared prompts), then reset."""
+        """Padded row tokens ÷ tokens forwarded since the last call (1.0 without shared prompts or packed rows),
+        then reset."""
         rows, forwarded = self._forward_tokens
         self._forward_tokens = [0, 0]
         return rows / forwarded if forwarded else 1.0
@@ -290,7 +294,8 @@ class TorchTrainerBackend(WarmupSchedule):
         if filler and not self.use_dynamic_bsz:
             return [], batch, None
         micros, order = plan_micro_batches(batch.select(slice(0, 0)) if filler else batch, self.micro_batch_size,
-                                           max_tokens if self.use_dynamic_bsz else None, self._max_across_ranks)
+                                           max_tokens if self.use_dynamic_bsz else None, self._max_across_ranks,
+                                           packing=self.packing)
         return micros, micros[-1] if micros else batch, order
 
     def compute_log_probs(self, batch: TrainBatch, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:

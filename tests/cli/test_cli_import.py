@@ -206,3 +206,12 @@ def test_every_mapped_key_has_a_table_in_the_written_file() -> None:
 
     sections = {target.rpartition(".")[0] for target, _ in MAP.values()}
     assert sections <= set(ORDER), sorted(sections - set(ORDER))
+
+
+def test_remove_padding_is_imported() -> None:
+    """verl's `model.use_remove_padding` is asyncrl's `trainer.use_remove_padding` (packed rows), either way."""
+    key = "actor_rollout_ref.model.use_remove_padding"
+    for value, want in (("True", True), ("False", False)):
+        conv = convert_script(_script("algorithm.adv_estimator=grpo", f"{key}={value}"))
+        assert conv.values["trainer.use_remove_padding"] is want and not conv.errors
+        assert not any(ov.startswith(key) for ov, _ in conv.ignored)
