@@ -4,13 +4,14 @@ One frozen dataclass per role, carrying the sizes derived once (`engine.plan.siz
 (`engine.plan.devices.RoleDevice`), its share of the placement (threads; Ray options once the driver placed the
 pools) and, bound by the driver at launch, the run's identity:
 
-    RolloutSpec     the Rollouter: the `RolloutLoop`'s parameters (required_samples, the staleness in force —
-                    0 in sync mode —, the sync interval, partial rollout off in sync and deterministic mode),
+    RolloutSpec     the Rollouter: the `RolloutLoop`'s parameters (`engine.loop.params.loop_params`, the one
+                    mapping from the config: required_samples, the staleness in force — 0 in sync mode —, the
+                    sync interval, partial rollout off in sync and deterministic mode),
                     total_rollout_steps (the prompt stream's length), R replicas and the `ReplicaSpec` it starts
                     replacements from, the checkpoint's rollout part on resume
     ReplicaSpec     one rollout replica: config, the rollout `RoleDevice`, its threads
     TrainerSpec     trainer rank 0 (and, through `world`, ranks 1 … M−1): the `TrainerLoop`'s parameters
-                    (required_samples, total_local_steps = total_train_steps × trigger, sync mode, the hard cap,
+                    (`loop_params` too: required_samples, total_local_steps = total_train_steps × trigger, sync mode, the hard cap,
                     the checkpoint cadence), M ranks, the trainer `RoleDevice`, its threads, the weight sync, the
                     checkpoint's trainer part on resume
     WeightSyncSpec  the weight-sync transport: object store or collective, on which device, with how many
@@ -27,9 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from engine.loop.agent import AgentLimits
 from engine.loop.elastic import ElasticParams
-from engine.loop.rollout import RolloutParams, partial_rollout_in_force
+from engine.loop.params import loop_params
+from engine.loop.rollout import RolloutParams
 from engine.loop.trainer import TrainerParams
 from engine.plan.devices import RoleDevice, weight_sync_transport
 
@@ -171,32 +172,6 @@ class RoleSpecs:
             trainer=replace(self.trainer, rank_options=rank_options, identity=identity, resume=trainer_resume))
 
 
-def rollout_params(cfg: RunConfig, d: Derived) -> RolloutParams:
-    """The rollout core's parameters: the sizes from `d`; partial rollout only in fully async, non-deterministic
-    runs (sync mode never interrupts a generation; deterministic mode waits for it)."""
-    ac, ro = cfg.async_training, cfg.rollout
-    sync, det = ac.mode == "sync", cfg.trainer.deterministic
-    mt = ro.multi_turn
-    agent = AgentLimits(cfg.data.max_response_length, mt.max_assistant_turns, mt.max_user_turns,
-                        mt.max_parallel_calls, mt.max_tokens_per_turn) if mt.enable else None
-    return RolloutParams(n=ro.n, max_new_tokens=cfg.data.max_response_length, required_samples=d.required_samples,
-                         staleness_threshold=d.staleness_threshold, trigger=ac.trigger_parameter_sync_step,
-                         partial_rollout=partial_rollout_in_force(ac.partial_rollout, sync, det),
-                         seqs_per_call=max(ro.n, ro.max_num_seqs), test_freq=cfg.trainer.test_freq, sync_mode=sync,
-                         deterministic=det, agent=agent, val_n=ro.val_n)
-
-
-def trainer_params(cfg: RunConfig, d: Derived, total_local_steps: int) -> TrainerParams:
-    """The trainer core's parameters: the sizes from `d`, the run's length in local steps."""
-    ac = cfg.async_training
-    return TrainerParams(required_samples=d.required_samples, trigger=ac.trigger_parameter_sync_step,
-                         total_local_steps=total_local_steps, sync_mode=ac.mode == "sync",
-                         max_staleness_versions=ac.max_staleness_versions, stale_policy=ac.stale_policy,
-                         checkpoint_every_versions=cfg.checkpoint.every_versions, ordered=cfg.trainer.deterministic,
-                         staleness_threshold=d.staleness_threshold, validate_at_end=cfg.trainer.test_freq > 0,
-                         filter_metric=fg.metric if (fg := cfg.algorithm.filter_groups).enable else None)
-
-
 def elastic_params(cfg: RunConfig, d: Derived, actors: dict[str, Any]) -> ElasticParams:
     """The elastic-cores core's parameters: the plan's split (`actors`: `engine.plan.placement.actor_resources`)
     and the switch — on only where it is built: `resources.elastic_cores` on `device = "cpu"`, fully async, one
@@ -221,10 +196,11 @@ def role_specs(cfg: RunConfig, d: Derived, devices: dict[str, RoleDevice], actor
     not available locally and neither `trainer.total_steps` nor `rollout.total_rollout_steps` bounds it)."""
     if d.total_local_steps is None or d.total_rollout_steps is None:
         return None
+    loop = loop_params(cfg, d.total_rollout_steps)  # the loop cores' parameters: built once, here
     replica = ReplicaSpec(cfg, devices["rollout"], int(actors["replica_threads"]))
-    rollout = RolloutSpec(cfg, rollout_params(cfg, d), d.total_rollout_steps, d.rollout_replicas, replica,
+    rollout = RolloutSpec(cfg, loop.rollout, d.total_rollout_steps, d.rollout_replicas, replica,
                           elastic=elastic_params(cfg, d, actors))
-    trainer = TrainerSpec(cfg, trainer_params(cfg, d, d.total_local_steps), d.trainer_world, devices["trainer"],
+    trainer = TrainerSpec(cfg, loop.trainer, d.trainer_world, devices["trainer"],
                           int(actors["trainer_threads"]), weight_sync_spec(cfg, d, devices["trainer"]),
                           elastic=rollout.elastic.enabled)
     return RoleSpecs(rollout, trainer)

@@ -144,11 +144,13 @@ def test_seed_layouts_model_lending_idle_trainer_devices_to_rollout() -> None:
 def test_lending_gains_nothing_when_the_trainer_never_waits_and_more_when_it_waits_longer() -> None:
     from types import SimpleNamespace
 
+    from engine.loop.sim.scenario import Scenario
     from engine.predict.costs import Layout
     from engine.predict.lending import lending_gain
 
-    layout = Layout("x", "fully_async", 8, 32, 1, 0.5, True, None, "drop", 512, 128, 64, replicas=4, rollout_tp=2,
-                    trainer_world=8, trainer_model_parallel=1, total_versions=None, log_prob_passes=1)
+    layout = Layout("x", Scenario(0, n=8, ppo_mini_batch_size=32, staleness_threshold=0.5, max_new_tokens=512,
+                                  seqs_per_call=64).loop(), 128, replicas=4, rollout_tp=2, trainer_world=8,
+                    trainer_model_parallel=1, total_versions=None, log_prob_passes=1)
     busy = SimpleNamespace(version_time_s=10.0, trainer_idle_ratio=0.0, rollout_idle_ratio=0.0, sync_pause_s=0.5)
     assert lending_gain(layout, busy)["predicted_gain"] == 1.0
     gains = [lending_gain(layout, SimpleNamespace(version_time_s=10.0, trainer_idle_ratio=i, rollout_idle_ratio=0.0,
