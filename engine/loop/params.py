@@ -110,11 +110,15 @@ class LoopParams:
                           self.total_rollout_steps)
 
     def for_versions(self, versions: int, keep_rate: float = 1.0) -> LoopParams:
-        """The same loop run for `versions` versions (what a plan simulates): V · N local steps and a stream of
-        ⌈V · N · R / keep_rate⌉ prompts (dynamic sampling trains a fraction `keep_rate` of the groups it samples;
-        the stream's surplus is left unused when fewer groups are dropped)."""
+        """The same loop run for `versions` versions (what a plan simulates): V · N local steps, and a stream of
+        ⌈(G + 4·√(G·(1 − K))) / K⌉ prompts for G = V · N · R trained groups when dynamic sampling keeps each
+        sampled group with probability K (the kept count of P prompts has mean P·K and standard deviation
+        √(P·K·(1 − K)): four of them to spare, so the stream does not run dry before the last step; the surplus is
+        left unused). K = 1: exactly G."""
         steps = versions * self.trigger
-        prompts = math.ceil(steps * self.required_samples / max(1e-6, min(1.0, keep_rate)))
+        k = max(1e-6, min(1.0, keep_rate))
+        groups = steps * self.required_samples
+        prompts = math.ceil((groups + 4 * math.sqrt(groups * (1 - k))) / k)
         return LoopParams(self.rollout, replace(self.trainer, total_local_steps=steps), prompts)
 
 

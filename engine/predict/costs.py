@@ -24,6 +24,12 @@ Sources, in order (a later one only fills what an earlier one left empty):
 with BW the accelerator's memory bandwidth, F its dense bf16 peak, ctx = prompt + mean response / 2,
 passes = log-prob passes besides the update (π_old unless bypass, π_ref with a KL loss).
 Without a calibration, responses are assumed uniform on 1..max/2 with 5 % running to the limit.
+
+The loop itself is the run's: `Layout.loop` is the `LoopParams` the run starts from (`engine.loop.params`). Two
+figures belong to the loop's features rather than to the hardware:
+    keep rate K (dynamic sampling)   groups generated per group trained = 1 / K; K from a calibration on a run
+                                     with `filter_groups`, `asyncrl plan --keep-rate`, else 1 (source printed)
+    tool calls (multi-turn)          after `TOOL_CALL_P` of the model turns, `TOOL_LATENCY_S` each (assumed)
 """
 
 from __future__ import annotations
