@@ -162,3 +162,23 @@ def test_lending_gains_nothing_when_the_trainer_never_waits_and_more_when_it_wai
     idle = lending_gain(layout, SimpleNamespace(version_time_s=10.0, trainer_idle_ratio=0.6, rollout_idle_ratio=0.9,
                                                 sync_pause_s=0.5))
     assert 1.0 <= idle["predicted_gain"] < gains[0]
+
+
+def test_keep_rate_sets_what_dynamic_sampling_costs_and_is_printed(run_dir: Path) -> None:
+    """`--keep-rate K`: a plan of a run with `algorithm.filter_groups` generates 1 / K groups per trained one (a
+    calibration without filtering measured none), and says so; K out of (0, 1] is a usage error."""
+    assert _plan("--calibrate", run_dir).exit_code == 0
+    cal = run_dir / "calibration.json"
+    ds = ["--set", "algorithm.filter_groups.enable=true", "--set", "trainer.test_freq=0"]
+    docs = {}
+    for keep in ("1", "0.5"):
+        r = _plan(RUNS / "tiny-cpu.toml", "--calibration", cal, "--keep-rate", keep, "--json", *ds)
+        assert r.exit_code == 0, r.output
+        docs[keep] = json.loads(r.output)
+        assert docs[keep]["costs"]["keep_rate"] == float(keep) and docs[keep]["costs"]["sources"]["keep_rate"] == \
+            "--keep-rate"
+        assert docs[keep]["layout"]["loop"]["trainer"]["filter_metric"] == "score"
+    assert docs["0.5"]["plan"]["step_time_s"] > docs["1"]["plan"]["step_time_s"]
+    r = _plan(RUNS / "tiny-cpu.toml", "--calibration", cal, *ds)
+    assert r.exit_code == 0 and "dynamic sampling (keep rate 1.00" in r.output and "keep_rate ← default" in r.output
+    assert _plan(RUNS / "tiny-cpu.toml", "--calibration", cal, "--keep-rate", "0", *ds).exit_code == 2
