@@ -55,12 +55,16 @@ def _layout_of_run_dir(run_dir: Path) -> Layout:
     return Layout.from_config(cfg, None, device)
 
 
-def _calibrate(run_dir: Path, as_json: bool) -> None:
+def _calibrate(run_dir: Path, as_json: bool, slots: int | None = None) -> None:
     from engine.predict.calibrate import CalibrationError, calibrate, write
 
     if not run_dir.is_dir():
         raise UsageProblem(f"run directory not found: {run_dir}")
     layout = _layout_of_run_dir(run_dir)
+    if slots is not None:  # the decode cost is fitted under the slot model the plans will use
+        import dataclasses
+
+        layout = dataclasses.replace(layout, slots=slots)
     try:
         cal = calibrate(run_dir, layout)
     except CalibrationError as e:
@@ -225,7 +229,7 @@ def command(
                                  "batching of per-prompt requests, as asyncrl's streaming rollouter and verl's "
                                  "server); default: the streaming rollouter's, min(12, max_num_seqs // n), at most "
                                  "32 / replicas (the simulation's cost); 1: one dispatch per replica, got back "
-                                 "whole.")
+                                 "whole. With --calibrate: the model the decode cost is fitted under.")
     ] = None,
     json_: JsonOpt = False,
 ) -> None:
@@ -234,7 +238,7 @@ def command(
     Exit codes: 0 predicted · 1 invalid run file or no cost source · 2 usage.
     """
     if calibrate is not None:
-        _calibrate(calibrate, json_)
+        _calibrate(calibrate, json_, slots)
         return
     if run_file is None:
         raise UsageProblem("pass a run file (asyncrl plan RUN.toml) or --calibrate RUN_DIR")
