@@ -182,3 +182,15 @@ def test_keep_rate_sets_what_dynamic_sampling_costs_and_is_printed(run_dir: Path
     r = _plan(RUNS / "tiny-cpu.toml", "--calibration", cal, *ds)
     assert r.exit_code == 0 and "dynamic sampling (keep rate 1.00" in r.output and "keep_rate ← default" in r.output
     assert _plan(RUNS / "tiny-cpu.toml", "--calibration", cal, "--keep-rate", "0", *ds).exit_code == 2
+
+
+def test_calibrate_fits_under_the_slot_model_asked_for(run_dir: Path) -> None:
+    """`--calibrate RUN_DIR --slots K`: the decode cost is fitted with the replica model the plans will use (a
+    replica of k slots is simulated as k replicas, so the fitted cost depends on k)."""
+    docs = {}
+    for slots in ([], ["--slots", "1"]):
+        r = _plan("--calibrate", run_dir, "--json", *slots)
+        assert r.exit_code == 0, r.output
+        docs[len(slots)] = json.loads(r.output)
+    assert docs[2]["reference"]["slots"] == 1 and docs[0]["reference"]["slots"] > 1
+    assert docs[2]["costs"]["decode_step_s"] != docs[0]["costs"]["decode_step_s"]
