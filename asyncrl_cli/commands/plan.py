@@ -55,12 +55,16 @@ def _layout_of_run_dir(run_dir: Path) -> Layout:
     return Layout.from_config(cfg, None, device)
 
 
-def _calibrate(run_dir: Path, as_json: bool) -> None:
+def _calibrate(run_dir: Path, as_json: bool, slots: int | None = None) -> None:
     from engine.predict.calibrate import CalibrationError, calibrate, write
 
     if not run_dir.is_dir():
         raise UsageProblem(f"run directory not found: {run_dir}")
     layout = _layout_of_run_dir(run_dir)
+    if slots is not None:  # the decode cost is fitted under the slot model the plans will use
+        import dataclasses
+
+        layout = dataclasses.replace(layout, slots=slots)
     try:
         cal = calibrate(run_dir, layout)
     except CalibrationError as e:
@@ -92,7 +96,8 @@ def _load_calibration(path: Path | None) -> dict[str, Any] | None:
     return cal
 
 
-def _setup(run_file: Path, sets: list[str] | None, cal_path: Path | None) -> tuple[Layout, CostModel]:
+def _setup(run_file: Path, sets: list[str] | None, cal_path: Path | None,
+           keep_rate: float | None = None) -> tuple[Layout, CostModel]:
     from engine.predict.costs import CostsUnavailable, Layout, resolve
 
     an = analyze(run_file, sets)
@@ -104,7 +109,7 @@ def _setup(run_file: Path, sets: list[str] | None, cal_path: Path | None) -> tup
     layout = Layout.from_config(an.config, an.derived.total_train_steps if an.derived else None, device)
     try:
         costs = resolve(layout, an.model, an.hardware, _load_calibration(cal_path),
-                        str(cal_path) if cal_path else "calibration")
+                        str(cal_path) if cal_path else "calibration", keep_rate)
     except CostsUnavailable as e:
         raise AsyncrlError(str(e)) from None
     return layout, costs
@@ -124,7 +129,8 @@ def _render(layout: Layout, costs: CostModel, out: dict[str, Any], seconds: floa
     con.print(f"[bold]{layout.name}[/]: {layout.mode}, {layout.replicas} rollout replica(s) × "
               f"{layout.rollout_gpus or layout.rollout_tp} GPUs (tp {layout.rollout_tp})"
               f" ({layout.slots} dispatch slot(s) each) + {layout.trainer_world} trainer rank(s); {layout.required_samples} prompts × n={layout.n} per step, "
-              f"trigger {layout.trigger}, staleness {layout.staleness:g}, responses ≤ {layout.max_new_tokens} tokens")
+              f"trigger {layout.trigger}, staleness {layout.staleness:g}, responses ≤ {layout.max_new_tokens} tokens"
+              + "".join(f"; {x}" for x in _loop_features(layout, costs)))
     t = Table(title="predicted (simulated steady state)", title_justify="left")
     for col in ("layout", "accel.", "step", "samples/s", "trainer idle", "rollout idle", "staleness: prompts",
                 "sync pause/version", "to end"):
@@ -152,6 +158,19 @@ def _render(layout: Layout, costs: CostModel, out: dict[str, Any], seconds: floa
     bad = [v for k in ("plan", "sync", "colocated") if k in out for v in out[k].violations]
     con.print(f"simulated {out['plan'].versions_simulated} versions per layout in {seconds:.1f} s"
               + (f"; [red]{len(bad)} loop property violations[/]" if bad else ""))
+
+
+def _loop_features(layout: Layout, costs: CostModel) -> list[str]:
+    """What the loop does beyond the plain schedule, as the plan models it."""
+    lp, out = layout.loop, []
+    if lp.rollout.deterministic:
+        out.append("deterministic (syncs wait for the version's work, one group generated at a time)")
+    if lp.dynamic_sampling:
+        out.append(f"dynamic sampling (keep rate {costs.keep_rate:.2f}: {1 / max(1e-6, costs.keep_rate):.2f} "
+                   "groups generated per group trained)")
+    if lp.multi_turn:
+        out.append("multi-turn (tool turns)")
+    return out
 
 
 def _render_sweep(points: list[Any], top: int, seconds: float) -> None:
@@ -201,12 +220,17 @@ def command(
                                  help="Try a grid: rollout_fraction,trigger,staleness (name=v1:v2:… for values).")
     ] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="With --sweep: how many layouts to print.")] = 5,
+    keep_rate: Annotated[
+        float | None, typer.Option("--keep-rate", min=0.01, max=1.0,
+                                   help="Dynamic sampling (algorithm.filter_groups): the fraction of sampled groups "
+                                   "the trainer keeps; default: the calibration's measured one, else 1.")
+    ] = None,
     slots: Annotated[
         int | None, typer.Option("--slots", min=1, help="Model replicas that serve K dispatches at once (continuous "
                                  "batching of per-prompt requests, as asyncrl's streaming rollouter and verl's "
                                  "server); default: the streaming rollouter's, min(12, max_num_seqs // n), at most "
                                  "32 / replicas (the simulation's cost); 1: one dispatch per replica, got back "
-                                 "whole.")
+                                 "whole. With --calibrate: the model the decode cost is fitted under.")
     ] = None,
     json_: JsonOpt = False,
 ) -> None:
@@ -215,11 +239,11 @@ def command(
     Exit codes: 0 predicted · 1 invalid run file or no cost source · 2 usage.
     """
     if calibrate is not None:
-        _calibrate(calibrate, json_)
+        _calibrate(calibrate, json_, slots)
         return
     if run_file is None:
         raise UsageProblem("pass a run file (asyncrl plan RUN.toml) or --calibrate RUN_DIR")
-    layout, costs = _setup(run_file, set_, calibration)
+    layout, costs = _setup(run_file, set_, calibration, keep_rate)
     from engine.predict.prediction import predict
 
     if slots is not None:
@@ -237,7 +261,7 @@ def command(
             raise UsageProblem(str(e)) from None
         points = run_sweep(layout, costs, grid)
         if json_:
-            emit_json({"layout": layout.__dict__, "costs": costs.to_json(),
+            emit_json({"layout": layout.to_json(), "costs": costs.to_json(),
                        "points": [p.to_json() for p in points[:top]], "simulated": len(points),
                        "seconds": time.monotonic() - t0})
             return
@@ -246,7 +270,7 @@ def command(
     out = predict(layout, costs)
     seconds = time.monotonic() - t0
     if json_:
-        doc: dict[str, Any] = {"layout": layout.__dict__, "costs": costs.to_json(), "seconds": seconds}
+        doc: dict[str, Any] = {"layout": layout.to_json(), "costs": costs.to_json(), "seconds": seconds}
         doc.update({k: (v.to_json() if hasattr(v, "to_json") else v) for k, v in out.items()})
         emit_json(doc)
         return

@@ -5,15 +5,16 @@ One frozen dataclass per role, carrying the sizes derived once (`engine.plan.siz
 pools), the typed parts of the config it uses (`engine.plan.role_parts`: no spec holds the whole config) and,
 bound by the driver at launch, the run's identity:
 
-    RolloutSpec     the Rollouter: the `RolloutLoop`'s parameters (required_samples, the staleness in force —
-                    0 in sync mode —, the sync interval, partial rollout off in sync and deterministic mode),
+    RolloutSpec     the Rollouter: the `RolloutLoop`'s parameters (`engine.loop.params.loop_params`, the one
+                    mapping from the config: required_samples, the staleness in force — 0 in sync mode —, the
+                    sync interval, partial rollout off in sync and deterministic mode),
                     total_rollout_steps (the prompt stream's length), R replicas and the `ReplicaSpec` it starts
                     replacements from, the training and validation sampling, the prompts (`PromptSpec`), the
                     reward (`ScoringSpec`), the multi-turn tools, the replica restart budget, fault injection, the
                     checkpoint's rollout part on resume
     ReplicaSpec     one rollout replica: its engine (`EngineSpec`), the rollout `RoleDevice`, its threads
     TrainerSpec     trainer rank 0 (and, through `world`, ranks 1 … M−1): the `TrainerLoop`'s parameters
-                    (required_samples, total_local_steps = total_train_steps × trigger, sync mode, the hard cap,
+                    (`loop_params` too: required_samples, total_local_steps = total_train_steps × trigger, sync mode, the hard cap,
                     the checkpoint cadence), M ranks, the trainer `RoleDevice`, its threads, the weight sync, the
                     backend (`BackendSpec`: the precision policy, derived here once), the loss (`LossSpec`), the
                     batch preparation, the checkpoints (`CheckpointSpec`), fault injection, the checkpoint's
@@ -33,9 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from engine.loop.agent import AgentLimits
 from engine.loop.elastic import ElasticParams
-from engine.loop.rollout import RolloutParams, partial_rollout_in_force
+from engine.loop.params import loop_params
+from engine.loop.rollout import RolloutParams
 from engine.loop.trainer import TrainerParams
 from engine.plan.devices import RoleDevice, weight_sync_transport
 from engine.plan.role_parts import (
@@ -197,32 +198,6 @@ class RoleSpecs:
             trainer=replace(self.trainer, rank_options=rank_options, identity=identity, resume=trainer_resume))
 
 
-def rollout_params(cfg: RunConfig, d: Derived) -> RolloutParams:
-    """The rollout core's parameters: the sizes from `d`; partial rollout only in fully async, non-deterministic
-    runs (sync mode never interrupts a generation; deterministic mode waits for it)."""
-    ac, ro = cfg.async_training, cfg.rollout
-    sync, det = ac.mode == "sync", cfg.trainer.deterministic
-    mt = ro.multi_turn
-    agent = AgentLimits(cfg.data.max_response_length, mt.max_assistant_turns, mt.max_user_turns,
-                        mt.max_parallel_calls, mt.max_tokens_per_turn) if mt.enable else None
-    return RolloutParams(n=ro.n, max_new_tokens=cfg.data.max_response_length, required_samples=d.required_samples,
-                         staleness_threshold=d.staleness_threshold, trigger=ac.trigger_parameter_sync_step,
-                         partial_rollout=partial_rollout_in_force(ac.partial_rollout, sync, det),
-                         seqs_per_call=max(ro.n, ro.max_num_seqs), test_freq=cfg.trainer.test_freq, sync_mode=sync,
-                         deterministic=det, agent=agent, val_n=ro.val_n)
-
-
-def trainer_params(cfg: RunConfig, d: Derived, total_local_steps: int) -> TrainerParams:
-    """The trainer core's parameters: the sizes from `d`, the run's length in local steps."""
-    ac = cfg.async_training
-    return TrainerParams(required_samples=d.required_samples, trigger=ac.trigger_parameter_sync_step,
-                         total_local_steps=total_local_steps, sync_mode=ac.mode == "sync",
-                         max_staleness_versions=ac.max_staleness_versions, stale_policy=ac.stale_policy,
-                         checkpoint_every_versions=cfg.checkpoint.every_versions, ordered=cfg.trainer.deterministic,
-                         staleness_threshold=d.staleness_threshold, validate_at_end=cfg.trainer.test_freq > 0,
-                         filter_metric=fg.metric if (fg := cfg.algorithm.filter_groups).enable else None)
-
-
 def elastic_params(cfg: RunConfig, d: Derived, actors: dict[str, Any]) -> ElasticParams:
     """The elastic-cores core's parameters: the plan's split (`actors`: `engine.plan.placement.actor_resources`)
     and the switch — on only where it is built: `resources.elastic_cores` on `device = "cpu"`, fully async, one
@@ -247,14 +222,15 @@ def role_specs(cfg: RunConfig, d: Derived, devices: dict[str, RoleDevice], actor
     not available locally and neither `trainer.total_steps` nor `rollout.total_rollout_steps` bounds it)."""
     if d.total_local_steps is None or d.total_rollout_steps is None:
         return None
+    loop = loop_params(cfg, d.total_rollout_steps)  # the loop cores' parameters: built once, here
     faults = fault_spec(cfg)
     replica = ReplicaSpec(engine_spec(cfg), devices["rollout"], int(actors["replica_threads"]), faults)
     mt = cfg.rollout.multi_turn
-    rollout = RolloutSpec(rollout_params(cfg, d), d.total_rollout_steps, d.rollout_replicas, replica,
+    rollout = RolloutSpec(loop.rollout, d.total_rollout_steps, d.rollout_replicas, replica,
                           sampling_of(cfg), sampling_of(cfg, validation=True), prompt_spec(cfg),
                           scoring_spec(cfg.data), mt if mt.enable else None, cfg.rollout.max_replica_restarts,
                           faults, elastic=elastic_params(cfg, d, actors))
-    trainer = TrainerSpec(trainer_params(cfg, d, d.total_local_steps), d.trainer_world, devices["trainer"],
+    trainer = TrainerSpec(loop.trainer, d.trainer_world, devices["trainer"],
                           int(actors["trainer_threads"]), weight_sync_spec(cfg, d, devices["trainer"]),
                           backend_spec(cfg, devices["trainer"].type), loss_spec(cfg), batch_prep_spec(cfg),
                           checkpoint_spec(cfg), faults,

@@ -71,8 +71,10 @@ def effective_staleness(cfg: RunConfig) -> float:
 
 
 def required_samples(cfg: RunConfig) -> int:
-    """Prompts per local step: ppo_mini_batch_size × require_batches."""
-    return cfg.trainer.ppo_mini_batch_size * cfg.async_training.require_batches
+    """Prompts per local step: ppo_mini_batch_size × require_batches (`engine.loop.params.prompts_per_step`)."""
+    from engine.loop.params import prompts_per_step
+
+    return prompts_per_step(cfg)
 
 
 def max_required_samples(cfg: RunConfig) -> int:
@@ -168,12 +170,9 @@ def derive(cfg: RunConfig, train_size: int | None = None) -> Derived:
     candidates = [x for x in (r.total_rollout_steps, size * t.total_epochs if size else None) if x]
     total_rollout = min(candidates) if candidates else None
     per_version = req * a.trigger_parameter_sync_step
-    if t.total_steps is not None:
-        total_train: int | None = t.total_steps
-    elif total_rollout is not None:
-        total_train = int(total_rollout / per_version)
-    else:
-        total_train = None
+    from engine.loop.params import train_versions  # the loop's own formula (pure Python)
+
+    total_train = train_versions(t.total_steps, total_rollout, per_version)
     return Derived(
         required_samples=req,
         max_required_samples=max_req,

@@ -8,6 +8,8 @@ version the rollouter's `fully_async/rollouter/active_time` (Σ over replicas of
                             ≈ o + c · tokens,  tokens = response_length/mean · required_samples · n
                               (least squares when the token count varies by > 15 %; else c = 0, o = mean)
     sync                    = mean(param_sync − pause)                     (the pause is simulated: aborts)
+    keep rate (dynamic sampling) = trained / (trained + Δ asyncrl/count/filtered_groups) over the steps,
+                              trained = steps · required_samples
     responses               = long_tail = mean clip_ratio; short ones uniform on 1..S with
                               (S + 1) / 2 = (mean − tail · max) / (1 − tail)
     decode step a           : the simulated Σ replica busy per version is proportional to a when the rest
@@ -64,6 +66,9 @@ def measured(rows: list[dict[str, Any]], layout: Layout, skip: int = SKIP) -> di
     span = times[-1] - times[0] if len(times) >= 2 else sum(r["timing_s/step"] for r in rows[1:])
     steps = len(rows) - 1
     syncs = [r for r in rows if "timing_s/param_sync" in r]
+    filtered = [r["asyncrl/count/filtered_groups"] for r in rows if "asyncrl/count/filtered_groups" in r]
+    trained = steps * layout.required_samples
+    keep = trained / (trained + filtered[-1] - filtered[0]) if len(filtered) >= 2 and trained > 0 else None
     return {
         "steps": steps,
         "step_time_s": span / steps,
@@ -75,6 +80,7 @@ def measured(rows: list[dict[str, Any]], layout: Layout, skip: int = SKIP) -> di
         "sync_pause_s": _mean([r["timing_s/param_sync"] for r in syncs]),
         "response_length_mean": _mean([r["response_length/mean"] for r in rows if "response_length/mean" in r]),
         "max_staleness": max((int(r.get("asyncrl/staleness/max", 0)) for r in rows), default=0),
+        "keep_rate": keep,
     }
 
 
@@ -117,8 +123,9 @@ def calibrate(run_dir: Path, layout: Layout, skip: int = SKIP) -> dict[str, Any]
     per_version = active  # active_time is recorded per version (at each sync)
     a = per_version / max(1.0, layout.max_new_tokens * layout.required_samples * layout.trigger)
     probe = dataclasses.replace(layout, device="cuda", total_versions=None)
+    keep = m["keep_rate"] if layout.loop.dynamic_sampling and m["keep_rate"] else None
     for _ in range(3):
-        cm = CostModel(a, 0.0, 0.0, c, o, layout.trainer_world, sync_s, tail, short_max)
+        cm = CostModel(a, 0.0, 0.0, c, o, layout.trainer_world, sync_s, tail, short_max, keep_rate=keep or 1.0)
         p = simulate(probe, cm, "calibration", measure=4)
         sim_active = (1 - p.rollout_idle_ratio) * layout.replicas * p.version_time_s
         if sim_active <= 0:
@@ -132,7 +139,7 @@ def calibrate(run_dir: Path, layout: Layout, skip: int = SKIP) -> dict[str, Any]
         "reference": dataclasses.asdict(layout),
         "costs": {"decode_step_s": a, "row_step_s": 0.0, "prefill_token_s": 0.0, "train_token_s": c,
                   "train_step_s": o, "train_world": layout.trainer_world, "sync_s": sync_s,
-                  "long_tail": tail, "short_max": short_max},
+                  "long_tail": tail, "short_max": short_max, "keep_rate": keep},
         "measured": m,
         "notes": [f"calibrated on {run_dir} ({m['steps']} steps after the first {skip}): trainer cost {how}; "
                   "decode cost per step at the measured batch (no split into per-row and fixed parts from one "

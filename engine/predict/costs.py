@@ -29,6 +29,12 @@ Sources, in order (a later one only fills what an earlier one left empty):
 with BW the accelerator's memory bandwidth, F its dense bf16 peak, ctx = prompt + mean response / 2,
 passes = log-prob passes besides the update (π_old unless bypass, π_ref with a KL loss).
 Without a calibration, responses are assumed uniform on 1..max/2 with 5 % running to the limit.
+
+The loop itself is the run's: `Layout.loop` is the `LoopParams` the run starts from (`engine.loop.params`). Two
+figures belong to the loop's features rather than to the hardware:
+    keep rate K (dynamic sampling)   groups generated per group trained = 1 / K; K from a calibration on a run
+                                     with `filter_groups`, `asyncrl plan --keep-rate`, else 1 (source printed)
+    tool calls (multi-turn)          after `TOOL_CALL_P` of the model turns, `TOOL_LATENCY_S` each (assumed)
 """
 
 from __future__ import annotations
@@ -38,13 +44,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from engine.loop.dispatch import replica_slots
-from engine.plan.sizes import (
-    effective_staleness,
-    max_required_samples,
-    required_samples,
-    rollout_replicas,
-    trainer_world,
-)
+from engine.loop.params import LoopParams, loop_params
+from engine.plan.sizes import max_required_samples, rollout_replicas, trainer_world
 from engine.plan.megatron_perf import perf_values, update_efficiency
 from engine.plan.prompt_sharing import group_pays, may_share
 from engine.plan.rollout_replica import FP8_BYTES, replica_gpus
@@ -74,9 +75,13 @@ SYNC_GATHER_GBPS = {"nvlink+ib": 150.0, "hccs+roce": 90.0, "hccs+ub": 150.0, "nv
 SYNC_BUCKET_BYTES = 512 * 2**20
 """`rollout.weight_sync_bucket_mb`'s default."""
 TAIL_DEFAULT = 0.05
+TOOL_CALL_P = 0.5
+"""Multi-turn, assumed: half the model turns end with tool calls (the simulator draws 1-3 calls per such turn)."""
+TOOL_LATENCY_S = 0.05
+"""Multi-turn, assumed: a tool call takes 0.05 s (× U(0.5, 1.5); a sandboxed `calculator`/`lookup` call)."""
 
 COST_FIELDS = ("decode_step_s", "row_step_s", "prefill_token_s", "train_token_s", "train_step_s", "sync_s",
-               "long_tail", "short_max")
+               "long_tail", "short_max", "keep_rate")
 
 
 class CostsUnavailable(ValueError):
@@ -85,20 +90,14 @@ class CostsUnavailable(ValueError):
 
 @dataclass(frozen=True)
 class Layout:
-    """What the plan needs from a run config."""
+    """What the plan needs from a run config: the loop cores' parameters (`loop`, by the run's own construction
+    `engine.loop.params.loop_params`) and the placement and model facts the costs depend on."""
 
     name: str
-    mode: str
-    n: int
-    required_samples: int
-    trigger: int
-    staleness: float
-    partial_rollout: bool
-    max_staleness_versions: int | None
-    stale_policy: str
-    max_new_tokens: int
+    loop: LoopParams
+    """The loop the run starts (mode, sizes, staleness, partial rollout, deterministic mode, dynamic sampling,
+    multi-turn limits): what the simulator executes."""
     prompt_tokens: int
-    seqs_per_call: int
     replicas: int
     rollout_tp: int
     trainer_world: int
@@ -129,6 +128,26 @@ class Layout:
     colocated: bool = False
     """Trainer and rollout on the same accelerators (verl's colocate baseline, `engine.predict.prediction.
     colocated_layout`): a training step waits until generation is done."""
+    baseline: LoopParams | None = None
+    """The same config in `mode = "sync"` (the loop of the sync and colocated baselines; None: `loop` itself)."""
+    call_rows: int | None = None
+    """Rows a replica generates together when not the loop's (the colocated baseline splits a version evenly)."""
+
+    mode = property(lambda self: self.loop.mode)
+    n = property(lambda self: self.loop.n)
+    required_samples = property(lambda self: self.loop.required_samples)
+    trigger = property(lambda self: self.loop.trigger)
+    staleness = property(lambda self: self.loop.staleness)
+    partial_rollout = property(lambda self: self.loop.rollout.partial_rollout)
+    max_new_tokens = property(lambda self: self.loop.rollout.max_new_tokens)
+
+    @property
+    def seqs_per_call(self) -> int:
+        """Rows a replica generates together: `max(n, max_num_seqs)`, or n in deterministic mode (the `hf`
+        sampler generates each group alone there: `engine.rollout.hf.keyed`), or `call_rows`."""
+        if self.call_rows is not None:
+            return self.call_rows
+        return self.loop.n if self.loop.rollout.deterministic else self.loop.rollout.seqs_per_call
 
     @property
     def replica_gpus(self) -> int:
@@ -139,6 +158,13 @@ class Layout:
     def rollout_world(self) -> int:
         return self.replicas * (self.rollout_gpus or self.rollout_tp)
 
+    def to_json(self) -> dict[str, Any]:
+        """The fields (the loop's params nested) and the loop's sizes at the top, for `--json`."""
+        return {**asdict(self), "mode": self.mode, "n": self.n, "required_samples": self.required_samples,
+                "trigger": self.trigger, "staleness": self.staleness, "partial_rollout": self.partial_rollout,
+                "max_new_tokens": self.max_new_tokens, "seqs_per_call": self.seqs_per_call,
+                "rollout_world": self.rollout_world}
+
     @property
     def accelerators(self) -> int:
         return self.rollout_world + self.trainer_world
@@ -146,21 +172,20 @@ class Layout:
     @classmethod
     def from_config(cls, cfg: RunConfig, total_versions: int | None, device: str = "cuda") -> "Layout":
         """From a validated RunConfig (attribute reads only). Prompts are assumed half of max_prompt_length."""
-        a, t, r = cfg.async_training, cfg.trainer, cfg.rollout
+        t, r = cfg.trainer, cfg.rollout
         tp = r.tensor_parallel_size
-        sync = a.mode == "sync"
+        stream = r.total_rollout_steps or 0  # the plan simulates its own window (`LoopParams.for_versions`)
+        loop = loop_params(cfg, stream)
+        sync_cfg = cfg.model_copy(update={"async_training": cfg.async_training.model_copy(update={"mode": "sync"})})
         passes = (0 if cfg.algorithm.rollout_correction.bypass_mode else 1) + (1 if t.use_kl_loss else 0)
+        rows = loop.n if loop.rollout.deterministic else loop.rollout.seqs_per_call
         return cls(
-            name=cfg.name, mode="sync" if sync else "async", n=r.n,
-            required_samples=required_samples(cfg), trigger=a.trigger_parameter_sync_step,
-            staleness=float(effective_staleness(cfg)),
-            partial_rollout=bool(a.partial_rollout) and not sync, max_staleness_versions=a.max_staleness_versions,
-            stale_policy=a.stale_policy, max_new_tokens=cfg.data.max_response_length,
-            prompt_tokens=max(1, cfg.data.max_prompt_length // 2), seqs_per_call=max(r.n, r.max_num_seqs),
+            name=cfg.name, loop=loop, baseline=loop_params(sync_cfg, stream),
+            prompt_tokens=max(1, cfg.data.max_prompt_length // 2),
             replicas=rollout_replicas(cfg), rollout_tp=tp, trainer_world=trainer_world(cfg),
             trainer_model_parallel=t.tp * t.pp * t.cp if t.backend == "megatron" else 1,
             total_versions=total_versions, log_prob_passes=passes, device=device,
-            slots=plan_slots(max(r.n, r.max_num_seqs), r.n, rollout_replicas(cfg), max_required_samples(cfg)),
+            slots=plan_slots(rows, r.n, rollout_replicas(cfg), max_required_samples(cfg)),
             trainer_ep=t.ep if t.backend == "megatron" else 1,
             shared_prompt=may_share(cfg),
             rollout_gpus=replica_gpus(cfg), rollout_quantization=r.quantization,
@@ -209,6 +234,14 @@ class CostModel:
     short_max: int
     sources: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    keep_rate: float = 1.0
+    """Dynamic sampling: the fraction K of sampled groups that carry a gradient (the trainer drops the others), so
+    a trained group costs 1 / K generated groups. From a calibration on a run with `filter_groups` (its
+    `asyncrl/count/filtered_groups`), `asyncrl plan --keep-rate K`, else assumed 1 (nothing dropped)."""
+    tool_call_p: float = TOOL_CALL_P
+    """Multi-turn: probability that a model turn ends with tool calls (assumed; no run measures it yet)."""
+    tool_latency_s: float = TOOL_LATENCY_S
+    """Multi-turn: median seconds of a tool call (assumed)."""
 
     def train_at(self, world: int) -> tuple[float, float]:
         """(per-token, per-step) training cost on `world` ranks: linear data-parallel scaling."""
@@ -307,8 +340,9 @@ def sync_pipeline(p_total: float, layout: Layout, interconnect: str, mem_bw: flo
 
 
 def resolve(layout: Layout, facts: Any = None, hw: Any = None, calibration: dict[str, Any] | None = None,
-            calibration_name: str = "calibration") -> CostModel:
-    """The cost model of `layout` from the sources in order; raises CostsUnavailable naming what is missing."""
+            calibration_name: str = "calibration", keep_rate: float | None = None) -> CostModel:
+    """The cost model of `layout` from the sources in order; raises CostsUnavailable naming what is missing.
+    `keep_rate` (`--keep-rate`) overrides a calibration's measured one."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     notes: list[str] = []
@@ -339,8 +373,18 @@ def resolve(layout: Layout, facts: Any = None, hw: Any = None, calibration: dict
     values.setdefault("prefill_token_s", 0.0)
     values.setdefault("long_tail", TAIL_DEFAULT)
     values.setdefault("short_max", max(1, layout.max_new_tokens // 2))
+    if keep_rate is not None:
+        values["keep_rate"], sources["keep_rate"] = keep_rate, "--keep-rate"
+    values.setdefault("keep_rate", 1.0)
     for k in ("row_step_s", "prefill_token_s", "long_tail", "short_max"):
         sources.setdefault(k, "default")
+    if layout.loop.dynamic_sampling:
+        sources.setdefault("keep_rate", "default")
+        notes.append(f"dynamic sampling: {values['keep_rate']:.0%} of the sampled groups kept "
+                     f"({sources['keep_rate']}; each trained group costs 1 / keep rate generated groups)")
+    if layout.loop.multi_turn:
+        notes.append(f"multi-turn: tool calls assumed after {TOOL_CALL_P:.0%} of the model turns, "
+                     f"{TOOL_LATENCY_S:g} s each (no run measures them yet)")
     if values.get("train_token_s") is not None or values.get("train_step_s") is not None:
         values.setdefault("train_token_s", 0.0)
         values.setdefault("train_step_s", 0.0)

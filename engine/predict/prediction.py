@@ -83,19 +83,39 @@ def quantum(layout: Layout, resolution: int) -> int:
 
 def scenario(layout: Layout, costs: CostModel, versions: int, seed: int = 0, resolution: int = RESOLUTION
              ) -> CostedScenario:
-    """The costed scenario of `layout` for `versions` versions, in simulated tokens of q real tokens each
+    """The costed scenario of `layout` for `versions` versions: the config values of its `LoopParams`
+    (`LoopParams.for_versions`: V · N local steps, a stream of ⌈V · N · R / K⌋ prompts for a keep rate K), which
+    the simulator turns back into LoopParams by the same construction, in simulated tokens of q real tokens each
     (q = `quantum`): every per-token cost is multiplied by q and every length divided by it (rounded up), so
-    lengths and abort points are exact to q tokens."""
+    lengths and abort points are exact to q tokens.
+
+    Deterministic mode: syncs wait for the loaded version's work (the cores do it) and a replica generates one
+    group at a time (`Layout.seqs_per_call` = n). Dynamic sampling: a group's responses all score alike with
+    probability 1 − K, and the trainer core drops it and pulls on. Multi-turn: the loop's turn limits, tool
+    calls after `costs.tool_call_p` of the model turns, each `costs.tool_latency_s`."""
     q = quantum(layout, resolution)
     tok, step = costs.train_at(layout.trainer_world)
     k = max(1, layout.slots)  # a replica of k slots: k simulated replicas of seqs_per_call / k rows, each
     # stepping at a + k·b·rows (every slot advances once per step of the whole batch, k·rows rows)
+    keep = costs.keep_rate if layout.loop.dynamic_sampling else 1.0
+    lp = layout.loop.for_versions(versions, keep)
+    rp, tp, agent = lp.rollout, lp.trainer, lp.rollout.agent
+
+    def scaled(x: int | None) -> int | None:
+        return None if x is None else math.ceil(x / q)
+
     return CostedScenario(
-        seed=seed, n=layout.n, ppo_mini_batch_size=layout.required_samples, require_batches=1,
-        trigger=layout.trigger, staleness_threshold=layout.staleness, partial_rollout=layout.partial_rollout,
-        mode=layout.mode, max_staleness_versions=layout.max_staleness_versions, stale_policy=layout.stale_policy,
-        replicas=layout.replicas * k, seqs_per_call=max(layout.n, layout.seqs_per_call // k),
-        total_prompts=layout.required_samples * layout.trigger * versions,
+        seed=seed, n=rp.n, ppo_mini_batch_size=rp.required_samples, require_batches=1,
+        trigger=rp.trigger, staleness_threshold=rp.staleness_threshold, partial_rollout=rp.partial_rollout,
+        mode=lp.mode, max_staleness_versions=tp.max_staleness_versions, stale_policy=tp.stale_policy,
+        deterministic=rp.deterministic, filter_groups=lp.dynamic_sampling, uniform_p=1.0 - keep,
+        multi_turn=agent is not None, max_assistant_turns=agent.max_assistant_turns if agent else None,
+        max_user_turns=agent.max_user_turns if agent else None,
+        max_parallel_calls=agent.max_parallel_calls if agent else 1,
+        max_tokens_per_turn=scaled(agent.max_tokens_per_turn) if agent else None,
+        tool_call_p=costs.tool_call_p, tool_latency=costs.tool_latency_s, tool_tail=0.0,
+        replicas=layout.replicas * k, seqs_per_call=max(rp.n, layout.seqs_per_call // k),
+        total_prompts=lp.total_rollout_steps, total_steps=versions,
         max_new_tokens=math.ceil(layout.max_new_tokens / q), long_tail=costs.long_tail,
         token_cost=costs.decode_step_s * q, train_token_cost=tok * q, sync_cost=costs.sync_s,
         row_cost=costs.row_step_s * q * k, prefill_cost=costs.prefill_token_s * q,
@@ -157,9 +177,10 @@ def simulate(layout: Layout, costs: CostModel, label: str = "plan", measure: int
 
 
 def sync_layout(layout: Layout) -> Layout:
-    """asyncrl's `mode = "sync"` on the same actors."""
-    return dataclasses.replace(layout, mode="sync", staleness=0.0, partial_rollout=False,
-                               max_staleness_versions=None)
+    """asyncrl's `mode = "sync"` on the same actors: the loop the same config builds in sync mode."""
+    if layout.baseline is None and not layout.loop.sync_mode:
+        raise ValueError(f"layout {layout.name!r} has no sync baseline: build it with Layout.from_config")
+    return dataclasses.replace(layout, loop=layout.baseline or layout.loop)
 
 
 def colocated_layout(layout: Layout) -> Layout:
@@ -167,7 +188,7 @@ def colocated_layout(layout: Layout) -> Layout:
     replicas = max(1, layout.accelerators // layout.replica_gpus)
     per_version = layout.required_samples * layout.trigger
     per_call = min(layout.seqs_per_call, layout.n * math.ceil(per_version / replicas))
-    return dataclasses.replace(sync_layout(layout), replicas=replicas, seqs_per_call=max(layout.n, per_call),
+    return dataclasses.replace(sync_layout(layout), replicas=replicas, call_rows=max(layout.n, per_call),
                                trainer_world=layout.accelerators, slots=1, colocated=True)
 
 

@@ -96,7 +96,7 @@ def run(layout: Layout, costs: CostModel, grid: dict[str, list[float]], resoluti
             continue
         for t in triggers:
             for st in stales:
-                lay = dataclasses.replace(base, trigger=max(1, t), staleness=0.0 if layout.mode == "sync" else st)
+                lay = dataclasses.replace(base, loop=base.loop.with_knobs(trigger=t, staleness_threshold=st))
                 key = (lay.replicas, lay.trainer_world, lay.trigger, lay.staleness)
                 if key in seen:
                     continue

@@ -13,7 +13,7 @@ from engine.loop.commands import CallTools, Dispatch, ReleaseTools, ValidationDo
 from engine.loop.rollout import RolloutLoop
 from engine.loop.stream import PromptStream
 from engine.models.loader import load_tokenizer, resolve_model_path
-from engine.plan.roles import rollout_params
+from engine.loop.params import loop_params
 from engine.plan.sizes import derive
 from engine.runtime.scoring import Scorer, validation_record
 from engine.plan.role_parts import scoring_spec
@@ -46,7 +46,7 @@ def test_a_validation_conversation_calls_its_tool_and_is_scored_on_its_last_turn
     prompts = [Prompt(f"0:{k}", k, 0, list(tok.encode("secret=", add_special_tokens=False)), ground_truth=secret,
                       data_source="asyncrl/lookup", extra_info={"tools_kwargs": {"lookup": {"create_kwargs": {
                           "secret": secret}}}}) for k, secret in enumerate(("381", "907"))]
-    loop = RolloutLoop(rollout_params(cfg, derive(cfg, train_size=8)), PromptStream(1, 0), prompts, 1)
+    loop = RolloutLoop(loop_params(cfg, derive(cfg, train_size=8).total_rollout_steps).rollout, PromptStream(1, 0), prompts, 1)
     loop.queue_validation(3)
     try:
         (d,) = [c for c in loop.tick(0.0) if isinstance(c, Dispatch)]

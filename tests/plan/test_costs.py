@@ -15,7 +15,7 @@ from engine.loop.sim.runner import run_scenario, scenario_seeds
 from engine.loop.sim.scenario import draw
 from engine.predict.calibrate import CalibrationError, calibrate
 from engine.predict.costs import ETA_BW, CostsUnavailable, Layout, resolve
-from engine.predict.prediction import simulate
+from engine.predict.prediction import simulate, sync_layout
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "presets" / "runs" / "qwen3-30b-a3b-base-dapo-megatron-96-32.toml"
@@ -81,7 +81,9 @@ def test_the_train_step_counts_a_groups_prompt_once_where_the_trainer_shares_it(
     """`trainer.shared_prompt` (torch / FSDP2): a group's prompt is trained once instead of n times when the
     packed group pays and its mask fits (`engine.plan.prompt_sharing`); a long-row layout keeps n copies."""
     layout, an = _layout(SEED)
-    short = dataclasses.replace(layout, max_new_tokens=64)
+    cfg = an.config
+    short = Layout.from_config(cfg.model_copy(update={"data": cfg.data.model_copy(update={"max_response_length": 64})}),
+                               layout.total_versions, layout.device)
     padded = resolve(short, an.model, an.hardware)
     shared = resolve(dataclasses.replace(short, shared_prompt=True), an.model, an.hardware)
     saved = (short.n - 1) * short.required_samples * short.prompt_tokens * padded.train_token_s
@@ -130,12 +132,13 @@ def test_async_overlaps_what_sync_serialises_on_separate_devices(run_dir: Path) 
     layout, _ = _layout(ROOT / "presets" / "runs" / "tiny-cpu.toml")
     gpu = dataclasses.replace(layout, device="cuda", total_versions=None)
     costs = resolve(gpu, calibration=calibrate(run_dir, gpu))
-    slow = simulate(dataclasses.replace(gpu, mode="sync", staleness=0.0, partial_rollout=False), costs)
+    slow = simulate(sync_layout(gpu), costs)
     # staleness 0.5 on one replica that takes the whole budget in one dispatch: after each sync the trainer
     # holds 16 of its 32 prompts and waits for the dispatch that brings the rest — no overlap at all
     same = simulate(gpu, costs)
     assert same.samples_per_s == pytest.approx(slow.samples_per_s, rel=0.02)
-    fast = simulate(dataclasses.replace(gpu, staleness=1.0), costs)  # a whole step's prompts wait at each sync
+    fast = simulate(dataclasses.replace(gpu, loop=gpu.loop.with_knobs(staleness_threshold=1.0)), costs)
+    # (staleness 1: a whole step's prompts wait at each sync)
     assert fast.samples_per_s > 1.2 * slow.samples_per_s  # train 0.5 s and gen 0.2 s overlap
     assert fast.rollout_idle_ratio > fast.trainer_idle_ratio  # the trainer is the bottleneck
     cpu = simulate(dataclasses.replace(gpu, device="cpu"), costs)

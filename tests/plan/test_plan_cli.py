@@ -144,11 +144,13 @@ def test_seed_layouts_model_lending_idle_trainer_devices_to_rollout() -> None:
 def test_lending_gains_nothing_when_the_trainer_never_waits_and_more_when_it_waits_longer() -> None:
     from types import SimpleNamespace
 
+    from engine.loop.sim.scenario import Scenario
     from engine.predict.costs import Layout
     from engine.predict.lending import lending_gain
 
-    layout = Layout("x", "fully_async", 8, 32, 1, 0.5, True, None, "drop", 512, 128, 64, replicas=4, rollout_tp=2,
-                    trainer_world=8, trainer_model_parallel=1, total_versions=None, log_prob_passes=1)
+    layout = Layout("x", Scenario(0, n=8, ppo_mini_batch_size=32, staleness_threshold=0.5, max_new_tokens=512,
+                                  seqs_per_call=64).loop(), 128, replicas=4, rollout_tp=2, trainer_world=8,
+                    trainer_model_parallel=1, total_versions=None, log_prob_passes=1)
     busy = SimpleNamespace(version_time_s=10.0, trainer_idle_ratio=0.0, rollout_idle_ratio=0.0, sync_pause_s=0.5)
     assert lending_gain(layout, busy)["predicted_gain"] == 1.0
     gains = [lending_gain(layout, SimpleNamespace(version_time_s=10.0, trainer_idle_ratio=i, rollout_idle_ratio=0.0,
@@ -160,3 +162,35 @@ def test_lending_gains_nothing_when_the_trainer_never_waits_and_more_when_it_wai
     idle = lending_gain(layout, SimpleNamespace(version_time_s=10.0, trainer_idle_ratio=0.6, rollout_idle_ratio=0.9,
                                                 sync_pause_s=0.5))
     assert 1.0 <= idle["predicted_gain"] < gains[0]
+
+
+def test_keep_rate_sets_what_dynamic_sampling_costs_and_is_printed(run_dir: Path) -> None:
+    """`--keep-rate K`: a plan of a run with `algorithm.filter_groups` generates 1 / K groups per trained one (a
+    calibration without filtering measured none), and says so; K out of (0, 1] is a usage error."""
+    assert _plan("--calibrate", run_dir).exit_code == 0
+    cal = run_dir / "calibration.json"
+    ds = ["--set", "algorithm.filter_groups.enable=true", "--set", "trainer.test_freq=0"]
+    docs = {}
+    for keep in ("1", "0.5"):
+        r = _plan(RUNS / "tiny-cpu.toml", "--calibration", cal, "--keep-rate", keep, "--json", *ds)
+        assert r.exit_code == 0, r.output
+        docs[keep] = json.loads(r.output)
+        assert docs[keep]["costs"]["keep_rate"] == float(keep) and docs[keep]["costs"]["sources"]["keep_rate"] == \
+            "--keep-rate"
+        assert docs[keep]["layout"]["loop"]["trainer"]["filter_metric"] == "score"
+    assert docs["0.5"]["plan"]["step_time_s"] > docs["1"]["plan"]["step_time_s"]
+    r = _plan(RUNS / "tiny-cpu.toml", "--calibration", cal, *ds)
+    assert r.exit_code == 0 and "dynamic sampling (keep rate 1.00" in r.output and "keep_rate ← default" in r.output
+    assert _plan(RUNS / "tiny-cpu.toml", "--calibration", cal, "--keep-rate", "0", *ds).exit_code == 2
+
+
+def test_calibrate_fits_under_the_slot_model_asked_for(run_dir: Path) -> None:
+    """`--calibrate RUN_DIR --slots K`: the decode cost is fitted with the replica model the plans will use (a
+    replica of k slots is simulated as k replicas, so the fitted cost depends on k)."""
+    docs = {}
+    for slots in ([], ["--slots", "1"]):
+        r = _plan("--calibrate", run_dir, "--json", *slots)
+        assert r.exit_code == 0, r.output
+        docs[len(slots)] = json.loads(r.output)
+    assert docs[2]["reference"]["slots"] == 1 and docs[0]["reference"]["slots"] > 1
+    assert docs[2]["costs"]["decode_step_s"] != docs[0]["costs"]["decode_step_s"]

@@ -35,7 +35,7 @@ def time_bound(s: Scenario) -> float:
 
 def _steps(s: Scenario) -> int:
     """The run's local steps (`World`'s `total_local_steps`)."""
-    return max(1, s.total_prompts // (s.required_samples * s.trigger)) * s.trigger
+    return max(1, s.loop().trainer.total_local_steps)
 
 
 def _turns(s: Scenario) -> int:

@@ -1,14 +1,23 @@
 """Random scenarios for the loop simulator: a config within the schema's ranges, costs, faults and operator
 actions, all drawn from one seed, so `asyncrl simulate --replay SEED` reproduces a run exactly (the budgets a
-scenario runs under: `engine.loop.sim.bounds`)."""
+scenario runs under: `engine.loop.sim.bounds`).
+
+A scenario = LoopParams + costs + faults. Its loop fields (n … filter_groups) are config values: `config()` writes
+them into a `RunConfig` (the schema validates them) and `loop()` turns that into the cores' `LoopParams` through
+`engine.loop.params.loop_params`, the function the run and `asyncrl plan` use — so the simulator checks the very
+mapping a run starts from."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.loop.dispatch import Capacity
+from engine.loop.params import LoopParams, loop_params
+
+if TYPE_CHECKING:
+    from engine.config.schema import RunConfig
 
 
 @dataclass
@@ -86,10 +95,43 @@ class Scenario:
     core drops the uniform ones and the rollouter samples replacements."""
     uniform_p: float = 0.0
     """Probability that a group's responses all score alike (dropped under `filter_groups`)."""
+    total_steps: int | None = None
+    """`trainer.total_steps` (policy versions; None: ⌊total_prompts / (required_samples · trigger)⌋, at least 1)."""
 
     @property
     def required_samples(self) -> int:
         return self.ppo_mini_batch_size * self.require_batches
+
+    def config(self) -> RunConfig:
+        """The run config of this scenario's loop fields (validated by the schema; model and data are the tiny
+        built-ins, which the loop never reads)."""
+        from engine.config.schema import RunConfig
+
+        cycle = self.required_samples * self.trigger
+        steps = self.total_steps if self.total_steps is not None else (1 if self.total_prompts < cycle else None)
+        return RunConfig.model_validate({
+            "name": f"sim-{self.seed}", "model": {"path": "builtin:tiny-qwen"},
+            "data": {"train_files": ["builtin:copy"], "max_response_length": self.max_new_tokens},
+            "trainer": {"ppo_mini_batch_size": self.ppo_mini_batch_size, "test_freq": self.test_freq,
+                        "deterministic": self.deterministic, "total_steps": steps},
+            "rollout": {"n": self.n, "max_num_seqs": self.seqs_per_call, "total_rollout_steps": self.total_prompts,
+                        "multi_turn": {"enable": self.multi_turn, "max_assistant_turns": self.max_assistant_turns,
+                                       "max_user_turns": self.max_user_turns,
+                                       "max_parallel_calls": self.max_parallel_calls,
+                                       "max_tokens_per_turn": self.max_tokens_per_turn}},
+            "async_training": {"mode": "sync" if self.mode == "sync" else "fully_async",
+                               "staleness_threshold": self.staleness_threshold,
+                               "trigger_parameter_sync_step": self.trigger, "require_batches": self.require_batches,
+                               "partial_rollout": self.partial_rollout,
+                               "max_staleness_versions": self.max_staleness_versions,
+                               "stale_policy": self.stale_policy},
+            "checkpoint": {"every_versions": self.checkpoint_every_versions},
+            "algorithm": {"filter_groups": {"enable": self.filter_groups, "metric": "score"}},
+        })
+
+    def loop(self) -> LoopParams:
+        """The cores' parameters, by the run's own construction (`engine.loop.params.loop_params`)."""
+        return loop_params(self.config(), self.total_prompts)
 
     def capacities(self) -> list[Capacity]:
         """Each replica's `Capacity` (rows at least `n`, as `RolloutLoop` makes them)."""

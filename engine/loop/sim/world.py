@@ -32,16 +32,14 @@ from engine.loop.commands import (
 )
 from engine.loop.elastic import ROLLOUT as E_ROLLOUT, TRAINER as E_TRAINER, ElasticCores, ElasticParams
 from engine.loop.knobs import ROLLOUTER, TRAINER
-from engine.loop.agent import AgentLimits
-from engine.loop.budget import staleness_in_force
-from engine.loop.rollout import RolloutLoop, RolloutParams, partial_rollout_in_force
+from engine.loop.rollout import RolloutLoop
 from engine.loop.sim.checks import Checker
 from engine.loop.sim.replicas import SimReplica, SimReplicas
 from engine.loop.sim.bounds import event_bound, stall_bound, time_bound
 from engine.loop.sim.scenario import Scenario
 from engine.loop.sim.tools import SimTools
 from engine.loop.sim.trainer_shell import SimTrainer
-from engine.loop.trainer import TrainerLoop, TrainerParams
+from engine.loop.trainer import TrainerLoop
 from engine.loop.stream import PromptStream
 from engine.types import Prompt, TrajectoryGroup
 
@@ -96,27 +94,13 @@ class World(SimTrainer, SimReplicas, SimTools):
         self._seq = 0
         self.bound, self.event_bound, self.stall_bound = time_bound(s), event_bound(s), stall_bound(s)
         self.halted = False  # a budget was spent (`livelock`)
-        sync = s.mode == "sync"
-        self.rp = RolloutParams(n=s.n, max_new_tokens=s.max_new_tokens, required_samples=s.required_samples,
-                                staleness_threshold=staleness_in_force(s.staleness_threshold, sync), trigger=s.trigger,
-                                partial_rollout=partial_rollout_in_force(s.partial_rollout, sync, s.deterministic),
-                                seqs_per_call=s.seqs_per_call,
-                                test_freq=s.test_freq, sync_mode=sync, deterministic=s.deterministic,
-                                agent=AgentLimits(s.max_new_tokens, s.max_assistant_turns, s.max_user_turns,
-                                                  s.max_parallel_calls, s.max_tokens_per_turn)
-                                if s.multi_turn else None)
+        self.loop = s.loop()  # the run's own construction from the scenario's config values
+        self.rp, self.tp = self.loop.rollout, self.loop.trainer
         self.tool_rng = random.Random(s.seed * 104729 + 3)
         self.reward_rng = random.Random(s.seed * 15485863 + 5)  # rewards matter only with dynamic sampling
         self.tool_waits: dict[tuple[str, int], float] = {}
         self.tool_sessions: set[tuple[str, int, bool]] = set()
         self.answers: dict[int, tuple[str, int, int]] = {}
-        cycle = s.required_samples * s.trigger
-        total_local = max(1, s.total_prompts // cycle) * s.trigger
-        self.tp = TrainerParams(s.required_samples, s.trigger, total_local, sync, s.max_staleness_versions,
-                                s.stale_policy, s.checkpoint_every_versions, ordered=s.deterministic,
-                                staleness_threshold=staleness_in_force(s.staleness_threshold, sync),
-                                validate_at_end=bool(s.test_freq),
-                                filter_metric="score" if s.filter_groups else None)
         self.controller = ControllerCore(f"sim-{s.seed}", sinks=[], clock=lambda: self.now, config={
             "async_training": {"trigger_parameter_sync_step": s.trigger, "staleness_threshold": s.staleness_threshold}})
         self.val = [Prompt(uid=f"v{i}", index=i, epoch=0, prompt_ids=[4, 5]) for i in range(s.val_prompts)]
