@@ -209,6 +209,7 @@ def _run_actors(run_plan: RunPlan, cfg_dict, provenance, run_dir: Path, model_di
     import ray
 
     from engine.control.controller import create_run_controller, live_run_names
+    from engine.control.knobs import knobs_at_checkpoint
     from engine.runtime.queue import MessageQueue
     from engine.runtime.replica import RolloutReplica
     from engine.runtime.rollouter import Rollouter
@@ -232,7 +233,8 @@ def _run_actors(run_plan: RunPlan, cfg_dict, provenance, run_dir: Path, model_di
         # per replica slot when the pools are placement groups: a replacement takes the dead one's bundles
         replica_options=placement.get("replica_options") or placement["replica_res"], rank_options=trainer_opts)
     controller = create_run_controller(cfg.name, run_id=entry.id, namespace=NAMESPACE, run_dir=str(run_dir),
-                                       config=_with_live_knobs(cfg_dict, point.state if point else None),
+                                       config=cfg_dict, resumed_knobs=knobs_at_checkpoint(point.state if point else None,
+                                                                                          cfg_dict),
                                        provenance=provenance, total_steps=total_steps,
                                        prediction=ident.get("prediction"))
     actors.append(controller)
@@ -294,21 +296,6 @@ def _run_actors(run_plan: RunPlan, cfg_dict, provenance, run_dir: Path, model_di
                 ray.kill(a, no_restart=True)
             except Exception:
                 pass
-
-
-def _with_live_knobs(cfg_dict: dict, state: dict | None) -> dict:
-    """The config the controller starts its knobs from: on resume, the sync interval and staleness threshold
-    in force at the checkpoint (changed live before it) win over the run file's."""
-    if not state:
-        return cfg_dict
-    out = json.loads(json.dumps(cfg_dict))
-    ac = out["async_training"]
-    if state.get("trigger") is not None:
-        ac["trigger_parameter_sync_step"] = int(state["trigger"])
-    rollout = state.get("rollout", {})
-    if rollout.get("staleness_threshold") is not None and ac.get("mode") != "sync":
-        ac["staleness_threshold"] = float(rollout["staleness_threshold"])
-    return out
 
 
 def _write_report(run_dir: Path, rc: int) -> None:

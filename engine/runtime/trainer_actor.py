@@ -32,7 +32,7 @@ from typing import Any
 import ray
 
 from engine.loop.commands import (
-    AckKnob, Allow, AskOutstanding, Checkpoint, Drop, Event, Finish, PollControl, Pull, Record, SetTrigger, Sync, Train,
+    AckKnob, Allow, AskOutstanding, Checkpoint, Drop, Event, Finish, PollControl, Pull, Record, Sync, Train,
 )
 from engine.loop.trainer import TrainerLoop
 from engine.plan.roles import TrainerSpec
@@ -191,11 +191,8 @@ class TrainerCore(TrainerCheckpoints):
         if isinstance(c, Allow):
             ray.get(self.rollouter.allow.remote(c.need))
             return []
-        if isinstance(c, SetTrigger):
-            ray.get(self.rollouter.set_trigger.remote(c.value))
-            return []
-        if isinstance(c, AckKnob):
-            self.controller.ack_knob.remote(c.name, c.version, self.local_step)
+        if isinstance(c, AckKnob):  # waited for: a follower (the rollouter, at a sync too) reads it next
+            ray.get(self.controller.ack_knob.remote(c.name, c.version, self.local_step))
             return []
         if isinstance(c, Sync):
             self._rec.update(self._sync(c))
@@ -334,7 +331,7 @@ class TrainerCore(TrainerCheckpoints):
             gen, members = ray.get(self.rollouter.sync_generation.remote())
         sent = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
                        lambda refs: self.rollouter.update_weights.remote(version, refs, self.local_step, c.cut,
-                                                                         c.trigger, c.held),
+                                                                         c.held),
                        gen=gen, corrupt_bucket=self.spec.weight_sync.corrupt_bucket, members=members)
         export_s = time.monotonic() - t0
         out = ray.get(sent.out)
@@ -345,7 +342,7 @@ class TrainerCore(TrainerCheckpoints):
             self.backend.snapshot_params()
             out["asyncrl/prox_snapshot_s"] = time.monotonic() - t_snap
         out.update(sync_metrics(time.monotonic() - t0, sent.nbytes, export_s, report, len(sent.fingerprints)))
-        msg, fields = sync_event(version, out, report, c.trigger or self.trigger, type(self.weight_sync).__name__)
+        msg, fields = sync_event(version, out, report, self.loop.next_trigger, type(self.weight_sync).__name__)
         self.controller.record_event.remote(self._ev("info", "sync", msg, **fields))
         return out
 

@@ -4,6 +4,8 @@ Each regression test also shows the simulator catching the bug when the fix is t
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -12,7 +14,7 @@ from typer.testing import CliRunner
 from asyncrl_cli.app import app
 from engine.loop.commands import PollControl, Sync
 from engine.loop.dispatch import DispatchTable
-from engine.loop.knobs import ROLLOUTER, ROUTES, KnobChange, Route
+from engine.loop.knobs import KNOBS, KnobChange
 from engine.loop.rollout import RolloutLoop, RolloutParams
 from engine.loop.sim.checks import Checker
 from engine.loop.sim.runner import run_scenario
@@ -185,7 +187,7 @@ def test_the_reported_staleness_bound_follows_a_live_threshold(monkeypatch) -> N
     out = run_scenario(_threshold_change())
     assert out.finished and not out.violations
     # the bug it guards: the trainer reported the bound of the initial threshold for the whole run
-    monkeypatch.setattr("engine.loop.knobs.ROUTES", {**ROUTES, "staleness_threshold": Route(ROLLOUTER)})
+    monkeypatch.setitem(KNOBS, "staleness_threshold", dataclasses.replace(KNOBS["staleness_threshold"], followers=()))
     assert any("bound" in v for v in run_scenario(_threshold_change()).violations)
 
 
@@ -267,7 +269,7 @@ def test_the_owed_sync_reports_the_groups_the_trainer_holds() -> None:
     tr.start()
     assert tr.pulled(["g1", "g2"], closed=False) == [PollControl()]  # half a batch: the trainer polls, then pulls
     cmds = tr.control([KnobChange("trigger_parameter_sync_step", 1, 1, True)], [])
-    assert cmds[-1] == Sync(1, None, False, held=2)
+    assert cmds[-1] == Sync(1, False, held=2)
     ro = RolloutLoop(RolloutParams(n=1, max_new_tokens=4, required_samples=4, staleness_threshold=0.0, trigger=1,
                                    partial_rollout=False, seqs_per_call=1), PromptStream(1, 8), [], 1)
     ro.queue_seen(1)
