@@ -16,6 +16,7 @@ from engine.loop.commands import PollControl, Sync
 from engine.loop.dispatch import DispatchTable
 from engine.loop.knobs import KNOBS, KnobChange
 from engine.loop.rollout import RolloutLoop, RolloutParams
+from engine.loop.rollout_knobs import RolloutKnobs
 from engine.loop.sim.checks import Checker
 from engine.loop.sim.runner import run_scenario
 from engine.loop.sim.scenario import Action, Scenario, draw
@@ -276,3 +277,21 @@ def test_the_owed_sync_reports_the_groups_the_trainer_holds() -> None:
     ro.begin_sync(1, 1)
     ro.finish_sync(1, 1, held=2)
     assert ro.budget.staleness_samples == 3
+
+
+def _sync_mode_interval(old: int, new: int) -> Scenario:
+    return Scenario(seed=3, n=2, ppo_mini_batch_size=2, trigger=old, staleness_threshold=0.0, total_prompts=64,
+                    mode="sync", actions=[Action(0.4, "trigger_parameter_sync_step", new)])
+
+
+@pytest.mark.parametrize("old,new", [(1, 4), (4, 1)])
+def test_in_sync_mode_the_rollouter_follows_a_live_interval_at_the_sync_the_trainer_takes_it(
+    monkeypatch, old: int, new: int
+) -> None:
+    """The rollouter follows the applied interval through its inbox (no side channel); in sync mode it holds it until
+    the sync the trainer acknowledged it with, so each cycle is generated for the interval it is trained with."""
+    out = run_scenario(_sync_mode_interval(old, new))
+    assert out.finished and not out.violations, out.violations
+    monkeypatch.setattr(RolloutKnobs, "take_held_trigger", lambda self: None)  # the rollouter never takes it
+    broken = run_scenario(_sync_mode_interval(old, new)).violations
+    assert any(("deadlock" if new > old else "sync-mode") in v for v in broken), broken
