@@ -41,15 +41,15 @@ def verb_first(args: list[str], verbs: Iterable[str]) -> list[str]:
 
 
 def knob_help() -> str:
-    """`ctl set`'s help: one line per knob of the table (`engine.loop.knobs.KNOBS`, read when help is shown)."""
-    from engine.loop.knobs import KNOBS  # pure Python, no heavy import; read at call time, never cached
+    """`ctl set`'s help: one line per knob of the table (`engine.control.knob_table.KNOBS`, read when help is shown)."""
+    from engine.control.knob_table import KNOBS  # pure Python, no heavy import; read at call time, never cached
 
     lines = [f"{k.name}: {k.range_text()}, {k.description}; applies {k.applies}." for k in KNOBS.values()]
     return "Set a knob; it shows as pending until its owner applies it.\n\n" + "\n\n".join(lines)
 
 
 def knob_names() -> list[str]:
-    from engine.loop.knobs import KNOBS
+    from engine.control.knob_table import KNOBS
 
     return list(KNOBS)
 

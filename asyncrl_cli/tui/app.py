@@ -38,7 +38,7 @@ from asyncrl_cli.tui.widgets.sync_chart import SyncChart
 from asyncrl_cli.tui.widgets.time_chart import Line, TimeChart
 from asyncrl_cli.tui.widgets.tools_panel import ToolsPanel, is_multi_turn
 from asyncrl_cli.tui.widgets.workers_table import WorkersTable
-from engine.loop.knobs import KNOBS
+from engine.control.knob_table import KNOBS
 
 if TYPE_CHECKING:  # the dashboard reads any source; the control client loads only in the command that opens one
     from engine.control.client import MetricsSource
@@ -57,7 +57,7 @@ READ_ONLY_REFUSAL = "read-only session: changes are disabled"
 
 
 def knob_bindings() -> list[Binding]:
-    """One key per knob of the table that has one (`engine.loop.knobs.Knob.key`): `knob('NAME')`."""
+    """One key per knob of the table that has one (`engine.control.knob_table.Knob.key`): `knob('NAME')`."""
     return [Binding(k.key, f"knob({k.name!r})", k.key_label or k.name, id=f"knob-{k.name}")
             for k in KNOBS.values() if k.key]
 

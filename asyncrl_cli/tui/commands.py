@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from engine.loop.knobs import KNOBS
+from engine.control.knob_table import KNOBS
 
 if TYPE_CHECKING:
     from asyncrl_cli.tui.app import DashboardApp

@@ -9,10 +9,11 @@ start per policy version (also the queue bound).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from asyncrl_cli.tui.format import fmt_value
-from engine.loop.knobs import KNOBS, PreviewContext
+from engine.control.knob_table import KNOBS, PreviewContext
 from engine.loop.budget import max_required_samples
 
 
@@ -49,10 +50,12 @@ def describe_knob_change(
     name: str, old: Any, new: Any, config: dict[str, Any], knobs: dict[str, dict[str, Any]] | None = None
 ) -> KnobConfirmation:
     """Describe `name: old → new`, when it applies and what it does: the knob's own pure preview
-    (`engine.loop.knobs.Knob.preview`), given R from the config and the other knobs' values."""
+    (`engine.control.knob_table.Knob.preview`), given R from the config and the other knobs' values."""
     knob = KNOBS[name]
     values = {k: v.get("value") for k, v in (knobs or {}).items()}
-    preview = knob.preview(old, new, PreviewContext(required_samples(config), values))
+    r = required_samples(config)
+    bound = None if r is None else partial(max_required_samples, r)
+    preview = knob.preview(old, new, PreviewContext(bound, values))
     body = "\n".join(
         [f"{name}: {fmt_value(old)} → {fmt_value(new)}", f"Applies {knob.applies}; shown as pending until then.",
          *preview.lines]

@@ -1,6 +1,7 @@
 """The control plane: the one entry of the CLI and the dashboard into the engine besides the driver.
 
-- `knobs`      validation and parsing against the knob table (`engine.loop.knobs.KNOBS`, also `KNOB_SPECS`),
+- `knob_table` the knob table (`KNOBS`: kind, range, owner, followers, boundary, refusal, preview, paths, key)
+- `knobs`      validation and parsing against the knob table (`KNOBS`, also `KNOB_SPECS`),
                each knob's state in the controller, the values a resume starts from
 - `core`       `ControllerCore`: metric/event ring buffers with a cursor, the worker table, versioned knobs
 - `controller` `RunController`, the Ray actor around the core; run namespaces and discovery on a cluster

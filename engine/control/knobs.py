@@ -1,7 +1,7 @@
 """Runtime knobs: validation and parsing against the knob table, and the controller's per-knob state.
 
 The table itself (kind, range, owner, followers, boundary, refusal, preview, config and checkpoint paths) is
-`engine.loop.knobs.KNOBS`. Pure Python; used by the controller (`engine.control.controller`), the dashboard's
+`engine.control.knob_table.KNOBS`. Pure Python; used by the controller (`engine.control.controller`), the dashboard's
 input validator and `asyncrl ctl`, so a value is accepted or refused by exactly the same rule everywhere; every
 function looks the table up at call time, so a knob added to it is validated, seeded and resumed like the others.
 """
@@ -12,11 +12,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.loop.knobs import KNOBS, Knob, values_at_checkpoint
+from engine.control.knob_table import KNOBS, Knob, values_at_checkpoint
 
 
 KNOB_SPECS: dict[str, Knob] = KNOBS
-"""The knob table (`engine.loop.knobs.KNOBS`, the same dict): kind, range, owner, followers, boundary, refusal,
+"""The knob table (`engine.control.knob_table.KNOBS`, the same dict): kind, range, owner, followers, boundary, refusal,
 preview, config and checkpoint paths, dashboard key."""
 KnobSpec = Knob
 
@@ -110,7 +110,7 @@ def sync_mode_of(config: dict[str, Any]) -> bool:
 
 
 def knobs_at_checkpoint(state: dict[str, Any] | None, config: dict[str, Any]) -> dict[str, Any]:
-    """On resume: the values in force at the checkpoint (`engine.loop.knobs.values_at_checkpoint`), which win over
+    """On resume: the values in force at the checkpoint (`engine.control.knob_table.values_at_checkpoint`), which win over
     the run file's; empty for a fresh run."""
     return values_at_checkpoint(state, sync_mode_of(config)) if state else {}
 

@@ -17,7 +17,8 @@ from asyncrl_cli.config import load_run_config
 from engine.control.client import LocalSource
 from engine.control.core import ControllerCore
 from engine.control.knobs import knobs_at_checkpoint
-from engine.loop.knobs import KNOBS, ROLLOUTER, TRAINER, Knob, KnobChange, KnobInbox, Preview, PreviewContext
+from engine.control.knob_table import KNOBS, ROLLOUTER, TRAINER, Knob, Preview, PreviewContext
+from engine.loop.knobs import KnobChange, KnobInbox
 from tests.tui.helpers import SIZE, answer_confirmation, live_core, open_knob_input, wait_until
 
 TINY = Path(__file__).resolve().parents[2] / "presets" / "runs" / "tiny-cpu.toml"

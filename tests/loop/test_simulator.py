@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from asyncrl_cli.app import app
 from engine.loop.commands import PollControl, Sync
 from engine.loop.dispatch import DispatchTable
-from engine.loop.knobs import KNOBS, KnobChange
+from engine.control.knob_table import KNOBS
+from engine.loop.knobs import KnobChange
 from engine.loop.rollout import RolloutLoop, RolloutParams
 from engine.loop.rollout_knobs import RolloutKnobs
 from engine.loop.sim.checks import Checker

@@ -8,7 +8,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Markdown
 
-from engine.loop.knobs import KNOBS
+from engine.control.knob_table import KNOBS
 
 def keys_mutating() -> str:
     """The mutating keys: one row per knob of the table with a key, then checkpoint."""
