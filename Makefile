@@ -40,8 +40,10 @@ demo: $(STAMP)
 
 # Pyflakes, syntax errors and the import layering (engine/ never imports asyncrl_cli, no heavy import at the
 # top of a CLI module, no ray in engine/algo): pyproject.toml, engine/{algo,plan,predict,config,loop}/ruff.toml.
+# Then no file under engine/, asyncrl_cli/ or scripts/ over 450 lines (scripts/check_file_lengths.py).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(PY) scripts/check_file_lengths.py
 
 # Lint, the default suite (slow, GPU and vLLM tests excluded), then the vLLM suite in its own venv.
 test: lint test-fast test-vllm

@@ -40,11 +40,38 @@ def verb_first(args: list[str], verbs: Iterable[str]) -> list[str]:
     return [*args[: i + 1], args[j], *args[i + 1 : j], *args[j + 1 :]]
 
 
+def knob_help() -> str:
+    """`ctl set`'s help: one line per knob of the table (`engine.control.knob_table.KNOBS`, read when help is shown)."""
+    from engine.control.knob_table import KNOBS  # pure Python, no heavy import; read at call time, never cached
+
+    lines = [f"{k.name}: {k.range_text()}, {k.description}; applies {k.applies}." for k in KNOBS.values()]
+    return "Set a knob; it shows as pending until its owner applies it.\n\n" + "\n\n".join(lines)
+
+
+def knob_names() -> list[str]:
+    from engine.control.knob_table import KNOBS
+
+    return list(KNOBS)
+
+
+def _complete_knob(incomplete: str) -> list[str]:
+    return [n for n in knob_names() if n.startswith(incomplete)]
+
+
 class _RunThenVerb(TyperGroup):
-    """`ctl`'s group: options are accepted before or after the sub-verb."""
+    """`ctl`'s group: options are accepted before or after the sub-verb; `set`'s help lists the knob table."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         return super().parse_args(ctx, verb_first(list(args), self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None and cmd_name == "set":  # the table as it is now: help text and the KNOB choices
+            cmd.help = knob_help()
+            for param in cmd.params:
+                if param.name == "knob":
+                    param.help = "One of: " + " | ".join(knob_names()) + "."
+        return cmd
 
 
 app = typer.Typer(
@@ -90,7 +117,7 @@ def _report(what: str, result: dict[str, Any], as_json: bool) -> None:
 @handle_errors
 def set_knob(
     ctx: typer.Context,
-    knob: Annotated[str, typer.Argument(help="trigger_parameter_sync_step | staleness_threshold | paused")],
+    knob: Annotated[str, typer.Argument(help="A live knob.", autocompletion=_complete_knob)],
     value: Annotated[str, typer.Argument(help="New value (validated against the knob's range).")],
     expect_version: Annotated[
         int | None,
@@ -101,7 +128,7 @@ def set_knob(
     address: AddressOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Set a knob; it shows as pending until the consumer applies it at its next boundary."""
+    """Set a knob; it shows as pending until its owner applies it (the knobs: `knob_help`)."""
     from engine.control.knobs import parse_knob_value
 
     with command_connection(), control_errors():

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from textual import work
 from textual.app import App, ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingsMap
 from textual.containers import Grid, Horizontal
 from textual.widgets import Footer, TabbedContent, TabPane
 
@@ -38,6 +38,7 @@ from asyncrl_cli.tui.widgets.sync_chart import SyncChart
 from asyncrl_cli.tui.widgets.time_chart import Line, TimeChart
 from asyncrl_cli.tui.widgets.tools_panel import ToolsPanel, is_multi_turn
 from asyncrl_cli.tui.widgets.workers_table import WorkersTable
+from engine.control.knob_table import KNOBS
 
 if TYPE_CHECKING:  # the dashboard reads any source; the control client loads only in the command that opens one
     from engine.control.client import MetricsSource
@@ -51,8 +52,27 @@ OVERVIEW_CHARTS = (  # (widget id, title, [(metric, label, colour), ...]) of the
      [(m.IS_MEAN, "mean", "green"), (m.IS_MIN, "min", "blue"), (m.IS_MAX, "max", "red")]),
     ("chart-reward", "reward", [(m.REWARD, "reward", "green"), (m.SCORE, "score", "cyan")]),
 )
-MUTATING_ACTIONS = frozenset({"set_sync_interval", "set_staleness", "toggle_pause", "checkpoint", "stop_run"})
+MUTATING_ACTIONS = frozenset({"knob", "checkpoint", "stop_run"})
 READ_ONLY_REFUSAL = "read-only session: changes are disabled"
+
+
+def knob_bindings() -> list[Binding]:
+    """One key per knob of the table that has one (`engine.control.knob_table.Knob.key`): `knob('NAME')`."""
+    return [Binding(k.key, f"knob({k.name!r})", k.key_label or k.name, id=f"knob-{k.name}")
+            for k in KNOBS.values() if k.key]
+
+
+def with_knob_keys(merged: BindingsMap) -> BindingsMap:
+    """The app's bindings with the knob keys in front of the checkpoint key (the footer's order: knobs,
+    checkpoint, help, detach), built when the app is — so a knob added to the table gets its key."""
+    out, pending = BindingsMap(), knob_bindings()
+    for key, bindings in merged.key_to_bindings.items():
+        if pending and any(b.id == "checkpoint" for b in bindings):
+            for b in pending:
+                out.key_to_bindings.setdefault(b.key, []).append(b)
+            pending = []
+        out.key_to_bindings.setdefault(key, []).extend(bindings)
+    return out
 
 
 def one_line(err: BaseException) -> str:
@@ -68,9 +88,7 @@ class DashboardApp(App[int]):
     TITLE = "asyncrl"
     COMMANDS = App.COMMANDS | {DashboardCommands}
     BINDINGS = [
-        Binding("s", "set_sync_interval", "Sync interval", id="set-sync-interval"),
-        Binding("t", "set_staleness", "Staleness", id="set-staleness"),
-        Binding("p", "toggle_pause", "Pause/resume", id="toggle-pause"),
+        # the knobs' keys come from the knob table and go in front of these (`knob_bindings`)
         Binding("c", "checkpoint", "Checkpoint", id="checkpoint"),
         Binding("question_mark", "help", "Help", id="help"),
         Binding("q", "detach", "Detach", id="detach"),
@@ -90,6 +108,7 @@ class DashboardApp(App[int]):
         history: int = 400,
     ) -> None:
         super().__init__()
+        self._bindings = with_knob_keys(self._bindings)
         self.source = source
         self.read_only = bool(read_only or getattr(source, "read_only", False))
         self.poll_interval = poll_interval
@@ -279,11 +298,13 @@ class DashboardApp(App[int]):
     def action_refresh(self) -> None:
         self._wake.set()
 
-    def action_set_sync_interval(self) -> None:
-        self._edit_knob("trigger_parameter_sync_step", "Sync interval (local trainer steps per weight sync)")
-
-    def action_set_staleness(self) -> None:
-        self._edit_knob("staleness_threshold", "Staleness threshold")
+    def action_knob(self, name: str) -> None:
+        """A knob's key or palette entry: a bool toggles (confirmed), a number opens its input."""
+        knob = KNOBS[name]
+        if knob.kind is bool:
+            self._toggle_knob(name)
+        else:
+            self._edit_knob(name, knob.title or name)
 
     def _edit_knob(self, name: str, title: str) -> None:
         """Input (validated) → confirmation (old → new, warnings) → compare-and-set at the version seen."""
@@ -310,21 +331,21 @@ class DashboardApp(App[int]):
         value: Any = None
         self.push_screen(KnobInputScreen(name, old, title), entered)
 
-    def action_toggle_pause(self) -> None:
+    def _toggle_knob(self, name: str) -> None:
         if self._refused():
             return
-        knob = self.model.knob("paused")
+        knob = self.model.knob(name)
         if not knob:
             self.notify("no data from the run yet", severity="warning")
             return
         new, expected = not bool(knob.get("value")), knob.get("version")
-        ask = describe_knob_change("paused", not new, new, self.model.run.get("config") or {}, self.model.knobs)
+        ask = describe_knob_change(name, not new, new, self.model.run.get("config") or {}, self.model.knobs)
         self._confirm_then(
             ask.title,
             ask.body,
             ask.warnings,
-            "pause" if new else "resume",
-            lambda: self.source.set_knob("paused", new, expected),
+            KNOBS[name].verb(new).lower(),
+            lambda: self.source.set_knob(name, new, expected),
         )
 
     def action_checkpoint(self) -> None:

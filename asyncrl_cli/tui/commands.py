@@ -1,4 +1,5 @@
-"""Command palette provider: the dashboard's actions, without the mutating ones in read-only mode."""
+"""Command palette provider: the dashboard's actions (one per knob of the table), without the mutating ones in
+read-only mode."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+from engine.control.knob_table import KNOBS
 
 if TYPE_CHECKING:
     from asyncrl_cli.tui.app import DashboardApp
@@ -24,19 +27,14 @@ def palette_commands(app: DashboardApp) -> list[tuple[str, str, Callable[[], obj
     """`(name, help, callback)` for every command that makes sense for this session."""
     commands: list[tuple[str, str, Callable[[], object]]] = []
     if not app.read_only:
-        paused = bool(app.model.knob("paused").get("value"))
+        for knob in KNOBS.values():  # every knob of the table: a bool toggles, a number opens its input
+            if knob.kind is bool:
+                now = bool(app.model.knob(knob.name).get("value"))
+                name = knob.verb(not now)
+            else:
+                name = f"Set {knob.label().lower()}…"
+            commands.append((name, f"{knob.name}: applies {knob.applies}", partial(app.action_knob, knob.name)))
         commands += [
-            (
-                "Set sync interval…",
-                "trigger_parameter_sync_step, applied at the next local step",
-                app.action_set_sync_interval,
-            ),
-            ("Set staleness threshold…", "applied at once to the staleness budget", app.action_set_staleness),
-            (
-                "Resume generation" if paused else "Pause generation",
-                "rollouter pause/resume",
-                app.action_toggle_pause,
-            ),
             ("Checkpoint now", "taken at the trainer's next local step", app.action_checkpoint),
             ("Stop the run gracefully…", "checkpoint and finish at the next local step", app.action_stop_run),
         ]

@@ -1,6 +1,8 @@
 """The control plane: the one entry of the CLI and the dashboard into the engine besides the driver.
 
-- `knobs`      the knob table (`KNOB_SPECS`: type, range, consumer, config path), validation and parsing
+- `knob_table` the knob table (`KNOBS`: kind, range, owner, followers, boundary, refusal, preview, paths, key)
+- `knobs`      validation and parsing against the knob table (`KNOBS`, also `KNOB_SPECS`),
+               each knob's state in the controller, the values a resume starts from
 - `core`       `ControllerCore`: metric/event ring buffers with a cursor, the worker table, versioned knobs
 - `controller` `RunController`, the Ray actor around the core; run namespaces and discovery on a cluster
 - `registry`   the per-user registry of live runs on this machine (run ids, claim/release, matching)

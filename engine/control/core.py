@@ -16,7 +16,8 @@ knob is still at version `v` (compare-and-set: two operators cannot overwrite ea
 The shells read `get_knobs()` and route each change with the knob router (`engine.loop.knobs`: which loop
 core takes which knob at which boundary, what is refused); the owning core applies the value and its shell
 calls `ack_knob(name, version, step)`; the controller then writes a `knob` event with old → new, who, when,
-the step of the request and the step at which it took effect.
+the step of the request and the step at which it took effect. A resumed run's knobs start from the values in
+force at its checkpoint (`resumed_knobs`: `engine.control.knobs.knobs_at_checkpoint`), not from the run file.
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ class ControllerCore:
         max_events: int = 10_000,
         run_id: str | None = None,
         prediction: dict[str, Any] | None = None,
+        resumed_knobs: dict[str, Any] | None = None,
     ) -> None:
         self._lock = threading.RLock()
         self._clock = clock
@@ -146,7 +148,7 @@ class ControllerCore:
         self._state = "running"
         self._step: int | None = None
         self._policy_version: int | None = None
-        self._knobs = initial_knobs(self._config)
+        self._knobs = initial_knobs(self._config, resumed_knobs)  # a resume: the values at its checkpoint
         self._last_request: dict[str, KnobRequest] = {}
         self._actions: dict[str, dict[str, KnobRequest]] = {
             consumer: {} for consumer in set(ACTIONS.values())

@@ -1,7 +1,9 @@
-"""Runtime knobs: their specs (type, range, consumer), validation and parsing, and per-knob state.
+"""Runtime knobs: validation and parsing against the knob table, and the controller's per-knob state.
 
-Pure Python; used by the controller (`engine.control.controller`), the dashboard's input validator and
-`asyncrl ctl`, so a value is accepted or refused by exactly the same rule everywhere.
+The table itself (kind, range, owner, followers, boundary, refusal, preview, config and checkpoint paths) is
+`engine.control.knob_table.KNOBS`. Pure Python; used by the controller (`engine.control.controller`), the dashboard's
+input validator and `asyncrl ctl`, so a value is accepted or refused by exactly the same rule everywhere; every
+function looks the table up at call time, so a knob added to it is validated, seeded and resumed like the others.
 """
 
 from __future__ import annotations
@@ -10,67 +12,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-
-@dataclass(frozen=True)
-class KnobSpec:
-    """A runtime-tunable setting: type, inclusive range, who applies it and when."""
-
-    name: str
-    kind: type
-    low: float | None
-    high: float | None
-    consumer: str
-    applies: str
-    default: Any
-    config_path: tuple[str, ...] | None = None
-    description: str = ""
-
-    def range_text(self) -> str:
-        """Human form of the accepted values, e.g. `an integer in [1, 1000]`."""
-        if self.kind is bool:
-            return "true or false"
-        noun = "an integer" if self.kind is int else "a number"
-        return f"{noun} in [{self.low:g}, {self.high:g}]"
+from engine.control.knob_table import KNOBS, Knob, values_at_checkpoint
 
 
-KNOB_SPECS: dict[str, KnobSpec] = {
-    spec.name: spec
-    for spec in (
-        KnobSpec(
-            "trigger_parameter_sync_step",
-            int,
-            1,
-            1000,
-            "trainer",
-            "at the trainer's next local-step boundary (sync mode: at the next sync)",
-            4,
-            ("async_training", "trigger_parameter_sync_step"),
-            "local trainer steps between weight syncs (one policy version per sync)",
-        ),
-        KnobSpec(
-            "staleness_threshold",
-            float,
-            0.0,
-            10.0,
-            "rollouter",
-            "at once, in the rollouter's staleness budget",
-            0.1,
-            ("async_training", "staleness_threshold"),
-            "extra fraction of samples the rollouter may generate ahead of the trainer per sync",
-        ),
-        KnobSpec(
-            "paused",
-            bool,
-            None,
-            None,
-            "rollouter",
-            "by the rollouter within one generation step",
-            False,
-            None,
-            "pause (true) or resume (false) generation; the trainer drains the queue",
-        ),
-    )
-}
+KNOB_SPECS: dict[str, Knob] = KNOBS
+"""The knob table (`engine.control.knob_table.KNOBS`, the same dict): kind, range, owner, followers, boundary, refusal,
+preview, config and checkpoint paths, dashboard key."""
+KnobSpec = Knob
 
 ACTIONS: dict[str, str] = {"checkpoint": "trainer", "stop": "trainer"}
 """One-shot actions and their consumer (taken at the trainer's next local-step boundary)."""
@@ -155,19 +103,36 @@ class KnobState:
         return self.version > self.applied_version
 
 
-def initial_knobs(config: dict[str, Any]) -> dict[str, KnobState]:
-    """Knob states at the start of a run: values from the config where it sets them, else the defaults."""
+def sync_mode_of(config: dict[str, Any]) -> bool:
+    """Whether a config dict runs in sync mode (`async_training.mode = "sync"`)."""
+    section = config.get("async_training")
+    return isinstance(section, dict) and section.get("mode") == "sync"
+
+
+def knobs_at_checkpoint(state: dict[str, Any] | None, config: dict[str, Any]) -> dict[str, Any]:
+    """On resume: the values in force at the checkpoint (`engine.control.knob_table.values_at_checkpoint`), which win over
+    the run file's; empty for a fresh run."""
+    return values_at_checkpoint(state, sync_mode_of(config)) if state else {}
+
+
+def initial_knobs(config: dict[str, Any], resumed: dict[str, Any] | None = None) -> dict[str, KnobState]:
+    """Knob states at the start of a run: the value a resumed checkpoint had in force (`resumed`), else the
+    config's where it sets one, else the default. A value that does not validate falls back to the next source."""
     states: dict[str, KnobState] = {}
     for name, spec in KNOB_SPECS.items():
         value: Any = spec.default
         node: Any = config
         for key in spec.config_path or ():
             node = node.get(key) if isinstance(node, dict) else None
-        if spec.config_path and node is not None:
+        candidates = [(resumed or {}).get(name), node if spec.config_path else None]
+        for candidate in candidates:
+            if candidate is None:
+                continue
             try:
-                value = validate_knob_value(name, node)
+                value = validate_knob_value(name, candidate)
+                break
             except KnobError:
-                value = spec.default
+                continue
         states[name] = KnobState(value=value, applied_value=value)
     return states
 
@@ -188,5 +153,6 @@ def knob_view(name: str, st: KnobState, last: KnobRequest | None) -> dict[str, A
         "type": spec.kind.__name__,
         "min": spec.low,
         "max": spec.high,
-        "consumer": spec.consumer,
+        "consumer": spec.owner,
+        "followers": list(spec.followers),
     }

@@ -172,23 +172,14 @@ class Allow:
 
 
 @dataclass(frozen=True)
-class SetTrigger:
-    """The trainer applied a new sync interval: the rollouter's budget takes it now (`RolloutLoop.set_trigger`)."""
-
-    value: int
-
-
-@dataclass(frozen=True)
 class Sync:
-    """Push the weights of `version` to the replicas (`begin_sync` … `finish_sync` on the rollouter). `trigger`:
-    a new sync interval the rollouter takes at this sync (sync mode); `cut`: snapshot the rollout side while it
-    is paused, for the `Checkpoint("periodic")` that follows; `held`: the groups the trainer holds pulled and
+    """Push the weights of `version` to the replicas (`begin_sync` … `finish_sync` on the rollouter). `cut`:
+    snapshot the rollout side while it is paused, for the `Checkpoint("periodic")` that follows; `held`: the groups the trainer holds pulled and
     not yet trained, which carry over into the new version's budget as the queued and in-flight ones do
     (`RolloutLoop.finish_sync`; non-zero when a lowered interval makes a sync due while a batch is half pulled).
     Report `TrainerLoop.synced()`."""
 
     version: int
-    trigger: int | None
     cut: bool
     held: int = 0
 
@@ -235,5 +226,5 @@ class SetThreads:
 
 
 Command = (Dispatch | Abort | Resume | Put | CloseQueue | SetQueueBound | ValidationDone | NeedPrompts | CallTools | Event
-           | AckKnob | PollControl | Pull | Drop | Train | AskOutstanding | Allow | SetTrigger | Sync | Checkpoint
+           | AckKnob | PollControl | Pull | Drop | Train | AskOutstanding | Allow | Sync | Checkpoint
            | Record | Finish | SetThreads)

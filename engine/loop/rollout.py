@@ -4,7 +4,7 @@ It owns the prompt stream, the in-flight table, the staleness budget, the queue'
 replica runs what, the sync state, validation and the live knobs. Work is streamed: a replica with free rows
 gets another dispatch at the next tick, up to its `Capacity` (`engine.loop.dispatch`: rows and concurrent
 calls; one call of all its rows for a backend without concurrency). Events are method calls (`tick`,
-`generation_finished`, `begin_sync`, `finish_sync`, `set_trigger`, `replica_died`, …); each returns the
+`generation_finished`, `begin_sync`, `finish_sync`, `knob`, `replica_died`, …); each returns the
 `commands` the shell must carry out. Time only enters as the `now` an event carries.
 
 The protocol of a sync (the trainer pushes version v):
@@ -20,10 +20,11 @@ The protocol of a sync (the trainer pushes version v):
    a validation of v is queued every `test_freq` versions.
 
 Validation (`engine.loop.rollout_validation`), multi-turn trajectories and their tools
-(`engine.loop.rollout_agent`) and the checkpoint state (`engine.loop.rollout_checkpoint`) are parts of this
-class kept in their own modules.
+(`engine.loop.rollout_agent`), the checkpoint state (`engine.loop.rollout_checkpoint`) and the live knobs
+(`engine.loop.rollout_knobs`) are parts of this class kept in their own modules.
 
-Knobs take effect at once, so the budget, the queue bound and the trainer's cadence always use the same value.
+Knobs take effect at once (a followed sync interval in sync mode at the next sync), so the budget, the queue bound
+and the trainer's cadence always use the same value.
 `trainer.deterministic`: a sync aborts nothing and waits for the loaded version's work (`engine.loop.deterministic`).
 """
 
@@ -37,10 +38,10 @@ from engine.loop.agent import AgentConversation, AgentLimits
 from engine.loop.budget import StalenessBudget
 from engine.loop.rollout_agent import AgentTrajectories
 from engine.loop.rollout_checkpoint import RolloutCheckpoint
+from engine.loop.rollout_knobs import RolloutKnobs
 from engine.loop.rollout_validation import ValidationRounds
 from engine.loop.commands import (
     Abort,
-    AckKnob,
     CloseQueue,
     Command,
     Dispatch,
@@ -57,7 +58,6 @@ from engine.loop.inflight import (
     oldest_version,
     request_id,
 )
-from engine.loop.knobs import ROLLOUTER, KnobChange, KnobInbox
 from engine.types import GenRequest, GenResult, Prompt, Trajectory
 
 
@@ -98,7 +98,7 @@ class SyncState:
     aborted: set[int] = field(default_factory=set)
 
 
-class RolloutLoop(AgentTrajectories, ValidationRounds, RolloutCheckpoint):
+class RolloutLoop(AgentTrajectories, ValidationRounds, RolloutCheckpoint, RolloutKnobs):
     """The rollouter's state machine (see the module docstring)."""
 
     def __init__(self, params: RolloutParams, stream: Any, val_prompts: list[Prompt], replicas: int,
@@ -262,6 +262,7 @@ class RolloutLoop(AgentTrajectories, ValidationRounds, RolloutCheckpoint):
         assert self.sync is not None, "finish_sync without begin_sync"
         cmds: list[Command] = []
         self.version, self.step = version, step
+        self.take_held_trigger()  # sync mode: the interval the trainer acknowledged with this sync
         self.budget.on_sync(len(self.in_flight), self.queue_size + held)
         cmds += self._bound_changed()
         resume = sorted(self.aborted & self.live)
@@ -272,41 +273,6 @@ class RolloutLoop(AgentTrajectories, ValidationRounds, RolloutCheckpoint):
             self.queue_validation(version)
         self.sync = None
         return cmds
-
-    def set_trigger(self, trigger: int) -> list[Command]:
-        """The trainer applied a new sync interval at its local-step boundary: the budget uses it now."""
-        self.budget.set_knobs(trigger=trigger)
-        return self._bound_changed()
-
-    def set_staleness(self, value: float) -> list[Command]:
-        """A new staleness_threshold, in force now (ignored in sync mode, where it is 0)."""
-        if self.p.sync_mode:
-            return []
-        self.budget.set_knobs(staleness_threshold=value)
-        return self._bound_changed()
-
-    def set_paused(self, paused: bool) -> None:
-        self.paused = paused
-
-    def inbox(self) -> KnobInbox:
-        """The shell's view of the knob table for this core (`engine.loop.knobs`)."""
-        return KnobInbox(ROLLOUTER, self.p.sync_mode)
-
-    def knob(self, k: KnobChange) -> list[Command]:
-        """A knob change routed to the rollouter (`engine.loop.knobs`): applied at once and acknowledged, or
-        refused with its reason."""
-        if not k.owned:
-            return []
-        if k.refused:
-            return [Event("warning", "knob", f"{k.name} = {k.value!r} refused: {k.refused}", {"knob": k.name})]
-        if k.name == "staleness_threshold":
-            cmds = self.set_staleness(float(k.value))
-        elif k.name == "paused":
-            self.set_paused(bool(k.value))
-            cmds = []
-        else:
-            return []
-        return cmds + [AckKnob(k.name, k.version)]
 
     def allow(self, k: int) -> list[Command]:
         """The trainer postponed a sync and still lacks `k` prompts for its next step."""

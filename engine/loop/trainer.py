@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.loop.commands import (
-    AckKnob, Allow, AskOutstanding, Checkpoint, Command, Drop, Event, Finish, PollControl, Pull, Record, SetTrigger,
+    AckKnob, Allow, AskOutstanding, Checkpoint, Command, Drop, Event, Finish, PollControl, Pull, Record,
     Sync, Train,
 )
 from engine.loop.knobs import TRAINER, KnobChange, KnobInbox, boundary
@@ -164,6 +164,11 @@ class TrainerLoop:
     def _wait_policy(self) -> bool:
         return self.p.max_staleness_versions is not None and self.p.stale_policy == "wait"
 
+    @property
+    def next_trigger(self) -> int:
+        """The sync interval in force once the sync under way is done (sync mode: a held change takes it)."""
+        return self._held_trigger[0] if self._held_trigger else self.trigger
+
     def inbox(self) -> KnobInbox:
         """The shell's view of the knob table for this core (`engine.loop.knobs`)."""
         return KnobInbox(TRAINER, self.p.sync_mode)
@@ -228,10 +233,8 @@ class TrainerLoop:
         self.version = version
         self.since_sync = 0
         cmds: list[Command] = []
-        if self._held_trigger is not None:
-            (value, kv), self._held_trigger = self._held_trigger, None
-            self.trigger = value
-            cmds.append(AckKnob("trigger_parameter_sync_step", kv))
+        if self._held_trigger is not None:  # sync mode: the interval acknowledged with the `Sync` is in force now
+            self.trigger, self._held_trigger = self._held_trigger[0], None
         if after_step:
             cmds.append(self._record("sync"))
         if cut:
@@ -324,8 +327,10 @@ class TrainerLoop:
             every = self.p.checkpoint_every_versions
             cut = bool(every) and version % every == 0
             self._sync = (version, cut, after_step)
-            trigger = self._held_trigger[0] if self._held_trigger else None
-            return [Sync(version, trigger, cut, len(self.buffer))]
+            # sync mode: a held interval is acknowledged before the weights go out, so the rollouter (which follows
+            # the applied value, `engine.loop.knobs`) takes it at this sync, as the trainer does
+            ack = [AckKnob("trigger_parameter_sync_step", self._held_trigger[1])] if self._held_trigger else []
+            return [*ack, Sync(version, cut, len(self.buffer))]
         cmds: list[Command] = []
         if d.action == "postpone":
             if not self.postponed:
@@ -358,8 +363,8 @@ class TrainerLoop:
         if boundary(k.name, self.p.sync_mode) == "sync":
             self._held_trigger = (int(k.value), k.version)
             return []
-        self.trigger = int(k.value)
-        return [SetTrigger(self.trigger), AckKnob(k.name, k.version)]
+        self.trigger = int(k.value)  # the rollouter follows once acknowledged (its inbox), as this core follows staleness
+        return [AckKnob(k.name, k.version)]
 
     # ------------------------------------------------------------------ checkpoint
     def state(self) -> dict[str, Any]:

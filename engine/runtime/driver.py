@@ -220,6 +220,7 @@ def _run_actors(launch: LaunchContext, tui: TuiRunner | None) -> int:
     import ray
 
     from engine.control.controller import create_run_controller, live_run_names
+    from engine.control.knobs import knobs_at_checkpoint
     from engine.runtime.queue import MessageQueue
     from engine.runtime.replica import RolloutReplica
     from engine.runtime.rollouter import Rollouter
@@ -236,7 +237,8 @@ def _run_actors(launch: LaunchContext, tui: TuiRunner | None) -> int:
     # this launch (identity, checkpoint parts, Ray options)
     roles = launch.roles()
     controller = create_run_controller(cfg.name, run_id=entry.id, namespace=NAMESPACE, run_dir=str(run_dir),
-                                       config=_with_live_knobs(launch.config, point.state if point else None),
+                                       config=launch.config, resumed_knobs=knobs_at_checkpoint(
+                                           point.state if point else None, launch.config),
                                        provenance=launch.provenance, total_steps=total_steps,
                                        prediction=launch.options.prediction)
     actors.append(controller)
@@ -295,21 +297,6 @@ def _run_actors(launch: LaunchContext, tui: TuiRunner | None) -> int:
                 ray.kill(a, no_restart=True)
             except Exception:
                 pass
-
-
-def _with_live_knobs(cfg_dict: dict, state: dict | None) -> dict:
-    """The config the controller starts its knobs from: on resume, the sync interval and staleness threshold
-    in force at the checkpoint (changed live before it) win over the run file's."""
-    if not state:
-        return cfg_dict
-    out = json.loads(json.dumps(cfg_dict))
-    ac = out["async_training"]
-    if state.get("trigger") is not None:
-        ac["trigger_parameter_sync_step"] = int(state["trigger"])
-    rollout = state.get("rollout", {})
-    if rollout.get("staleness_threshold") is not None and ac.get("mode") != "sync":
-        ac["staleness_threshold"] = float(rollout["staleness_threshold"])
-    return out
 
 
 def _write_report(run_dir: Path, rc: int) -> None:

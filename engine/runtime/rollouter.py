@@ -8,7 +8,7 @@ out the commands it returns: `generate` on a replica, abort/resume, score a fini
 the MessageQueue, close the queue, set its bound, record validation metrics and events.
 
 Concurrency: one dispatch thread (`run`) collects results and ticks the loop; the trainer calls
-`update_weights` / `snapshot` / `set_trigger` from other actor threads. Every call into the loop holds
+`update_weights` / `snapshot` from other actor threads. Every call into the loop holds
 `self.lock`, so the loop sees one event at a time.
 
 Elastic cores (`resources.elastic_cores`, `engine.loop.elastic`): the shell feeds the `ElasticCores` core the
@@ -264,9 +264,10 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
 
     # ------------------------------------------------------------------ called by the trainer
     def update_weights(self, version: int, bucket_refs: list, step: int, snapshot: bool = False,
-                       trigger: int | None = None, held: int = 0) -> dict[str, Any]:
+                       held: int = 0) -> dict[str, Any]:
         """Pause (abort training work; a running validation finishes) → load weights on every live replica →
-        resume. `trigger`, `held`: as `engine.loop.commands.Sync` has them. With `snapshot`, the
+        resume. `held`: as `engine.loop.commands.Sync` has it; a sync interval the trainer acknowledged with
+        this sync (sync mode) is read from the knob table first and taken at `finish_sync`. With `snapshot`, the
         rollout side's checkpoint state is taken while paused (under key `snapshot`).
 
         With back buffers (`rollout.weight_sync_back_buffer`, every target replica has one) the load is split:
@@ -292,6 +293,7 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
         outcome = self.pool.update_live(bucket_refs, version) if staged is None else self.pool.commit(version, *staged)
         transfer_s = time.monotonic() - t1
         size = ray.get(self.queue.size.remote())
+        self._poll_knobs(now=True)
         with self.lock:
             self._sync_outcome(outcome)
             now = time.monotonic()
@@ -308,8 +310,6 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
             }
             self.version_started = now
             self.loop.queue_seen(size)
-            if trigger is not None:
-                self._execute(self.loop.set_trigger(trigger))
             self._execute(self.loop.finish_sync(version, step, held))
             if snapshot:
                 metrics["snapshot"] = self._snapshot_locked()
@@ -389,12 +389,6 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
             except (ray.exceptions.RayError, TimeoutError):
                 pass
         return out
-
-    def set_trigger(self, trigger: int) -> None:
-        """The trainer applied a new sync interval at its local-step boundary: the budget uses it now."""
-        with self.lock:
-            self._execute(self.loop.set_trigger(trigger))
-            self.lock.notify_all()
 
     def allow(self, need: int) -> None:
         """The trainer postponed a sync (`stale_policy = "wait"`) and lacks `need` prompts for its next step."""

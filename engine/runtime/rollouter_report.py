@@ -16,16 +16,19 @@ from engine.runtime.scoring import filtered_message, reward_errors_message
 class RolloutReports:
     """Knobs, replica failures, worker states, `report()` and events of `RolloutShell`."""
 
-    def _poll_knobs(self) -> None:
-        now = time.monotonic()
-        if now - self._last_knob_poll < 0.5:
+    def _poll_knobs(self, now: bool = False) -> None:
+        """Every 0.5 s (`now`: at once, as at a sync): the knob changes routed to the rollouter — owned ones
+        applied and acknowledged, the trainer's applied sync interval followed."""
+        t = time.monotonic()
+        if not now and t - self._last_knob_poll < 0.5:
             return
-        self._last_knob_poll = now
-        changes = self.inbox.take(ray.get(self.controller.get_knobs.remote()))
-        if changes:
-            with self.lock:
-                for k in changes:  # routed by engine.loop.knobs: applied at once and acknowledged, or refused
-                    self._execute(self.loop.knob(k))
+        self._last_knob_poll = t
+        knobs = ray.get(self.controller.get_knobs.remote())
+        with self.lock:  # the dispatch thread and a sync may both poll: the inbox is read under the lock
+            changes = self.inbox.take(knobs)
+            for k in changes:  # routed by engine.loop.knobs: applied at once and acknowledged, refused, or followed
+                self._execute(self.loop.knob(k))
+            if changes:
                 self.lock.notify_all()
 
     def _poll_pool(self) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 import ray
 
 from engine.loop.commands import (
-    AckKnob, Allow, AskOutstanding, Checkpoint, Drop, Event, Finish, PollControl, Pull, Record, SetTrigger, Sync, Train,
+    AckKnob, Allow, AskOutstanding, Checkpoint, Drop, Event, Finish, PollControl, Pull, Record, Sync, Train,
 )
 from engine.loop.trainer import TrainerLoop
 from engine.plan.roles import TrainerSpec
@@ -191,11 +191,8 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
         if isinstance(c, Allow):
             ray.get(self.rollouter.allow.remote(c.need))
             return []
-        if isinstance(c, SetTrigger):
-            ray.get(self.rollouter.set_trigger.remote(c.value))
-            return []
-        if isinstance(c, AckKnob):
-            self.controller.ack_knob.remote(c.name, c.version, self.local_step)
+        if isinstance(c, AckKnob):  # waited for: a follower (the rollouter, at a sync too) reads it next
+            ray.get(self.controller.ack_knob.remote(c.name, c.version, self.local_step))
             return []
         if isinstance(c, Sync):
             self._rec.update(self._sync(c))

@@ -33,7 +33,7 @@ class TrainerSync:
             gen, members = ray.get(self.rollouter.sync_generation.remote())
         sent = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
                        lambda refs: self.rollouter.update_weights.remote(version, refs, self.local_step, c.cut,
-                                                                         c.trigger, c.held),
+                                                                         c.held),
                        gen=gen, corrupt_bucket=self.spec.weight_sync.corrupt_bucket, members=members)
         export_s = time.monotonic() - t0
         out = ray.get(sent.out)
@@ -44,7 +44,7 @@ class TrainerSync:
             self.backend.snapshot_params()
             out["asyncrl/prox_snapshot_s"] = time.monotonic() - t_snap
         out.update(sync_metrics(time.monotonic() - t0, sent.nbytes, export_s, report, len(sent.fingerprints)))
-        msg, fields = sync_event(version, out, report, c.trigger or self.trigger, type(self.weight_sync).__name__)
+        msg, fields = sync_event(version, out, report, self.loop.next_trigger, type(self.weight_sync).__name__)
         self.controller.record_event.remote(self._ev("info", "sync", msg, **fields))
         return out
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from engine.loop.commands import Abort, Dispatch, NeedPrompts, Put, Resume, SetQueueBound, ValidationDone
+from engine.loop.knobs import KnobChange
 from engine.loop.rollout import RolloutLoop, RolloutParams
 from engine.loop.stream import PromptStream
 from engine.types import GenResult, Prompt
@@ -25,8 +28,19 @@ def _answer(d: Dispatch, reason: str = "stop", tokens: int = 3, version: int = 0
 def test_a_raised_interval_raises_the_budget_and_the_queue_bound_at_once() -> None:
     loop = _loop()
     assert loop.budget.limit == 3
-    cmds = loop.set_trigger(4)
-    assert loop.budget.limit == 12 and SetQueueBound(12) in cmds
+    # the trainer applied it: the rollouter follows the applied value through its inbox (not owned, no ack)
+    cmds = loop.knob(KnobChange("trigger_parameter_sync_step", 4, 1, owned=False))
+    assert loop.budget.limit == 12 and cmds == [SetQueueBound(12)]
+
+
+def test_in_sync_mode_a_followed_interval_waits_for_the_sync_the_trainer_takes_it_at() -> None:
+    loop = _loop()
+    loop.p = dataclasses.replace(loop.p, sync_mode=True)
+    assert loop.knob(KnobChange("trigger_parameter_sync_step", 4, 1, owned=False)) == []
+    assert loop.budget.trigger == 1  # this version's cycle is generated for the interval it started with
+    loop.begin_sync(1, 1)
+    loop.finish_sync(1, 1)
+    assert loop.budget.trigger == 4 and loop.queue_bound == loop.budget.limit
 
 
 def test_a_sync_aborts_training_work_but_never_validation() -> None:

@@ -4,6 +4,8 @@ Each regression test also shows the simulator catching the bug when the fix is t
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -12,8 +14,10 @@ from typer.testing import CliRunner
 from asyncrl_cli.app import app
 from engine.loop.commands import PollControl, Sync
 from engine.loop.dispatch import DispatchTable
-from engine.loop.knobs import ROLLOUTER, ROUTES, KnobChange, Route
+from engine.control.knob_table import KNOBS
+from engine.loop.knobs import KnobChange
 from engine.loop.rollout import RolloutLoop, RolloutParams
+from engine.loop.rollout_knobs import RolloutKnobs
 from engine.loop.sim.checks import Checker
 from engine.loop.sim.runner import run_scenario
 from engine.loop.sim.scenario import Action, Scenario, draw
@@ -185,7 +189,7 @@ def test_the_reported_staleness_bound_follows_a_live_threshold(monkeypatch) -> N
     out = run_scenario(_threshold_change())
     assert out.finished and not out.violations
     # the bug it guards: the trainer reported the bound of the initial threshold for the whole run
-    monkeypatch.setattr("engine.loop.knobs.ROUTES", {**ROUTES, "staleness_threshold": Route(ROLLOUTER)})
+    monkeypatch.setitem(KNOBS, "staleness_threshold", dataclasses.replace(KNOBS["staleness_threshold"], followers=()))
     assert any("bound" in v for v in run_scenario(_threshold_change()).violations)
 
 
@@ -267,10 +271,28 @@ def test_the_owed_sync_reports_the_groups_the_trainer_holds() -> None:
     tr.start()
     assert tr.pulled(["g1", "g2"], closed=False) == [PollControl()]  # half a batch: the trainer polls, then pulls
     cmds = tr.control([KnobChange("trigger_parameter_sync_step", 1, 1, True)], [])
-    assert cmds[-1] == Sync(1, None, False, held=2)
+    assert cmds[-1] == Sync(1, False, held=2)
     ro = RolloutLoop(RolloutParams(n=1, max_new_tokens=4, required_samples=4, staleness_threshold=0.0, trigger=1,
                                    partial_rollout=False, seqs_per_call=1), PromptStream(1, 8), [], 1)
     ro.queue_seen(1)
     ro.begin_sync(1, 1)
     ro.finish_sync(1, 1, held=2)
     assert ro.budget.staleness_samples == 3
+
+
+def _sync_mode_interval(old: int, new: int) -> Scenario:
+    return Scenario(seed=3, n=2, ppo_mini_batch_size=2, trigger=old, staleness_threshold=0.0, total_prompts=64,
+                    mode="sync", actions=[Action(0.4, "trigger_parameter_sync_step", new)])
+
+
+@pytest.mark.parametrize("old,new", [(1, 4), (4, 1)])
+def test_in_sync_mode_the_rollouter_follows_a_live_interval_at_the_sync_the_trainer_takes_it(
+    monkeypatch, old: int, new: int
+) -> None:
+    """The rollouter follows the applied interval through its inbox (no side channel); in sync mode it holds it until
+    the sync the trainer acknowledged it with, so each cycle is generated for the interval it is trained with."""
+    out = run_scenario(_sync_mode_interval(old, new))
+    assert out.finished and not out.violations, out.violations
+    monkeypatch.setattr(RolloutKnobs, "take_held_trigger", lambda self: None)  # the rollouter never takes it
+    broken = run_scenario(_sync_mode_interval(old, new)).violations
+    assert any(("deadlock" if new > old else "sync-mode") in v for v in broken), broken

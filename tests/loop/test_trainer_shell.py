@@ -12,6 +12,7 @@ import pytest
 import ray
 
 from engine.control.core import ControllerCore
+from engine.loop.knobs import ROLLOUTER, KnobChange, KnobInbox
 from engine.plan.roles import RunIdentity
 from engine.plan.run_plan import resolve_plan
 from engine.types import Prompt, Trajectory, TrajectoryGroup
@@ -52,13 +53,11 @@ class FakeQueue:
 
 class FakeRollouter:
     def __init__(self) -> None:
-        self.syncs: list[tuple[int, bool, int | None]] = []
-        self.triggers: list[int] = []
+        self.syncs: list[tuple[int, bool]] = []
         self.released: list[tuple[list, str]] = []
 
-    def update_weights(self, version: int, refs: list, step: int, cut: bool, trigger: int | None,
-                       held: int = 0) -> dict:
-        self.syncs.append((version, cut, trigger))
+    def update_weights(self, version: int, refs: list, step: int, cut: bool, held: int = 0) -> dict:
+        self.syncs.append((version, cut))
         out = {"asyncrl/sync/pause_s": 0.0, "asyncrl/sync/transfer_s": 0.0, "receipts": {}}
         if cut:
             out["snapshot"] = self.snapshot(False)
@@ -78,9 +77,6 @@ class FakeRollouter:
 
     def report(self, step: int) -> dict:
         return {}
-
-    def set_trigger(self, trigger: int) -> None:
-        self.triggers.append(trigger)
 
     def allow(self, need: int) -> None: ...
 
@@ -135,7 +131,7 @@ def test_the_shell_trains_syncs_and_cuts_checkpoints_as_the_core_says(shell, tmp
     core.ack_knob("staleness_threshold", 1, 0)  # the rollouter applied it
     out = t.fit()
     assert (out["local_step"], out["version"]) == (3, 3)
-    assert rollouter.syncs == [(1, False, None), (2, True, None), (3, False, None)]
+    assert rollouter.syncs == [(1, False), (2, True), (3, False)]
     records = [r for r in core.snapshot()["metrics"] if "training/global_step" in r]
     assert [r["training/global_step"] for r in records] == [1, 2, 3]
     assert {r["asyncrl/staleness/bound"] for r in records} == {2.0}  # the value in force, not the initial 0.5
@@ -151,7 +147,9 @@ def test_a_live_interval_and_a_stop_reach_the_actor_only_through_the_core(shell)
     core.request_action("stop")
     out = t.fit()
     assert out["local_step"] == 0 and out["version"] == 0  # the stop is taken at the first boundary
-    assert rollouter.triggers == [2] and core.get_knobs()["trigger_parameter_sync_step"]["applied_value"] == 2
+    assert core.get_knobs()["trigger_parameter_sync_step"]["applied_value"] == 2
+    # the rollouter is not called: it follows the applied interval through its inbox, as the trainer follows staleness
+    assert KnobInbox(ROLLOUTER).take(core.get_knobs()) == [KnobChange("trigger_parameter_sync_step", 2, 1, False)]
 
 
 def test_dynamic_sampling_drops_uniform_groups_releases_them_and_trains_full_steps(shell, tmp_path) -> None:

@@ -197,7 +197,7 @@ async def test_read_only_hides_and_refuses_every_mutation(core: ControllerCore, 
         for key in ("s", "t", "p", "c"):
             await pilot.press(key)
             assert not isinstance(app.screen, (KnobInputScreen, ConfirmScreen))
-        await app.run_action("set_sync_interval")
+        await app.run_action("knob('trigger_parameter_sync_step')")
         app.action_stop_run()
         assert app.last_result == {"ok": False, "reason": "read-only session: changes are disabled"}
         names = [name for name, _, _ in palette_commands(app)]

@@ -1,4 +1,4 @@
-"""The `?` help screen: keys, what each knob does, and what read-only means."""
+"""The `?` help screen: keys, what each knob does (both from the knob table), and what read-only means."""
 
 from __future__ import annotations
 
@@ -8,16 +8,21 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Markdown
 
-from engine.control.knobs import KNOB_SPECS
+from engine.control.knob_table import KNOBS
 
-KEYS_MUTATING = """\
-| key | action |
-|---|---|
-| `s` | change the sync interval (`trigger_parameter_sync_step`) — validated, then confirmed |
-| `t` | change the staleness threshold |
-| `p` | pause / resume generation (confirmed) |
-| `c` | checkpoint now (confirmed) |
-"""
+def keys_mutating() -> str:
+    """The mutating keys: one row per knob of the table with a key, then checkpoint."""
+    rows = ["| key | action |", "|---|---|"]
+    for k in KNOBS.values():
+        if not k.key:
+            continue
+        if k.kind is bool:
+            rows.append(f"| `{k.key}` | {k.verb(True).lower()} / {k.verb(False).lower()} (`{k.name}`, confirmed) |")
+        else:
+            rows.append(f"| `{k.key}` | change the {k.label().lower()} (`{k.name}`) — validated, then confirmed |")
+    rows.append("| `c` | checkpoint now (confirmed) |")
+    return "\n".join(rows) + "\n"
+
 
 KEYS_COMMON = """\
 | key | action |
@@ -34,14 +39,14 @@ def help_markdown(read_only: bool) -> str:
     """The help text; the mutating keys are listed only when changes are allowed."""
     knobs = "\n".join(
         f"- **{s.name}** ({s.range_text()}): {s.description}; applies {s.applies}."
-        for s in KNOB_SPECS.values()
+        for s in KNOBS.values()
     )
     parts = ["# asyncrl dashboard", KEYS_COMMON]
     if read_only:
         parts.append("**Read-only:** this session cannot change the run (no knob, pause or checkpoint keys).")
     else:
         parts += [
-            KEYS_MUTATING,
+            keys_mutating(),
             "## Knobs",
             knobs,
             "Every change is compare-and-set: if someone else changed the knob after you opened the "

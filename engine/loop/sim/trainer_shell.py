@@ -12,7 +12,7 @@ from collections import deque
 from typing import Any
 
 from engine.loop.commands import (
-    AckKnob, Allow, AskOutstanding, Checkpoint, Drop, Event, Finish, PollControl, Pull, Record, SetTrigger,
+    AckKnob, Allow, AskOutstanding, Checkpoint, Drop, Event, Finish, PollControl, Pull, Record,
     Sync, Train,
 )
 from engine.loop.knobs import TRAINER
@@ -75,9 +75,6 @@ class SimTrainer:
             return tr.outstanding(min(outstanding, default=None))
         if isinstance(c, Allow):
             self._execute(self.rollout.allow(c.need))
-            return []
-        if isinstance(c, SetTrigger):
-            self._execute(self.rollout.set_trigger(c.value))
             return []
         if isinstance(c, AckKnob):
             self._ack(c)
@@ -167,8 +164,6 @@ class SimTrainer:
             if r.alive:
                 r.version = sync.version
         self.trainer_busy += self.s.sync_cost
-        if sync.trigger is not None:
-            self._execute(self.rollout.set_trigger(sync.trigger))
         self._execute(self.rollout.finish_sync(sync.version, self.trainer.local_step, sync.held))
         if sync.cut:
             self._cut = self._rollout_cut()

@@ -403,6 +403,7 @@ class World(SimTrainer, SimReplicas, SimTools):
     def _ack(self, c: AckKnob) -> None:
         self.controller.ack_knob(c.name, c.version, self.trainer.local_step)
         self.check.on_knob_applied(c.name, self.controller.get_knobs()[c.name]["applied_value"])
+        self._poll_rollout_knobs()  # a follower takes the applied value (the Ray rollouter: at its next poll)
 
     def _fail(self, reason: str) -> None:
         self.failure = reason

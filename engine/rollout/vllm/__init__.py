@@ -1,6 +1,8 @@
 """The `vllm` rollout engine: a vLLM AsyncLLM inside the replica (vLLM is imported only inside these modules).
 
-    backend.py        `VLLMRolloutBackend` (engine arguments, generate, pause/resume, weight loading)
+    backend.py        `VLLMRolloutBackend` (generate, pause/resume, weight loading)
+    engine_args.py    the engine arguments of one replica on its device; the EOS ids it stops on
+    requests.py       one request in flight, request checks, the image-placeholder collapse
     compat.py         what the installed vLLM release supports (keep-pause, layer-wise reload)
     loop_thread.py    the asyncio loop thread the backend drives vLLM from
     selftest.py       the resume-continuity self-test (an abort or keep-pause loses no token)

