@@ -313,6 +313,19 @@ def rollout_memory(cfg: RunConfig, m: ModelShape, memory: float, device: str) ->
         "memory_gb": memory / GB, "device": device})
 
 
+def export_bytes(cfg: RunConfig) -> int:
+    """b_r: bytes per parameter of the weight export — the replicas' dtype (`rollout.dtype`, else `model.dtype`),
+    which both backends cast to before a tensor is bucketed (`engine.runtime.backends.rollout_dtype`)."""
+    return _bytes(cfg.rollout.dtype, _bytes(cfg.model.dtype, 4))
+
+
+def sync_bytes(params_total: float, param_bytes: int) -> float:
+    """Bytes one weight sync moves to every replica: each parameter once, in the export dtype, B = P·b_r
+    (Qwen3-VL-8B in bf16: 8.77·10⁹ × 2 = 17.5 GB). `asyncrl plan`'s sync term (`engine.predict.costs`) and
+    `asyncrl rehearse`'s check of the bytes the export really yields use this one formula."""
+    return float(params_total) * param_bytes
+
+
 def checkpoint_bytes(cfg: RunConfig, m: ModelShape) -> float:
     """One checkpoint's size on disk: the trainer's save (its JSON files are small beside it). torch: the
     weights and AdamW's m and v in the parameters' dtype, 3·P·b_p (the tiny model: 5.95 MB predicted, 6.0 MB

@@ -14,7 +14,8 @@ Sources, in order (a later one only fills what an earlier one left empty):
     training, fixed per local step                prompt tokens of the step × c + 16·P_total / (W · BW · η_bw)
                                                   (a group's prompt counted n times, or once where the trainer
                                                   shares it: `engine.plan.prompt_sharing.group_pays`)
-    weight sync (the engine's pipeline, `engine.sync`)  with B = 2·P_total bytes (bf16), n = ⌈B / bucket⌉:
+    weight sync (the engine's pipeline, `engine.sync`)  with B = P_total·b_r bytes (`engine.plan.memory.
+        sync_bytes`: the export dtype, bf16 for the production presets), n = ⌈B / bucket⌉:
         gather   = B·(1 − 1/g) / gather bandwidth     (TP·EP shards to the sender, g = trainer TP·EP; NVLink)
         transfer = B / link bandwidth                 (the sender's link to the replicas; a broadcast is
                                                       pipelined, so the number of receivers does not count)
@@ -40,6 +41,7 @@ from engine.plan.sizes import (
     rollout_replicas,
     trainer_world,
 )
+from engine.plan.memory import export_bytes, sync_bytes
 from engine.plan.prompt_sharing import group_pays, may_share
 
 if TYPE_CHECKING:
@@ -109,6 +111,8 @@ class Layout:
     back whole (asyncrl's loop before it streamed); a server with continuous batching that takes each prompt
     on its own (asyncrl's streaming rollouter, verl's `concurrent_samples_per_replica`) is that many.
     `from_config` takes asyncrl's (`plan_slots`)."""
+    sync_param_bytes: int = 2
+    """b_r: bytes per parameter a weight sync moves (`engine.plan.memory.export_bytes`: the replicas' dtype)."""
     colocated: bool = False
     """Trainer and rollout on the same accelerators (verl's colocate baseline, `engine.predict.prediction.
     colocated_layout`): a training step waits until generation is done."""
@@ -140,7 +144,7 @@ class Layout:
             total_versions=total_versions, log_prob_passes=passes, device=device,
             slots=plan_slots(max(r.n, r.max_num_seqs), r.n, rollout_replicas(cfg), max_required_samples(cfg)),
             trainer_ep=t.ep if t.backend == "megatron" else 1,
-            shared_prompt=may_share(cfg),
+            shared_prompt=may_share(cfg), sync_param_bytes=export_bytes(cfg),
         )
 
 
@@ -237,7 +241,7 @@ def estimate(layout: Layout, facts: Any, hw: Any) -> tuple[dict[str, float], lis
 
 def sync_pipeline(p_total: float, layout: Layout, interconnect: str, mem_bw: float) -> tuple[float, dict[str, float]]:
     """The weight sync's time from its terms (module docstring): (seconds, the terms by name)."""
-    nbytes = 2.0 * p_total
+    nbytes = sync_bytes(p_total, layout.sync_param_bytes)
     g = max(1, layout.trainer_model_parallel * layout.trainer_ep)
     gather = nbytes * (1 - 1 / g) / (SYNC_GATHER_GBPS.get(interconnect, 150.0) * 1e9)
     link = SYNC_LINK_GBPS.get(interconnect, 45.0)
