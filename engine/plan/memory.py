@@ -47,7 +47,7 @@ parallel) on Megatron, T on torch:
                     H heads × S² per row of S = max_prompt + max_response, B = T/S rows, for L layers (1 with
                     recompute): L·H·T·S·(4 + b_c) — counted from the kernel's saved tensors, not calibrated
 
-c_h, c_i, c_m, c_ck, c_t, c_v (and c_tail, `engine.plan.memory_torch`) are measured, not guessed: `python -m benchmarks memory-model` runs real HF
+c_h, c_i, c_m, c_ck, c_t, c_v (and c_tail, c_bwd: `engine.plan.memory_torch`) are measured, not guessed: `python -m benchmarks memory-model` runs real HF
 Qwen2 / Qwen3-MoE slices at the presets' real widths on this CPU and writes `_calibration/activations.json`
 (shipped with the package). Megatron's selective recompute is counted as no recompute (not measured: an upper
 bound). Host-side terms (the π_prox snapshot in decoupled mode, P·b_p/W, pinned CPU memory; the weight-sync

@@ -22,9 +22,10 @@ The rank's peak is the saved activations plus the largest of three moments:
                     copy (4) (`engine.trainer.logprobs.token_log_probs`)
     head backward   tail + T_h·V·c_v + V·h·b_c: the recomputed chunk's backward (c_v calibrated) and the output
                     head's unsharded weight gradient in b_c
-    layer rebuild   recompute only: T·a + c_t·(layer params)·b_c + V·h·b_c: one layer's activations rebuilt in
-                    the backward, its weight gradient being accumulated, the output head's gradient (held until
-                    the root's reduce-scatter at the end of the backward)
+    layer rebuild   recompute only: T·(a + c_bwd·I·b_c/2) + c_t·(layer params)·b_c + V·h·b_c: one layer's
+                    activations rebuilt in the backward and its backward's temporaries (c_bwd measured, per token
+                    per unit of MLP width: the MLP's gradients dominate), its weight gradient being accumulated, the
+                    output head's gradient (held until the root's reduce-scatter at the end of the backward)
 
 The no-grad log-prob passes (π_prox in decoupled mode, the KL reference) keep nothing: their moment is one
 layer's working set of their micro-batch, T_lp·a (an upper bound), or the head without grad,
@@ -63,13 +64,15 @@ def torch_activation_terms(m: ModelShape, *, tokens: float, head_tokens: float, 
     head_fwd = head_tokens * m.vocab * (b_c + ENTROPY_BYTES + vl)
     head_bwd = head_tokens * m.vocab * c["c_v"] + head_grad
     head = max(head_fwd, head_bwd)
-    rebuild = tokens * a + c["c_t"] * layer_params(m) * b_c + head_grad if recompute else 0.0
+    mlp = m.experts_per_token * m.moe_intermediate if m.is_moe else m.intermediate
+    rebuilt = tokens * (a + c["c_bwd"] * mlp * b_c / 2)
+    rebuild = rebuilt + c["c_t"] * layer_params(m) * b_c + head_grad if recompute else 0.0
     if tail + head >= rebuild:
         moment = "head forward" if head_fwd >= head_bwd else "head backward"
         terms = {"activations": saved, "activation_tail": tail, "logprob_head": head}
     else:
         moment = "layer rebuild"
-        terms = {"activations": saved, "layer_rebuild": tokens * a,
+        terms = {"activations": saved, "layer_rebuild": rebuilt,
                  "backward_transient": c["c_t"] * layer_params(m) * b_c, "head_gradient": head_grad}
     lp = max(lp_tokens * a, lp_head_tokens * m.vocab * (b_c + NO_GRAD_HEAD_BYTES + vl)) if log_prob_passes else 0.0
     details = {"peak_moment": moment, "head_bytes": head, "head_forward_bytes": head_fwd,

@@ -29,7 +29,7 @@ def _predict(path: Path, *overrides: str):
 
 def test_the_shipped_calibration_is_a_measured_table() -> None:
     cal = calibration()
-    assert CALIBRATION.exists() and set(cal["coefficients"]) == {"c_h", "c_i", "c_m", "c_ck", "c_t", "c_v", "c_tail"}
+    assert CALIBRATION.exists() and set(cal["coefficients"]) == {"c_h", "c_i", "c_m", "c_ck", "c_t", "c_v", "c_tail", "c_bwd"}
     assert all(v > 0 for v in cal["coefficients"].values())
 
 
