@@ -22,7 +22,7 @@ VTORCHVISION_0.13.0 := torchvision==0.24.1
 VTORCHVISION := $(VTORCHVISION_$(VLLM))
 PYTEST_FLAGS ?= -q --durations=25
 
-.PHONY: install demo lint test test-fast test-slow test-vllm vllm-venv test-all soak clean
+.PHONY: install demo lint test test-fast rehearse test-slow test-vllm vllm-venv test-all soak clean
 
 # torch first and pinned: the CPU build of 2.13.0 is what the machine serves; an unpinned torch would pull CUDA.
 $(STAMP): pyproject.toml Makefile
@@ -45,11 +45,19 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) scripts/check_file_lengths.py
 
-# Lint, the default suite (slow, GPU and vLLM tests excluded), then the vLLM suite in its own venv.
-test: lint test-fast test-vllm
+# Lint, the default suite (slow, GPU and vLLM tests excluded), the production presets' rehearsals, then the vLLM
+# suite in its own venv.
+test: lint test-fast rehearse test-vllm
 
 test-fast: $(STAMP)
 	$(PY) -m pytest $(PYTEST_FLAGS) -m "not slow and not gpu and not vllm"
+
+# The six production presets (presets/runs/qwen*.toml) rehearsed at full scale on fake tensors (issue 43,
+# `asyncrl rehearse`): each exits 0 — every role built and stepped, no device over its memory, no node over its
+# host RAM — and the memory model's per-rank device peak is within 15 % of the rehearsed one.
+REHEARSE_TESTS := tests/rehearse/test_rehearse.py::test_production_preset_rehearses
+rehearse: $(STAMP)
+	$(PY) -m pytest $(PYTEST_FLAGS) $(REHEARSE_TESTS)
 
 # The slow suite, then the vLLM suite against the seed stack's vLLM (0.13.0).
 test-slow: $(STAMP)

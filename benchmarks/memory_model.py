@@ -299,6 +299,48 @@ def run(size_name: str, out_dir: Path) -> dict[str, Any]:
     return publish(result, started, out_dir, draw)
 
 
+def measure_tail(layers: tuple[int, int] = (2, 4), tokens: int = 30720, chunk: int = 4096) -> dict[str, float]:
+    """c_tail (`engine.plan.memory_torch`), measured on fake tensors with torch's `MemTracker` (exact tensor
+    bytes, as `asyncrl rehearse` counts them; nothing is computed, so a 7B-width slice costs seconds): the forward
+    peak of the chunked head over one `tokens`-token row through HF Qwen2 slices at Qwen2.5-7B's width with
+    per-layer checkpointing, at two depths. The slope per layer is the checkpointed input (h·2 bytes per token);
+    the intercept less the head chunk's forward (`chunk`·V·18 bytes, entropy on) is the tail, per token per unit
+    of width. `python -c "from benchmarks.memory_model import measure_tail; print(measure_tail())"`."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from engine.trainer.logprobs import response_log_probs
+    from engine.trainer.torch_trainer import enable_recompute
+
+    h, vocab, prompt = Q7B["hidden"], 152064, 2048
+    peaks = []
+    for n in layers:
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        cfg = Qwen2Config(vocab_size=vocab, hidden_size=h, intermediate_size=Q7B["intermediate"], num_hidden_layers=n,
+                          num_attention_heads=Q7B["heads"], num_key_value_heads=Q7B["kv_heads"],
+                          tie_word_embeddings=False, attn_implementation="sdpa")
+        with mode:
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        enable_recompute(model)
+        model.train()
+        ids = torch.randint(1, 1000, (1, tokens))
+        tracker = MemTracker()
+        tracker.track_external(model)
+        with mode, tracker:
+            response_log_probs(model, ids, torch.ones_like(ids), torch.arange(tokens)[None], ids[:, prompt:], 1.0,
+                               True, False, chunk_tokens=chunk)
+            snap = tracker.get_tracker_snapshot("peak")
+        peak = sum(int(v) for d in snap.values() for k, v in d.items() if str(k).endswith("ACT"))
+        peaks.append(peak)
+    per_layer = (peaks[1] - peaks[0]) / (layers[1] - layers[0])
+    intercept = peaks[0] - layers[0] * per_layer
+    tail = intercept - chunk * vocab * 18
+    return {"per_layer_bytes_per_token_width": per_layer / (tokens * h), "c_tail": tail / (tokens * h),
+            "forward_peaks": peaks}
+
+
 if __name__ == "__main__":
     spec = json.loads(sys.argv[1])
     out = _measure_head(spec) if spec["kind"] == "head" else _measure_slice(spec)

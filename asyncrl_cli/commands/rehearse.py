@@ -59,7 +59,7 @@ def _gb(n: float | int | None) -> str:
     return "—" if n is None else f"{n / GB:.1f}"
 
 
-def render(report: Any, gpn: int) -> None:
+def render(report: Any) -> None:
     con = stdout_console()
     lay = ", ".join(f"{k} {v}" for k, v in report.layout.items())
     con.print(f"[bold]rehearsal[/] {escape(report.name)}: {report.backend} trainer on {report.world} × "
@@ -71,7 +71,8 @@ def render(report: Any, gpn: int) -> None:
                   f"{mb['positions']} positions (budget {mb['budget']})")
     table = Table(title="trainer ranks (device: fake tensors at real shapes; host: what the code holds)")
     for col in ("rank class", "ranks", "device peak GB", "memory model GB", "model vs rehearsed",
-                "host at start GB", "per node GB", "host at export GB", "host at save GB", "sync"):
+                "host at start GB", "host resident GB", "host at export GB", "host at save GB", "host peak GB",
+                "sync"):
         table.add_column(col, justify="left" if col in ("rank class", "ranks", "sync") else "right")
     for cls in report.ranks:
         diff = comparison(cls.device_peak, report.model_memory, cls.model_excludes)
@@ -83,7 +84,8 @@ def render(report: Any, gpn: int) -> None:
         table.add_row(escape(cls.name), cls.ranks, _gb(cls.device_peak),
                       _gb(modelled(report.model_memory, cls.model_excludes)),
                       f"{style}{diff:+.0%}" if diff is not None else "—", _gb(cls.host_start),
-                      _gb(cls.host_start * gpn), _gb(cls.host_export), _gb(cls.host_save), escape(sync_text))
+                      _gb(cls.host_resident), _gb(cls.host_export), _gb(cls.host_save), _gb(cls.host_peak),
+                      escape(sync_text))
     con.print(table)
     for cls in report.ranks:
         peaks = ", ".join(f"{k} {_gb(v)}" for k, v in cls.phase_peaks.items())
@@ -94,6 +96,15 @@ def render(report: Any, gpn: int) -> None:
             cls.notes.append(f"compared without the memory model's {', '.join(cls.model_excludes)} (not rehearsed)")
         for note in cls.notes:
             con.print(f"    [dim]{escape(note)}[/]")
+    for node in report.nodes:
+        ram = f"of {_gb(node['host_memory'])} GB node RAM" if node["host_memory"] else "(no host_memory_gb declared)"
+        flag = "" if node["fits"] is not False else "[red] — over[/]"
+        con.print(f"  host memory, node {node['node']} (trainer ranks {node['ranks']}): {_gb(node['host_peak'])} GB "
+                  f"{ram}{flag}")
+    planned = report.model_memory.get("sync_bytes")
+    sent = next((c.sync for c in report.ranks if c.sync.get("bytes")), {})
+    if planned and sent:
+        con.print(f"  sync bytes: exported {_gb(sent['bytes'])} GB, `plan`'s formula P·b_r {_gb(planned)} GB")
     t = report.transport
     if t:
         con.print(f"  weight sync: {t['kind']} on {t['device']} ({t['backend'] or 'no collective'}), "
@@ -142,6 +153,10 @@ def command(
     say = None if json_ else (lambda what: err.print(f"[dim]rehearsing {escape(what)} …[/]"))
     report = rehearse(plan, json.loads(config_path.read_text()), progress=say)
     report.model_memory = model_memory(an)
+    if an.model is not None:
+        from engine.plan.memory import export_bytes, sync_bytes
+
+        report.model_memory["sync_bytes"] = sync_bytes(an.model.params_total, export_bytes(an.config))
     if json_:
         doc = report.to_json()
         doc["config_json"] = str(config_path)
@@ -149,7 +164,7 @@ def command(
                              for c in report.ranks}
         emit_json(doc)
     else:
-        render(report, an.config.resources.trainer.gpus_per_node)
+        render(report)
     if not report.ok:
         for f in report.failures:
             err.print(f"[bold red]rehearsal failed:[/] {escape(f.line())}")

@@ -42,6 +42,9 @@ class HardwarePreset(BaseModel):
     """Dense bf16 peak of one accelerator (for throughput estimates)."""
     memory_bandwidth_gbs: float | None = Field(None, gt=0)
     """Peak memory bandwidth of one accelerator in GB/s (`asyncrl plan`'s decode-cost estimate)."""
+    host_memory_gb: float | None = Field(None, gt=0)
+    """Host RAM of one node in GB (10⁹ bytes): `asyncrl rehearse` checks that no node's host peak (the sum of its
+    ranks' host peaks) exceeds it. None: not declared, not checked."""
     tested: bool = True
     """False when asyncrl has not been run on this hardware (validate adds a note)."""
     collective_env: dict[str, str] = Field(default_factory=dict)

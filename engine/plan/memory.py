@@ -11,13 +11,20 @@ Trainer rank, `torch` backend (FSDP2 over W = trainer_dp ranks, one rank = plain
 
     weights P·b_p/W   gradients P·b_p/W   optimizer (AdamW m, v) 2·P·b_p/W
     compute_copy      b_c < b_p: W = 1 → P·b_c (autocast's weight cache); W > 1 → 2 gathered layers in b_c
-                      (current + prefetched) + the embeddings; b_c = b_p and W > 1 → 2 gathered layers in b_p
+                      (current + prefetched) + the root unit (embeddings, and the output head when untied: V·h
+                      each); b_c = b_p and W > 1 → the same in b_p
+    gradients         sharded, resident from a rank's first micro-batch on: every micro-batch reduce-scatters
+                      (`engine.trainer.fsdp`), so no unsharded P·4 accumulates
     reference         with `use_kl_loss`: P·b_c/W, 0 with `trainer.ref_param_offload`
 
 `megatron` (tp, pp, cp, ep, etp; DP = W/(tp·pp·cp), expert DP = W/(ep·etp·pp)): the rank holds
 S = P_d/(tp·pp) + P_e/(ep·etp·pp) parameters — weights S·b_c, fp32 main gradients S·4, the distributed
 optimizer's fp32 master + m + v 12·(P_d/(tp·pp)/DP + P_e/(ep·etp·pp)/EDP) (in host memory with
 `trainer.optimizer_offload` on cuda), a frozen reference S·b_c.
+
+torch backend: the activation terms are `engine.plan.memory_torch`'s — the saved activations (per-layer
+checkpoints T·L·h·b_res with recompute, exact) plus the largest moment of the step (the head chunk's forward
+with the entropy metric or its backward, or one layer rebuilt in the backward); the terms below are Megatron's.
 
 Activations of the update micro-batch, T tokens (`ppo_max_token_len_per_gpu` with `use_dynamic_bsz` — a bound on
 the tokens the forward computes on: padded rows × longest row, `engine.trainer.minibatch.micro_batch_count`, or
@@ -45,7 +52,7 @@ is causal); its eager attention scores cover H/s heads of the full rows, H·T'·
                     H heads × S² per row of S = max_prompt + max_response, B = T/S rows, for L layers (1 with
                     recompute): L·H·T·S·(4 + b_c) — counted from the kernel's saved tensors, not calibrated
 
-c_h, c_i, c_m, c_ck, c_t, c_v are measured, not guessed: `python -m benchmarks memory-model` runs real HF
+c_h, c_i, c_m, c_ck, c_t, c_v (and c_tail, c_bwd: `engine.plan.memory_torch`) are measured, not guessed: `python -m benchmarks memory-model` runs real HF
 Qwen2 / Qwen3-MoE slices at the presets' real widths on this CPU and writes `_calibration/activations.json`
 (shipped with the package). Megatron's selective recompute is counted as no recompute (not measured: an upper
 bound). Host-side terms (the π_prox snapshot in decoupled mode, P·b_p/W, pinned CPU memory; the weight-sync
@@ -87,12 +94,19 @@ TERMS = {
     "weights": "this rank's parameters (torch: P·b_p/W, fp32 masters; megatron: the tp/pp/ep·etp shard in b_c)",
     "gradients": "gradients of those parameters (torch: P·b_p/W; megatron: fp32 main grads of the shard)",
     "optimizer": "AdamW m and v (torch: 2·P·b_p/W; megatron distributed optimizer: fp32 master + m + v over DP)",
-    "compute_copy": "compute-dtype copies (1 rank: autocast's weight cache; FSDP2: 2 gathered layers + embeddings)",
+    "compute_copy": "compute-dtype copies (1 rank: autocast's weight cache; FSDP2: 2 gathered layers + the root: "
+                    "embeddings and an untied output head)",
     "reference": "the frozen KL reference in b_c (no gradients, no optimizer; host memory with ref_param_offload)",
     "activations": "saved activations of the update micro-batch (calibrated per token per layer, recompute-aware)"
                    ", or the log-prob pass's working set if larger",
     "backward_transient": "a weight gradient being accumulated in the backward (calibrated, per layer)",
-    "logprob_head": "fp32 log-softmax and its gradient over min(logprob_chunk_tokens, response tokens) × V/tp",
+    "logprob_head": "the log-prob head over min(logprob_chunk_tokens, response tokens) × V/tp: fp32 log-softmax "
+                    "and its gradient (torch: the larger of the chunk's forward with the entropy metric and its "
+                    "backward with the head's weight gradient)",
+    "activation_tail": "the final norm's saved tensors and the head's input (c_tail; torch), until the head's backward",
+    "layer_rebuild": "one decoder layer's activations rebuilt in the backward (recompute; torch's peak moment)",
+    "head_gradient": "the output head's unsharded weight gradient in the compute dtype (torch, until the root's "
+                     "reduce-scatter)",
     "moe_dispatch": "Megatron MoE token dispatcher: permuted input and output, 2·T'·k·h·b_c",
     "attention_scores": "eager attention: the softmax probabilities (fp32 and compute dtype) of every layer, H·T·S per layer",
     "prox_snapshot": "π_prox snapshot of this rank's parameters (decoupled mode; pinned host memory)",
@@ -267,29 +281,43 @@ def trainer_memory(cfg: RunConfig, m: ModelShape, world: int, capacity: float, d
         terms["weights"] = p * b_p / world
         terms["gradients"] = p * b_p / world
         terms["optimizer"] = 2 * p * b_p / world
-        embed = m.vocab * m.hidden
+        root = m.vocab * m.hidden * (1 if getattr(m, "tied", True) else 2)  # embeddings (+ an untied head)
         if b_c < b_p:
-            terms["compute_copy"] = p * b_c if world == 1 else (2 * layer_params(m) + embed) * b_c
+            terms["compute_copy"] = p * b_c if world == 1 else (2 * layer_params(m) + root) * b_c
         elif world > 1:
-            terms["compute_copy"] = 2 * layer_params(m) * b_p
+            terms["compute_copy"] = (2 * layer_params(m) + root) * b_p
         if t.use_kl_loss:
             (host if t.ref_param_offload else terms)["reference"] = p * b_c / world
         sp = t.ulysses_sequence_parallel_size if world % t.ulysses_sequence_parallel_size == 0 else 1
         tokens = tokens * sp if t.use_dynamic_bsz else tokens  # an SP group's micro-batch (verl's budget × s)
         shard_tokens, tp, dp_share = tokens / sp, 1, world // sp
         recompute, group = t.enable_gradient_checkpointing, 1
-    update_act = activation_bytes(m, shard_tokens, m.layers, recompute, b_c, cal, group)
+    seq = d.max_prompt_length + d.max_response_length
     # the no-grad log-prob passes keep one layer's working set of their (larger) micro-batch at a time
     lp_tokens = log_prob_tokens(cfg) * shard_tokens / max(tokens, 1)  # split as the update's (cp·tp)
-    lp_act = activation_per_token_layer(m, b_c, cal) * lp_tokens
-    terms["activations"] = max(update_act, lp_act)
-    terms["backward_transient"] = transient_bytes(m, b_c, cal)
-    seq = d.max_prompt_length + d.max_response_length
+    response_tokens = shard_tokens * tp * d.max_response_length / seq
+    moment: dict[str, Any] = {}
+    if t.backend == "megatron":
+        update_act = activation_bytes(m, shard_tokens, m.layers, recompute, b_c, cal, group)
+        lp_act = activation_per_token_layer(m, b_c, cal) * lp_tokens
+        terms["activations"] = max(update_act, lp_act)
+        terms["backward_transient"] = transient_bytes(m, b_c, cal)
+        terms["logprob_head"] = head_bytes(min(t.logprob_chunk_tokens, response_tokens), m.vocab // tp, cal)
+        moment["activations_from"] = "update" if update_act >= lp_act else "log-prob pass"
+    else:  # the update's saved activations and its largest moment (`engine.plan.memory_torch`)
+        from engine.plan.memory_torch import torch_activation_terms
+
+        rc = cfg.algorithm.rollout_correction
+        act, moment = torch_activation_terms(
+            m, tokens=shard_tokens, head_tokens=min(t.logprob_chunk_tokens, response_tokens), lp_tokens=lp_tokens,
+            lp_head_tokens=min(t.logprob_chunk_tokens, lp_tokens * d.max_response_length / seq),
+            recompute=recompute, b_c=b_c, b_res=b_p if world == 1 else b_c,
+            vision=getattr(m, "params_vision", 0) > 0, log_prob_passes=int(not rc.bypass_mode) + int(t.use_kl_loss),
+            cal=cal)
+        terms.update(act)
     if t.backend != "megatron" and eager_attention(cfg, seq):
         held = 1 if recompute else m.layers
         terms["attention_scores"] = held * m.heads * shard_tokens * seq * (4 + (b_c if b_c < 4 else 0))
-    response_tokens = shard_tokens * tp * d.max_response_length / seq
-    terms["logprob_head"] = head_bytes(min(t.logprob_chunk_tokens, response_tokens), m.vocab // tp, cal)
     if not cfg.algorithm.rollout_correction.bypass_mode:  # decoupled: π_prox snapshot of this rank's shards
         host["prox_snapshot"] = terms["weights"] * (b_p / b_c if t.backend == "megatron" else 1)
     host["weight_sync_bucket"] = cfg.rollout.weight_sync_bucket_mb * 2**20
@@ -302,7 +330,7 @@ def trainer_memory(cfg: RunConfig, m: ModelShape, world: int, capacity: float, d
     return RoleMemory("trainer", terms, capacity, total <= capacity, host, {
         "tokens_per_micro_batch": tokens, "token_count": token_count(cfg), "tokens_per_rank": round(shard_tokens), "world": world,
         "log_prob_tokens_per_micro_batch": log_prob_tokens(cfg),
-        "activations_from": "update" if update_act >= lp_act else "log-prob pass",
+        **moment,
         "data_parallel": dp_share, "recompute": recompute, "compute_bytes": b_c, "param_bytes": b_p,
         "use_dynamic_bsz": t.use_dynamic_bsz, "precision": policy.describe(),
         "calibration": cal.get("source", str(CALIBRATION.name))})
@@ -335,6 +363,19 @@ def rollout_memory(cfg: RunConfig, m: ModelShape, memory: float, device: str) ->
         "replica_gpus": replica.replica_gpus(cfg), "replica": replica.describe(cfg),
         "quantization": r.quantization,
         "memory_gb": memory / GB, "device": device})
+
+
+def export_bytes(cfg: RunConfig) -> int:
+    """b_r: bytes per parameter of the weight export — the replicas' dtype (`rollout.dtype`, else `model.dtype`),
+    which both backends cast to before a tensor is bucketed (`engine.runtime.backends.rollout_dtype`)."""
+    return _bytes(cfg.rollout.dtype, _bytes(cfg.model.dtype, 4))
+
+
+def sync_bytes(params_total: float, param_bytes: int) -> float:
+    """Bytes one weight sync moves to every replica: each parameter once, in the export dtype, B = P·b_r
+    (Qwen3-VL-8B in bf16: 8.77·10⁹ × 2 = 17.5 GB). `asyncrl plan`'s sync term (`engine.predict.costs`) and
+    `asyncrl rehearse`'s check of the bytes the export really yields use this one formula."""
+    return float(params_total) * param_bytes
 
 
 def checkpoint_bytes(cfg: RunConfig, m: ModelShape) -> float:

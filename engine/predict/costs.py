@@ -18,8 +18,9 @@ Sources, in order (a later one only fills what an earlier one left empty):
     training, fixed per local step                prompt tokens of the step × c + 16·P_total / (W · BW · η_bw)
                                                   (a group's prompt counted n times, or once where the trainer
                                                   shares it: `engine.plan.prompt_sharing.group_pays`)
-    weight sync (the engine's pipeline, `engine.sync`)  with B = 2·P_total bytes (bf16; fp8 rollout weights:
-                                                  (P − E)·(1 + 4/128²) + 2·E, E = embedding + LM head), n = ⌈B / bucket⌉:
+    weight sync (the engine's pipeline, `engine.sync`)  with B = P_total·b_r bytes (`engine.plan.memory.sync_bytes`:
+        the export dtype, bf16 for the production presets; fp8 rollout weights: (P − E)·(1 + 4/128²) + 2·E,
+        E = embedding + LM head), n = ⌈B / bucket⌉:
         gather   = B·(1 − 1/g) / gather bandwidth     (TP·EP shards to the sender, g = trainer TP·EP; NVLink)
         transfer = B / link bandwidth                 (the sender's link to the replicas; a broadcast is
                                                       pipelined, so the number of receivers does not count)
@@ -47,6 +48,7 @@ from engine.loop.dispatch import replica_slots
 from engine.loop.params import LoopParams, loop_params
 from engine.plan.sizes import max_required_samples, rollout_replicas, trainer_world
 from engine.plan.megatron_perf import perf_values, update_efficiency
+from engine.plan.memory import export_bytes, sync_bytes
 from engine.plan.prompt_sharing import group_pays, may_share
 from engine.plan.rollout_replica import FP8_BYTES, replica_gpus
 
@@ -125,6 +127,8 @@ class Layout:
     megatron_perf: dict[str, Any] | None = None
     """The Megatron settings resolved for the device (`engine.plan.megatron_perf.perf_values`); None = not
     megatron. Their `update_efficiency` divides the estimated training MFU."""
+    sync_param_bytes: int = 2
+    """b_r: bytes per parameter a weight sync moves (`engine.plan.memory.export_bytes`: the replicas' dtype)."""
     colocated: bool = False
     """Trainer and rollout on the same accelerators (verl's colocate baseline, `engine.predict.prediction.
     colocated_layout`): a training step waits until generation is done."""
@@ -187,7 +191,7 @@ class Layout:
             total_versions=total_versions, log_prob_passes=passes, device=device,
             slots=plan_slots(rows, r.n, rollout_replicas(cfg), max_required_samples(cfg)),
             trainer_ep=t.ep if t.backend == "megatron" else 1,
-            shared_prompt=may_share(cfg),
+            shared_prompt=may_share(cfg), sync_param_bytes=export_bytes(cfg),
             rollout_gpus=replica_gpus(cfg), rollout_quantization=r.quantization,
             rollout_shape={"backend": r.backend, "tensor_parallel_size": tp,
                            "pipeline_model_parallel_size": r.pipeline_model_parallel_size,
@@ -324,7 +328,7 @@ def sync_pipeline(p_total: float, layout: Layout, interconnect: str, mem_bw: flo
                   embed: float = 0.0) -> tuple[float, dict[str, float]]:
     """The weight sync's time from its terms (module docstring): (seconds, the terms by name). With fp8 rollout
     weights B = (P − E)·(1 + 4/128²) + 2·E (`embed` = E, the embedding and LM head, stay bf16)."""
-    nbytes = 2.0 * p_total
+    nbytes = sync_bytes(p_total, layout.sync_param_bytes)
     if layout.rollout_quantization == "fp8":  # quantised on the sender, per bucket (engine.sync.fp8)
         nbytes = (p_total - embed) * FP8_BYTES + 2.0 * embed
     g = max(1, layout.trainer_model_parallel * layout.trainer_ep)

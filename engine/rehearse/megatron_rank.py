@@ -140,7 +140,14 @@ def rehearse_megatron_rank(plan: RunPlan, config: dict[str, Any], rank: int, cls
                 ref = build_reference_backend(stand_spec, tmp, distributed=True, device=STAND_IN, hf_weights=getter)
             if t.ref_param_offload:
                 cls.host_start += tensor_bytes(list(ref.model.parameters()))
+                cls.host_resident += tensor_bytes(list(ref.model.parameters()))
                 cls.notes.append("reference weights in host memory between passes (ref_param_offload)")
+        if not cfg.algorithm.rollout_correction.bypass_mode:  # decoupled: `ParamSnapshot`'s two host sets
+            from engine.trainer.megatron.snapshot import snapshot_targets
+
+            snap = 2 * tensor_bytes(snapshot_targets(policy.ddp))
+            cls.host_resident += snap
+            cls.notes.append(f"π_prox snapshot and swap buffers (host, pinned): {snap / 1e9:.2f} GB")
         if step:
             _step(cfg, policy, ref, mode, arch.vocab_size, rank, cls)
         else:

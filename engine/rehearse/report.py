@@ -6,9 +6,13 @@ Every byte figure is measured on fake tensors of the real shapes (`engine.rehear
                       `FSDPMemTracker`; Megatron: `MemTracker`), with the category breakdown at that moment
     phase_peaks       the running peak after each phase (log-prob passes, reference, update): which phase sets it
     host_start        host bytes the rank holds while it builds its backends (the model as loaded before it is
-                      moved to the device and sharded; the reference's too)
+                      moved to the device and sharded; the reference's too) — what the run's own code loads on
+                      that rank (FSDP2: rank 0 only, the others get their shards from it)
+    host_resident     host bytes held from the start to the end: the π_prox snapshot and its swap buffers
+                      (decoupled mode), an offloaded reference
     host_export       host bytes the weight export holds on the rank (0 where it gathers on the device)
     host_save         host bytes the checkpoint's state dicts hold on the rank before they are written
+    host_peak         max(host_start, host_resident + max(host_export, host_save)); summed per node in `nodes`
     sync              the weight export up to the bucket stage: bytes, dtypes, buckets, where the tensors live
 
 A `RehearsalFailure` names the role, the rank and the phase; the CLI prints it as one line and exits 1.
@@ -56,6 +60,7 @@ class RankClass:
     peak_by_category: dict[str, int] = field(default_factory=dict)
     phase_peaks: dict[str, int] = field(default_factory=dict)
     host_start: int = 0
+    host_resident: int = 0
     host_export: int = 0
     host_save: int = 0
     sync: dict[str, Any] = field(default_factory=dict)
@@ -68,7 +73,7 @@ class RankClass:
 
     @property
     def host_peak(self) -> int:
-        return max(self.host_start, self.host_export, self.host_save)
+        return max(self.host_start, self.host_resident + max(self.host_export, self.host_save))
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -91,6 +96,8 @@ class Rehearsal:
     ranks: list[RankClass] = field(default_factory=list)
     model_memory: dict[str, Any] = field(default_factory=dict)
     """`validate`'s memory model of a trainer rank (terms in bytes), for the comparison."""
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    """Each trainer node's host peak against its RAM (`engine.rehearse.nodes`)."""
     failures: list[RehearsalFailure] = field(default_factory=list)
     auto: list[str] = field(default_factory=list)
     """The launch's "auto" decisions (`engine.launch.probe.resolve_auto`), one line each."""
@@ -104,5 +111,5 @@ class Rehearsal:
         return {"name": self.name, "ok": self.ok, "device": self.device, "backend": self.backend,
                 "world": self.world, "layout": self.layout, "transport": self.transport, "vllm": self.vllm,
                 "micro_batches": self.micro_batches, "ranks": [r.to_json() for r in self.ranks],
-                "model_memory": self.model_memory, "failures": [f.to_json() for f in self.failures],
+                "model_memory": self.model_memory, "nodes": self.nodes, "failures": [f.to_json() for f in self.failures],
                 "auto": self.auto, "seconds": round(self.seconds, 1)}

@@ -13,7 +13,8 @@ What runs, in order, each through the function the launch path itself calls:
 
 Every failure is recorded with its role, rank and phase, and the rehearsal goes on with the next role (a broken
 transport does not hide a memory problem). A rank whose rehearsed device peak exceeds the device's memory
-(`resources.hardware`'s `memory_gb`) fails too.
+(`resources.hardware`'s `memory_gb`) fails too, and so does a trainer node whose ranks' host peaks add up to more
+than its RAM (`host_memory_gb`, `engine.rehearse.nodes`).
 """
 
 from __future__ import annotations
@@ -170,5 +171,9 @@ def _rehearse(plan: RunPlan, config: dict[str, Any], progress: Callable[[str], N
             report.failures.append(RehearsalFailure(
                 "trainer", cls.rank, "device memory", f"rehearsed peak {cls.device_peak / GB:.1f} GB exceeds the "
                 f"{plan.hardware.memory_gb:g} GB of a {plan.hardware.name} device"))
+    from engine.rehearse.nodes import node_host
+
+    report.nodes, over = node_host(plan, report.ranks)
+    report.failures.extend(over)
     report.seconds = time.perf_counter() - start
     return report

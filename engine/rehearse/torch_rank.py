@@ -10,7 +10,9 @@ the fake one, so no collective moves data and none can deadlock. Then, under `FS
                         log-prob micro-batch (the backend's own methods: swap, no-grad forward, restore)
     reference           `use_kl_loss`: the frozen reference's `compute_log_probs` (its all-gathers and activations
                         are tracked; its resident shards, built before tracking, are added to every peak)
-    update              the tensor path of `_update` on the update's micro-batch: `_prepare` (trim), `_log_probs`
+    update              the tensor path of `_update` on a short micro-batch, then the update's largest (so the
+                        gradient shards of the first are resident, as in any update of several micro-batches):
+                        `_prepare` (trim), `_log_probs`
                         (chunked head, entropy as the loss asks), backward of the loss scaled by `_grad_scale`,
                         `clip_grad_norm_`, AdamW `step` (its state created by a warm-up step before tracking, as
                         after the run's first update), `zero_grad`
@@ -24,6 +26,7 @@ checkpoint's state dicts (`full_state_dict` and `get_optimizer_state_dict` with 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import time
@@ -33,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine.plan.devices import RoleDevice
-from engine.rehearse.batch import micro_shape, rehearsal_batch
+from engine.rehearse.batch import MicroShape, micro_shape, rehearsal_batch
 from engine.rehearse.fake import (
     fake_mode, fake_world, model_from_config, pin_in_place, tensor_bytes, tracker_peak,
 )
@@ -44,6 +47,8 @@ if TYPE_CHECKING:
     from engine.plan.run_plan import RunPlan
 
 STAND_IN = RoleDevice("cpu", "none")
+LEAD = MicroShape(1, 16, 16, None)
+"""The short micro-batch the update runs before the preset's largest (one row of 16 + 16 tokens)."""
 """The device the rehearsal computes on in place of the preset's (fake tensors: nothing is computed)."""
 
 
@@ -62,26 +67,37 @@ class Phase:
         return False
 
 
-def _loader(config: dict[str, Any], mode: Any, host: list[int]):
+def _loader(config: dict[str, Any], mode: Any, host: list[int], real: bool = True):
     """`load_causal_lm`'s stand-in: the model from `config` on fake tensors; records the bytes it holds (the
-    host memory the real loader fills before the model moves to the device)."""
+    host memory the real loader fills before the model moves to the device) where the run itself would load
+    it (`real`: FSDP2 loads on rank 0 only and broadcasts; the rehearsal loads every rank, since the fake
+    process group carries no broadcast)."""
 
     def load(model_dir: str, dtype: Any = "float32", *, attn_implementation: str | None = None, **_: Any) -> Any:
         model = model_from_config(config, dtype, mode, attn_implementation)
-        host.append(tensor_bytes([*model.parameters(), *model.buffers()]))  # a tied weight counted once
+        if real:
+            host.append(tensor_bytes([*model.parameters(), *model.buffers()]))  # a tied weight counted once
         return pin_in_place(model)
 
     return load
 
 
-def forward_in(backend: Any, mode: Any) -> Any:
+class Tracking:
+    """The tracker a phase runs under, if any (set by `_step` while its `FSDPMemTracker` is open)."""
+
+    tracker: Any = None
+
+
+def forward_in(backend: Any, mode: Any, tracking: Tracking) -> Any:
     """Run `backend`'s forwards (`_log_probs`) inside `mode`. Only there: the batch's bookkeeping (row lengths,
     trimming, micro-batch plans) reads its tensors' values, so it must stay on real tensors, while a model
-    forward creates tensors of its own (masks, positions) that must be fake like its parameters."""
+    forward creates tensors of its own (masks, positions) that must be fake like its parameters. The open
+    tracker is re-entered on top of `mode` (its depth counter allows it): a dispatch mode below the fake mode
+    would never see the forward's allocations — the activations — since the fake mode runs every op itself."""
     inner = backend._log_probs
 
     def log_probs(*args: Any, **kwargs: Any) -> Any:
-        with mode:
+        with mode, tracking.tracker or contextlib.nullcontext():
             return inner(*args, **kwargs)
 
     backend._log_probs = log_probs
@@ -116,19 +132,27 @@ def rehearse_torch_rank(plan: RunPlan, config: dict[str, Any], rank: int, cls: R
         (Path(model_dir) / "config.json").write_text(json.dumps(config))  # the meta skeleton's config
         with Phase("trainer", rank, "build"):
             policy = build_trainer_backend(spec.backend, model_dir, distributed=True, device=STAND_IN,
-                                           load_model=_loader(config, mode, host))
+                                           load_model=_loader(config, mode, host, real=rank == 0))
         ref = None
         if spec.loss.use_kl_loss:
+            offload = spec.backend.ref_param_offload  # an offloaded reference loads whole on every rank
             with Phase("reference", rank, "build"):
                 ref = build_reference_backend(spec.backend, model_dir, distributed=True, device=STAND_IN,
-                                              load_model=_loader(config, mode, host))
+                                              load_model=_loader(config, mode, host, real=rank == 0 or offload))
+            if ref.param_offload:
+                cls.host_resident += tensor_bytes(list(ref.model.parameters()))
         cls.host_start = sum(host)
+        if rank:
+            cls.notes.append("host at start: what this rank itself loads (FSDP2 ranks other than 0 get their "
+                             "shards from rank 0's load)")
         vocab = int(policy.model.config.get_text_config().vocab_size)
-        forward_in(policy, mode)
+        tracking = Tracking()
+        forward_in(policy, mode, tracking)
         if ref is not None:
-            forward_in(ref, mode)
+            forward_in(ref, mode, tracking)
         if step:
-            _step(cfg, policy, ref, mode, vocab, rank, cls, tracker_class(FSDPMemTracker), build_loss_fn)
+            _step(cfg, policy, ref, mode, vocab, rank, cls, tracker_class(FSDPMemTracker, mode), build_loss_fn,
+                  tracking)
         with Phase("weight sync", rank, "export"), mode:
             _export(policy, spec.weight_sync.bucket_bytes, cls)
         with Phase("trainer", rank, "checkpoint"), mode:
@@ -137,11 +161,25 @@ def rehearse_torch_rank(plan: RunPlan, config: dict[str, Any], rank: int, cls: R
     return cls
 
 
-def tracker_class(base: Any) -> Any:
-    """`FSDPMemTracker`, except at the post-backward of an FSDP unit the step never ran (a vision-language
-    model's vision blocks on text rows), where torch's tracker reads an unsharded parameter that was never made."""
+def tracker_class(base: Any, mode: Any) -> Any:
+    """`FSDPMemTracker`, with two changes. (1) It counts the ops of the rehearsal's fake mode `mode` as well as
+    those run outside any fake mode (the backward): torch's tracker counts only ops under the fake mode active
+    when it was entered (so that DTensor's sharding propagation, run under a fake mode of its own, is not
+    counted); a nested mode of another identity is still skipped. (2) It skips the post-backward of an FSDP unit
+    the step never ran (a vision-language model's vision blocks on text rows), where torch's tracker reads an
+    unsharded parameter that was never made."""
+    from torch._guards import active_fake_mode
 
     class Tracker(base):
+        @property
+        def _fake_mode_on_entry(self) -> Any:
+            active = active_fake_mode()
+            return active if active is None or active is mode else object()
+
+        @_fake_mode_on_entry.setter
+        def _fake_mode_on_entry(self, _: Any) -> None:
+            pass
+
         def _fsdp_param_group_post_backward(self, fsdp_mod: Any, orig: Any) -> Any:
             wrapped = super()._fsdp_param_group_post_backward(fsdp_mod, orig)
 
@@ -156,7 +194,7 @@ def tracker_class(base: Any) -> Any:
 
 
 def _step(cfg: RunConfig, policy: Any, ref: Any, mode: Any, vocab: int, rank: int, cls: RankClass,
-          tracker_cls: Any, build_loss_fn: Any) -> None:
+          tracker_cls: Any, build_loss_fn: Any, tracking: Tracking) -> None:
     rc = cfg.algorithm.rollout_correction
     loss_fn = build_loss_fn(cfg.trainer, rc)
     update = rehearsal_batch(micro_shape(cfg), vocab)
@@ -171,12 +209,12 @@ def _step(cfg: RunConfig, policy: Any, ref: Any, mode: Any, vocab: int, rank: in
         with Phase("trainer", rank, "proximal snapshot"), mode:
             policy.snapshot_params()  # TrainerCore takes it at start; host memory (pinned on the device's host)
             policy._live = policy._cpu_buffers()  # the swap's host copy of the live weights, made on first use
-        cls.notes.append("π_prox snapshot and swap buffers are host memory: "
-                         f"{(tensor_bytes(policy._snapshot) + tensor_bytes(policy._live)) / 1e9:.2f} GB")
+        cls.host_resident += tensor_bytes(policy._snapshot) + tensor_bytes(policy._live)
+        cls.notes.append(f"π_prox snapshot and swap buffers are host memory: {cls.host_resident / 1e9:.2f} GB")
     # the reference's shards, made before tracking (after its forward FSDP2 leaves its root unsharded: those
     # tensors are allocated inside the tracker and counted there)
     resident = tensor_bytes(list(ref.model.parameters())) if ref is not None and not ref.param_offload else 0
-    tracker = tracker_cls(policy.model, policy.optimizer)
+    tracker = tracking.tracker = tracker_cls(policy.model, policy.optimizer)
     with tracker:
         if decoupled:
             with Phase("trainer", rank, "proximal log-prob"):
@@ -190,7 +228,10 @@ def _step(cfg: RunConfig, policy: Any, ref: Any, mode: Any, vocab: int, rank: in
             tracker.reset_mod_stats()
         with Phase("trainer", rank, "update"):
             policy.model.train()
-            micros, _, _ = policy._micro_batches(update, policy.ppo_max_token_len)
+            # a short micro-batch first, as any micro-batch before the last: the largest then runs with the
+            # gradient shards it left resident, as every micro-batch after a rank's first does
+            lead, _, _ = policy._micro_batches(rehearsal_batch(LEAD, vocab, seed=1), policy.ppo_max_token_len)
+            micros = lead + policy._micro_batches(update, policy.ppo_max_token_len)[0]
             entropy_grad = policy.entropy_mode == "grad" or bool(getattr(loss_fn, "needs_entropy", False))
             with_entropy = policy.entropy_mode != "none" or entropy_grad
             policy.optimizer.zero_grad(set_to_none=True)
@@ -200,11 +241,13 @@ def _step(cfg: RunConfig, policy: Any, ref: Any, mode: Any, vocab: int, rank: in
                 log_probs, entropy = policy._log_probs(micro, with_entropy, entropy_grad)
                 loss = surrogate_loss(log_probs, entropy, micro, entropy_grad)
                 (loss * policy._grad_scale()).backward()
+                tracker.reset_mod_stats()  # module stats cover one forward per module; the peak stays
             params = [p for p in policy.model.parameters() if p.grad is not None]
             torch.nn.utils.clip_grad_norm_(params, policy.grad_clip if policy.grad_clip > 0 else float("inf"))
             policy.optimizer.step()
             policy.optimizer.zero_grad(set_to_none=True)
         cls.phase_peaks["update"] = tracker_peak(tracker)[0]
+    tracking.tracker = None
     cls.device_peak, cls.peak_by_category = tracker_peak(tracker)
     if resident:  # the reference's shards stay on the device throughout
         cls.device_peak += resident

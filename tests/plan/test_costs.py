@@ -191,3 +191,26 @@ def test_holding_steps_for_shared_accelerators_never_stalls_a_run_with_faults() 
         assert not held.violations, (seed, held.violations[:1])
         assert (held.finished, held.failure) == (free.finished, free.failure), seed
     assert faulted >= 10
+
+
+def test_plan_sync_term_uses_the_export_bytes_formula() -> None:
+    """Issue 43: `asyncrl plan`'s sync term moves P·b_r (`engine.plan.memory.sync_bytes`), the bytes the export
+    yields: Qwen3-VL-8B in bf16 is 17.5 GB per sync (not the 35 GB of fp32 masters); an fp32 rollout doubles it."""
+    from engine.plan.memory import sync_bytes
+    from engine.predict.costs import sync_pipeline
+
+    vl = ROOT / "presets" / "runs" / "qwen3-vl-8b-geo3k-fsdp2-npu-16-16.toml"
+    layout, an = _layout(vl)
+    assert layout.sync_param_bytes == 2
+    p = an.model.params_total
+    _, terms = sync_pipeline(p, layout, an.hardware.interconnect, an.hardware.memory_bandwidth_gbs * 1e9)
+    assert terms["bytes_gb"] == pytest.approx(sync_bytes(p, 2) / 1e9) and 17.0 < terms["bytes_gb"] < 18.0
+    fp32, _ = _layout_set(vl, ['rollout.dtype="fp32"'])
+    _, terms32 = sync_pipeline(p, fp32, an.hardware.interconnect, an.hardware.memory_bandwidth_gbs * 1e9)
+    assert terms32["bytes_gb"] == pytest.approx(2 * terms["bytes_gb"])
+
+
+def _layout_set(path: Path, sets: list[str]) -> tuple[Layout, object]:
+    an = analyze_run_config(path, sets)
+    assert an.config is not None, [p.render() for p in an.problems]
+    return Layout.from_config(an.config, an.derived.total_train_steps, an.hardware.device), an

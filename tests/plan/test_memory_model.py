@@ -29,7 +29,7 @@ def _predict(path: Path, *overrides: str):
 
 def test_the_shipped_calibration_is_a_measured_table() -> None:
     cal = calibration()
-    assert CALIBRATION.exists() and set(cal["coefficients"]) == {"c_h", "c_i", "c_m", "c_ck", "c_t", "c_v"}
+    assert CALIBRATION.exists() and set(cal["coefficients"]) == {"c_h", "c_i", "c_m", "c_ck", "c_t", "c_v", "c_tail", "c_bwd"}
     assert all(v > 0 for v in cal["coefficients"].values())
 
 
@@ -51,7 +51,25 @@ def test_token_budget_recompute_and_chunking_each_bound_their_term() -> None:
     assert half.trainer.terms["activations"] < budget.trainer.terms["activations"] / 3  # recompute
     small_chunk, _ = _predict(SEVEN_B, "trainer.logprob_chunk_tokens=1024")
     full, _ = _predict(SEVEN_B)
-    assert small_chunk.trainer.terms["logprob_head"] == pytest.approx(full.trainer.terms["logprob_head"] / 4)
+    head = "head_forward_bytes"  # the chunk's forward with the entropy metric: its peak moment
+    assert small_chunk.trainer.details[head] == pytest.approx(full.trainer.details[head] / 4)
+
+
+def test_fsdp2_terms_follow_the_code_per_precision() -> None:
+    """Issue 43: FSDP2's MixedPrecisionPolicy casts the parameters, so each checkpointed layer keeps its input in
+    bf16 (h·2 bytes per token), the gradients stay sharded (every micro-batch reduce-scatters), the root unit
+    gathers the embeddings and the untied output head, and a VL model's head keeps one more fp32 copy."""
+    vl, an = _predict(RUNS / "qwen3-vl-8b-geo3k-fsdp2-npu-16-16.toml")
+    m, t = an.model, vl.trainer
+    tokens = an.config.trainer.ppo_max_token_len_per_gpu
+    assert t.details["residual_bytes"] == 2
+    assert t.terms["activations"] == pytest.approx(tokens * m.layers * m.hidden * 2)
+    assert t.terms["gradients"] == pytest.approx(m.params_total * 4 / 16)
+    assert not m.tied and t.terms["compute_copy"] > 2 * m.vocab * m.hidden * 2
+    # the head's forward at 4096 tokens: logits b_c + 16 (fp32 logits, log-softmax, entropy exp and product) + 4
+    assert t.details["head_forward_bytes"] == pytest.approx(4096 * m.vocab * (2 + 16 + 4))
+    text, _ = _predict(SEVEN_B)
+    assert text.trainer.details["head_forward_bytes"] == pytest.approx(4096 * 152064 * (2 + 16))
 
 
 def test_precision_reference_and_rollout_dtype_terms() -> None:
