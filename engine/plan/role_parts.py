@@ -105,8 +105,9 @@ class MegatronSpec:
     recompute_granularity: str | None
     recompute_method: str
     recompute_num_layers: int
-    perf: dict[str, Any] = field(default_factory=dict)
-    """The performance settings resolved for the trainer's device (`engine.plan.megatron_perf.perf_values`)."""
+    perf: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The performance settings resolved per device type (`engine.plan.megatron_perf.perf_values`): the backend
+    takes those of the device it is built on (a rehearsal builds a CUDA run's ranks on CPU stand-ins)."""
 
 
 @dataclass(frozen=True)
@@ -245,8 +246,12 @@ def engine_spec(cfg: RunConfig) -> EngineSpec:
                       ro.weight_sync_back_buffer)
 
 
-def backend_spec(cfg: RunConfig, device: str = "cpu") -> BackendSpec:
-    """The trainer backend's part; `device`: the trainer's device type (Megatron's settings are resolved for it)."""
+PERF_DEVICES = ("cuda", "npu", "cpu")
+"""The device types Megatron's performance settings are resolved for (`MegatronSpec.perf`)."""
+
+
+def backend_spec(cfg: RunConfig) -> BackendSpec:
+    """The trainer backend's part of the trainer spec."""
     from engine.plan.megatron_perf import perf_values
 
     t, o = cfg.trainer, cfg.trainer.optim
@@ -254,7 +259,8 @@ def backend_spec(cfg: RunConfig, device: str = "cpu") -> BackendSpec:
                         t.use_dynamic_bsz, t.ppo_max_token_len_per_gpu, t.log_prob_max_token_len_per_gpu,
                         t.logprob_chunk_tokens)
     megatron = MegatronSpec(t.tp, t.pp, t.cp, t.ep, t.etp, t.recompute_granularity, t.recompute_method,
-                            t.recompute_num_layers, perf_values(cfg, device) if t.backend == "megatron" else {})
+                            t.recompute_num_layers,
+                            {d: perf_values(cfg, d) for d in PERF_DEVICES} if t.backend == "megatron" else {})
     return BackendSpec(
         kind=t.backend, precision=precision_of(cfg), attn_implementation=t.attn_implementation,
         export_dtype=rollout_dtype(cfg),

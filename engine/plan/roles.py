@@ -232,7 +232,7 @@ def role_specs(cfg: RunConfig, d: Derived, devices: dict[str, RoleDevice], actor
                           faults, elastic=elastic_params(cfg, d, actors))
     trainer = TrainerSpec(loop.trainer, d.trainer_world, devices["trainer"],
                           int(actors["trainer_threads"]), weight_sync_spec(cfg, d, devices["trainer"]),
-                          backend_spec(cfg, devices["trainer"].type), loss_spec(cfg), batch_prep_spec(cfg),
+                          backend_spec(cfg), loss_spec(cfg), batch_prep_spec(cfg),
                           checkpoint_spec(cfg), faults,
                           elastic=rollout.elastic.enabled)
     return RoleSpecs(rollout, trainer)

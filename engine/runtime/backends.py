@@ -131,7 +131,8 @@ def build_trainer_backend(spec: BackendSpec, model_dir: str, distributed: bool =
             model_dir, tp=m.tp, pp=m.pp, cp=m.cp, ep=m.ep, etp=m.etp, dtype=policy.compute,
             fp32_master_weights=policy.params == "float32", recompute_granularity=m.recompute_granularity,
             recompute_method=m.recompute_method, recompute_num_layers=m.recompute_num_layers,
-            logprob_chunk_tokens=chunk, device=device.type, hf_weights=hf_weights, **common, **world, perf=m.perf,
+            logprob_chunk_tokens=chunk, device=device.type, hf_weights=hf_weights, **common, **world,
+            perf=m.perf.get(device.type, {}),  # the settings of the device it is built on
         )
     from engine.models.loader import load_causal_lm, meta_causal_lm
     from engine.trainer.torch_trainer import TorchTrainerBackend
