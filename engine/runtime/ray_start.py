@@ -173,7 +173,7 @@ RUN_SCOPED_ENV = (AUTH_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
 def snapshot_ray_env():
     """Record what `init_ray` may change in this process (`RUN_SCOPED_ENV` and Ray's in-process loopback switch)
     and return a function that puts it back: a run started in-process (tests, notebooks) leaves the process's
-    environment — and the Ray processes it starts later — as it found them."""
+    environment — which the Ray processes it starts later inherit — as it found them."""
     before = {k: os.environ.get(k) for k in RUN_SCOPED_ENV}
     mod = sys.modules.get("ray._private.ray_constants")
     cluster_switch = getattr(mod, "ENABLE_RAY_CLUSTER", None)
@@ -188,7 +188,8 @@ def snapshot_ray_env():
         if now is not None:  # imported during the run: Ray's own default for the restored environment
             now.ENABLE_RAY_CLUSTER = cluster_switch if cluster_switch is not None else now.env_bool(
                 now.ENABLE_RAY_CLUSTERS_ENV_VAR, not now.IS_WINDOWS_OR_OSX)
-        _reload_ray_config()
+        # Ray's in-process config is not re-read here: Ray caches the auth mode it first resolved, so a re-read
+        # with the variable unset would leave this process's client 'disabled' against the next token cluster
 
     return restore
 
