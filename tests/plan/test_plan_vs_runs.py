@@ -72,18 +72,22 @@ def _plan_vs_run(tmp_path: Path, feature: tuple[str, ...]) -> tuple[dict, dict, 
     return plan, json.loads(cal.read_text()), ratio
 
 
-@pytest.mark.slow  # two tiny runs on CPU (a minute or more)
-@pytest.mark.xfail(strict=False, reason=(
+KNOWN_CPU_RULE_GAP = (
     "the plan's CPU rule (engine.predict.prediction: T_cpu = max(T, rollout busy / slots + trainer busy), the sides "
     "never overlapping) binds here and over-predicts: on 2 cores under load 30-40, predicted ÷ measured step time "
     "1.24 and 1.39 in two tries, while the overlap the simulator shows without that rule gave 0.89 and 1.06; "
-    "the rule is the plan-validation study's and is left to it"))
+    "the rule is the plan-validation study's and is left to it")
+"""Why the deterministic case's ratio is outside the band today (an expected failure, not a pass)."""
+
+
+@pytest.mark.slow  # two tiny runs on CPU (a minute or more)
 def test_the_plan_of_a_deterministic_run_matches_the_measured_run(tmp_path: Path) -> None:
     plan, _, ratio = _plan_vs_run(tmp_path, ("trainer.deterministic=true",))
     loop = plan["layout"]["loop"]
     assert loop["rollout"]["deterministic"] and loop["trainer"]["ordered"]  # the plan ran deterministic mode
     assert not loop["rollout"]["partial_rollout"]  # off in deterministic mode, as the run has it
-    assert abs(ratio - 1) <= TOLERANCE, ratio
+    if abs(ratio - 1) > TOLERANCE:  # the runs and the plan's structure above are checked; only the ratio is known off
+        pytest.xfail(f"predicted ÷ measured = {ratio:.2f}: {KNOWN_CPU_RULE_GAP}")
 
 
 @pytest.mark.slow  # two tiny runs on CPU (a minute or more)
