@@ -13,10 +13,9 @@ model's own), trained in one fresh worker process by four arms, one after the ot
 
 Every arm's tokens are counted (the trainer's own packing decision on its own micro-batches); the update is timed
 for the arms not listed `untimed` — the full size leaves out `shared`, whose forward is, on these batches,
-shared+packed's (the same tokens: the shared prompt wins the choice), times the updates of seed 0 only
-(`timed_seeds`; the other seeds' tokens are counted) and runs its seeds' workers side by side (`parallel`), to fit
-a machine shared with other jobs: the arms of one seed are timed under the same contention, so speedups are read
-within a seed.
+shared+packed's (the same tokens: the shared prompt wins the choice), and times 3 updates per arm in every seed,
+the seeds one after the other (a size may set `timed_seeds` and `parallel` to fit a busy machine); the arms of one
+seed run back to back, so speedups are read within a seed.
 
 Per arm: the tokens of one update — real Σℓ, padded Σ B_k·W_k (the arm's micro-batches, each padded to its own
 longest row), and forwarded (what the forward ran on) — the micro-batches, and the median update seconds after a
@@ -45,8 +44,7 @@ ARMS = {
     "padded": ["trainer.shared_prompt=false", "trainer.use_remove_padding=false"],
 }
 SIZES: dict[str, dict[str, Any]] = {
-    "full": {"preset": "smollm2-arith-cpu.toml", "seeds": [0, 1, 2], "steps": 1, "threads": 2, "untimed": ["shared"],
-             "parallel": True, "timed_seeds": [0],
+    "full": {"preset": "smollm2-arith-cpu.toml", "seeds": [0, 1, 2], "steps": 3, "threads": 2, "untimed": ["shared"],
              "overrides": ['trainer.precision="bf16"', 'trainer.attn_implementation="eager"']},
     "toy": {"preset": "tiny-cpu.toml", "seeds": [0], "steps": 1, "threads": 1, "untimed": ["shared"],
             "overrides": ["trainer.ppo_mini_batch_size=2", "rollout.n=4", "trainer.ppo_micro_batch_size_per_gpu=8",
