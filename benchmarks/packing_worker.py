@@ -65,12 +65,13 @@ def measure_arm(preset: Path, overrides: list[str], groups: list[Any], tok: Any,
     from benchmarks.engine_runs import load_config
     from engine.algo.batching import prepare_batch
     from engine.algo.loss import build_loss_fn
+    from engine.plan.role_parts import backend_spec, batch_prep_spec
     from engine.plan.run_plan import resolve_plan
     from engine.runtime.backends import build_trainer_backend
 
     cfg = load_config(preset, ["trainer.test_freq=0", *overrides])
-    backend = build_trainer_backend(cfg, model_dir, device=resolve_plan(cfg).devices["trainer"])
-    batch = prepare_batch(groups, cfg, tok.pad_token_id, 0).batch
+    backend = build_trainer_backend(backend_spec(cfg), model_dir, device=resolve_plan(cfg).devices["trainer"])
+    batch = prepare_batch(groups, batch_prep_spec(cfg), tok.pad_token_id, 0).batch
     if "log_probs" not in shared:
         shared["log_probs"] = backend.compute_log_probs(batch)[0]
     log_probs = shared["log_probs"]

@@ -109,3 +109,14 @@ def test_sandbox_overhead(tmp_path: Path) -> None:
     assert {"calculator/box", "calculator/none", "python/box", "python/none"} <= names
     assert all(0 < r["median_ms"] <= r["p99_ms"] <= r["max_ms"] < 30_000 for r in data["rows"])
     assert set(data["overhead_ms"]) == {"calculator", "python"}
+
+
+def test_packing(tmp_path: Path) -> None:
+    run_study("packing", "toy", tmp_path)
+    data = _written(tmp_path, "packing")
+    rows = {r["arm"]: r for r in data["rows"]}
+    assert set(rows) == {"shared+packed", "shared", "packed", "padded"}, rows
+    assert rows["padded"]["forwarded_tokens"] == rows["padded"]["padded_tokens"] >= rows["packed"]["real_tokens"]
+    # the packed and padded updates are the same update (the trainer's packing equality)
+    assert rows["packed"]["grad_norm"] == pytest.approx(rows["padded"]["grad_norm"], rel=1e-4)
+    assert rows["shared+packed"]["forwarded_tokens"] < rows["padded"]["forwarded_tokens"]
