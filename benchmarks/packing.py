@@ -19,7 +19,7 @@ seed run back to back, so speedups are read within a seed.
 
 Per arm: the tokens of one update — real Σℓ, padded Σ B_k·W_k (the arm's micro-batches, each padded to its own
 longest row), and forwarded (what the forward ran on) — the micro-batches, and the median update seconds after a
-warm-up update. The precision and attention are pinned to what the demo's `auto` chose on the machine the
+warm-up update. The precision and attention (trainer and sampling) are pinned to what the demo's `auto` chose on the machine the
 shared-prompt study ran on (bf16 autocast, eager), the trainer on 2 threads, as in the demo.
 
     padding removed = 1 − forwarded ÷ padded        speedup = padded arm's update seconds ÷ the arm's
@@ -45,7 +45,7 @@ ARMS = {
 }
 SIZES: dict[str, dict[str, Any]] = {
     "full": {"preset": "smollm2-arith-cpu.toml", "seeds": [0, 1, 2], "steps": 3, "threads": 2, "untimed": ["shared"],
-             "overrides": ['trainer.precision="bf16"', 'trainer.attn_implementation="eager"']},
+             "overrides": ['trainer.precision="bf16"', 'trainer.attn_implementation="eager"', 'rollout.dtype="bfloat16"']},
     "toy": {"preset": "tiny-cpu.toml", "seeds": [0], "steps": 1, "threads": 1, "untimed": ["shared"],
             "overrides": ["trainer.ppo_mini_batch_size=2", "rollout.n=4", "trainer.ppo_micro_batch_size_per_gpu=8",
                          'trainer.attn_implementation="eager"']},
