@@ -45,7 +45,7 @@ ARMS = {
 }
 SIZES: dict[str, dict[str, Any]] = {
     "full": {"preset": "smollm2-arith-cpu.toml", "seeds": [0, 1, 2], "steps": 3, "threads": 2, "untimed": ["shared"],
-             "overrides": ['trainer.precision="bf16"', 'trainer.attn_implementation="eager"', 'rollout.dtype="bfloat16"']},
+             "overrides": ['trainer.precision="bf16"', 'trainer.attn_implementation="eager"', 'rollout.dtype="bf16"']},
     "toy": {"preset": "tiny-cpu.toml", "seeds": [0], "steps": 1, "threads": 1, "untimed": ["shared"],
             "overrides": ["trainer.ppo_mini_batch_size=2", "rollout.n=4", "trainer.ppo_micro_batch_size_per_gpu=8",
                          'trainer.attn_implementation="eager"']},
@@ -75,6 +75,8 @@ def run(size: str, out_dir: Path) -> dict[str, Any]:
         seeds = [{"seed": s, **out} for s, out in zip(spec["seeds"], pool.map(lambda s: measure_seed(spec, s),
                                                                                 spec["seeds"]))]
     result["seeds"] = seeds
+    if all("error" in s for s in seeds):
+        raise RuntimeError(f"packing: every seed failed; the first: {seeds[0]['error']}")
     rows = [{"seed": s["seed"], "arm": arm, **m} for s in seeds for arm, m in s.get("arms", {}).items()]
     result["rows"] = rows
     base = {r["seed"]: r for r in rows if r["arm"] == "padded" and "step_s" in r}
