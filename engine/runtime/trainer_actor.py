@@ -42,8 +42,6 @@ from engine.algo.batching import LogRatioObserver, is_ratio_metrics, prepare_bat
 from engine.persist.ledger import Ledger
 from engine.persist.trainer_checkpoints import TrainerCheckpoints
 from engine.runtime.trainer_group import TrainerGroup
-from engine.sync.object_store import ObjectStoreSync
-from engine.sync.runtime import publish
 from engine.runtime.trainer_sync import TrainerSync
 from engine.sync.verify import DeliveryCheck
 from engine.telemetry.sinks import scalars_as_numbers
@@ -104,9 +102,14 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
         self._sync_snapshot: dict | None = None  # rollout-side cut taken at a sync, for a periodic checkpoint
         self._phase_seq = 0  # elastic cores: the number of the trainer's last wait / compute report
         self.t0 = time.time()
+        # the version's weights θ_v (the snapshot at each sync): π_prox in decoupled mode; deterministic mode keeps
+        # them too, so that a resume between two syncs serves the replicas θ_v (`TrainerSync.push_version`)
+        self.keeps_version = not self.rc.bypass_mode or spec.backend.deterministic
+        self._version_restored = False  # `_restore` took θ_v from a checkpoint taken between two syncs
         if spec.resume:
             self._restore(spec.resume)
-        if not self.rc.bypass_mode:
+        self._start_step = self.local_step
+        if self.keeps_version and not self._version_restored:
             self.backend.snapshot_params()
 
     # the loop's state, read by the shell
@@ -166,6 +169,9 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
             actions = ray.get(self.controller.take_actions.remote("trainer", self.local_step))
             if "stop" in actions:
                 self.request_stop("requested through the controller")
+            stop_at = self.spec.faults.stop_at_step  # [debug]: once per launch, not on a resume at or past it
+            if stop_at and self._start_step < stop_at == self.local_step:
+                self.request_stop(f"debug.stop_at_step={stop_at}")
             return self.loop.control(self.inbox.take(knobs), actions)
         if isinstance(c, Pull):
             self._await_replacements()
@@ -387,9 +393,6 @@ class Trainer:
         self.core.request_stop(reason, deadline, weight_bytes)
 
     def push_weights(self) -> None:
-        """Resume: give the rollout replicas the restored weights before generation starts."""
-        core = self.core
-        sent = publish(ObjectStoreSync(), core.version, core.backend.export_weights(core.bucket_bytes),
-                       lambda refs: core.rollouter.load_weights.remote(core.version, refs))
-        core._verify_delivery(core.version, sent, ray.get(sent.out))
+        """Resume: give the rollout replicas the restored version's weights before generation starts."""
+        self.core.push_version()
 
