@@ -48,6 +48,9 @@ from engine.telemetry.sinks import scalars_as_numbers
 from engine.types import TrajectoryGroup
 
 
+CONTROLLER_ANSWER_S = 60.0
+"""The longest the trainer waits for the run's controller to record a knob acknowledgement (`AckKnob`; it answers
+at once unless its process is stalled)."""
 ELASTIC_ANSWER_S = 30.0
 """Elastic cores: how long a step waits for the rollouter's thread answer before it trains with the threads it has
 (the rollouter answers at once unless its process is stalled; a dead one raises)."""
@@ -198,7 +201,7 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
             ray.get(self.rollouter.allow.remote(c.need))
             return []
         if isinstance(c, AckKnob):  # waited for: a follower (the rollouter, at a sync too) reads it next
-            ray.get(self.controller.ack_knob.remote(c.name, c.version, self.local_step))
+            self._ack_knob(c)
             return []
         if isinstance(c, Sync):
             self._rec.update(self._sync(c))
@@ -222,6 +225,17 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
             self.controller.record_event.remote(self._ev(c.level, c.kind, c.message, **c.extra))
             return []
         raise TypeError(f"not a trainer command: {c!r}")
+
+    def _ack_knob(self, c: AckKnob) -> None:
+        """The knob change is in force here: tell the run's controller, waiting at most `CONTROLLER_ANSWER_S`. A
+        controller that does not answer fails the step with one line (the run then ends with a checkpoint and
+        the resume command) rather than hanging the trainer at a step boundary."""
+        try:
+            ray.get(self.controller.ack_knob.remote(c.name, c.version, self.local_step), timeout=CONTROLLER_ANSWER_S)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"the run's controller did not acknowledge the change of {c.name} (knob version "
+                               f"{c.version}) within {CONTROLLER_ANSWER_S:.0f} s: it is stalled or unreachable") \
+                from None
 
     def _take_threads(self) -> None:
         """At the step boundary: elastic cores give the step its thread count (their `SetThreads("trainer")`,

@@ -273,3 +273,27 @@ def test_the_final_checkpoint_on_a_full_disk_fails_the_run(shell, small_disk) ->
         t.fit()
     assert not [p for p in root.iterdir() if p.name.startswith(".tmp-")]
 
+
+def test_a_controller_that_never_acknowledges_a_knob_fails_the_run_with_one_line(shell, monkeypatch) -> None:
+    """The knob acknowledgement waits `CONTROLLER_ANSWER_S` at most; then the run fails naming the knob, with an
+    error event, instead of hanging at the step boundary."""
+    from engine.runtime import trainer_actor
+
+    t, core, _ = shell(3)
+    core.set_knob("trigger_parameter_sync_step", 2)  # the trainer acknowledges it at its first boundary
+    stalled, waits = object(), []
+    monkeypatch.setattr(core, "ack_knob", lambda *a: stalled)
+
+    def get(x, timeout=None):
+        if x is stalled:  # a controller that never answers: an unbounded wait would hang here for ever
+            waits.append(timeout)
+            assert timeout is not None, "the trainer waits for the controller without a timeout"
+            raise ray.exceptions.GetTimeoutError("no answer")
+        return x
+
+    monkeypatch.setattr(ray, "get", get)
+    with pytest.raises(RuntimeError, match="did not acknowledge the change of trigger_parameter_sync_step"):
+        t.fit()
+    assert waits == [trainer_actor.CONTROLLER_ANSWER_S]
+    errors = [e["message"] for e in core.snapshot()["events"] if e["level"] == "error"]
+    assert any("controller did not acknowledge" in m for m in errors), errors
