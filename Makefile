@@ -64,7 +64,8 @@ test-slow: $(STAMP)
 	$(PY) -m pytest $(PYTEST_FLAGS) -m "slow and not gpu and not vllm"
 	$(MAKE) test-vllm VLLM=0.13.0
 
-# Chaos soak (scripts/soak.py; docs/operations.md "Chaos soak"; about 1.5 × SOAK_MINUTES with the reference run):
+# Chaos soak (scripts/soak.py; docs/operations.md "Chaos soak"; SOAK_MINUTES of wall clock in all, sized by a probe
+# of this machine's step time, plus the rest of each arm's last run, which is let to finish after its share):
 # two arms, the tiny preset in deterministic mode and the tiny tool preset with a tool that sometimes hangs (killed
 # at its deadline by the box), under random faults — kill -9 of the replica or the trainer, SIGTERM of the driver
 # then --resume auto, the replica killed mid-sync (debug.kill_replica_mid_sync_file), its checkpoint tmpfs full for

@@ -3,8 +3,13 @@ arriving at random times; the deterministic arm is then checked against a fault-
 
     python scripts/soak.py --minutes 30 [--seed S] [--out DIR] [--arms single,multi] [--faults KIND,...]
 
-Two arms, `--minutes` of faulted running split between them (each arm's length in steps is sized from a guess
-of its step time):
+Two arms; `--minutes` is the whole soak's wall-clock plan, split evenly between them. Each arm's share is spent
+on a short fault-free probe of its config (`PROBE_STEPS` steps: the launch's start-up and the seconds per local
+step on this machine *now*, the mean of the trainer's `timing_s/step`), then (single) the fault-free reference
+run, then the faulted run; its length in steps is sized from the probe so that all of it fits the share (`plan`:
+the faulted run's start-ups and the pause/resume knob counted as overhead). Faults and knob actions are injected
+only until the share's end; after it the run is let to finish (no more faults), so the soak overruns its plan by
+at most the rest of a run. The summary prints the minutes planned and taken, per arm and in all.
 
     single  the tiny preset (presets/runs/tiny-cpu.toml), single-turn, in deterministic mode; a fault-free
             reference run of the same config comes first
@@ -14,7 +19,8 @@ of its step time):
             the table counts those timeouts. Deterministic mode refuses multi-turn (tool latencies decide when a
             turn is generated), so this arm has no reference run and no weights comparison
 
-Faults (from the first checkpoint on, each at a random moment 20-60 s after the previous; the kinds come as a
+Faults (from the first checkpoint on until the arm's share of `--minutes` ends, each at a random moment 20-60 s
+after the previous; the kinds come as a
 shuffled bag, every kind once before any repeats; `--seed` replays a schedule, `--faults` restricts the kinds):
 
     replica           kill -9 of the rollout replica's process (the run replaces it)
@@ -47,6 +53,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -73,13 +80,22 @@ STALL_S = 300
 KINDS = ("replica", "trainer", "driver-term", "receiver-mid-sync", "disk-full")
 
 
+PROBE_STEPS = 6
+"""Steps of the fault-free probe that measures an arm's step time (the first, which waits for generation to fill
+the pipeline, is left out of the mean)."""
+MIN_STEPS = 12
+"""The shortest faulted run (three periodic checkpoints: every 2 versions × a sync every 2 steps)."""
+FAULT_GAP_S = 40.0
+"""The mean time between two faults (drawn uniformly in 20-60 s)."""
+RELAUNCHING = ("trainer", "driver-term")
+"""The fault kinds that end a launch (the soak relaunches it with `--resume auto`: one more start-up)."""
+
+
 @dataclass
 class Arm:
     name: str
     preset: Path
     overrides: tuple[str, ...]
-    step_s: float
-    """Seconds per local step on two loaded cores (to size minutes into steps)."""
     deterministic: bool = False
     """Deterministic mode: a fault-free reference run first, and its final weights must be matched."""
     tool_file: Path | None = None
@@ -88,11 +104,11 @@ class Arm:
 
 ARMS = {
     "single": Arm("single", REPO / "presets" / "runs" / "tiny-cpu.toml",
-                  ("data.max_response_length=4", "trainer.deterministic=true"), 0.45, deterministic=True),
+                  ("data.max_response_length=4", "trainer.deterministic=true"), deterministic=True),
     "multi": Arm("multi", REPO / "presets" / "runs" / "tiny-tools-cpu.toml",
                  ("rollout.multi_turn.tools=[]",
                   f'rollout.multi_turn.tool=[{{name="lookup", function="{HANG_TOOL}:lookup", '
-                  f'timeout_s={HANG_TIMEOUT_S}, description="the secret of this prompt"}}]'), 0.4, tool_file=HANG_TOOL),
+                  f'timeout_s={HANG_TIMEOUT_S}, description="the secret of this prompt"}}]'), tool_file=HANG_TOOL),
 }
 
 
@@ -118,10 +134,45 @@ class Bag:
         return self.left.pop()
 
 
+def probe(arm: Arm, out: Path, log: Path) -> dict:
+    """A fault-free run of `PROBE_STEPS` steps of the arm's config: `startup_s` (launch → first step recorded),
+    `step_s` (mean of the trainer's `timing_s/step` after the first step: its wall time per local step, the
+    wait for generation and the checkpoints included) and `total_s`; `error` when it failed."""
+    run_dir = out / f"{arm.name}-probe"
+    t0 = time.monotonic()
+    proc, startup = launch(arm.preset, sets(arm, run_dir, PROBE_STEPS, f"soak-{arm.name}-probe", None, None), log), None
+    while proc.poll() is None:
+        if startup is None and trained_steps(run_dir):
+            startup = time.monotonic() - t0
+        time.sleep(0.2)
+    kill_session(proc.pid)
+    total = time.monotonic() - t0
+    times = [r["timing_s/step"] for r in read_jsonl(run_dir / "metrics.jsonl") if "critic/rewards/mean" in r][1:]
+    if proc.returncode != 0 or not times:
+        return {"error": f"the fault-free probe failed (exit {proc.returncode})", "total_s": total}
+    step_s = statistics.fmean(times)
+    return {"startup_s": startup if startup is not None else total - len(times) * step_s, "step_s": step_s,
+            "total_s": total}
+
+
+def plan(budget_s: float, startup_s: float, step_s: float, reference: bool, kinds: list[str]) -> int:
+    """Steps N of an arm whose remaining share is `budget_s`: the reference run (when there is one) takes
+    startup + N·step, the faulted run (startup + N·step) / (1 − f), where f is the share of its time lost to
+    faults — each relaunching fault (`RELAUNCHING`, drawn with its share q of the kinds every `FAULT_GAP_S` on
+    average) costs a start-up and ~2 steps redone from the last checkpoint, and the pause/resume knob 5 s a
+    minute — capped at 0.7. Even (a sync every 2 steps), at least `MIN_STEPS`."""
+    q = sum(k in RELAUNCHING for k in kinds) / max(1, len(kinds))
+    f = min(0.7, q * (startup_s + 2 * step_s) / FAULT_GAP_S + 5 / 60)
+    runs = (1 if reference else 0) + 1 / (1 - f)
+    n = (budget_s / runs - startup_s) / max(step_s, 1e-3)
+    return max(MIN_STEPS, int(n) // 2 * 2)
+
+
 def soak(arm: Arm, run_dir: Path, steps: int, rng: random.Random, kinds: list[str], disk: Path | None,
-         log: Path) -> int:
-    """Run `arm` with faults until it ends (exit 0) or gives up; the faults land in `arm.faults`; returns the
-    number of launches."""
+         log: Path, deadline: float) -> int:
+    """Run `arm` with faults until it ends (exit 0) or gives up; faults and knob actions only until `deadline`
+    (time.monotonic(); the run is let to finish after it); the faults land in `arm.faults`; returns the number of
+    launches."""
     name = f"soak-{arm.name}"
     trigger = run_dir.parent / f"{arm.name}-kill-receiver"
     trigger.unlink(missing_ok=True)
@@ -166,6 +217,8 @@ def soak(arm: Arm, run_dir: Path, steps: int, rng: random.Random, kinds: list[st
         if full_until is not None and now >= full_until:
             (disk / "ballast").unlink(missing_ok=True)
             full_until = None
+        if now >= deadline:  # the share is spent: no more faults or knob actions, the run finishes
+            next_knob = next_fault = float("inf")
         if now >= next_knob:
             ok = ctl(name, "pause")
             time.sleep(5)
@@ -208,22 +261,31 @@ def soak(arm: Arm, run_dir: Path, steps: int, rng: random.Random, kinds: list[st
     return launches
 
 
-def run_arm(arm: Arm, steps: int, out: Path, rng: random.Random, kinds: list[str], log: Path) -> dict:
-    """The fault-free reference (deterministic arms), then the faulted run, then the checks; the arm's summary."""
+def run_arm(arm: Arm, share_s: float, out: Path, rng: random.Random, kinds: list[str], log: Path) -> dict:
+    """The probe (sizing the arm to its `share_s` of wall clock), the fault-free reference (deterministic arms),
+    then the faulted run (faults until the share's end), then the checks; the arm's summary."""
+    start = time.monotonic()
+    deadline = start + share_s
+    measured = probe(arm, out, log)
+    if "error" in measured:
+        return {"arm": arm.name, "steps": 0, "error": measured["error"], "checks": {"probe run": False},
+                "faults": [], "planned_s": round(share_s), "taken_s": round(time.monotonic() - start)}
+    steps = plan(deadline - time.monotonic(), measured["startup_s"], measured["step_s"], arm.deterministic, kinds)
     t0 = time.monotonic()
     ref = out / f"{arm.name}-reference" if arm.deterministic else None
     if ref is not None:
         rc = launch(arm.preset, sets(arm, ref, steps, f"soak-{arm.name}-reference", None, None), log).wait()
         if rc != 0:
             return {"arm": arm.name, "steps": steps, "error": f"the fault-free reference run failed (exit {rc})",
-                    "checks": {"reference run": False}, "faults": []}
+                    "checks": {"reference run": False}, "faults": [], "planned_s": round(share_s),
+                    "taken_s": round(time.monotonic() - start)}
     ref_s = time.monotonic() - t0
     disk = out / f"{arm.name}-disk"
     mounted = "disk-full" in kinds and os.geteuid() == 0 and mount_tmpfs(disk, 64)
     t1 = time.monotonic()
     run_dir = out / arm.name
     try:
-        launches = soak(arm, run_dir, steps, rng, kinds, disk if mounted else None, log)
+        launches = soak(arm, run_dir, steps, rng, kinds, disk if mounted else None, log, deadline)
     finally:
         if mounted:
             subprocess.run(["umount", "-l", str(disk)], check=False)
@@ -243,7 +305,9 @@ def run_arm(arm: Arm, steps: int, out: Path, rng: random.Random, kinds: list[str
         checks["no tool box outlived the run"] = processes_mentioning(str(arm.tool_file)) == []
         checks["hung tools answered within their deadline + 2 s"] = tools["latency_max_s"] < HANG_TIMEOUT_S + 2
     errors = [e for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] == "checkpoint" and e["level"] == "error"]
-    return {"arm": arm.name, "steps": steps, "reference_s": round(ref_s) if ref else None, "soak_s": round(soak_s),
+    return {"arm": arm.name, "steps": steps, "planned_s": round(share_s), "taken_s": round(time.monotonic() - start),
+            "probe": {k: round(v, 2) for k, v in measured.items()}, "faulted_until_s": max(0, round(deadline - t1)),
+            "reference_s": round(ref_s) if ref else None, "soak_s": round(soak_s),
             "launches": launches, "disk_fault": mounted, "faults": arm.faults, "checks": checks,
             "checkpoint_errors": len(errors), "ledger_problem": ledger_exact(run_dir, steps * PROMPTS_PER_STEP),
             "tools": tools, "final_hash": final_hash(run_dir)}
@@ -269,7 +333,8 @@ def table(results: list[dict]) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--minutes", type=float, default=30.0, help="faulted running, split between the arms")
+    ap.add_argument("--minutes", type=float, default=30.0,
+                    help="the soak's wall-clock plan, split between the arms (probe, reference, faulted run)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--arms", default="single,multi", help=f"comma-separated, of {', '.join(ARMS)}")
@@ -287,12 +352,19 @@ def main() -> int:
     log = out / "launches.log"
     rng = random.Random(seed)
     results = []
-    for arm in arms:
-        steps = max(20, int(a.minutes / len(arms) * 60 / arm.step_s) // 2 * 2)
-        results.append(run_arm(arm, steps, out, rng, kinds, log))
-    (out / "soak.json").write_text(json.dumps({"seed": seed, "minutes": a.minutes, "arms": results}, indent=2))
+    t0 = time.monotonic()
+    for arm in arms:  # an even share each (an arm's overrun — the rest of its last run — does not cut the next)
+        results.append(run_arm(arm, a.minutes * 60 / len(arms), out, rng, kinds, log))
+    taken = (time.monotonic() - t0) / 60
+    (out / "soak.json").write_text(json.dumps({"seed": seed, "minutes": a.minutes, "minutes_taken": round(taken, 1),
+                                               "arms": results}, indent=2))
     print(f"soak: seed {seed}; {out}")
+    print(f"soak: {a.minutes:g} min planned, {taken:.1f} min taken")
     for res in results:
+        print(f"soak: arm {res['arm']}: {res['planned_s'] / 60:.1f} min planned, {res['taken_s'] / 60:.1f} min taken"
+              + (f" (probe: {res['probe']['step_s']:.2f} s/step, start-up {res['probe']['startup_s']:.0f} s; "
+                 f"faults for the first {res['faulted_until_s'] / 60:.1f} min of the faulted run)"
+                 if "probe" in res else ""))
         if "error" in res:
             print(f"soak: arm {res['arm']}: {res['error']}; see {log}")
             continue
@@ -302,8 +374,9 @@ def main() -> int:
             tools = (f"; tool calls {int(t['calls'])} ({int(t['errors'])} errors, {int(t['timeouts'])} of them "
                      f"timeouts), slowest answer {t['latency_max_s']:.1f} s")
         ref = f", reference {res['reference_s'] / 60:.1f} min" if res["reference_s"] else ""
-        print(f"soak: arm {res['arm']}: {res['steps']} steps, {res['soak_s'] / 60:.1f} min under faults "
-              f"({res['launches']} launches){ref}{tools}")
+        print(f"soak: arm {res['arm']}: {res['steps']} steps, faulted run {res['soak_s'] / 60:.1f} min "
+              f"({res['launches']} launches, {sum(bool(f['injected']) for f in res['faults'])} faults or knob "
+              f"actions injected){ref}{tools}")
         mid = [f.get("recovery") for f in res["faults"] if f["kind"] == "receiver-mid-sync" and f["injected"]]
         if mid:
             print(f"soak: arm {res['arm']}: replica killed mid-sync {len(mid)}×: replacement's weights checked "

@@ -214,6 +214,10 @@ class DebugConfig(Section):
     """Kill the trainer's process (`os._exit`) right after this local step (tests failure reporting and
     resume; None or 0 = off). A resume from an earlier checkpoint reaches the step again: pass
     `--set debug.kill_trainer_at_step=0` to resume past it."""
+    stop_at_step: int | None = Field(None, ge=0)
+    """Ask for a graceful stop (as `asyncrl ctl RUN stop` or SIGTERM do) at the step boundary after this local
+    step: the stop checkpoint is cut there (tests a resume from a chosen step, between two syncs or at one;
+    None or 0 = off). Fires once per launch, and not on a resume from a checkpoint at or after this step."""
     corrupt_sync_bucket: int | None = Field(None, ge=0)
     """Flip one byte of this weight-sync bucket (0-based) on the trainer after its checksum was taken, as a
     fault on the wire would, at every sync (tests the delivery check: the run fails naming the replica and

@@ -2,7 +2,8 @@
 
 Layout of `<checkpoint root>/global_step_<local step>/`:
 
-    trainer/         the trainer backend's own save (weights, optimizer, RNG states)
+    trainer/         the trainer backend's own save (weights, optimizer, RNG states); taken between two syncs,
+                     also the version's weights (the snapshot of the last sync, `save_version`)
     state.json       version, local step, counters, ledger position, prompt-stream position, budget
     queued.json      the TrajectoryGroups waiting to be trained (the trainer's buffer first, then the queue)
     in_flight.json   the prompts being generated: their finished trajectories and, for every unfinished

@@ -225,7 +225,21 @@ def resume_message(point: ResumePoint, rewound: dict[str, int], partial_rollout:
             f"({how}); rolled back {rewound['ledger_lines']} ledger line(s) and {rewound['metric_records']} "
             "metric record(s) written after the checkpoint"
             + (f"; {rewound['set_aside']} newer checkpoint(s) set aside" if rewound.get("set_aside") else "")
-            + _light_note(point.state))
+            + (_light_note(point.state) or _version_note(point.state)))
+
+
+def _version_note(state: dict[str, Any]) -> str:
+    """For a full checkpoint taken between two syncs: which weights the replicas continue with."""
+    since = int(state.get("since_sync") or 0)
+    if since <= 0:
+        return ""
+    v, step = state.get("version"), state.get("step")
+    if state.get("version_weights"):
+        return (f"; taken {since} step(s) after the sync of version {v}: the replicas get version {v}'s own "
+                f"weights (kept at its sync), the trainer continues from step {step}'s")
+    return (f"; taken {since} step(s) after the sync of version {v}, without that version's weights (this mode "
+            f"keeps none: rollout_correction.bypass_mode outside deterministic mode): the replicas continue with "
+            f"the weights of step {step}, not version {v}'s, until the next sync")
 
 
 def _light_note(state: dict[str, Any]) -> str:

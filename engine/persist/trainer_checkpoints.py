@@ -2,7 +2,10 @@
 
 `save_checkpoint` writes the trainer backend's save (weights, optimizer, RNG states), the loop's counters,
 the rollout-side cut and the queued groups (`engine.persist.checkpoint`); `state.json` also records
-`weights_sha256`. The hash is
+`weights_sha256`. A checkpoint taken between two syncs (`since_sync > 0`, a stop or on-demand one) by a trainer
+that keeps the version's weights θ_v (the snapshot of the last sync: decoupled or deterministic mode) writes θ_v
+beside the live weights (`save_version`; `state.json`'s `version_weights`), and a resume restores it
+(`load_version`) as the snapshot the replicas are given (`TrainerSync.push_version`) and π_prox is. The hash is
 
     sha256( for each exported bucket in export order, for each name in sorted order:
             name ‖ dtype ‖ shape ‖ the tensor's bytes (C order) )
@@ -53,6 +56,8 @@ class TrainerCheckpoints:
     _full_ckpt_s: float | None = None  # the last full checkpoint's measured write time
     _weights_ckpt: dict[str, Any] | None = None  # the last full checkpoint: path, step, weights_sha256
     stop_state: dict[str, Any] | None = None  # what the stop wrote: kind, path, weights_step
+    keeps_version: bool = False  # the snapshot θ_v is kept (`TrainerCore.__init__`)
+    _version_restored: bool = False
 
     def set_stop_deadline(self, deadline: float | None, weight_bytes: int = 0) -> None:
         if deadline is not None:
@@ -63,6 +68,8 @@ class TrainerCheckpoints:
         st = resume["state"]
         if resume.get("trainer_dir"):
             self.backend.load(resume["trainer_dir"])
+            if st.get("version_weights") and st.get("stop_state") != "light":  # θ_v, written between two syncs
+                self._version_restored = self.backend.load_version(resume["trainer_dir"])
             path = os.path.dirname(os.path.abspath(resume["trainer_dir"]))
             self._weights_ckpt = {"path": path, "step": st.get("weights_step", st.get("step")),
                                   "weights_sha256": st.get("weights_sha256")}
@@ -107,9 +114,11 @@ class TrainerCheckpoints:
                          weights_sha256=weights["weights_sha256"] if weights else None)
         else:
             state["weights_sha256"] = self.weights_sha256()
+            state["version_weights"] = self.keeps_version and self.loop.since_sync > 0
         queued = [g.to_json() for g in self.loop.current + self.loop.buffer] + snapshot["queued"]
         path = write_checkpoint(ckpt.root(self.run_dir), self.local_step,
-                                save_trainer=None if light else (lambda p: self.backend.save(str(p))), state=state,
+                                save_trainer=None if light else (lambda p: self._save_trainer(str(p), state)),
+                                state=state,
                                 queued=queued, in_flight=snapshot["in_flight"], keep_last=ckpt.keep_last,
                                 weights_from=weights["path"] if weights else None)
         self._last_ckpt_step = self.local_step
@@ -129,6 +138,12 @@ class TrainerCheckpoints:
             queued=len(queued), in_flight=len(snapshot["in_flight"]), weights_sha256=state["weights_sha256"],
             light=light))
         return str(path)
+
+    def _save_trainer(self, path: str, state: dict[str, Any]) -> None:
+        """The backend's save, and between two syncs the version's weights θ_v beside it (`save_version`)."""
+        self.backend.save(path)
+        if state.get("version_weights"):
+            self.backend.save_version(path)
 
     def periodic_checkpoint(self, snapshot: dict | None) -> None:
         """A periodic save. One that fails for lack of space (`NoSpaceForCheckpoint`: its partial directory is

@@ -109,7 +109,8 @@ TERMS = {
                      "reduce-scatter)",
     "moe_dispatch": "Megatron MoE token dispatcher: permuted input and output, 2·T'·k·h·b_c",
     "attention_scores": "eager attention: the softmax probabilities (fp32 and compute dtype) of every layer, H·T·S per layer",
-    "prox_snapshot": "π_prox snapshot of this rank's parameters (decoupled mode; pinned host memory)",
+    "prox_snapshot": "the version's weights θ_v, a snapshot of this rank's parameters (π_prox in decoupled mode; "
+                     "deterministic mode keeps it for an exact resume between syncs; pinned host memory)",
     "weight_sync_bucket": "one weight-sync bucket (rollout.weight_sync_bucket_mb)",
     "weight_sync_back_buffer": "a second copy of the replica's weights (rollout.weight_sync_back_buffer = \"on\")",
     "runtime": "CUDA/CANN context and allocator fragmentation (2 GB; 0.3 GB on CPU)",
@@ -318,7 +319,7 @@ def trainer_memory(cfg: RunConfig, m: ModelShape, world: int, capacity: float, d
     if t.backend != "megatron" and eager_attention(cfg, seq):
         held = 1 if recompute else m.layers
         terms["attention_scores"] = held * m.heads * shard_tokens * seq * (4 + (b_c if b_c < 4 else 0))
-    if not cfg.algorithm.rollout_correction.bypass_mode:  # decoupled: π_prox snapshot of this rank's shards
+    if not cfg.algorithm.rollout_correction.bypass_mode or t.deterministic:  # θ_v: π_prox, the exact resume
         host["prox_snapshot"] = terms["weights"] * (b_p / b_c if t.backend == "megatron" else 1)
     host["weight_sync_bucket"] = cfg.rollout.weight_sync_bucket_mb * 2**20
     on_cpu = device == "cpu"

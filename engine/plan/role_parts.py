@@ -222,6 +222,8 @@ class FaultSpec:
     kill_trainer_at_step: int = 0
     kill_replica_mid_sync_file: str | None = None
     """When this file exists, the replica receiving a sync deletes it and dies after the first bucket."""
+    stop_at_step: int = 0
+    """A graceful stop at the boundary after this local step (once per launch)."""
 
 
 def rollout_dtype(cfg: RunConfig) -> str | None:
@@ -315,4 +317,4 @@ def sampling_of(cfg: RunConfig, validation: bool = False) -> SamplingParams:
 def fault_spec(cfg: RunConfig) -> FaultSpec:
     dbg = cfg.debug
     return FaultSpec(dbg.kill_replica_at_step or 0, dbg.kill_trainer_at_step or 0,
-                     dbg.kill_replica_mid_sync_file or None)
+                     dbg.kill_replica_mid_sync_file or None, dbg.stop_at_step or 0)

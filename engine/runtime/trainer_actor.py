@@ -42,14 +42,15 @@ from engine.algo.batching import LogRatioObserver, is_ratio_metrics, prepare_bat
 from engine.persist.ledger import Ledger
 from engine.persist.trainer_checkpoints import TrainerCheckpoints
 from engine.runtime.trainer_group import TrainerGroup
-from engine.sync.object_store import ObjectStoreSync
-from engine.sync.runtime import publish
 from engine.runtime.trainer_sync import TrainerSync
 from engine.sync.verify import DeliveryCheck
 from engine.telemetry.sinks import scalars_as_numbers
 from engine.types import TrajectoryGroup
 
 
+CONTROLLER_ANSWER_S = 60.0
+"""The longest the trainer waits for the run's controller to record a knob acknowledgement (`AckKnob`; it answers
+at once unless its process is stalled)."""
 ELASTIC_ANSWER_S = 30.0
 """Elastic cores: how long a step waits for the rollouter's thread answer before it trains with the threads it has
 (the rollouter answers at once unless its process is stalled; a dead one raises)."""
@@ -104,9 +105,14 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
         self._sync_snapshot: dict | None = None  # rollout-side cut taken at a sync, for a periodic checkpoint
         self._phase_seq = 0  # elastic cores: the number of the trainer's last wait / compute report
         self.t0 = time.time()
+        # the version's weights θ_v (the snapshot at each sync): π_prox in decoupled mode; deterministic mode keeps
+        # them too, so that a resume between two syncs serves the replicas θ_v (`TrainerSync.push_version`)
+        self.keeps_version = not self.rc.bypass_mode or spec.backend.deterministic
+        self._version_restored = False  # `_restore` took θ_v from a checkpoint taken between two syncs
         if spec.resume:
             self._restore(spec.resume)
-        if not self.rc.bypass_mode:
+        self._start_step = self.local_step
+        if self.keeps_version and not self._version_restored:
             self.backend.snapshot_params()
 
     # the loop's state, read by the shell
@@ -166,6 +172,9 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
             actions = ray.get(self.controller.take_actions.remote("trainer", self.local_step))
             if "stop" in actions:
                 self.request_stop("requested through the controller")
+            stop_at = self.spec.faults.stop_at_step  # [debug]: once per launch, not on a resume at or past it
+            if stop_at and self._start_step < stop_at == self.local_step:
+                self.request_stop(f"debug.stop_at_step={stop_at}")
             return self.loop.control(self.inbox.take(knobs), actions)
         if isinstance(c, Pull):
             self._await_replacements()
@@ -192,7 +201,7 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
             ray.get(self.rollouter.allow.remote(c.need))
             return []
         if isinstance(c, AckKnob):  # waited for: a follower (the rollouter, at a sync too) reads it next
-            ray.get(self.controller.ack_knob.remote(c.name, c.version, self.local_step))
+            self._ack_knob(c)
             return []
         if isinstance(c, Sync):
             self._rec.update(self._sync(c))
@@ -216,6 +225,17 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
             self.controller.record_event.remote(self._ev(c.level, c.kind, c.message, **c.extra))
             return []
         raise TypeError(f"not a trainer command: {c!r}")
+
+    def _ack_knob(self, c: AckKnob) -> None:
+        """The knob change is in force here: tell the run's controller, waiting at most `CONTROLLER_ANSWER_S`. A
+        controller that does not answer fails the step with one line (the run then ends with a checkpoint and
+        the resume command) rather than hanging the trainer at a step boundary."""
+        try:
+            ray.get(self.controller.ack_knob.remote(c.name, c.version, self.local_step), timeout=CONTROLLER_ANSWER_S)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"the run's controller did not acknowledge the change of {c.name} (knob version "
+                               f"{c.version}) within {CONTROLLER_ANSWER_S:.0f} s: it is stalled or unreachable") \
+                from None
 
     def _take_threads(self) -> None:
         """At the step boundary: elastic cores give the step its thread count (their `SetThreads("trainer")`,
@@ -387,9 +407,6 @@ class Trainer:
         self.core.request_stop(reason, deadline, weight_bytes)
 
     def push_weights(self) -> None:
-        """Resume: give the rollout replicas the restored weights before generation starts."""
-        core = self.core
-        sent = publish(ObjectStoreSync(), core.version, core.backend.export_weights(core.bucket_bytes),
-                       lambda refs: core.rollouter.load_weights.remote(core.version, refs))
-        core._verify_delivery(core.version, sent, ray.get(sent.out))
+        """Resume: give the rollout replicas the restored version's weights before generation starts."""
+        self.core.push_version()
 

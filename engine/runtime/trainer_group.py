@@ -19,9 +19,10 @@ dp(r) is the rank's data-parallel index as the backend reports it (FSDP2: r; Meg
 index's lowest rank is its leader: its log-probs (π_θ and the proximal π_prox alike) and its loss observations
 stand for the replica's (its TP peers computed the same numbers).
 
-Collective calls without data (`snapshot_params`, `export_weights`, `save`, `load`, `set_lr`) run on every
-rank; `export_weights` yields rank 0's buckets while the other ranks drop theirs (they are empty). Ray runs a
-caller's calls to an actor in order, so all ranks meet the collectives in the same order.
+Collective calls without data (`snapshot_params`, `snapshot_swap`, `export_weights`, `save`, `load`,
+`save_version`, `load_version`, `set_lr`) run on every rank; `export_weights` yields rank 0's buckets while the
+other ranks drop theirs (they are empty). Ray runs a caller's calls to an actor in order, so all ranks meet the
+collectives in the same order.
 
 Start-up: rank 0 picks the rendezvous (`free_port()` on its node's IP), creates the worker actors, joins the
 process group itself and builds its backends while they do the same, then waits for them to be ready.
@@ -260,6 +261,15 @@ class BackendGroup:
     # --- collective, no data ----------------------------------------------------------------------------
     def snapshot_params(self) -> None:
         self._on_all("snapshot_params")
+
+    def snapshot_swap(self, to_snapshot: bool) -> None:
+        self._on_all("snapshot_swap", to_snapshot)
+
+    def save_version(self, path: str) -> None:
+        self._on_all("save_version", path)
+
+    def load_version(self, path: str) -> bool:
+        return bool(self._on_all("load_version", path))
 
     def export_weights(self, bucket_bytes: int) -> Iterator[dict[str, Any]]:
         """Rank 0's buckets of the full weights, as it makes them; the other ranks join the gather and drop

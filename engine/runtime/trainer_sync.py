@@ -1,5 +1,6 @@
 """The trainer's weight-sync methods (a part of `engine.runtime.trainer_actor.TrainerCore`): the per-sync push
-(`_sync`: export → transport → the delivery check → metrics and the `sync` event), the catch-up broadcast to
+(`_sync`: export → transport → the delivery check → the snapshot θ_v → metrics and the `sync` event), the
+resume's push of the version's weights (`push_version`), the catch-up broadcast to
 replaced replicas of a collective transport (`_catch_up`), and the wait for them before training on
 (`_await_replacements`)."""
 
@@ -13,6 +14,7 @@ import ray
 from engine.loop.commands import Sync
 from engine.runtime.sync_report import sync_event, sync_metrics
 from engine.sync.collective import CollectiveSync
+from engine.sync.object_store import ObjectStoreSync
 from engine.sync.runtime import publish
 from engine.sync.verify import DeliveryReport
 
@@ -25,6 +27,7 @@ class TrainerSync:
     """Sync methods of `TrainerCore` (uses its loop, backend, weight_sync, rollouter, controller and delivery)."""
 
     _stop_reason: str | None = None
+    keeps_version: bool = False  # the snapshot θ_v is kept (`TrainerCore.__init__`)
 
     def _sync(self, c: Sync) -> dict[str, float]:
         """Push the weights of `c.version` (bucketed, by `rollout.weight_sync`'s transport) to every replica."""
@@ -39,7 +42,7 @@ class TrainerSync:
         out = ray.get(sent.out)
         report = self._verify_delivery(version, sent, out.pop("receipts"))
         self._sync_snapshot = out.pop("snapshot", None)
-        if not self.rc.bypass_mode:
+        if self.keeps_version:  # θ_v: π_prox (decoupled mode), what a resume between syncs serves
             t_snap = time.monotonic()
             self.backend.snapshot_params()
             out["asyncrl/prox_snapshot_s"] = time.monotonic() - t_snap
@@ -47,6 +50,22 @@ class TrainerSync:
         msg, fields = sync_event(version, out, report, self.loop.next_trigger, type(self.weight_sync).__name__)
         self.controller.record_event.remote(self._ev("info", "sync", msg, **fields))
         return out
+
+    def push_version(self) -> None:
+        """Resume: give the replicas the weights of the current version v before generation starts — the
+        snapshot θ_v where one is kept (from the checkpoint when it was taken between two syncs: the trainer's
+        own weights are `since_sync` steps past θ_v then), swapped in and out bit-exactly; else the trainer's
+        current weights (the resume line says so)."""
+        version, swap = self.version, self.keeps_version
+        if swap:
+            self.backend.snapshot_swap(True)
+        try:
+            sent = publish(ObjectStoreSync(), version, self.backend.export_weights(self.bucket_bytes),
+                           lambda refs: self.rollouter.load_weights.remote(version, refs))
+        finally:
+            if swap:
+                self.backend.snapshot_swap(False)
+        self._verify_delivery(version, sent, ray.get(sent.out))
 
     def _catch_up(self) -> bool:
         """Collective sync: a replaced replica waits for the weights of the last sync. While this trainer still

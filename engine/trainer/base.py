@@ -77,7 +77,22 @@ class TrainerBackend(Protocol):
         ...
 
     def snapshot_params(self) -> None:
-        """Copy the current parameters to (pinned) CPU memory: the proximal policy π_prox of decoupled mode."""
+        """Copy the current parameters to (pinned) CPU memory: the version's weights θ_v, taken at each sync —
+        the proximal policy π_prox of decoupled mode, and what a resume between two syncs serves."""
+        ...
+
+    def snapshot_swap(self, to_snapshot: bool) -> None:
+        """True: the snapshot into the parameters (the live values set aside); False: the live values back,
+        bit-exactly."""
+        ...
+
+    def save_version(self, path: str) -> None:
+        """Write the snapshot into the trainer checkpoint directory `path` (after `save`; a checkpoint taken
+        between two syncs)."""
+        ...
+
+    def load_version(self, path: str) -> bool:
+        """After `load(path)`: restore the snapshot the checkpoint holds; False when it holds none."""
         ...
 
     def proximal_log_probs(self, batch: TrainBatch) -> torch.Tensor:

@@ -4,6 +4,8 @@
     path/optimizer.pt          optimizer state keyed by parameter name (torch.distributed.checkpoint format)
     path/trainer_state.json    optimizer step, base learning rate
     path/rng_rank{r}.pt        python / numpy / torch (CPU and CUDA) RNG states of rank r
+    path/version.safetensors   taken between two syncs: the version's weights, the snapshot of the last sync
+                               (`engine.trainer.version_weights`; FSDP2: `version_dcp/`, and `dcp/` for the rest)
 
 Everything is written into `path.tmp-<token>` first; `publish` then swaps it into place with renames, so
 a crash never leaves a half-written `path`.

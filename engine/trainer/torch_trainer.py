@@ -55,7 +55,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 from engine.multimodal.forward import vision_inputs
 from engine.multimodal.vision import ImageEncoder, VisionSpec, model_dir_of, placeholder_token_ids
-from engine.trainer import torch_weights
+from engine.trainer import torch_weights, version_weights
 from engine.trainer.torch_weights import tied_aliases
 from engine.trainer.base import LossFn, TrainBatch
 from engine.trainer.batch import FILLER, is_filler, lockstep_log_probs, plan_micro_batches, trim_padding
@@ -181,6 +181,7 @@ class TorchTrainerBackend(WarmupSchedule):
         self.extra_metrics: dict[str, float] = {}
         self._snapshot: list[torch.Tensor] | None = None
         self._live: list[torch.Tensor] | None = None
+        self._swapped = False  # the snapshot is in the parameters (`snapshot_swap`)
         self._plain_state: bool | None = None  # `full_state_dict`: whether `model.state_dict()` gives the same
 
     # --- distributed hooks (identity for one process) --------------------------------------------------
@@ -391,45 +392,41 @@ class TorchTrainerBackend(WarmupSchedule):
             norm = norm.full_tensor()
         return float(norm)
 
-    # --- proximal policy snapshot ----------------------------------------------------------------------
+    # --- the version's weights: π_prox and the resume's snapshot (`engine.trainer.version_weights`) -------
     def _cpu_buffers(self) -> list[torch.Tensor]:
-        pin = torch.cuda.is_available()
-        return [torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=pin) for p in self._local_params()]
+        return version_weights.cpu_buffers(self)
 
     def snapshot_params(self) -> None:
         """Copy the current parameters (this rank's shards) to CPU — pinned when CUDA is available."""
-        params = self._local_params()
-        if self._snapshot is None:
-            self._snapshot = self._cpu_buffers()
-        with torch.no_grad():
-            for dst, src in zip(self._snapshot, params):
-                dst.copy_(src)
+        version_weights.snapshot_params(self)
+
+    def snapshot_swap(self, to_snapshot: bool) -> None:
+        """Swap the snapshot into the parameters (True) or the live values back, bit-exactly (False)."""
+        version_weights.swap(self, to_snapshot)
 
     def proximal_log_probs(self, batch: TrainBatch) -> torch.Tensor:
         """log π_prox [B, R] under the snapshot; the live weights are copied aside and restored bit-exactly.
         The copy time is stored as `timing_s/prox_swap` in the next `train_step`'s metrics."""
-        if self._snapshot is None:
-            raise RuntimeError("proximal_log_probs needs snapshot_params() first")
         start = time.perf_counter()
-        params = self._local_params()
-        if self._live is None:
-            self._live = self._cpu_buffers()
-        with torch.no_grad():
-            for live, p, snap in zip(self._live, params, self._snapshot):
-                live.copy_(p)
-                p.copy_(snap)
+        self.snapshot_swap(True)
         swap_seconds = time.perf_counter() - start
         try:
             log_probs, _ = self.compute_log_probs(batch)
         finally:
             restore_start = time.perf_counter()
-            with torch.no_grad():
-                for live, p in zip(self._live, params):
-                    p.copy_(live)
+            self.snapshot_swap(False)
             swap_seconds += time.perf_counter() - restore_start
         self.extra_metrics["timing_s/prox_swap"] = swap_seconds
         self.extra_metrics["timing_s/prox_log_probs"] = time.perf_counter() - start
         return log_probs
+
+    def save_version(self, path: str) -> None:
+        """Write the snapshot (the version's weights) into the trainer checkpoint directory `path`."""
+        version_weights.save_version(self, path)
+
+    def load_version(self, path: str) -> bool:
+        """Restore the snapshot from `path` after `load`; False when the checkpoint holds none."""
+        return version_weights.load_version(self, path)
 
     # --- weights out and checkpoints (`engine.trainer.torch_weights`) -----------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:

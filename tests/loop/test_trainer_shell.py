@@ -55,13 +55,22 @@ class FakeRollouter:
     def __init__(self) -> None:
         self.syncs: list[tuple[int, bool]] = []
         self.released: list[tuple[list, str]] = []
+        self.pushed: dict[int, dict] = {}  # version → a copy of the weights a sync (or a resume) gave the replicas
+
+    def _keep(self, version: int, buckets: list) -> None:
+        self.pushed[version] = {k: v.clone() for b in buckets for k, v in b.items()}
 
     def update_weights(self, version: int, refs: list, step: int, cut: bool, held: int = 0) -> dict:
         self.syncs.append((version, cut))
+        self._keep(version, refs)
         out = {"asyncrl/sync/pause_s": 0.0, "asyncrl/sync/transfer_s": 0.0, "receipts": {}}
         if cut:
             out["snapshot"] = self.snapshot(False)
         return out
+
+    def load_weights(self, version: int, refs: list) -> dict:
+        self._keep(version, refs)
+        return {}
 
     def sync_generation(self) -> tuple[int, None]:
         return 0, None
@@ -104,7 +113,7 @@ def shell(tmp_path: Path, monkeypatch):
     from engine.models.loader import resolve_model_path
     from engine.runtime import trainer_actor, trainer_sync
 
-    def build(steps: int, *extra: str, groups: list[TrajectoryGroup] | None = None):
+    def build(steps: int, *extra: str, groups: list[TrajectoryGroup] | None = None, resume: dict | None = None):
         sets = [f'logging.run_dir="{tmp_path / "run"}"', f"rollout.total_rollout_steps={R * steps}", "rollout.n=2",
                 "trainer.ppo_mini_batch_size=4", "trainer.ppo_micro_batch_size_per_gpu=8", "trainer.test_freq=0",
                 "async_training.trigger_parameter_sync_step=1", "checkpoint.every_versions=2", *extra]
@@ -118,7 +127,7 @@ def shell(tmp_path: Path, monkeypatch):
         queue, rollouter = FakeQueue(_groups(R * steps) if groups is None else groups), FakeRollouter()
         model = resolve_model_path(cfg.model.path, seed=cfg.trainer.seed)
         identity = RunIdentity("test", cfg.name, str(tmp_path / "run"), str(model))
-        spec = resolve_plan(cfg).role_specs().bind(identity).trainer
+        spec = resolve_plan(cfg).role_specs().bind(identity, trainer_resume=resume).trainer
         t = trainer_actor.TrainerCore(spec, _Remote(queue), _Remote(rollouter), _Remote(core))
         return t, core, rollouter
 
@@ -139,6 +148,32 @@ def test_the_shell_trains_syncs_and_cuts_checkpoints_as_the_core_says(shell, tmp
     assert ckpts == ["global_step_2", "global_step_3"]  # periodic at v2, final at the end
     ledger = [json.loads(x) for x in (tmp_path / "run" / "ledger.jsonl").read_text().splitlines()]
     assert sum(e["status"] == "trained" for e in ledger) == 3 * R
+
+
+@pytest.mark.parametrize("mode", ["trainer.deterministic=true", "algorithm.rollout_correction.bypass_mode=false"])
+def test_a_stop_between_two_syncs_resumes_serving_the_versions_weights(shell, tmp_path, mode) -> None:
+    """Issue 48's soak: a sync every 2 steps, a graceful stop after step 3 (one step past the sync of v1). The
+    resumed trainer gives the replicas v1's weights — what that sync pushed — not its own step-3 weights, keeps
+    them as its snapshot (π_prox in decoupled mode), and itself continues from step 3's weights."""
+    import torch
+
+    from engine.persist.checkpoint import latest_valid, read_checkpoint
+
+    sets = ("async_training.trigger_parameter_sync_step=2", "debug.stop_at_step=3", mode)
+    t, _, rollouter = shell(8, *sets)
+    out = t.fit()
+    assert (out["local_step"], out["version"], out["stopped"]) == (3, 1, "debug.stop_at_step=3")
+    ckpt = read_checkpoint(latest_valid(tmp_path / "run" / "checkpoints"))
+    assert (ckpt["state"]["reason"], ckpt["state"]["since_sync"], ckpt["state"]["version_weights"]) == ("stop", 1, True)
+
+    resumed, _, replicas = shell(8, *sets, resume={"trainer_dir": ckpt["trainer_dir"], "state": ckpt["state"]})
+    resumed.push_version()
+    served, v1 = replicas.pushed[1], rollouter.pushed[1]
+    assert served.keys() == v1.keys() and all(torch.equal(served[k], v1[k]) for k in v1)
+    assert resumed.weights_sha256() == ckpt["state"]["weights_sha256"]  # the trainer's own: step 3's
+    live = resumed.backend.full_state_dict()
+    assert any(not torch.equal(served[k], live[k]) for k in served)  # step 3 moved past v1
+    assert all(torch.equal(a, b) for a, b in zip(resumed.backend._snapshot, t.backend._snapshot))
 
 
 def test_a_live_interval_and_a_stop_reach_the_actor_only_through_the_core(shell) -> None:
@@ -237,3 +272,28 @@ def test_the_final_checkpoint_on_a_full_disk_fails_the_run(shell, small_disk) ->
     with pytest.raises(RuntimeError, match="the final checkpoint failed: NoSpaceForCheckpoint: no space left"):
         t.fit()
     assert not [p for p in root.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_controller_that_never_acknowledges_a_knob_fails_the_run_with_one_line(shell, monkeypatch) -> None:
+    """The knob acknowledgement waits `CONTROLLER_ANSWER_S` at most; then the run fails naming the knob, with an
+    error event, instead of hanging at the step boundary."""
+    from engine.runtime import trainer_actor
+
+    t, core, _ = shell(3)
+    core.set_knob("trigger_parameter_sync_step", 2)  # the trainer acknowledges it at its first boundary
+    stalled, waits = object(), []
+    monkeypatch.setattr(core, "ack_knob", lambda *a: stalled)
+
+    def get(x, timeout=None):
+        if x is stalled:  # a controller that never answers: an unbounded wait would hang here for ever
+            waits.append(timeout)
+            assert timeout is not None, "the trainer waits for the controller without a timeout"
+            raise ray.exceptions.GetTimeoutError("no answer")
+        return x
+
+    monkeypatch.setattr(ray, "get", get)
+    with pytest.raises(RuntimeError, match="did not acknowledge the change of trigger_parameter_sync_step"):
+        t.fit()
+    assert waits == [trainer_actor.CONTROLLER_ANSWER_S]
+    errors = [e["message"] for e in core.snapshot()["events"] if e["level"] == "error"]
+    assert any("controller did not acknowledge" in m for m in errors), errors

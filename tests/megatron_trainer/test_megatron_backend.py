@@ -164,6 +164,13 @@ def test_save_and_load_work_in_decoupled_mode(build: Build, tmp_path: Path) -> N
         assert torch.equal(_params(second)[name], value), name
     assert torch.equal(second.proximal_log_probs(batch), prox)
     assert second.global_step == first.global_step == 1
+    assert second.load_version(str(tmp_path / "ckpt"))  # the version's weights (a resume between two syncs)
+    served = []
+    for backend in (first, second):  # exported with the snapshot swapped in, then the live weights back
+        backend.snapshot_swap(True)
+        served.append({k: v.clone() for b in backend.export_weights(2**20) for k, v in b.items()})
+        backend.snapshot_swap(False)
+    assert served[0].keys() == served[1].keys() and all(torch.equal(served[0][k], served[1][k]) for k in served[0])
     a, b = first.train_step(batch, nll_loss), second.train_step(batch, nll_loss)
     assert a["actor/loss"] == b["actor/loss"] and a["actor/grad_norm"] == b["actor/grad_norm"]
     for name, value in _params(first).items():

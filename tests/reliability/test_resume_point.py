@@ -113,3 +113,18 @@ def test_a_run_directory_that_is_not_the_checkpoints_is_refused(run_dir: Path) -
     (run_dir / "ledger.jsonl").write_text(_line({"uid": "9:9", "status": "trained"}) * 2)
     with pytest.raises(ResumeError, match="does not belong to this checkpoint"):
         find_resume_point(cfg, "auto")
+
+
+def test_the_resume_line_says_whose_weights_the_replicas_get_between_two_syncs() -> None:
+    """A checkpoint one step past a sync: with the version's weights the replicas get them; without (bypass mode
+    outside deterministic mode keeps none) the line says plainly that they continue with the step's."""
+    from engine.persist.resume import ResumePoint, resume_message
+
+    def line(**state) -> str:
+        ckpt = {"path": "ck/global_step_7", "queued": [], "in_flight": [],
+                "state": {"step": 7, "version": 3, "since_sync": 1, **state}}
+        return resume_message(ResumePoint(ckpt, Path("r")), {"ledger_lines": 0, "metric_records": 0}, False)
+
+    assert "the replicas get version 3's own weights" in line(version_weights=True)
+    assert "the replicas continue with the weights of step 7, not version 3's" in line(version_weights=False)
+    assert "replicas" not in line(since_sync=0)  # at a sync the trainer's weights are the version's

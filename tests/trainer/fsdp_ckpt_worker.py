@@ -26,11 +26,14 @@ def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
     try:
         a = _trainer(0)
         for step in range(2):
+            if step == 1:
+                a.snapshot_params()  # a sync: the version's weights; the save below is one step past it
             a.train_step(rank_slice(random_batch(rows=ROWS, seed=step), rank, world), token_mean_pg_loss)
         gathered: list[str] = []
         real = torch_weights.full_state_dict
         torch_weights.full_state_dict = lambda t: gathered.append("full") or real(t)  # spy: no full gather
         a.save(f"{out_dir}/ckpt")
+        a.save_version(f"{out_dir}/ckpt")
         torch_weights.full_state_dict = real
         after_save = torch.rand(3)
         nxt = rank_slice(random_batch(rows=ROWS, seed=5), rank, world)
@@ -39,12 +42,13 @@ def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
         b = _trainer(7)  # other initial weights: everything must come from the checkpoint
         b.load(f"{out_dir}/ckpt")
         restored_rng = torch.equal(torch.rand(3), after_save)
+        version = b.load_version(f"{out_dir}/ckpt") and all(torch.equal(x, y) for x, y in zip(a._snapshot, b._snapshot))
         mb = b.train_step(nxt, token_mean_pg_loss)
         pa, pb = _params(a), _params(b)
         group = checkpoint_group()
         result = {"gathered": gathered, "restored_rng": restored_rng, "step": b.global_step,
                   "same_metrics": ma["actor/grad_norm"] == mb["actor/grad_norm"] and ma["actor/lr"] == mb["actor/lr"],
-                  "same_params": all(torch.equal(pa[n], pb[n]) for n in pa),
+                  "same_params": all(torch.equal(pa[n], pb[n]) for n in pa), "same_version": version,
                   "group_backend": dist.get_backend(group),
                   "group_timeout_s": group._get_backend(torch.device("cpu")).options._timeout.total_seconds()}
         torch.save(result, f"{out_dir}/rank{rank}.pt")

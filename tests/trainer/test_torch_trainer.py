@@ -143,6 +143,35 @@ def test_snapshot_swap_is_bit_exact_and_prox_log_probs_use_the_snapshot(tiny_lm)
     assert "timing_s/prox_swap" not in trainer.train_step(batch, token_mean_pg_loss)
 
 
+def test_version_weights_survive_a_checkpoint_between_two_syncs(tiny_lm, tmp_path) -> None:
+    """A checkpoint one step after the snapshot (a sync) holds the version's weights beside the live ones; a fresh
+    backend restores both bit for bit, and exports the version's weights with the snapshot swapped in."""
+    from engine.trainer.version_weights import VERSION_FILE
+
+    model = tiny_lm()
+    a = make_trainer(copy.deepcopy(model), 4)
+    a.train_step(random_batch(seed=1), token_mean_pg_loss)
+    a.snapshot_params()  # the sync of version v
+    version = {k: v.clone() for k, v in a.full_state_dict().items()}
+    a.train_step(random_batch(seed=2), token_mean_pg_loss)  # since_sync = 1
+    a.save(str(tmp_path / "t"))
+    assert not a.load_version(str(tmp_path / "t"))  # nothing written yet: nothing restored
+    a.save_version(str(tmp_path / "t"))
+    assert (tmp_path / "t" / VERSION_FILE).is_file()
+    b = make_trainer(tiny_lm(), 4)
+    b.load(str(tmp_path / "t"))
+    assert b.load_version(str(tmp_path / "t"))
+    assert all(torch.equal(x, y) for x, y in zip(a.model.parameters(), b.model.parameters()))  # live: step s
+    assert all(torch.equal(x, y) for x, y in zip(a._snapshot, b._snapshot))  # snapshot: version v
+    b.snapshot_swap(True)
+    exported = {k: v.clone() for bucket in b.export_weights(2**20) for k, v in bucket.items()}
+    b.snapshot_swap(False)
+    assert exported.keys() == version.keys() and all(torch.equal(exported[k], version[k]) for k in version)
+    assert all(torch.equal(x, y) for x, y in zip(a.model.parameters(), b.model.parameters()))
+    batch = random_batch(seed=3)
+    torch.testing.assert_close(b.proximal_log_probs(batch), a.proximal_log_probs(batch), atol=0, rtol=0)
+
+
 def test_proximal_log_probs_needs_a_snapshot(tiny_lm) -> None:
     with pytest.raises(RuntimeError):
         make_trainer(tiny_lm(), 4).proximal_log_probs(random_batch())

@@ -63,7 +63,7 @@ from engine.trainer.megatron.optim import MainGradAdamW, MegatronDistOptimizer, 
 from engine.trainer.process_groups import all_reduce_values
 from engine.trainer.megatron.parallel import ParallelLayout, init_model_parallel, init_process_group
 from engine.trainer.megatron.shims import apply_cpu_shims, seed_model_parallel_rng
-from engine.trainer.megatron.snapshot import ParamSnapshot, snapshot_targets
+from engine.trainer.megatron.snapshot import ParamSnapshot, VersionWeights, snapshot_targets
 from engine.trainer.megatron.head import chunked_log_probs
 from engine.trainer.minibatch import local_step_metrics, mini_batch_plan
 from engine.trainer.optim import OptimConfig, WarmupSchedule
@@ -96,7 +96,7 @@ def _resolve_dtype(dtype: str | torch.dtype | None, on_gpu: bool) -> torch.dtype
     return _DTYPES[dtype]
 
 
-class MegatronTrainerBackend(WarmupSchedule):
+class MegatronTrainerBackend(VersionWeights, WarmupSchedule):
     """Policy weights + optimizer of one Megatron trainer rank (see the module docstring)."""
 
     def __init__(
@@ -402,12 +402,11 @@ class MegatronTrainerBackend(WarmupSchedule):
         out.update(update_metrics(grad_norm, lr, skipped, steps))
         return out
 
-    # --- proximal policy snapshot ----------------------------------------------------------------------
+    # --- the version's weights: π_prox and the resume's snapshot (`snapshot.py`) --------------------------
     def snapshot_params(self) -> None:
         """Copy every parameter (dense and expert-parallel DDP buffers) to host memory (pinned on GPU hosts)."""
         seconds = self.snapshot.take()
-        log.debug("proximal snapshot v%d: %.1f MiB in %.4fs", self.snapshot.version,
-                  self.snapshot.nbytes / 2**20, seconds)
+        log.debug("snapshot v%d: %.1f MiB in %.4fs", self.snapshot.version, self.snapshot.nbytes / 2**20, seconds)
 
     def proximal_log_probs(self, batch: TrainBatch) -> torch.Tensor:
         """log π_prox [B, R]: swap the snapshot in, compute, swap the live weights back bit-exactly.
@@ -419,8 +418,6 @@ class MegatronTrainerBackend(WarmupSchedule):
         self.extra_metrics["timing_s/prox_swap"] = stats.get("swap_in_s", 0.0) + stats.get("swap_back_s", 0.0)
         self.extra_metrics["timing_s/prox_log_probs"] = time.perf_counter() - start
         self.extra_metrics["asyncrl/prox_snapshot_bytes"] = float(self.snapshot.nbytes)
-        log.debug("proximal log-probs: swap %.4fs, total %.4fs", self.extra_metrics["timing_s/prox_swap"],
-                  self.extra_metrics["timing_s/prox_log_probs"])
         return log_probs
 
     # --- weights out -----------------------------------------------------------------------------------

@@ -82,25 +82,29 @@ class ParamSnapshot:
         self.stats["snapshot_s"] = seconds
         return seconds
 
-    @contextmanager
-    def swapped_in(self) -> Iterator[None]:
-        """Inside the block the live tensors hold the snapshot; afterwards their own values, bit-exactly."""
-        if self._snap is None:
+    def swap(self, to_snapshot: bool) -> None:
+        """`to_snapshot`: stash the live tensors and copy the snapshot in; else copy the stash back (exact)."""
+        if to_snapshot and self._snap is None:
             raise RuntimeError("no parameter snapshot: call snapshot_params() first")
         with torch.no_grad():
             t0 = time.perf_counter()
-            if self._stash is None:
-                self._stash = [_host_like(t, self.pin) for t in self.live]
-            self._copy(self._stash, self.live)
-            self._copy(self.live, self._snap)
-            self.stats["swap_in_s"] = time.perf_counter() - t0
+            if to_snapshot:
+                if self._stash is None:
+                    self._stash = [_host_like(t, self.pin) for t in self.live]
+                self._copy(self._stash, self.live)
+                self._copy(self.live, self._snap)
+            else:
+                self._copy(self.live, self._stash)
+            self.stats["swap_in_s" if to_snapshot else "swap_back_s"] = time.perf_counter() - t0
+
+    @contextmanager
+    def swapped_in(self) -> Iterator[None]:
+        """Inside the block the live tensors hold the snapshot; afterwards their own values, bit-exactly."""
+        self.swap(True)
         try:
             yield
         finally:
-            with torch.no_grad():
-                t1 = time.perf_counter()
-                self._copy(self.live, self._stash)
-                self.stats["swap_back_s"] = time.perf_counter() - t1
+            self.swap(False)
 
     def clear(self) -> None:
         """Forget the snapshot (the host buffers are kept for reuse)."""
@@ -122,3 +126,22 @@ class ParamSnapshot:
             self._snap = self._spare or [_host_like(t, self.pin) for t in self.live]
         for d, s in zip(self._snap, tensors):
             d.copy_(s)
+
+
+class VersionWeights:
+    """The resume's methods over the backend's `snapshot` (a `ParamSnapshot`), which is the version's weights θ_v
+    (taken at each sync): `engine.runtime.trainer_actor` swaps it in to push θ_v to the replicas on a resume
+    between two syncs. `save` / `load` (`checkpointing.py`) already write and restore it (`prox_rank{r}.pt`)."""
+
+    snapshot: ParamSnapshot
+
+    def snapshot_swap(self, to_snapshot: bool) -> None:
+        """Swap the snapshot into the parameters (True) or the live values back, bit-exactly (False)."""
+        self.snapshot.swap(to_snapshot)
+
+    def save_version(self, path: str) -> None:
+        """Nothing more to write: `save` writes the snapshot whenever one is taken."""
+
+    def load_version(self, path: str) -> bool:
+        """Whether `load` restored a snapshot from the checkpoint `path` (its `prox_rank{r}.pt`)."""
+        return self.snapshot.taken
