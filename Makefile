@@ -40,10 +40,12 @@ demo: $(STAMP)
 
 # Pyflakes, syntax errors and the import layering (engine/ never imports asyncrl_cli, no heavy import at the
 # top of a CLI module, no ray in engine/algo): pyproject.toml, engine/{algo,plan,predict,config,loop}/ruff.toml.
-# Then no file under engine/, asyncrl_cli/ or scripts/ over 450 lines (scripts/check_file_lengths.py).
+# Then no file under engine/, asyncrl_cli/ or scripts/ over 450 lines (scripts/check_file_lengths.py), and no
+# study with more than its current JSON + PNG in benchmarks/results/ (scripts/check_results.py).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) scripts/check_file_lengths.py
+	$(PY) scripts/check_results.py
 
 # Lint, the default suite (slow, GPU and vLLM tests excluded), the production presets' rehearsals, then the vLLM
 # suite in its own venv.
