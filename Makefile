@@ -22,7 +22,7 @@ VTORCHVISION_0.13.0 := torchvision==0.24.1
 VTORCHVISION := $(VTORCHVISION_$(VLLM))
 PYTEST_FLAGS ?= -q --durations=25
 
-.PHONY: install demo lint test test-fast rehearse test-slow test-vllm vllm-venv test-all soak clean
+.PHONY: install demo lint test test-fast test-integration rehearse test-slow test-vllm vllm-venv test-all soak clean
 
 # torch first and pinned: the CPU build of 2.13.0 is what the machine serves; an unpinned torch would pull CUDA.
 $(STAMP): pyproject.toml Makefile
@@ -40,17 +40,27 @@ demo: $(STAMP)
 
 # Pyflakes, syntax errors and the import layering (engine/ never imports asyncrl_cli, no heavy import at the
 # top of a CLI module, no ray in engine/algo): pyproject.toml, engine/{algo,plan,predict,config,loop}/ruff.toml.
-# Then no file under engine/, asyncrl_cli/ or scripts/ over 450 lines (scripts/check_file_lengths.py).
+# Then no file under engine/, asyncrl_cli/ or scripts/ over 450 lines (scripts/check_file_lengths.py), and no
+# study with more than its current JSON + PNG in benchmarks/results/ (scripts/check_results.py).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) scripts/check_file_lengths.py
+	$(PY) scripts/check_results.py
 
-# Lint, the default suite (slow, GPU and vLLM tests excluded), the production presets' rehearsals, then the vLLM
-# suite in its own venv.
-test: lint test-fast rehearse test-vllm
+# Lint, the default suite, the integration suite, the production presets' rehearsals, then the vLLM suite in its
+# own venv: everything but the slow, GPU and device-ladder tests (CI runs `make test`). Every pytest call below
+# fails its target on any non-zero exit, 5 (no test collected: a marker or path that selects nothing) included.
+test: lint test-fast test-integration rehearse test-vllm
 
+# The default suite: no slow, GPU, vLLM or integration test (~1790 tests; an estimate from per-folder timings at
+# #47: 8-10 min on 2 cores where the suite with the integration tests took 23-37 min).
 test-fast: $(STAMP)
-	$(PY) -m pytest $(PYTEST_FLAGS) -m "not slow and not gpu and not vllm"
+	$(PY) -m pytest $(PYTEST_FLAGS) -m "not slow and not gpu and not vllm and not integration"
+
+# Tests marked `integration` (pyproject.toml): they start real runs, Ray clusters or multi-process Megatron / FSDP2
+# groups and take over ~10 s each. The slow ones among them run in `make test-slow`.
+test-integration: $(STAMP)
+	$(PY) -m pytest $(PYTEST_FLAGS) -m "integration and not slow and not gpu and not vllm"
 
 # The six production presets (presets/runs/qwen*.toml) rehearsed at full scale on fake tensors (issue 43,
 # `asyncrl rehearse`): each exits 0 — every role built and stepped, no device over its memory, no node over its

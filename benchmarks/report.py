@@ -180,7 +180,9 @@ def render(results: dict[str, dict[str, Any]]) -> str:
             "and this page is rebuilt from those files. Rerun any of them on your machine with "
             "`python -m benchmarks <study>` (or `asyncrl bench <study>`); `--toy` runs the seconds-long version "
             "that the smoke test (`tests/benchmarks`) uses. The targets come from issue 8; they are goals, "
-            "not test assertions."
+            "not test assertions. `benchmarks/results/` keeps only each study's current JSON and plot "
+            "(`make lint` checks it: scripts/check_results.py); earlier and exploratory results are in git history, "
+            "cited where a study quotes them."
         ),
         "",
     ]

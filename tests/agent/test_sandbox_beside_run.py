@@ -31,8 +31,9 @@ import pytest
 from engine.agent.box import unavailable_reason
 from engine.agent.sandbox import SandboxLimits, ToolOutcome, run_sandboxed
 
-# in the default suite (about 70 s): the acceptance asks for it in CI beside the hostile suite
-pytestmark = [pytest.mark.skipif(unavailable_reason() is not None, reason=f"no tool box here: {unavailable_reason()}")]
+# in `make test` (its integration suite, about 70 s): the acceptance asks for it in CI beside the hostile suite
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(unavailable_reason() is not None, reason=f"no tool box here: {unavailable_reason()}")]
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = "engine.agent.builtin_tools:python"

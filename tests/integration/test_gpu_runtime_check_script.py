@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.integration
 def test_runtime_device_check_passes_on_the_cpu_preset() -> None:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'scripts'}", "HF_HUB_OFFLINE": "1"}
     r = subprocess.run([sys.executable, "scripts/gpu_runtime_check.py", "cpu"], cwd=ROOT, env=env,

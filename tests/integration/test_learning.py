@@ -17,7 +17,7 @@ from engine.plan.run_plan import resolve_plan
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.slow  # the whole 400-step preset (~3 min on 2 cores); the short learning runs stay in the default suite
+@pytest.mark.slow  # the whole 400-step preset (~3 min on 2 cores); the short learning runs stay in `make test`
 def test_tiny_preset_learns(run_dir):
     cfg = tiny_config(run_dir)
     assert run(resolve_plan(cfg), progress=False) == 0

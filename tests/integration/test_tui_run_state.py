@@ -7,11 +7,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from engine.runtime.driver import run
 from engine.plan.run_plan import resolve_plan
 from tests.integration.run_helpers import tiny_config
 
 
+@pytest.mark.integration
 def test_the_dashboard_sees_the_run_finished_while_it_is_still_open(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path / "run", "trainer.total_steps=4", "trainer.test_freq=0")
     seen: list[str] = []

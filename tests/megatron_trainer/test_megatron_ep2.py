@@ -11,7 +11,7 @@ import torch
 from megatron_helpers import as_tensor, hf_grad_norm, hf_log_probs, make_batch, spawn, tiny_hf_model
 from megatron_workers import TEMPERATURE, expert_parallel_rank
 
-pytestmark = [pytest.mark.megatron, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.megatron, pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import torch
 from megatron_helpers import as_tensor, assert_exports_checkpoint, hf_grad_norm, hf_log_probs, make_batch, nll_loss, spawn, tiny_hf_model
 from megatron_workers import TEMPERATURE, pipeline_parallel_rank
 
-pytestmark = [pytest.mark.megatron, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.megatron, pytest.mark.integration, pytest.mark.timeout(300)]
 KINDS = ("qwen2", "qwen3_moe")
 
 

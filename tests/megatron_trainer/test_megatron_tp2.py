@@ -10,7 +10,7 @@ import torch
 from megatron_helpers import as_tensor, assert_exports_checkpoint, hf_grad_norm, hf_log_probs, make_batch, spawn, tiny_hf_model
 from megatron_workers import TEMPERATURE, tensor_parallel_rank
 
-pytestmark = [pytest.mark.megatron, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.megatron, pytest.mark.integration, pytest.mark.timeout(240)]
 KINDS = ("qwen3", "qwen3_moe")
 
 

@@ -18,7 +18,7 @@ import ray
 import torch
 from megatron_helpers import make_batch
 
-pytestmark = [pytest.mark.megatron, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.megatron, pytest.mark.integration, pytest.mark.timeout(180)]
 
 HERE = Path(__file__).parent
 PRESET = HERE.parents[1] / "presets" / "runs" / "tiny-cpu.toml"

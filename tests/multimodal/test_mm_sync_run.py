@@ -14,7 +14,7 @@ from engine.plan.run_plan import resolve_plan
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.slow  # the default suite runs images fully async (test_mm_async_run.py) and text in sync mode
+@pytest.mark.slow  # `make test` runs images fully async (test_mm_async_run.py) and text in sync mode
 def test_sync_mode_is_on_policy(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     cfg = tiny_vl_config(run_dir, 'async_training.mode="sync"', "async_training.trigger_parameter_sync_step=2",

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from asyncrl_cli.tui.format import fmt_num
 from asyncrl_cli.tui.model import DashboardModel
 from asyncrl_cli.tui.widgets.kpi_row import step_time_kpi
@@ -32,6 +34,7 @@ def test_a_cpu_run_without_a_calibration_is_refused_before_it_starts(tmp_path: P
     assert not run_dir.exists()
 
 
+@pytest.mark.integration
 def test_launch_with_a_plan_shows_the_prediction_beside_the_measured_step_time(run_dir: Path, tmp_path: Path) -> None:
     assert _cli("plan", "--calibrate", run_dir).returncode == 0
     cal = run_dir / "calibration.json"

@@ -28,7 +28,7 @@ EXTRA = ("rollout.total_rollout_steps=480", "checkpoint.every_versions=2", "data
 STEPS = 480 // 8
 
 
-@pytest.mark.slow  # the default suite's kill -9 chaos run (tests/reliability/test_deterministic_runs.py) covers kill + resume
+@pytest.mark.slow  # `make test`'s kill -9 chaos run (tests/reliability/test_deterministic_runs.py) covers kill + resume
 def test_driver_killed_after_a_checkpoint_resumes_losslessly(tmp_path) -> None:
     run_dir = tmp_path / "run"
     proc = launch(run_dir, *EXTRA)

@@ -3,7 +3,7 @@ users and schedulers stop it — Ctrl-C through `| tee` (SIGINT to the process g
 terminal (SIGHUP), `nohup` (SIGHUP ignored, then SIGTERM), a scheduler's SIGTERM with a short grace period, stdout
 and stderr closed (`>&- 2>&-`), output on a full file system (/dev/full). Each ends with a checkpoint (or the
 light stop state it names), a `stop` event, the resume command in `<run dir>/run.log`, and `--resume auto`
-finishing the run with an exact ledger. One stays in the default suite; the others are `slow`."""
+finishing the run with an exact ledger. One runs in `make test` (its integration suite); the others are `slow`."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def _assert_stopped_and_resumable(run_dir: Path, kind: str | None = "full") -> d
     return stop
 
 
-@pytest.mark.slow  # the default suite stops by signal in test_stop_paths.py and test_graceful_stop.py
+@pytest.mark.slow  # `make test` stops by signal in test_stop_paths.py and test_graceful_stop.py
 def test_ctrl_c_through_tee_stops_with_a_checkpoint_and_resumes_exactly(tmp_path: Path) -> None:
     """`asyncrl launch RUN.toml 2>&1 | tee run.log`, Ctrl-C: `tee` exits at once, the driver's writes get EPIPE;
     the stop still checkpoints, records `stop` and writes the resume command into the run directory."""

@@ -82,6 +82,7 @@ def test_token_budget_log_probs_come_back_in_row_order() -> None:
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_two_ranks_with_token_budgets_equal_the_single_unsplit_process(tmp_path) -> None:
     ranks = spawn_ranks(run_rank, 2, tmp_path)

@@ -14,6 +14,7 @@ from trainer_helpers import spawn_ranks
 from engine.trainer.process_groups import CHECKPOINT_TIMEOUT_S, PROCESS_GROUP_TIMEOUT_S
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_two_rank_sharded_checkpoint_resumes_bit_for_bit(tmp_path) -> None:
     ranks = spawn_ranks(run_rank, 2, tmp_path)

@@ -12,6 +12,7 @@ from trainer_helpers import build_tiny_lm, spawn_ranks
 from engine.trainer.torch_trainer import TorchTrainerBackend
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_fsdp2_exports_bf16_gathered_per_tensor_without_a_full_state_dict(tmp_path) -> None:
     ranks = spawn_ranks(run_rank, 2, tmp_path)

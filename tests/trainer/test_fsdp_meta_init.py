@@ -10,6 +10,7 @@ from fsdp_meta_worker import run_rank
 from trainer_helpers import spawn_ranks
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_only_rank_0_loads_and_every_rank_gets_the_same_shards(tmp_path) -> None:
     ranks = spawn_ranks(run_rank, 2, tmp_path)

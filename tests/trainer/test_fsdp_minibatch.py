@@ -12,6 +12,7 @@ from trainer_helpers import build_tiny_lm, random_batch, spawn_ranks, token_mean
 from engine.trainer.torch_trainer import TorchTrainerBackend
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_two_ranks_two_mini_batches_two_epochs_equal_four_single_process_updates(tmp_path) -> None:
     ranks = spawn_ranks(run_rank, 2, tmp_path)

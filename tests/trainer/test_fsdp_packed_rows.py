@@ -12,6 +12,7 @@ from trainer_helpers import spawn_ranks
 WORLD = 2
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_fp32_packed_rows_equal_the_padded_rows_on_two_ranks(tmp_path) -> None:
     ranks = spawn_ranks(run_rank, WORLD, tmp_path)

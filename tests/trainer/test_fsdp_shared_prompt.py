@@ -17,6 +17,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return spawn_ranks(run_rank, WORLD, tmp_path_factory.mktemp("fsdp-shared"))
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_fp32_shared_prompt_equals_the_padded_rows_on_two_ranks(ranks: list[dict]) -> None:
     for r in ranks:
@@ -33,6 +34,7 @@ def test_fp32_shared_prompt_equals_the_padded_rows_on_two_ranks(ranks: list[dict
         torch.testing.assert_close(ranks[0]["fp32/shared"]["weights"][name], value, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_bf16_compute_shares_the_prompt_within_bf16_rounding(ranks: list[dict]) -> None:
     for r in ranks:

@@ -15,6 +15,7 @@ from engine.trainer.torch_trainer import TorchTrainerBackend
 WORLD = 2
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_two_rank_fsdp_matches_single_process(tmp_path) -> None:
     ranks = spawn_ranks(run_rank, WORLD, tmp_path)

@@ -39,6 +39,7 @@ def test_shard_rows_selects_the_rows_and_fills_empty_ranks() -> None:
     assert "filler" not in few[0].meta  # the original batch's meta is never marked
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_two_rank_shard_log_probs_equal_single_process(tmp_path) -> None:
     ranks = spawn_ranks(run_shard_rank, WORLD, tmp_path)
