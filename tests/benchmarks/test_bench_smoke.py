@@ -114,6 +114,7 @@ def test_sandbox_overhead(tmp_path: Path) -> None:
     assert set(data["overhead_ms"]) == {"calculator", "python"}
 
 
+@pytest.mark.integration
 def test_packing(tmp_path: Path) -> None:
     run_study("packing", "toy", tmp_path)
     data = _written(tmp_path, "packing")
