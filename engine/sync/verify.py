@@ -46,6 +46,7 @@ class Delivery:
     def __init__(self, buckets: Iterable[Any], handle: Any = None, rank: int | None = None) -> None:
         self.buckets, self.handle, self.rank = buckets, handle, rank
         self.fingerprints: list[int] = []
+        self.workers: list[list[int]] | None = None  # a multi-process replica: each worker's own fingerprints
 
     def __iter__(self) -> Iterator[Any]:
         from engine.sync.flat import FlatBucket, fingerprint, flatten
@@ -138,6 +139,9 @@ class DeliveryReport:
     ineffective: int = 0
     """Of those, replicas whose weights did not change although the sent ones did (each is an alarm)."""
     alarms: list[str] = field(default_factory=list)
+    workers: int = 0
+    """Receivers compared bucket by bucket: each worker of a multi-process replica (vLLM, every node), else the
+    replica itself."""
 
     @property
     def verified(self) -> float:
@@ -156,31 +160,53 @@ class DeliveryCheck:
               names: list[list[str]] | None = None) -> DeliveryReport:
         """Raise `SyncDeliveryError` on the first replica whose fingerprints differ from `sent`; return the
         report, with the alarm messages of replicas whose weights did not change although `sent` did."""
+        compared = 0
         for rid in sorted(receipts):
-            got = (receipts[rid] or {}).get("fingerprints")
+            receipt = receipts[rid] or {}
+            got = receipt.get("fingerprints")
             if got is None:
                 raise SyncDeliveryError(f"weight sync v{version}: rollout replica {rid} did not load the weights "
                                         f"(no receipt for any of the {len(sent)} buckets)")
-            for k, want in enumerate(sent):
-                if k >= len(got):
-                    raise SyncDeliveryError(f"weight sync v{version}: rollout replica {rid} did not load bucket {k}"
-                                            f"{_names(names, k)}: it loaded {len(got)} of {len(sent)} buckets")
-                if int(got[k]) != int(want):
-                    raise SyncDeliveryError(f"weight sync v{version}: rollout replica {rid} loaded bucket {k}"
-                                            f"{_names(names, k)} with checksum {int(got[k]):#018x}, the trainer "
-                                            f"sent {int(want):#018x}: the weights were corrupted on the way")
-            if len(got) > len(sent):
-                raise SyncDeliveryError(f"weight sync v{version}: rollout replica {rid} loaded {len(got)} buckets, "
-                                        f"the trainer sent {len(sent)}")
+            _compare(version, f"rollout replica {rid}", sent, got, names)
+            workers = receipt.get("workers")
+            if workers is not None:  # a multi-process replica: every worker's own receipt
+                if len(workers) != int(receipt.get("world", len(workers))):
+                    raise SyncDeliveryError(f"weight sync v{version}: rollout replica {rid}: {len(workers)} of its "
+                                            f"{receipt['world']} workers reported a receipt")
+                for w, got_w in enumerate(workers):
+                    _compare(version, f"rollout replica {rid} worker {w}", sent, got_w, names)
+            compared += len(workers) if workers is not None else 1
         alarms = []
         changed = self.sent_before is not None and self.sent_before != list(sent)
         for rid in sorted(receipts):
-            w = (receipts[rid] or {}).get("weights")
-            if w is None:
-                continue
-            if changed and self.weights_before.get(rid) == w:
-                alarms.append(f"weight sync v{version}: rollout replica {rid}'s weights did not change although the "
-                              "trainer sent changed weights: its load had no effect")
-            self.weights_before[rid] = w
+            receipt = receipts[rid] or {}
+            samples = {(rid, None): receipt.get("weights")}
+            samples.update({(rid, w): s for w, s in enumerate(receipt.get("worker_weights") or [])})
+            stale = []
+            for key, w in samples.items():
+                if w is None:
+                    continue
+                if changed and self.weights_before.get(key) == w:
+                    stale.append(key[1])
+                self.weights_before[key] = w
+            if stale:
+                who = "" if stale == [None] else " (worker " + ", ".join(str(k) for k in stale if k is not None) + ")"
+                alarms.append(f"weight sync v{version}: rollout replica {rid}'s weights{who} did not change although "
+                              "the trainer sent changed weights: its load had no effect")
         self.sent_before = list(sent)
-        return DeliveryReport(len(receipts), len(alarms), alarms)
+        return DeliveryReport(len(receipts), len(alarms), alarms, compared)
+
+
+def _compare(version: int, who: str, sent: list[int], got: list[int], names: list[list[str]] | None) -> None:
+    """Raise `SyncDeliveryError` unless `got` (one receiver's per-bucket fingerprints) is exactly `sent`."""
+    for k, want in enumerate(sent):
+        if k >= len(got):
+            raise SyncDeliveryError(f"weight sync v{version}: {who} did not load bucket {k}{_names(names, k)}: it "
+                                    f"loaded {len(got)} of {len(sent)} buckets")
+        if int(got[k]) != int(want):
+            raise SyncDeliveryError(f"weight sync v{version}: {who} loaded bucket {k}{_names(names, k)} with checksum "
+                                    f"{int(got[k]):#018x}, the trainer sent {int(want):#018x}: the weights were "
+                                    "corrupted on the way")
+    if len(got) > len(sent):
+        raise SyncDeliveryError(f"weight sync v{version}: {who} loaded {len(got)} buckets, the trainer sent "
+                                f"{len(sent)}")
