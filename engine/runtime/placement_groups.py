@@ -11,6 +11,9 @@ An actor of one accelerator (a trainer rank, a TP-1 replica) asks for that accel
 replica of tensor parallelism t > 1 is scheduled on its first bundle with no accelerator of its own, and
 `VLLM_RAY_BUNDLE_INDICES` names its t bundles: vLLM's Ray executor (inside the replica's placement group,
 child tasks captured) starts one GPU worker per bundle there, as verl does.
+
+CPU hardware reserves nothing (one machine), except for vLLM replicas that span nodes (`reserve_spanning`: one
+STRICT_SPREAD group of one-CPU bundles per replica, one bundle per node; `engine.runtime.replica_nodes`).
 """
 
 from __future__ import annotations

@@ -5,17 +5,21 @@ fingerprint where its bytes already are (the received buffer: a shared-memory sl
 the broadcast buffer for the collective; `engine.sync.flat.fingerprint`) — computed by the load itself while
 it copies the bucket out (host buckets, `engine.sync.apply.load_flat`), else by the wrapper once the
 consumer is done with the bucket. A vLLM replica's workers receive a broadcast themselves
-and return their fingerprints. After loading, the replica also fingerprints a sample of its *own* weights
+and return their fingerprints; with the other transports each worker fingerprints the bytes it got in the RPC. A
+multi-process replica's receipt carries every worker's own list (`workers`, in vLLM's global rank order — every
+node of a replica that spans nodes), how many workers its engine has (`world`) and each one's weight sample
+(`worker_weights`). After loading, the replica also fingerprints a sample of its *own* weights
 (`weights_fingerprint`: every 4099th byte of each tensor, chained) — cheap, and independent of the transport.
 
 Trainer side (`DeliveryCheck.check`, once per sync):
 
 * every live replica must report one fingerprint per bucket sent, equal to the sender's: a difference, a
   missing bucket or a replica that reported nothing raises `SyncDeliveryError` naming the replica and the
-  first bad bucket (its index and first tensor names) — the run fails, never a silent continue;
+  first bad bucket (its index and first tensor names) — the run fails, never a silent continue; the same for each
+  worker of a multi-process replica ("rollout replica 0 worker 1 …"), and fewer worker receipts than `world` fail;
 * the always-on alarm: when what was sent changed since the previous sync (the fingerprints differ) but a
-  replica's weight sample did not, its load did not take effect (verl #7495, SkyRL #1680) — returned as
-  messages for an `error` event.
+  replica's (or one of its workers') weight sample did not, its load did not take effect (verl #7495, SkyRL
+  #1680) — returned as messages for an `error` event.
 
 The check's `DeliveryReport` says what it verified: `verified` = (replicas that loaded every bucket exactly and
 whose load took effect) / (replicas that reported), 0 when no replica reported — the `asyncrl/sync/verified`

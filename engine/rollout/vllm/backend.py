@@ -40,8 +40,8 @@ a sequence can span two versions.
 Weight update (`update_weights`): pause the engine ("keep": in-flight requests are frozen), on GPU
 release the KV cache when nothing is in flight, stream each bucket to the workers (`weights`:
 a flat bucket's raw bytes and index, tied `lm_head.weight` always included; `worker_ext` loads
-them layer-wise; with the collective weight sync each worker receives the trainer's broadcast itself and
-returns its per-bucket fingerprints for the delivery check),
+them layer-wise; with the collective weight sync each worker receives the trainer's broadcast itself; either way
+every worker returns its own per-bucket fingerprints for the delivery check, `Delivery.workers`),
 reset the prefix cache — preempting kept requests so their KV cache is recomputed
 under the new weights — wake the KV cache, set `version`, resume. `self_test_resume_continuity` (from
 `selftest`) checks that an abort or a keep-pause loses no token.
