@@ -8,7 +8,8 @@ its weight format (`rollout.quantization`), against the pool, the node and the m
   experts; PP ≤ the layers.
 - PP / DP / EP > 1 and fp8 need the vLLM backend. fp8 weights need FP8 hardware (CUDA, H100 class) and, since
   the trainer keeps bf16, a rollout correction for the quantisation gap (a warning without one).
-- A replica that spans nodes: a note that the runtime does not yet place it (the driver refuses to launch it).
+- A replica that spans nodes: a note — on CPU hardware a vLLM replica spans nodes with any of its sizes, TP included
+  (`engine.runtime.replica_nodes`); on accelerators the runtime does not place it yet (the driver refuses it).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def replica_rules(cfg: RunConfig, hw: HardwarePreset, d: Derived, facts: Any = N
         out.append(error("rollout-parallel-backend", "rollout.backend", f"pipeline_model_parallel_size {pp}, "
                          f"data_parallel_size {dp}, expert_parallel_size {ep}: only vLLM replicas have them",
                          "set rollout.backend = \"vllm\" or these sizes to 1"))
-    if tp > per_node:
+    cpu_span = hw.device == "cpu" and r.backend == "vllm"  # CPU: one vLLM engine over nodes (replica_nodes)
+    if tp > per_node and not cpu_span:
         out.append(error("rollout-tp-node", "rollout.tensor_parallel_size",
                          f"tensor_parallel_size = {tp} is more than the {per_node} rollout GPUs per node: tensor "
                          "parallelism stays inside a node (every layer all-reduces over it)",
@@ -86,8 +88,12 @@ def replica_rules(cfg: RunConfig, hw: HardwarePreset, d: Derived, facts: Any = N
                             "train–inference mismatch with no rollout correction to absorb it",
                             "set algorithm.rollout_correction.rollout_is = \"token\" (verl's FP8 recipe: "
                             "token-level TIS)"))
-    if g > per_node:
+    if g > per_node and cpu_span:
+        out.append(note("rollout-replica-spans", "rollout.tensor_parallel_size",
+                        f"each replica spans {-(-g // per_node)} nodes ({g} worker processes): one vLLM engine over "
+                        "them (vLLM's multi-node executor, gloo), one placement group per replica, one node each"))
+    elif g > per_node:
         out.append(note("rollout-replica-spans", "rollout.data_parallel_size",
                         f"each replica spans {g // per_node} nodes ({g} GPUs): counted here and by plan, but the "
-                        "runtime places replicas within one node yet, so launch refuses it"))
+                        "runtime places replicas over several nodes on CPU hardware only yet, so launch refuses it"))
     return out

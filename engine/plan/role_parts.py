@@ -56,6 +56,9 @@ class EngineSpec:
     """`trainer.deterministic`: one intra-op thread, batch-invariant generation."""
     back_buffer: str
     """`rollout.weight_sync_back_buffer`: "on", "off" or "auto"."""
+    nodes: int = 1
+    """Nodes one replica spans (`engine.plan.rollout_replica.replica_nodes`): > 1 runs one vLLM engine over that
+    many nodes (`engine.runtime.replica_nodes`)."""
 
 
 @dataclass(frozen=True)
@@ -242,10 +245,12 @@ def precision_of(cfg: RunConfig) -> PrecisionPolicy | None:
 
 
 def engine_spec(cfg: RunConfig) -> EngineSpec:
+    from engine.plan.rollout_replica import replica_nodes
+
     ro, d = cfg.rollout, cfg.data
     return EngineSpec(ro.backend, rollout_dtype(cfg), ro.max_num_seqs, d.max_prompt_length + d.max_response_length,
                       ro.tensor_parallel_size, ro.gpu_memory_utilization, cfg.trainer.seed, cfg.trainer.deterministic,
-                      ro.weight_sync_back_buffer)
+                      ro.weight_sync_back_buffer, replica_nodes(cfg, cfg.resources.rollout.gpus_per_node))
 
 
 PERF_DEVICES = ("cuda", "npu", "cpu")

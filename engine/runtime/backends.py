@@ -74,9 +74,10 @@ def vllm_options(engine: EngineSpec, device: RoleDevice) -> dict[str, Any]:
             "seed": engine.seed, "distributed_executor_backend": "ray" if bundles else None}
 
 
-def build_rollout_backend(engine: EngineSpec, model_dir: str, device: RoleDevice):
+def build_rollout_backend(engine: EngineSpec, model_dir: str, device: RoleDevice, nodes: dict[str, Any] | None = None):
     """The rollout backend of `engine` (a `ReplicaSpec`'s) for `model_dir` (imported lazily), in `engine.dtype`,
-    on `device` (the plan's rollout `RoleDevice`)."""
+    on `device` (the plan's rollout `RoleDevice`). `nodes`: a vLLM replica over several nodes, its node rank 0's
+    `nnodes` / `node_rank` / `master_addr` / `master_port` (`engine.runtime.replica_nodes`)."""
     from engine.models.loader import load_causal_lm, load_tokenizer
 
     dtype = _resolved(engine.dtype, "rollout.dtype")
@@ -84,7 +85,7 @@ def build_rollout_backend(engine: EngineSpec, model_dir: str, device: RoleDevice
     if engine.backend == "vllm":
         from engine.rollout.vllm.backend import VLLMRolloutBackend
 
-        return VLLMRolloutBackend(model_dir, **vllm_options(engine, device))
+        return VLLMRolloutBackend(model_dir, **vllm_options(engine, device), **(nodes or {}))
     from engine.rollout.hf.backend import HFRolloutBackend
 
     tok = load_tokenizer(model_dir)

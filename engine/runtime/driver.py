@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.control.controller import NAMESPACE
+from engine.plan.rollout_replica import replica_nodes
 from engine.plan.run_plan import RunPlan
 from engine.runtime.launch_context import ActorPlacement, LaunchContext, LaunchOptions, Resumed, StopContext
 from engine.runtime.placement_groups import PlacementTimeout, reserve_run
@@ -66,14 +67,19 @@ def trainer_ranks(plan: RunPlan) -> int:
 
 def _placement(plan: RunPlan) -> dict[str, Any]:
     """A copy of the plan's actor resources for the driver to add to; on accelerators also the plan's pools (the layout
-    `launch --dry-run` shows: which node and bundles each actor takes). Refuses a layout it cannot run."""
+    `launch --dry-run` shows: which node and bundles each actor takes), on CPU hardware the nodes of a replica that
+    spans several (`replica_nodes`). Refuses a layout or a replica it cannot run (`RunPlan.layout_error`)."""
     trainer_ranks(plan)
     placement = copy.deepcopy(plan.actors)
+    placement["placement_timeout_s"] = plan.config.resources.placement_timeout_s
+    if plan.layout_error:  # on CPU hardware (no pools) only what the runtime does not build (`run_plan.not_built`)
+        raise RunFailed(plan.layout_error)
     if placement["device"] != "cpu":
-        if plan.layout_error:
-            raise RunFailed(plan.layout_error)
         placement["layouts"] = plan.placement.pools
-        placement["placement_timeout_s"] = plan.config.resources.placement_timeout_s
+        return placement
+    nodes = replica_nodes(plan.config, plan.config.resources.rollout.gpus_per_node)
+    if nodes > 1:  # one placement group per replica over `nodes` nodes (`placement_groups.reserve_spanning`)
+        placement["replica_nodes"] = nodes
     return placement
 
 

@@ -11,6 +11,9 @@ An actor of one accelerator (a trainer rank, a TP-1 replica) asks for that accel
 replica of tensor parallelism t > 1 is scheduled on its first bundle with no accelerator of its own, and
 `VLLM_RAY_BUNDLE_INDICES` names its t bundles: vLLM's Ray executor (inside the replica's placement group,
 child tasks captured) starts one GPU worker per bundle there, as verl does.
+
+CPU hardware reserves nothing (one machine), except for vLLM replicas that span nodes (`reserve_spanning`: one
+STRICT_SPREAD group of one-CPU bundles per replica, one bundle per node; `engine.runtime.replica_nodes`).
 """
 
 from __future__ import annotations
@@ -109,10 +112,48 @@ def reserve(device: str, layouts: dict[str, PoolLayout], timeout_s: float, run_n
     return pools
 
 
+def reserve_spanning(replicas: int, nodes: int, timeout_s: float, run_name: str = "asyncrl") -> Pools:
+    """CPU hardware with rollout replicas over several nodes (`engine.runtime.replica_nodes`): one placement group per
+    replica of `nodes` one-CPU bundles, STRICT_SPREAD (each bundle on another node), under pool "rollout". Waits at
+    most `timeout_s`; raises `PlacementTimeout` naming the replica whose group was not placed."""
+    import ray
+    from ray.util import placement_group
+
+    pools = Pools("cpu", {})
+    pools.groups["rollout"] = [placement_group([{"CPU": 1} for _ in range(nodes)], strategy="STRICT_SPREAD",
+                                               name=f"{run_name}:rollout-replica-{i}") for i in range(replicas)]
+    refs = {pg.ready(): i for i, pg in enumerate(pools.groups["rollout"])}
+    _, waiting = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    if waiting:
+        alive = sum(1 for n in ray.nodes() if n["Alive"])
+        pools.release()
+        raise PlacementTimeout(f"could not place rollout replica {refs[waiting[0]]} over {nodes} nodes (one CPU on "
+                               f"each) within {timeout_s:g} s: the Ray cluster has {alive} node(s) (`ray status`); "
+                               f"join {nodes} nodes, or set resources.rollout.gpus_per_node to the replica's "
+                               "tensor_parallel_size")
+    return pools
+
+
+def spanning_options(pools: Pools, base: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each replica's Ray options on bundle 0 of its own group (`reserve_spanning`); it starts its other node ranks
+    on the other bundles itself."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    opts = {k: v for k, v in base.items() if k not in ("num_gpus", "resources")}
+    return [{**opts, "num_cpus": 1, "scheduling_strategy": PlacementGroupSchedulingStrategy(
+        placement_group=pg, placement_group_bundle_index=0)} for pg in pools.groups["rollout"]]
+
+
 def reserve_run(placement: dict[str, Any], run_name: str) -> Pools | None:
     """The driver's reservation: `reserve` the pools of `placement["layouts"]` and put every actor's options
-    (`replica_options`, `trainer_options`: its node's group and bundle) into `placement`. None on CPU hardware
-    (no layouts: one machine, nothing to reserve). Raises `PlacementTimeout`."""
+    (`replica_options`, `trainer_options`: its node's group and bundle) into `placement`. On CPU hardware (no
+    layouts: one machine) nothing, unless the replicas span nodes (`placement["replica_nodes"]`): then one group per
+    replica (`reserve_spanning`). Raises `PlacementTimeout`."""
+    if "replica_nodes" in placement:
+        pools = reserve_spanning(placement["replicas"], placement["replica_nodes"], placement["placement_timeout_s"],
+                                 run_name)
+        placement["replica_options"] = spanning_options(pools, placement["replica_res"])
+        return pools
     if "layouts" not in placement:
         return None
     pools = reserve(placement["device"], placement["layouts"], placement["placement_timeout_s"], run_name)

@@ -116,7 +116,17 @@ class RolloutReplica:
         self._stages: bool | None = None  # `stages_weights`, decided at its first call
         self._staged: tuple[int, list[int], float] | None = None  # (version, bucket fingerprints, seconds)
         self._copy: dict[str, float] = {}  # the last stage's host copy + fingerprint time and bytes (receipts)
-        self.backend = build_rollout_backend(spec.engine, spec.model_dir, spec.device)
+        self._nodes: list[Any] = []  # a replica over several nodes: its `ReplicaNode` actors (node ranks 1 …)
+        nodes, serving = None, []
+        if spec.engine.nodes > 1:
+            from engine.runtime.replica_nodes import start_nodes
+
+            nodes, self._nodes, serving = start_nodes(spec.engine, spec.model_dir, spec.device)
+        self.backend = build_rollout_backend(spec.engine, spec.model_dir, spec.device, nodes)
+        if spec.engine.nodes > 1:
+            from engine.runtime.replica_nodes import watch
+
+            watch(self.backend.dead, serving, self._exit)
         self._abort = threading.Event()  # training calls
         self._abort_val = threading.Event()  # validation calls (a stop)
         concurrent = callable(getattr(self.backend, "capacity", None))
@@ -184,7 +194,15 @@ class RolloutReplica:
         self._abort.clear()
         self._abort_val.clear()
         return {"fingerprints": delivery.fingerprints, "weights": self.backend.weights_fingerprint(),
-                "seconds": time.monotonic() - t0}
+                "seconds": time.monotonic() - t0, **self._worker_receipts(delivery)}
+
+    def _worker_receipts(self, delivery: Any) -> dict[str, Any]:
+        """A multi-process replica's (vLLM: every worker on every node) per-worker receipt: each worker's bucket
+        fingerprints, the number of workers it has and each one's weight sample (`engine.sync.verify`)."""
+        by_worker = getattr(self.backend, "worker_weights", None)
+        if delivery.workers is None or not callable(by_worker):
+            return {}
+        return {"workers": delivery.workers, "world": self.backend.world_size, "worker_weights": by_worker()}
 
     def _delivery(self, bucket_refs: list) -> Any:
         """The sync's buckets for this replica (`engine.sync.runtime.resolve_buckets`), through the mid-transfer
@@ -272,6 +290,14 @@ class RolloutReplica:
             return take()
         n = float(max(1, self.spec.threads))
         return {"applied": n, "mean": n}
+
+    def _exit(self, cause: str) -> None:
+        """End this replica's process (a replica over several nodes lost a worker: `engine.runtime.replica_nodes`);
+        the rollouter replaces it."""
+        import sys
+
+        print(f"asyncrl: rollout replica {self.replica_id}: {cause}; its process exits", file=sys.stderr, flush=True)
+        os._exit(1)
 
     def debug_exit(self) -> None:
         """Fault injection (`debug.kill_replica_at_step`): the process exits at once, as a crash would."""

@@ -30,7 +30,8 @@ def sync_event(version: int, out: dict[str, Any], report: DeliveryReport, interv
     return message, {"bytes": nbytes, "seconds": total, "pause_s": out["asyncrl/sync/pause_s"],
                      "transfer_s": out["asyncrl/sync/transfer_s"], "stage_s": out.get("asyncrl/sync/stage_s", 0.0),
                      "interval": interval, "verified": report.verified, "replicas_verified": report.replicas,
-                     "buckets": out["asyncrl/sync/buckets"], "transport": transport}
+                     "workers_verified": report.workers, "buckets": out["asyncrl/sync/buckets"],
+                     "transport": transport}
 
 
 def _staged(out: dict[str, Any]) -> str:

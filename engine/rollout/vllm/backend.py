@@ -40,8 +40,8 @@ a sequence can span two versions.
 Weight update (`update_weights`): pause the engine ("keep": in-flight requests are frozen), on GPU
 release the KV cache when nothing is in flight, stream each bucket to the workers (`weights`:
 a flat bucket's raw bytes and index, tied `lm_head.weight` always included; `worker_ext` loads
-them layer-wise; with the collective weight sync each worker receives the trainer's broadcast itself and
-returns its per-bucket fingerprints for the delivery check),
+them layer-wise; with the collective weight sync each worker receives the trainer's broadcast itself; either way
+every worker returns its own per-bucket fingerprints for the delivery check, `Delivery.workers`),
 reset the prefix cache — preempting kept requests so their KV cache is recomputed
 under the new weights — wake the KV cache, set `version`, resume. `self_test_resume_continuity` (from
 `selftest`) checks that an abort or a keep-pause loses no token.
@@ -67,7 +67,7 @@ import numpy as np
 from engine.multimodal.images import open_b64
 from engine.multimodal.vision import VisionSpec, placeholder_token_ids
 from engine.rollout.base import SamplingParams, account_results, new_rollout_stats
-from engine.rollout.vllm.compat import EngineFeatures, cpu_engine_overrides, cpu_kv_cache_env
+from engine.rollout.vllm.compat import EngineFeatures, cpu_engine_overrides, cpu_kv_cache_env, cpu_thread_binding
 from engine.rollout.vllm.engine_args import EXTENSION_CLS, _eos_ids, engine_args
 from engine.rollout.vllm.requests import _check, _finish_reason, _Flight, collapse_image_placeholders
 from engine.rollout.vllm.loop_thread import LoopThread
@@ -115,6 +115,7 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         self.release_kv_cache_on_sync = bool(engine_kwargs.get("enable_sleep_mode", False))
         self.max_model_len = int(engine_kwargs["max_model_len"])
         self.max_num_seqs = int(engine_kwargs["max_num_seqs"])
+        self._world = int(engine_kwargs["tensor_parallel_size"]) * int(engine_kwargs.get("pipeline_parallel_size", 1))
         self.version = 0
         self.abort_poll_s = float(abort_poll_s)
         self.tied_embeddings = tied_embeddings(self.model_dir)
@@ -130,6 +131,7 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         if device == "cpu":
             for key, value in cpu_kv_cache_env(engine_kwargs["kv_cache_memory_bytes"]).items():
                 os.environ.setdefault(key, value)
+            cpu_thread_binding(self._world)
             engine_kwargs.update(cpu_engine_overrides())
         self._loop = LoopThread("vllm-rollout-loop")
         try:
@@ -157,6 +159,11 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
     @staticmethod
     async def _shutdown(engine: Any) -> None:
         engine.shutdown()
+
+    def dead(self) -> bool:
+        """The engine is closed or has died (vLLM marks it dead when a worker process ends)."""
+        engine = self._engine
+        return engine is None or bool(getattr(engine, "errored", False))
 
     def close(self) -> None:
         """Shut the engine down and stop the loop thread (idempotent)."""
@@ -377,11 +384,19 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
                     "asyncrl_receive_collective", args=(asdict(buckets.handle), buckets.rank, self.tied_embeddings)
                 )
                 sent = int(got[0][0]) if got else 0
-                sums = [list(g[1]) for g in got]  # every TP worker's receipt; one that differs is the one reported
+                sums = [list(g[1]) for g in got]  # every worker's receipt; one that differs is the one reported
                 buckets.fingerprints = next((s for s in sums if s != sums[0]), sums[0]) if sums else []
+                buckets.workers = sums
             else:
+                by_worker: list[list[int]] = []
                 for bucket in buckets:
-                    sent += await send_bucket(engine, bucket, self.tied_embeddings)
+                    nbytes, sums = await send_bucket(engine, bucket, self.tied_embeddings)
+                    sent += nbytes
+                    by_worker = by_worker or [[] for _ in sums]
+                    for w, fp in zip(by_worker, sums):
+                        w.append(fp)
+                if isinstance(buckets, Delivery):
+                    buckets.workers = by_worker
             await engine.collective_rpc("asyncrl_finish_update")
             await self.features.reset_prefix_cache(engine)
             self.version = version
@@ -396,11 +411,19 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
 
     def weights_fingerprint(self) -> int:
         """A sample fingerprint of the loaded weights, every worker's chained (`engine.sync.verify`)."""
-        fps = self._run(self._engine.collective_rpc("asyncrl_weights_fingerprint"))
         h = 0
-        for fp in fps:
+        for fp in self.worker_weights():
             h = (h * 1000003 + int(fp)) % 2**64
         return h
+
+    def worker_weights(self) -> list[int]:
+        """Each worker's sample fingerprint of the weights it holds (its shards), in vLLM's global rank order."""
+        return [int(fp) for fp in self._run(self._engine.collective_rpc("asyncrl_weights_fingerprint"))]
+
+    @property
+    def world_size(self) -> int:
+        """The engine's workers: tensor × pipeline parallel ranks, on every node of the replica."""
+        return int(self._world)
 
     # --- telemetry ----------------------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:

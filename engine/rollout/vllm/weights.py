@@ -34,12 +34,13 @@ def tie_lm_head(tensors: dict[str, Any], tied: bool) -> dict[str, Any]:
     return tensors
 
 
-async def send_bucket(engine: Any, bucket: Any, tied: bool) -> int:
+async def send_bucket(engine: Any, bucket: Any, tied: bool) -> tuple[int, list[int]]:
     """Feed one bucket (a `FlatBucket`, or a dict of tensors / arrays, packed here) to every worker of `engine`
-    (an `AsyncLLM` inside an update session) and return its payload bytes."""
+    (an `AsyncLLM` inside an update session). Returns its payload bytes and, by worker (vLLM's global rank order,
+    every node of a replica that spans nodes), the fingerprint of the bytes that worker received."""
     from engine.sync.flat import flatten
 
     fb = flatten(bucket, device="cpu")
     index = [[name, dtype, list(shape), offset, nbytes] for name, dtype, shape, offset, nbytes in fb.index]
-    await engine.collective_rpc("asyncrl_load_flat", args=(index, fb.data.numpy().tobytes(), tied))
-    return fb.nbytes
+    got = await engine.collective_rpc("asyncrl_load_flat", args=(index, fb.data.numpy().tobytes(), tied))
+    return fb.nbytes, [int(g[1]) for g in got]

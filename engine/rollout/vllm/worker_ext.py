@@ -57,20 +57,21 @@ class WeightSyncExtension:
 
         initialize_layerwise_reload(self.model_runner.get_model())
 
-    def asyncrl_load_flat(self, index: list, blob: bytes, tied: bool) -> int:
+    def asyncrl_load_flat(self, index: list, blob: bytes, tied: bool) -> list:
         """Feed one flat bucket (`engine.sync.flat`: its index and raw bytes) to the model's weight loaders; the
-        tensors are views of `blob`, in the sender's dtype."""
+        tensors are views of `blob`, in the sender's dtype. Returns [tensors fed, the fingerprint of the bytes this
+        worker received] — every worker's own receipt for the delivery check (`engine.sync.verify`)."""
         import warnings
 
         import torch
 
-        from engine.sync.flat import FlatBucket
+        from engine.sync.flat import FlatBucket, fingerprint
 
         with warnings.catch_warnings():  # read only
             warnings.filterwarnings("ignore", message="The given buffer is not writable")
             data = torch.frombuffer(blob, dtype=torch.uint8) if len(blob) else torch.zeros(0, dtype=torch.uint8)
         fb = FlatBucket([(n, d, tuple(s), int(o), int(b)) for n, d, s, o, b in index], data)
-        return self._asyncrl_feed(self._asyncrl_tensors(fb, tied))
+        return [self._asyncrl_feed(self._asyncrl_tensors(fb, tied)), fingerprint(data)]
 
     def asyncrl_finish_update(self) -> None:
         """Process the layers still pending, restore untouched ones and drop caches derived from weights."""
