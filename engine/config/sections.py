@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 
 from engine.config.data_section import DataConfig as DataConfig
 from engine.config.data_section import OverlongBufferConfig as OverlongBufferConfig
+from engine.config.megatron_model import MegatronModelConfig
 from engine.config.megatron_perf import MegatronPerfConfig
 from engine.config.multi_turn import MultiTurnConfig
 from engine.config.names import BUILTIN_MODELS
@@ -128,9 +129,10 @@ class OptimConfig(Section):
         return v
 
 
-class TrainerConfig(MegatronPerfConfig):
+class TrainerConfig(MegatronPerfConfig, MegatronModelConfig):
     """The policy update (`[trainer]`; verl's `actor_rollout_ref.actor.*` and `trainer.*`; the Megatron
-    performance settings are `engine.config.megatron_perf`'s)."""
+    performance settings are `engine.config.megatron_perf`'s, its model settings — uneven pipeline stages, MoE
+    auxiliary losses, dropout, the reference's layout — `engine.config.megatron_model`'s)."""
 
     backend: Literal["torch", "megatron"] = "torch"
     """`torch` = FSDP2 data parallel (CPU gloo or GPU); `megatron` = Megatron-core with tp/pp/cp/ep."""

@@ -70,9 +70,13 @@ def pack_uniform(micros: list[TrainBatch], multiple_of: int,
     return [p.pad_to(*shape) for p in packed]
 
 
-def run(backend: Any, micros: list[TrainBatch], head: Head, *, with_entropy: bool, forward_only: bool) -> None:
+def run(backend: Any, micros: list[TrainBatch], head: Head, *, with_entropy: bool, forward_only: bool,
+        aux: tuple[list[float], Any] | None = None) -> None:
     """Run the 1F1B schedule over `micros` (already on the backend's device and trimmed); see the module
-    docstring. `backend`: a `MegatronTrainerBackend` (its `ddp`, `layout`, `arch`, `temperature`)."""
+    docstring. `backend`: a `MegatronTrainerBackend` (its `ddp`, `layout`, `arch`, `temperature`). `aux`: the
+    MoE auxiliary losses' gradient scale per micro-batch and their meter (`moe_aux`; 0 = a filler's)."""
+    from engine.trainer.megatron import moe_aux
+
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     uniform = backend._max_shape_over_world if backend._uniform_shapes else None
@@ -91,7 +95,14 @@ def run(backend: Any, micros: list[TrainBatch], head: Head, *, with_entropy: boo
     def forward_step(_: Any, model: torch.nn.Module) -> tuple[torch.Tensor, Callable]:
         k = next(order)
         inp = inputs[k]
-        return model(inp.tokens, inp.position_ids, inp.attention_mask), partial(loss_func, k)
+        if aux is None:
+            return model(inp.tokens, inp.position_ids, inp.attention_mask), partial(loss_func, k)
+        scales, meter = aux
+        with moe_aux.scaled(scales[k]):
+            out = model(inp.tokens, inp.position_ids, inp.attention_mask, **backend._router_mask(inp))
+        if meter is not None:
+            meter.take(scales[k] > 0)
+        return out, partial(loss_func, k)
 
     get_forward_backward_func()(
         forward_step_func=forward_step, data_iterator=None, model=[backend.ddp], num_microbatches=n,
@@ -128,7 +139,8 @@ def compute_log_probs(backend: Any, batch: TrainBatch, with_entropy: bool) -> tu
 
 
 def accumulate(backend: Any, micros: list[TrainBatch], weights: list[float], reals: list[bool],
-               loss_fn: Any, sums: dict[str, float], *, with_entropy: bool, entropy_grad: bool) -> None:
+               loss_fn: Any, sums: dict[str, float], *, with_entropy: bool, entropy_grad: bool,
+               aux: tuple[list[float], Any] | None = None) -> None:
     """The backward passes of one optimizer update for PP > 1 (the PP = 1 loop of `backend._update`):
     micro-batch k backpropagates weights[k] · dp · L_k; a non-real one the same graph times 0. Metric sums
     accumulate into `sums` on the last stage only."""
@@ -144,4 +156,6 @@ def accumulate(backend: Any, micros: list[TrainBatch], weights: list[float], rea
             sums[name] += weights[k] * float(value)
         return loss * (weights[k] * backend.dp_size)
 
-    run(backend, micros, head, with_entropy=with_entropy, forward_only=False)
+    run(backend, micros, head, with_entropy=with_entropy, forward_only=False, aux=aux)
+    if aux is not None and aux[1] is not None:  # what a router recomputed inside the backward recorded
+        aux[1].take(True, count=False)
