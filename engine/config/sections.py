@@ -234,7 +234,9 @@ class TrainerConfig(MegatronPerfConfig, MegatronModelConfig):
     its rows into micro-batches of at most `ppo_max_token_len_per_gpu` padded tokens (rows × the micro-batch's
     longest row, prompt + response: rows of similar length grouped together, the ranks agreeing on one count;
     `log_prob_max_token_len_per_gpu` for the log-prob passes), each padded only to its own longest row. The
-    gradient equals the unsplit one for every `loss_agg_mode`. torch backend, and megatron with pp = 1."""
+    gradient equals the unsplit one for every `loss_agg_mode`. torch and megatron backends (with pp > 1 each
+    micro-batch passes the pipeline with its own shape; a MoE model under Megatron's all-gather dispatcher pads
+    them to one, `engine.trainer.megatron.pipeline`)."""
     ppo_max_token_len_per_gpu: int = Field(16384, gt=0)
     """Padded tokens (rows × longest row) per update micro-batch and rank with `use_dynamic_bsz` (verl's key;
     ≥ the longest row)."""

@@ -2,7 +2,8 @@
 megatron-core over gloo: the MoE router's load-balancing and z-losses (their metrics equal the formulas on the
 HF router's logits, their gradient is the HF gradient of NLL + coeff · loss, and a coefficient of 0 — or
 verl's load-balancing type "none" — adds nothing), and uneven pipeline stages (each stage builds the stated layer
-count with the right global layer numbers, and computes what the HF checkpoint computes)."""
+count with the right global layer numbers, and computes what the HF checkpoint computes — also with token-budget
+micro-batches of different shapes, `use_dynamic_bsz`, which the pipeline sends with their own shapes)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from megatron_helpers import VOCAB, as_tensor, assert_exports_checkpoint, hf_log_probs, make_batch, nll_loss, spawn
+from megatron_helpers import (VOCAB, as_tensor, assert_exports_checkpoint, hf_grad_norm, hf_log_probs, make_batch,
+                              nll_loss, spawn)
 from megatron_workers import TEMPERATURE, uneven_pipeline_rank
 
 pytestmark = [pytest.mark.megatron, pytest.mark.timeout(300)]
@@ -26,6 +28,16 @@ def tiny_moe(layers: int = 2) -> torch.nn.Module:
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, head_dim=32, initializer_range=0.2, max_position_embeddings=128,
         moe_intermediate_size=48, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True)).eval()
+
+
+def tiny_dense() -> torch.nn.Module:
+    """A random tiny 3-layer Qwen3."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    return tf.Qwen3ForCausalLM(tf.Qwen3Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, initializer_range=0.2, max_position_embeddings=128)).eval()
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +118,8 @@ def test_moe_aux_and_z_loss_metrics_and_gradient_follow_their_formulas(moe_dir: 
 def uneven(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     d = tmp_path_factory.mktemp("moe3")
     tiny_moe(layers=3).save_pretrained(d)
-    return d, spawn(uneven_pipeline_rank, 2, str(d), 1, timeout=280)
+    tiny_dense().save_pretrained(d / "dense")
+    return d, spawn(uneven_pipeline_rank, 2, str(d), 1, str(d / "dense"), timeout=280)
 
 
 @pytest.mark.slow  # two spawned gloo ranks: ~55 s on the 2-core CI machine
@@ -131,3 +144,11 @@ def test_uneven_pipeline_stages_build_the_stated_layers_and_compute_the_checkpoi
         assert float(r["metrics"]["actor/load_balancing_loss"]) == pytest.approx(float(lb.mean().detach()), rel=1e-4)
         assert float(r["metrics"]["actor/z_loss"]) == pytest.approx(float(z.mean().detach()), rel=1e-4)
         assert float(r["metrics"]["actor/grad_norm"]) == pytest.approx(expected, rel=1e-4)
+    # a dense model's token-budget micro-batches, each its own shape through the pipeline: the HF log-probs (in
+    # row order) and the whole batch's NLL gradient
+    dense = tiny_dense()
+    ref, _ = hf_log_probs(dense, batch, TEMPERATURE)
+    expected = hf_grad_norm(dense, batch, TEMPERATURE)
+    for r in ranks:
+        torch.testing.assert_close(as_tensor(r["dynamic_log_probs"]), ref, atol=1e-5, rtol=0)
+        assert float(r["dynamic_metrics"]["actor/grad_norm"]) == pytest.approx(expected, rel=1e-4)

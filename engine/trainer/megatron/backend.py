@@ -170,8 +170,6 @@ class MegatronTrainerBackend(WarmupSchedule):
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
         self.dtype = _resolve_dtype(dtype, self.on_gpu)
         self.micro_batch_size = int(micro_batch_size)
-        if use_dynamic_bsz and pp > 1:
-            raise ValueError("use_dynamic_bsz needs pp = 1 on the megatron backend")
         # token budgets (`use_dynamic_bsz`): None = fixed micro_batch_size rows per micro-batch
         self.update_budget = int(ppo_max_token_len_per_gpu) if use_dynamic_bsz else None
         self.log_prob_budget = int(log_prob_max_token_len_per_gpu or ppo_max_token_len_per_gpu) \

@@ -88,6 +88,12 @@ def transformer_config(arch: ArchSpec, layout: ParallelLayout, dtype: torch.dtyp
             "moe_token_dispatcher_type": dispatcher or ("alltoall" if (on_gpu and layout.ep > 1) else "allgather"),
             "moe_grouped_gemm": False,
         }
+    # each micro-batch's own [b, S] through the pipeline (pipeline.py); Megatron's all-gather MoE dispatcher
+    # cannot take them (those pipelines pad every micro-batch to one shape), and Megatron checks the dispatcher
+    # field of a dense model too
+    variable = layout.pp > 1 and moe.get("moe_token_dispatcher_type", "alltoall") != "allgather"
+    if variable and not moe:
+        moe = {"moe_token_dispatcher_type": "alltoall"}  # no experts: the field only passes Megatron's check
     return TransformerConfig(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
@@ -130,6 +136,7 @@ def transformer_config(arch: ArchSpec, layout: ParallelLayout, dtype: torch.dtyp
         pipeline_dtype=dtype,
         batch_p2p_comm=on_gpu,
         batch_p2p_sync=on_gpu,
+        variable_seq_lengths=variable,
         **moe,
         **(recompute or {}),
     )
