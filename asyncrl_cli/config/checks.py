@@ -16,6 +16,7 @@ from typing import Any
 from engine.plan.sizes import Derived
 from asyncrl_cli.config.hardware_checks import fit_rules, pitfall_rules, resource_rules
 from asyncrl_cli.config.model_checks import model_rules, path_rules
+from asyncrl_cli.config.model_checks import megatron_key_backend_rules
 from asyncrl_cli.config.problems import Problem, error, note, warn
 from asyncrl_cli.config.provenance import Provenance
 from engine.config.loss_mode import loss_mode_error
@@ -287,6 +288,7 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
             )
         )
     out.extend(token_budget_rules(cfg))
+    out.extend(megatron_key_backend_rules(cfg))
     if t.total_steps is not None and r.total_rollout_steps is not None:
         out.append(
             note(

@@ -18,6 +18,26 @@ from engine.config.schema import RunConfig
 from engine.plan.sequence_parallel import ulysses_problem
 
 
+def megatron_key_backend_rules(cfg: RunConfig) -> list[Problem]:
+    """`engine.config.megatron_model`'s settings on the torch trainer (no model facts needed): the Megatron-only
+    ones are ignored there (a warning), hidden dropout has no place there (an error)."""
+    t = cfg.trainer
+    out: list[Problem] = []
+    if t.backend == "megatron":
+        return out
+    for key, value in (("num_layers_in_first_pipeline_stage", t.num_layers_in_first_pipeline_stage),
+                       ("num_layers_in_last_pipeline_stage", t.num_layers_in_last_pipeline_stage),
+                       ("moe_z_loss_coeff", t.moe_z_loss_coeff), ("moe_aux_loss_coeff", t.moe_aux_loss_coeff or None)):
+        if value is not None:
+            out.append(warn("megatron-only", f"trainer.{key}", f"{key} applies to the megatron backend only: the "
+                            "torch trainer ignores it"))
+    if t.hidden_dropout:
+        out.append(error("hidden-dropout", "trainer.hidden_dropout", f"hidden_dropout = {t.hidden_dropout}: the HF "
+                         "models the torch trainer runs have no dropout after their blocks",
+                         "use the megatron backend, or 0"))
+    return out
+
+
 def megatron_model_rules(cfg: RunConfig, f: ModelFacts) -> list[Problem]:
     """`engine.config.megatron_model`'s settings against the model: the pipeline stages add up, the MoE losses
     have a router, a load-balancing coefficient has a load-balancing type, hidden dropout has a place."""
@@ -27,16 +47,6 @@ def megatron_model_rules(cfg: RunConfig, f: ModelFacts) -> list[Problem]:
     out: list[Problem] = []
     uneven = (t.num_layers_in_first_pipeline_stage, t.num_layers_in_last_pipeline_stage)
     if t.backend != "megatron":
-        for key, value in (("num_layers_in_first_pipeline_stage", uneven[0]),
-                           ("num_layers_in_last_pipeline_stage", uneven[1]), ("moe_z_loss_coeff", t.moe_z_loss_coeff),
-                           ("moe_aux_loss_coeff", t.moe_aux_loss_coeff or None)):
-            if value is not None:
-                out.append(warn("megatron-only", f"trainer.{key}", f"{key} applies to the megatron backend only: "
-                                "the torch trainer ignores it"))
-        if t.hidden_dropout:
-            out.append(error("hidden-dropout", "trainer.hidden_dropout", f"hidden_dropout = {t.hidden_dropout}: the "
-                             "HF models the torch trainer runs have no dropout after their blocks",
-                             "use the megatron backend, or 0"))
         return out
     if f.layers and (t.pp > 1 or any(n is not None for n in uneven)):
         try:
