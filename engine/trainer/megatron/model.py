@@ -185,6 +185,13 @@ def build_gpt_model(arch: ArchSpec, layout: ParallelLayout, dtype: torch.dtype, 
     from megatron.core.models.gpt import GPTModel
 
     flash = flash and on_gpu  # on CPU the local attention (the dry run says so)
+    if flash:
+        from engine.trainer.megatron.context_parallel import te_available
+        from engine.trainer.megatron.parallel import ParallelConfigError
+
+        if not te_available():
+            raise ParallelConfigError("trainer.use_flash_attn needs Transformer Engine's attention on CUDA: install "
+                                      "transformer-engine[pytorch], or set trainer.use_flash_attn = false")
     config = transformer_config(arch, layout, dtype, on_gpu, recompute, dispatcher, settings, flash)
     with tensor_cuda_is_identity():
         model = GPTModel(
