@@ -16,6 +16,7 @@ from typing import Any
 from engine.plan.sizes import Derived
 from asyncrl_cli.config.hardware_checks import fit_rules, pitfall_rules, resource_rules
 from asyncrl_cli.config.model_checks import model_rules, path_rules
+from asyncrl_cli.config.model_checks import megatron_key_backend_rules
 from asyncrl_cli.config.problems import Problem, error, note, warn
 from asyncrl_cli.config.provenance import Provenance
 from engine.config.loss_mode import loss_mode_error
@@ -287,6 +288,7 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
             )
         )
     out.extend(token_budget_rules(cfg))
+    out.extend(megatron_key_backend_rules(cfg))
     if t.total_steps is not None and r.total_rollout_steps is not None:
         out.append(
             note(
@@ -352,18 +354,20 @@ def trainer_rules(cfg: RunConfig, prov: Provenance, d: Derived) -> list[Problem]
 
 
 def token_budget_rules(cfg: RunConfig) -> list[Problem]:
-    """`use_dynamic_bsz`: not with Megatron's pipeline (pp > 1), and every budget holds the longest row."""
+    """`use_dynamic_bsz`: every budget holds the longest row (and what Megatron's pipeline with an all-gather MoE
+    dispatcher pads)."""
     t = cfg.trainer
     if not t.use_dynamic_bsz:
         return []
-    if t.backend == "megatron" and t.pp > 1:
-        return [error("dynamic-bsz-megatron-pp", "trainer.use_dynamic_bsz",
-                      "use_dynamic_bsz is implemented for megatron with pp = 1 only (the pipeline schedule "
-                      "needs equal micro-batches); set use_dynamic_bsz = false and size "
-                      "ppo_micro_batch_size_per_gpu, or pp = 1")]
+    out = []
+    if t.backend == "megatron" and t.pp > 1 and t.moe_token_dispatcher_type != "alltoall":
+        out.append(warn("dynamic-bsz-megatron-pp-allgather", "trainer.use_dynamic_bsz",
+                        "with pp > 1 a MoE model under Megatron's all-gather dispatcher (ep = 1, or CPU) sends every "
+                        "micro-batch padded to one shape (the dispatcher takes no variable shapes): the token "
+                        "budget then bounds the rows, not the padded tokens; dense models and the all-to-all "
+                        "dispatcher send each micro-batch's own shape"))
     longest = cfg.data.max_prompt_length + cfg.data.max_response_length
     sp = t.ulysses_sequence_parallel_size if t.backend == "torch" else 1  # an SP group's budget is × s (verl)
-    out = []
     for key, budget in (("ppo_max_token_len_per_gpu", t.ppo_max_token_len_per_gpu),
                         ("log_prob_max_token_len_per_gpu", t.log_prob_max_token_len_per_gpu)):
         if budget is not None and budget * sp < longest:

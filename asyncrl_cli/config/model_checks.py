@@ -18,6 +18,55 @@ from engine.config.schema import RunConfig
 from engine.plan.sequence_parallel import ulysses_problem
 
 
+def megatron_key_backend_rules(cfg: RunConfig) -> list[Problem]:
+    """`engine.config.megatron_model`'s settings on the torch trainer (no model facts needed): the Megatron-only
+    ones are ignored there (a warning), hidden dropout has no place there (an error)."""
+    t = cfg.trainer
+    out: list[Problem] = []
+    if t.backend == "megatron":
+        return out
+    for key, value in (("num_layers_in_first_pipeline_stage", t.num_layers_in_first_pipeline_stage),
+                       ("num_layers_in_last_pipeline_stage", t.num_layers_in_last_pipeline_stage),
+                       ("moe_z_loss_coeff", t.moe_z_loss_coeff), ("moe_aux_loss_coeff", t.moe_aux_loss_coeff or None)):
+        if value is not None:
+            out.append(warn("megatron-only", f"trainer.{key}", f"{key} applies to the megatron backend only: the "
+                            "torch trainer ignores it"))
+    if t.hidden_dropout:
+        out.append(error("hidden-dropout", "trainer.hidden_dropout", f"hidden_dropout = {t.hidden_dropout}: the HF "
+                         "models the torch trainer runs have no dropout after their blocks",
+                         "use the megatron backend, or 0"))
+    return out
+
+
+def megatron_model_rules(cfg: RunConfig, f: ModelFacts) -> list[Problem]:
+    """`engine.config.megatron_model`'s settings against the model: the pipeline stages add up, the MoE losses
+    have a router, a load-balancing coefficient has a load-balancing type, hidden dropout has a place."""
+    from engine.config.megatron_model import stage_layers
+
+    t = cfg.trainer
+    out: list[Problem] = []
+    uneven = (t.num_layers_in_first_pipeline_stage, t.num_layers_in_last_pipeline_stage)
+    if t.backend != "megatron":
+        return out
+    if f.layers and (t.pp > 1 or any(n is not None for n in uneven)):
+        try:
+            stage_layers(f.layers, t.pp, *uneven)
+        except ValueError as e:
+            key = "trainer.pp" if not any(n is not None for n in uneven) else \
+                "trainer.num_layers_in_first_pipeline_stage"
+            out.append(error("pp-layers", key, f"{e} ({f.layers} layers)",
+                             "choose a pp that divides the layer count, or first / last stage sizes that leave the "
+                             "middle stages an equal share"))
+    if not f.is_moe and (t.moe_z_loss_coeff is not None or t.moe_aux_loss_coeff > 0):
+        out.append(warn("moe-loss-dense", "trainer.moe_aux_loss_coeff", f"{f.model_type} has no router: the MoE "
+                        "auxiliary losses have no effect"))
+    if f.is_moe and t.moe_aux_loss_coeff > 0 and t.moe_router_load_balancing_type == "none":
+        out.append(note("moe-aux-off", "trainer.moe_aux_loss_coeff", f"moe_aux_loss_coeff = {t.moe_aux_loss_coeff} "
+                        "has no effect with moe_router_load_balancing_type = \"none\" (verl's setting: its Megatron "
+                        "engine runs the same way)"))
+    return out
+
+
 def model_rules(cfg: RunConfig, f: ModelFacts) -> list[Problem]:
     """Settings that must agree with the architecture."""
     t, r = cfg.trainer, cfg.rollout
@@ -42,9 +91,7 @@ def model_rules(cfg: RunConfig, f: ModelFacts) -> list[Problem]:
     if t.backend == "torch" and sp > 1 and f.heads and ulysses_problem(sp, sp, f.heads, f.kv_heads or f.heads):
         out.append(error("ulysses-heads", "trainer.ulysses_sequence_parallel_size",
                          str(ulysses_problem(sp, sp, f.heads, f.kv_heads or f.heads))))
-    if t.backend == "megatron" and t.pp > 1 and f.layers % t.pp:
-        out.append(error("pp-layers", "trainer.pp", f"pp = {t.pp} does not split the {f.layers} layers into "
-                         "equal pipeline stages", "choose a pp that divides the layer count"))
+    out += megatron_model_rules(cfg, f)
     tp = r.tensor_parallel_size
     if f.heads % tp or (f.kv_heads % tp and tp % f.kv_heads):
         out.append(

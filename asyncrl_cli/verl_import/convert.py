@@ -33,6 +33,7 @@ from asyncrl_cli.verl_import.keys import (  # noqa: F401 - MAP and the tables ar
     BASE_CONFIGS,
     IGNORED,
     IGNORED_PREFIXES,
+    LAYOUT_ONLY,
     MAP,
     REFUSED_PREFIXES,
     REMOVED,
@@ -163,6 +164,10 @@ def _classify(conv: Conversion, key: str, value: str, raw: dict[str, str]) -> No
             conv.ignored.append((ov, f"equals {other}: {why}"))
         else:
             conv.errors.append((ov, f"differs from {other}={raw.get(other)}: {why}"))
+    elif key in LAYOUT_ONLY:
+        other, why = LAYOUT_ONLY[key]
+        conv.ignored.append((ov, f"equals {other}" if _same(value, raw.get(other)) else
+                             f"differs from {other}={raw.get(other)}: {why}"))
     elif key in IGNORED:
         conv.ignored.append((ov, IGNORED[key]))
     elif any(key.startswith(pre) for pre in IGNORED_PREFIXES):
@@ -252,6 +257,41 @@ def _drop_unrunnable_names(conv: Conversion, raw: dict[str, str]) -> None:
                                  "asyncrl's default name / directory is used"))
 
 
+SEQ_MODES = ("gspo", "geo_mean")
+TC = "actor_rollout_ref.actor.megatron.override_transformer_config"
+
+
+def _verl_semantics(conv: Conversion, raw: dict[str, str]) -> None:
+    """What verl at 1dda039 does with two settings beyond their names, made the same experiment here or refused.
+
+    * A sequence policy loss (gspo / geo_mean) in bypass mode (fully-async's default): verl's trainer swaps the
+      loss mode to its bypass loss in *its own* config (`rollout_corr_helper.apply_bypass_mode`), which the
+      actor workers, built before, never see: they run the script's loss against π_rollout with no rollout IS
+      or rejection sampling (those run only in decoupled mode). asyncrl's bypass mode runs the same loss against
+      π_rollout, IS weights as metrics only, but would apply `rollout_rs`: that combination is refused.
+    * `moe_aux_loss_coeff` without `moe_router_load_balancing_type`: verl's Megatron engine sets the type to
+      "none" (`workers/engine/megatron/transformer_impl.py`), so the coefficient has no effect; asyncrl runs
+      the same (noted)."""
+    mode, bypass = conv.values.get("trainer.loss_mode"), conv.values.get(f"{RC}.bypass_mode", True)
+    if mode in SEQ_MODES and bypass:
+        rs = conv.values.get(f"{RC}.rollout_rs")
+        if rs is not None:
+            conv.errors.append((conv.sources[f"{RC}.rollout_rs"], f"policy_loss.loss_mode={mode} in bypass mode: verl's "
+                                "workers run it against the rollout log-probs without rejection sampling (the "
+                                "trainer's switch to its bypass loss never reaches them); asyncrl would apply "
+                                "rollout_rs. Set algorithm.rollout_correction.bypass_mode=False (decoupled) or "
+                                "drop rollout_rs"))
+        else:
+            conv.notes.append(f"policy_loss.loss_mode={mode} in bypass mode runs as in verl 1dda039's workers: "
+                              f"{mode} against the rollout log-probs (π_old = π_rollout), no IS weights in the loss")
+    coeff = conv.values.get("trainer.moe_aux_loss_coeff", 0.0)
+    if coeff and conv.values.get("trainer.moe_router_load_balancing_type", "none") == "none":
+        conv.notes.append(f"{TC}.moe_aux_loss_coeff={coeff} has no effect, in verl as here: verl's Megatron engine "
+                          "sets moe_router_load_balancing_type \"none\" unless the script sets it "
+                          "(trainer.moe_router_load_balancing_type = \"none\"); moe_z_loss_coeff applies whatever the "
+                          "type")
+
+
 def convert_script(text: str) -> Conversion:
     """Read a verl fully-async script and account for every override."""
     script = parse_script(text)
@@ -294,6 +334,7 @@ def convert_script(text: str) -> Conversion:
     for key, value in raw.items():
         if key not in unresolved:
             _classify(conv, key, value, raw)
+    _verl_semantics(conv, raw)
     if "algorithm.adv_estimator" not in raw:
         conv.errors.append(("algorithm.adv_estimator (unset)", "verl's default is gae (PPO with a critic); "
                             "asyncrl runs grpo: set it in the script"))

@@ -20,6 +20,7 @@ from asyncrl_cli.verl_import.values import (
     to_float,
     to_int,
     to_list,
+    to_load_balancing,
     to_loss_mode,
     to_optional,
     to_reward_manager,
@@ -58,6 +59,17 @@ MAP: dict[str, tuple[str, Callable[[str], Any]]] = {
     f"{ACTOR}.megatron.override_transformer_config.recompute_granularity": ("trainer.recompute_granularity", to_str),
     f"{ACTOR}.megatron.override_transformer_config.recompute_method": ("trainer.recompute_method", to_str),
     f"{ACTOR}.megatron.override_transformer_config.recompute_num_layers": ("trainer.recompute_num_layers", to_int),
+    **{f"{ACTOR}.megatron.override_transformer_config.{k}": (f"trainer.{k}", to_int)
+       for k in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")},
+    f"{ACTOR}.megatron.override_transformer_config.moe_aux_loss_coeff": ("trainer.moe_aux_loss_coeff", to_float),
+    f"{ACTOR}.megatron.override_transformer_config.moe_z_loss_coeff": ("trainer.moe_z_loss_coeff",
+                                                                        to_optional(to_float)),
+    f"{ACTOR}.megatron.override_transformer_config.moe_router_load_balancing_type": (
+        "trainer.moe_router_load_balancing_type", to_load_balancing),
+    f"{ACTOR}.megatron.override_transformer_config.use_flash_attn": ("trainer.use_flash_attn", to_bool),
+    f"{ACTOR}.megatron.override_transformer_config.attention_dropout": ("trainer.attention_dropout", to_float),
+    f"{ACTOR}.megatron.override_transformer_config.hidden_dropout": ("trainer.hidden_dropout", to_float),
+    f"{AR}.model.override_config.attention_dropout": ("trainer.attention_dropout", to_float),
     f"{AR}.ref.megatron.param_offload": ("trainer.ref_param_offload", to_bool),
     f"{AR}.ref.fsdp_config.param_offload": ("trainer.ref_param_offload", to_bool),
     f"{ACTOR}.optim.lr": ("trainer.optim.lr", to_float),
@@ -167,7 +179,12 @@ REQUIRED: dict[str, tuple[tuple[str, ...], str]] = {
                                                                 "already says 0 (as Qwen's and Llama's do; asyncrl "
                                                                 "trains with the config's dropout); another value "
                                                                 "is not honoured")
-       for k in ("attention_dropout", "embd_pdrop", "resid_pdrop", "hidden_dropout", "dropout")},
+       for k in ("embd_pdrop", "resid_pdrop", "hidden_dropout", "dropout")},
+    f"{ACTOR}.megatron.vanilla_mbridge": (("false", "null", "none"), "verl's legacy mbridge builds a MoE router with "
+                                          "its own load-balancing loss (mbridge's qwen3_moe: aux_loss at the "
+                                          "model's router_aux_loss_coef); asyncrl follows verl's default "
+                                          "Megatron-Bridge path (load-balancing \"none\", "
+                                          "trainer.moe_router_load_balancing_type)"),
     f"{ACTOR}.optim.lr_decay_style": (("constant",), "asyncrl's learning rate is constant after warm-up"),
     f"{ACTOR}.megatron.override_transformer_config.moe_router_dtype": (
         ("fp32",), "asyncrl's Megatron router computes in fp32"),
@@ -181,9 +198,6 @@ REQUIRED: dict[str, tuple[tuple[str, ...], str]] = {
 SAME_AS: dict[str, tuple[str, str]] = {
     f"{AR}.ref.log_prob_use_dynamic_bsz": (f"{ACTOR}.use_dynamic_bsz", "one token-budget switch for all passes"),
     f"{ROLL}.log_prob_use_dynamic_bsz": (f"{ACTOR}.use_dynamic_bsz", "one token-budget switch for all passes"),
-    **{f"{AR}.ref.megatron.{k}": (f"{ACTOR}.megatron.{k}", "the reference shares the actor's layout")
-       for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-                 "expert_model_parallel_size", "expert_tensor_parallel_size")},
     f"{AR}.ref.ulysses_sequence_parallel_size": (f"{ACTOR}.ulysses_sequence_parallel_size",
                                                  "the reference shares the actor's Ulysses size"),
     "reward_model.reward_kwargs.max_resp_len": ("data.max_response_length", "the overlong buffer's budget is "
@@ -192,6 +206,18 @@ SAME_AS: dict[str, tuple[str, str]] = {
                                                                      "data.max_response_length"),
 }
 """verl keys asyncrl honours when they equal another key's value (verl's default when unset), else an error."""
+
+LAYOUT_ONLY: dict[str, tuple[str, str]] = {
+    f"{AR}.ref.megatron.{k}": (f"{ACTOR}.megatron.{k}", "the reference's own Megatron layout: a layout splits the "
+                                                        "same computation (the reference's log-probs are the "
+                                                        "same, up to summation order), so asyncrl builds the "
+                                                        "reference on the actor's layout and validate counts its "
+                                                        "memory there: speed and memory only")
+    for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+              "expert_model_parallel_size", "expert_tensor_parallel_size")
+}
+"""verl keys that only choose how a computation is split: equal to another key's value, or not, they are ignored
+(with the reason when they differ)."""
 
 IGNORED: dict[str, str] = {
     "data.return_raw_chat": "asyncrl always renders from the chat messages",
@@ -247,9 +273,6 @@ IGNORED: dict[str, str] = {
     f"{ACTOR}.checkpoint.save_contents": "what verl's checkpoint holds; asyncrl's holds what a bit-identical "
                                          "resume needs, and exports HF weights",
     f"{ACTOR}.megatron.vanilla_mbridge": "Megatron weight bridge: loading only",
-    f"{ACTOR}.megatron.override_transformer_config.use_flash_attn": (
-        "the attention kernel: on CUDA the Transformer Engine spec runs flash attention itself, on CPU/NPU the "
-        "local spec's attention; same attention, speed only"),
 }
 """verl keys with no effect on the experiment (speed, memory placement, logging, paths), with the reason."""
 
@@ -290,8 +313,6 @@ REFUSED_PREFIXES: dict[str, str] = {
                         "plain Python function, data.row_adapter = \"file.py:fn\" with def fn(row: dict) -> dict "
                         "(a raw row in, verl's row layout out: prompt, data_source, reward_model.ground_truth, "
                         "extra_info)",
-    f"{ACTOR}.megatron.override_transformer_config.num_layers_in_": "uneven pipeline stages: asyncrl splits the "
-                                                                     "layers evenly",
     "async_training.use_dynamic_resource_scheduling": "dynamic resource scaling (moving devices between the "
                                                       "pools during a run) is not in asyncrl",
     "async_training.dynamic_schedule_": "dynamic resource scaling is not in asyncrl",

@@ -121,6 +121,9 @@ to_tool_format = one_of(("hermes",), "tool-call format {s!r} is not in asyncrl (
 to_loss_mode = one_of(("vanilla", "gspo", "geo_mean"),
                       "policy loss {s!r} is not in asyncrl (supported: vanilla, gspo, geo_mean)")
 """verl's `actor.policy_loss.loss_mode` → `trainer.loss_mode`: PPO-clip, GSPO and GMPO; verl's others are refused."""
+to_load_balancing = one_of(("none", "aux_loss", "seq_aux_loss"), "MoE load-balancing type {s!r} is not in asyncrl "
+                           "(none, aux_loss, seq_aux_loss)")
+"""Megatron's `moe_router_load_balancing_type` → `trainer.moe_router_load_balancing_type`."""
 
 
 def to_attn_implementation(v: str) -> str:

@@ -15,8 +15,9 @@ micro_batch) -> (loss, metrics)`:
   on the RS mask, w the detached IS weight, no clipping.
 * `loss_mode` (`trainer.loss_mode`, verl's `policy_loss.loss_mode`): `vanilla` = the PPO-clip above; `gspo` /
   `geo_mean` replace it by GSPO / GMPO (`engine.algo.seq_policy_loss`) with the same π_old (π_prox with the IS
-  weights applied in decoupled mode; π_rollout on the RS mask, IS weights as metrics only, in bypass mode —
-  where verl would silently swap in its bypass loss instead). These aggregate per sequence: the loss's
+  weights applied in decoupled mode; π_rollout on the RS mask, IS weights as metrics only, in bypass mode — verl
+  1dda039's actor workers run the same loss against π_rollout, without RS: its trainer's swap to the bypass loss
+  never reaches them, and `import verl` refuses a sequence loss with `rollout_rs` in bypass mode). These aggregate per sequence: the loss's
   `loss_agg_mode` is then seq-mean-token-mean (`engine.config.loss_mode.effective_agg_mode`, which the
   micro-batch weights of `engine.algo.batching` use too).
 

@@ -33,3 +33,8 @@ class MegatronPerfConfig(Section):
     them there (Megatron's `optimizer_cpu_offload`, fraction 1.0; verl's `actor.megatron.optimizer_offload`): the
     GPU keeps the bf16 weights and fp32 gradients only, at the cost of host memory (12 bytes per parameter over
     the data-parallel ranks) and a host Adam step. What lets a 671B–1T MoE trainer fit 80 GB GPUs."""
+    use_flash_attn: bool = False
+    """megatron: the attention kernel (verl's `override_transformer_config.use_flash_attn`). True, on CUDA:
+    Transformer Engine's core attention with Megatron's flash backend (same attention, O(S) memory); on CPU (and
+    anywhere without CUDA) the local, unfused softmax(QKᵀ/√d)·V runs, and `launch --dry-run` says so. False:
+    the local attention everywhere (the default: the local spec needs no Transformer Engine)."""

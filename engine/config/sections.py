@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 
 from engine.config.data_section import DataConfig as DataConfig
 from engine.config.data_section import OverlongBufferConfig as OverlongBufferConfig
+from engine.config.megatron_model import MegatronModelConfig
 from engine.config.megatron_perf import MegatronPerfConfig
 from engine.config.multi_turn import MultiTurnConfig
 from engine.config.names import BUILTIN_MODELS
@@ -128,9 +129,10 @@ class OptimConfig(Section):
         return v
 
 
-class TrainerConfig(MegatronPerfConfig):
+class TrainerConfig(MegatronPerfConfig, MegatronModelConfig):
     """The policy update (`[trainer]`; verl's `actor_rollout_ref.actor.*` and `trainer.*`; the Megatron
-    performance settings are `engine.config.megatron_perf`'s)."""
+    performance settings are `engine.config.megatron_perf`'s, its model settings — uneven pipeline stages, MoE
+    auxiliary losses, dropout, the reference's layout — `engine.config.megatron_model`'s)."""
 
     backend: Literal["torch", "megatron"] = "torch"
     """`torch` = FSDP2 data parallel (CPU gloo or GPU); `megatron` = Megatron-core with tp/pp/cp/ep."""
@@ -232,7 +234,9 @@ class TrainerConfig(MegatronPerfConfig):
     its rows into micro-batches of at most `ppo_max_token_len_per_gpu` padded tokens (rows × the micro-batch's
     longest row, prompt + response: rows of similar length grouped together, the ranks agreeing on one count;
     `log_prob_max_token_len_per_gpu` for the log-prob passes), each padded only to its own longest row. The
-    gradient equals the unsplit one for every `loss_agg_mode`. torch backend, and megatron with pp = 1."""
+    gradient equals the unsplit one for every `loss_agg_mode`. torch and megatron backends (with pp > 1 each
+    micro-batch passes the pipeline with its own shape; a MoE model under Megatron's all-gather dispatcher pads
+    them to one, `engine.trainer.megatron.pipeline`)."""
     ppo_max_token_len_per_gpu: int = Field(16384, gt=0)
     """Padded tokens (rows × longest row) per update micro-batch and rank with `use_dynamic_bsz` (verl's key;
     ≥ the longest row)."""

@@ -7,6 +7,8 @@ Resolution (device = the trainer's: cuda, npu or cpu; ep = `trainer.ep`; "auto" 
     use_distributed_optimizer   cuda (Megatron's distributed optimizer needs CUDA); else MainGradAdamW
     overlap_grad_reduce         = use_distributed_optimizer (bucketed async reduce inside the backward)
     optimizer_offload           as set (cuda only: Megatron's HybridDeviceOptimizer)
+    attention                   flash on cuda with `use_flash_attn` (Transformer Engine's core attention, Megatron's
+                                flash backend), else local (the unfused softmax(QKᵀ/√d)·V; on CPU always)
 
 Settings the backend does not build yet, printed so the dry run says so (each a fixed value here):
 
@@ -82,6 +84,13 @@ def resolve_perf(cfg: RunConfig, device: str) -> list[PerfSetting]:
     out.append(PerfSetting("optimizer_offload", bool(t.optimizer_offload),
                            "fp32 masters and Adam state in host memory" if t.optimizer_offload else "on the GPU"))
     out.append(PerfSetting("rows", "padded", "packed THD rows need Transformer Engine's attention"))
+    if t.use_flash_attn and cuda:
+        out.append(PerfSetting("attention", "flash", "use_flash_attn: Transformer Engine's core attention, flash "
+                               "backend"))
+    else:
+        out.append(PerfSetting("attention", "local", f"use_flash_attn set, but {device} has no flash attention: the "
+                               "local unfused attention runs" if t.use_flash_attn else
+                               "the local unfused attention (use_flash_attn = false)"))
     return out
 
 

@@ -18,7 +18,8 @@ Trainer rank, `torch` backend (FSDP2 over W = trainer_dp ranks, one rank = plain
     reference         with `use_kl_loss`: P·b_c/W, 0 with `trainer.ref_param_offload`
 
 `megatron` (tp, pp, cp, ep, etp; DP = W/(tp·pp·cp), expert DP = W/(ep·etp·pp)): the rank holds
-S = P_d/(tp·pp) + P_e/(ep·etp·pp) parameters — weights S·b_c, fp32 main gradients S·4, the distributed
+S = (P_d/(tp·pp) + P_e/(ep·etp·pp))·w parameters (w = 1, or with uneven pipeline stages the fullest
+stage's share against the even split, `engine.config.megatron_model.stage_memory_shares`) — weights S·b_c, fp32 main gradients S·4, the distributed
 optimizer's fp32 master + m + v 12·(P_d/(tp·pp)/DP + P_e/(ep·etp·pp)/EDP) (in host memory with
 `trainer.optimizer_offload` on cuda), a frozen reference S·b_c.
 
@@ -38,7 +39,8 @@ is causal); its eager attention scores cover H/s heads of the full rows, H·T'·
     per-token, per-layer a = (c_h·h + c_i·I + c_m·k·I_m [MoE layers]) · b_c/2          (calibrated, bytes)
     log-prob pass   T_lp'·a (no-grad forward of the log-prob micro-batch, `log_prob_max_token_len_per_gpu`:
                     one layer's working set at a time); `activations` is the larger of it and the update's
-    recompute off:  T'·L·a              (Megatron: L/pp layers × pp micro-batches in flight on stage 0 = L)
+    recompute off:  T'·L·a              (Megatron: L/pp layers × pp micro-batches in flight on stage 0 = L; uneven
+                                        stages: max_s n_s·(pp − s) layers in place of L)
     recompute on:   T'·(⌈L/g⌉·c_ck·h·b_c/2 + g·a) — each group of g layers keeps its input, one group is
                     rebuilt at a time (g = 1 for `enable_gradient_checkpointing`; Megatron full/uniform:
                     `recompute_num_layers`)
@@ -265,7 +267,12 @@ def trainer_memory(cfg: RunConfig, m: ModelShape, world: int, capacity: float, d
     if t.backend == "megatron":
         etp = t.etp
         p_e = m.params_expert
-        dense, expert = (p - p_e) / (t.tp * t.pp), p_e / (t.ep * etp * t.pp)
+        from engine.config.megatron_model import stage_memory_shares
+
+        # the fullest pipeline stage (uneven stages: trainer.num_layers_in_first/last_pipeline_stage)
+        stage_w, in_flight = stage_memory_shares(m.layers, t.pp, t.num_layers_in_first_pipeline_stage,
+                                                 t.num_layers_in_last_pipeline_stage)
+        dense, expert = (p - p_e) / (t.tp * t.pp) * stage_w, p_e / (t.ep * etp * t.pp) * stage_w
         dp, edp = max(1, world // (t.tp * t.pp * t.cp)), max(1, world // (t.ep * etp * t.pp))
         terms["weights"] = (dense + expert) * b_c
         terms["gradients"] = (dense + expert) * 4
@@ -299,7 +306,7 @@ def trainer_memory(cfg: RunConfig, m: ModelShape, world: int, capacity: float, d
     response_tokens = shard_tokens * tp * d.max_response_length / seq
     moment: dict[str, Any] = {}
     if t.backend == "megatron":
-        update_act = activation_bytes(m, shard_tokens, m.layers, recompute, b_c, cal, group)
+        update_act = activation_bytes(m, shard_tokens, in_flight, recompute, b_c, cal, group)
         lp_act = activation_per_token_layer(m, b_c, cal) * lp_tokens
         terms["activations"] = max(update_act, lp_act)
         terms["backward_transient"] = transient_bytes(m, b_c, cal)

@@ -111,6 +111,9 @@ class MegatronSpec:
     perf: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The performance settings resolved per device type (`engine.plan.megatron_perf.perf_values`): the backend
     takes those of the device it is built on (a rehearsal builds a CUDA run's ranks on CPU stand-ins)."""
+    model: dict[str, Any] = field(default_factory=dict)
+    """The model settings of `engine.config.megatron_model` that are set (uneven pipeline stages, MoE auxiliary
+    losses, dropout), by their `trainer.*` names: the backend's keyword arguments."""
 
 
 @dataclass(frozen=True)
@@ -257,6 +260,16 @@ PERF_DEVICES = ("cuda", "npu", "cpu")
 """The device types Megatron's performance settings are resolved for (`MegatronSpec.perf`)."""
 
 
+def megatron_model_settings(cfg: RunConfig) -> dict[str, Any]:
+    """`MegatronSpec.model`: the `engine.config.megatron_model` keys of `cfg.trainer` that are not at their
+    default."""
+    from engine.config.megatron_model import MegatronModelConfig
+
+    t = cfg.trainer
+    return {name: getattr(t, name) for name, f in MegatronModelConfig.model_fields.items()
+            if getattr(t, name) != f.default}
+
+
 def backend_spec(cfg: RunConfig) -> BackendSpec:
     """The trainer backend's part of the trainer spec."""
     from engine.plan.megatron_perf import perf_values
@@ -267,7 +280,8 @@ def backend_spec(cfg: RunConfig) -> BackendSpec:
                         t.logprob_chunk_tokens)
     megatron = MegatronSpec(t.tp, t.pp, t.cp, t.ep, t.etp, t.recompute_granularity, t.recompute_method,
                             t.recompute_num_layers,
-                            {d: perf_values(cfg, d) for d in PERF_DEVICES} if t.backend == "megatron" else {})
+                            {d: perf_values(cfg, d) for d in PERF_DEVICES} if t.backend == "megatron" else {},
+                            megatron_model_settings(cfg))
     return BackendSpec(
         kind=t.backend, precision=precision_of(cfg), attn_implementation=t.attn_implementation,
         export_dtype=rollout_dtype(cfg),

@@ -134,12 +134,14 @@ def build_trainer_backend(spec: BackendSpec, model_dir: str, distributed: bool =
             recompute_method=m.recompute_method, recompute_num_layers=m.recompute_num_layers,
             logprob_chunk_tokens=chunk, device=device.type, hf_weights=hf_weights, **common, **world,
             perf=m.perf.get(device.type, {}),  # the settings of the device it is built on
+            **m.model,  # uneven pipeline stages, MoE auxiliary losses, dropout (engine.config.megatron_model)
         )
     from engine.models.loader import load_causal_lm, meta_causal_lm
     from engine.trainer.torch_trainer import TorchTrainerBackend
 
     # a frozen reference holds no optimizer state: its weights need no fp32 masters
-    load = load_model or load_causal_lm
+    load = with_attention_dropout(load_model or load_causal_lm, spec.megatron.model.get("attention_dropout"))
+    meta_causal_lm = with_attention_dropout(meta_causal_lm, spec.megatron.model.get("attention_dropout"))
     model_spec = {"dtype": policy.compute if frozen else policy.params, "attn_implementation": spec.attn_implementation}
     kwargs = trainer_kwargs(spec, policy, device, frozen, {**common, "logprob_chunk_tokens": chunk})
     import torch.distributed as dist
@@ -161,6 +163,23 @@ def build_trainer_backend(spec: BackendSpec, model_dir: str, distributed: bool =
     if sp > 1:
         raise ValueError(f"trainer.ulysses_sequence_parallel_size = {sp} needs a trainer of several ranks")
     return TorchTrainerBackend(model, **kwargs)
+
+
+def with_attention_dropout(load: Any, p: float | None) -> Any:
+    """`load` (a model loader) that sets `trainer.attention_dropout` on every attention module it builds (HF's
+    Qwen / Llama attention reads `self.attention_dropout` in training mode only); None: the config.json's."""
+    if p is None:
+        return load
+
+    def loaded(*args: Any, **kwargs: Any) -> Any:
+        model = load(*args, **kwargs)
+        model.config.attention_dropout = float(p)
+        for module in model.modules():
+            if isinstance(getattr(module, "attention_dropout", None), float):
+                module.attention_dropout = float(p)
+        return model
+
+    return loaded
 
 
 def trainer_kwargs(spec: BackendSpec, policy: Any, device: RoleDevice, frozen: bool,

@@ -234,9 +234,12 @@ def test_trainer_bf16_compute_validates_on_both_backends_and_a_pure_bf16_optimiz
     assert det.exit_code == EXIT_INVALID and any(q.key == "trainer.precision" for q in det.problems)
 
 
-def test_dynamic_bsz_is_refused_on_megatron_pipelines_and_a_budget_below_the_longest_row() -> None:
-    p = by_code(analyze_run_config(MOE, ["trainer.use_dynamic_bsz=true", "trainer.pp=2"]), "dynamic-bsz-megatron-pp")
-    assert p.severity == "error" and p.key == "trainer.use_dynamic_bsz"
+def test_dynamic_bsz_on_megatron_pipelines_warns_under_the_allgather_dispatcher_and_a_short_budget_is_refused() -> None:
+    an = analyze_run_config(MOE, ["trainer.use_dynamic_bsz=true", "trainer.pp=2"])
+    p = by_code(an, "dynamic-bsz-megatron-pp-allgather")
+    assert p.severity == "warning" and p.key == "trainer.use_dynamic_bsz"
+    assert "dynamic-bsz-megatron-pp-allgather" not in [q.code for q in analyze_run_config(
+        MOE, ["trainer.use_dynamic_bsz=true", "trainer.pp=2", 'trainer.moe_token_dispatcher_type="alltoall"']).problems]
     an = analyze_run_config(VL16, ["trainer.use_dynamic_bsz=true", "trainer.log_prob_max_token_len_per_gpu=100"])
     p = by_code(an, "token-budget-row")
     assert p.key == "trainer.log_prob_max_token_len_per_gpu" and "at least" in p.message

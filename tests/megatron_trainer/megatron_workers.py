@@ -137,3 +137,32 @@ def memory_modes_rank(rank: int, world: int, port: int, directory: str) -> dict[
     out["ref"] = {"log_probs": ref.compute_log_probs(batch)[0], "optimizer": ref.optimizer is None,
                   "ddp": ref.ddp is ref.model, "grad": any(p.requires_grad for p in ref.model.parameters())}
     return out
+
+
+def uneven_pipeline_rank(rank: int, world: int, port: int, directory: str, first: int,
+                         dense: str) -> dict[str, Any]:
+    """PP = world with `first` decoder layers on stage 0 (the rest on the others): this stage's layer count and
+    global layer numbers, the log-probs, one update's grad norm with a MoE load-balancing + z-loss, the export;
+    then the dense model `dense` with token-budget micro-batches (variable shapes through the pipeline)."""
+    from engine.trainer.megatron.backend import MegatronTrainerBackend
+
+    backend = MegatronTrainerBackend(directory, pp=world, optim_cfg={"lr": 1e-2}, micro_batch_size=2,
+                                     temperature=TEMPERATURE, grad_clip=1e9, rank=rank, world_size=world,
+                                     master_port=port, num_layers_in_first_pipeline_stage=first,
+                                     moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=0.1,
+                                     moe_z_loss_coeff=0.01)
+    batch = make_batch()
+    layers = backend.model.decoder.layers
+    log_probs, _ = backend.compute_log_probs(batch)
+    exported = backend.hf_state_dict()
+    metrics = backend.train_step(batch, nll_loss)
+    # token-budget micro-batches through the pipeline (use_dynamic_bsz): each its own shape, rows reordered
+    dynamic = MegatronTrainerBackend(dense, pp=world, optim_cfg={"lr": 1e-2}, temperature=TEMPERATURE,
+                                     grad_clip=1e9, rank=rank, world_size=world, master_port=port,
+                                     num_layers_in_first_pipeline_stage=first, use_dynamic_bsz=True,
+                                     ppo_max_token_len_per_gpu=20, log_prob_max_token_len_per_gpu=12)
+    dyn_lp, _ = dynamic.compute_log_probs(batch)
+    dyn_metrics = dynamic.train_step(batch, nll_loss)
+    return {"layers": len(layers), "layer_numbers": [int(layer.layer_number) for layer in layers],
+            "log_probs": log_probs, "metrics": metrics, "export": exported, "dynamic_log_probs": dyn_lp,
+            "dynamic_metrics": dyn_metrics}

@@ -38,8 +38,7 @@ import logging
 import os
 import socket
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 import torch
@@ -47,8 +46,9 @@ import torch.distributed as dist
 
 from engine.trainer.base import LossFn, TrainBatch
 from engine.trainer.batch import FILLER, is_filler, lockstep_log_probs, plan_micro_batches, trim_padding
+from engine.config.megatron_model import MegatronModelConfig
 from engine.trainer.megatron import checkpointing as mckpt
-from engine.trainer.megatron import context_parallel, pipeline
+from engine.trainer.megatron import context_parallel, moe_aux, pipeline
 from engine.trainer.megatron.convert import (
     SafetensorsSource,
     TensorGetter,
@@ -64,10 +64,10 @@ from engine.trainer.process_groups import all_reduce_values
 from engine.trainer.megatron.parallel import ParallelLayout, init_model_parallel, init_process_group
 from engine.trainer.megatron.shims import apply_cpu_shims, seed_model_parallel_rng
 from engine.trainer.megatron.snapshot import ParamSnapshot, VersionWeights, snapshot_targets
+from engine.trainer.megatron.update import optimizer_update, token_mass  # noqa: F401 - token_mass: API
 from engine.trainer.megatron.head import chunked_log_probs
 from engine.trainer.minibatch import local_step_metrics, mini_batch_plan
 from engine.trainer.optim import OptimConfig, WarmupSchedule
-from engine.trainer.step_metrics import update_metrics
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +79,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def token_mass(micro: TrainBatch) -> float:
-    """Default micro-batch mass: its number of response tokens."""
-    return float(micro.response_mask.sum())
 
 
 def _resolve_dtype(dtype: str | torch.dtype | None, on_gpu: bool) -> torch.dtype:
@@ -135,6 +130,7 @@ class MegatronTrainerBackend(VersionWeights, WarmupSchedule):
         device: str | None = None,
         hf_weights: TensorGetter | None = None,
         perf: Mapping[str, Any] | None = None,
+        **model_settings: Any,
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError("micro_batch_size must be >= 1")
@@ -155,7 +151,12 @@ class MegatronTrainerBackend(VersionWeights, WarmupSchedule):
         self.arch = load_arch(hf_model_dir)
         rank = int(os.environ.get("RANK", "0")) if rank is None else rank
         world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
-        self.layout = ParallelLayout(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, world_size=world_size)
+        unknown = set(model_settings) - set(MegatronModelConfig.model_fields)
+        if unknown:
+            raise TypeError(f"unknown Megatron model settings: {', '.join(sorted(unknown))}")
+        self.layout = ParallelLayout(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, world_size=world_size,
+                                     first_stage_layers=model_settings.get("num_layers_in_first_pipeline_stage"),
+                                     last_stage_layers=model_settings.get("num_layers_in_last_pipeline_stage"))
         self.layout.validate(on_gpu=self.on_gpu, num_experts=self.arch.num_experts,
                              num_layers=self.arch.num_layers, num_query_groups=self.arch.num_query_groups)
         if master_port is None:
@@ -169,8 +170,6 @@ class MegatronTrainerBackend(VersionWeights, WarmupSchedule):
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
         self.dtype = _resolve_dtype(dtype, self.on_gpu)
         self.micro_batch_size = int(micro_batch_size)
-        if use_dynamic_bsz and pp > 1:
-            raise ValueError("use_dynamic_bsz needs pp = 1 on the megatron backend")
         # token budgets (`use_dynamic_bsz`): None = fixed micro_batch_size rows per micro-batch
         self.update_budget = int(ppo_max_token_len_per_gpu) if use_dynamic_bsz else None
         self.log_prob_budget = int(log_prob_max_token_len_per_gpu or ppo_max_token_len_per_gpu) \
@@ -191,7 +190,14 @@ class MegatronTrainerBackend(VersionWeights, WarmupSchedule):
             self.model = build_gpt_model(self.arch, self.layout, self.dtype, self.on_gpu,
                                          None if frozen else recompute_settings(
                                              recompute_granularity, recompute_method, recompute_num_layers),
-                                         (perf or {}).get("moe_token_dispatcher_type"))
+                                         (perf or {}).get("moe_token_dispatcher_type"), model_settings,
+                                         flash=(perf or {}).get("attention") == "flash")
+        self.aux_losses = self.arch.is_moe and not frozen and (
+            model_settings.get("moe_z_loss_coeff") is not None or (
+                float(model_settings.get("moe_aux_loss_coeff") or 0.0) > 0
+                and model_settings.get("moe_router_load_balancing_type", "none") != "none"))
+        if self.aux_losses:
+            moe_aux.install()
         self.load_hf_weights(hf_weights or SafetensorsSource(hf_model_dir))
         self.logprob_chunk_tokens = logprob_chunk_tokens
         self.frozen, self.param_offload = bool(frozen), bool(param_offload) and self.on_gpu
@@ -284,9 +290,17 @@ class MegatronTrainerBackend(VersionWeights, WarmupSchedule):
         inp = inp.to(self.device)
         if cp > 1:  # CUDA + Transformer Engine only
             return context_parallel.forward_log_probs(self, inp, micro.responses.to(self.device), with_entropy, rows)
-        logits = self.ddp(inp.tokens, inp.position_ids, inp.attention_mask)[:rows]  # [b, S, V/tp]
+        logits = self.ddp(inp.tokens, inp.position_ids, inp.attention_mask, **self._router_mask(inp))[:rows]
         inp.response_index = inp.response_index[:rows]
         return self.head_log_probs(logits, inp.response_index, micro.responses.to(self.device), with_entropy)
+
+    def _router_mask(self, inp: Any) -> dict[str, torch.Tensor]:
+        """`padding_mask` (True = padding) for the MoE router's auxiliary losses, so padding tokens count in
+        neither (verl's packed rows have none); with pp > 1 and tp > 1 Megatron does not split it for the later
+        stages, so there the padding tokens count."""
+        if not self.aux_losses or (self.layout.pp > 1 and self.layout.tp > 1):
+            return {}
+        return {"padding_mask": ~inp.valid}
 
     def head_log_probs(self, logits: torch.Tensor, response_index: torch.Tensor, responses: torch.Tensor,
                        with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -346,61 +360,9 @@ class MegatronTrainerBackend(VersionWeights, WarmupSchedule):
         return out
 
     def _update(self, batch: TrainBatch, loss_fn: LossFn, real: bool = True) -> dict[str, float]:
-        """One optimizer update over the mini-batch `batch` (the accumulation weights of the module docstring);
-        `real=False`: this rank only joins the collectives, with weight 0."""
-        from megatron.core.distributed import finalize_model_grads
-
-        self.ddp.train()
-        micros, _ = plan_micro_batches(batch, self.micro_batch_size, self.update_budget, self._max_over_world)
-        mass_fn: Callable[[TrainBatch], float] = batch.meta.get("micro_weight_fn") or token_mass
-        has_rows = real and not is_filler(batch)  # a rank without rows of its own steps through with weight 0
-        masses = [float(mass_fn(m)) if has_rows else 0.0 for m in micros]
-        (total_mass,) = self._sum_over_dp([sum(masses)])
-        steps = self._max_over_world(len(micros))
-        needs_entropy = bool(getattr(loss_fn, "needs_entropy", False))
-        with_entropy = needs_entropy or self.entropy_mode != "none"
-        entropy_grad = needs_entropy or self.entropy_mode == "grad"
-        self.ddp.zero_grad_buffer()
-        sums: dict[str, float] = defaultdict(float)
-        if self.layout.pp > 1:
-            reals = [k < len(micros) and has_rows for k in range(steps)]
-            pipeline.accumulate(
-                self, [self._to_device(trim_padding(micros[min(k, len(micros) - 1)])[0]) for k in range(steps)],
-                [masses[k] / total_mass if reals[k] and total_mass > 0 else 0.0 for k in range(steps)], reals,
-                loss_fn, sums, with_entropy=with_entropy, entropy_grad=entropy_grad)
-        for k in range(steps if self.layout.pp == 1 else 0):
-            real = k < len(micros) and has_rows
-            micro, _ = trim_padding(micros[min(k, len(micros) - 1)])
-            micro = self._to_device(micro)
-            weight = masses[k] / total_mass if real and total_mass > 0 else 0.0
-            log_probs, entropy = self._forward(micro, with_entropy)
-            if entropy is not None and not entropy_grad:
-                entropy = entropy.detach()
-            # with overlap_grad_reduce the buckets are reduced in the last micro-batch's backward only
-            sync = self.ddp.no_sync() if k < steps - 1 else contextlib.nullcontext()
-            if not real:  # the same graph (and collectives) backpropagated with weight 0; nothing observed
-                with sync:
-                    (log_probs.sum() * 0.0 + (entropy.sum() * 0.0 if entropy is not None else 0.0)).backward()
-                continue
-            loss, metrics = loss_fn(log_probs, entropy, micro)
-            with sync:
-                (loss * (weight * self.dp_size * self.layout.cp)).backward()  # DDP averages over dp × cp
-            sums["actor/loss"] += weight * float(loss.detach())
-            for name, value in metrics.items():
-                sums[name] += weight * float(value)
-        finalize_model_grads([self.ddp])
-        lr = self.current_lr()
-        grad_norm, applied = (0.0, False) if total_mass <= 0 else self.optimizer.step(lr)
-        skipped = not applied
-        if not skipped:
-            self.global_step += 1
-        self.ddp.zero_grad_buffer()
-        names = self._names_over_dp(sums)
-        out = dict(zip(names, self._sum_over_dp([sums[n] for n in names])))
-        if self.layout.pp > 1:  # the loss and its metrics live on the last stage
-            out = pipeline.broadcast_object_from_last(out)
-        out.update(update_metrics(grad_norm, lr, skipped, steps))
-        return out
+        """One optimizer update over the mini-batch `batch` (`update.optimizer_update`); `real=False`: this rank
+        only joins the collectives, with weight 0."""
+        return optimizer_update(self, batch, loss_fn, real)
 
     # --- the version's weights: π_prox and the resume's snapshot (`snapshot.py`) --------------------------
     def snapshot_params(self) -> None:

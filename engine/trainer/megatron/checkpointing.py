@@ -64,7 +64,8 @@ def staging_path(path: str | Path, step: int) -> Path:
 
 def _layout(backend: MegatronTrainerBackend) -> list[int]:
     lay = backend.layout
-    return [lay.tp, lay.pp, lay.cp, lay.ep, lay.world_size]
+    uneven = [lay.first_stage_layers, lay.last_stage_layers]  # an optimizer shard holds its stage's layers
+    return [lay.tp, lay.pp, lay.cp, lay.ep, lay.world_size] + (uneven if any(n is not None for n in uneven) else [])
 
 
 def save_backend(backend: MegatronTrainerBackend, path: str) -> None:
@@ -103,7 +104,8 @@ def load_backend(backend: MegatronTrainerBackend, path: str) -> None:
     rank = backend.rank
     state = json.loads((root / ckpt.STATE_FILE).read_text())
     if state.get("layout") != _layout(backend):
-        raise ValueError(f"checkpoint layout (tp, pp, cp, ep, world) {state.get('layout')} != {_layout(backend)}")
+        raise ValueError(f"checkpoint layout (tp, pp, cp, ep, world[, first / last stage layers]) "
+                         f"{state.get('layout')} != {_layout(backend)}")
     backend.load_hf_weights(SafetensorsSource(root))
     backend.optimizer.load_state_dict(torch.load(root / optimizer_file(rank), map_location="cpu", weights_only=False))
     backend.optimizer.load_extra(str(root / f"optimizer_params_rank{rank}.pt"))

@@ -56,6 +56,9 @@ class ShardInfo:
     ep_size: int = 1
     pp_rank: int = 0
     pp_size: int = 1
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+    """Uneven pipeline stages (`engine.config.megatron_model.stage_layers`); None: the even split."""
 
 
 def _layer_rules(arch: ArchSpec, i: int, local_experts: Iterable[tuple[int, int]]) -> list[Rule]:
@@ -112,16 +115,20 @@ def megatron_rules(arch: ArchSpec, ep_rank: int = 0, ep_size: int = 1,
 def stage_rules(arch: ArchSpec, info: ShardInfo) -> list[Rule]:
     """The rules of one pipeline stage's model, with Megatron's stage-local layer names.
 
-    Stage s of p holds HF layers s·L/p … (s+1)·L/p − 1 as `decoder.layers.0 …`; the embedding lives on the
+    Stage s of p holds HF layers o_s … o_s + n_s − 1 as `decoder.layers.0 …` (n_s = L/p, or the uneven split of
+    `engine.config.megatron_model.stage_layers`; o_s = Σ_{t<s} n_t); the embedding lives on the
     first stage, the final norm and output layer on the last. With tied embeddings and p > 1 the last stage
     keeps its own copy of the embedding as `output_layer.weight` (Megatron sums the two copies' gradients
     over the embedding group), loaded from `model.embed_tokens.weight`. For p = 1 this is `megatron_rules`.
     """
     if info.pp_size == 1:
         return megatron_rules(arch, info.ep_rank, info.ep_size)
-    per = arch.num_layers // info.pp_size
+    from engine.config.megatron_model import stage_layers
+
+    sizes = stage_layers(arch.num_layers, info.pp_size, info.first_stage_layers, info.last_stage_layers)
+    per = sizes[info.pp_rank]
     first, last = info.pp_rank == 0, info.pp_rank == info.pp_size - 1
-    offset = info.pp_rank * per
+    offset = sum(sizes[: info.pp_rank])
     out: list[Rule] = []
     for rule in megatron_rules(arch, info.ep_rank, info.ep_size, range(offset, offset + per)):
         m = re.match(r"decoder\.layers\.(\d+)\.(.*)", rule.megatron)

@@ -72,11 +72,14 @@ def current_shard_info() -> ShardInfo:
     """This rank's TP / expert-TP / EP coordinates from Megatron's parallel state."""
     from megatron.core import parallel_state as ps
 
+    from engine.trainer.megatron.parallel import STAGE_SPLIT
+
     return ShardInfo(
         tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=ps.get_tensor_model_parallel_world_size(),
         etp_rank=ps.get_expert_tensor_parallel_rank(), etp_size=ps.get_expert_tensor_parallel_world_size(),
         ep_rank=ps.get_expert_model_parallel_rank(), ep_size=ps.get_expert_model_parallel_world_size(),
         pp_rank=ps.get_pipeline_model_parallel_rank(), pp_size=ps.get_pipeline_model_parallel_world_size(),
+        first_stage_layers=STAGE_SPLIT[0], last_stage_layers=STAGE_SPLIT[1],
     )
 
 

@@ -45,6 +45,7 @@ class ArchSpec:
     moe_ffn_hidden_size: int = 0
     moe_norm_topk_prob: bool = True
     moe_layers: tuple[bool, ...] = field(default_factory=tuple)  # per layer: routed experts (True) or dense
+    attention_dropout: float = 0.0  # config.json's attention_dropout (0 for Qwen and Llama releases)
 
     @property
     def is_moe(self) -> bool:
@@ -128,6 +129,7 @@ def arch_from_hf_config(cfg: dict[str, Any]) -> ArchSpec:
         moe_ffn_hidden_size=int(cfg.get("moe_intermediate_size", 0)) if num_experts else 0,
         moe_norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
         moe_layers=moe_layers,
+        attention_dropout=float(cfg.get("attention_dropout") or 0.0),
     )
 
 

@@ -33,6 +33,16 @@ class ParallelLayout:
     ep: int = 1
     world_size: int = 1
     etp: int = 1
+    first_stage_layers: int | None = None
+    """Megatron's `num_layers_in_first_pipeline_stage` (None: the even split, `engine.config.megatron_model`)."""
+    last_stage_layers: int | None = None
+    """Megatron's `num_layers_in_last_pipeline_stage`."""
+
+    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Decoder layers per pipeline stage (`engine.config.megatron_model.stage_layers`)."""
+        from engine.config.megatron_model import stage_layers
+
+        return stage_layers(num_layers, self.pp, self.first_stage_layers, self.last_stage_layers)
 
     @property
     def dp(self) -> int:
@@ -59,8 +69,11 @@ class ParallelLayout:
             raise ParallelConfigError(f"num_experts {num_experts} is not divisible by ep {self.ep}")
         if num_query_groups and num_query_groups % self.tp:
             raise ParallelConfigError(f"num_key_value_heads {num_query_groups} is not divisible by tp {self.tp}")
-        if num_layers and num_layers % self.pp:
-            raise ParallelConfigError(f"num_layers {num_layers} is not divisible by pp {self.pp}")
+        if num_layers:
+            try:
+                self.stage_layers(num_layers)
+            except ValueError as e:
+                raise ParallelConfigError(str(e)) from None
 
 
 def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, device: str = "cpu") -> None:
@@ -77,12 +90,18 @@ def init_process_group(rank: int, world_size: int, master_addr: str, master_port
                               backend=COLLECTIVE_BACKEND[device])
 
 
+STAGE_SPLIT: list[int | None] = [None, None]
+"""The (first, last) stage layer counts of the layout `init_model_parallel` built last: Megatron's parallel state
+holds no layer split, and the HF ↔ Megatron rules of a stage need it (`export.current_shard_info`)."""
+
+
 def init_model_parallel(layout: ParallelLayout, gloo_groups: bool = True) -> None:
     """Create Megatron's TP/PP/CP/EP/DP groups for `layout`, reusing them if they already match. `gloo_groups`:
     Megatron's gloo copies of the DP groups too (its CPU-side optimizer-state gather needs them; torch's fake
     process group, on which `asyncrl rehearse` builds the groups, cannot make gloo ones)."""
     from megatron.core import parallel_state as ps
 
+    STAGE_SPLIT[:] = [layout.first_stage_layers, layout.last_stage_layers]
     if ps.model_parallel_is_initialized():
         current = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
                    ps.get_context_parallel_world_size(), ps.get_expert_model_parallel_world_size(),

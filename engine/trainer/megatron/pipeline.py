@@ -1,9 +1,12 @@
 """Pipeline parallelism (PP > 1) for the Megatron backend: Megatron-core's 1F1B schedule over p2p.
 
 The ranks of one pipeline (one DP replica's TP group at each of the p stages) are given the same rows.
-For a list of K micro-batches, each is packed (`inputs.pack_batch`) and all are padded to one [b, S]
-(the schedule sends activations of one shape [S/tp, b, H]; padding rows/columns are masked and dropped),
-then `get_forward_backward_func()` runs the non-interleaved 1F1B schedule: stage 0 embeds, every stage
+For a list of K micro-batches, each is packed (`inputs.pack_batch`) to its own [b_k, S_k] — the config's
+`variable_seq_lengths` makes the schedule send each activation's shape ahead of it, as verl runs it, so token-
+budget micro-batches (`use_dynamic_bsz`) of different shapes pass the pipeline without being padded to the
+largest. Megatron's all-gather MoE dispatcher (CPU; cuda with ep = 1) takes no variable shapes: there every
+micro-batch is padded to one [b, S] (with ep > 1 on CPU the max over the world: every EP rank needs the same
+shape) —, then `get_forward_backward_func()` runs the non-interleaved 1F1B schedule: stage 0 embeds, every stage
 runs its layers and sends activations to the next stage (isend/irecv over the pipeline group: gloo on
 CPU, NCCL on GPU), the last stage computes the vocab-parallel log-probs and calls `head(k, lp, entropy)`,
 which returns micro-batch k's loss L_k (the backward pass then flows back through the stages).
@@ -24,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from engine.trainer.base import TrainBatch
-from engine.trainer.batch import is_filler, pad_to, split_micro_batches, trim_padding
+from engine.trainer.batch import is_filler, pad_to, plan_micro_batches, trim_padding
 from engine.trainer.megatron.inputs import MegatronInputs, pack_batch
 
 Head = Callable[[int, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
@@ -70,15 +73,23 @@ def pack_uniform(micros: list[TrainBatch], multiple_of: int,
     return [p.pad_to(*shape) for p in packed]
 
 
-def run(backend: Any, micros: list[TrainBatch], head: Head, *, with_entropy: bool, forward_only: bool) -> None:
+def run(backend: Any, micros: list[TrainBatch], head: Head, *, with_entropy: bool, forward_only: bool,
+        aux: tuple[list[float], Any] | None = None) -> None:
     """Run the 1F1B schedule over `micros` (already on the backend's device and trimmed); see the module
-    docstring. `backend`: a `MegatronTrainerBackend` (its `ddp`, `layout`, `arch`, `temperature`)."""
+    docstring. `backend`: a `MegatronTrainerBackend` (its `ddp`, `layout`, `arch`, `temperature`). `aux`: the
+    MoE auxiliary losses' gradient scale per micro-batch and their meter (`moe_aux`; 0 = a filler's)."""
+    from engine.trainer.megatron import moe_aux
+
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    uniform = backend._max_shape_over_world if backend._uniform_shapes else None
-    inputs = [i.to(backend.device) for i in pack_uniform(micros, backend.layout.tp, uniform)]
+    if not backend.model.config.variable_seq_lengths:
+        uniform = backend._max_shape_over_world if backend._uniform_shapes else None
+        inputs = pack_uniform(micros, backend.layout.tp, uniform)
+    else:
+        inputs = [pack_batch(m, multiple_of=backend.layout.tp) for m in micros]
+    inputs = [i.to(backend.device) for i in inputs]
     n = len(inputs)
-    rows, seq = inputs[0].shape
+    rows, seq = inputs[0].shape  # the schedule's nominal shape; each activation's own is sent ahead of it
     order = iter(range(n))
 
     def loss_func(k: int, logits: torch.Tensor) -> tuple[torch.Tensor, dict]:
@@ -91,7 +102,14 @@ def run(backend: Any, micros: list[TrainBatch], head: Head, *, with_entropy: boo
     def forward_step(_: Any, model: torch.nn.Module) -> tuple[torch.Tensor, Callable]:
         k = next(order)
         inp = inputs[k]
-        return model(inp.tokens, inp.position_ids, inp.attention_mask), partial(loss_func, k)
+        if aux is None:
+            return model(inp.tokens, inp.position_ids, inp.attention_mask), partial(loss_func, k)
+        scales, meter = aux
+        with moe_aux.scaled(scales[k]):
+            out = model(inp.tokens, inp.position_ids, inp.attention_mask, **backend._router_mask(inp))
+        if meter is not None:
+            meter.take(scales[k] > 0)
+        return out, partial(loss_func, k)
 
     get_forward_backward_func()(
         forward_step_func=forward_step, data_iterator=None, model=[backend.ddp], num_microbatches=n,
@@ -101,7 +119,8 @@ def run(backend: Any, micros: list[TrainBatch], head: Head, *, with_entropy: boo
 def compute_log_probs(backend: Any, batch: TrainBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`MegatronTrainerBackend.compute_log_probs` for PP > 1: computed on the last stage, then broadcast to
     the other stages of the pipeline, so every rank of the DP replica returns the same [B, R]."""
-    micros = split_micro_batches(batch, backend.micro_batch_size)
+    micros, order = plan_micro_batches(batch, backend.micro_batch_size, backend.log_prob_budget,
+                                       backend._max_over_world)
     steps = backend._max_over_world(len(micros))
     trimmed = [trim_padding(micros[min(k, len(micros) - 1)]) for k in range(steps)]
     lps: list[torch.Tensor] = []
@@ -124,11 +143,15 @@ def compute_log_probs(backend: Any, batch: TrainBatch, with_entropy: bool) -> tu
     empty = torch.empty(mask.shape, dtype=torch.float32, device=backend.device)
     lp = broadcast_from_last(torch.cat(lps) if last else empty).cpu()
     ent = broadcast_from_last(torch.cat(ents) if last else empty.clone()).cpu() if with_entropy else None
+    if order is not None:  # token-budget micro-batches hold the rows in `order`: back to row order
+        inverse = torch.argsort(torch.tensor(order, dtype=torch.long))
+        lp, ent = lp[inverse], (ent[inverse] if ent is not None else None)
     return lp * mask, (ent * mask if ent is not None else None)
 
 
 def accumulate(backend: Any, micros: list[TrainBatch], weights: list[float], reals: list[bool],
-               loss_fn: Any, sums: dict[str, float], *, with_entropy: bool, entropy_grad: bool) -> None:
+               loss_fn: Any, sums: dict[str, float], *, with_entropy: bool, entropy_grad: bool,
+               aux: tuple[list[float], Any] | None = None) -> None:
     """The backward passes of one optimizer update for PP > 1 (the PP = 1 loop of `backend._update`):
     micro-batch k backpropagates weights[k] · dp · L_k; a non-real one the same graph times 0. Metric sums
     accumulate into `sums` on the last stage only."""
@@ -144,4 +167,6 @@ def accumulate(backend: Any, micros: list[TrainBatch], weights: list[float], rea
             sums[name] += weights[k] * float(value)
         return loss * (weights[k] * backend.dp_size)
 
-    run(backend, micros, head, with_entropy=with_entropy, forward_only=False)
+    run(backend, micros, head, with_entropy=with_entropy, forward_only=False, aux=aux)
+    if aux is not None and aux[1] is not None:  # what a router recomputed inside the backward recorded
+        aux[1].take(True, count=False)

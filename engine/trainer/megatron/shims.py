@@ -1,6 +1,6 @@
 """The only place where megatron-core is patched to run without CUDA (megatron-core 0.16.1, gloo).
 
-Megatron assumes a CUDA device in five places that no config flag reaches:
+Megatron assumes a CUDA device in six places that no config flag reaches:
 
 1. `torch.cuda.current_device()` is used as a *device* (RoPE's `inv_freq.to(...)`, the global memory buffer
    of the local attention). Without CUDA we answer ``"cpu"``.
@@ -18,7 +18,12 @@ Megatron assumes a CUDA device in five places that no config flag reaches:
 5. Activation recompute (`tensor_parallel.random.checkpoint`) saves and restores the CUDA generator's state
    around the recomputed forward. Without CUDA there is none: the CPU generator (saved there too) is all.
 
-Patches 1, 2, 3 and 5 are applied only when `torch.cuda.is_available()` is False, and applying them twice is a no-op.
+6. Pipeline p2p with variable sequence lengths (`variable_seq_lengths`) exchanges each activation's shape
+   first, then calls `torch.cuda.synchronize()` "to protect against a race condition" of batched p2p. The
+   process's `torch.cuda.synchronize` becomes a no-op (there is no CUDA to synchronise; gloo's ops were waited
+   on).
+
+Patches 1, 2, 3, 5 and 6 are applied only when `torch.cuda.is_available()` is False, and applying them twice is a no-op.
 One more fix is needed whenever Transformer Engine is absent (CPU or GPU): 0.16.1's MoE router reads the
 module global `te_general_gemm`, which is never defined when the TE import fails (`NameError`); we define
 it as None so the router takes its plain `torch.mm` path.
@@ -95,6 +100,7 @@ def apply_cpu_shims() -> bool:
         # point 5: activation recompute saves and restores the CUDA generator; the CPU one is saved already
         mpu_random._get_cuda_rng_state = lambda *a, **k: torch.empty(0, dtype=torch.uint8)
         mpu_random._set_cuda_rng_state = lambda *a, **k: None
+        torch.cuda.synchronize = lambda *a, **k: None  # point 6: nothing to synchronise without CUDA
         _APPLIED = True
     return True
 
