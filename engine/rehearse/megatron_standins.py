@@ -1,7 +1,7 @@
 """The CPU stand-ins a Megatron rank's rehearsal substitutes for Megatron's CUDA-only pieces, one each, named.
 
 `asyncrl rehearse` builds the Megatron rank at the preset's real layout (tp, pp, cp, ep, etp over the fake world,
-`engine.rehearse.megatron_rank`); three pieces of the GPU path cannot run on this CPU, on fake tensors or on the
+`engine.rehearse.megatron_rank`); four pieces of the GPU path cannot run on this CPU, on fake tensors or on the
 fake process group. `megatron_stand_ins()` and `distributed_optimizer_stand_in()` swap each for the CPU piece below for the
 duration of a build, and
 `STAND_INS` says which and why (the rehearsal's output repeats it):
