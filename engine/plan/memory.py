@@ -19,9 +19,12 @@ Trainer rank, `torch` backend (FSDP2 over W = trainer_dp ranks, one rank = plain
 
 `megatron` (tp, pp, cp, ep, etp; DP = W/(tp·pp·cp), expert DP = W/(ep·etp·pp)): the rank holds
 S = (P_d/(tp·pp) + P_e/(ep·etp·pp))·w parameters (w = 1, or with uneven pipeline stages the fullest
-stage's share against the even split, `engine.config.megatron_model.stage_memory_shares`) — weights S·b_c, fp32 main gradients S·4, the distributed
-optimizer's fp32 master + m + v 12·(P_d/(tp·pp)/DP + P_e/(ep·etp·pp)/EDP) (in host memory with
-`trainer.optimizer_offload` on cuda), a frozen reference S·b_c.
+stage's share against the even split, `engine.config.megatron_model.stage_memory_shares`) — weights S·b_c, fp32
+main gradients S·4, the distributed optimizer's fp32 master + m + v 12·(P_d/(tp·pp)/(DP·cp) + P_e/(ep·etp·pp)/EDP)
+(dense state sharded over Megatron's DP × CP group; in host memory with `trainer.optimizer_offload` on cuda), a
+frozen reference S·b_c — with `ref_param_offload` on cuda in host memory, brought onto the device for its log-prob
+pass: that moment, S·b_c + the pass's layer working set + its head, beyond the update's moment (activations,
+transient, head, dispatch) is `reference_pass`, so the total is the resident terms plus the larger moment.
 
 torch backend: the activation terms are `engine.plan.memory_torch`'s — the saved activations (per-layer
 checkpoints T·L·h·b_res with recompute, exact) plus the largest moment of the step (the head chunk's forward
@@ -110,6 +113,8 @@ TERMS = {
     "head_gradient": "the output head's unsharded weight gradient in the compute dtype (torch, until the root's "
                      "reduce-scatter)",
     "moe_dispatch": "Megatron MoE token dispatcher: permuted input and output, 2·T'·k·h·b_c",
+    "reference_pass": "megatron with ref_param_offload (cuda): the reference's weights on the device for its "
+                      "log-prob pass (+ that pass's layer working set and head), beyond the update's moment",
     "attention_scores": "eager attention: the softmax probabilities (fp32 and compute dtype) of every layer, H·T·S per layer",
     "prox_snapshot": "the version's weights θ_v, a snapshot of this rank's parameters (π_prox in decoupled mode; "
                      "deterministic mode keeps it for an exact resume between syncs; pinned host memory)",
@@ -277,7 +282,10 @@ def trainer_memory(cfg: RunConfig, m: ModelShape, world: int, capacity: float, d
         terms["weights"] = (dense + expert) * b_c
         terms["gradients"] = (dense + expert) * 4
         # with trainer.optimizer_offload (cuda) the fp32 masters and Adam state live in host memory
-        (host if t.optimizer_offload and device == "cuda" else terms)["optimizer"] = 12 * (dense / dp + expert / edp)
+        # the distributed optimizer shards dense parameters over DP × CP (Megatron's intra-DP-CP group: a CP rank
+        # holds the same dense parameters as its DP peers) and expert parameters over expert DP
+        (host if t.optimizer_offload and device == "cuda" else terms)["optimizer"] = \
+            12 * (dense / (dp * t.cp) + expert / edp)
         if t.use_kl_loss:
             (host if t.ref_param_offload else terms)["reference"] = (dense + expert) * b_c
         shard_tokens, tp, dp_share = tokens / (t.cp * t.tp), t.tp, dp
@@ -312,6 +320,18 @@ def trainer_memory(cfg: RunConfig, m: ModelShape, world: int, capacity: float, d
         terms["backward_transient"] = transient_bytes(m, b_c, cal)
         terms["logprob_head"] = head_bytes(min(t.logprob_chunk_tokens, response_tokens), m.vocab // tp, cal)
         moment["activations_from"] = "update" if update_act >= lp_act else "log-prob pass"
+        if t.use_kl_loss and t.ref_param_offload and device == "cuda":
+            # the offloaded reference comes onto the device for its log-prob pass, next to the policy's resident
+            # weights, gradients and optimizer state: that moment (its weights, the pass's layer working set and
+            # head) against the update's (activations, transient, head, dispatch); the larger sets the peak
+            lp_head = head_bytes(min(t.logprob_chunk_tokens, lp_tokens * tp * d.max_response_length / seq),
+                                 m.vocab // tp, cal)
+            ref_moment = (dense + expert) * b_c + lp_act + lp_head
+            update_moment = sum(terms[k] for k in ("activations", "backward_transient", "logprob_head",
+                                                   "moe_dispatch") if k in terms)
+            terms["reference_pass"] = max(0.0, ref_moment - update_moment)
+            moment["reference_pass_gb"] = round(ref_moment / GB, 2)
+            moment["update_moment_gb"] = round(update_moment / GB, 2)
     else:  # the update's saved activations and its largest moment (`engine.plan.memory_torch`)
         from engine.plan.memory_torch import torch_activation_terms
 

@@ -39,6 +39,25 @@ def fake_world(rank: int, world: int) -> Iterator[None]:
             dist.destroy_process_group()
 
 
+_COALESCED = ("allreduce_coalesced_", "reduce_scatter_tensor_coalesced_", "allgather_into_tensor_coalesced_")
+_LIBRARY: list[Any] = []
+
+
+def coalesced_collectives_on_fake_tensors() -> None:
+    """Give c10d's coalesced collectives (Megatron DDP reduces its gradient buckets under
+    `torch.distributed._coalescing_manager`) the meta kernel torch gives the plain ones
+    (`torch.distributed._meta_registrations`: the tensors are left as they are, a `FakeWork` is returned), so they
+    run on fake tensors over the fake group. Once per process."""
+    if _LIBRARY:
+        return
+    from torch.distributed._meta_registrations import create_fakework
+
+    lib = torch.library.Library("c10d", "IMPL")
+    for op in _COALESCED:
+        lib.impl(op, lambda *args: create_fakework(args, return_first_arg=False), "Meta")
+    _LIBRARY.append(lib)
+
+
 def fake_mode() -> Any:
     """A fresh `FakeTensorMode` that accepts real inputs (the batch's token ids stay real tensors)."""
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -59,6 +59,8 @@ class RankClass:
     device_peak: int = 0
     peak_by_category: dict[str, int] = field(default_factory=dict)
     phase_peaks: dict[str, int] = field(default_factory=dict)
+    phase_categories: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Each phase's peak by category, where the rehearsal measured phases apart (Megatron)."""
     host_start: int = 0
     host_resident: int = 0
     host_export: int = 0

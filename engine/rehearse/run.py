@@ -105,7 +105,7 @@ def rehearse_rank(plan: RunPlan, config: dict[str, Any], cls: RankClass, step: b
     if plan.config.trainer.backend == "megatron":
         from engine.rehearse.megatron_rank import rehearse_megatron_rank
 
-        return rehearse_megatron_rank(plan, config, cls.rank, cls, step=False)  # see its STEP_NOT_REHEARSED
+        return rehearse_megatron_rank(plan, config, cls.rank, cls, step)
     if plan.trainer_ranks < 2:
         raise RehearsalFailure("trainer", 0, "build", "a single-rank trainer is not rehearsed (no process group: "
                                "run it on the CPU)")
@@ -156,13 +156,13 @@ def _rehearse(plan: RunPlan, config: dict[str, Any], progress: Callable[[str], N
     stepped: RankClass | None = None
     for cls in rank_classes(plan):
         say(f"trainer {cls.name}")
-        step = stepped is None or plan.config.trainer.backend == "megatron"  # Megatron: each rank's own resident
+        step = stepped is None
         done = _attempt(report, "trainer", cls.rank, "rehearsal", lambda c=cls, s=step: rehearse_rank(plan, config, c, s))
         if done is None:
             continue
         if not step and stepped is not None:  # every rank's shards have the same shapes: the step is the first's
             cls.device_peak, cls.peak_by_category = stepped.device_peak, dict(stepped.peak_by_category)
-            cls.phase_peaks = dict(stepped.phase_peaks)
+            cls.phase_peaks, cls.model_excludes = dict(stepped.phase_peaks), list(stepped.model_excludes)
             cls.notes.append(f"step not repeated: every rank's shards have the same shapes ({stepped.name} measured)")
         elif step:
             stepped = cls

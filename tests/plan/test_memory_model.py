@@ -124,3 +124,19 @@ def test_ulysses_splits_the_group_micro_batch_over_its_ranks() -> None:
     rows_four, _ = _predict(SEVEN_B, "trainer.use_dynamic_bsz=false", "trainer.enable_gradient_checkpointing=false",
                             f"{sp}=4")
     assert rows_four.trainer.terms["activations"] == pytest.approx(rows_one.trainer.terms["activations"] / 4)
+
+
+def test_megatron_optimizer_shards_dense_over_dp_times_cp_and_counts_the_reference_pass() -> None:
+    """Issue 43's Megatron rehearsal: the distributed optimizer shards dense parameters over DP × CP (halving the
+    dense state at cp = 2), and an offloaded reference (`ref_param_offload`) comes onto the device for its
+    log-prob pass, a moment larger than the update's on the seed-000 preset."""
+    base, _ = _predict(MOE)
+    no_cp, _ = _predict(MOE, "trainer.cp=1")  # same world: dp doubles, the dense shard is the same size
+    assert base.trainer.terms["optimizer"] == pytest.approx(no_cp.trainer.terms["optimizer"], rel=1e-6)
+    assert 11.3 * GB < base.trainer.terms["optimizer"] < 11.6 * GB
+    details = base.trainer.details
+    assert details["reference_pass_gb"] > details["update_moment_gb"]
+    assert base.trainer.terms["reference_pass"] == pytest.approx(
+        (details["reference_pass_gb"] - details["update_moment_gb"]) * GB, abs=0.02 * GB)
+    resident, _ = _predict(MOE, "trainer.ref_param_offload=false")
+    assert "reference_pass" not in resident.trainer.terms and resident.trainer.terms["reference"] > 8 * GB
