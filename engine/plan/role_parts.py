@@ -56,6 +56,8 @@ class EngineSpec:
     """`trainer.deterministic`: one intra-op thread, batch-invariant generation."""
     back_buffer: str
     """`rollout.weight_sync_back_buffer`: "on", "off" or "auto"."""
+    quantization: str | None = None
+    """`rollout.quantization`: "fp8" = a block-FP8 vLLM model (`engine.rollout.vllm.fp8_checkpoint`)."""
 
 
 @dataclass(frozen=True)
@@ -243,7 +245,7 @@ def engine_spec(cfg: RunConfig) -> EngineSpec:
     ro, d = cfg.rollout, cfg.data
     return EngineSpec(ro.backend, rollout_dtype(cfg), ro.max_num_seqs, d.max_prompt_length + d.max_response_length,
                       ro.tensor_parallel_size, ro.gpu_memory_utilization, cfg.trainer.seed, cfg.trainer.deterministic,
-                      ro.weight_sync_back_buffer)
+                      ro.weight_sync_back_buffer, ro.quantization)
 
 
 PERF_DEVICES = ("cuda", "npu", "cpu")

@@ -11,7 +11,7 @@ A plan is a validated `RunConfig` with what follows from it, computed once here:
     placement  the layout `launch --dry-run` prints (`plan_placement`: actors, nodes, pools' bundles)
     actors     what each actor asks Ray for (`actor_resources`, on this machine's cores), from the same M and R
     layout_error  why the pools cannot be laid out on their nodes, or what of the rollout replica the runtime
-               does not build yet (`not_built`: PP / DP / EP > 1, fp8 weights — counted by validate and plan);
+               does not build yet (`not_built`: PP / DP / EP > 1, fp8 weights off CUDA — counted by validate and plan);
                None when it can; the driver refuses such a plan on accelerators, `validate` reports it with its key
     roles      each actor's spec (`engine.plan.roles`: rollouter, replica, trainer rank, weight sync) with the
                sizes above, its device and its threads; the driver binds the run's identity and hands each actor
@@ -33,6 +33,7 @@ from engine.plan.hardware import HardwarePreset, load_hardware, run_devices
 from engine.plan.layout import LayoutError, config_layout
 from engine.plan.placement import Placement, actor_resources, plan_placement
 from engine.plan.roles import RoleSpecs, role_specs
+from engine.plan.rollout_replica import fp8_refusal
 from engine.plan.sizes import Derived, dataset_train_size, derive
 
 if TYPE_CHECKING:
@@ -106,20 +107,19 @@ def resolve_plan(cfg: RunConfig, *, hardware: HardwarePreset | None = None, deri
             config_layout(cfg, derived.rollout_replicas)
         except LayoutError as e:
             layout_error = str(e)
-    layout_error = layout_error or not_built(cfg)
+    layout_error = layout_error or not_built(cfg, hw.device)
     return RunPlan(cfg, derived, hw, placement, actors, dict(provenance or {}), layout_error, devices,
                    role_specs(cfg, derived, devices, actors))
 
 
-def not_built(cfg: RunConfig) -> str | None:
-    """What of `cfg`'s rollout replica validate and plan count but the runtime does not build yet (issue 45): its
-    vLLM engines are tensor parallel in `rollout.dtype`. None when nothing is missing."""
+def not_built(cfg: RunConfig, device: str = "cuda") -> str | None:
+    """What of `cfg`'s rollout replica on `device` validate and plan count but the runtime does not build yet
+    (issue 45): its vLLM engines are tensor parallel, in `rollout.dtype` or (CUDA only: `fp8_refusal`) block FP8.
+    None when nothing is missing."""
     r = cfg.rollout
     parts = [f"{k} = {getattr(r, k)}" for k in ("pipeline_model_parallel_size", "data_parallel_size",
                                                   "expert_parallel_size") if getattr(r, k) > 1]
-    if r.quantization:
-        parts.append(f"quantization = {r.quantization!r}")
-    if not parts:
-        return None
-    return (f"rollout.{', '.join(parts)}: counted by validate and plan, but the runtime builds tensor-parallel "
-            f"replicas in rollout.dtype only yet (issue 45)")
+    if parts:
+        return (f"rollout.{', '.join(parts)}: counted by validate and plan, but the runtime builds tensor-parallel "
+                f"replicas only yet (issue 45)")
+    return fp8_refusal(device) if r.quantization == "fp8" else None

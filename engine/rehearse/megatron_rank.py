@@ -46,6 +46,7 @@ from engine.rehearse.batch import micro_shape, rehearsal_batch
 from engine.rehearse.fake import fake_mode, fake_world, model_from_config, tensor_bytes, tracker_peak
 from engine.rehearse.report import RankClass
 from engine.rehearse.torch_rank import STAND_IN, Phase, surrogate_loss
+from engine.sync.fp8 import quantized
 
 if TYPE_CHECKING:
     from engine.config.schema import RunConfig
@@ -153,7 +154,8 @@ def rehearse_megatron_rank(plan: RunPlan, config: dict[str, Any], rank: int, cls
         else:
             _resident(policy, cls)
         with Phase("weight sync", rank, "export"), mode:
-            _export(policy, plan.role_specs().weight_sync.bucket_bytes, cls)
+            ws = plan.role_specs().weight_sync
+            _export(policy, ws.bucket_bytes, cls, ws.quantization)
         with Phase("trainer", rank, "checkpoint"), mode:
             from engine.trainer.megatron.export import iter_hf_tensors
 
@@ -222,10 +224,11 @@ def _resident(policy: Any, cls: RankClass) -> None:
                      "buffers only")
 
 
-def _export(policy: Any, bucket_bytes: int, cls: RankClass) -> None:
+def _export(policy: Any, bucket_bytes: int, cls: RankClass, quantization: str | None = None) -> None:
     kept: list[torch.Tensor] = []
     total, buckets, by_dtype = 0, 0, {}
-    for bucket in policy.export_weights(bucket_bytes):
+    for bucket in quantized(policy.export_weights(bucket_bytes)) if quantization == "fp8" \
+            else policy.export_weights(bucket_bytes):  # fp8: what the sender sends (engine.sync.fp8)
         buckets += 1
         for t in bucket.values():
             if any(t is k for k in kept[-4:]):

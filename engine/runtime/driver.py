@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.control.controller import NAMESPACE
+from engine.plan.rollout_replica import fp8_refusal
 from engine.plan.run_plan import RunPlan
 from engine.runtime.launch_context import ActorPlacement, LaunchContext, LaunchOptions, Resumed, StopContext
 from engine.runtime.placement_groups import PlacementTimeout, reserve_run
@@ -69,6 +70,9 @@ def _placement(plan: RunPlan) -> dict[str, Any]:
     `launch --dry-run` shows: which node and bundles each actor takes). Refuses a layout it cannot run."""
     trainer_ranks(plan)
     placement = copy.deepcopy(plan.actors)
+    refusal = fp8_refusal(placement["device"]) if plan.config.rollout.quantization == "fp8" else None
+    if refusal:  # on every device: a CPU replica would fail inside vLLM at start-up
+        raise RunFailed(refusal)
     if placement["device"] != "cpu":
         if plan.layout_error:
             raise RunFailed(plan.layout_error)

