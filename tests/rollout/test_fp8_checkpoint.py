@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from engine.rollout.vllm.engine_args import engine_args
+from engine.rollout.vllm.engine_args import engine_args, fp8_model
 from engine.rollout.vllm.fp8_checkpoint import fp8_checkpoint, is_block_fp8
 from engine.sync.fp8 import QUANTIZATION_CONFIG, quantize_bucket
 
@@ -67,6 +67,9 @@ def test_a_released_fp8_checkpoint_is_used_as_is_and_the_engine_is_told(tmp_path
     (src / "config.json").write_text(json.dumps({"quantization_config": QUANTIZATION_CONFIG}))
     assert fp8_checkpoint(src, "bfloat16", root=tmp_path) == src.resolve()
     kwargs = engine_args(str(src), device="cuda", dtype="bfloat16", quantization="fp8")
-    assert kwargs["quantization"] == "fp8" and kwargs["model"] == str(src.resolve())
-    assert kwargs["tokenizer"] == str(src)
-    assert "quantization" not in engine_args(str(src), device="cuda")
+    assert kwargs["quantization"] == "fp8" and kwargs["model"] == str(src)  # no file read: the rehearsal's too
+    assert engine_args("<model_dir>", device="cuda", quantization="fp8")["quantization"] == "fp8"
+    kwargs = fp8_model(kwargs)  # the backend's step: the model at the block-FP8 checkpoint
+    assert kwargs["model"] == str(src.resolve()) and kwargs["tokenizer"] == str(src)
+    plain = engine_args(str(src), device="cuda")
+    assert "quantization" not in plain and fp8_model(plain) == plain
