@@ -8,7 +8,8 @@ its weight format (`rollout.quantization`), against the pool, the node and the m
   experts; PP ≤ the layers.
 - PP / DP / EP > 1 and fp8 need the vLLM backend. fp8 weights run on CUDA only (an error elsewhere:
   `engine.plan.rollout_replica.fp8_refusal` — vLLM's CPU block-FP8 kernels need AMX) and, since the trainer keeps
-  bf16, want a rollout correction for the quantisation gap (a warning without one).
+  bf16, want a rollout correction for the quantisation gap (a warning without one); every matrix side a TP rank
+  holds must be whole 128-blocks (`rollout-fp8-blocks`: vLLM refuses the layer otherwise).
 - A replica that spans nodes: a note that the runtime does not yet place it (the driver refuses to launch it).
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 from asyncrl_cli.config.problems import Problem, error, note, warn
 from engine.config.schema import RunConfig
 from engine.plan.hardware import HardwarePreset
-from engine.plan.rollout_replica import fp8_refusal, replica_gpus
+from engine.plan.rollout_replica import fp8_block_misfits, fp8_refusal, replica_gpus
 from engine.plan.sizes import Derived
 
 
@@ -78,6 +79,13 @@ def replica_rules(cfg: RunConfig, hw: HardwarePreset, d: Derived, facts: Any = N
                              "fp8 rollout weights are vLLM's (the hf sampler computes in rollout.dtype)"))
         elif fp8_refusal(hw.device):
             out.append(error("rollout-fp8-device", "rollout.quantization", str(fp8_refusal(hw.device))))
+        misfits = fp8_block_misfits(facts, tp, ep) if facts is not None and r.backend == "vllm" else []
+        if misfits:
+            out.append(error("rollout-fp8-blocks", "rollout.tensor_parallel_size",
+                             f"fp8 weights in 128 × 128 blocks at tensor_parallel_size = {tp}: "
+                             f"{', '.join(misfits)} is not a multiple of 128, which vLLM refuses at start-up",
+                             "use a smaller tensor_parallel_size (more data parallel), expert parallelism for the "
+                             "experts, or unset rollout.quantization"))
         rc = cfg.algorithm.rollout_correction
         if rc.rollout_is is None and rc.rollout_rs is None:
             out.append(warn("rollout-fp8-correction", "algorithm.rollout_correction.rollout_is",

@@ -64,6 +64,24 @@ def fp8_refusal(device: str) -> str | None:
     return f"rollout.quantization = 'fp8' runs on CUDA only: {why}; unset rollout.quantization on {device}"
 
 
+def fp8_block_misfits(m: Any, tp: int, ep: int = 1) -> list[str]:
+    """The per-rank matrix sides of `m` (model facts) that a TP-`tp` block-FP8 replica would cut inside a 128 × 128
+    block: vLLM refuses such a layer at start-up ("… is not divisible by weight quantization block_n = 128";
+    `validate_fp8_block_shape`, e.g. Qwen3-30B-A3B at TP 4: 768 / 4 = 192 expert rows). Checked: the q / o heads
+    split TP ways, the k / v heads (replicated below one per rank; k is not the last part of the fused qkv), the
+    dense MLP split TP ways and the routed experts' width (split TP ways unless expert parallel). MLA models
+    (DeepSeek-V3, Kimi-K2: block-aligned by construction) are not checked. [] when all fit."""
+    if int(getattr(m, "mla_kv_dim", 0) or 0):
+        return []
+    heads, kv, d = int(m.heads), int(m.kv_heads), int(m.head_dim)
+    sides = {"attention q/o heads": heads * d / tp, "k/v heads": max(1, kv // tp) * d}
+    if int(m.intermediate):
+        sides["dense MLP"] = int(m.intermediate) / tp
+    if int(getattr(m, "experts", 0) or 0) and int(getattr(m, "moe_intermediate", 0) or 0):
+        sides["routed experts"] = int(m.moe_intermediate) / (1 if ep > 1 else tp)
+    return [f"{k} {v:g} per rank" for k, v in sides.items() if v % FP8_BLOCK]
+
+
 def replica_gpus(cfg: RunConfig) -> int:
     """G = TP · PP · DP: the GPUs of one rollout replica (1 for the `hf` sampler, which is one process)."""
     r = cfg.rollout

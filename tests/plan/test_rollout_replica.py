@@ -113,6 +113,20 @@ def test_fp8_on_cpu_is_refused_by_validate_and_the_driver_with_one_line_that_say
     _placement(resolve_plan(ok.config, hardware=ok.hardware, derived=ok.derived, base_dir=RUNS))
 
 
+def test_fp8_blocks_a_tp_rank_would_cut_are_refused_as_vllm_does() -> None:
+    """vLLM refuses a block-FP8 layer whose per-rank side is not whole 128-blocks (vllm#25292: Qwen3-30B-A3B-FP8 at
+    TP 4, its 768-wide experts → 192 per rank); expert parallelism keeps the experts whole."""
+    seed = RUNS / "qwen3-30b-a3b-base-dapo-megatron-96-32.toml"
+    an = analyze_run_config(seed, ['rollout.quantization="fp8"'])
+    problems = {p.code: p.message for p in an.problems if p.severity == "error"}
+    assert "routed experts 192 per rank" in problems["rollout-fp8-blocks"]
+    ok = analyze_run_config(seed, ['rollout.quantization="fp8"', "rollout.tensor_parallel_size=2"])
+    assert "rollout-fp8-blocks" not in {p.code for p in ok.problems}
+    qwen = facts_from_config(RELEASED["Qwen/Qwen3-235B-A22B"][0])
+    assert rr.fp8_block_misfits(qwen, 8) == ["routed experts 192 per rank"]
+    assert rr.fp8_block_misfits(qwen, 8, ep=8) == [] and rr.fp8_block_misfits(DSV3, 8) == []
+
+
 def test_the_dry_run_says_what_of_fp8_is_verified() -> None:
     import json
 
