@@ -9,7 +9,7 @@ sampled from the rollout copy (T = 1), scored by both, and the token-level IS co
 with the bf16 weights on both sides (the same kernels: its gap is 0 — the floor of this setup, not vLLM's).
 Not counted: vLLM's W8A8 kernels also quantise activations (1 × 128 groups, dynamic), a second gap on top.
 
-    python scripts/fp8_gap.py --seeds 0 1 2        # one JSON line per seed and arm
+    python scripts/fp8_gap.py --seeds 0 1 2 --max-new 32     # one JSON line per seed and arm
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--max-new", type=int, default=48)
+    ap.add_argument("--arms", nargs="+", default=["bf16", "fp8-weights"], choices=["bf16", "fp8-weights"])
     args = ap.parse_args()
     torch.set_num_threads(2)
     tok = load_tokenizer("builtin:smollm2")
@@ -91,6 +92,8 @@ def main() -> None:
     print(json.dumps({"model": "builtin:smollm2", "fp8_tensors": changed}), flush=True)
     for seed in args.seeds:
         for name, roll in (("bf16", trainer), ("fp8-weights", rollout)):
+            if name not in args.arms:
+                continue
             print(json.dumps({"seed": seed, "arm": name, **arm(trainer, roll, tok, seed, args.max_new)}), flush=True)
 
 
