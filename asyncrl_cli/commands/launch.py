@@ -142,6 +142,8 @@ def command(
                     "measured_at_launch": [k for k, on in wanted(an.config).items() if on],
                     "placement": plan.placement.to_json(),
                     "weight_sync": _weight_sync(plan),
+                    "weight_sync_quantization": an.config.rollout.quantization and (
+                        an.config.rollout.quantization + _fp8_note(an.config.rollout.quantization)),
                     "derived": an.derived.to_json(),
                     "precision": dataclasses.asdict(policy_of(an.config)),
                     "megatron_settings": _megatron_settings(an),
@@ -168,7 +170,7 @@ def command(
                 f"{s['key']} = {s['value']} ({s['why']})" for s in settings), soft_wrap=True)
         render_placement(con, plan.placement)
         con.print(f"[bold]weight sync[/bold]  {_weight_sync(plan)} (rollout.weight_sync = "
-                  f"{an.config.rollout.weight_sync!r})")
+                  f"{an.config.rollout.weight_sync!r})" + _fp8_note(an.config.rollout.quantization))
         render_problems(con, [p for p in an.problems if p.severity == "warning"])
         auto_keys = [k for k, on in wanted(an.config).items() if on]
         if auto_keys:  # the placement above shows the automatic split for an "auto" cpu_threads
@@ -206,3 +208,14 @@ def _weight_sync(plan: object) -> str:
         return plan.weight_sync  # type: ignore[attr-defined]
     except ValueError as e:
         return f"none: {e}"
+
+
+FP8_STATUS = ("sender-side per-bucket blockwise quantisation tested on CPU; vLLM serving block-FP8 and loading fp8 "
+              "syncs on CUDA is unverified")
+
+
+def _fp8_note(quantization: str | None) -> str:
+    """What `rollout.quantization = "fp8"` does to the sync and how far it is verified (docs/architecture.md)."""
+    if quantization != "fp8":
+        return ""
+    return f"; fp8: 128×128 blocks, weight + weight_scale_inv ({FP8_STATUS})"

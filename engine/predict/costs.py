@@ -19,7 +19,7 @@ Sources, in order (a later one only fills what an earlier one left empty):
                                                   (a group's prompt counted n times, or once where the trainer
                                                   shares it: `engine.plan.prompt_sharing.group_pays`)
     weight sync (the engine's pipeline, `engine.sync`)  with B = P_total·b_r bytes (`engine.plan.memory.sync_bytes`:
-        the export dtype, bf16 for the production presets; fp8 rollout weights: (P − E)·(1 + 4/128²) + 2·E,
+        the export dtype, bf16 for the production presets; fp8 rollout weights: (P − E)·(1 + 4/128²) + E·b_r,
         E = embedding + LM head), n = ⌈B / bucket⌉:
         gather   = B·(1 − 1/g) / gather bandwidth     (TP·EP shards to the sender, g = trainer TP·EP; NVLink)
         transfer = B / link bandwidth                 (the sender's link to the replicas; a broadcast is
@@ -50,7 +50,7 @@ from engine.plan.sizes import max_required_samples, rollout_replicas, trainer_wo
 from engine.plan.megatron_perf import perf_values, update_efficiency
 from engine.plan.memory import export_bytes, sync_bytes
 from engine.plan.prompt_sharing import group_pays, may_share
-from engine.plan.rollout_replica import FP8_BYTES, replica_gpus
+from engine.plan.rollout_replica import replica_gpus
 
 if TYPE_CHECKING:
     from engine.config.schema import RunConfig
@@ -327,10 +327,8 @@ def decode_bytes(layout: Layout, facts: Any) -> float:
 def sync_pipeline(p_total: float, layout: Layout, interconnect: str, mem_bw: float,
                   embed: float = 0.0) -> tuple[float, dict[str, float]]:
     """The weight sync's time from its terms (module docstring): (seconds, the terms by name). With fp8 rollout
-    weights B = (P − E)·(1 + 4/128²) + 2·E (`embed` = E, the embedding and LM head, stay bf16)."""
-    nbytes = sync_bytes(p_total, layout.sync_param_bytes)
-    if layout.rollout_quantization == "fp8":  # quantised on the sender, per bucket (engine.sync.fp8)
-        nbytes = (p_total - embed) * FP8_BYTES + 2.0 * embed
+    weights B = (P − E)·(1 + 4/128²) + E·b_r (`embed` = E, the embedding and LM head, stay in b_r)."""
+    nbytes = sync_bytes(p_total, layout.sync_param_bytes, embed, layout.rollout_quantization)
     g = max(1, layout.trainer_model_parallel * layout.trainer_ep)
     gather = nbytes * (1 - 1 / g) / (SYNC_GATHER_GBPS.get(interconnect, 150.0) * 1e9)
     link = SYNC_LINK_GBPS.get(interconnect, 45.0)

@@ -43,6 +43,7 @@ from engine.rehearse.megatron_standins import distributed_optimizer_stand_in, me
 from engine.rehearse.megatron_step import grad_buffers, rehearse_scaled
 from engine.rehearse.report import RankClass
 from engine.rehearse.torch_rank import STAND_IN, Phase
+from engine.sync.fp8 import quantized
 
 if TYPE_CHECKING:
     from engine.plan.run_plan import RunPlan
@@ -130,7 +131,8 @@ def rehearse_megatron_rank(plan: RunPlan, config: dict[str, Any], rank: int, cls
             cls.notes.append(f"π_prox snapshot and swap buffers (host, pinned): {snap / 1e9:.2f} GB")
         _resident(policy, cls)
         with Phase("weight sync", rank, "export"), mode:
-            _export(policy, plan.role_specs().weight_sync.bucket_bytes, cls)
+            ws = plan.role_specs().weight_sync
+            _export(policy, ws.bucket_bytes, cls, ws.quantization)
         with Phase("trainer", rank, "checkpoint"), mode:
             _checkpoint(policy, rank, cls)
         del policy
@@ -177,10 +179,11 @@ def _resident(policy: Any, cls: RankClass) -> None:
     cls.peak_by_category = {"weights": weights, "main_grads": grads}
 
 
-def _export(policy: Any, bucket_bytes: int, cls: RankClass) -> None:
+def _export(policy: Any, bucket_bytes: int, cls: RankClass, quantization: str | None = None) -> None:
     kept: list[torch.Tensor] = []
     total, buckets, by_dtype = 0, 0, {}
-    for bucket in policy.export_weights(bucket_bytes):
+    for bucket in quantized(policy.export_weights(bucket_bytes)) if quantization == "fp8" \
+            else policy.export_weights(bucket_bytes):  # fp8: what the sender sends (engine.sync.fp8)
         buckets += 1
         for t in bucket.values():
             if any(t is k for k in kept[-4:]):

@@ -41,6 +41,7 @@ from engine.rehearse.fake import (
     fake_mode, fake_world, model_from_config, pin_in_place, tensor_bytes, tracker_peak,
 )
 from engine.rehearse.report import RankClass, RehearsalFailure, first_line
+from engine.sync.fp8 import quantized
 
 if TYPE_CHECKING:
     from engine.config.schema import RunConfig
@@ -154,7 +155,7 @@ def rehearse_torch_rank(plan: RunPlan, config: dict[str, Any], rank: int, cls: R
             _step(cfg, policy, ref, mode, vocab, rank, cls, tracker_class(FSDPMemTracker, mode), build_loss_fn,
                   tracking)
         with Phase("weight sync", rank, "export"), mode:
-            _export(policy, spec.weight_sync.bucket_bytes, cls)
+            _export(policy, spec.weight_sync.bucket_bytes, cls, spec.weight_sync.quantization)
         with Phase("trainer", rank, "checkpoint"), mode:
             _checkpoint(policy, cls)
     cls.seconds = time.perf_counter() - start
@@ -255,12 +256,13 @@ def _step(cfg: RunConfig, policy: Any, ref: Any, mode: Any, vocab: int, rank: in
         cls.phase_peaks = {k: v + resident for k, v in cls.phase_peaks.items()}
 
 
-def _export(policy: Any, bucket_bytes: int, cls: RankClass) -> None:
+def _export(policy: Any, bucket_bytes: int, cls: RankClass, quantization: str | None = None) -> None:
     """The export up to its buckets: what `export_weights` yields on this rank."""
     kept: list[torch.Tensor] = []  # held, so no tensor's id is reused by a later one
     seen: set[int] = set()
     total, buckets, by_dtype, names = 0, 0, {}, 0
-    for bucket in policy.export_weights(bucket_bytes):
+    for bucket in quantized(policy.export_weights(bucket_bytes)) if quantization == "fp8" \
+            else policy.export_weights(bucket_bytes):  # fp8: what the sender sends (engine.sync.fp8)
         buckets += 1
         for t in bucket.values():
             names += 1

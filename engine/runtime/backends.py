@@ -71,7 +71,8 @@ def vllm_options(engine: EngineSpec, device: RoleDevice) -> dict[str, Any]:
     return {"device": device.type, "tensor_parallel_size": engine.tensor_parallel_size,
             "gpu_memory_utilization": engine.gpu_memory_utilization, "max_num_seqs": engine.max_num_seqs,
             "max_model_len": engine.max_model_len, "dtype": _resolved(engine.dtype, "rollout.dtype"),
-            "seed": engine.seed, "distributed_executor_backend": "ray" if bundles else None}
+            "seed": engine.seed, "distributed_executor_backend": "ray" if bundles else None,
+            "quantization": engine.quantization}
 
 
 def build_rollout_backend(engine: EngineSpec, model_dir: str, device: RoleDevice, nodes: dict[str, Any] | None = None):

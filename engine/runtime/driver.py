@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.control.controller import NAMESPACE
-from engine.plan.rollout_replica import replica_nodes
+from engine.plan.rollout_replica import fp8_refusal, replica_nodes
 from engine.plan.run_plan import RunPlan
 from engine.runtime.launch_context import ActorPlacement, LaunchContext, LaunchOptions, Resumed, StopContext
 from engine.runtime.placement_groups import PlacementTimeout, reserve_run
@@ -71,6 +71,9 @@ def _placement(plan: RunPlan) -> dict[str, Any]:
     spans several (`replica_nodes`). Refuses a layout or a replica it cannot run (`RunPlan.layout_error`)."""
     trainer_ranks(plan)
     placement = copy.deepcopy(plan.actors)
+    refusal = fp8_refusal(placement["device"]) if plan.config.rollout.quantization == "fp8" else None
+    if refusal:  # on every device: a CPU replica would fail inside vLLM at start-up
+        raise RunFailed(refusal)
     placement["placement_timeout_s"] = plan.config.resources.placement_timeout_s
     if plan.layout_error:  # on CPU hardware (no pools) only what the runtime does not build (`run_plan.not_built`)
         raise RunFailed(plan.layout_error)

@@ -37,7 +37,8 @@ class TrainerSync:
         sent = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
                        lambda refs: self.rollouter.update_weights.remote(version, refs, self.local_step, c.cut,
                                                                          c.held),
-                       gen=gen, corrupt_bucket=self.spec.weight_sync.corrupt_bucket, members=members)
+                       gen=gen, corrupt_bucket=self.spec.weight_sync.corrupt_bucket, members=members,
+                       quantization=self.spec.weight_sync.quantization)
         export_s = time.monotonic() - t0
         out = ray.get(sent.out)
         report = self._verify_delivery(version, sent, out.pop("receipts"))
@@ -80,7 +81,7 @@ class TrainerSync:
         version = self.version
         sent = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
                        lambda refs: self.rollouter.catch_up.remote(version, refs, slots), gen=-self._catch_ups,
-                       members=slots)
+                       members=slots, quantization=self.spec.weight_sync.quantization)
         report = self._verify_delivery(version, sent, ray.get(sent.out))
         self.controller.record_event.remote(self._ev(
             "info", "sync", f"weights v{version} sent to replaced rollout replica(s) {slots}: "

@@ -13,6 +13,10 @@
   vLLM), streaming them as the trainer exports them. A replaced replica joins the next group generation.
 * `"object_store"`: `ObjectStoreSync` — one `ray.put` per flat bucket, the replicas `ray.get` them zero-copy.
 
+With `rollout.quantization = "fp8"` every transport moves the same thing: each exported bucket quantised on the
+sender (`engine.sync.fp8`: fp8 weight + fp32 `weight_scale_inv` per 128 × 128 block for the decoder layers' linear
+weights) before it is packed, so the fingerprints and byte counts are over the fp8 bytes actually sent.
+
 `publish` is the trainer's one call per sync: it hands the replicas what they need (`send(refs)`, the
 rollouter's `update_weights`) in the order each transport requires — object store: put every bucket, then
 send the refs; collective and shared memory: send the handle first (the replicas join the broadcast once generation is paused),
@@ -33,6 +37,7 @@ from typing import Any
 from engine.sync.buckets import bucketize
 from engine.sync.collective import CollectiveHandle, CollectiveSync, default_device, pull
 from engine.sync.flat import BufferRing, FlatBucket, flatten
+from engine.sync.fp8 import quantized
 from engine.sync.object_store import ObjectStoreSync
 from engine.sync.pipeline import ahead
 from engine.sync.shared_memory import SharedMemoryHandle, SharedMemorySync
@@ -189,11 +194,18 @@ def packed(buckets: Iterable[Any], device: Any, names: list[list[str]],
 
 
 def publish(sync: Any, version: int, buckets: Iterable[Any], send: Callable[[list], Any], gen: int = 0,
-            corrupt_bucket: int | None = None, members: list[int] | None = None) -> Published:
+            corrupt_bucket: int | None = None, members: list[int] | None = None,
+            quantization: str | None = None) -> Published:
     """Move `buckets` (consumed as the trainer exports them, packed one bucket ahead of the transport) to the
     replicas; group generation `gen` (and for a catch-up only the replica slots `members`) for the collective
-    (module docstring)."""
+    (module docstring). `quantization` = "fp8" (`rollout.quantization`): each bucket is quantised on the way
+    (`engine.sync.fp8.quantize_bucket`, on the packing thread), so what is packed, fingerprinted, sent and counted
+    is the fp8 weights and their block scales."""
     names: list[list[str]] = []
+    if quantization == "fp8":
+        buckets = quantized(buckets)
+    elif quantization is not None:
+        raise ValueError(f"rollout.quantization = {quantization!r}: the weight sync sends fp8 or the model's dtype")
     if isinstance(sync, CollectiveSync):
         handle = sync.announce(version, gen, members)
         out = send([handle])

@@ -91,7 +91,7 @@ def test_the_driver_is_told_what_the_runtime_does_not_build_yet() -> None:
     assert "not yet placed by the runtime" in error(RUNS / "kimi-k2-gsm8k-megatron-256.toml")
     seed = RUNS / "qwen3-30b-a3b-base-dapo-megatron-96-32.toml"
     assert error(seed) is None
-    assert "quantization = 'fp8'" in error(seed, ['rollout.quantization="fp8"'])
+    assert error(seed, ['rollout.quantization="fp8"']) is None  # fp8 on CUDA: the sync and the replica are wired
     # tp 2 × dp 2 fits a node, but the runtime's engines are tensor parallel only
     assert "data_parallel_size = 2" in error(seed, ["rollout.tensor_parallel_size=2", "rollout.data_parallel_size=2"])
 
@@ -123,6 +123,50 @@ def test_on_cpu_hardware_a_vllm_replica_spans_nodes_and_the_driver_reserves_one_
     # on GPUs tensor parallelism stays inside a node, and a replica over nodes is not launched yet
     assert "rollout-tp-node" in {p.code for p in analyze_run_config(
         RUNS / "qwen3-30b-a3b-base-dapo-megatron-96-32.toml", ["rollout.tensor_parallel_size=16"]).problems}
+
+
+def test_fp8_on_cpu_is_refused_by_validate_and_the_driver_with_one_line_that_says_why() -> None:
+    from engine.plan.run_plan import resolve_plan
+    from engine.runtime.driver import _placement
+    from engine.runtime.ray_start import RunFailed
+
+    sets = ['rollout.backend="vllm"', 'rollout.quantization="fp8"']
+    an = analyze_run_config(RUNS / "tiny-cpu.toml", sets)
+    problems = {p.code: p.message for p in an.problems if p.severity == "error"}
+    assert "AMX" in problems["rollout-fp8-device"] and "CUDA only" in problems["rollout-fp8-device"]
+    plan = resolve_plan(an.config, hardware=an.hardware, derived=an.derived, base_dir=RUNS)
+    assert plan.device == "cpu" and "AMX" in plan.layout_error and "\n" not in plan.layout_error
+    with pytest.raises(RunFailed, match="rollout.quantization = 'fp8' runs on CUDA only"):
+        _placement(plan)
+    ok = analyze_run_config(RUNS / "tiny-cpu.toml", sets[:1])
+    _placement(resolve_plan(ok.config, hardware=ok.hardware, derived=ok.derived, base_dir=RUNS))
+
+
+def test_fp8_blocks_a_tp_rank_would_cut_are_refused_as_vllm_does() -> None:
+    """vLLM refuses a block-FP8 layer whose per-rank side is not whole 128-blocks (vllm#25292: Qwen3-30B-A3B-FP8 at
+    TP 4, its 768-wide experts → 192 per rank); expert parallelism keeps the experts whole."""
+    seed = RUNS / "qwen3-30b-a3b-base-dapo-megatron-96-32.toml"
+    an = analyze_run_config(seed, ['rollout.quantization="fp8"'])
+    problems = {p.code: p.message for p in an.problems if p.severity == "error"}
+    assert "routed experts 192 per rank" in problems["rollout-fp8-blocks"]
+    ok = analyze_run_config(seed, ['rollout.quantization="fp8"', "rollout.tensor_parallel_size=2"])
+    assert "rollout-fp8-blocks" not in {p.code for p in ok.problems}
+    qwen = facts_from_config(RELEASED["Qwen/Qwen3-235B-A22B"][0])
+    assert rr.fp8_block_misfits(qwen, 8) == ["routed experts 192 per rank"]
+    assert rr.fp8_block_misfits(qwen, 8, ep=8) == [] and rr.fp8_block_misfits(DSV3, 8) == []
+
+
+def test_the_dry_run_says_what_of_fp8_is_verified() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from asyncrl_cli.app import app
+
+    r = CliRunner().invoke(app, ["launch", str(RUNS / "kimi-k2-gsm8k-megatron-256.toml"), "--dry-run", "--json"])
+    doc = json.loads(r.stdout)
+    assert doc["weight_sync_quantization"].startswith("fp8") and "unverified" in doc["weight_sync_quantization"]
+    assert "weight_scale_inv" in doc["weight_sync_quantization"]
 
 
 def test_the_plan_counts_a_replica_spanning_nodes_as_its_gpus_and_their_weight_bytes() -> None:

