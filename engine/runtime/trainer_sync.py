@@ -62,7 +62,8 @@ class TrainerSync:
             self.backend.snapshot_swap(True)
         try:
             sent = publish(ObjectStoreSync(), version, self.backend.export_weights(self.bucket_bytes),
-                           lambda refs: self.rollouter.load_weights.remote(version, refs))
+                           lambda refs: self.rollouter.load_weights.remote(version, refs),
+                           quantization=self.spec.weight_sync.quantization)
         finally:
             if swap:
                 self.backend.snapshot_swap(False)
