@@ -36,9 +36,12 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from megatron.core.transformer import TransformerConfig
 
 STAND_INS = {
     "context parallelism": "TE ring attention is CUDA-only → flash-style SDPA over this rank's S/cp queries and "
@@ -58,7 +61,7 @@ class RingAttentionStandIn(torch.nn.Module):
     [s/cp, b, n/tp · d]. Causality is not applied (the values are fake; the memory is the kernel's: inputs,
     output and a log-sum-exp per query)."""
 
-    def __init__(self, config: Any, layer_number: int = 1, attn_mask_type: Any = None, attention_type: str = "",
+    def __init__(self, config: TransformerConfig, layer_number: int = 1, attn_mask_type: Any = None, attention_type: str = "",
                  attention_dropout: float | None = None, softmax_scale: float | None = None, **_: Any) -> None:
         super().__init__()
         self.config = config
