@@ -238,10 +238,12 @@ class DashboardApp(App[int]):
 
     def _on_screen(self, chart: Any) -> bool:
         """Whether `chart` sits in the active tab (or outside the tabs); nothing is on screen once the app
-        has closed its screens (a chart timer can still fire while the app shuts down)."""
-        if not self.screen_stack:
+        has closed its screens or removed their widgets (a chart timer or a snapshot can still arrive while the app
+        shuts down)."""
+        tabs = self.screen_stack[0].query(TabbedContent) if self.screen_stack else None
+        if not tabs:  # closed, or its widgets already removed while a snapshot still arrives
             return False
-        active = self.screen_stack[0].query_one(TabbedContent).active
+        active = tabs.first().active
         pane = next((a for a in chart.ancestors if isinstance(a, TabPane)), None)
         return pane is None or pane.id == active
 
