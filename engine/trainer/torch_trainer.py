@@ -182,6 +182,7 @@ class TorchTrainerBackend(WarmupSchedule):
         self._snapshot: list[torch.Tensor] | None = None
         self._live: list[torch.Tensor] | None = None
         self._swapped = False  # the snapshot is in the parameters (`snapshot_swap`)
+        self._swapped_params: list[torch.Tensor] | None = None  # the tensors the snapshot was swapped into
         self._plain_state: bool | None = None  # `full_state_dict`: whether `model.state_dict()` gives the same
 
     # --- distributed hooks (identity for one process) --------------------------------------------------

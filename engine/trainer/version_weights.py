@@ -57,14 +57,15 @@ def live_aside(trainer: TorchTrainerBackend) -> Iterator[list[torch.Tensor]]:
     """The live parameters copied aside for the block (which may overwrite them) and copied back bit-exactly."""
     if trainer._live is None:
         trainer._live = cpu_buffers(trainer)
+    params = trainer._local_params()  # the same tensors back (see `swap`)
     with torch.no_grad():
-        for live, p in zip(trainer._live, trainer._local_params()):
+        for live, p in zip(trainer._live, params):
             live.copy_(p)
     try:
-        yield trainer._local_params()
+        yield params
     finally:
         with torch.no_grad():
-            for live, p in zip(trainer._live, trainer._local_params()):
+            for live, p in zip(trainer._live, params):
                 p.copy_(live)
 
 
@@ -76,14 +77,18 @@ def swap(trainer: TorchTrainerBackend, to_snapshot: bool) -> None:
         raise RuntimeError("no parameter snapshot: call snapshot_params() first")
     if trainer._live is None:
         trainer._live = cpu_buffers(trainer)
+    # the swap back writes into the very tensors swapped in: after a forward FSDP2's root can leave its
+    # parameters unsharded, so `_local_params()` asked again would return other (full-size) tensors
+    params = trainer._local_params() if to_snapshot else trainer._swapped_params
     with torch.no_grad():
-        for live, p, snap in zip(trainer._live, trainer._local_params(), trainer._snapshot or trainer._live):
+        for live, p, snap in zip(trainer._live, params, trainer._snapshot or trainer._live):
             if to_snapshot:
                 live.copy_(p)
                 p.copy_(snap)
             else:
                 p.copy_(live)
     trainer._swapped = to_snapshot
+    trainer._swapped_params = params if to_snapshot else None
 
 
 @contextmanager
