@@ -35,20 +35,25 @@ def _launch(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
                                             "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"})
 
 
-def _head_address(head: subprocess.Popen, timeout_s: float = 120.0) -> str | None:
-    """The address `ray start` prints, read with a deadline (a head that never prints it must not hang the test)."""
-    import selectors
+def _head_address(head: subprocess.Popen, seen: list[str], timeout_s: float = 120.0) -> str | None:
+    """The address `ray start` prints, read with a deadline (a head that never prints it must not hang the test);
+    the lines read go to `seen` (the failure message shows them). A thread reads the lines: a `select` on the pipe
+    misses lines already pulled into the reader's buffer (the address line then waits there until the deadline)."""
+    import queue
+    import threading
     import time
 
-    sel = selectors.DefaultSelector()
-    sel.register(head.stdout, selectors.EVENT_READ)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in head.stdout], daemon=True).start()
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not sel.select(timeout=1.0):
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=min(left, 1.0))
+        except queue.Empty:
+            if head.poll() is not None and lines.empty():
+                return None
             continue
-        line = head.stdout.readline()
-        if not line:
-            return None
+        seen.append(line.rstrip())
         m = re.search(r"ray start --address='([^']+)'", line)
         if m:
             return m.group(1)
@@ -66,8 +71,9 @@ def test_launch_joins_a_running_cluster(tmp_path):
                              "--include-dashboard=false", "--disable-usage-stats"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     try:
-        address = _head_address(head)
-        assert address, "ray start printed no address"
+        seen: list[str] = []
+        address = _head_address(head, seen)
+        assert address, "ray start printed no address; it printed:\n" + "\n".join(seen[-30:])
         done = _launch(tmp_path / "run", "--address", address)
         assert done.returncode == 0, done.stderr
         assert len(train_records(tmp_path / "run")) == 4
