@@ -153,6 +153,10 @@ class RolloutReplica:
             self._running += 1
         try:
             out = self.backend.generate(requests, sampling, should_abort=flag.is_set)
+        except Exception:
+            if self.spec.engine.nodes > 1 and self.backend.dead():  # the watchdog's decision, taken at once: a
+                self._exit("its vLLM engine died (a worker process ended)")  # call must not outrun it
+            raise
         finally:
             with self._lock:
                 self._running -= 1
