@@ -150,6 +150,16 @@ def _run(cfg) -> int:
     return run(resolve_plan(cfg), progress=False)
 
 
+def _run_watched(cfg, watcher: Watcher) -> int:
+    """The run, with `watcher` looking at (and maybe killing) the replica's workers while it goes."""
+    watcher.start()
+    try:
+        return _run(cfg)
+    finally:
+        watcher.stop.set()
+        watcher.join()
+
+
 def _syncs(run_dir: Path) -> list[dict]:
     return [e for e in H.read_jsonl(run_dir / "events.jsonl") if e["kind"] == "sync" and "catch_up" not in e]
 
@@ -158,12 +168,7 @@ def test_a_replica_over_two_nodes_generates_and_every_worker_verifies_each_sync(
     run_dir = tmp_path / "run"
     cfg = H.tiny_config(run_dir, *SPANNING, f"rollout.total_rollout_steps={STEPS * PROMPTS_PER_STEP}")
     watcher = Watcher(cluster, run_dir)
-    watcher.start()
-    try:
-        assert _run(cfg) == 0
-    finally:
-        watcher.stop.set()
-        watcher.join()
+    assert _run_watched(cfg, watcher) == 0
     # the replica's two TP workers ran on the two nodes
     assert len(watcher.seen) == 2 and len(set(watcher.seen.values())) == 2, watcher.seen
     recs = H.train_records(run_dir)
@@ -186,12 +191,7 @@ def test_a_worker_killed_on_the_other_node_replaces_the_replica_and_the_ledger_s
     cfg = H.tiny_config(run_dir, *SPANNING, f"rollout.total_rollout_steps={steps * PROMPTS_PER_STEP}",
                         'rollout.weight_sync="object_store"')
     watcher = Watcher(cluster, run_dir, kill_after_syncs=1)
-    watcher.start()
-    try:
-        assert _run(cfg) == 0
-    finally:
-        watcher.stop.set()
-        watcher.join()
+    assert _run_watched(cfg, watcher) == 0
     assert watcher.killed is not None, "no worker on the engine's other node was found to kill"
     assert len(set(watcher.before.values())) == 2, watcher.before
     # the replacement replica spans the two nodes again: new workers, on both
