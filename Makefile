@@ -46,6 +46,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) scripts/check_file_lengths.py
 	$(PY) scripts/check_results.py
+	$(PY) -m benchmarks report --check
 
 # Lint, the default suite, the integration suite, the production presets' rehearsals, then the vLLM suite in its
 # own venv: everything but the slow, GPU and device-ladder tests (CI runs `make test`). Every pytest call below

@@ -62,6 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--docs", type=Path, default=None, help="where `report` writes (default docs/benchmarks.md)"
     )
+    p.add_argument(
+        "--check", action="store_true",
+        help="`report` only: write nothing; exit 1 if the page differs from what the results and notes give "
+             "(a hand edit of the generated page would be lost at the next study: put it in benchmarks/notes/)",
+    )
     return p
 
 
@@ -72,8 +77,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:20s} {module}")
         return 0
     if args.name == "report":
-        from benchmarks.report import write_report
+        from benchmarks.report import stale_report, write_report
 
+        if args.check:
+            problem = stale_report(args.out or RESULTS_DIR, args.docs)
+            if problem:
+                print(problem, file=sys.stderr)
+            return 1 if problem else 0
         path = write_report(args.out or RESULTS_DIR, args.docs)
         print(f"wrote {path}")
         return 0

@@ -219,6 +219,20 @@ def render(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def stale_report(results_dir: Path = RESULTS_DIR, docs: Path | None = None) -> str | None:
+    """None when `docs` (default docs/benchmarks.md) is exactly what `render` makes of the results and notes;
+    else one line naming the first line that differs (a hand edit, lost at the next study's rewrite)."""
+    path = docs or DOCS
+    want = render(load_results(results_dir)).splitlines()
+    have = path.read_text().splitlines() if path.exists() else []
+    if want == have:
+        return None
+    first = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
+    return (f"{path}: line {first + 1} differs from the generated page (the page is rebuilt from "
+            f"benchmarks/results, benchmarks/commentary and benchmarks/notes: put hand-written sections in "
+            f"benchmarks/notes/*.md, then run `python -m benchmarks report`)")
+
+
 def write_report(results_dir: Path = RESULTS_DIR, docs: Path | None = None) -> Path:
     path = docs or DOCS
     path.parent.mkdir(parents=True, exist_ok=True)

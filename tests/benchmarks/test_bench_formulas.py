@@ -149,3 +149,16 @@ def test_source_info_sees_a_dirty_tree_but_not_the_studys_own_results(tmp_path, 
     (tmp_path / "code.py").write_text("x = 1\n")
     (tmp_path / "new.py").write_text("y = 1\n")  # an untracked file is a difference too
     assert common.source_info()["dirty"] is True
+
+
+def test_the_report_check_catches_a_hand_edit_of_the_generated_page(tmp_path) -> None:
+    """docs/benchmarks.md is rebuilt from the results and notes by every full study: `report --check` (run by
+    `make lint`) fails on a hand edit, which the next study would silently drop."""
+    from benchmarks.common import RESULTS_DIR
+    from benchmarks.report import stale_report, write_report
+
+    page = write_report(RESULTS_DIR, tmp_path / "benchmarks.md")
+    assert stale_report(RESULTS_DIR, page) is None
+    page.write_text(page.read_text() + "\n## A section written by hand\n")
+    problem = stale_report(RESULTS_DIR, page)
+    assert problem is not None and "benchmarks/notes" in problem
