@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import signal
@@ -152,7 +153,21 @@ def probe(arm: Arm, out: Path, log: Path) -> dict:
         return {"error": f"the fault-free probe failed (exit {proc.returncode})", "total_s": total}
     step_s = statistics.fmean(times)
     return {"startup_s": startup if startup is not None else total - len(times) * step_s, "step_s": step_s,
-            "total_s": total}
+            "total_s": total, "checkpoint_mb": largest_checkpoint_mb(run_dir / "checkpoints")}
+
+
+def largest_checkpoint_mb(ckpts: Path) -> float:
+    """The largest checkpoint the probe wrote (MB; 0 when none): what one save needs on the disk."""
+    sizes = [sum(f.stat().st_size for f in d.rglob("*") if f.is_file()) for d in ckpts.iterdir() if d.is_dir()] \
+        if ckpts.is_dir() else []
+    return max(sizes, default=0) / 2**20
+
+
+def disk_mb(checkpoint_mb: float) -> int:
+    """The checkpoint tmpfs: room for `keep_last` = 2 kept checkpoints, the one being written and a stop
+    checkpoint, with a quarter to spare (at least 64 MB), so that after the 60 s fill ends the next save fits —
+    a tmpfs sized below that kept refusing saves after the fill (the 2026-12-07 soak)."""
+    return max(64, math.ceil(4 * checkpoint_mb * 1.25))
 
 
 def plan(budget_s: float, startup_s: float, step_s: float, reference: bool, kinds: list[str]) -> int:
@@ -281,7 +296,7 @@ def run_arm(arm: Arm, share_s: float, out: Path, rng: random.Random, kinds: list
                     "taken_s": round(time.monotonic() - start)}
     ref_s = time.monotonic() - t0
     disk = out / f"{arm.name}-disk"
-    mounted = "disk-full" in kinds and os.geteuid() == 0 and mount_tmpfs(disk, 64)
+    mounted = "disk-full" in kinds and os.geteuid() == 0 and mount_tmpfs(disk, disk_mb(measured.get("checkpoint_mb", 0.0)))
     t1 = time.monotonic()
     run_dir = out / arm.name
     try:

@@ -30,3 +30,17 @@ def test_more_time_or_faster_steps_give_more_steps_and_a_tiny_share_the_floor() 
     assert soak.plan(1800, 60, 0.3, True, KINDS) > base > soak.plan(840, 60, 0.6, True, KINDS)
     assert soak.plan(840, 60, 0.3, False, KINDS) > base  # no reference run to fit beside it
     assert soak.plan(60, 90, 0.3, True, KINDS) == soak.MIN_STEPS
+
+
+def test_the_checkpoint_disk_holds_the_kept_checkpoints_a_new_one_and_a_stop_checkpoint(tmp_path: Path) -> None:
+    """The disk-full fault's tmpfs is sized from the probe's largest checkpoint: after the fill ends, the kept
+    checkpoints (keep_last = 2), the one being written and a stop checkpoint fit (a fixed 64 MB did not)."""
+    ckpts = tmp_path / "checkpoints"
+    for name, mb in (("step-4", 20), ("step-6", 22)):
+        (ckpts / name / "trainer").mkdir(parents=True)
+        with (ckpts / name / "trainer" / "state.pt").open("wb") as f:
+            f.truncate(mb << 20)  # a sparse file of that size
+    largest = soak.largest_checkpoint_mb(ckpts)
+    assert largest == 22
+    assert soak.disk_mb(largest) >= 4 * largest
+    assert soak.disk_mb(soak.largest_checkpoint_mb(tmp_path / "none")) == 64  # no checkpoint seen: the floor
