@@ -17,6 +17,11 @@ verl's defaults are filled where asyncrl's differ (`VERL_DEFAULTS`, and `data.im
 vision-language model). What the shell reader assumed (a positional default) is a note; what it could not
 resolve (a bare `$1`, an unknown array) is an error, never dropped.
 
+Two refusals the user can lift on the command line, each written into the file: verl's custom dataset class
+(`data.custom_cls`, which cannot load without verl) is replaced by the user's plain-Python row adapter
+(`--row-adapter file.py:fn` → `data.row_adapter`), and a TensorRT-LLM or SGLang rollout runs on vLLM
+(`--rollout-engine vllm`, `engines`: what may differ is a warning). Multi-token prediction is one error line.
+
 The tables are in `keys.py`, the value converters in `values.py`; this module applies them.
 """
 
@@ -42,8 +47,10 @@ from asyncrl_cli.verl_import.keys import (  # noqa: F401 - MAP and the tables ar
     SAME_AS,
     VERL_DEFAULTS,
 )
+from asyncrl_cli.verl_import import engines
 from asyncrl_cli.verl_import.shell import Script, concrete, parse_script
 from asyncrl_cli.verl_import.values import (  # noqa: F401 - the converters are this module's API too
+    AR,
     RC,
     ROLL,
     _unquote,
@@ -65,6 +72,9 @@ class Conversion:
     ignored: list[tuple[str, str]] = field(default_factory=list)
     errors: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """What may differ from verl's run because the user asked for it (`--rollout-engine`): printed as warnings
+    and written at the top of the file."""
     script: Script | None = None
     found_launch: bool = True
     """False when the script has no verl launch command and no `*_CONFIG` override block: nothing to convert."""
@@ -292,8 +302,59 @@ def _verl_semantics(conv: Conversion, raw: dict[str, str]) -> None:
                           "type")
 
 
-def convert_script(text: str) -> Conversion:
-    """Read a verl fully-async script and account for every override."""
+MTP = f"{AR}.model.mtp."
+
+
+def _mtp(conv: Conversion, raw: dict[str, str]) -> None:
+    """verl's multi-token prediction, as one line: refused when it trains the MTP heads (`enable_train`: their
+    loss, `mtp_loss_scaling_factor` × the MTP cross-entropy, is added to the policy's) or decodes with them
+    (`enable_rollout`: speculative decoding with the MTP heads as the draft, not in asyncrl's rollout); with both
+    off (`enable` alone loads and saves the heads) the keys have no effect on the experiment."""
+    keys = [k for k in raw if k.startswith(MTP)]
+    if not keys:
+        return
+    on = {leaf: to_bool_safe(raw.get(MTP + leaf, "false")) for leaf in ("enable_train", "enable_rollout")}
+    ovs = " ".join(f"{k}={raw.pop(k)}" for k in keys)
+    parts = [why for leaf, why in (("enable_train", "training the MTP heads adds their loss to the policy loss "
+                                    "(another objective)"),
+                                   ("enable_rollout", "speculative decoding with the MTP heads is not in "
+                                    "asyncrl's rollout")) if on[leaf]]
+    if parts:
+        conv.errors.append((ovs, f"multi-token prediction is not in asyncrl: {'; '.join(parts)}"))
+    else:
+        conv.ignored.append((ovs, "MTP heads loaded and saved only (enable_train and enable_rollout off): no "
+                                  "effect on the experiment"))
+
+
+CUSTOM_CLS = "data.custom_cls."
+
+
+def _custom_cls(conv: Conversion, raw: dict[str, str], row_adapter: str | None) -> None:
+    """verl's custom dataset class (`data.custom_cls.path` / `.name`) cannot be loaded without verl: refused, the
+    message naming `--row-adapter`; with `row_adapter` (the user's plain-Python function that does the class's
+    row transform), `data.row_adapter` replaces it, the file's comment naming the class."""
+    keys = [k for k in raw if k.startswith(CUSTOM_CLS)]
+    if row_adapter is not None:
+        conv.values["data.row_adapter"] = row_adapter
+        if keys:
+            cls = to_str(raw.get(f"{CUSTOM_CLS}name", "?"))
+            path = to_str(raw.get(f"{CUSTOM_CLS}path", "?"))
+            conv.sources["data.row_adapter"] = f"--row-adapter, replacing verl's data.custom_cls {cls} ({path})"
+            conv.ignored += [(f"{k}={raw.pop(k)}", f"replaced by data.row_adapter = {row_adapter!r} "
+                                                   "(--row-adapter)") for k in keys]
+        else:
+            conv.sources["data.row_adapter"] = "--row-adapter"
+            conv.notes.append(f"--row-adapter {row_adapter}: the script has no data.custom_cls; the adapter is "
+                              "applied to every row as asked")
+        return
+    for k in keys:
+        conv.errors.append((f"{k}={raw.pop(k)}", REFUSED_PREFIXES[CUSTOM_CLS]))
+
+
+def convert_script(text: str, *, row_adapter: str | None = None, rollout_engine: str | None = None) -> Conversion:
+    """Read a verl fully-async script and account for every override. `row_adapter` (`--row-adapter`, the
+    user's `file.py:fn`) replaces verl's `data.custom_cls`; `rollout_engine` (`--rollout-engine vllm`, the user's
+    consent) runs a TensorRT-LLM or SGLang script on vLLM (`engines`)."""
     script = parse_script(text)
     conv = Conversion(script=script)
     conv.notes += script.notes
@@ -331,9 +392,14 @@ def convert_script(text: str) -> Conversion:
         conv.sources[f"{RC}.bypass_mode"] = "async_training.compute_prox_log_prob=True"
         conv.notes.append("compute_prox_log_prob=True (removed in verl) → bypass_mode = false (decoupled)")
     _special(conv, raw)
+    _mtp(conv, raw)
+    _custom_cls(conv, raw, row_adapter)
+    engine_kwargs = engines.take_engine_kwargs(raw)
+    engine = engines.rollout_engine(conv, raw, rollout_engine)
     for key, value in raw.items():
         if key not in unresolved:
             _classify(conv, key, value, raw)
+    engines.account(conv, engine_kwargs, engine, rollout_engine)
     _verl_semantics(conv, raw)
     if "algorithm.adv_estimator" not in raw:
         conv.errors.append(("algorithm.adv_estimator (unset)", "verl's default is gae (PPO with a critic); "
@@ -352,6 +418,9 @@ def convert_script(text: str) -> Conversion:
         if target not in conv.values:
             conv.values[target] = value
             conv.sources[target] = why
+    if conv.values.get("trainer.backend") == "megatron" and "trainer.use_flash_attn" not in conv.values:
+        conv.values["trainer.use_flash_attn"] = True
+        conv.sources["trainer.use_flash_attn"] = "verl's default Megatron attention_backend: flash"
     if conv.values.get("trainer.backend", "torch") == "torch" and "trainer.enable_gradient_checkpointing" not in conv.values:
         conv.values["trainer.enable_gradient_checkpointing"] = True
         conv.sources["trainer.enable_gradient_checkpointing"] = "verl's default model.enable_gradient_checkpointing"

@@ -277,7 +277,7 @@ IGNORED: dict[str, str] = {
 """verl keys with no effect on the experiment (speed, memory placement, logging, paths), with the reason."""
 
 IGNORED_PREFIXES: dict[str, str] = {
-    f"{ROLL}.engine_kwargs.": "vLLM engine tuning (compilation, caches): speed only",
+    f"{ROLL}.engine_kwargs.vllm.": "vLLM engine tuning (compilation, caches): speed only",
     f"{ACTOR}.fsdp_config.": "FSDP sharding, prefetch and offload: speed and memory only (validate checks memory)",
     f"{AR}.ref.fsdp_config.": "FSDP sharding, prefetch and offload: speed and memory only",
     f"{ACTOR}.megatron.use_": "Megatron checkpoint format / weight bridge: loading only",
@@ -310,15 +310,14 @@ REFUSED_PREFIXES: dict[str, str] = {
                                             "the model's tool calls (rollout.multi_turn)",
     f"{ROLL}.agent.custom_async_server.": "a custom rollout server is not in asyncrl",
     "data.custom_cls.": "verl's custom dataset class cannot be loaded without verl: write its row transform as a "
-                        "plain Python function, data.row_adapter = \"file.py:fn\" with def fn(row: dict) -> dict "
-                        "(a raw row in, verl's row layout out: prompt, data_source, reward_model.ground_truth, "
-                        "extra_info)",
+                        "plain Python function def fn(row: dict) -> dict (a raw row in, verl's row layout out: "
+                        "prompt, data_source, reward_model.ground_truth, extra_info) and pass it with "
+                        "--row-adapter file.py:fn (it becomes data.row_adapter = \"file.py:fn\")",
     "async_training.use_dynamic_resource_scheduling": "dynamic resource scaling (moving devices between the "
                                                       "pools during a run) is not in asyncrl",
     "async_training.dynamic_schedule_": "dynamic resource scaling is not in asyncrl",
     "async_training.hybrid_res_pool": "a hybrid resource pool (trainer and rollout sharing devices) is not in asyncrl",
     f"{AR}.partition": "a hybrid resource pool's partition of the devices is not in asyncrl",
-    f"{AR}.model.mtp.": "multi-token prediction is not in asyncrl",
     f"{AR}.model.lora_rank": "LoRA is not in asyncrl",
     "reward_model.enable": "a reward model is not in asyncrl (rule-based rewards and functions only)",
 }

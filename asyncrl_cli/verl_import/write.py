@@ -21,8 +21,8 @@ ORDER = (
 
 
 def guess_hardware(conv: Conversion, script_name: str) -> str:
-    """Ascend when the script says NPU (`trainer.device=npu`, the name, a variable; 910C for 16 per node), else
-    H100."""
+    """Ascend when the script says NPU (`trainer.device=npu`, the name, a variable; 910C for 16 per node), GB200
+    when its name, a value or a variable says so (verl's TensorRT-LLM scripts), else H100."""
     per_node = max(int(conv.values.get(f"resources.{r}.gpus_per_node", 8)) for r in ("trainer", "rollout"))
     npu = "npu" in script_name.lower() or any("trainer.device=" in ov and "npu" in ov for ov, _ in conv.ignored) or any(
         "ascend" in v.lower() or "npu" in v.lower()
@@ -30,7 +30,8 @@ def guess_hardware(conv: Conversion, script_name: str) -> str:
     )
     if npu:
         return "ascend-910c" if per_node > 8 else "ascend-910b"
-    return "h100"
+    said = [script_name, *map(str, conv.values.values()), *(conv.script.variables.values() if conv.script else [])]
+    return "gb200" if any("gb200" in s.lower() for s in said) else "h100"
 
 
 def render(conv: Conversion, script: Path, out: Path, hardware: str, hardware_note: str | None) -> str:
@@ -44,6 +45,9 @@ def render(conv: Conversion, script: Path, out: Path, hardware: str, hardware_no
     ]
     if hardware_note:
         header.append(f"# {hardware_note}")
+    if conv.warnings:
+        header += ["#", "# WARNING: this run differs from the script's where the import was asked to:"]
+        header += [f"#   {w}" for w in conv.warnings]
     header.append("")
     values: dict[str, Any] = dict(conv.values)
     values.setdefault("name", re.sub(r"[^A-Za-z0-9._-]+", "-", script.stem))

@@ -110,7 +110,7 @@ def rehearse_megatron_rank(plan: RunPlan, config: dict[str, Any], rank: int, cls
                                                    hf_weights=getter)
 
     with fake_world(rank, world), tempfile.TemporaryDirectory(prefix="asyncrl-rehearse-") as tmp, \
-            megatron_stand_ins() as stand_ins:
+            megatron_stand_ins(flash=t.use_flash_attn and plan.device == "cuda") as stand_ins:
         cls.notes.extend(f"stand-in for {k}: {v}" for k, v in stand_ins.items())
         (Path(tmp) / "config.json").write_text(json.dumps(config))
         with Phase("trainer", rank, "process groups"):

@@ -27,6 +27,9 @@ duration of a build, and
                           all-gather dispatcher runs (what the plan resolves for CPU: `engine.plan.megatron_perf`)
     RoPE at cp > 1        `get_pos_emb_on_this_cp_rank` builds its index in pinned memory and moves it to CUDA;
                           `cp_rotary_selection` selects the same two chunks on the CPU
+    flash attention       with `trainer.use_flash_attn` on CUDA the core attention is Transformer Engine's flash
+                          attention at every cp; on the CPU the build would run the local attention (S × S
+                          scores): `RingAttentionStandIn` at cp = 1 too (`megatron_stand_ins(flash=True)`)
 
 The stand-ins live here and nowhere in the trainer: the run's own code is unchanged.
 """
@@ -132,29 +135,45 @@ def cp_rotary_selection(pos_emb: torch.Tensor, seq_dim: int, cp_group: Any) -> t
     return pos_emb.view(*pos_emb.shape[:seq_dim], -1, *pos_emb.shape[seq_dim + 2:])
 
 
+FLASH_STAND_IN = {"flash attention": "use_flash_attn on CUDA runs Transformer Engine's flash attention, CUDA-only → "
+                                      "the same flash-style SDPA at every cp (no S × S scores, as flash keeps none)"}
+"""The stand-in `megatron_stand_ins(flash=True)` adds: the rehearsed run uses flash attention (cp = 1 too)."""
+
+
 @contextlib.contextmanager
-def megatron_stand_ins() -> Iterator[dict[str, str]]:
+def megatron_stand_ins(flash: bool = False) -> Iterator[dict[str, str]]:
     """For the duration: cp > 1 allowed on the CPU with `RingAttentionStandIn` as core attention and RoPE's CP
-    selection on the CPU (module docstring); yields `STAND_INS`."""
+    selection on the CPU (module docstring); `flash` (the rehearsed run's `trainer.use_flash_attn` on CUDA): the
+    stand-in is the core attention at cp = 1 too, as Transformer Engine's flash attention is on the GPU (the CPU
+    build would otherwise run the local attention, which keeps the S × S scores). Yields the stand-ins used."""
     from megatron.core.models.common.embeddings import rotary_pos_embedding
 
     from engine.trainer.megatron import context_parallel
+    from engine.trainer.megatron import model as model_module
 
     saved = (context_parallel.require_cp_support, context_parallel.use_te_attention,
-             rotary_pos_embedding.get_pos_emb_on_this_cp_rank)
+             rotary_pos_embedding.get_pos_emb_on_this_cp_rank, model_module.layer_block_spec)
+    block_spec = model_module.layer_block_spec
 
     def use_stand_in(block_spec: Any) -> None:
         for spec in {id(s): s for s in block_spec.layer_specs}.values():
             spec.submodules.self_attention.submodules.core_attention = RingAttentionStandIn
 
+    def flash_block_spec(config: Any, te_attention: bool = False) -> Any:
+        block = block_spec(config, te_attention)
+        use_stand_in(block)
+        return block
+
     context_parallel.require_cp_support = lambda cp, pp, on_gpu: None
     context_parallel.use_te_attention = use_stand_in
     rotary_pos_embedding.get_pos_emb_on_this_cp_rank = cp_rotary_selection
+    if flash:
+        model_module.layer_block_spec = flash_block_spec
     try:
-        yield STAND_INS
+        yield {**STAND_INS, **(FLASH_STAND_IN if flash else {})}
     finally:
         (context_parallel.require_cp_support, context_parallel.use_te_attention,
-         rotary_pos_embedding.get_pos_emb_on_this_cp_rank) = saved
+         rotary_pos_embedding.get_pos_emb_on_this_cp_rank, model_module.layer_block_spec) = saved
 
 
 @contextlib.contextmanager

@@ -79,7 +79,8 @@ EXPECTED: dict[str, tuple[str | None, int, dict | None, tuple[str, ...]]] = {
     "dapo_30b_a3b_base_math_fsdp": ("h100", 0, {"trainer.backend": "torch", "rollout.n": 16,
                                                 "trainer.ulysses_sequence_parallel_size": 4}, ()),
     # the multi-turn keys map onto [rollout.multi_turn] and val_kwargs onto rollout.val_* (test_retool_multi_turn_
-    # keys_map); the custom dataset class (test_custom_cls_names_the_row_adapter) and Ulysses SP are refused
+    # keys_map); the custom dataset class is refused, naming --row-adapter (test_custom_cls_names_the_row_adapter;
+    # with it the script converts: test_the_retool_script_converts_with_a_row_adapter_into_a_multi_turn_run)
     "dapo_7b_async_retool": (None, 1, None, ("data.custom_cls.path", "data.custom_cls.name")),
     # uneven pipeline stages (11 + 6 × 12 + 11 of Qwen3-235B's 94 layers); no gsm8k data here, and on the
     # 64 GB Ascend 910C the trainer does not fit: verl offloads the parameters, gradients and optimizer state
@@ -118,7 +119,7 @@ EXPECTED: dict[str, tuple[str | None, int, dict | None, tuple[str, ...]]] = {
         "trainer.moe_z_loss_coeff": 0.001, "trainer.use_flash_attn": True, "trainer.tp": 4, "trainer.pp": 2,
         "trainer.ep": 4, "trainer.use_dynamic_bsz": True, "trainer.ppo_max_token_len_per_gpu": 17408},
         ("data.train_files",)),
-    # TensorRT-LLM and SGLang rollout engines, multi-token prediction, dynamic resource scaling: refused
+    # the TensorRT-LLM rollout engine: refused, naming --rollout-engine vllm (WITH_OPTIONS: they convert with it)
     "grpo_30b_a3b_base_math_megatron_8_8_mis_trtllm": (None, 1, None, ("actor_rollout_ref.rollout.name",)),
     "grpo_8b_base_math_megatron_4_4_trtllm": (None, 1, None, ("actor_rollout_ref.rollout.name",)),
 }
@@ -179,8 +180,8 @@ RETOOL_MULTI_TURN = {"rollout.multi_turn.enable": True, "rollout.multi_turn.max_
 
 
 def test_retool_multi_turn_keys_map() -> None:
-    """verl's retool script: its multi-turn keys land on [rollout.multi_turn] under the same names; what still
-    stops it is the custom dataset class and Ulysses SP. Its 30 validation answers per prompt at temperature 1.0,
+    """verl's retool script: its multi-turn keys land on [rollout.multi_turn] under the same names; what stops
+    it without --row-adapter is the custom dataset class. Its 30 validation answers per prompt at temperature 1.0,
     top-p 0.6 map onto rollout.val_* (verl's fully-async agent loop samples them whatever do_sample says)."""
     conv = convert_script((CORPUS / "dapo_7b_async_retool.sh").read_text())
     for key, want in RETOOL_MULTI_TURN.items():
@@ -194,6 +195,7 @@ def test_custom_cls_names_the_row_adapter_and_its_signature() -> None:
     conv = convert_script((CORPUS / "dapo_7b_async_retool.sh").read_text())
     (reason,) = {why for ov, why in conv.errors if ov.startswith("data.custom_cls.path=")}
     assert 'data.row_adapter = "file.py:fn"' in reason and "def fn(row: dict) -> dict" in reason
+    assert "pass it with --row-adapter file.py:fn" in reason
 
 
 def _with(extra: str) -> str:
@@ -236,6 +238,16 @@ def test_a_tool_config_with_a_custom_tool_class_is_refused_without_its_file(tmp_
     assert conv.errors == []
 
 
+SANDBOX_TOOL = (
+    "tools:\n  - class_name: verl.tools.sandbox_fusion_tools.SandboxFusionTool\n"
+    "    config: {sandbox_fusion_url: 'http://localhost:8080/run_code', default_timeout: 30}\n"
+    "    tool_schema:\n      type: function\n      function:\n        name: code_interpreter\n"
+    "        description: A tool for executing code.\n        parameters:\n          type: object\n"
+    "          properties: {code: {type: string, description: The code to execute.}}\n"
+    "          required: [code]\n")
+"""verl's retool tool config (the sandbox-fusion code interpreter on the service it names)."""
+
+
 def test_the_converted_retool_run_validates(cli, tmp_path: Path) -> None:
     """With the refused keys taken out, the retool script converts into a multi-turn run file that validates
     (its verl tool config and reward module at hand, as in verl's root: the sandbox-fusion code interpreter on
@@ -244,13 +256,7 @@ def test_the_converted_retool_run_validates(cli, tmp_path: Path) -> None:
     cfg.mkdir(parents=True)
     (cfg / "retool.py").write_text("def compute_score(response_text, ground_truth, **kwargs):\n"
                                    "    return float(str(ground_truth) in response_text)\n")
-    (cfg / "sandbox_fusion_tool_config.yaml").write_text(
-        "tools:\n  - class_name: verl.tools.sandbox_fusion_tools.SandboxFusionTool\n"
-        "    config: {sandbox_fusion_url: 'http://localhost:8080/run_code', default_timeout: 30}\n"
-        "    tool_schema:\n      type: function\n      function:\n        name: code_interpreter\n"
-        "        description: A tool for executing code.\n        parameters:\n          type: object\n"
-        "          properties: {code: {type: string, description: The code to execute.}}\n"
-        "          required: [code]\n")
+    (cfg / "sandbox_fusion_tool_config.yaml").write_text(SANDBOX_TOOL)
     script = tmp_path / "retool.sh"
     script.write_text(_with(""))
     r = cli("import", "verl", script, "-o", "run.toml", "--hardware", "h20")
@@ -263,12 +269,29 @@ def test_the_converted_retool_run_validates(cli, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", REFUSED_MANY)
 def test_sglang_mtp_and_dynamic_scaling_scripts_are_refused_with_their_reasons(cli, name: str) -> None:
+    """SGLang is refused naming --rollout-engine vllm; with it, multi-token prediction stays refused, in one line
+    (training the MTP heads changes the loss; speculative decoding with them is not in asyncrl), and every SGLang
+    engine setting of the script is mapped or dropped with its reason."""
     r = cli("import", "verl", CORPUS / f"{name}.sh", "-o", "run.toml")
     assert r.exit_code == 1 and "nothing was written" in r.stderr
-    reasons = " ".join(why for _, why in convert_script((CORPUS / f"{name}.sh").read_text()).errors)
-    assert "sglang" in reasons and "multi-token prediction is not in asyncrl" in reasons
+    text = (CORPUS / f"{name}.sh").read_text()
+    reasons = " ".join(why for _, why in convert_script(text).errors)
+    assert "SGLang (rollout.name=sglang) is not an asyncrl rollout backend: pass --rollout-engine vllm" in reasons
+    assert "multi-token prediction is not in asyncrl" in reasons
     if "dynamic" in name:
         assert "dynamic resource scaling" in reasons
+    r = cli("import", "verl", CORPUS / f"{name}.sh", "-o", "run.toml", "--rollout-engine", "vllm")
+    assert r.exit_code == 1 and "nothing was written" in r.stderr
+    conv = convert_script(text, rollout_engine="vllm")
+    (mtp,) = [(ov, why) for ov, why in conv.errors if "actor_rollout_ref.model.mtp." in ov]
+    assert mtp[1].startswith("multi-token prediction is not in asyncrl: ") and "speculative decoding" in mtp[1]
+    assert ("training the MTP heads adds their loss" in mtp[1]) == ("mtp.enable_train=True" in mtp[0])
+    assert " ".join(mtp[1].split()) in " ".join(r.stderr.split())
+    assert not [ov for ov, _ in conv.errors if "sglang" in ov or "rollout.name" in ov]
+    dropped = [why for ov, why in conv.ignored if ".engine_kwargs.sglang." in ov]
+    assert all("speed" in why or "memory" in why for why in dropped)
+    if "dynamic" in name:  # SGLang's max_running_requests is vLLM's max_num_seqs
+        assert conv.values["rollout.max_num_seqs"] == 128 and len(dropped) == 5
 
 
 def test_pwd_is_the_directory_import_runs_from_and_the_file_says_so(cli, tmp_path: Path) -> None:
@@ -321,3 +344,132 @@ def test_ulysses_maps_and_the_reference_shares_it() -> None:
     differs = convert_script(text.replace(f"{SP[1]}=4", f"{SP[1]}=2"))
     assert [why for ov, why in differs.errors if ov.startswith(SP[1])] == [
         f"differs from {SP[0]}=4: the reference shares the actor's Ulysses size"]
+
+
+# --- with the options a user needs (`--row-adapter`, `--rollout-engine vllm`) ---------------------------------------
+
+FOUR = ("SGLang (rollout.name=sglang) is not an asyncrl rollout backend", "separate log-prob server",
+        "hybrid resource pool", "dynamic resource scaling")
+"""The refusals issue 46 keeps (SGLang, verl's log-prob server, the hybrid resource pool, dynamic scaling)."""
+MTP = "multi-token prediction is not in asyncrl"
+OPTIONS = {"dapo_7b_async_retool": {"row_adapter": "adapter.py:fn"},
+           **{name: {"rollout_engine": "vllm"} for name in (*REFUSED_MANY, "grpo_8b_base_math_megatron_4_4_trtllm",
+                                                            "grpo_30b_a3b_base_math_megatron_8_8_mis_trtllm")}}
+"""What a user passes to convert each script that needs it (the sglang ones stay refused for MTP)."""
+LIFTED_BY = {"data.custom_cls": "--row-adapter file.py:fn", "rollout.name": "--rollout-engine vllm"}
+"""The refusals an option lifts, and the option their message names."""
+REFUSED_WITH_OPTIONS = {"geo3k_qwen3vl_8b_fsdp2_hybrid_res_pool_npu", *REFUSED_MANY}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED) + sorted(REFUSED_MANY))
+def test_every_script_converts_with_the_options_it_needs_or_is_refused_for_one_of_the_four_or_mtp(name: str) -> None:
+    """Without its options, a script converts, is refused for one of the four reasons or MTP, or only for what
+    an option lifts (each such refusal naming the option); with them it converts, or is refused for one of the
+    four or MTP. (grpo_qwen35_35b_megatron_async, refused for MTP, has other refusals besides.)"""
+    text = (CORPUS / f"{name}.sh").read_text()
+    errors = convert_script(text).errors
+    lifts = [next((opt for key, opt in LIFTED_BY.items() if key in ov), None) for ov, _ in errors]
+    assert all(opt in why for opt, (_, why) in zip(lifts, errors, strict=True) if opt)
+    assert all(lifts) or any(r in why for _, why in errors for r in (*FOUR, MTP)), errors
+    reasons = [why for _, why in convert_script(text, **OPTIONS.get(name, {})).errors]
+    if name in REFUSED_WITH_OPTIONS:
+        assert any(r in why for why in reasons for r in (*FOUR, MTP)), reasons
+    else:
+        assert reasons == []
+
+
+def _rows(path: Path, n: int = 64) -> None:
+    """n rows in verl's layout (a math question and its answer)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    messages = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+    pq.write_table(pa.table({"prompt": pa.array([[{"role": "user", "content": "What is 2 + 3?"}]] * n, messages),
+                             "data_source": pa.array(["math_dapo"] * n),
+                             "reward_model": pa.array([{"style": "rule", "ground_truth": "5"}] * n)}), path)
+
+
+TRTLLM = {
+    # verl ran them on GB200 (4 × 186 GB per compute tray), as the import guesses from their names
+    "grpo_8b_base_math_megatron_4_4_trtllm": {
+        "rollout.backend": "vllm", "trainer.backend": "megatron", "trainer.tp": 2, "trainer.pp": 1,
+        "rollout.tensor_parallel_size": 2, "rollout.n": 16, "rollout.val_n": 4, "rollout.max_num_seqs": 2048,
+        "rollout.gpu_memory_utilization": 0.7, "rollout.weight_sync_bucket_mb": 4096,
+        "algorithm.rollout_correction.bypass_mode": False, "algorithm.rollout_correction.rollout_is": "token",
+        "resources.trainer.gpus_per_node": 4, "resources.rollout.gpus_per_node": 4},
+    "grpo_30b_a3b_base_math_megatron_8_8_mis_trtllm": {
+        "rollout.backend": "vllm", "trainer.backend": "megatron", "trainer.tp": 2, "trainer.ep": 4,
+        "rollout.tensor_parallel_size": 4, "rollout.n": 16, "rollout.val_n": 4,
+        "algorithm.rollout_correction.rollout_rs": "seq_mean_k1",
+        "algorithm.rollout_correction.rollout_rs_threshold": "0.999_1.001",
+        "resources.trainer.nnodes": 2, "resources.trainer.gpus_per_node": 4, "resources.rollout.nnodes": 2},
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRTLLM))
+def test_the_trtllm_scripts_convert_on_vllm_with_the_substitution_written_and_warned(cli, tmp_path: Path,
+                                                                                      name: str) -> None:
+    """`--rollout-engine vllm`: the TensorRT-LLM script converts with vLLM as its engine, the substitution at the
+    top of the file and printed as a warning naming what may differ; its TensorRT-LLM scheduler settings are
+    dropped with their reason; with its data where it points (its model is one asyncrl knows), it validates."""
+    for split in ("dapo-math-17k", "aime-2024"):
+        _rows(tmp_path / "data" / f"{split}.parquet")
+    r = cli("import", "verl", CORPUS / f"{name}.sh", "-o", "run.toml", "--rollout-engine", "vllm")
+    assert r.exit_code == 0, r.output
+    text = (tmp_path / "run.toml").read_text()
+    written = tomllib.loads(text)
+    assert written["resources"]["hardware"] == "gb200"
+    for key, want in TRTLLM[name].items():
+        node = written
+        for part in key.split("."):
+            node = node[part]
+        assert node == want, key
+    head = text.split("\n[", 1)[0]
+    assert "WARNING" in head and "TensorRT-LLM (rollout.name=trtllm) replaced by vLLM" in head
+    assert "kernels and numerics" in head and "rollout_corr/kl" in head and "stop tokens" in head
+    out = " ".join(r.output.split())
+    assert "warning rollout engine: TensorRT-LLM (rollout.name=trtllm) replaced by vLLM" in out
+    assert "may differ: the kernels and numerics" in out
+    assert "no such file" not in out
+    conv = convert_script((CORPUS / f"{name}.sh").read_text(), rollout_engine="vllm")
+    trt = [(ov, why) for ov, why in conv.ignored if ".engine_kwargs.trtllm." in ov]
+    assert all("speed only" in why for _, why in trt) and len(trt) == (2 if "30b" in name else 0)
+    if trt:
+        assert "dropped TensorRT-LLM settings" in head and "batch_wait_timeout_iters" in head
+
+
+def test_the_retool_script_converts_with_a_row_adapter_into_a_multi_turn_run(cli, tmp_path: Path) -> None:
+    """verl's retool script as it is, in one command with the user's row adapter in place of verl's dataset
+    class: a multi-turn run with 30 validation answers per prompt that validates (its tool config, reward
+    module, data and the adapter at hand, as in verl's root)."""
+    cfg = tmp_path / "recipe" / "retool"
+    cfg.mkdir(parents=True)
+    (cfg / "retool.py").write_text("def compute_score(response_text, ground_truth, **kwargs):\n"
+                                   "    return float(str(ground_truth) in response_text)\n")
+    (cfg / "sandbox_fusion_tool_config.yaml").write_text(SANDBOX_TOOL)
+    (tmp_path / "adapter.py").write_text(
+        "def fn(row):\n"  # AIME's raw columns → verl's layout
+        "    return {'prompt': [{'role': 'user', 'content': row['Problem']}], 'data_source': 'aime',\n"
+        "            'reward_model': {'ground_truth': str(row['Answer'])}}\n")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for d in ("BytedTsinghua-SIA/DAPO-Math-17k", "yentinglin/aime_2025", "Maxwell-Jia/AIME_2024"):
+        (tmp_path / "dataset" / d).mkdir(parents=True)
+        pq.write_table(pa.table({"Problem": ["What is 2 + 3?"] * 8, "Answer": [5] * 8}),
+                       tmp_path / "dataset" / d / "train.parquet")
+    r = cli("import", "verl", CORPUS / "dapo_7b_async_retool.sh", "-o", "run.toml", "--hardware", "h20",
+            "--row-adapter", "adapter.py:fn")
+    assert r.exit_code == 0, r.output
+    text = (tmp_path / "run.toml").read_text()
+    written = tomllib.loads(text)
+    assert written["rollout"]["multi_turn"] == {k.rsplit(".", 1)[-1]: v for k, v in RETOOL_MULTI_TURN.items()}
+    assert (written["rollout"]["val_n"], written["rollout"]["val_temperature"]) == (30, 1.0)
+    assert written["data"]["row_adapter"] == "adapter.py:fn"
+    assert "replacing verl's data.custom_cls CustomRLHFDataset (recipe/retool/retool.py)" in text
+    # the adapter is run on the first rows of every file by validate: a broken one is caught there
+    (tmp_path / "adapter.py").write_text("def fn(row):\n    return {'prompt': row['Problem']}\n")
+    r = cli("import", "verl", CORPUS / "dapo_7b_async_retool.sh", "-o", "run.toml", "--hardware", "h20",
+            "--row-adapter", "adapter.py:fn", "--force")
+    assert r.exit_code == 1 and "data.row_adapter" in r.output

@@ -23,6 +23,7 @@ PUBLISHED = [
     (REAL / "Qwen--Qwen3-30B-A3B-Base.json", 30.5e9, 3.3e9),
     (REAL / "Qwen--Qwen3-VL-8B-Instruct.json", 8.8e9, 8.8e9),
     (REAL / "Qwen--Qwen2.5-Math-7B.json", 7.62e9, 7.62e9),
+    (REAL / "Qwen--Qwen3-8B-Base.json", 8.2e9, 8.2e9),
     (HF_FIXTURES / "llama-3-8b", 8.03e9, 8.03e9),
     (HF_FIXTURES / "qwen2.5-7b", 7.62e9, 7.62e9),
     (HF_FIXTURES / "mixtral-8x7b", 46.7e9, 12.9e9),

@@ -47,3 +47,27 @@ def test_coalesced_all_reduce_runs_on_fake_tensors_over_the_fake_group() -> None
             dist.all_reduce(a)
             dist.all_reduce(b)
         assert a.shape == (1 << 20,)
+
+
+def test_flash_attention_is_stood_in_at_cp_1_only_when_the_run_uses_it(monkeypatch) -> None:
+    """`trainer.use_flash_attn` on CUDA: Transformer Engine's flash attention at every cp, so the rehearsal's
+    CPU build gets the flash-style stand-in at cp = 1 too (the local attention would keep S × S scores); a run
+    without it keeps the local attention; the build function is restored after."""
+    from types import SimpleNamespace
+
+    from engine.rehearse.megatron_standins import RingAttentionStandIn, megatron_stand_ins
+    from engine.trainer.megatron import model as model_module
+
+    def local_block_spec(config: object, te_attention: bool = False) -> SimpleNamespace:
+        layer = SimpleNamespace(submodules=SimpleNamespace(
+            self_attention=SimpleNamespace(submodules=SimpleNamespace(core_attention="local"))))
+        return SimpleNamespace(layer_specs=[layer, layer])
+
+    monkeypatch.setattr(model_module, "layer_block_spec", local_block_spec)
+    core = lambda block: {s.submodules.self_attention.submodules.core_attention for s in block.layer_specs}  # noqa: E731
+    with megatron_stand_ins(flash=True) as stand_ins:
+        assert core(model_module.layer_block_spec(None)) == {RingAttentionStandIn}
+        assert "flash attention" in stand_ins
+    with megatron_stand_ins() as stand_ins:
+        assert core(model_module.layer_block_spec(None)) == {"local"} and "flash attention" not in stand_ins
+    assert model_module.layer_block_spec is local_block_spec
