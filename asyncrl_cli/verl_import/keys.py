@@ -198,8 +198,6 @@ REQUIRED: dict[str, tuple[tuple[str, ...], str]] = {
 SAME_AS: dict[str, tuple[str, str]] = {
     f"{AR}.ref.log_prob_use_dynamic_bsz": (f"{ACTOR}.use_dynamic_bsz", "one token-budget switch for all passes"),
     f"{ROLL}.log_prob_use_dynamic_bsz": (f"{ACTOR}.use_dynamic_bsz", "one token-budget switch for all passes"),
-    f"{AR}.ref.ulysses_sequence_parallel_size": (f"{ACTOR}.ulysses_sequence_parallel_size",
-                                                 "the reference shares the actor's Ulysses size"),
     "reward_model.reward_kwargs.max_resp_len": ("data.max_response_length", "the overlong buffer's budget is "
                                                                            "data.max_response_length"),
     "reward.reward_kwargs.max_resp_len": ("data.max_response_length", "the overlong buffer's budget is "
@@ -215,6 +213,12 @@ LAYOUT_ONLY: dict[str, tuple[str, str]] = {
                                                         "memory there: speed and memory only")
     for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
               "expert_model_parallel_size", "expert_tensor_parallel_size")
+} | {
+    f"{AR}.ref.ulysses_sequence_parallel_size": (f"{ACTOR}.ulysses_sequence_parallel_size", "the reference's own "
+                                                 "Ulysses size: Ulysses splits the same attention over the SP "
+                                                 "group (the reference's log-probs are the same, up to summation "
+                                                 "order), so asyncrl runs the reference at the actor's size and "
+                                                 "validate counts its memory there: speed and memory only")
 }
 """verl keys that only choose how a computation is split: equal to another key's value, or not, they are ignored
 (with the reason when they differ)."""
