@@ -178,13 +178,16 @@ class ProcessExit(BaseException):
 @dataclass(frozen=True)
 class TrainerPeers:
     """What trainer rank 0 talks to. `put`: the object store the object-store weight transport puts each bucket
-    into (Ray: `ray.put`; in-process: a pickled copy, as the store holds a copy)."""
+    into (Ray: `ray.put`; in-process: a pickled copy, as the store holds a copy). `node_ip()`: this node's address,
+    where the collective and shared-memory transports meet (Ray: `ray.util.get_node_ip_address`; in-process:
+    127.0.0.1)."""
 
     queue: QueuePeer
     rollouter: RollouterPeer
     controller: ControllerPeer
     process: ProcessPeer
     put: Callable[[Any], Any]
+    node_ip: Callable[[], str]
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,7 @@ def trainer_peers(queue: Any, rollouter: Any, controller: Any) -> TrainerPeers:
     with its methods; or its `LocalRollouter`), `controller` a `ControllerCore` (or its `LocalController`)."""
     ctl = controller if isinstance(controller, LocalController) else LocalController(controller)
     rol = rollouter if isinstance(rollouter, LocalRollouter) else LocalRollouter(rollouter)
-    return TrainerPeers(queue, rol, ctl, LocalProcess(), store_copy)
+    return TrainerPeers(queue, rol, ctl, LocalProcess(), store_copy, lambda: "127.0.0.1")
 
 
 class LocalReplica(_Threads):

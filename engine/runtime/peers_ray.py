@@ -167,7 +167,8 @@ class RayProcess:
 
 def trainer_peers(queue: Any, rollouter: Any, controller: Any) -> TrainerPeers:
     """Trainer rank 0's peers from the actor handles the driver passes it."""
-    return TrainerPeers(RayQueue(queue), RayRollouter(rollouter), RayController(controller), RayProcess(), ray.put)
+    return TrainerPeers(RayQueue(queue), RayRollouter(rollouter), RayController(controller), RayProcess(), ray.put,
+                        ray.util.get_node_ip_address)
 
 
 class RayReplica:

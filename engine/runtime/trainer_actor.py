@@ -101,7 +101,8 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
         self.inbox = self.loop.inbox()
         self.bucket_bytes = spec.weight_sync.bucket_bytes
         self.weight_sync = build_weight_sync(spec.weight_sync,  # rollout.weight_sync, resolved in the plan
-                                             run_id=os.path.basename(os.path.normpath(spec.run_dir)))
+                                             run_id=os.path.basename(os.path.normpath(spec.run_dir)),
+                                             node_ip=peers.node_ip)
         if isinstance(self.weight_sync, ObjectStoreSync):  # the peers' object store holds the buckets
             self.weight_sync.put = peers.put
         self.delivery = DeliveryCheck()  # every sync's receipts against what was sent (engine.sync.verify)
