@@ -344,7 +344,7 @@ def measure_shape(shape: str, dtype: str, transports: Any, repeats: int, root: P
 
     import ray
 
-    from engine.runtime.replica import RolloutReplica
+    from engine.runtime.actors import RolloutReplica
     from engine.sync.collective import CollectiveSync
     from engine.sync.object_store import ObjectStoreSync
     from engine.sync.runtime import SHM_SLOT_BYTES

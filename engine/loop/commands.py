@@ -228,3 +228,12 @@ class SetThreads:
 Command = (Dispatch | Abort | Resume | Put | CloseQueue | SetQueueBound | ValidationDone | NeedPrompts | CallTools | Event
            | AckKnob | PollControl | Pull | Drop | Train | AskOutstanding | Allow | Sync | Checkpoint
            | Record | Finish | SetThreads)
+
+
+@dataclass(frozen=True)
+class ExitProcess:
+    """Fault injection (`engine.loop.faults.FaultPlan`): end the shell's process now with exit `code`, as a crash
+    would (no cleanup, no checkpoint); `reason` names the fault."""
+
+    code: int
+    reason: str

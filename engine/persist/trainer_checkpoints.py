@@ -27,8 +27,6 @@ import os
 import time
 from typing import Any
 
-import ray
-
 HASH_BUCKET_BYTES = 64 * 2**20
 
 
@@ -84,7 +82,7 @@ class TrainerCheckpoints:
         if self._stop_deadline is not None:
             return (self.stop_state or {}).get("weights_sha256")
         digest = self.weights_sha256()
-        self.controller.record_event.remote(self._ev(
+        self.controller.record_event(self._ev(
             "info", "weights", f"final weights sha256 {digest} (step {self.local_step}, version {self.version})",
             weights_sha256=digest))
         return digest
@@ -97,7 +95,7 @@ class TrainerCheckpoints:
 
         t_start = time.monotonic()
         if snapshot is None:
-            snapshot = ray.get(self.rollouter.snapshot.remote(True))
+            snapshot = self.rollouter.snapshot(True)
         weights = self._weights_ckpt if light else None
         ckpt = self.spec.checkpoint  # `engine.plan.role_parts.CheckpointSpec`
         state = {
@@ -133,7 +131,7 @@ class TrainerCheckpoints:
         self.stop_state = {"kind": "light" if light else "full", "path": str(path), "reason": reason,
                            "weights_step": weights["step"] if light and weights else
                            (None if light else self.local_step), "weights_sha256": state["weights_sha256"]}
-        self.controller.record_event.remote(self._ev(
+        self.controller.record_event(self._ev(
             "info", "checkpoint", f"{what} saved ({reason}): {path}", path=str(path), reason=reason,
             queued=len(queued), in_flight=len(snapshot["in_flight"]), weights_sha256=state["weights_sha256"],
             light=light))
@@ -154,7 +152,7 @@ class TrainerCheckpoints:
             self.save_checkpoint("periodic", snapshot)
         except NoSpaceForCheckpoint as e:
             kept = (self._weights_ckpt or {}).get("path") or "none yet"
-            self.controller.record_event.remote(self._ev(
+            self.controller.record_event(self._ev(
                 "error", "checkpoint", f"periodic checkpoint failed: {e}; the previous checkpoint ({kept}) is kept "
                 "and the run goes on", reason="periodic", no_space=True, kept=kept))
 
@@ -171,7 +169,7 @@ class TrainerCheckpoints:
         try:
             self.save_checkpoint(reason, light=reason == "stop" and self._stop_is_light())
         except Exception as e:  # noqa: BLE001 - reported, and the previous checkpoint remains usable
-            self.controller.record_event.remote(self._ev(
+            self.controller.record_event(self._ev(
                 "error", "checkpoint", f"{reason} checkpoint failed: {type(e).__name__}: {e}"))
             if reason == "final":
                 raise RuntimeError(f"the final checkpoint failed: {type(e).__name__}: {e}") from e

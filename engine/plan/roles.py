@@ -91,7 +91,7 @@ class WeightSyncSpec:
 
 @dataclass(frozen=True)
 class ReplicaSpec:
-    """One rollout replica (`engine.runtime.replica.RolloutReplica`)."""
+    """One rollout replica (`engine.runtime.replica.ReplicaShell`; its actor `engine.runtime.actors.RolloutReplica`)."""
 
     engine: EngineSpec
     device: RoleDevice

@@ -14,6 +14,7 @@ inside it); vLLM gets the engine arguments of that device (`vllm_backend.engine_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from engine.plan.devices import RoleDevice
@@ -202,20 +203,23 @@ def build_reference_backend(spec: BackendSpec, model_dir: str, distributed: bool
                                  hf_weights=hf_weights)
 
 
-def build_weight_sync(spec: WeightSyncSpec, run_id: str = "run"):
+def build_weight_sync(spec: WeightSyncSpec, run_id: str = "run", node_ip: Callable[[], str] | None = None):
     """The weight-sync transport of `spec` (`engine.plan.roles.WeightSyncSpec`: `rollout.weight_sync`, the plan's
     trainer device, the receiving ranks — R replicas, for vLLM each replica's t TP workers: R × t) for trainer
     rank 0 (call it in that process): `engine.sync.runtime.weight_transport` with the device's collective backend,
-    meeting at this node's IP and a free port."""
+    meeting at this node's IP (`node_ip()`; default Ray's `get_node_ip_address`, the trainer passes its peers') and
+    a free port."""
     from engine.sync.runtime import SHM_SLOT_BYTES, weight_transport
 
     if spec.transport not in ("collective", "shared_memory"):
         return weight_transport(spec.transport, spec.device)
-    import ray
+    if node_ip is None:
+        import ray
 
+        node_ip = ray.util.get_node_ip_address
     from engine.plan.devices import COLLECTIVE_BACKEND
     from engine.trainer.fsdp import free_port
 
     return weight_transport(spec.transport, spec.device, COLLECTIVE_BACKEND.get(spec.device, ""),
-                            ray.util.get_node_ip_address(), free_port(), spec.receivers, spec.per_replica,
+                            node_ip(), free_port(), spec.receivers, spec.per_replica,
                             run_id=run_id, slot_bytes=min(SHM_SLOT_BYTES, spec.bucket_bytes))

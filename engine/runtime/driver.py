@@ -230,10 +230,7 @@ def _run_actors(launch: LaunchContext, tui: TuiRunner | None) -> int:
 
     from engine.control.controller import create_run_controller, live_run_names
     from engine.control.knobs import knobs_at_checkpoint
-    from engine.runtime.queue import MessageQueue
-    from engine.runtime.replica import RolloutReplica
-    from engine.runtime.rollouter import Rollouter
-    from engine.runtime.trainer_actor import Trainer
+    from engine.runtime.actors import MessageQueue, RolloutReplica, Rollouter, Trainer
     from engine.telemetry.console import ConsoleProgress
 
     cfg, entry, point, run_dir = launch.plan.config, launch.entry, launch.point, launch.run_dir
@@ -337,7 +334,7 @@ def _wait_ready(refs: list, what: str) -> None:
 
 
 def _root_cause(e: BaseException) -> str:
-    from engine.runtime.replica_pool import describe_failure
+    from engine.runtime.peers import describe_failure
 
     return describe_failure(e)
 

@@ -1,4 +1,5 @@
-"""The bounded MessageQueue between rollouter and trainer: a thin Ray actor around a deque of groups.
+"""The bounded MessageQueue between rollouter and trainer: a deque of groups (Ray-free: the `MessageQueue` actor
+in `engine.runtime.actors` wraps it; in one process it is the queue peer itself, `engine.runtime.peers_local`).
 
 The rollouter pauses admission before the bound is reached (see `budget.py`), so eviction is a safety net:
 a put into a full queue evicts the oldest group, which is returned to the caller to be accounted as dropped
@@ -11,8 +12,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-
-import ray
 
 from engine.types import TrajectoryGroup
 
@@ -75,11 +74,10 @@ class MessageQueueCore:
             self._closed = True
             self._cond.notify_all()
 
+    def is_closed(self) -> bool:
+        with self._cond:
+            return self._closed
+
     def set_max_size(self, max_size: int) -> None:
         with self._cond:
             self.max_size = max(1, int(max_size))
-
-
-@ray.remote(num_cpus=0, max_concurrency=8)
-class MessageQueue(MessageQueueCore):
-    """The queue as a Ray actor (threaded, so a blocking `get_batch` does not block `put`)."""

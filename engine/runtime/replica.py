@@ -1,4 +1,4 @@
-"""A rollout replica: a thin Ray actor around one `RolloutBackend`.
+"""A rollout replica: a thin shell around one `RolloutBackend` (its Ray actor: `engine.runtime.actors.RolloutReplica`).
 
 It is threaded (`max_concurrency=MAX_CONCURRENCY`): several `generate()` calls may run at once — their
 requests join the backend's running batch at the next decode step and each call returns when its own
@@ -23,8 +23,6 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
-
-import ray
 
 from engine.loop.dispatch import STREAM_CALLS
 from engine.plan.roles import ReplicaSpec
@@ -101,10 +99,10 @@ def back_buffer_fits(nbytes: int, device: Any) -> bool:
     return free_memory(device) >= nbytes + max(2**30, BACK_BUFFER_SPARE * nbytes)
 
 
-@ray.remote(max_concurrency=MAX_CONCURRENCY)
-class RolloutReplica:
+class ReplicaShell:
     """One generation engine of `spec` (`engine.plan.roles.ReplicaSpec`: its `EngineSpec`, model directory, the plan's
-    rollout device and threads); `replica_id` names it in the dashboard's workers table."""
+    rollout device and threads); `replica_id` names it in the dashboard's workers table. Ray-free: the Ray actor is
+    `engine.runtime.actors.RolloutReplica`; in one process `engine.runtime.peers_local.LocalReplica` calls it."""
 
     def __init__(self, spec: ReplicaSpec, replica_id: int) -> None:
         import torch

@@ -1,6 +1,7 @@
 """The `generate` calls the rollouter has out on its replicas, several per replica, and their busy time.
 
-Each call is one `Dispatch` of the loop core (`engine.loop.rollout`), known by its ray ref, its replica and
+Each call is one `Dispatch` of the loop core (`engine.loop.rollout`), known by its pending call (a replica peer's
+`Pending`, `engine.runtime.peers`), its replica and
 its dispatch id. A replica is busy while at least one of its calls is out; `take_active(now)` returns the
 busy seconds summed over replicas since the last take (intervals still open are counted up to `now`), which
 the rollouter reports as verl's `fully_async/rollouter/active_time`.
@@ -17,14 +18,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import ray
-
 from engine.loop.dispatch import Capacity
+from engine.runtime.peers import ReplicaPeer, Wait
 
 
-def replica_capacities(replicas: list[Any]) -> list[Capacity]:
+def replica_capacities(replicas: list[ReplicaPeer]) -> list[Capacity]:
     """Each replica's `limits()` (rows, concurrent calls) as the loop core's `Capacity`."""
-    return [Capacity(int(lim["rows"]), int(lim["calls"])) for lim in ray.get([r.limits.remote() for r in replicas])]
+    asked = [r.limits() for r in replicas]
+    return [Capacity(int(lim["rows"]), int(lim["calls"])) for lim in (p.result() for p in asked)]
 
 
 def dispatch_seed(sampling: Any, dispatch_id: int) -> Any:
@@ -35,9 +36,11 @@ def dispatch_seed(sampling: Any, dispatch_id: int) -> Any:
 
 
 class ReplicaCalls:
-    """ref → (replica, dispatch id) of the calls out, and each replica's open busy interval."""
+    """pending call → (replica, dispatch id) of the calls out, and each replica's open busy interval; `wait` is the
+    peers' (`engine.runtime.peers.RolloutPeers.wait`)."""
 
-    def __init__(self, keyed: bool = False) -> None:
+    def __init__(self, wait: Wait, keyed: bool = False) -> None:
+        self.wait = wait
         self.keyed = keyed
         self.refs: dict[Any, tuple[int, int]] = {}
         self._open: dict[int, tuple[int, float]] = {}  # replica -> (calls out, busy since)
@@ -46,24 +49,21 @@ class ReplicaCalls:
     def __bool__(self) -> bool:
         return bool(self.refs)
 
-    def send(self, actor: Any, rid: int, dispatch_id: int, requests: list, sampling: Any, kind: str,
+    def send(self, replica: ReplicaPeer, rid: int, dispatch_id: int, requests: list, sampling: Any, kind: str,
              now: float) -> None:
-        """Start `generate` on `actor` under `dispatch_seed(sampling, dispatch_id)` (unless `keyed`)."""
-        call = actor.generate.remote(requests, sampling if self.keyed else dispatch_seed(sampling, dispatch_id), kind)
+        """Start `generate` on `replica` under `dispatch_seed(sampling, dispatch_id)` (unless `keyed`)."""
+        call = replica.generate(requests, sampling if self.keyed else dispatch_seed(sampling, dispatch_id), kind)
         self.refs[call] = (rid, dispatch_id)
         count, since = self._open.get(rid, (0, now))
         self._open[rid] = (count + 1, since)
 
     def ready(self, timeout: float) -> list[Any]:
-        """The refs whose call returned (or failed): waits until the first one does, at most `timeout` seconds,
+        """The calls that returned (or failed): waits until the first one does, at most `timeout` seconds,
         then takes every other one that is also done."""
         if not self.refs:
             return []
-        ready, rest = ray.wait(list(self.refs), num_returns=1, timeout=timeout)
-        if ready and rest:
-            more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
-            ready += more
-        return ready
+        return self.wait(list(self.refs), timeout)
+
 
     def done(self, ref: Any, now: float) -> tuple[int, int]:
         """The call of `ref` is over: (replica, dispatch id)."""

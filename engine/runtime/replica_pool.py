@@ -1,6 +1,7 @@
 """The rollout replicas of a run, with replacement of dead ones under a failure budget.
 
-A replica whose call raised `RayActorError` has lost its process. `fail(rid, cause)` marks it down and,
+A replica whose call raised `PeerDied` (`engine.runtime.peers`; Ray's `RayActorError`) has lost its process.
+`fail(rid, cause)` marks it down and,
 while fewer than `max_restarts` replacements were started over the run, starts a new actor in its slot
 whose first call loads the newest weights the rollouter has seen (`set_latest`; before the first sync the
 replacement's own base model is version 0). The slot is usable again once that call returns (`poll`); a
@@ -22,26 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import ray
-
-if TYPE_CHECKING:
-    from engine.plan.roles import RolloutSpec
-
-
-def describe_failure(e: BaseException) -> str:
-    """One line naming why a Ray call failed: the root exception of a task error or of a failed constructor,
-    or for an actor whose process died "its process died (<Ray's exit detail>)"."""
-    dead = isinstance(e, ray.exceptions.RayActorError) and not isinstance(e, ray.exceptions.RayTaskError)
-    if dead and not getattr(e, "actor_init_failed", False):
-        text = " ".join(str(e).split())
-        detail = text.split("Worker exit detail:", 1)[1].split(". ", 1)[0].strip() \
-            if "Worker exit detail:" in text else ""
-        return f"its process died ({detail[:160]})" if detail else "its process died"
-    cause = getattr(e, "cause", None) or e
-    lines = [ln.strip() for ln in str(cause).splitlines() if ln.strip()]
-    return (lines[-1] if lines else type(cause).__name__)[:200]
+from engine.runtime.peers import PeerDied, ReplicaPeer, Wait, describe_failure
 
 
 @dataclass
@@ -55,17 +39,20 @@ class SyncOutcome:
 
 
 class ReplicaPool:
-    """Slots `0..R-1`, each holding the current actor of one replica."""
+    """Slots `0..R-1`, each holding the current replica peer of one replica (`engine.runtime.peers.ReplicaPeer`);
+    `spawn(rid)` starts a replacement, `wait` is the peers' wait over replica calls."""
 
-    def __init__(self, replicas: list[Any], spawn: Callable[[int], Any] | None, max_restarts: int) -> None:
+    def __init__(self, replicas: list[ReplicaPeer], spawn: Callable[[int], ReplicaPeer] | None, max_restarts: int,
+                 wait: Wait) -> None:
         self.replicas = list(replicas)
         self.spawn = spawn
+        self.wait = wait
         self.max_restarts = max_restarts
         self.restarts = 0
         self.down: set[int] = set()
         self.latest: tuple[int, list] | None = None  # (version, bucket refs) of the newest weights
         self.exhausted: str | None = None
-        self._starting: dict[Any, tuple[int, int]] = {}  # ready ref -> (slot, version being loaded)
+        self._starting: dict[Any, tuple[int, int]] = {}  # pending start call -> (slot, version being loaded)
         self.generation = 0  # replica processes replaced: the collective group's generation
         self.loaded: dict[int, int] = {}  # slot -> version its current process holds (tracked for replacements)
         self.waiting: set[int] = set()  # collective: replacements that are up and wait for the latest weights
@@ -114,25 +101,25 @@ class ReplicaPool:
         return self.latest is not None and any(isinstance(r, CollectiveHandle) for r in self.latest[1])
 
     def _load_latest(self, rid: int) -> None:
-        actor = self.replicas[rid]
+        replica = self.replicas[rid]
         if self.latest is None or self.collective():  # collective: the next sync brings the weights
-            self._starting[actor.ready.remote()] = (rid, 0)
+            self._starting[replica.ready()] = (rid, 0)
         else:
             version, refs = self.latest
-            self._starting[actor.update_weights.remote(refs, version)] = (rid, version)
+            self._starting[replica.update_weights(refs, version)] = (rid, version)
 
     def poll(self) -> list[tuple[int, str | None]]:
         """Replacements whose start finished since the last poll: (slot, None) ready, (slot, cause) failed.
         A replacement that loaded weights older than `latest` is sent the newest first and reported later."""
         if not self._starting:
             return []
-        ready, _ = ray.wait(list(self._starting), num_returns=len(self._starting), timeout=0)
+        ready = self.wait(list(self._starting), 0)
         out: list[tuple[int, str | None]] = []
-        for ref in ready:
-            rid, loaded = self._starting.pop(ref)
+        for call in ready:
+            rid, loaded = self._starting.pop(call)
             try:
-                ray.get(ref)
-            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
+                call.result()
+            except Exception as e:  # noqa: BLE001 - died, or its start raised (a task error): either is its failure
                 out.append((rid, describe_failure(e)))
                 continue
             loaded = max(loaded, self.loaded.get(rid, 0))
@@ -148,12 +135,12 @@ class ReplicaPool:
 
     def check_live(self) -> list[tuple[int, str]]:
         """Ask every live slot whether its process still runs; returns (slot, cause) for the dead ones."""
-        calls = {rid: self.replicas[rid].ready.remote() for rid in self.live()}
+        calls = {rid: self.replicas[rid].ready() for rid in self.live()}
         dead: list[tuple[int, str]] = []
-        for rid, ref in calls.items():
+        for rid, call in calls.items():
             try:
-                ray.get(ref)
-            except ray.exceptions.RayActorError as e:
+                call.result()
+            except PeerDied as e:
                 dead.append((rid, describe_failure(e)))
         return dead
 
@@ -173,41 +160,41 @@ class ReplicaPool:
         staged it (`commit`) and the outcome so far (slots that died). None, before anything is sent, when
         some target does not stage (no back buffer): then `update_live` loads in place during the pause."""
         targets = self._targets(bucket_refs, version)
-        asks = [getattr(self.replicas[rid], "stages_weights", None) for rid in targets]
-        if not targets or any(a is None for a in asks):  # a replica without back buffers: in place
+        if not targets:
             return None
         try:
-            if not all(ray.get([a.remote() for a in asks])):
+            asks = [self.replicas[rid].stages_weights() for rid in targets]
+            if not all([a.result() for a in asks]):  # a replica without back buffers: in place
                 return None
-        except ray.exceptions.RayActorError:  # a dead replica: the in-place path notices and reports it
+        except PeerDied:  # a dead replica: the in-place path notices and reports it
             return None
-        calls = {rid: self.replicas[rid].stage_weights.remote(bucket_refs, version) for rid in targets}
+        calls = {rid: self.replicas[rid].stage_weights(bucket_refs, version) for rid in targets}
         out, staged = SyncOutcome(), []
-        for rid, ref in calls.items():
+        for rid, call in calls.items():
             try:
-                ray.get(ref)
+                call.result()
                 staged.append(rid)
-            except ray.exceptions.RayActorError as e:
+            except PeerDied as e:
                 out.dead.append((rid, describe_failure(e)))
         return staged, out
 
     def commit(self, version: int, staged: list[int], out: SyncOutcome) -> SyncOutcome:
         """Swap the staged `version` in on the slots `staged` (generation paused) and collect their receipts."""
-        return self._collect({rid: self.replicas[rid].swap_weights.remote(version) for rid in staged}, version, out)
+        return self._collect({rid: self.replicas[rid].swap_weights(version) for rid in staged}, version, out)
 
     def catch_up(self, bucket_refs: list, version: int, slots: list[int]) -> SyncOutcome:
         """Load the latest weights (a catch-up broadcast of `version`) on the waiting replacements `slots`."""
         return self._load(bucket_refs, version, slots)
 
     def _load(self, bucket_refs: list, version: int, targets: list[int]) -> SyncOutcome:
-        calls = {rid: self.replicas[rid].update_weights.remote(bucket_refs, version) for rid in targets}
+        calls = {rid: self.replicas[rid].update_weights(bucket_refs, version) for rid in targets}
         return self._collect(calls, version, SyncOutcome())
 
     def _collect(self, calls: dict[int, Any], version: int, out: SyncOutcome) -> SyncOutcome:
-        for rid, ref in calls.items():
+        for rid, call in calls.items():
             try:
-                out.receipts[rid] = ray.get(ref)
-            except ray.exceptions.RayActorError as e:
+                out.receipts[rid] = call.result()
+            except PeerDied as e:
                 out.dead.append((rid, describe_failure(e)))
                 continue
             self.loaded[rid] = version
@@ -218,22 +205,7 @@ class ReplicaPool:
         return out
 
     def signal(self, rids: list[int], method: str, *args: Any) -> list:
-        """Call `abort` / `resume` (with `args`) on the given live slots; returns the refs (a dead one is
+        """Call `abort` / `resume` (with `args`) on the given live slots; returns the pending calls (a dead one is
         noticed elsewhere)."""
-        return [getattr(self.replicas[rid], method).remote(*args) for rid in rids if rid not in self.down]
+        return [getattr(self.replicas[rid], method)(*args) for rid in rids if rid not in self.down]
 
-
-def replica_spawner(spec: RolloutSpec):
-    """A function starting a replacement replica in slot `rid` of `spec.replica` (None when the spec has no Ray
-    options for the slots: no restarts)."""
-    if spec.replica_options is None:
-        return None
-
-    def spawn(rid: int) -> Any:
-        from engine.runtime.replica import RolloutReplica
-
-        opts = spec.replica_options
-        opts = opts[rid] if isinstance(opts, list) else opts  # per slot: its bundles
-        return RolloutReplica.options(**opts).remote(spec.replica, rid)
-
-    return spawn

@@ -1,8 +1,8 @@
 """The Rollouter actor: a thin shell around `engine.loop.rollout.RolloutLoop`, which makes every decision.
 
 The shell delivers events to the loop — the training prompts of an epoch when it asks (`NeedPrompts`: read
-and rendered by the dispatch thread outside the lock), replica results (`ray.wait` on the dispatched calls, several per
-replica up to its `limits()`: `engine.runtime.replica_calls`), replica deaths
+and rendered by the dispatch thread outside the lock), replica results (the peers' `wait` on the dispatched calls,
+several per replica up to its `limits()`: `engine.runtime.replica_calls`), replica deaths
 and replacements, the queue's size, knob changes (routed by `engine.loop.knobs`), the trainer's sync and checkpoint requests — and carries
 out the commands it returns: `generate` on a replica, abort/resume, score a finished group and put it into
 the MessageQueue, close the queue, set its bound, record validation metrics and events.
@@ -21,7 +21,11 @@ the dispatch thread, which holds `self.lock` while it scores and queues groups.
 Its checkpoint cut and resume (`rollouter_checkpoint.py`) and its knobs, replica failures, worker states and
 reports (`rollouter_report.py`) are parts of the shell kept in their own modules.
 
-Reliability: a replica whose process dies (its `generate` raises `RayActorError`) is reported to the loop
+Peers (`engine.runtime.peers.RolloutPeers`): the queue, the controller and the replicas are reached only through
+them — Ray actors in a run (`engine.runtime.actors.Rollouter` builds them), plain objects in one process
+(`engine.runtime.peers_local`, `tests/runtime`).
+
+Reliability: a replica whose process dies (its `generate` raises `PeerDied`) is reported to the loop
 (its work goes back to pending) and replaced through the `ReplicaPool` (`rollout.max_replica_restarts`; when
 spent, `fit()` returns a `failure` and the driver stops the run with a checkpoint).
 """
@@ -32,8 +36,6 @@ import threading
 import time
 from typing import Any
 
-import ray
-
 from engine.loop.commands import (
     Abort, AckKnob, CallTools, CloseQueue, Dispatch, Event, NeedPrompts, Put, ReleaseTools, Resume, SetQueueBound,
     SetThreads, ValidationDone,
@@ -43,8 +45,9 @@ from engine.loop.rollout import RolloutLoop
 from engine.loop.stream import PromptStream
 from engine.runtime.rollouter_checkpoint import RolloutCheckpoints
 from engine.runtime.rollouter_report import RolloutReports
+from engine.runtime.peers import PeerDied, RolloutPeers, describe_failure
 from engine.runtime.replica_calls import ReplicaCalls, replica_capacities
-from engine.runtime.replica_pool import ReplicaPool, describe_failure, replica_spawner
+from engine.runtime.replica_pool import ReplicaPool
 from engine.plan.roles import RolloutSpec
 from engine.types import GenResult, Prompt, TrajectoryGroup
 
@@ -61,14 +64,15 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
     tools and fault injection (`engine.plan.role_parts`), and on resume the checkpoint's rollout part
     (`{"rollout", "queued", "in_flight"}`)."""
 
-    def __init__(self, spec: RolloutSpec, queue: Any, controller: Any, replicas: list[Any]) -> None:
+    def __init__(self, spec: RolloutSpec, peers: RolloutPeers) -> None:
         from engine.data.prompts import load_prompts
         from engine.models.loader import load_tokenizer
         from engine.runtime.scoring import Scorer
 
         self.prompts = spec.prompts
-        self.queue, self.controller = queue, controller
-        self.pool = ReplicaPool(replicas, replica_spawner(spec), spec.max_replica_restarts)
+        self.queue, self.controller = peers.queue, peers.controller
+        replicas = peers.replicas
+        self.pool = ReplicaPool(replicas, peers.spawn, spec.max_replica_restarts, peers.wait)
         self.tokenizer = load_tokenizer(spec.model_dir)
         self.scorer = Scorer(spec.scoring, self.tokenizer)
         self.sampling, self.val_sampling = spec.sampling, spec.val_sampling
@@ -92,7 +96,7 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
             self._event("warning", "tools", self.tools.runner.warning)
         self.inbox = self.loop.inbox()
         self.lock = threading.Condition()
-        self.calls = ReplicaCalls(keyed=spec.params.deterministic)  # the generate calls out
+        self.calls = ReplicaCalls(peers.wait, keyed=spec.params.deterministic)  # the generate calls out
         self.elastic = ElasticCores(spec.elastic)
         self._elastic_lock = threading.Lock()  # the elastic core's own: the trainer never waits on `self.lock`
         self._trainer_threads = self.elastic.granted[TRAINER]  # the last SetThreads("trainer"), for trainer_phase
@@ -107,7 +111,7 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
         if spec.resume:
             self._restore(spec.resume)
             self._killed = bool(self._kill_at) and self.loop.step >= self._kill_at
-        ray.get(self.queue.set_max_size.remote(self.loop.queue_bound))
+        self.queue.set_max_size(self.loop.queue_bound)
         if self.prompts.val_before_train and val_prompts:
             self.loop.queue_validation(self.loop.version)
 
@@ -126,7 +130,7 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
                 self._poll_knobs()
                 self._deliver_prompts()
                 self._collect(timeout=LOOP_WAIT_S)
-                size = ray.get(self.queue.size.remote())
+                size = self.queue.size()
                 with self.lock:
                     self._poll_pool()
                     if self.loop.stopped or self.failure:
@@ -148,14 +152,14 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
                 self.lock.notify_all()
 
     def _collect(self, timeout: float) -> None:
-        for ref in self.calls.ready(timeout):
+        for call in self.calls.ready(timeout):
             try:
-                results: list[GenResult] | None = ray.get(ref)
+                results: list[GenResult] | None = call.result()
                 cause = None
-            except ray.exceptions.RayActorError as e:  # the replica's process died
+            except PeerDied as e:  # the replica's process died
                 results, cause = None, describe_failure(e)
             with self.lock:
-                rid, did = self.calls.done(ref, time.monotonic())
+                rid, did = self.calls.done(call, time.monotonic())
                 if results is None:
                     if did not in self.loop.dispatches.by_id:  # this process's death is handled already
                         continue
@@ -186,15 +190,15 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
             elif isinstance(c, Put):
                 self._put(c)
             elif isinstance(c, CloseQueue):
-                ray.get(self.queue.close.remote())
+                self.queue.close()
             elif isinstance(c, SetQueueBound):
-                self.queue.set_max_size.remote(c.size)
+                self.queue.set_max_size_later(c.size)
             elif isinstance(c, ValidationDone):
                 self._record_validation(c)
             elif isinstance(c, NeedPrompts):
                 self._need_epoch = c.epoch
             elif isinstance(c, AckKnob):
-                self.controller.ack_knob.remote(c.name, c.version, self.loop.step)
+                self.controller.ack_knob(c.name, c.version, self.loop.step)  # not waited for
             elif isinstance(c, CallTools):
                 self.tools.start(c)
             elif isinstance(c, ReleaseTools):
@@ -241,15 +245,15 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
         self._report_reward_errors()
         group = TrajectoryGroup(c.prompt, trajs, generated_at=time.time(),
                                 gen_seconds=time.monotonic() - c.admitted_at, admitted_version=c.admitted_version)
-        evicted = ray.get(self.queue.put.remote(group))
+        evicted = self.queue.put(group)
         self._execute(self.loop.group_put(evicted.prompt.uid if evicted is not None else None))
 
     def _signal(self, rids: list[int], method: str, *args: Any) -> None:
         """`abort`/`resume` the given replicas and wait until each took it (a dead one is noticed elsewhere)."""
-        for ref in self.pool.signal(rids, method, *args):
+        for call in self.pool.signal(rids, method, *args):
             try:
-                ray.get(ref)
-            except ray.exceptions.RayActorError:
+                call.result()
+            except PeerDied:
                 pass
 
     def _record_validation(self, done: ValidationDone) -> None:
@@ -259,7 +263,7 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
         scored = [(by_uid[r.request_id.rsplit("#", 1)[0]], r) for r in done.results]
         rec, summary = validation_record(self.scorer, scored, version=done.version, step=self.loop.step,
                                          turns=list(done.turns), tool_calls=list(done.tool_calls))
-        self.controller.record_metrics.remote(rec)
+        self.controller.record_metrics(rec)
         self._event("info", "validation", f"validation at version {done.version}: {summary}")
 
     # ------------------------------------------------------------------ called by the trainer
@@ -292,7 +296,7 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
         t1 = time.monotonic()
         outcome = self.pool.update_live(bucket_refs, version) if staged is None else self.pool.commit(version, *staged)
         transfer_s = time.monotonic() - t1
-        size = ray.get(self.queue.size.remote())
+        size = self.queue.size()
         self._poll_knobs(now=True)
         with self.lock:
             self._sync_outcome(outcome)
@@ -381,14 +385,15 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
 
     def replica_threads(self) -> list[dict[str, float]]:
         """Each live replica's threads as applied by its decode steps (`RolloutReplica.threads`)."""
-        refs = self.pool.signal(self.pool.live(), "threads")
+        calls = self.pool.signal(self.pool.live(), "threads")
         out = []
-        for ref in refs:
+        for call in calls:
             try:
-                out.append(ray.get(ref, timeout=10))
-            except (ray.exceptions.RayError, TimeoutError):
+                out.append(call.result(timeout=10))
+            except Exception:  # noqa: BLE001 - dead, failed or late: its threads are left out of the report
                 pass
         return out
+
 
     def allow(self, need: int) -> None:
         """The trainer postponed a sync (`stale_policy = "wait"`) and lacks `need` prompts for its next step."""
@@ -430,8 +435,3 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
                 self.tools.close()
             self.lock.notify_all()
             return {"in_flight": list(self.loop.in_flight), "dropped": [list(d) for d in self.loop.dropped]}
-
-
-@ray.remote(num_cpus=0, max_concurrency=8)
-class Rollouter(RolloutShell):
-    """The rollouter as a threaded Ray actor: `fit()` runs the dispatch loop while the trainer calls in."""

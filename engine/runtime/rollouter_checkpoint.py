@@ -6,8 +6,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import ray
-
 from engine.types import TrajectoryGroup
 
 DRAIN_TIMEOUT_S = 60.0
@@ -36,7 +34,7 @@ class RolloutCheckpoints:
     def _snapshot_locked(self) -> dict[str, Any]:
         snap = self.loop.snapshot_state()
         snap["rollout"].update(reward_errors=self.scorer.errors, replica_restarts=self.pool.restarts)
-        snap["queued"] = [g.to_json() for g in ray.get(self.queue.peek_all.remote())]
+        snap["queued"] = [g.to_json() for g in self.queue.peek_all()]
         return snap
 
     def _restore(self, resume: dict[str, Any]) -> None:
@@ -44,7 +42,8 @@ class RolloutCheckpoints:
         st = resume["rollout"]
         self.loop.restore_state(st, resume["in_flight"], time.monotonic())
         self.scorer.errors = self._reward_errors_seen = int(st.get("reward_errors", 0))
-        ray.get(self.queue.set_max_size.remote(max(self.loop.queue_bound, len(resume["queued"]))))
+        self.queue.set_max_size(max(self.loop.queue_bound, len(resume["queued"])))
         for g in resume["queued"]:
-            ray.get(self.queue.put.remote(TrajectoryGroup.from_json(g)))
-        self.loop.queue_seen(ray.get(self.queue.size.remote()))
+            self.queue.put(TrajectoryGroup.from_json(g))
+        self.loop.queue_seen(self.queue.size())
+

@@ -8,8 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import ray
-
+from engine.runtime.peers import PeerDied
 from engine.runtime.scoring import filtered_message, reward_errors_message
 
 
@@ -23,7 +22,7 @@ class RolloutReports:
         if not now and t - self._last_knob_poll < 0.5:
             return
         self._last_knob_poll = t
-        knobs = ray.get(self.controller.get_knobs.remote())
+        knobs = self.controller.get_knobs()
         with self.lock:  # the dispatch thread and a sync may both poll: the inbox is read under the lock
             changes = self.inbox.take(knobs)
             for k in changes:  # routed by engine.loop.knobs: applied at once and acknowledged, refused, or followed
@@ -57,10 +56,10 @@ class RolloutReports:
             self._killed = True
             self._event("warning", "fault", f"fault injection: killing rollout replica 0 at step {step} "
                         "(debug.kill_replica_at_step)")
-            ref = self.pool.replicas[0].debug_exit.remote()
+            call = self.pool.replicas[0].debug_exit()
             try:  # wait until the process is gone, so the injected death precedes the next sync
-                ray.get(ref, timeout=30)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                call.result(timeout=30)
+            except (PeerDied, TimeoutError):
                 pass
 
     def _push_workers(self) -> None:
@@ -72,8 +71,7 @@ class RolloutReports:
         for rid in range(len(self.pool)):
             state = "restarting" if rid in self.pool.down else "syncing" if loop.sync is not None else \
                 "paused" if loop.paused else "busy" if rid in loop.running else "idle"
-            self.controller.update_worker.remote(f"rollout-{rid}", {"kind": "rollout", "state": state,
-                                                                    "version": loop.version})
+            self.controller.update_worker(f"rollout-{rid}", {"kind": "rollout", "state": state, "version": loop.version})
 
     def report(self, step: int | None = None) -> dict[str, float]:
         """Counters for the trainer's per-step record (`step`: the trainer's local step just finished)."""
@@ -122,6 +120,6 @@ class RolloutReports:
             self._event("warning", "reward", message, errors=self.scorer.errors)
 
     def _event(self, level: str, kind: str, message: str, **extra: Any) -> None:
-        self.controller.record_event.remote({"time": time.time(), "kind": kind, "level": level,
-                                             "step": self.loop.step, "version": self.loop.version,
-                                             "message": message, **extra})
+        self.controller.record_event({"time": time.time(), "kind": kind, "level": level, "step": self.loop.step,
+                                      "version": self.loop.version, "message": message, **extra})
+

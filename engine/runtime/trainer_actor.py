@@ -27,25 +27,28 @@ import socket
 import time
 import traceback
 from collections import deque
-from typing import Any
-
-import ray
+from typing import TYPE_CHECKING, Any
 
 from engine.loop.commands import (
-    AckKnob, Allow, AskOutstanding, Checkpoint, Drop, Event, Finish, PollControl, Pull, Record, Sync, Train,
+    AckKnob, Allow, AskOutstanding, Checkpoint, Drop, Event, ExitProcess, Finish, PollControl, Pull, Record, Sync,
+    Train,
 )
+from engine.loop.faults import FaultPlan
 from engine.loop.trainer import TrainerLoop
 from engine.plan.roles import TrainerSpec
-from engine.runtime.replica_pool import describe_failure
+from engine.runtime.peers import PeerError, TrainerPeers, describe_failure
 from engine.runtime.backends import build_reference_backend, build_trainer_backend, build_weight_sync
 from engine.algo.batching import LogRatioObserver, is_ratio_metrics, prepare_batch
 from engine.persist.ledger import Ledger
 from engine.persist.trainer_checkpoints import TrainerCheckpoints
-from engine.runtime.trainer_group import TrainerGroup
 from engine.runtime.trainer_sync import TrainerSync
+from engine.sync.object_store import ObjectStoreSync
 from engine.sync.verify import DeliveryCheck
 from engine.telemetry.sinks import scalars_as_numbers
 from engine.types import TrajectoryGroup
+
+if TYPE_CHECKING:
+    from engine.runtime.trainer_group import TrainerGroup
 
 
 CONTROLLER_ANSWER_S = 60.0
@@ -62,9 +65,13 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
     run's identity, a checkpoint's trainer part on resume).
     With M > 1 ranks it starts the other ranks (`TrainerGroup`, placed with the spec's Ray `rank_options`) and
     drives them through `BackendGroup`s in place of its backends; it alone talks to the queue, the rollouter and
-    the controller."""
+    the controller, through its `TrainerPeers` (`engine.runtime.peers`: Ray actors in a run, plain objects in
+    `tests/runtime`), and its fault plan's `ExitProcess` ends its process through them too."""
 
-    def __init__(self, spec: TrainerSpec, queue: Any, rollouter: Any, controller: Any) -> None:
+    controller_answer_s = CONTROLLER_ANSWER_S
+    elastic_answer_s = ELASTIC_ANSWER_S
+
+    def __init__(self, spec: TrainerSpec, peers: TrainerPeers) -> None:
         import torch
 
         from engine.algo.loss import build_loss_fn
@@ -72,10 +79,14 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
 
         torch.manual_seed(spec.backend.seed)
         self.spec = spec
-        self.queue, self.rollouter, self.controller = queue, rollouter, controller
+        self.peers = peers
+        self.queue, self.rollouter, self.controller = peers.queue, peers.rollouter, peers.controller
+        self.faults = FaultPlan(spec.faults.kill_trainer_at_step)
         self.world = spec.world
         self.group: TrainerGroup | None = None
         if self.world > 1:
+            from engine.runtime.trainer_group import TrainerGroup
+
             self.group = TrainerGroup(spec)
             self.backend, self.ref_backend = self.group.policy, self.group.ref
         else:
@@ -90,7 +101,10 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
         self.inbox = self.loop.inbox()
         self.bucket_bytes = spec.weight_sync.bucket_bytes
         self.weight_sync = build_weight_sync(spec.weight_sync,  # rollout.weight_sync, resolved in the plan
-                                             run_id=os.path.basename(os.path.normpath(spec.run_dir)))
+                                             run_id=os.path.basename(os.path.normpath(spec.run_dir)),
+                                             node_ip=peers.node_ip)
+        if isinstance(self.weight_sync, ObjectStoreSync):  # the peers' object store holds the buckets
+            self.weight_sync.put = peers.put
         self.delivery = DeliveryCheck()  # every sync's receipts against what was sent (engine.sync.verify)
         self.run_dir = spec.run_dir
         self.ledger = Ledger(self.run_dir)
@@ -137,18 +151,17 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
     # ------------------------------------------------------------------ the executor
     def fit(self) -> dict[str, Any]:
         who = f"trainer@{socket.gethostname()}"
-        self.controller.update_worker.remote("trainer-0", {"kind": "trainer", "state": "running",
-                                                           "version": self.version, "pid": os.getpid(), "host": who,
-                                                           "rank": 0, "world_size": self.world})
+        self.controller.update_worker("trainer-0", {"kind": "trainer", "state": "running", "version": self.version,
+                                                    "pid": os.getpid(), "host": who, "rank": 0,
+                                                    "world_size": self.world})
         for rank, pid in enumerate(self.group.pids if self.group else [], start=1):
-            self.controller.update_worker.remote(f"trainer-{rank}", {"kind": "trainer", "state": "running",
-                                                                     "pid": pid, "rank": rank,
-                                                                     "world_size": self.world})
+            self.controller.update_worker(f"trainer-{rank}", {"kind": "trainer", "state": "running", "pid": pid,
+                                                              "rank": rank, "world_size": self.world})
         try:
             self._run(self.loop.start())
         except Exception as e:
             # one line for the terminal and the dashboard; the traceback stays in events.jsonl for a bug report
-            self.controller.record_event.remote(self._ev(
+            self.controller.record_event(self._ev(
                 "error", "error", f"trainer failed at step {self.local_step}: {type(e).__name__}: {describe_failure(e)}",
                 traceback=traceback.format_exc(limit=8)))
             self._run(self.loop.failed(self._weights_dirty))
@@ -168,8 +181,8 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
     def _do(self, c: Any) -> list:
         """One command of `TrainerLoop`; returns what the core answers to its outcome."""
         if isinstance(c, PollControl):
-            knobs = ray.get(self.controller.get_knobs.remote())
-            actions = ray.get(self.controller.take_actions.remote("trainer", self.local_step))
+            knobs = self.controller.get_knobs()
+            actions = self.controller.take_actions("trainer", self.local_step)
             if "stop" in actions:
                 self.request_stop("requested through the controller")
             stop_at = self.spec.faults.stop_at_step  # [debug]: once per launch, not on a resume at or past it
@@ -180,9 +193,9 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
             self._await_replacements()
             if self.spec.elastic:  # the trainer waits for a batch: the rollout may take its threads
                 self._phase_seq += 1
-                self.rollouter.trainer_phase.remote(False, self._phase_seq)
+                self.rollouter.trainer_phase(False, self._phase_seq)  # not waited for
             t0 = time.monotonic()
-            got, closed = ray.get(self.queue.get_batch.remote(c.n, 1.0))
+            got, closed = self.queue.get_batch(c.n, 1.0)
             self._wait_s += time.monotonic() - t0
             if not got:
                 self._catch_up()
@@ -195,10 +208,10 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
             self._train(list(c.groups))
             return self.loop.trained()
         if isinstance(c, AskOutstanding):
-            vs = [ray.get(self.rollouter.outstanding_min_version.remote()), ray.get(self.queue.min_version.remote())]
+            vs = [self.rollouter.outstanding_min_version(), self.queue.min_version()]
             return self.loop.outstanding(min((v for v in vs if v is not None), default=None))
         if isinstance(c, Allow):
-            ray.get(self.rollouter.allow.remote(c.need))
+            self.rollouter.allow(c.need)
             return []
         if isinstance(c, AckKnob):  # waited for: a follower (the rollouter, at a sync too) reads it next
             self._ack_knob(c)
@@ -219,10 +232,13 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
         if isinstance(c, Finish):
             self._digest = self.report_weights_hash()
             if c.validate:  # the last version's validation score, as verl validates at the end of training
-                ray.get(self.rollouter.final_validation.remote(self.version, self.local_step))
+                self.rollouter.final_validation(self.version, self.local_step)
             return []
         if isinstance(c, Event):
-            self.controller.record_event.remote(self._ev(c.level, c.kind, c.message, **c.extra))
+            self.controller.record_event(self._ev(c.level, c.kind, c.message, **c.extra))
+            return []
+        if isinstance(c, ExitProcess):  # fault injection: the process dies here (never returns under Ray)
+            self.peers.process.exit(c.code, c.reason)
             return []
         raise TypeError(f"not a trainer command: {c!r}")
 
@@ -231,11 +247,11 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
         controller that does not answer fails the step with one line (the run then ends with a checkpoint and
         the resume command) rather than hanging the trainer at a step boundary."""
         try:
-            ray.get(self.controller.ack_knob.remote(c.name, c.version, self.local_step), timeout=CONTROLLER_ANSWER_S)
-        except ray.exceptions.GetTimeoutError:
+            self.controller.ack_knob(c.name, c.version, self.local_step).result(timeout=self.controller_answer_s)
+        except TimeoutError:
             raise RuntimeError(f"the run's controller did not acknowledge the change of {c.name} (knob version "
-                               f"{c.version}) within {CONTROLLER_ANSWER_S:.0f} s: it is stalled or unreachable") \
-                from None
+                               f"{c.version}) within {self.controller_answer_s:.0f} s: it is stalled or "
+                               "unreachable") from None
 
     def _take_threads(self) -> None:
         """At the step boundary: elastic cores give the step its thread count (their `SetThreads("trainer")`,
@@ -245,8 +261,8 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
         if self.spec.elastic:
             self._phase_seq += 1
             try:
-                n = int(ray.get(self.rollouter.trainer_phase.remote(True, self._phase_seq), timeout=ELASTIC_ANSWER_S))
-            except ray.exceptions.GetTimeoutError:  # never wait on an optimisation: train with the threads it has
+                n = int(self.rollouter.trainer_phase(True, self._phase_seq).result(timeout=self.elastic_answer_s))
+            except TimeoutError:  # never wait on an optimisation: train with the threads it has
                 n = torch.get_num_threads()
                 self._rec["asyncrl/elastic/late_answers"] = self._rec.get("asyncrl/elastic/late_answers", 0) + 1
             if n != torch.get_num_threads():
@@ -285,11 +301,10 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
                 rec.update(is_ratio_metrics((batch.old_log_probs - batch.rollout_log_probs)[valid]))
         else:
             self.skipped_updates += 1
-            self.controller.record_event.remote(self._ev("warning", "warning",
-                                                         "no trainable tokens in this batch; update skipped"))
+            self.controller.record_event(self._ev("warning", "warning",
+                                                  "no trainable tokens in this batch; update skipped"))
         up_s = time.monotonic() - t_up
-        if self.spec.faults.kill_trainer_at_step == self.local_step + 1:
-            os._exit(17)  # fault injection ([debug] kill_trainer_at_step): the process dies mid-run
+        self._run(self.faults.after_update(self.local_step + 1))  # [debug] kill_trainer_at_step: dies mid-step
         self.ledger.record(prep.uids, "trained", step=self.local_step + 1, version=self.version)
         self._weights_dirty = False
         rec.update(self._alarms(rec, batch, weights_moved=self.loop.since_sync > 0))
@@ -318,30 +333,29 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
             "asyncrl/total_steps": self.total_local_steps,
         })
         self._t_step, self._wait_s = time.monotonic(), 0.0
-        rep = ray.get(self.rollouter.report.remote(self.local_step))
+        rep = self.rollouter.report(self.local_step)
         rep["fully_async/count/dropped_stale_samples"] = rep.get("fully_async/count/dropped_stale_samples", 0) \
             + self.dropped_stale
         rec.update(rep)
-        rec["fully_async/monitor/queue/mq_queue_size"] = ray.get(self.queue.size.remote())
-        self.controller.record_metrics.remote(scalars_as_numbers(rec))
-        self.controller.update_worker.remote("trainer-0", {"kind": "trainer", "state": "running",
-                                                           "version": self.version,
-                                                           "tokens_per_s": rec.get("asyncrl/trainer/tokens_per_s", 0.0),
-                                                           "step": self.local_step})
+        rec["fully_async/monitor/queue/mq_queue_size"] = self.queue.size()
+        self.controller.record_metrics(scalars_as_numbers(rec))
+        self.controller.update_worker("trainer-0", {"kind": "trainer", "state": "running", "version": self.version,
+                                                    "tokens_per_s": rec.get("asyncrl/trainer/tokens_per_s", 0.0),
+                                                    "step": self.local_step})
 
     def _record_drops(self, drop: list, reason: str) -> None:
         """Groups the core did not train — past the hard version cap (`stale_policy = "drop"`) or, with dynamic
         sampling, without reward variance: ledger, budget, event."""
         uids = [g.prompt.uid for g in drop]
         self.ledger.record(uids, "dropped", step=self.local_step, version=self.version, reason=reason)
-        self.rollouter.release.remote(uids, reason)
+        self.rollouter.release(uids, reason)
         if reason == "filtered":
             ev = self._ev("info", "drop", f"filtered {len(drop)} prompt(s) whose responses all scored alike "
                           f"(algorithm.filter_groups; {self.loop.filtered_groups} so far)", uids=uids, reason=reason)
         else:
             ev = self._ev("warning", "drop", f"dropped {len(drop)} prompt(s) older than max_staleness_versions="
                           f"{self.loop.p.max_staleness_versions}", uids=uids, reason=reason)
-        self.controller.record_event.remote(ev)
+        self.controller.record_event(ev)
 
     def _alarms(self, rec: dict[str, Any], batch: Any, weights_moved: bool) -> dict[str, Any]:
         """`weights_moved`: an earlier step since the last sync changed the weights."""
@@ -349,7 +363,7 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
 
         out, msgs = mismatch_check(batch, self.loss_fn, self.rc, self.version, weights_moved=weights_moved)
         for m in msgs:
-            self.controller.record_event.remote(self._ev("warning", "warning", m, alarm="mismatch"))
+            self.controller.record_event(self._ev("warning", "warning", m, alarm="mismatch"))
         return {**out, "asyncrl/mismatch_alarm": float(bool(msgs))}
 
     # ------------------------------------------------------------------ checkpoints
@@ -360,13 +374,13 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
         if self._stop_reason is None:
             self._stop_reason = reason
             self.loop.stop()
-            self.controller.record_event.remote(self._ev("info", "knob", f"graceful stop: {reason}"))
+            self.controller.record_event(self._ev("info", "knob", f"graceful stop: {reason}"))
 
     def _finish(self) -> None:
         """Stop the rollouter and account for every prompt still in flight or queued."""
         try:
-            left = ray.get(self.rollouter.stop.remote())
-            queued = [g.prompt.uid for g in ray.get(self.queue.drain.remote())]
+            left = self.rollouter.stop()
+            queued = [g.prompt.uid for g in self.queue.drain()]
             queued += [g.prompt.uid for g in self.loop.current + self.loop.buffer]
             self.ledger.record(left["in_flight"] + queued, "in_flight_at_end", step=self.local_step,
                                version=self.version)
@@ -375,9 +389,10 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
                 by_reason.setdefault(reason, []).append(uid)
             for reason, uids in by_reason.items():
                 self.ledger.record(uids, "dropped", step=self.local_step, version=self.version, reason=reason)
-        except ray.exceptions.RayError as e:  # the rollouter or queue is gone: the run is failing anyway
-            self.controller.record_event.remote(self._ev(
-                "error", "error", f"cannot account for the prompts still in flight: {type(e).__name__}"))
+        except PeerError as e:  # the rollouter or queue is gone: the run is failing anyway
+            self.controller.record_event(self._ev(
+                "error", "error", f"cannot account for the prompts still in flight: {type(e.__cause__ or e).__name__}"))
+
         finally:
             self.ledger.close()
             getattr(self.weight_sync, "close", lambda: None)()  # shared memory: no file left in /dev/shm
@@ -387,26 +402,3 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
     def _ev(self, level: str, kind: str, message: str, **extra: Any) -> dict[str, Any]:
         return {"time": time.time(), "kind": kind, "level": level, "step": self.local_step,
                 "version": self.version, "message": message, **extra}
-
-
-@ray.remote(max_concurrency=2)
-class Trainer:
-    """Thin actor around `TrainerCore` (rank 0 of the trainer; the spec's `rank_options` place the other ranks)."""
-
-    def __init__(self, spec: TrainerSpec, queue: Any, rollouter: Any, controller: Any) -> None:
-        import torch
-
-        torch.set_num_threads(max(1, spec.threads))
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        self.core = TrainerCore(spec, queue, rollouter, controller)
-
-    def fit(self) -> dict[str, Any]:
-        return self.core.fit()
-
-    def request_stop(self, reason: str, deadline: float | None = None, weight_bytes: int = 0) -> None:
-        self.core.request_stop(reason, deadline, weight_bytes)
-
-    def push_weights(self) -> None:
-        """Resume: give the rollout replicas the restored version's weights before generation starts."""
-        self.core.push_version()
-

@@ -9,8 +9,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import ray
-
 from engine.loop.commands import Sync
 from engine.runtime.sync_report import sync_event, sync_metrics
 from engine.sync.collective import CollectiveSync
@@ -28,19 +26,19 @@ class TrainerSync:
 
     _stop_reason: str | None = None
     keeps_version: bool = False  # the snapshot θ_v is kept (`TrainerCore.__init__`)
+    _catch_ups: int = 0  # catch-up broadcasts so far (their group generations are −1, −2, …)
 
     def _sync(self, c: Sync) -> dict[str, float]:
         """Push the weights of `c.version` (bucketed, by `rollout.weight_sync`'s transport) to every replica."""
         t0, version, gen, members = time.monotonic(), c.version, 0, None
         if isinstance(self.weight_sync, CollectiveSync):  # the group: generation and slots (engine.sync.collective)
-            gen, members = ray.get(self.rollouter.sync_generation.remote())
+            gen, members = self.rollouter.sync_generation()
         sent = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
-                       lambda refs: self.rollouter.update_weights.remote(version, refs, self.local_step, c.cut,
-                                                                         c.held),
+                       lambda refs: self.rollouter.update_weights(version, refs, self.local_step, c.cut, c.held),
                        gen=gen, corrupt_bucket=self.spec.weight_sync.corrupt_bucket, members=members,
                        quantization=self.spec.weight_sync.quantization)
         export_s = time.monotonic() - t0
-        out = ray.get(sent.out)
+        out = sent.out.result()
         report = self._verify_delivery(version, sent, out.pop("receipts"))
         self._sync_snapshot = out.pop("snapshot", None)
         if self.keeps_version:  # θ_v: π_prox (decoupled mode), what a resume between syncs serves
@@ -49,7 +47,7 @@ class TrainerSync:
             out["asyncrl/prox_snapshot_s"] = time.monotonic() - t_snap
         out.update(sync_metrics(time.monotonic() - t0, sent.nbytes, export_s, report, len(sent.fingerprints)))
         msg, fields = sync_event(version, out, report, self.loop.next_trigger, type(self.weight_sync).__name__)
-        self.controller.record_event.remote(self._ev("info", "sync", msg, **fields))
+        self.controller.record_event(self._ev("info", "sync", msg, **fields))
         return out
 
     def push_version(self) -> None:
@@ -61,13 +59,13 @@ class TrainerSync:
         if swap:
             self.backend.snapshot_swap(True)
         try:
-            sent = publish(ObjectStoreSync(), version, self.backend.export_weights(self.bucket_bytes),
-                           lambda refs: self.rollouter.load_weights.remote(version, refs),
+            sent = publish(ObjectStoreSync(put=self.peers.put), version,
+                           self.backend.export_weights(self.bucket_bytes), lambda refs: self.rollouter.load_weights(version, refs),
                            quantization=self.spec.weight_sync.quantization)
         finally:
             if swap:
                 self.backend.snapshot_swap(False)
-        self._verify_delivery(version, sent, ray.get(sent.out))
+        self._verify_delivery(version, sent, sent.out.result())
 
     def _catch_up(self) -> bool:
         """Collective sync: a replaced replica waits for the weights of the last sync. While this trainer still
@@ -75,16 +73,16 @@ class TrainerSync:
         otherwise the replica receives the next sync. True when it broadcast."""
         if not isinstance(self.weight_sync, CollectiveSync) or self.version == 0 or self.loop.since_sync:
             return False
-        slots = ray.get(self.rollouter.catch_up_slots.remote())
+        slots = self.rollouter.catch_up_slots()
         if not slots:
             return False
-        self._catch_ups = getattr(self, "_catch_ups", 0) + 1  # catch-up groups: generations −1, −2, …
+        self._catch_ups += 1  # catch-up groups: generations −1, −2, …
         version = self.version
         sent = publish(self.weight_sync, version, self.backend.export_weights(self.bucket_bytes),
-                       lambda refs: self.rollouter.catch_up.remote(version, refs, slots), gen=-self._catch_ups,
+                       lambda refs: self.rollouter.catch_up(version, refs, slots), gen=-self._catch_ups,
                        members=slots, quantization=self.spec.weight_sync.quantization)
-        report = self._verify_delivery(version, sent, ray.get(sent.out))
-        self.controller.record_event.remote(self._ev(
+        report = self._verify_delivery(version, sent, sent.out.result())
+        self.controller.record_event(self._ev(
             "info", "sync", f"weights v{version} sent to replaced rollout replica(s) {slots}: "
             f"{sent.nbytes / 2**20:.1f} MiB, verified on {report.replicas} of {len(slots)}", bytes=sent.nbytes,
             verified=report.verified, replicas_verified=report.replicas, catch_up=slots))
@@ -104,7 +102,7 @@ class TrainerSync:
         if not isinstance(self.weight_sync, CollectiveSync) or self.version == 0 or self.loop.since_sync:
             return
         deadline = time.monotonic() + REPLACEMENT_WAIT_S
-        while ray.get(self.rollouter.replacements_starting.remote()):
+        while self.rollouter.replacements_starting():
             if self._catch_up() or self._stop_reason is not None or time.monotonic() > deadline:
                 return
             time.sleep(0.2)
@@ -114,5 +112,6 @@ class TrainerSync:
         the replica and the bucket); a replica whose weights did not change is an `error` event (alarm)."""
         report = self.delivery.check(version, sent.fingerprints, receipts, sent.names)
         for alarm in report.alarms:
-            self.controller.record_event.remote(self._ev("error", "sync", alarm))
+            self.controller.record_event(self._ev("error", "sync", alarm))
+
         return report

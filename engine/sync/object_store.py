@@ -11,7 +11,7 @@ Ray is imported only here.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,17 +35,24 @@ class ObjectStoreHandle:
 
 class ObjectStoreSync:
     """`WeightSync` over the Ray object store: `push` on the trainer rank that owns the full weights,
-    `pull` in each rollout replica (any worker of the same Ray cluster)."""
+    `pull` in each rollout replica (any worker of the same Ray cluster). `put`: the store's put (default
+    `ray.put`; the trainer passes its peers' store, `engine.runtime.peers.TrainerPeers.put`)."""
+
+    def __init__(self, put: Callable[[Any], Any] | None = None) -> None:
+        self.put = put
 
     def push(self, version: int, buckets: Iterable[Any]) -> ObjectStoreHandle:
-        """Pack (if not yet `FlatBucket`s), fingerprint and `ray.put` each bucket, in order."""
-        import ray
+        """Pack (if not yet `FlatBucket`s), fingerprint and `put` each bucket, in order."""
+        put = self.put
+        if put is None:
+            import ray
 
+            put = ray.put
         start = time.perf_counter()
         handle = ObjectStoreHandle(version=version)
         for seq, bucket in enumerate(buckets):
             fb = flatten(bucket, seq, "cpu")
-            handle.refs.append(ray.put(fb))
+            handle.refs.append(put(fb))
             handle.nbytes += fb.nbytes
             handle.fingerprints.append(int(fb.fingerprint))
         handle.push_seconds = time.perf_counter() - start

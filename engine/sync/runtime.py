@@ -225,8 +225,12 @@ def publish(sync: Any, version: int, buckets: Iterable[Any], send: Callable[[lis
 
 
 def returned(out: Any) -> Callable[[], bool]:
-    """Whether the receivers' side of a sync (`send`'s result: a Ray object ref, or a thread in tests) has
-    returned — every receiver that will acknowledge has, so the sender stops waiting for the others."""
+    """Whether the receivers' side of a sync (`send`'s result: a peer's `Pending` (`engine.runtime.peers`), a Ray
+    object ref, or a thread in tests) has returned — every receiver that will acknowledge has, so the sender stops
+    waiting for the others."""
+    done = getattr(out, "done", None)
+    if callable(done):
+        return lambda: bool(done())
     ray = sys.modules.get("ray")
     if ray is not None and isinstance(out, ray.ObjectRef):
         return lambda: bool(ray.wait([out], timeout=0)[0])
@@ -235,10 +239,10 @@ def returned(out: Any) -> Callable[[], bool]:
 
 
 def _fetch(refs: list) -> Iterator[Any]:
-    import ray
-
+    """Each ref's object (`ray.get`), or the bucket itself (an in-process store holds no refs: no Ray imported)."""
     for r in refs:
-        yield ray.get(r) if isinstance(r, ray.ObjectRef) else r
+        ray = sys.modules.get("ray")
+        yield ray.get(r) if ray is not None and isinstance(r, ray.ObjectRef) else r
 
 
 def resolve_buckets(bucket_refs: list, replica_id: int) -> Delivery:

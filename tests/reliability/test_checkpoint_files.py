@@ -107,7 +107,7 @@ def test_ledger_position_and_setting_aside_newer_checkpoints(tmp_path: Path) -> 
 
 
 def test_a_save_that_runs_out_of_space_removes_its_partial_directory_and_keeps_the_previous(tmp_path: Path) -> None:
-    """The save layer's own classification (no root needed; `tests/loop/test_trainer_shell.py` fills a real tmpfs):
+    """The save layer's own classification (no root needed; `tests/runtime/test_trainer_shell.py` fills a real tmpfs):
     ENOSPC anywhere in the error's chain — torch's writer wraps it in a RuntimeError — is `NoSpaceForCheckpoint`."""
     import errno
 

@@ -1,5 +1,6 @@
-"""`ReplicaCalls.ready`, through real Ray actors: the rollouter's dispatch loop wakes as soon as *any* call
-returns (not when all of them have, or the timeout has run out), and takes every call already done."""
+"""`ReplicaCalls.ready`, through real Ray actors behind the Ray replica peers (`engine.runtime.peers_ray`): the
+rollouter's dispatch loop wakes as soon as *any* call returns (not when all of them have, or the timeout has run
+out), and takes every call already done."""
 
 from __future__ import annotations
 
@@ -26,8 +27,11 @@ def _sleeper(ray):
 def test_ready_returns_at_the_first_finished_call_and_takes_all_done(ray_local) -> None:
     ray = ray_local
     Sleeper = _sleeper(ray)
-    quick, slow = Sleeper.remote(), Sleeper.remote()
-    calls = ReplicaCalls()
+    from engine.runtime.peers_ray import RayReplica, ray_wait
+
+    actors = Sleeper.remote(), Sleeper.remote()
+    quick, slow = (RayReplica(a) for a in actors)
+    calls = ReplicaCalls(ray_wait)
     sampling = SamplingParams()
     calls.send(quick, 0, 1, [0.2], sampling, "train", time.monotonic())
     calls.send(slow, 1, 2, [20.0], sampling, "train", time.monotonic())
@@ -40,4 +44,4 @@ def test_ready_returns_at_the_first_finished_call_and_takes_all_done(ray_local) 
     calls.send(quick, 0, 4, [0.0], sampling, "train", time.monotonic())
     time.sleep(2.0)  # both quick calls are done before we look: one turn takes both
     assert sorted(calls.done(ref, time.monotonic()) for ref in calls.ready(timeout=5.0)) == [(0, 3), (0, 4)]
-    ray.kill(slow)
+    ray.kill(actors[1])

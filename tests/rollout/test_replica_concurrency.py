@@ -21,7 +21,7 @@ def replica(ray_local):
     ray = ray_local
 
     from engine.models.loader import resolve_model_path
-    from engine.runtime.replica import RolloutReplica
+    from engine.runtime.actors import RolloutReplica
 
     from dataclasses import replace
 

@@ -29,7 +29,7 @@ def setup(ray_local):
     from engine.models.loader import load_causal_lm, resolve_model_path
     from engine.plan.run_plan import resolve_plan
     from engine.plan.role_parts import rollout_dtype
-    from engine.runtime.replica import RolloutReplica
+    from engine.runtime.actors import RolloutReplica
     from engine.sync.shared_memory import SharedMemorySync
     from engine.trainer.fsdp import free_port
 

@@ -1,57 +1,31 @@
-"""The trainer's Ray actor as an executor only, without Ray: `TrainerCore` (the real torch backend on the tiny
-model) driven by `TrainerLoop`'s commands against in-process stand-ins of the queue and the rollouter and
-the real `ControllerCore`. What it does — steps, syncs, the checkpoint cut, knobs, the stop — is the core's."""
+"""The trainer's shell without Ray: `TrainerCore` (the real torch backend on the tiny model) driven by
+`TrainerLoop`'s commands against its in-process peers (`engine.runtime.peers_local`): the real queue holding real
+trajectory groups, the real `ControllerCore`, the real weight publish through an in-process object store, and a
+rollouter stand-in that keeps what each sync delivered. What it does — steps, syncs, the checkpoint cut, knobs, the
+stop, an injected fault — is the core's."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-import ray
 
 from engine.control.core import ControllerCore
 from engine.loop.knobs import ROLLOUTER, KnobChange, KnobInbox
-from engine.plan.roles import RunIdentity
-from engine.plan.run_plan import resolve_plan
+from engine.runtime.peers import ProcessExit
+from engine.runtime.peers_local import LocalQueue, trainer_peers
 from engine.types import Prompt, Trajectory, TrajectoryGroup
 
 R, N = 4, 2  # prompts per step, answers per prompt
-TINY = Path(__file__).resolve().parents[2] / "presets" / "runs" / "tiny-cpu.toml"
 
 
-class _Remote:
-    """`obj.method.remote(...)` calls `obj.method(...)` at once (the shell's `ray.get` is the identity here)."""
+class Rollouter:
+    """The rollouter as the trainer sees it (`engine.runtime.peers.RollouterPeer`'s calls, in process): it keeps a
+    copy of the weights each sync (or a resume) delivered, and the groups the trainer released."""
 
-    def __init__(self, target: Any) -> None:
-        self._t = target
-
-    def __getattr__(self, name: str) -> Any:
-        fn = getattr(self._t, name)
-        return type("M", (), {"remote": staticmethod(fn)})
-
-
-class FakeQueue:
-    def __init__(self, groups: list[TrajectoryGroup]) -> None:
-        self.groups = list(groups)
-
-    def get_batch(self, n: int, timeout: float) -> tuple[list, bool]:
-        got, self.groups = self.groups[:n], self.groups[n:]
-        return got, not self.groups
-
-    def min_version(self) -> int | None:
-        return min((g.min_version for g in self.groups), default=None)
-
-    def size(self) -> int:
-        return len(self.groups)
-
-    def drain(self) -> list:
-        got, self.groups = self.groups, []
-        return got
-
-
-class FakeRollouter:
     def __init__(self) -> None:
         self.syncs: list[tuple[int, bool]] = []
         self.released: list[tuple[list, str]] = []
@@ -60,17 +34,22 @@ class FakeRollouter:
     def _keep(self, version: int, buckets: list) -> None:
         self.pushed[version] = {k: v.clone() for b in buckets for k, v in b.items()}
 
-    def update_weights(self, version: int, refs: list, step: int, cut: bool, held: int = 0) -> dict:
-        self.syncs.append((version, cut))
+    def update_weights(self, version: int, refs: list, step: int, snapshot: bool = False, held: int = 0) -> dict:
+        self.syncs.append((version, snapshot))
         self._keep(version, refs)
         out = {"asyncrl/sync/pause_s": 0.0, "asyncrl/sync/transfer_s": 0.0, "receipts": {}}
-        if cut:
+        if snapshot:
             out["snapshot"] = self.snapshot(False)
         return out
 
     def load_weights(self, version: int, refs: list) -> dict:
         self._keep(version, refs)
         return {}
+
+    def trainer_phase(self, computing: bool, seq: int) -> int:
+        import torch
+
+        return torch.get_num_threads()
 
     def sync_generation(self) -> tuple[int, None]:
         return 0, None
@@ -81,10 +60,10 @@ class FakeRollouter:
     def replacements_starting(self) -> int:
         return 0
 
-    def snapshot(self, drain: bool) -> dict:
+    def snapshot(self, drain: bool = True) -> dict:
         return {"rollout": {"staleness_threshold": 0.5}, "queued": [], "in_flight": []}
 
-    def report(self, step: int) -> dict:
+    def report(self, step: int | None = None) -> dict:
         return {}
 
     def allow(self, need: int) -> None: ...
@@ -107,29 +86,29 @@ def _groups(k: int) -> list[TrajectoryGroup]:
             for i in range(k)]
 
 
-@pytest.fixture()
-def shell(tmp_path: Path, monkeypatch):
-    from asyncrl_cli.config import load_run_config
-    from engine.models.loader import resolve_model_path
-    from engine.runtime import trainer_actor, trainer_sync
+def _queue(groups: list[TrajectoryGroup]) -> LocalQueue:
+    """The real queue holding `groups`, closed: the rollout side has put everything it will."""
+    q = LocalQueue(max(1, len(groups)))
+    for g in groups:
+        assert q.put(g) is None
+    q.close()
+    return q
 
-    def build(steps: int, *extra: str, groups: list[TrajectoryGroup] | None = None, resume: dict | None = None):
-        sets = [f'logging.run_dir="{tmp_path / "run"}"', f"rollout.total_rollout_steps={R * steps}", "rollout.n=2",
+
+@pytest.fixture()
+def shell(tmp_path: Path, tiny_roles):
+    from engine.runtime.trainer_actor import TrainerCore
+
+    def build(steps: int, *extra: str, groups: list[TrajectoryGroup] | None = None, resume: dict | None = None,
+              core: ControllerCore | None = None):
+        sets = [f"rollout.total_rollout_steps={R * steps}", "rollout.n=2", 'rollout.weight_sync="object_store"',
                 "trainer.ppo_mini_batch_size=4", "trainer.ppo_micro_batch_size_per_gpu=8", "trainer.test_freq=0",
                 "async_training.trigger_parameter_sync_step=1", "checkpoint.every_versions=2", *extra]
-        cfg = load_run_config(TINY, sets).config
-        monkeypatch.setattr(ray, "get", lambda x, **_: x)
-        from engine.sync.runtime import Published
-
-        monkeypatch.setattr(trainer_sync, "publish",
-                            lambda ws, v, buckets, send, **_: Published(send(list(buckets)), 1, [], []))
-        core = ControllerCore(cfg.name, run_dir=str(tmp_path / "run"), sinks=[], config=cfg.model_dump())
-        queue, rollouter = FakeQueue(_groups(R * steps) if groups is None else groups), FakeRollouter()
-        model = resolve_model_path(cfg.model.path, seed=cfg.trainer.seed)
-        identity = RunIdentity("test", cfg.name, str(tmp_path / "run"), str(model))
-        spec = resolve_plan(cfg).role_specs().bind(identity, trainer_resume=resume).trainer
-        t = trainer_actor.TrainerCore(spec, _Remote(queue), _Remote(rollouter), _Remote(core))
-        return t, core, rollouter
+        cfg, roles = tiny_roles(*sets, resume=resume)
+        core = core or ControllerCore(cfg.name, run_dir=str(tmp_path / "run"), sinks=[], config=cfg.model_dump())
+        rollouter = Rollouter()
+        peers = trainer_peers(_queue(_groups(R * steps) if groups is None else groups), rollouter, core)
+        return TrainerCore(roles.trainer, peers), core, rollouter
 
     return build
 
@@ -274,26 +253,56 @@ def test_the_final_checkpoint_on_a_full_disk_fails_the_run(shell, small_disk) ->
     assert not [p for p in root.iterdir() if p.name.startswith(".tmp-")]
 
 
-def test_a_controller_that_never_acknowledges_a_knob_fails_the_run_with_one_line(shell, monkeypatch) -> None:
-    """The knob acknowledgement waits `CONTROLLER_ANSWER_S` at most; then the run fails naming the knob, with an
-    error event, instead of hanging at the step boundary."""
-    from engine.runtime import trainer_actor
+class StalledController(ControllerCore):
+    """A controller whose process stalls in `ack_knob` (until `release`): its answer never comes in time."""
 
-    t, core, _ = shell(3)
+    def __init__(self, *a, **k) -> None:
+        super().__init__(*a, **k)
+        self.stall = threading.Event()
+
+    def ack_knob(self, name: str, version: int, step: int | None) -> dict:
+        self.stall.wait(60)
+        return super().ack_knob(name, version, step)
+
+
+def test_a_controller_that_never_acknowledges_a_knob_fails_the_run_with_one_line(shell, tiny_roles, tmp_path) -> None:
+    """The knob acknowledgement waits `CONTROLLER_ANSWER_S` at most (here shortened on the shell to 1 s); then the run
+    fails naming the knob, with an error event, instead of hanging at the step boundary."""
+    from engine.runtime.trainer_actor import CONTROLLER_ANSWER_S, TrainerCore
+
+    cfg, _ = tiny_roles()
+    core = StalledController(cfg.name, run_dir=str(tmp_path / "run"), sinks=[], config=cfg.model_dump())
+    t, _, _ = shell(3, core=core)
+    assert TrainerCore.controller_answer_s == CONTROLLER_ANSWER_S == 60.0  # the run's deadline
+    t.controller_answer_s = 1.0
     core.set_knob("trigger_parameter_sync_step", 2)  # the trainer acknowledges it at its first boundary
-    stalled, waits = object(), []
-    monkeypatch.setattr(core, "ack_knob", lambda *a: stalled)
-
-    def get(x, timeout=None):
-        if x is stalled:  # a controller that never answers: an unbounded wait would hang here for ever
-            waits.append(timeout)
-            assert timeout is not None, "the trainer waits for the controller without a timeout"
-            raise ray.exceptions.GetTimeoutError("no answer")
-        return x
-
-    monkeypatch.setattr(ray, "get", get)
-    with pytest.raises(RuntimeError, match="did not acknowledge the change of trigger_parameter_sync_step"):
-        t.fit()
-    assert waits == [trainer_actor.CONTROLLER_ANSWER_S]
+    start = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match=r"did not acknowledge the change of trigger_parameter_sync_step "
+                                                r"\(knob version 1\) within 1 s"):
+            t.fit()
+    finally:
+        core.stall.set()
+    assert 1.0 <= time.monotonic() - start < 30.0  # waited out its deadline, not for ever
     errors = [e["message"] for e in core.snapshot()["events"] if e["level"] == "error"]
     assert any("controller did not acknowledge" in m for m in errors), errors
+
+
+def test_a_trainer_killed_at_a_step_exits_after_its_update_before_the_ledger(shell, tmp_path) -> None:
+    """`debug.kill_trainer_at_step=2`: the fault plan's `ExitProcess(17)` reaches the process peer in step 2, after
+    its optimizer update (the weights moved) and before the step is recorded: the ledger holds step 1's prompts as
+    trained and none of step 2's, and no checkpoint was cut (a process that dies cuts none)."""
+    import torch
+
+    t, core, rollouter = shell(4, "debug.kill_trainer_at_step=2", "checkpoint.every_versions=0")
+    with pytest.raises(ProcessExit) as died:
+        t.fit()
+    assert (died.value.code, died.value.reason) == (17, "debug.kill_trainer_at_step=2")
+    assert t.peers.process.exits == [(17, "debug.kill_trainer_at_step=2")]
+    assert t.local_step == 1 and rollouter.syncs == [(1, False)]  # step 2 never finished, so never synced
+    v1, live = rollouter.pushed[1], t.backend.full_state_dict()
+    assert any(not torch.equal(v1[k], live[k]) for k in v1)  # step 2's update moved the weights past v1
+    ledger = [json.loads(x) for x in (tmp_path / "run" / "ledger.jsonl").read_text().splitlines()]
+    assert sorted(e["uid"] for e in ledger if e["status"] == "trained") == [f"0:{i}" for i in range(R)]
+    assert not (tmp_path / "run" / "checkpoints").exists() or \
+        not [p for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.startswith("global")]
