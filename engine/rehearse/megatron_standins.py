@@ -159,7 +159,7 @@ def megatron_stand_ins(flash: bool = False) -> Iterator[dict[str, str]]:
         for spec in {id(s): s for s in block_spec.layer_specs}.values():
             spec.submodules.self_attention.submodules.core_attention = RingAttentionStandIn
 
-    def flash_block_spec(config: Any, te_attention: bool = False) -> Any:
+    def flash_block_spec(config: object, te_attention: bool = False) -> Any:  # as layer_block_spec
         block = block_spec(config, te_attention)
         use_stand_in(block)
         return block
