@@ -91,3 +91,49 @@ def test_each_core_worker_receives_the_collective_broadcast_as_its_own_group_ran
     assert not sender.is_alive()
     assert delivery.workers == [handle.fingerprints] * DP and delivery.fingerprints == handle.fingerprints
     _samples_match(dp_backend, model, "collective", 2)
+
+
+RUN_STEPS, PROMPTS_PER_STEP, TRIGGER = 4, 8, 2
+
+
+def _run_helpers():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "integration" / "run_helpers.py"
+    spec = importlib.util.spec_from_file_location("integration_run_helpers", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.integration
+def test_a_run_on_a_data_parallel_replica_verifies_both_workers_and_samples_the_trainer_weights(tmp_path) -> None:
+    """A whole run (`engine.runtime.driver.run`, real Ray) with one vLLM replica of `data_parallel_size` 2 on one
+    node: every sync (the collective broadcast, "auto" for vLLM replicas) verified on both workers, each as its own
+    group rank, and at staleness 0 the first local step of each version trains on samples whose vLLM log-probs are
+    the trainer's own (fp32 both sides)."""
+    from engine.plan.run_plan import resolve_plan
+    from engine.runtime.driver import run
+
+    H = _run_helpers()
+    run_dir = tmp_path / "run"
+    cfg = H.tiny_config(
+        run_dir, 'rollout.backend="vllm"', f"rollout.data_parallel_size={DP}", f"resources.rollout.gpus_per_node={DP}",
+        'trainer.backend="torch"', f"trainer.ppo_mini_batch_size={PROMPTS_PER_STEP}",
+        "trainer.ppo_micro_batch_size_per_gpu=16", "rollout.n=4",
+        f"rollout.total_rollout_steps={RUN_STEPS * PROMPTS_PER_STEP}", "trainer.test_freq=0",
+        f"async_training.trigger_parameter_sync_step={TRIGGER}", "async_training.staleness_threshold=0.0",
+        "async_training.partial_rollout=false")
+    plan = resolve_plan(cfg)
+    assert plan.layout_error is None and plan.role_specs().replica.engine.world == DP
+    assert run(plan, progress=False) == 0
+    recs = H.train_records(run_dir)
+    assert [r["training/global_step"] for r in recs] == list(range(1, RUN_STEPS + 1))
+    assert all(r["response_length/mean"] > 0 for r in recs)
+    syncs = [e for e in H.read_jsonl(run_dir / "events.jsonl") if e["kind"] == "sync" and "catch_up" not in e]
+    assert len(syncs) == RUN_STEPS // TRIGGER and {e["transport"] for e in syncs} == {"CollectiveSync"}
+    assert all(e["verified"] == 1.0 and e["replicas_verified"] == 1 and e["workers_verified"] == DP for e in syncs)
+    firsts = [r for r in recs if r["training/global_step"] % TRIGGER == 1]
+    assert firsts and all(abs(r["rollout_corr/kl"]) < 1e-3 for r in firsts), [r["rollout_corr/kl"] for r in firsts]
