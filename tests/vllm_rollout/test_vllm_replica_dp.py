@@ -57,6 +57,7 @@ def test_every_core_of_a_data_parallel_replica_loads_a_sync_and_serves_its_weigh
     from engine.sync.verify import Delivery
 
     assert dp_backend.world_size == DP
+    assert dp_backend.capacity() == DP * 8  # max_num_seqs is each engine core's
     layout = dp_backend.worker_layout()
     assert [(w["rank"], w["dp_rank"]) for w in layout] == [(0, 0), (1, 1)]
     before = dp_backend.worker_weights()

@@ -115,7 +115,8 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
                                               **engine))
         self.release_kv_cache_on_sync = bool(engine_kwargs.get("enable_sleep_mode", False))
         self.max_model_len = int(engine_kwargs["max_model_len"])
-        self.max_num_seqs = int(engine_kwargs["max_num_seqs"])
+        # vLLM's max_num_seqs is each engine core's: a data-parallel replica runs that many per core
+        self.max_num_seqs = int(engine_kwargs["max_num_seqs"]) * int(engine_kwargs.get("data_parallel_size", 1))
         self._world = (int(engine_kwargs["tensor_parallel_size"]) * int(engine_kwargs.get("pipeline_parallel_size", 1))
                        * int(engine_kwargs.get("data_parallel_size", 1)))
         self.version = 0
@@ -195,7 +196,8 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         return results
 
     def capacity(self) -> int:
-        """Sequences a new request could take now: `max_num_seqs` − those in flight (all calls), ≥ 0."""
+        """Sequences a new request could take now: `max_num_seqs` (× engine cores) − those in flight (all calls),
+        ≥ 0."""
         return max(0, self.max_num_seqs - len(self._flights))
 
     def inflight(self) -> dict[str, int]:
