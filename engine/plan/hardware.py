@@ -100,4 +100,6 @@ def load_hardware(name: str, base_dir: Path | None = None) -> HardwarePreset:
 def run_devices(cfg: RunConfig, hw: HardwarePreset) -> dict[str, RoleDevice]:
     """Each role's `RoleDevice` on `hw` (`engine.plan.devices`), with the run's collective environment."""
     env = collective_env(hw.collective_env, cfg.resources.collective_env)
-    return role_devices(hw.device, cfg.rollout.tensor_parallel_size, env)
+    from engine.plan.rollout_replica import replica_gpus
+
+    return role_devices(hw.device, replica_gpus(cfg), env)  # a replica's workers: TP × PP × DP

@@ -61,6 +61,18 @@ class EngineSpec:
     many nodes (`engine.runtime.replica_nodes`)."""
     quantization: str | None = None
     """`rollout.quantization`: "fp8" = a block-FP8 vLLM model (`engine.rollout.vllm.fp8_checkpoint`)."""
+    pipeline_parallel_size: int = 1
+    """`rollout.pipeline_model_parallel_size` (vLLM's `pipeline_parallel_size`)."""
+    data_parallel_size: int = 1
+    """`rollout.data_parallel_size`: vLLM engine cores inside the replica (vLLM's `data_parallel_size`)."""
+    expert_parallel_size: int = 1
+    """`rollout.expert_parallel_size`: > 1 spreads the routed experts over the replica's TP × DP workers (vLLM's
+    `enable_expert_parallel`)."""
+
+    @property
+    def world(self) -> int:
+        """The replica's worker processes: TP × PP × DP (`engine.plan.rollout_replica.replica_gpus`)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
 
 
 @dataclass(frozen=True)
@@ -256,7 +268,8 @@ def engine_spec(cfg: RunConfig) -> EngineSpec:
     return EngineSpec(ro.backend, rollout_dtype(cfg), ro.max_num_seqs, d.max_prompt_length + d.max_response_length,
                       ro.tensor_parallel_size, ro.gpu_memory_utilization, cfg.trainer.seed, cfg.trainer.deterministic,
                       ro.weight_sync_back_buffer, replica_nodes(cfg, cfg.resources.rollout.gpus_per_node),
-                      ro.quantization)
+                      ro.quantization, ro.pipeline_model_parallel_size, ro.data_parallel_size,
+                      ro.expert_parallel_size)
 
 
 PERF_DEVICES = ("cuda", "npu", "cpu")

@@ -79,7 +79,7 @@ class WeightSyncSpec:
     receivers: int
     """Receiving ranks of the collective group: R replicas × `per_replica`."""
     per_replica: int
-    """Ranks one replica takes in the group: its vLLM TP workers, 1 for `hf`."""
+    """Ranks one replica takes in the group: its vLLM workers (TP × PP × DP), 1 for `hf`."""
     bucket_bytes: int
     """`rollout.weight_sync_bucket_mb` in bytes."""
     corrupt_bucket: int | None = None
@@ -212,8 +212,10 @@ def elastic_params(cfg: RunConfig, d: Derived, actors: dict[str, Any]) -> Elasti
 
 
 def weight_sync_spec(cfg: RunConfig, d: Derived, trainer_device: RoleDevice) -> WeightSyncSpec:
-    """The weight sync of `cfg`: a vLLM replica joins the collective with each of its TP workers."""
-    per_replica = cfg.rollout.tensor_parallel_size if cfg.rollout.backend == "vllm" else 1
+    """The weight sync of `cfg`: a vLLM replica joins the collective with each of its TP × PP × DP workers."""
+    from engine.plan.rollout_replica import replica_gpus
+
+    per_replica = replica_gpus(cfg) if cfg.rollout.backend == "vllm" else 1
     return WeightSyncSpec(transport=weight_sync_transport(cfg, trainer_device.type), device=trainer_device.type,
                           receivers=d.rollout_replicas * per_replica, per_replica=per_replica,
                           bucket_bytes=cfg.rollout.weight_sync_bucket_mb * MIB,

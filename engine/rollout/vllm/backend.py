@@ -72,7 +72,7 @@ from engine.rollout.vllm.engine_args import EXTENSION_CLS, _eos_ids, engine_args
 from engine.rollout.vllm.requests import _check, _finish_reason, _Flight, collapse_image_placeholders
 from engine.rollout.vllm.loop_thread import LoopThread
 from engine.rollout.vllm.selftest import ResumeContinuityReport, ResumeContinuitySelfTest
-from engine.rollout.vllm.weights import send_bucket, tied_embeddings
+from engine.rollout.vllm.weights import every_worker, send_bucket, tied_embeddings
 from engine.sync.verify import Delivery
 from engine.types import GenRequest, GenResult
 
@@ -115,8 +115,10 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
                                               **engine))
         self.release_kv_cache_on_sync = bool(engine_kwargs.get("enable_sleep_mode", False))
         self.max_model_len = int(engine_kwargs["max_model_len"])
-        self.max_num_seqs = int(engine_kwargs["max_num_seqs"])
-        self._world = int(engine_kwargs["tensor_parallel_size"]) * int(engine_kwargs.get("pipeline_parallel_size", 1))
+        # vLLM's max_num_seqs is each engine core's: a data-parallel replica runs that many per core
+        self.max_num_seqs = int(engine_kwargs["max_num_seqs"]) * int(engine_kwargs.get("data_parallel_size", 1))
+        self._world = (int(engine_kwargs["tensor_parallel_size"]) * int(engine_kwargs.get("pipeline_parallel_size", 1))
+                       * int(engine_kwargs.get("data_parallel_size", 1)))
         self.version = 0
         self.abort_poll_s = float(abort_poll_s)
         self.tied_embeddings = tied_embeddings(self.model_dir)
@@ -194,7 +196,8 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
         return results
 
     def capacity(self) -> int:
-        """Sequences a new request could take now: `max_num_seqs` − those in flight (all calls), ≥ 0."""
+        """Sequences a new request could take now: `max_num_seqs` (× engine cores) − those in flight (all calls),
+        ≥ 0."""
         return max(0, self.max_num_seqs - len(self._flights))
 
     def inflight(self) -> dict[str, int]:
@@ -378,11 +381,11 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
                 await engine.release_kv_cache_memory()  # needs a completed pause with nothing in flight
                 released = True
                 self._stats["kv_cache_releases"] += 1
-            await engine.collective_rpc("asyncrl_begin_update")
+            await every_worker(engine, "asyncrl_begin_update")
             sent = 0
             if isinstance(buckets, Delivery) and buckets.handle is not None:  # the workers receive it themselves
-                got = await engine.collective_rpc(
-                    "asyncrl_receive_collective", args=(asdict(buckets.handle), buckets.rank, self.tied_embeddings)
+                got = await every_worker(
+                    engine, "asyncrl_receive_collective", (asdict(buckets.handle), buckets.rank, self.tied_embeddings)
                 )
                 sent = int(got[0][0]) if got else 0
                 sums = [list(g[1]) for g in got]  # every worker's receipt; one that differs is the one reported
@@ -398,7 +401,7 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
                         w.append(fp)
                 if isinstance(buckets, Delivery):
                     buckets.workers = by_worker
-            await engine.collective_rpc("asyncrl_finish_update")
+            await every_worker(engine, "asyncrl_finish_update")
             await self.features.reset_prefix_cache(engine)
             self.version = version
         finally:
@@ -419,11 +422,16 @@ class VLLMRolloutBackend(ResumeContinuitySelfTest):
 
     def worker_weights(self) -> list[int]:
         """Each worker's sample fingerprint of the weights it holds (its shards), in vLLM's global rank order."""
-        return [int(fp) for fp in self._run(self._engine.collective_rpc("asyncrl_weights_fingerprint"))]
+        return [int(fp) for fp in self._run(every_worker(self._engine, "asyncrl_weights_fingerprint"))]
+
+    def worker_layout(self) -> list[dict[str, Any]]:
+        """Each worker's place in the replica and the routed experts it holds (`worker_ext.asyncrl_layout`), in
+        `worker_weights`' order."""
+        return list(self._run(every_worker(self._engine, "asyncrl_layout")))
 
     @property
     def world_size(self) -> int:
-        """The engine's workers: tensor × pipeline parallel ranks, on every node of the replica."""
+        """The engine's workers: tensor × pipeline × data parallel ranks, on every node of the replica."""
         return int(self._world)
 
     # --- telemetry ----------------------------------------------------------------------------------------

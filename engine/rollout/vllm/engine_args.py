@@ -18,6 +18,9 @@ def engine_args(
     *,
     device: str,
     tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    data_parallel_size: int = 1,
+    expert_parallel_size: int = 1,
     gpu_memory_utilization: float = 0.85,
     max_num_seqs: int = 256,
     max_model_len: int = 4096,
@@ -43,6 +46,11 @@ def engine_args(
     (`rollout.quantization`): the weights are block FP8 (the backend points `model` at `model_dir`'s block-FP8
     checkpoint, `fp8_model`; the tokenizer stays `model_dir`'s). No file is read here.
 
+    `pipeline_parallel_size`, `data_parallel_size` (vLLM's: that many engine cores in the replica, each with its own
+    scheduler and KV cache, behind one front end that balances requests over them) and `expert_parallel_size` > 1
+    (vLLM's `enable_expert_parallel`: the routed experts spread over every TP × DP worker; vLLM takes no size —
+    `validate` holds it to TP × DP, verl's rule) go to vLLM as they are.
+
     `nnodes` > 1: one engine over several nodes through vLLM's multi-node multiprocessing executor (`nnodes`,
     `node_rank`, `master_addr`, `master_port`: vLLM's own arguments; `engine.runtime.replica_nodes`): node rank 0
     runs the engine and its local workers, every other node rank only workers (headless)."""
@@ -62,6 +70,15 @@ def engine_args(
         "worker_extension_cls": EXTENSION_CLS,
         "disable_log_stats": True,
     }
+    if pipeline_parallel_size > 1:
+        kwargs["pipeline_parallel_size"] = pipeline_parallel_size
+    if data_parallel_size > 1:
+        kwargs["data_parallel_size"] = data_parallel_size
+    if expert_parallel_size > 1:
+        if expert_parallel_size != tensor_parallel_size * data_parallel_size:
+            raise ValueError(f"expert_parallel_size {expert_parallel_size}: vLLM spreads the experts over every "
+                             f"tensor × data parallel worker, {tensor_parallel_size * data_parallel_size} here")
+        kwargs["enable_expert_parallel"] = True
     if quantization is not None:
         if quantization != "fp8":
             raise ValueError(f"rollout.quantization = {quantization!r}: vLLM replicas take fp8 or none")
