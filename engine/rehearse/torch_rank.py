@@ -154,6 +154,13 @@ def rehearse_torch_rank(plan: RunPlan, config: dict[str, Any], rank: int, cls: R
         cls.host_start = sum(host)
         if rank:
             cls.notes.append(_start_note(rank0, policy, ref, cls.host_start))
+        if not cfg.algorithm.rollout_correction.bypass_mode:  # decoupled: every rank holds its shards' π_prox
+            with Phase("trainer", rank, "proximal snapshot"), mode:
+                policy.snapshot_params()  # TrainerCore takes it at start; host memory (pinned on the device's host)
+                policy._live = policy._cpu_buffers()  # the swap's host copy of the live weights, made on first use
+            snapshot = tensor_bytes(policy._snapshot) + tensor_bytes(policy._live)
+            cls.host_resident += snapshot
+            cls.notes.append(f"π_prox snapshot and swap buffers are host memory: {snapshot / 1e9:.2f} GB")
         vocab = int(policy.model.config.get_text_config().vocab_size)
         tracking = Tracking()
         forward_in(policy, mode, tracking)
@@ -226,12 +233,6 @@ def _step(cfg: RunConfig, policy: Any, ref: Any, mode: Any, vocab: int, rank: in
         policy.optimizer.step()
         policy.optimizer.zero_grad(set_to_none=True)
     decoupled = not rc.bypass_mode
-    if decoupled:
-        with Phase("trainer", rank, "proximal snapshot"), mode:
-            policy.snapshot_params()  # TrainerCore takes it at start; host memory (pinned on the device's host)
-            policy._live = policy._cpu_buffers()  # the swap's host copy of the live weights, made on first use
-        cls.host_resident += tensor_bytes(policy._snapshot) + tensor_bytes(policy._live)
-        cls.notes.append(f"π_prox snapshot and swap buffers are host memory: {cls.host_resident / 1e9:.2f} GB")
     # the reference's shards, made before tracking (after its forward FSDP2 leaves its root unsharded: those
     # tensors are allocated inside the tracker and counted there)
     resident = tensor_bytes(list(ref.model.parameters())) if ref is not None and not ref.param_offload else 0
