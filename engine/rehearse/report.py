@@ -42,9 +42,11 @@ class RehearsalFailure(Exception):
 
 
 def first_line(exc: BaseException) -> str:
-    """`Type: first line of the message` (at most 300 characters)."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300] if text else ''}".rstrip(": ")
+    """`Type: first line of the message` (at most 300 characters); a first line that ends in a colon announces
+    the next (torch's `Error(s) in loading state_dict for …:` then the keys), which is joined to it."""
+    text = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    line = f"{text[0]} {text[1]}" if len(text) > 1 and text[0].endswith(":") else text[0] if text else ""
+    return f"{type(exc).__name__}: {line[:300]}".rstrip(": ")
 
 
 @dataclass

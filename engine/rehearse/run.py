@@ -9,7 +9,9 @@ What runs, in order, each through the function the launch path itself calls:
     vLLM            `vllm_options(replica.engine, plan.devices["rollout"])` → `engine_args(...)`: the engine
                     arguments of a replica on the preset's device, and the installed vLLM's version
     trainer ranks   one representative rank per class of symmetric ranks (`engine.rehearse.torch_rank`,
-                    `engine.rehearse.megatron_rank`), built and stepped on fake tensors over a fake world of M
+                    `engine.rehearse.megatron_rank`), built and stepped on fake tensors over a fake world of M;
+                    FSDP2's ranks other than 0 receive their shards from rank 0's load as at launch (rank 0's
+                    class first: `fake.FromRank0` carries what it sent)
 
 Every failure is recorded with its role, rank and phase, and the rehearsal goes on with the next role (a broken
 transport does not hide a memory problem). A rank whose rehearsed device peak exceeds the device's memory
@@ -101,7 +103,8 @@ def rank_classes(plan: RunPlan) -> list[RankClass]:
     return torch_rank_classes(plan.trainer_ranks)
 
 
-def rehearse_rank(plan: RunPlan, config: dict[str, Any], cls: RankClass, step: bool) -> RankClass:
+def rehearse_rank(plan: RunPlan, config: dict[str, Any], cls: RankClass, step: bool, rank0: Any = None) -> RankClass:
+    """Rehearse `cls`'s representative rank; `rank0` (FSDP2: `fake.FromRank0`): what rank 0 sent, for the others."""
     if plan.config.trainer.backend == "megatron":
         from engine.rehearse.megatron_rank import rehearse_megatron_rank
 
@@ -111,7 +114,7 @@ def rehearse_rank(plan: RunPlan, config: dict[str, Any], cls: RankClass, step: b
                                "run it on the CPU)")
     from engine.rehearse.torch_rank import rehearse_torch_rank
 
-    return rehearse_torch_rank(plan, config, cls.rank, cls, step)
+    return rehearse_torch_rank(plan, config, cls.rank, cls, step, rank0)
 
 
 def _attempt(report: Rehearsal, role: str, rank: int | str, phase: str, fn: Callable[[], Any]) -> Any:
@@ -135,6 +138,7 @@ def rehearse(plan: RunPlan, config: dict[str, Any], progress: Callable[[str], No
 
 def _rehearse(plan: RunPlan, config: dict[str, Any], progress: Callable[[str], None] | None) -> Rehearsal:
     from engine.rehearse.batch import micro_shape
+    from engine.rehearse.fake import FromRank0
 
     say = progress or (lambda _: None)
     start = time.perf_counter()
@@ -154,10 +158,11 @@ def _rehearse(plan: RunPlan, config: dict[str, Any], progress: Callable[[str], N
     report.vllm = _attempt(report, "rollout", 0, "engine arguments", lambda: vllm_arguments(plan)) or {}
     capacity = plan.hardware.memory_gb * GB
     stepped: RankClass | None = None
+    rank0 = FromRank0()  # rank 0's class comes first: the others receive from it
     for cls in rank_classes(plan):
         say(f"trainer {cls.name}")
         step = stepped is None
-        done = _attempt(report, "trainer", cls.rank, "rehearsal", lambda c=cls, s=step: rehearse_rank(plan, config, c, s))
+        done = _attempt(report, "trainer", cls.rank, "rehearsal", lambda c=cls, s=step: rehearse_rank(plan, config, c, s, rank0))
         if done is None:
             continue
         if not step and stepped is not None:  # every rank's shards have the same shapes: the step is the first's

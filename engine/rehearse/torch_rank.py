@@ -1,10 +1,16 @@
 """One FSDP2 trainer rank (`trainer.backend = "torch"`, M > 1) rehearsed at full scale on fake tensors.
 
 The rank is built by `engine.runtime.backends.build_trainer_backend(distributed=True)` — the function
-`TrainerRank` calls at launch — over a fake world of M ranks (`engine.rehearse.fake`), with one seam: the model
-comes from its config.json on fake tensors (`load_model`) instead of from weights. The CPU stands in for the
-device (FSDP2's mesh, mixed-precision policy and kernels are the CPU's; no `set_device`), the process group is
-the fake one, so no collective moves data and none can deadlock. Then, under `FSDPMemTracker`:
+`TrainerRank` calls at launch — over a fake world of M ranks (`engine.rehearse.fake`), with one seam: rank 0's
+model comes from its config.json on fake tensors (`load_model`) instead of from weights. Every rank takes launch's
+branch: rank 0 loads, every rank builds the meta skeleton (`meta_causal_lm`), shards it, allocates its shards and
+fills them from rank 0's load (`engine.trainer.fsdp.shard_from_rank0`: `set_model_state_dict(...,
+broadcast_from_rank0=True)`, then the buffers). The fake group's object broadcast delivers nothing, so
+`fake.FromRank0` hands a rank other than 0 the key → size/dtype list rank 0 sent when it was rehearsed, and checks
+that the rank made the same object broadcasts and built the same parameters and buffers (shape, dtype) as rank 0.
+The CPU stands in for the device (FSDP2's mesh, mixed-precision policy and kernels are the CPU's; no
+`set_device`), the process group is the fake one, so no collective moves data and none can deadlock. Then, under
+`FSDPMemTracker`:
 
     proximal log-prob   decoupled mode (`bypass_mode = false`): `snapshot_params` and `proximal_log_probs` of the
                         log-prob micro-batch (the backend's own methods: swap, no-grad forward, restore)
@@ -38,7 +44,7 @@ import torch
 from engine.plan.devices import RoleDevice
 from engine.rehearse.batch import MicroShape, micro_shape, rehearsal_batch
 from engine.rehearse.fake import (
-    fake_mode, fake_world, model_from_config, pin_in_place, tensor_bytes, tracker_peak,
+    FromRank0, fake_mode, fake_world, model_from_config, pin_in_place, tensor_bytes, tracker_peak,
 )
 from engine.rehearse.report import RankClass, RehearsalFailure, first_line
 from engine.sync.fp8 import quantized
@@ -68,16 +74,14 @@ class Phase:
         return False
 
 
-def _loader(config: dict[str, Any], mode: Any, host: list[int], real: bool = True):
+def _loader(config: dict[str, Any], mode: Any, host: list[int]):
     """`load_causal_lm`'s stand-in: the model from `config` on fake tensors; records the bytes it holds (the
-    host memory the real loader fills before the model moves to the device) where the run itself would load
-    it (`real`: FSDP2 loads on rank 0 only and broadcasts; the rehearsal loads every rank, since the fake
-    process group carries no broadcast)."""
+    host memory the real loader fills before the model moves to the device). Called where launch calls the
+    loader: FSDP2's rank 0 (and every rank for an offloaded reference)."""
 
     def load(model_dir: str, dtype: Any = "float32", *, attn_implementation: str | None = None, **_: Any) -> Any:
         model = model_from_config(config, dtype, mode, attn_implementation)
-        if real:
-            host.append(tensor_bytes([*model.parameters(), *model.buffers()]))  # a tied weight counted once
+        host.append(tensor_bytes([*model.parameters(), *model.buffers()]))  # a tied weight counted once
         return pin_in_place(model)
 
     return load
@@ -116,9 +120,10 @@ def surrogate_loss(log_probs: torch.Tensor, entropy: torch.Tensor | None, micro:
 
 
 def rehearse_torch_rank(plan: RunPlan, config: dict[str, Any], rank: int, cls: RankClass,
-                        step: bool = True) -> RankClass:
+                        step: bool = True, rank0: FromRank0 | None = None) -> RankClass:
     """Rehearse rank `rank` of `plan`'s FSDP2 trainer (module docstring) into `cls`; `step`: take the step
-    (False: build, export and checkpoint only — the rank's step is the representative's)."""
+    (False: build, export and checkpoint only — the rank's step is the representative's). `rank0`: what rank 0
+    sent when it was rehearsed (a rank other than 0 needs it: it receives its shards from rank 0)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     from engine.algo.loss import build_loss_fn
@@ -129,23 +134,33 @@ def rehearse_torch_rank(plan: RunPlan, config: dict[str, Any], rank: int, cls: R
     start = time.perf_counter()
     mode = fake_mode()
     host: list[int] = []
+    rank0 = rank0 if rank0 is not None else FromRank0()
     with fake_world(rank, spec.world), tempfile.TemporaryDirectory() as model_dir:
         (Path(model_dir) / "config.json").write_text(json.dumps(config))  # the meta skeleton's config
         with Phase("trainer", rank, "build"):
-            policy = build_trainer_backend(spec.backend, model_dir, distributed=True, device=STAND_IN,
-                                           load_model=_loader(config, mode, host, real=rank == 0))
+            with rank0.scope("trainer"):
+                policy = build_trainer_backend(spec.backend, model_dir, distributed=True, device=STAND_IN,
+                                               load_model=_loader(config, mode, host))
+            rank0.compare("trainer", policy.model)
         ref = None
         if spec.loss.use_kl_loss:
-            offload = spec.backend.ref_param_offload  # an offloaded reference loads whole on every rank
             with Phase("reference", rank, "build"):
-                ref = build_reference_backend(spec.backend, model_dir, distributed=True, device=STAND_IN,
-                                              load_model=_loader(config, mode, host, real=rank == 0 or offload))
-            if ref.param_offload:
+                with rank0.scope("reference"):
+                    ref = build_reference_backend(spec.backend, model_dir, distributed=True, device=STAND_IN,
+                                                  load_model=_loader(config, mode, host))
+                rank0.compare("reference", ref.model)
+            if ref.param_offload:  # loaded whole on every rank
                 cls.host_resident += tensor_bytes(list(ref.model.parameters()))
         cls.host_start = sum(host)
         if rank:
-            cls.notes.append("host at start: what this rank itself loads (FSDP2 ranks other than 0 get their "
-                             "shards from rank 0's load)")
+            cls.notes.append(_start_note(rank0, policy, ref, cls.host_start))
+        if not cfg.algorithm.rollout_correction.bypass_mode:  # decoupled: every rank holds its shards' π_prox
+            with Phase("trainer", rank, "proximal snapshot"), mode:
+                policy.snapshot_params()  # TrainerCore takes it at start; host memory (pinned on the device's host)
+                policy._live = policy._cpu_buffers()  # the swap's host copy of the live weights, made on first use
+            snapshot = tensor_bytes(policy._snapshot) + tensor_bytes(policy._live)
+            cls.host_resident += snapshot
+            cls.notes.append(f"π_prox snapshot and swap buffers are host memory: {snapshot / 1e9:.2f} GB")
         vocab = int(policy.model.config.get_text_config().vocab_size)
         tracking = Tracking()
         forward_in(policy, mode, tracking)
@@ -160,6 +175,18 @@ def rehearse_torch_rank(plan: RunPlan, config: dict[str, Any], rank: int, cls: R
             _checkpoint(policy, cls)
     cls.seconds = time.perf_counter() - start
     return cls
+
+
+def _start_note(rank0: FromRank0, policy: Any, ref: Any, host: int) -> str:
+    """How a rank other than 0 started: launch's path from rank 0's load, and its bytes at start."""
+    models = [b for b in (policy, ref) if b is not None and not b.param_offload]
+    shards = sum(tensor_bytes(list(b.model.parameters())) for b in models)
+    largest = max(rank0.largest_tensor(name) for name in ("trainer", "reference"))
+    held = f"{host / 1e9:.2f} GB on the host (the offloaded reference it loads)" if host else "nothing on the host"
+    return (f"built as launch builds it: meta skeleton, sharded, shards filled from rank 0's load "
+            f"(shard_from_rank0, broadcast_from_rank0): at start {held}; on the device its shards "
+            f"({shards / 1e9:.2f} GB) and one full tensor at a time while receiving (the largest "
+            f"{largest / 1e9:.2f} GB)")
 
 
 def tracker_class(base: Any, mode: Any) -> Any:
@@ -206,12 +233,6 @@ def _step(cfg: RunConfig, policy: Any, ref: Any, mode: Any, vocab: int, rank: in
         policy.optimizer.step()
         policy.optimizer.zero_grad(set_to_none=True)
     decoupled = not rc.bypass_mode
-    if decoupled:
-        with Phase("trainer", rank, "proximal snapshot"), mode:
-            policy.snapshot_params()  # TrainerCore takes it at start; host memory (pinned on the device's host)
-            policy._live = policy._cpu_buffers()  # the swap's host copy of the live weights, made on first use
-        cls.host_resident += tensor_bytes(policy._snapshot) + tensor_bytes(policy._live)
-        cls.notes.append(f"π_prox snapshot and swap buffers are host memory: {cls.host_resident / 1e9:.2f} GB")
     # the reference's shards, made before tracking (after its forward FSDP2 leaves its root unsharded: those
     # tensors are allocated inside the tracker and counted there)
     resident = tensor_bytes(list(ref.model.parameters())) if ref is not None and not ref.param_offload else 0

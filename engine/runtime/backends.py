@@ -171,9 +171,9 @@ def build_trainer_backend(spec: BackendSpec, model_dir: str, distributed: bool =
     import torch.distributed as dist
 
     sp = spec.ulysses_sequence_parallel_size  # Ulysses (`engine.trainer.ulysses`), the policy and the reference alike
-    # FSDP2: rank 0 loads, the others get their shards from it. A rehearsal (`load_model` given) builds the ranks
-    # other than 0 from their own fake load: torch's fake process group cannot carry rank 0's broadcast.
-    if distributed and not (frozen and spec.ref_param_offload) and (load_model is None or dist.get_rank() == 0):
+    # FSDP2: rank 0 loads, the others get their shards from it (a rehearsal too: `engine.rehearse.fake.FromRank0`
+    # gives the fake process group rank 0's object broadcast)
+    if distributed and not (frozen and spec.ref_param_offload):
         from engine.trainer.fsdp import FSDPTrainerBackend
 
         loaded = load(model_dir, **model_spec) if dist.get_rank() == 0 else None

@@ -99,6 +99,9 @@ def test_small_fsdp2_run_rehearses_with_export_and_checkpoint_plan() -> None:
     assert other["checkpoint"]["writes"] == ["dcp shard (model + optimizer)", "rng"]
     assert sender["host_save"] == 0 and not sender["checkpoint"]["full_gather"]
     assert 0 < sender["device_peak"] < 16e9
+    # rank 1 as at launch: a meta skeleton filled from rank 0's load, nothing loaded on its own host
+    assert other["host_start"] == 0 < sender["host_start"]
+    assert any("shard_from_rank0" in n for n in other["notes"]), other["notes"]
 
 
 def test_run_over_its_device_memory_fails_naming_trainer_rank() -> None:
