@@ -78,8 +78,13 @@ class ControllerPeer(Protocol):
     """The run's controller (`engine.control.core.ControllerCore`): knobs and actions are read and acknowledged,
     metrics, events and worker states pushed."""
 
-    def get_knobs(self) -> dict[str, dict[str, Any]]: ...
-    def take_actions(self, consumer: str, step: int | None = None) -> list[str]: ...
+    def get_knobs(self, timeout: float | None = None) -> dict[str, dict[str, Any]]:
+        """Waited for, at most `timeout` seconds (None: no deadline); then `TimeoutError`."""
+        ...
+
+    def take_actions(self, consumer: str, step: int | None = None, timeout: float | None = None) -> list[str]:
+        """Waited for, at most `timeout` seconds (None: no deadline); then `TimeoutError`."""
+        ...
 
     def ack_knob(self, name: str, version: int, step: int | None) -> Pending[Any]:
         """The knob change is in force: the trainer waits for the answer (with a deadline), the rollouter not."""

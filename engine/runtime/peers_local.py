@@ -67,11 +67,11 @@ class LocalController(_Threads):
         super().__init__("controller")
         self.core = core
 
-    def get_knobs(self) -> dict[str, dict[str, Any]]:
-        return self.core.get_knobs()
+    def get_knobs(self, timeout: float | None = None) -> dict[str, dict[str, Any]]:
+        return self.later(self.core.get_knobs).result(timeout)  # concurrent.futures' TimeoutError is TimeoutError
 
-    def take_actions(self, consumer: str, step: int | None = None) -> list[str]:
-        return self.core.take_actions(consumer, step)
+    def take_actions(self, consumer: str, step: int | None = None, timeout: float | None = None) -> list[str]:
+        return self.later(self.core.take_actions, consumer, step).result(timeout)
 
     def ack_knob(self, name: str, version: int, step: int | None) -> Future:
         return self.later(self.core.ack_knob, name, version, step)

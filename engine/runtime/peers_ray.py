@@ -86,11 +86,11 @@ class RayController:
     def __init__(self, actor: Any) -> None:
         self.actor = actor
 
-    def get_knobs(self) -> dict[str, dict[str, Any]]:
-        return ray.get(self.actor.get_knobs.remote())
+    def get_knobs(self, timeout: float | None = None) -> dict[str, dict[str, Any]]:
+        return RayPending(self.actor.get_knobs.remote()).result(timeout)  # GetTimeoutError is a TimeoutError
 
-    def take_actions(self, consumer: str, step: int | None = None) -> list[str]:
-        return ray.get(self.actor.take_actions.remote(consumer, step))
+    def take_actions(self, consumer: str, step: int | None = None, timeout: float | None = None) -> list[str]:
+        return RayPending(self.actor.take_actions.remote(consumer, step)).result(timeout)
 
     def ack_knob(self, name: str, version: int, step: int | None) -> RayPending:
         return RayPending(self.actor.ack_knob.remote(name, version, step))

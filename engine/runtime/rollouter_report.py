@@ -12,6 +12,10 @@ from engine.runtime.peers import PeerDied
 from engine.runtime.scoring import filtered_message, reward_errors_message
 
 
+KNOB_POLL_S = 10.0
+"""Longest wait of the rollouter's knob poll on the run's controller (the dispatch thread must not hang on it)."""
+
+
 class RolloutReports:
     """Knobs, replica failures, worker states, `report()` and events of `RolloutShell`."""
 
@@ -22,7 +26,10 @@ class RolloutReports:
         if not now and t - self._last_knob_poll < 0.5:
             return
         self._last_knob_poll = t
-        knobs = self.controller.get_knobs()
+        try:
+            knobs = self.controller.get_knobs(timeout=KNOB_POLL_S)
+        except TimeoutError:  # a stalled controller: keep generating; the trainer's own poll fails the run
+            return
         with self.lock:  # the dispatch thread and a sync may both poll: the inbox is read under the lock
             changes = self.inbox.take(knobs)
             for k in changes:  # routed by engine.loop.knobs: applied at once and acknowledged, refused, or followed

@@ -181,8 +181,7 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
     def _do(self, c: Any) -> list:
         """One command of `TrainerLoop`; returns what the core answers to its outcome."""
         if isinstance(c, PollControl):
-            knobs = self.controller.get_knobs()
-            actions = self.controller.take_actions("trainer", self.local_step)
+            knobs, actions = self._poll_controller()
             if "stop" in actions:
                 self.request_stop("requested through the controller")
             stop_at = self.spec.faults.stop_at_step  # [debug]: once per launch, not on a resume at or past it
@@ -241,6 +240,16 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
             self.peers.process.exit(c.code, c.reason)
             return []
         raise TypeError(f"not a trainer command: {c!r}")
+
+    def _poll_controller(self) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        """The knobs and the trainer's queued actions, at a step boundary, each waited for at most
+        `CONTROLLER_ANSWER_S`: a stalled controller fails the step with one line instead of hanging the trainer."""
+        try:
+            return (self.controller.get_knobs(timeout=self.controller_answer_s),
+                    self.controller.take_actions("trainer", self.local_step, timeout=self.controller_answer_s))
+        except TimeoutError:
+            raise RuntimeError(f"the run's controller did not answer the step boundary's knob poll within "
+                               f"{self.controller_answer_s:.0f} s: it is stalled or unreachable") from None
 
     def _ack_knob(self, c: AckKnob) -> None:
         """The knob change is in force here: tell the run's controller, waiting at most `CONTROLLER_ANSWER_S`. A

@@ -288,6 +288,35 @@ def test_a_controller_that_never_acknowledges_a_knob_fails_the_run_with_one_line
     assert any("controller did not acknowledge" in m for m in errors), errors
 
 
+class UnansweringController(ControllerCore):
+    """A controller whose process stalls when asked for its knobs (until `release`)."""
+
+    def __init__(self, *a, **k) -> None:
+        super().__init__(*a, **k)
+        self.stall = threading.Event()
+
+    def get_knobs(self) -> dict:
+        self.stall.wait(60)
+        return super().get_knobs()
+
+
+def test_a_controller_that_does_not_answer_the_knob_poll_fails_the_run_with_one_line(shell, tiny_roles,
+                                                                                    tmp_path) -> None:
+    """At each step boundary the trainer reads the knobs and its actions from the run's controller, waiting
+    `CONTROLLER_ANSWER_S` at most (shortened here to 1 s): a stalled controller fails the run in one line."""
+    cfg, _ = tiny_roles()
+    core = UnansweringController(cfg.name, run_dir=str(tmp_path / "run"), sinks=[], config=cfg.model_dump())
+    t, _, _ = shell(3, core=core)
+    t.controller_answer_s = 1.0
+    start = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match=r"did not answer the step boundary's knob poll within 1 s"):
+            t.fit()
+    finally:
+        core.stall.set()
+    assert 1.0 <= time.monotonic() - start < 30.0
+
+
 def test_a_trainer_killed_at_a_step_exits_after_its_update_before_the_ledger(shell, tmp_path) -> None:
     """`debug.kill_trainer_at_step=2`: the fault plan's `ExitProcess(17)` reaches the process peer in step 2, after
     its optimizer update (the weights moved) and before the step is recorded: the ledger holds step 1's prompts as
