@@ -46,7 +46,8 @@ from engine.persist.run_dirs import prepare_run_dir
 from engine.persist.stop_grace import stop_grace_s
 from engine.runtime.stop_signals import StopSignals, children_ignore_hangup
 from engine.runtime.terminal import say
-from engine.runtime.stopping import report_stop, run_event, stop_with_checkpoint
+from engine.runtime.stopping import report_stop, stop_with_checkpoint
+from engine.telemetry.events import run_event
 from engine.telemetry.sinks import CONFIG_FILE, MACHINE_FILE, PLAN_FILE, PROVENANCE_FILE
 
 if TYPE_CHECKING:

@@ -10,6 +10,7 @@ from typing import Any
 
 from engine.runtime.peers import PeerDied
 from engine.runtime.scoring import filtered_message, reward_errors_message
+from engine.telemetry.events import run_event
 
 
 KNOB_POLL_S = 10.0
@@ -127,6 +128,5 @@ class RolloutReports:
             self._event("warning", "reward", message, errors=self.scorer.errors)
 
     def _event(self, level: str, kind: str, message: str, **extra: Any) -> None:
-        self.controller.record_event({"time": time.time(), "kind": kind, "level": level, "step": self.loop.step,
-                                      "version": self.loop.version, "message": message, **extra})
+        self.controller.record_event(run_event(level, kind, message, self.loop.step, self.loop.version, **extra))
 

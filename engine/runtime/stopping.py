@@ -1,6 +1,6 @@
 """How a run's stop is handled and recorded by the driver: a graceful stop on a signal (the trainer checkpoints
 within the grace period, waited for at most `STOP_TIMEOUT_S`), the `stop` event with what it saved and the
-command that resumes it, and the event records the driver writes (`run_event`)."""
+command that resumes it, and the event records the driver writes (`engine.telemetry.events.run_event`)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from engine.persist.stop_grace import stop_deadline
+from engine.telemetry.events import run_event
 from engine.runtime.terminal import say
 
 if TYPE_CHECKING:
     from engine.runtime.launch_context import StopContext
 
 STOP_TIMEOUT_S = 120.0
-
-
-def run_event(level: str, kind: str, message: str, step: int | None, version: int | None, **extra: Any) -> dict:
-    return {"time": time.time(), "kind": kind, "level": level, "step": step, "version": version,
-            "message": message, **extra}
 
 
 def report_stop(result: dict[str, Any], stop: StopContext, controller: Any) -> None:

@@ -44,6 +44,7 @@ from engine.persist.trainer_checkpoints import TrainerCheckpoints
 from engine.runtime.trainer_sync import TrainerSync
 from engine.sync.object_store import ObjectStoreSync
 from engine.sync.verify import DeliveryCheck
+from engine.telemetry.events import run_event
 from engine.telemetry.sinks import scalars_as_numbers
 from engine.types import TrajectoryGroup
 
@@ -409,5 +410,4 @@ class TrainerCore(TrainerCheckpoints, TrainerSync):
                 self.group.close()
 
     def _ev(self, level: str, kind: str, message: str, **extra: Any) -> dict[str, Any]:
-        return {"time": time.time(), "kind": kind, "level": level, "step": self.local_step,
-                "version": self.version, "message": message, **extra}
+        return run_event(level, kind, message, self.local_step, self.version, **extra)

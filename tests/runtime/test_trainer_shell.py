@@ -335,3 +335,15 @@ def test_a_trainer_killed_at_a_step_exits_after_its_update_before_the_ledger(she
     assert sorted(e["uid"] for e in ledger if e["status"] == "trained") == [f"0:{i}" for i in range(R)]
     assert not (tmp_path / "run" / "checkpoints").exists() or \
         not [p for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.startswith("global")]
+
+
+def test_every_event_a_shell_or_the_driver_records_is_built_by_one_function() -> None:
+    """Events are built in one place (`engine.telemetry.events.run_event`): no runtime module writes an event dict
+    of its own, so the record's fields cannot drift between the driver, the trainer and the rollouter."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "engine" / "runtime"
+    own = [f"{p.name}:{i}" for p in sorted(root.glob("*.py")) for i, line in enumerate(p.read_text().splitlines(), 1)
+           if re.search(r"""["']message["']\s*:""", line)]
+    assert own == [], own
