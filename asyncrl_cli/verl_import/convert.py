@@ -58,6 +58,7 @@ from asyncrl_cli.verl_import.values import (  # noqa: F401 - the converters are 
     to_bool_safe,
     to_float,
     to_int,
+    to_scalar,
     to_str,
     to_threshold,
 )
@@ -302,6 +303,22 @@ def _verl_semantics(conv: Conversion, raw: dict[str, str]) -> None:
                           "type")
 
 
+CT = "data.apply_chat_template_kwargs"
+
+
+def _template_kwargs(conv: Conversion, raw: dict[str, str]) -> None:
+    """`+data.apply_chat_template_kwargs.NAME=V` → `{ NAME = V }`: both pass them to every chat-template rendering."""
+    for key in [k for k in raw if k.startswith(CT + ".")]:
+        name, value = key.removeprefix(CT + "."), raw.pop(key)
+        try:
+            if "." in name:
+                raise ValueError("a nested argument is not supported: give the whole value to one argument")
+            conv.values.setdefault(CT, {})[name] = to_scalar(value)
+            conv.sources[CT] = ", ".join(filter(None, (conv.sources.get(CT), f"{key}={value}")))
+        except ValueError as e:
+            conv.errors.append((f"{key}={value}", str(e)))
+
+
 MTP = f"{AR}.model.mtp."
 
 
@@ -393,6 +410,7 @@ def convert_script(text: str, *, row_adapter: str | None = None, rollout_engine:
         conv.notes.append("compute_prox_log_prob=True (removed in verl) → bypass_mode = false (decoupled)")
     _special(conv, raw)
     _mtp(conv, raw)
+    _template_kwargs(conv, raw)
     _custom_cls(conv, raw, row_adapter)
     engine_kwargs = engines.take_engine_kwargs(raw)
     engine = engines.rollout_engine(conv, raw, rollout_engine)

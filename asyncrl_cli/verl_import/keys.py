@@ -169,8 +169,9 @@ REQUIRED: dict[str, tuple[tuple[str, ...], str]] = {
     f"{ROLL}.mode": (("async",), "asyncrl's rollout is asynchronous"),
     f"{ROLL}.calculate_log_probs": (("true",), "rollout log-probs are always returned"),
     f"{AR}.hybrid_engine": (("false",), "trainer and rollout pools are separate"),
-    "algorithm.use_kl_in_reward": (("false",), "asyncrl has the KL loss (trainer.use_kl_loss), not a KL penalty "
-                                               "in the reward"),
+    "algorithm.use_kl_in_reward": (("false",), "true would subtract algorithm.kl_ctrl.kl_coef × KL(π_old‖π_ref) "
+                                               "from each token's reward before the advantages; asyncrl has the "
+                                               "KL loss (trainer.use_kl_loss) only"),
     f"{ACTOR}.megatron.virtual_pipeline_model_parallel_size": (("null", "none", "1"),
                                                                "asyncrl has no virtual pipeline stages"),
     f"{AR}.ref.megatron.virtual_pipeline_model_parallel_size": (("null", "none", "1"),
@@ -202,6 +203,10 @@ SAME_AS: dict[str, tuple[str, str]] = {
                                                                            "data.max_response_length"),
     "reward.reward_kwargs.max_resp_len": ("data.max_response_length", "the overlong buffer's budget is "
                                                                      "data.max_response_length"),
+    f"{ROLL}.prompt_length": ("data.max_prompt_length", "verl's default (${data.max_prompt_length}); asyncrl "
+                                                        "has one prompt budget"),
+    f"{ROLL}.response_length": ("data.max_response_length", "verl's default (${data.max_response_length}); "
+                                                            "asyncrl has one response budget"),
 }
 """verl keys asyncrl honours when they equal another key's value (verl's default when unset), else an error."""
 
@@ -303,12 +308,19 @@ IGNORED_PREFIXES: dict[str, str] = {
 }
 """Key prefixes with no effect on the experiment."""
 
+TOOL_CUT = ("verl cuts every tool's answer to max_tool_response_length characters (default 256) on "
+            "tool_response_truncate_side (default middle: head and tail kept, \"...(truncated)...\" between); asyncrl "
+            "keeps the head of each answer up to the tool's own max_output_chars (4096 for built-in and verl tool "
+            "classes, set per [[rollout.multi_turn.tool]]): a longer answer reads differently")
+
 REFUSED_PREFIXES: dict[str, str] = {
     f"{ROLL}.multi_turn.interaction_config_path": "interactions (a simulated user answering the model's turns) "
                                                   "are not in asyncrl: its user turns are tool answers only",
-    f"{ROLL}.multi_turn.max_tool_response_length": "asyncrl does not cut a tool's answer to a length of its own "
-                                                   "(only to the response budget)",
-    f"{ROLL}.multi_turn.tool_response_truncate_side": "asyncrl does not cut a tool's answer to a length of its own",
+    f"{ROLL}.multi_turn.max_tool_response_length": TOOL_CUT,
+    f"{ROLL}.multi_turn.tool_response_truncate_side": TOOL_CUT,
+    f"{ROLL}.single_turn_response_length": "not a key of verl 1dda039: no verl code reads it and verl's Hydra "
+                                           "config refuses to override a key it lacks (verl stops at launch); a "
+                                           "cap on each model turn is rollout.multi_turn.max_tokens_per_turn",
     f"{ROLL}.multi_turn.completion_callback": "a custom completion callback is not in asyncrl",
     f"{ROLL}.agent.agent_loop_config_path": "a custom agent loop is not in asyncrl: its one agent loop parses "
                                             "the model's tool calls (rollout.multi_turn)",

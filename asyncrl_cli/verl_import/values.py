@@ -53,6 +53,26 @@ def to_str(v: str) -> str:
     return _unquote(v)
 
 
+def to_scalar(v: str) -> bool | int | float | str:
+    """A Hydra scalar as Hydra types it: a boolean (`true` / `True`), a whole or finite number, else a string (a
+    quoted value stays a string). `null` is refused: a run file (TOML) cannot hold it."""
+    if v.strip()[:1] in ("'", '"'):
+        return _unquote(v)
+    s = concrete(v.strip())
+    if s.lower() in ("null", "none", "~"):
+        raise ValueError("null cannot be written into a run file: leave the key out")
+    if s.lower() in ("true", "false"):
+        return s.lower() == "true"
+    try:
+        return int(s)
+    except ValueError:
+        pass
+    try:
+        return to_float(s)
+    except ValueError:
+        return s
+
+
 def to_list(v: str) -> list[str]:
     """`['a','b']`, `[a,b]` or a single value → list of strings."""
     s = _unquote(v)

@@ -10,19 +10,22 @@ tokenizers), the answers are wrapped as `<tool_response>…</tool_response>` lin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 _STAND_IN = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
 
 
-def tool_answer_text(tokenizer: Any, answers: list[str]) -> str:
+def tool_answer_text(tokenizer: Any, answers: list[str], template_kwargs: Mapping[str, Any] | None = None) -> str:
     """The text of one user turn that carries `answers` (one per tool call), ending with the generation
-    prompt of the next assistant turn."""
+    prompt of the next assistant turn (`template_kwargs` = `data.apply_chat_template_kwargs`, passed to both
+    renderings, as verl's agent loop does)."""
     if getattr(tokenizer, "chat_template", None):
-        before = tokenizer.apply_chat_template(_STAND_IN, tokenize=False)
+        kw = dict(template_kwargs or {})
+        before = tokenizer.apply_chat_template(_STAND_IN, tokenize=False, **kw)
         after = tokenizer.apply_chat_template(
             _STAND_IN + [{"role": "tool", "content": a} for a in answers], tokenize=False,
-            add_generation_prompt=True,
+            add_generation_prompt=True, **kw,
         )
         if not after.startswith(before):
             raise ValueError("the chat template renders earlier turns differently once a tool answer follows")
@@ -32,6 +35,6 @@ def tool_answer_text(tokenizer: Any, answers: list[str]) -> str:
     return "".join(f"\n<tool_response>\n{a}\n</tool_response>" for a in answers) + "\n"
 
 
-def tool_answer_ids(tokenizer: Any, answers: list[str]) -> list[int]:
+def tool_answer_ids(tokenizer: Any, answers: list[str], template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
     """`tool_answer_text` tokenised on its own (no special tokens added)."""
-    return list(tokenizer.encode(tool_answer_text(tokenizer, answers), add_special_tokens=False))
+    return list(tokenizer.encode(tool_answer_text(tokenizer, answers, template_kwargs), add_special_tokens=False))

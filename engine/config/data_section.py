@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -75,6 +75,10 @@ class DataConfig(Section):
     (`prompt` messages, `data_source`, `reward_model.ground_truth`, `extra_info`) — for datasets in another
     layout (verl's `data.custom_cls`). `validate` runs it on the first rows of each file in a child process
     (`engine.data.row_adapter`)."""
+    apply_chat_template_kwargs: dict[str, Any] = {}
+    """Extra keyword arguments for the tokenizer's chat template (verl's `data.apply_chat_template_kwargs`, e.g.
+    `{ enable_thinking = false }`): passed to every rendering — training and validation prompts and the tool
+    answers of multi-turn rollouts. A key the template does not read changes nothing."""
 
     @field_validator("train_files", "val_files")
     @classmethod

@@ -19,17 +19,18 @@ log = logging.getLogger("asyncrl.data")
 
 
 def render_multimodal(prompt: list[dict[str, str]] | str, tokenizer: Any, vision_block: str,
-                      chat_template: str | None = None) -> tuple[str, bool]:
+                      chat_template: str | None = None,
+                      template_kwargs: dict[str, Any] | None = None) -> tuple[str, bool]:
     """(text, uses_template) of a prompt with images: with a chat template (`chat_template`, else the
     tokenizer's), each `<image>` becomes an image item of a content list and the template renders the vision
     block; without one — or for a plain-string prompt — each `<image>` is replaced by `vision_block` and the
-    contents are joined by newlines."""
+    contents are joined by newlines. `template_kwargs` (`data.apply_chat_template_kwargs`) go to the template."""
     template = chat_template or getattr(tokenizer, "chat_template", None)
     if isinstance(prompt, str) or not template:
         text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
         return replace_placeholders(text, vision_block), False
     text = tokenizer.apply_chat_template(multimodal_messages(prompt), chat_template=template, tokenize=False,
-                                         add_generation_prompt=True)
+                                         add_generation_prompt=True, **(template_kwargs or {}))
     return str(text), True
 
 
@@ -37,8 +38,10 @@ class ImageRows:
     """The image side of `load_prompts` for one call: the model's encoder, the vision block and chat
     template, and the bad-row bookkeeping (`counters` is `load_prompts`' counter dict)."""
 
-    def __init__(self, tokenizer: Any, encoder: Any, filter_bad: bool, counters: dict[str, int]) -> None:
+    def __init__(self, tokenizer: Any, encoder: Any, filter_bad: bool, counters: dict[str, int],
+                 template_kwargs: dict[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
+        self.template_kwargs = dict(template_kwargs or {})
         self._encoder = encoder
         self.filter_bad = filter_bad
         self.counters = counters
@@ -73,7 +76,7 @@ class ImageRows:
             self._template_read = True
             if not getattr(self.tokenizer, "chat_template", None):
                 self._template = processor_chat_template(str(getattr(self.tokenizer, "name_or_path", "") or ""))
-        return render_multimodal(prompt, self.tokenizer, self._block, self._template)
+        return render_multimodal(prompt, self.tokenizer, self._block, self._template, self.template_kwargs)
 
     def reject(self, row: DataRow, kind: str, reason: str) -> None:
         """Count a bad row (warning once per kind), or raise when bad rows are not filtered."""

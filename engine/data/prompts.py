@@ -1,6 +1,7 @@
 """Turn `data.train_files` / `data.val_files` into the tokenised prompt stream (`engine.types.Prompt`).
 
-Rendering: chat messages go through the tokenizer's chat template (`add_generation_prompt=True`, then
+Rendering: chat messages go through the tokenizer's chat template (`add_generation_prompt=True` and
+`data.apply_chat_template_kwargs`, then
 tokenised without adding special tokens: the template already has them). Rows keep their own system
 message, so a template that injects a default one (SmolLM2's "You are a helpful AI assistant named
 SmolLM…") never does for our built-in `arith` prompts. A tokenizer without a chat template gets the message
@@ -91,16 +92,17 @@ def load_rows(data_cfg: DataSection, split: str = "train") -> list[DataRow]:
     return rows
 
 
-def render_prompt(prompt: list[dict[str, str]] | str, tokenizer: Any,
-                  tools: list[dict[str, Any]] | None = None) -> tuple[str, bool]:
+def render_prompt(prompt: list[dict[str, str]] | str, tokenizer: Any, tools: list[dict[str, Any]] | None = None,
+                  template_kwargs: Mapping[str, Any] | None = None) -> tuple[str, bool]:
     """(text, uses_template): the chat template's rendering with the generation prompt when the
-    tokenizer has one (offering `tools`, OpenAI-style schemas, to a multi-turn run), else the contents joined
-    by newlines (a string prompt is returned as is)."""
+    tokenizer has one (offering `tools`, OpenAI-style schemas, to a multi-turn run; `template_kwargs` =
+    `data.apply_chat_template_kwargs` passed to the template), else the contents joined by newlines (a string
+    prompt is returned as is)."""
     if isinstance(prompt, str):
         return prompt, False
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True,
-                                             **({"tools": tools} if tools else {}))
+                                             **({"tools": tools} if tools else {}), **(template_kwargs or {}))
         return str(text), True
     return "\n".join(m["content"] for m in prompt), False
 
@@ -132,11 +134,12 @@ def load_prompts(
     counters = {"rows": len(rows), "kept": 0, "filtered_empty": 0, "filtered_overlong": 0,
                 "cut_val_max_samples": 0, "with_unk": 0}
     unk_id = getattr(tokenizer, "unk_token_id", None)
+    template_kwargs = dict(_get(data_cfg, "apply_chat_template_kwargs", None) or {})
     has_images = bool(_get(data_cfg, "image_key", None)) or any(r.images or r.image_error for r in rows)
     vision = None
     if has_images:
         counters.update(filtered_bad_image=0, filtered_image_mismatch=0)
-        vision = ImageRows(tokenizer, image_encoder, filter_bad, counters)
+        vision = ImageRows(tokenizer, image_encoder, filter_bad, counters, template_kwargs)
 
     usable = [True] * len(rows)
     image_counts: list[list[int]] = [[] for _ in rows]
@@ -150,7 +153,7 @@ def load_prompts(
         if vision is not None and usable[i] and r.images:
             rendered.append(vision.render(r.prompt))
         else:
-            rendered.append(render_prompt(r.prompt, tokenizer, tools) if usable[i] else ("", False))
+            rendered.append(render_prompt(r.prompt, tokenizer, tools, template_kwargs) if usable[i] else ("", False))
     templated = [i for i, (_, t) in enumerate(rendered) if t and usable[i]]
     plain = [i for i, (_, t) in enumerate(rendered) if not t and usable[i]]
     ids: list[list[int]] = [[] for _ in rows]

@@ -81,7 +81,7 @@ class RolloutShell(RolloutCheckpoints, RolloutReports):
         if spec.tools is not None:
             from engine.runtime.tool_shell import ToolShell
 
-            self.tools = ToolShell(spec.tools, self.tokenizer)
+            self.tools = ToolShell(spec.tools, self.tokenizer, self.prompts.data.apply_chat_template_kwargs)
         schemas = self.tools.registry.openai_schemas() if self.tools is not None else None
         self._filtered_reported = False
         self._need_epoch: int | None = None  # NeedPrompts: loaded by the dispatch thread outside the lock

@@ -39,8 +39,9 @@ def tool_registry(mt: Any) -> ToolRegistry:
 
 
 class ToolShell:
-    def __init__(self, mt: Any, tokenizer: Any) -> None:
+    def __init__(self, mt: Any, tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> None:
         self.registry = tool_registry(mt)
+        self.template_kwargs = dict(template_kwargs or {})
         self.parse_text = parser(mt.format)
         self.tokenizer = tokenizer
         self.runner = ToolRunner(mt.max_concurrent_tools, mt.allow_unsandboxed, self.registry.needs_box())
@@ -94,7 +95,7 @@ class ToolShell:
                     self._count(o.status)
                 self._latencies.append(o.seconds)
             texts = [o.text if o.ok else f"Error: {o.text}" for o in outcomes]
-            done.append((key[0], key[1], tool_answer_ids(self.tokenizer, texts), key[2]))
+            done.append((key[0], key[1], tool_answer_ids(self.tokenizer, texts, self.template_kwargs), key[2]))
         return done
 
     def counters(self) -> dict[str, float]:

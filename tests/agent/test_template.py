@@ -30,3 +30,12 @@ def test_without_a_template_answers_are_wrapped_and_round_trip():
     assert text == "\n<tool_response>\n42\n</tool_response>\n"
     ids = tool_answer_ids(tok, ["42"])
     assert "42" in tok.decode(ids)
+
+
+def test_chat_template_kwargs_reach_the_tool_answer_turn():
+    """`data.apply_chat_template_kwargs` also renders the tool answers (as verl's agent loop does)."""
+    tok = build_tiny_tokenizer()
+    tok.chat_template = CHATML.replace("'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n' + (x or '')")
+    tok.eos_token = "<|im_end|>"
+    assert tool_answer_text(tok, ["4"]).endswith("<|im_start|>assistant\n")
+    assert tool_answer_text(tok, ["4"], {"x": "<think>"}).endswith("<|im_start|>assistant\n<think>")

@@ -126,7 +126,8 @@ EXPECTED: dict[str, tuple[str | None, int, dict | None, tuple[str, ...]]] = {
 REFUSED_MANY = ("grpo_qwen35_35b_megatron_async", "run_qwen35_35b_a3b_math_dynamic_megatron",
                 "run_mimo_7b_mtp_fully_async_megatron_multinode")
 """Scripts refused for many keys (SGLang, multi-token prediction, dynamic scaling): their refusals are checked by
-`test_sglang_mtp_and_dynamic_scaling_scripts_are_refused_with_their_reasons`."""
+`test_sglang_mtp_and_dynamic_scaling_scripts_are_refused_with_their_reasons` (grpo_qwen35_35b_megatron_async's
+others, and its mapped and ignored keys, by test_verl_import_qwen35.py)."""
 
 
 def test_the_corpus_is_the_one_the_table_describes() -> None:

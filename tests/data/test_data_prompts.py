@@ -116,3 +116,24 @@ def test_unresolvable_reward_fails_at_load(tok, tmp_path: Path) -> None:
         load_prompts(cfg(train_files=[path]), tok)
     prompts, _ = load_prompts(cfg(train_files=[path], reward="copy"), tok)
     assert len(prompts) == 1
+
+
+def test_chat_template_kwargs_reach_the_template(chat_tok) -> None:
+    """`data.apply_chat_template_kwargs` (verl's key) goes to the chat template: a template that reads
+    `thinking` renders the training and validation prompts differently with it."""
+    from engine.data.prompts import render_prompt
+
+    chat_tok.chat_template = TEMPLATE.replace("<assistant>{% endif %}",
+                                              "<assistant>{% if thinking %}copy 1={% endif %}{% endif %}")
+    try:
+        msgs = [{"role": "user", "content": "copy 12="}]
+        assert render_prompt(msgs, chat_tok)[0].endswith("<assistant>")
+        assert render_prompt(msgs, chat_tok, template_kwargs={"thinking": True})[0].endswith("<assistant>copy 1=")
+        for split in ("train", "val"):
+            kw = {"train_size": 2, "val_size": 2, "val_files": ["builtin:copy"], "shuffle": False}
+            plain, _ = load_prompts(cfg(**kw), chat_tok, split=split)
+            think, _ = load_prompts(cfg(**kw, apply_chat_template_kwargs={"thinking": True}), chat_tok, split=split)
+            assert [chat_tok.decode(p.prompt_ids) + "copy 1=" for p in plain] == [
+                chat_tok.decode(p.prompt_ids) for p in think]
+    finally:
+        chat_tok.chat_template = TEMPLATE
