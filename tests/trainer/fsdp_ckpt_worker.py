@@ -52,5 +52,6 @@ def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
                   "group_backend": dist.get_backend(group),
                   "group_timeout_s": group._get_backend(torch.device("cpu")).options._timeout.total_seconds()}
         torch.save(result, f"{out_dir}/rank{rank}.pt")
+        dist.barrier()  # neither rank leaves the group while the other may still be talking to it
     finally:
         dist.destroy_process_group()

@@ -35,5 +35,6 @@ def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
                   "export": {n: t.clone() for b in buckets for n, t in b.items()},
                   "reference": {n: t.clone() for n, t in trainer.full_state_dict().items()}}
         torch.save(result, f"{out_dir}/rank{rank}.pt")
+        dist.barrier()  # neither rank leaves the group while the other may still be talking to it
     finally:
         dist.destroy_process_group()

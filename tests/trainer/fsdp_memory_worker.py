@@ -54,5 +54,6 @@ def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
         got, _ = ref.compute_log_probs(local)
         result["ref/logprob_diff"] = float((got - lp32).abs().max())
         torch.save(result, f"{out_dir}/rank{rank}.pt")
+        dist.barrier()  # neither rank leaves the group while the other may still be talking to it
     finally:
         dist.destroy_process_group()

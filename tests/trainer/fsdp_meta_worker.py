@@ -49,5 +49,6 @@ def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
             "export_plain": {n: t.clone() for b in plain.export_weights(1 << 16) for n, t in b.items()},
         }
         torch.save(result, f"{out_dir}/rank{rank}.pt")
+        dist.barrier()  # neither rank leaves the group while the other may still be talking to it
     finally:
         dist.destroy_process_group()

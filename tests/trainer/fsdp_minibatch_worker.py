@@ -20,5 +20,6 @@ def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
         metrics = trainer.train_step(local, token_mean_pg_loss)
         final = {n: a.clone() for b in trainer.export_weights(1 << 16) for n, a in b.items()}
         torch.save({"metrics": metrics, "final": final, "steps": trainer.global_step}, f"{out_dir}/rank{rank}.pt")
+        dist.barrier()  # neither rank leaves the group while the other may still be talking to it
     finally:
         dist.destroy_process_group()

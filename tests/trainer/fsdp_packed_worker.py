@@ -31,5 +31,6 @@ def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
     try:
         result = {("packed" if packed else "padded"): _train(packed, rank, world) for packed in (True, False)}
         torch.save(result, f"{out_dir}/rank{rank}.pt")
+        dist.barrier()  # neither rank leaves the group while the other may still be talking to it
     finally:
         dist.destroy_process_group()

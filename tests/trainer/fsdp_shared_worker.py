@@ -30,5 +30,6 @@ def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
         result = {f"{prec}/{'shared' if shared else 'padded'}": _train(shared, rank, world, precision=prec)
                   for prec in ("fp32", "bf16") for shared in (True, False)}
         torch.save(result, f"{out_dir}/rank{rank}.pt")
+        dist.barrier()  # neither rank leaves the group while the other may still be talking to it
     finally:
         dist.destroy_process_group()

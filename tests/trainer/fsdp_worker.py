@@ -46,5 +46,6 @@ def run_rank(rank: int, world: int, port: int, out_dir: str, backend: str = "glo
         trainer.save(f"{out_dir}/ckpt")
         result["final"] = {n: a.clone() for b in trainer.export_weights(1 << 16) for n, a in b.items()}
         torch.save(result, f"{out_dir}/rank{rank}.pt")
+        dist.barrier()  # neither rank leaves the group while the other may still be talking to it
     finally:
         dist.destroy_process_group()

@@ -104,5 +104,6 @@ def run_rank(rank: int, world: int, port: int, out_dir: str) -> None:
 
             results.append(compare("vl", load_causal_lm(args["vl_dir"]), vl_batch(args["vl_dir"])))
         torch.save(results, f"{out_dir}/rank{rank}.pt")
+        dist.barrier()  # neither rank leaves the group while the other may still be talking to it
     finally:
         dist.destroy_process_group()
