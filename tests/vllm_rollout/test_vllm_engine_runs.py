@@ -7,12 +7,10 @@ each version (fp32 both sides): |rollout_corr/kl| = |mean(log q_vllm − log π_
 from __future__ import annotations
 
 import collections
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import pytest
-from vllm_tiny_model import have_vllm
+from vllm_tiny_model import have_vllm, integration_run_helpers
 
 if not have_vllm():
     pytest.skip("vllm is not installed (run `make test-vllm`)", allow_module_level=True)
@@ -33,17 +31,7 @@ SMALL = (
 )
 
 
-def _helpers() -> ModuleType:
-    """`tests/integration/run_helpers.py` (the tiny preset with overrides, run-dir readers), by path."""
-    path = Path(__file__).resolve().parents[1] / "integration" / "run_helpers.py"
-    spec = importlib.util.spec_from_file_location("integration_run_helpers", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-H = _helpers()
+H = integration_run_helpers()
 
 
 @pytest.fixture

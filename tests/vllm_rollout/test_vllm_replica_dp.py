@@ -97,18 +97,6 @@ def test_each_core_worker_receives_the_collective_broadcast_as_its_own_group_ran
 RUN_STEPS, PROMPTS_PER_STEP, TRIGGER = 4, 8, 2
 
 
-def _run_helpers():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "integration" / "run_helpers.py"
-    spec = importlib.util.spec_from_file_location("integration_run_helpers", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.integration
 def test_a_run_on_a_data_parallel_replica_verifies_both_workers_and_samples_the_trainer_weights(tmp_path) -> None:
     """A whole run (`engine.runtime.driver.run`, real Ray) with one vLLM replica of `data_parallel_size` 2 on one
@@ -118,7 +106,9 @@ def test_a_run_on_a_data_parallel_replica_verifies_both_workers_and_samples_the_
     from engine.plan.run_plan import resolve_plan
     from engine.runtime.driver import run
 
-    H = _run_helpers()
+    from vllm_tiny_model import integration_run_helpers
+
+    H = integration_run_helpers()
     run_dir = tmp_path / "run"
     cfg = H.tiny_config(
         run_dir, 'rollout.backend="vllm"', f"rollout.data_parallel_size={DP}", f"resources.rollout.gpus_per_node={DP}",

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from vllm_tiny_model import have_vllm
+from vllm_tiny_model import have_vllm, integration_run_helpers
 
 if not have_vllm():
     pytest.skip("vllm is not installed (run `make test-vllm`)", allow_module_level=True)
@@ -50,7 +50,7 @@ def _load(name: str, *parts: str) -> ModuleType:
     return module
 
 
-H = _load("integration_run_helpers", "integration", "run_helpers.py")
+H = integration_run_helpers()
 R = _load("reliability_helpers_for_vllm", "reliability", "reliability_helpers.py")
 
 

@@ -168,3 +168,22 @@ def greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int, eos_i
         if token in eos_ids:
             break
     return out
+
+
+def integration_run_helpers():
+    """`tests/integration/run_helpers.py` (the tiny preset with overrides, run-dir readers), loaded by path: the
+    vLLM tests run in their own venv and directory, where `tests/integration` is not importable by name."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    name = "integration_run_helpers"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = Path(__file__).resolve().parents[1] / "integration" / "run_helpers.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module
